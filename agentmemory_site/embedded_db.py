@@ -1,0 +1,26 @@
+"""The embedded PostgreSQL 16 + pgvector server used when no DATABASE_URL is set.
+
+`pgserver` starts the server on first use (or attaches to one already running on the same data
+folder) and keeps a list of the processes holding it; the server stops when the last of them
+exits. Web workers, management commands and the test runner can therefore share one server.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+
+def embedded_database_url(data_dir: Path) -> str:
+    """Start or attach to the embedded server under `data_dir` and return its URL."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    # pgserver keeps its lock file under the user runtime dir; warn-free default when unset.
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(data_dir / "run"))
+    Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver
+
+        server = pgserver.get_server(data_dir / "pgdata", cleanup_mode="stop")
+    return server.get_uri()

@@ -1,0 +1,157 @@
+"""Settings for agentmemory. Every value comes from the environment with a safe local default.
+
+See the configuration table in README.md.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("AGENTMEMORY_DATA_DIR", BASE_DIR / "var")).resolve()
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    return os.environ.get(name, str(default)).strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def _secret_key() -> str:
+    """DJANGO_SECRET_KEY, else a random key kept in the data folder (never in the repository)."""
+    if key := os.environ.get("DJANGO_SECRET_KEY"):
+        return key
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("DJANGO_DEBUG")
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "django_htmx",
+    "template_partials",
+    "ninja",
+    "memory_app",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "memory_app.middleware.ContentSecurityPolicyMiddleware",
+]
+
+ROOT_URLCONF = "agentmemory_site.urls"
+WSGI_APPLICATION = "agentmemory_site.wsgi.application"
+ASGI_APPLICATION = "agentmemory_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "memory_app.context_processors.runtime",
+            ],
+        },
+    }
+]
+
+# --- Database: DATABASE_URL, else the embedded PostgreSQL (never SQLite) -----------------------
+DATABASE_URL = os.environ.get("DATABASE_URL", "")
+EMBEDDED_DATABASE = not DATABASE_URL
+if EMBEDDED_DATABASE:
+    from agentmemory_site.embedded_db import embedded_database_url
+
+    DATABASE_URL = embedded_database_url(DATA_DIR)
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        DATABASE_URL,
+        conn_max_age=int(os.environ.get("AGENTMEMORY_DB_CONN_MAX_AGE", "60")),
+        conn_health_checks=True,
+    )
+}
+DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = int(
+    os.environ.get("AGENTMEMORY_DB_CONNECT_TIMEOUT", "5")
+)
+# Parallel test runs (several developers or tools on one embedded server) need distinct names.
+DATABASES["default"]["TEST"] = {
+    "NAME": os.environ.get("AGENTMEMORY_TEST_DB_NAME", "test_agentmemory"),
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "staticfiles"
+# whitenoise serves straight from the finders: no collectstatic step on a fresh clone.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# Request bodies over this size answer 413 (API) instead of being read.
+MAX_REQUEST_BODY_BYTES = int(os.environ.get("AGENTMEMORY_MAX_BODY_BYTES", str(16 * 1024 * 1024)))
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+
+# --- Agent memory ---------------------------------------------------------------------------
+AGENTMEMORY_TOKENIZER = os.environ.get("AGENTMEMORY_TOKENIZER", "cl100k_base")
+AGENTMEMORY_EMBEDDING_PROVIDER = os.environ.get("AGENTMEMORY_EMBEDDING_PROVIDER", "none")
+AGENTMEMORY_EMBEDDING_MODEL = os.environ.get("AGENTMEMORY_EMBEDDING_MODEL", "")
+AGENTMEMORY_OPENAI_BASE_URL = os.environ.get("AGENTMEMORY_OPENAI_BASE_URL", "")
+AGENTMEMORY_OPENAI_API_KEY = os.environ.get("AGENTMEMORY_OPENAI_API_KEY", "")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("AGENTMEMORY_LOG_LEVEL", "INFO")},
+    "loggers": {"pgserver": {"level": "WARNING"}, "django.db.backends": {"level": "INFO"}},
+}

@@ -1,0 +1,450 @@
+"""Writes: contexts, messages, runs, steps, tool calls, prune/restore/edit, audit.
+
+Every function here is keyword-only, runs in one transaction, and either does all its work or
+none of it. Idempotency: a write carrying a client id that is already stored returns the stored
+row and writes nothing when the content is the same, and raises `Conflict` naming the fields that
+differ when it is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from memory_app import tokens
+from memory_app.models import (
+    ApiKey,
+    AuditEvent,
+    Context,
+    Message,
+    Run,
+    RunStatus,
+    Step,
+    ToolCall,
+    keys_digest,
+)
+
+MAX_BATCH = 1000
+
+
+# --- errors and actors ------------------------------------------------------------------------
+
+
+class DomainError(Exception):
+    """Base for errors the API and views map to HTTP statuses."""
+
+
+class NotFound(DomainError):
+    pass
+
+
+class Conflict(DomainError):
+    def __init__(self, message: str, differences: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.differences = differences or {}
+
+
+class Invalid(DomainError):
+    pass
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who does a write: an operator (user) or an agent (API key); named in every audit event."""
+
+    label: str
+    user: Any = None
+    api_key: ApiKey | None = None
+
+    @classmethod
+    def for_user(cls, user) -> Actor:
+        return cls(label=f"user:{user.get_username()}", user=user)
+
+    @classmethod
+    def for_key(cls, key: ApiKey) -> Actor:
+        return cls(label=key.actor, api_key=key)
+
+    @classmethod
+    def system(cls, name: str = "system") -> Actor:
+        return cls(label=name)
+
+
+def audit_record(
+    *,
+    actor: Actor,
+    action: str,
+    target_type: str,
+    target_ids: list[int],
+    context_id: int | None = None,
+    before: Any = None,
+    after: Any = None,
+    note: str = "",
+) -> AuditEvent:
+    return AuditEvent.objects.create(
+        actor=actor.label,
+        user=actor.user if actor.user is not None and actor.user.is_authenticated else None,
+        api_key=actor.api_key,
+        action=action,
+        target_type=target_type,
+        target_ids=list(target_ids),
+        context_id=context_id,
+        before=before,
+        after=after,
+        note=note,
+    )
+
+
+# --- contexts ---------------------------------------------------------------------------------
+
+
+def context_get_or_create(
+    *, keys: dict[str, Any], title: str | None = None, metadata: dict | None = None
+) -> tuple[Context, bool]:
+    """The context for `keys` (order-insensitive), created when missing; safe under races."""
+    digest = keys_digest(keys)
+    defaults = {"keys": keys, "title": title or "", "metadata": metadata or {}}
+    # Django's get_or_create retries the read when a concurrent insert wins the unique index.
+    return Context.objects.get_or_create(keys_digest=digest, defaults=defaults)
+
+
+def context_update(*, context: Context, title: str | None = None, metadata: dict | None = None, actor: Actor) -> Context:
+    before = {"title": context.title, "metadata": context.metadata}
+    if title is not None:
+        context.title = title
+    if metadata is not None:
+        context.metadata = metadata
+    with transaction.atomic():
+        context.save(update_fields=["title", "metadata", "updated_at"])
+        audit_record(
+            actor=actor, action="edit", target_type="context", target_ids=[context.pk], context_id=context.pk,
+            before=before, after={"title": context.title, "metadata": context.metadata},
+        )
+    return context
+
+
+# --- messages ---------------------------------------------------------------------------------
+
+MESSAGE_FIELDS = ("role", "name", "text", "content", "tags", "metadata", "run_id", "step_id", "source_timestamp")
+
+
+def _message_defaults(item: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "role": item["role"],
+        "name": item.get("name") or "",
+        "text": item.get("text") or "",
+        "content": item.get("content"),
+        "tags": list(item.get("tags") or []),
+        "metadata": item.get("metadata") or {},
+        "run_id": item.get("run_id"),
+        "step_id": item.get("step_id"),
+        "source_timestamp": item.get("source_timestamp") or "",
+    }
+
+
+def differences(stored: dict[str, Any], sent: dict[str, Any]) -> dict[str, Any]:
+    return {k: {"stored": stored[k], "sent": sent[k]} for k in sent if stored.get(k) != sent[k]}
+
+
+@dataclass
+class AppendResult:
+    messages: list[Message]
+    created: list[bool] = field(default_factory=list)
+
+    @property
+    def any_created(self) -> bool:
+        return any(self.created)
+
+
+def messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer: str | None = None) -> AppendResult:
+    """Append messages to a context, all or nothing.
+
+    `items` are dicts with role, name, text, content, tags, metadata, run_id, step_id,
+    source_timestamp and an optional client_id. Seqs are allocated under the context's row lock,
+    so they are gap-free and strictly increasing whatever the number of concurrent writers.
+    """
+    if not items:
+        return AppendResult(messages=[])
+    if len(items) > MAX_BATCH:
+        raise Invalid(f"at most {MAX_BATCH} messages per request, got {len(items)}")
+    client_ids = [i.get("client_id") for i in items if i.get("client_id")]
+    if len(set(client_ids)) != len(client_ids):
+        raise Invalid("client ids repeat within the batch")
+    tokenizer = tokenizer or tokens.default_tokenizer_name()
+    prepared = [_message_defaults(i) for i in items]
+    # Token counts are computed before the lock is taken: the lock is held only for the insert.
+    counts = tokens.count_tokens([p["text"] for p in prepared], tokenizer=tokenizer)
+    _check_run_ids(context=context, items=prepared)
+
+    with transaction.atomic():
+        locked = Context.objects.select_for_update().only("id", "last_seq").get(pk=context.pk)
+        existing = {
+            m.client_id: m for m in Message.objects.filter(context=context, client_id__in=client_ids)
+        } if client_ids else {}
+        results: list[Message | None] = []
+        created_flags: list[bool] = []
+        new_rows: list[Message] = []
+        for item, data, count in zip(items, prepared, counts, strict=True):
+            cid = item.get("client_id")
+            if cid and cid in existing:
+                stored = existing[cid]
+                diff = differences({k: getattr(stored, k) for k in MESSAGE_FIELDS}, data)
+                if diff:
+                    raise Conflict(f"message {cid!r} already exists with different content", diff)
+                results.append(stored)
+                created_flags.append(False)
+                continue
+            row = Message(context_id=context.pk, client_id=cid or None, token_count=count, tokenizer=tokenizer, **data)
+            new_rows.append(row)
+            results.append(row)
+            created_flags.append(True)
+        if new_rows:
+            first = locked.last_seq + 1
+            for offset, row in enumerate(new_rows):
+                row.seq = first + offset
+            Message.objects.bulk_create(new_rows)
+            Context.objects.filter(pk=context.pk).update(
+                last_seq=F("last_seq") + len(new_rows),
+                message_count=F("message_count") + len(new_rows),
+                token_count=F("token_count") + sum(r.token_count for r in new_rows),
+                last_activity_at=timezone.now(),
+            )
+            _after_messages_created(new_rows)
+    return AppendResult(messages=results, created=created_flags)
+
+
+def _check_run_ids(*, context: Context, items: list[dict[str, Any]]) -> None:
+    run_ids = {i["run_id"] for i in items if i.get("run_id")}
+    if run_ids:
+        found = set(Run.objects.filter(context=context, pk__in=run_ids).values_list("pk", flat=True))
+        if missing := run_ids - found:
+            raise NotFound(f"run {sorted(missing)[0]} not found in this context")
+
+
+def _after_messages_created(rows: list[Message]) -> None:
+    """Hook for work that follows every new message (embedding queue)."""
+    from memory_app import embeddings
+
+    embeddings.enqueue_messages(rows)
+
+
+def message_edit(
+    *, message: Message, actor: Actor, text: str | None = None, tags: list[str] | None = None,
+    metadata: dict | None = None,
+) -> Message:
+    """Edit a message; the previous version is kept in the audit event."""
+    with transaction.atomic():
+        message = Message.objects.select_for_update().get(pk=message.pk)
+        before = {"text": message.text, "tags": message.tags, "metadata": message.metadata}
+        update_fields = ["updated_at"]
+        if text is not None and text != message.text:
+            [count] = tokens.count_tokens([text], tokenizer=message.tokenizer or None)
+            Context.objects.filter(pk=message.context_id).update(token_count=F("token_count") + count - message.token_count)
+            message.text, message.token_count = text, count
+            update_fields += ["text", "token_count"]
+        if tags is not None:
+            message.tags = list(tags)
+            update_fields.append("tags")
+        if metadata is not None:
+            message.metadata = metadata
+            update_fields.append("metadata")
+        message.save(update_fields=update_fields)
+        after = {"text": message.text, "tags": message.tags, "metadata": message.metadata}
+        if after != before:
+            audit_record(
+                actor=actor, action="edit", target_type="message", target_ids=[message.pk],
+                context_id=message.context_id, before=before, after=after,
+            )
+            if "text" in update_fields:
+                from memory_app import embeddings
+
+                embeddings.requeue_message(message)
+    return message
+
+
+def messages_set_pruned(
+    *, context: Context, ids: list[int], pruned: bool, actor: Actor, note: str = ""
+) -> tuple[list[int], AuditEvent | None]:
+    """Prune (soft delete) or restore messages of one context; one audit event lists the ids.
+
+    Ids not in the context raise NotFound (nothing changes); ids already in the wanted state are
+    left alone and not listed.
+    """
+    return _set_pruned(model=Message, scope={"context": context}, ids=ids, pruned=pruned, actor=actor,
+                       context_id=context.pk, note=note)
+
+
+def steps_set_pruned(
+    *, run: Run, ids: list[int], pruned: bool, actor: Actor, note: str = ""
+) -> tuple[list[int], AuditEvent | None]:
+    return _set_pruned(model=Step, scope={"run": run}, ids=ids, pruned=pruned, actor=actor,
+                       context_id=run.context_id, note=note)
+
+
+def _set_pruned(*, model, scope, ids, pruned, actor, context_id, note):
+    ids = list(dict.fromkeys(int(i) for i in ids))
+    with transaction.atomic():
+        rows = list(model.objects.select_for_update().filter(pk__in=ids, **scope).values_list("pk", "pruned_at"))
+        if len(rows) != len(ids):
+            missing = sorted(set(ids) - {pk for pk, _ in rows})
+            raise NotFound(f"{model._meta.model_name} {missing[0]} not found")
+        changing = sorted(pk for pk, at in rows if (at is None) == pruned)
+        if not changing:
+            return [], None
+        if pruned:
+            model.objects.filter(pk__in=changing).update(pruned_at=timezone.now(), pruned_by=actor.label)
+        else:
+            model.objects.filter(pk__in=changing).update(pruned_at=None, pruned_by="")
+        event = audit_record(
+            actor=actor, action="prune" if pruned else "restore", target_type=model._meta.model_name,
+            target_ids=changing, context_id=context_id, note=note,
+        )
+    return changing, event
+
+
+# --- runs, steps, tool calls --------------------------------------------------------------------
+
+RUN_FIELDS = ("task", "system_prompt", "agent_name", "framework", "metadata")
+
+
+def run_create(
+    *, context: Context, client_id: str | None = None, task: str = "", system_prompt: str = "",
+    agent_name: str = "", framework: str = "", metadata: dict | None = None, started_at=None,
+) -> tuple[Run, bool]:
+    data = {
+        "task": task or "", "system_prompt": system_prompt or "", "agent_name": agent_name or "",
+        "framework": framework or "", "metadata": metadata or {},
+    }
+    with transaction.atomic():
+        if client_id:
+            stored = Run.objects.filter(context=context, client_id=client_id).first()
+            if stored is not None:
+                diff = differences({k: getattr(stored, k) for k in RUN_FIELDS}, data)
+                if diff:
+                    raise Conflict(f"run {client_id!r} already exists with different content", diff)
+                return stored, False
+        try:
+            with transaction.atomic():
+                run = Run.objects.create(
+                    context=context, client_id=client_id or None, started_at=started_at or timezone.now(), **data
+                )
+        except IntegrityError:
+            # A concurrent writer created it first: answer as a repeat would.
+            return run_create(context=context, client_id=client_id, started_at=started_at, **data)
+        Context.objects.filter(pk=context.pk).update(run_count=F("run_count") + 1, last_activity_at=timezone.now())
+    return run, True
+
+
+STEP_FIELDS = (
+    "kind", "step_number", "task", "plan", "model_input_messages", "model_output_message", "model_output",
+    "code_action", "observations", "action_output", "error_type", "error_message", "start_time",
+    "end_time", "duration", "input_tokens", "output_tokens", "total_tokens", "is_final_answer", "payload",
+)
+TOOL_CALL_FIELDS = ("call_id", "name", "arguments", "output", "success", "duration")
+
+
+def _step_data(item: dict[str, Any]) -> dict[str, Any]:
+    data = {k: item.get(k) for k in STEP_FIELDS}
+    data["is_final_answer"] = bool(item.get("is_final_answer"))
+    if data["duration"] is None and data["start_time"] is not None and data["end_time"] is not None:
+        data["duration"] = data["end_time"] - data["start_time"]
+    if data["total_tokens"] is None and data["input_tokens"] is not None and data["output_tokens"] is not None:
+        data["total_tokens"] = data["input_tokens"] + data["output_tokens"]
+    return data
+
+
+def _tool_call_data(item: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "call_id": item.get("call_id") or "", "name": item["name"], "arguments": item.get("arguments"),
+        "output": item.get("output"), "success": item.get("success"), "duration": item.get("duration"),
+    }
+
+
+@dataclass
+class StepsResult:
+    steps: list[Step]
+    created: list[bool] = field(default_factory=list)
+
+    @property
+    def any_created(self) -> bool:
+        return any(self.created)
+
+
+def steps_append(*, run: Run, items: list[dict[str, Any]]) -> StepsResult:
+    """Append steps (each with its tool calls) to a run, all or nothing, positions in order."""
+    if len(items) > MAX_BATCH:
+        raise Invalid(f"at most {MAX_BATCH} steps per request, got {len(items)}")
+    client_ids = [i.get("client_id") for i in items if i.get("client_id")]
+    if len(set(client_ids)) != len(client_ids):
+        raise Invalid("client ids repeat within the batch")
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().only("id", "last_position", "context_id").get(pk=run.pk)
+        existing = {s.client_id: s for s in Step.objects.filter(run=run, client_id__in=client_ids)} if client_ids else {}
+        results: list[Step] = []
+        created: list[bool] = []
+        new_steps: list[tuple[Step, list[dict]]] = []
+        for item in items:
+            data = _step_data(item)
+            calls = [_tool_call_data(c) for c in item.get("tool_calls") or []]
+            cid = item.get("client_id")
+            if cid and cid in existing:
+                stored = existing[cid]
+                diff = differences({k: getattr(stored, k) for k in STEP_FIELDS}, data)
+                stored_calls = [
+                    {k: getattr(tc, k) for k in TOOL_CALL_FIELDS} for tc in stored.tool_calls.order_by("position")
+                ]
+                if stored_calls != calls:
+                    diff["tool_calls"] = {"stored": stored_calls, "sent": calls}
+                if diff:
+                    raise Conflict(f"step {cid!r} already exists with different content", diff)
+                results.append(stored)
+                created.append(False)
+                continue
+            step = Step(run_id=run.pk, client_id=cid or None, **data)
+            new_steps.append((step, calls))
+            results.append(step)
+            created.append(True)
+        if new_steps:
+            for offset, (step, _) in enumerate(new_steps, start=1):
+                step.position = locked.last_position + offset
+            Step.objects.bulk_create([s for s, _ in new_steps])
+            ToolCall.objects.bulk_create(
+                [ToolCall(step=s, position=i, **c) for s, calls in new_steps for i, c in enumerate(calls, start=1)]
+            )
+            errors = sum(1 for s, _ in new_steps if s.error_type)
+            Run.objects.filter(pk=run.pk).update(
+                last_position=F("last_position") + len(new_steps),
+                step_count=F("step_count") + len(new_steps),
+                error_count=F("error_count") + errors,
+            )
+            Context.objects.filter(pk=locked.context_id).update(last_activity_at=timezone.now())
+    return StepsResult(steps=results, created=created)
+
+
+def run_finish(
+    *, run: Run, status: str, final_answer: Any = None, input_tokens: int | None = None,
+    output_tokens: int | None = None, total_tokens: int | None = None, finished_at=None,
+) -> Run:
+    """Mark a run finished; token totals default to the sum over its steps."""
+    if status not in RunStatus.values or status == RunStatus.RUNNING:
+        raise Invalid(f"status must be one of {[s for s in RunStatus.values if s != RunStatus.RUNNING]}")
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if input_tokens is None and output_tokens is None and total_tokens is None:
+            from django.db.models import Sum
+
+            sums = run.steps.aggregate(i=Sum("input_tokens"), o=Sum("output_tokens"), t=Sum("total_tokens"))
+            input_tokens, output_tokens, total_tokens = sums["i"], sums["o"], sums["t"]
+        elif total_tokens is None and input_tokens is not None and output_tokens is not None:
+            total_tokens = input_tokens + output_tokens
+        run.status = status
+        run.final_answer = final_answer
+        run.input_tokens, run.output_tokens, run.total_tokens = input_tokens, output_tokens, total_tokens
+        run.finished_at = finished_at or timezone.now()
+        if run.started_at:
+            run.duration = (run.finished_at - run.started_at).total_seconds()
+        run.save()
+    return run

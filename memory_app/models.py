@@ -1,0 +1,445 @@
+"""The domain: contexts, messages, runs, steps, tool calls, memory records, embeddings, audit, keys.
+
+Integrity lives in the database (constraints and indexes below), not in `save()` overrides.
+Writes go through `memory_app.logbook`; reads through `memory_app.queries`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVector, SearchVectorField
+from django.db import models
+from django.db.models import Q
+from pgvector.django import VectorField
+
+# Full-text configuration: `simple` would not stem; `english` ranks "weathers" with "weather".
+FTS_CONFIG = "english"
+
+
+def keys_digest(keys: dict) -> str:
+    """Order-insensitive digest of a context-keys dict (the identity of a context)."""
+    canonical = json.dumps(keys, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class MessageRole(models.TextChoices):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+    FUNCTION = "function"
+    AGENT = "agent"
+    LLM = "llm"
+    TOOL_CALL = "tool-call"
+    TOOL_RESPONSE = "tool-response"
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILED = "failed"
+    MAX_STEPS_ERROR = "max_steps_error"
+    CANCELLED = "cancelled"
+
+
+class StepKind(models.TextChoices):
+    TASK = "task"
+    PLANNING = "planning"
+    ACTION = "action"
+    FINAL_ANSWER = "final_answer"
+
+
+class MemoryKind(models.TextChoices):
+    FACT = "fact"
+    PREFERENCE = "preference"
+    TASK = "task"
+    TOOL = "tool"
+
+
+def _choices_check(field: str, choices: type[models.TextChoices], name: str) -> models.CheckConstraint:
+    return models.CheckConstraint(condition=Q(**{f"{field}__in": choices.values}), name=name)
+
+
+class Context(models.Model):
+    """One memory space, identified by a JSON dict of keys (get-or-create, order-insensitive)."""
+
+    keys = models.JSONField()
+    keys_digest = models.CharField(max_length=64, editable=False)
+    title = models.CharField(max_length=500, blank=True, default="")
+    metadata = models.JSONField(default=dict, blank=True)
+    # AgentScope 1.x working memory keeps a compressed summary beside its messages.
+    compressed_summary = models.TextField(blank=True, default="")
+    # Allocation counter for message seq: incremented under the row lock, so seq is gap-free
+    # and strictly increasing however many writers append at once.
+    last_seq = models.BigIntegerField(default=0)
+    # Counters kept by the write path so lists never count millions of rows per page.
+    message_count = models.IntegerField(default=0)
+    token_count = models.BigIntegerField(default=0)
+    run_count = models.IntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    last_activity_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["keys_digest"], name="context_keys_digest_unique"),
+            models.CheckConstraint(condition=Q(last_seq__gte=0), name="context_last_seq_nonneg"),
+        ]
+        indexes = [
+            GinIndex(fields=["keys"], name="context_keys_gin", opclasses=["jsonb_path_ops"]),
+            models.Index(fields=["-last_activity_at", "-id"], name="context_activity_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.title or json.dumps(self.keys, sort_keys=True)
+
+
+class Run(models.Model):
+    """One execution of an agent inside a context."""
+
+    context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="runs")
+    client_id = models.CharField(max_length=200, null=True, blank=True)
+    task = models.TextField(blank=True, default="")
+    system_prompt = models.TextField(blank=True, default="")
+    agent_name = models.CharField(max_length=200, blank=True, default="")
+    framework = models.CharField(max_length=50, blank=True, default="")
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.RUNNING)
+    final_answer = models.JSONField(null=True, blank=True)
+    input_tokens = models.BigIntegerField(null=True, blank=True)
+    output_tokens = models.BigIntegerField(null=True, blank=True)
+    total_tokens = models.BigIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration = models.FloatField(null=True, blank=True, help_text="seconds")
+    step_count = models.IntegerField(default=0)
+    error_count = models.IntegerField(default=0)
+    last_position = models.IntegerField(default=0)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["context", "client_id"],
+                condition=Q(client_id__isnull=False),
+                name="run_client_id_unique",
+            ),
+            _choices_check("status", RunStatus, "run_status_valid"),
+        ]
+        indexes = [models.Index(fields=["context", "-created_at"], name="run_context_recent_idx")]
+
+    def __str__(self) -> str:
+        return f"run {self.pk}: {self.task[:60]}"
+
+
+class Step(models.Model):
+    """One entry of a run's logbook (smolagents TaskStep / PlanningStep / ActionStep / final answer).
+
+    Normalised columns serve the dashboard and the transcripts; `payload` keeps the framework's
+    own dict verbatim so an export gives back exactly what was imported.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    position = models.IntegerField()
+    client_id = models.CharField(max_length=200, null=True, blank=True)
+    kind = models.CharField(max_length=20, choices=StepKind.choices)
+    step_number = models.IntegerField(null=True, blank=True)
+    task = models.TextField(null=True, blank=True)
+    plan = models.TextField(null=True, blank=True)
+    model_input_messages = models.JSONField(null=True, blank=True)
+    model_output_message = models.JSONField(null=True, blank=True)
+    model_output = models.JSONField(null=True, blank=True)
+    code_action = models.TextField(null=True, blank=True)
+    observations = models.TextField(null=True, blank=True)
+    action_output = models.JSONField(null=True, blank=True)
+    error_type = models.CharField(max_length=200, null=True, blank=True)
+    error_message = models.TextField(null=True, blank=True)
+    start_time = models.FloatField(null=True, blank=True, help_text="unix epoch seconds")
+    end_time = models.FloatField(null=True, blank=True, help_text="unix epoch seconds")
+    duration = models.FloatField(null=True, blank=True, help_text="seconds")
+    input_tokens = models.IntegerField(null=True, blank=True)
+    output_tokens = models.IntegerField(null=True, blank=True)
+    total_tokens = models.IntegerField(null=True, blank=True)
+    is_final_answer = models.BooleanField(default=False)
+    payload = models.JSONField(null=True, blank=True)
+    pruned_at = models.DateTimeField(null=True, blank=True)
+    pruned_by = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "position"], name="step_run_position_unique"),
+            models.UniqueConstraint(
+                fields=["run", "client_id"],
+                condition=Q(client_id__isnull=False),
+                name="step_client_id_unique",
+            ),
+            models.CheckConstraint(condition=Q(position__gte=1), name="step_position_positive"),
+            _choices_check("kind", StepKind, "step_kind_valid"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["run", "position"],
+                condition=Q(error_type__isnull=False),
+                name="step_run_errors_idx",
+            ),
+        ]
+
+    @property
+    def is_pruned(self) -> bool:
+        return self.pruned_at is not None
+
+    def __str__(self) -> str:
+        return f"step {self.position} ({self.kind}) of run {self.run_id}"
+
+
+class ToolCall(models.Model):
+    """One tool invocation inside a step."""
+
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="tool_calls")
+    position = models.IntegerField()
+    call_id = models.CharField(max_length=200, blank=True, default="")
+    name = models.CharField(max_length=200)
+    arguments = models.JSONField(null=True, blank=True)
+    output = models.TextField(null=True, blank=True)
+    success = models.BooleanField(null=True, blank=True)
+    duration = models.FloatField(null=True, blank=True, help_text="seconds")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["step", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["step", "position"], name="toolcall_step_position_unique"),
+        ]
+        indexes = [models.Index(fields=["name"], name="toolcall_name_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.name}({self.call_id})"
+
+
+class Message(models.Model):
+    """One entry of a context's chat history, ordered by a per-context `seq`."""
+
+    context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="messages")
+    seq = models.BigIntegerField()
+    client_id = models.CharField(max_length=200, null=True, blank=True)
+    role = models.CharField(max_length=20, choices=MessageRole.choices)
+    name = models.CharField(max_length=200, blank=True, default="")
+    text = models.TextField(blank=True, default="")
+    content = models.JSONField(null=True, blank=True, help_text="structured content blocks")
+    tags = ArrayField(models.CharField(max_length=200), default=list, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    run = models.ForeignKey(Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="messages")
+    step = models.ForeignKey(Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="messages")
+    token_count = models.IntegerField(default=0)
+    tokenizer = models.CharField(max_length=50, blank=True, default="")
+    # The client's own timestamp string, kept verbatim (AgentScope's is local time, no zone).
+    source_timestamp = models.CharField(max_length=64, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    pruned_at = models.DateTimeField(null=True, blank=True)
+    pruned_by = models.CharField(max_length=200, blank=True, default="")
+    search_vector = models.GeneratedField(
+        expression=SearchVector("text", config=FTS_CONFIG),
+        output_field=SearchVectorField(),
+        db_persist=True,
+    )
+
+    class Meta:
+        ordering = ["context", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["context", "seq"], name="message_context_seq_unique"),
+            models.UniqueConstraint(
+                fields=["context", "client_id"],
+                condition=Q(client_id__isnull=False),
+                name="message_client_id_unique",
+            ),
+            models.CheckConstraint(condition=Q(seq__gte=1), name="message_seq_positive"),
+            models.CheckConstraint(condition=Q(token_count__gte=0), name="message_tokens_nonneg"),
+            _choices_check("role", MessageRole, "message_role_valid"),
+        ]
+        indexes = [
+            GinIndex(fields=["search_vector"], name="message_fts_gin"),
+            GinIndex(fields=["tags"], name="message_tags_gin"),
+            # The agent's hot read: a context's latest live messages.
+            models.Index(
+                fields=["context", "-seq"],
+                condition=Q(pruned_at__isnull=True),
+                name="message_live_recent_idx",
+            ),
+            models.Index(fields=["run"], name="message_run_idx"),
+        ]
+
+    @property
+    def is_pruned(self) -> bool:
+        return self.pruned_at is not None
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.role}: {self.text[:60]}"
+
+
+class MemoryRecord(models.Model):
+    """A long-term memory scoped to one context or to a key subset shared by many contexts."""
+
+    context = models.ForeignKey(
+        Context, on_delete=models.CASCADE, null=True, blank=True, related_name="memory_records"
+    )
+    scope_keys = models.JSONField(default=dict, blank=True)
+    scope_digest = models.CharField(max_length=64, editable=False)
+    kind = models.CharField(max_length=20, choices=MemoryKind.choices, default=MemoryKind.FACT)
+    content = models.TextField()
+    content_hash = models.CharField(max_length=64, editable=False)
+    thinking = models.TextField(blank=True, default="")
+    keywords = ArrayField(models.CharField(max_length=200), default=list, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    source_message = models.ForeignKey(
+        Message, on_delete=models.SET_NULL, null=True, blank=True, related_name="memory_records"
+    )
+    source_step = models.ForeignKey(
+        Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="memory_records"
+    )
+    recorded_by = models.CharField(max_length=200, blank=True, default="")
+    archived_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    search_vector = models.GeneratedField(
+        expression=SearchVector("content", config=FTS_CONFIG),
+        output_field=SearchVectorField(),
+        db_persist=True,
+    )
+
+    class Meta:
+        constraints = [
+            # Recording the same content in the same scope returns the existing record.
+            models.UniqueConstraint(
+                fields=["scope_digest", "content_hash"], name="memory_scope_content_unique"
+            ),
+            _choices_check("kind", MemoryKind, "memory_kind_valid"),
+        ]
+        indexes = [
+            GinIndex(fields=["search_vector"], name="memory_fts_gin"),
+            GinIndex(fields=["scope_keys"], name="memory_scope_gin", opclasses=["jsonb_path_ops"]),
+            GinIndex(fields=["keywords"], name="memory_keywords_gin"),
+        ]
+
+    def __str__(self) -> str:
+        return self.content[:80]
+
+
+class Embedding(models.Model):
+    """A vector for one item under one model; several models coexist (one HNSW index per model).
+
+    A row with `vector` NULL is pending: the embed worker claims it with FOR UPDATE SKIP LOCKED.
+    The HNSW index for a model is a partial expression index created when the model is first
+    used (`memory_app.embeddings.ensure_model_index`), because vector dimensions differ by model.
+    """
+
+    message = models.ForeignKey(
+        Message, on_delete=models.CASCADE, null=True, blank=True, related_name="embeddings"
+    )
+    memory_record = models.ForeignKey(
+        MemoryRecord, on_delete=models.CASCADE, null=True, blank=True, related_name="embeddings"
+    )
+    # Denormalised so a semantic search can filter one context without a join.
+    context = models.ForeignKey(Context, on_delete=models.CASCADE, null=True, blank=True, related_name="+")
+    model = models.CharField(max_length=200)
+    dimensions = models.IntegerField(null=True, blank=True)
+    vector = VectorField(null=True, blank=True)
+    attempts = models.IntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    embedded_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(message__isnull=False) & Q(memory_record__isnull=True))
+                | (Q(message__isnull=True) & Q(memory_record__isnull=False)),
+                name="embedding_one_item",
+            ),
+            models.UniqueConstraint(
+                fields=["message", "model"], condition=Q(message__isnull=False), name="embedding_message_model_unique"
+            ),
+            models.UniqueConstraint(
+                fields=["memory_record", "model"],
+                condition=Q(memory_record__isnull=False),
+                name="embedding_memory_model_unique",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at", "id"], condition=Q(vector__isnull=True), name="embedding_pending_idx"
+            ),
+            models.Index(fields=["context", "model"], name="embedding_context_model_idx"),
+        ]
+
+
+class ApiKey(models.Model):
+    """An agent's credential. The secret is shown once; only its SHA-256 is stored.
+
+    Secrets are 256-bit random tokens, so a fast hash is safe (no dictionary to attack) and keeps
+    per-request verification cheap.
+    """
+
+    SCOPES = ("read", "write", "admin")
+
+    name = models.CharField(max_length=200)
+    prefix = models.CharField(max_length=16, unique=True)
+    secret_hash = models.CharField(max_length=64)
+    scopes = ArrayField(models.CharField(max_length=10), default=list)
+    # A key confined to {"tenant": "acme"} sees only contexts whose keys contain tenant=acme.
+    context_keys = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(scopes__contained_by=["read", "write", "admin"]), name="apikey_scopes_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def actor(self) -> str:
+        return f"key:{self.prefix}"
+
+
+class AuditEvent(models.Model):
+    """Who changed what and when, with before/after: makes every curation reversible."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.CharField(max_length=200, help_text="user:<name> or key:<prefix>")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True)
+    action = models.CharField(max_length=50, db_index=True)
+    target_type = models.CharField(max_length=50)
+    target_ids = ArrayField(models.BigIntegerField(), default=list, blank=True)
+    context = models.ForeignKey(Context, on_delete=models.SET_NULL, null=True, blank=True, related_name="audit_events")
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    note = models.TextField(blank=True, default="")
+    undone_by = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["target_type", "-at"], name="audit_target_idx"),
+            GinIndex(fields=["target_ids"], name="audit_target_ids_gin"),
+            models.Index(fields=["actor", "-at"], name="audit_actor_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target_type} {self.target_ids[:5]}"

