@@ -1,0 +1,50 @@
+# agentmemory — two commands on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+# torch comes first, pinned to the CPU build that lies on the machine's disk, so that
+# sentence-transformers does not pull GBs of CUDA packages.
+TORCH_VERSION ?= 2.13.0
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+TEST_STAMP := $(VENV)/.installed-test-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+.PHONY: run test install install-test lint format bench clean-venv
+
+$(PY):
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "Python 3.11 is needed ($(PYTHON) not found)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install --quiet -e .
+	@touch $@
+
+$(TEST_STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install --quiet -e ".[test,embeddings,dev]"
+	@touch $@ $(STAMP)
+
+install: $(STAMP)
+
+install-test: $(TEST_STAMP)
+
+run: install
+	$(PY) manage.py serve
+
+test: install-test
+	$(BIN)/python -m pytest
+
+lint: install-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install-test
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: install
+	$(PY) manage.py benchmark
+
+clean-venv:
+	rm -rf $(VENV)
