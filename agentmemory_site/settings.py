@@ -50,6 +50,9 @@ INSTALLED_APPS = [
     "django.contrib.postgres",
     "django_htmx",
     "template_partials",
+    # htmx.js from PyPI (django-js-lib-htmx) rather than a CDN or a vendored copy: the dashboard
+    # works offline and the version is pinned and upgraded like any other dependency.
+    "js_lib_htmx",
     "ninja",
     "memory_app",
 ]
