@@ -12,8 +12,12 @@ import warnings
 from pathlib import Path
 
 
+DATABASE_NAME = "agentmemory"
+
+
 def embedded_database_url(data_dir: Path) -> str:
-    """Start or attach to the embedded server under `data_dir` and return its URL."""
+    """Start or attach to the embedded server under `data_dir` and return the URL of the
+    `agentmemory` database on it (created on first use)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     # pgserver keeps its lock file under the user runtime dir; warn-free default when unset.
     os.environ.setdefault("XDG_RUNTIME_DIR", str(data_dir / "run"))
@@ -23,4 +27,18 @@ def embedded_database_url(data_dir: Path) -> str:
         import pgserver
 
         server = pgserver.get_server(data_dir / "pgdata", cleanup_mode="stop")
-    return server.get_uri()
+    _ensure_database(server.get_uri("postgres"))
+    return server.get_uri(DATABASE_NAME)
+
+
+def _ensure_database(admin_url: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE_NAME]).fetchone()
+        if not exists:
+            try:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE_NAME)))
+            except psycopg.errors.DuplicateDatabase:
+                pass  # another process created it between our check and our CREATE

@@ -105,6 +105,9 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+# A socket directory given as ?host=... belongs in HOST (where Django and tools look for it).
+if not DATABASES["default"]["HOST"] and "host" in DATABASES["default"].get("OPTIONS", {}):
+    DATABASES["default"]["HOST"] = DATABASES["default"]["OPTIONS"].pop("host")
 DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = int(
     os.environ.get("AGENTMEMORY_DB_CONNECT_TIMEOUT", "5")
 )
@@ -129,6 +132,7 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "staticfiles"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 # whitenoise serves straight from the finders: no collectstatic step on a fresh clone.
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG

@@ -1,0 +1,229 @@
+"""The foundation: data model integrity, migrations, health, a second PostgreSQL via DATABASE_URL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import IntegrityError, connection, connections, transaction
+
+from memory_app import logbook
+from memory_app.models import Context, Message, Run, Step, keys_digest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _url_for(dbname: str) -> str:
+    """The current server's URL with another database name (for raw psycopg connections)."""
+    db = settings.DATABASES["default"]
+    host = db["HOST"]
+    return f"postgresql://{db['USER']}:{db.get('PASSWORD') or ''}@/{dbname}?host={host}" + (
+        f"&port={db['PORT']}" if db.get("PORT") else ""
+    )
+
+
+@pytest.mark.django_db
+def test_context_keys_are_order_insensitive():
+    first, created = logbook.context_get_or_create(keys={"user": "ada", "chat": "42"})
+    second, created_again = logbook.context_get_or_create(keys={"chat": "42", "user": "ada"})
+    assert created and not created_again
+    assert first.pk == second.pk
+    assert keys_digest({"a": 1, "b": {"x": 1, "y": 2}}) == keys_digest({"b": {"y": 2, "x": 1}, "a": 1})
+    assert keys_digest({"a": 1}) != keys_digest({"a": "1"})
+
+
+@pytest.mark.django_db
+def test_context_keys_digest_is_unique_in_the_database():
+    Context.objects.create(keys={"k": "v"}, keys_digest=keys_digest({"k": "v"}))
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Context.objects.create(keys={"k": "v"}, keys_digest=keys_digest({"k": "v"}))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_get_or_create_makes_one_row():
+    keys = {"tenant": "acme", "chat": "race"}
+    barrier = threading.Barrier(2)
+    ids: list[int] = []
+    errors: list[BaseException] = []
+
+    def worker():
+        try:
+            barrier.wait()
+            context, _ = logbook.context_get_or_create(keys=dict(reversed(list(keys.items()))) if ids else keys)
+            ids.append(context.pk)
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the assertion below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(ids) == 2 and ids[0] == ids[1]
+    assert Context.objects.filter(keys_digest=keys_digest(keys)).count() == 1
+
+
+@pytest.mark.django_db
+def test_message_seq_is_unique_per_context_in_the_database():
+    context, _ = logbook.context_get_or_create(keys={"u": "1"})
+    Message.objects.create(context=context, seq=1, role="user", text="a")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Message.objects.create(context=context, seq=1, role="user", text="b")
+    other, _ = logbook.context_get_or_create(keys={"u": "2"})
+    Message.objects.create(context=other, seq=1, role="user", text="same seq, other context")
+
+
+@pytest.mark.django_db
+def test_step_position_is_unique_per_run_in_the_database():
+    context, _ = logbook.context_get_or_create(keys={"u": "1"})
+    run = Run.objects.create(context=context)
+    Step.objects.create(run=run, position=1, kind="task")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Step.objects.create(run=run, position=1, kind="action")
+
+
+@pytest.mark.django_db
+def test_unknown_message_role_is_refused_by_the_database():
+    context, _ = logbook.context_get_or_create(keys={"u": "1"})
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Message.objects.create(context=context, seq=1, role="wizard", text="x")
+
+
+@pytest.mark.django_db
+def test_appended_messages_get_consecutive_seqs_and_token_counts():
+    context, _ = logbook.context_get_or_create(keys={"u": "1"})
+    result = logbook.messages_append(
+        context=context, items=[{"role": "user", "text": "hello world"}, {"role": "assistant", "text": "hi"}]
+    )
+    assert [m.seq for m in result.messages] == [1, 2]
+    assert [m.token_count for m in result.messages] == [2, 1]
+    context.refresh_from_db()
+    assert (context.last_seq, context.message_count, context.token_count) == (2, 2, 3)
+
+
+@pytest.mark.django_db
+def test_full_text_and_vector_infrastructure_exists():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+        assert cursor.fetchone() is not None
+        cursor.execute(
+            "SELECT indexdef FROM pg_indexes WHERE indexname IN ('message_fts_gin', 'message_live_recent_idx')"
+        )
+        defs = sorted(row[0] for row in cursor.fetchall())
+    assert any("USING gin (search_vector)" in d for d in defs)
+    assert any("seq DESC" in d and "pruned_at IS NULL" in d for d in defs)
+
+
+def test_migrations_apply_from_zero_on_an_empty_database():
+    name = f"am_migrate_{os.getpid()}"
+    with psycopg.connect(_url_for("postgres"), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        env = {**os.environ, "DATABASE_URL": _url_for(name)}
+        out = subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--no-input"], cwd=ROOT, env=env,
+            capture_output=True, text=True, timeout=180,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "memory_app.0001_initial... OK" in out.stdout
+        with psycopg.connect(_url_for(name)) as conn:
+            assert conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone()
+            assert conn.execute("SELECT to_regclass('memory_app_message')").fetchone()[0] is not None
+    finally:
+        with psycopg.connect(_url_for("postgres"), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.mark.django_db
+def test_healthz_reports_ok_when_the_database_answers(client):
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json()["status"] == "ok"
+    assert response.json()["pgvector"]
+
+
+SECOND_SERVER_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, warnings
+    warnings.simplefilter("ignore")
+    import pgserver
+    from pgserver._commands import pg_ctl
+    server = pgserver.get_server(sys.argv[1], cleanup_mode="stop")
+    os.environ["DATABASE_URL"] = server.get_uri()
+    os.environ["DJANGO_SETTINGS_MODULE"] = "agentmemory_site.settings"
+    import django
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.test import Client
+    call_command("migrate", verbosity=0)
+    from memory_app import logbook
+    ctx, _ = logbook.context_get_or_create(keys={"where": "second"})
+    logbook.messages_append(context=ctx, items=[{"role": "user", "text": "stored on the second server"}])
+    from memory_app.models import Message
+    result = {
+        "embedded": settings.EMBEDDED_DATABASE,
+        "host": settings.DATABASES["default"]["HOST"],
+        "text": Message.objects.get(context=ctx).text,
+    }
+    client = Client()
+    up = client.get("/healthz")
+    result["up"] = [up.status_code, up.json()]
+    pg_ctl(["-w", "stop"], pgdata=server.pgdata, user=server.system_user)
+    down = client.get("/healthz")
+    result["down"] = [down.status_code, down.json()]
+    print("RESULT " + json.dumps(result))
+    """
+)
+
+
+def test_database_url_uses_another_server_and_healthz_reports_it_down(tmp_path):
+    """A second embedded PostgreSQL, reached through DATABASE_URL, then stopped under the app."""
+    data = tmp_path / "second"
+    data.mkdir()
+    os.chmod(tmp_path, 0o755)
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    out = subprocess.run(
+        [sys.executable, "-c", SECOND_SERVER_SCRIPT, str(data / "pgdata")], cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
+    result = json.loads(line.removeprefix("RESULT "))
+    assert result["embedded"] is False
+    assert str(data) in result["host"]
+    assert result["text"] == "stored on the second server"
+    assert result["up"][0] == 200 and result["up"][1]["status"] == "ok"
+    assert result["down"][0] == 503
+    assert result["down"][1]["status"] == "error"
+
+
+def test_local_state_and_build_output_are_git_ignored():
+    paths = ["var/pgdata/PG_VERSION", ".venv/bin/python", "build/lib/x.py", "x.egg-info/PKG-INFO", "test-artifacts/a.png"]
+    out = subprocess.run(["git", "check-ignore", *paths], cwd=ROOT, capture_output=True, text=True)
+    assert sorted(out.stdout.split()) == sorted(paths)
+
+
+def test_no_tracked_file_holds_a_secret():
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    patterns = ["BEGIN RSA PRIVATE KEY", "BEGIN PRIVATE KEY", "BEGIN OPENSSH PRIVATE KEY", "SECRET_KEY = \"", "SECRET_KEY = '"]
+    offenders = []
+    for name in files:
+        path = ROOT / name
+        if not path.is_file() or path.suffix in {".png", ".ico"} or path == Path(__file__):
+            continue
+        text = path.read_text(errors="ignore")
+        offenders += [f"{name}: {p}" for p in patterns if p in text]
+    assert offenders == []
