@@ -50,8 +50,7 @@ class Command(BaseCommand):
             username=username, password=os.environ.get("AGENTMEMORY_OPERATOR_PASSWORD") or None
         )
         if not no_demo and not Context.objects.filter(keys__demo=True).exists():
-            call_command("seed_demo", verbosity=0)
-            self.stdout.write("demo data loaded")
+            call_command("seed_demo")
 
         url = f"http://{host}:{port}/"
         self.stdout.write(self.style.SUCCESS(f"\nagentmemory is serving on {url}"))

@@ -1,0 +1,95 @@
+"""`manage.py serve` (what `make run` runs): set up, serve with gunicorn, stop cleanly, keep data."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def _start(data_dir: Path, port: int) -> tuple[subprocess.Popen, float]:
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "AGENTMEMORY_OPERATOR_PASSWORD"}}
+    env |= {"AGENTMEMORY_DATA_DIR": str(data_dir), "AGENTMEMORY_WORKERS": "2", "PYTHONUNBUFFERED": "1"}
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    return proc, started
+
+
+def _wait_for_login(port: int, started: float, proc: subprocess.Popen) -> float:
+    while time.monotonic() - started < 60:
+        if _status(f"http://127.0.0.1:{port}/accounts/login/") == 200:
+            return time.monotonic() - started
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.3)
+    raise AssertionError("login page not served within 60 s")
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    # Ctrl-C in a terminal signals the whole foreground process group.
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    return out
+
+
+def _postgres_running(data_dir: Path) -> bool:
+    for p in psutil.process_iter(attrs=["name", "cmdline"]):
+        if p.info["name"] == "postgres" and any(str(data_dir) in part for part in p.info["cmdline"] or []):
+            return True
+    return False
+
+
+@pytest.mark.slow
+def test_serve_starts_fast_stops_cleanly_and_keeps_data(tmp_path):
+    data_dir = tmp_path / "var"
+    os.chmod(tmp_path, 0o755)
+    port = _free_port()
+
+    proc, started = _start(data_dir, port)
+    elapsed = _wait_for_login(port, started, proc)
+    assert elapsed < 60
+    assert _status(f"http://127.0.0.1:{port}/admin/login/") == 200
+    assert _status(f"http://127.0.0.1:{port}/healthz") == 200
+    first_output = _stop(proc)
+    assert "gunicorn" in first_output.lower()
+    password = re.search(r"operator login: operator / (\S+)", first_output)
+    assert password, first_output
+    assert "demo data loaded" in first_output
+    assert not _postgres_running(data_dir), "Ctrl-C must stop the embedded database"
+
+    proc, started = _start(data_dir, port)
+    _wait_for_login(port, started, proc)
+    second_output = _stop(proc)
+    assert "demo data loaded" not in second_output
+    assert "existing account" in second_output
+    assert not _postgres_running(data_dir)
