@@ -1,11 +1,14 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from memory_app.api.app import api
 from memory_app.health import healthz
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
+    # Agent API: /api/v1/..., /api/openapi.json, /api/docs (see memory_app/api/__init__.py).
+    path("api/", api.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("memory_app.urls")),
 ]

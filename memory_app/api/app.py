@@ -1,0 +1,99 @@
+"""The NinjaAPI instance: auth, strict JSON parsing, domain-error mapping, router registration."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+from django.db import DataError, IntegrityError
+from django.http import HttpRequest
+from ninja import NinjaAPI
+from ninja.parser import Parser
+from ninja.renderers import JSONRenderer
+
+from memory_app.api import common
+from memory_app.logbook import Conflict, Invalid, NotFound
+
+logger = logging.getLogger(__name__)
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+class StrictJSONParser(Parser):
+    """RFC 8259 JSON only: NaN/Infinity (which Python accepts and PostgreSQL rejects) are a 400."""
+
+    def parse_body(self, request: HttpRequest):
+        return json.loads(request.body, parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+class StrictJSONRenderer(JSONRenderer):
+    json_dumps_params = {"allow_nan": False}
+
+
+api = NinjaAPI(
+    title="agentmemory Agent API",
+    version="1",
+    description=(
+        "Agents read and write their memory: contexts, messages, runs, steps and tool calls.\n\n"
+        "Authenticate with `Authorization: Bearer <key>` (create one with "
+        '`manage.py apikey create`). Errors are JSON `{"detail": ...}`.'
+    ),
+    auth=common.api_key_auth,
+    parser=StrictJSONParser(),
+    renderer=StrictJSONRenderer(),
+    openapi_url="openapi.json",
+    docs_url="docs",
+    urls_namespace="api",
+)
+
+
+@api.exception_handler(NotFound)
+def _not_found(request, exc):
+    return api.create_response(request, {"detail": str(exc)}, status=404)
+
+
+@api.exception_handler(Conflict)
+def _conflict(request, exc):
+    return api.create_response(
+        request, {"detail": str(exc), "differences": exc.differences}, status=409
+    )
+
+
+@api.exception_handler(Invalid)
+def _invalid(request, exc):
+    return api.create_response(request, {"detail": str(exc)}, status=422)
+
+
+@api.exception_handler(DataError)
+def _data_error(request, exc):
+    # Safety net: a value the schemas let through but PostgreSQL refuses is still client input.
+    logger.warning("DataError reached the API layer: %s", exc)
+    return api.create_response(
+        request, {"detail": "a value cannot be stored (out of range or invalid)"}, status=422
+    )
+
+
+@api.exception_handler(IntegrityError)
+def _integrity_error(request, exc):
+    logger.warning("IntegrityError reached the API layer: %s", exc)
+    return api.create_response(
+        request, {"detail": "conflicting concurrent write; retry the request"}, status=409
+    )
+
+
+# --- routers: one line per area (see memory_app/api/__init__.py) -------------------------------
+from memory_app.api import contexts, messages, runs  # noqa: E402
+
+api.add_router("/v1/", contexts.router)
+api.add_router("/v1/", messages.router)
+api.add_router("/v1/", runs.router)

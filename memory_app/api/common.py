@@ -1,0 +1,211 @@
+"""Shared pieces of the Agent API: auth, scopes, visibility helpers, error schema, field types.
+
+Every router imports from here; nothing here imports a router. These helpers are a stable
+contract for the routers other modules add (see `memory_app/api/__init__.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from django.http import HttpRequest
+from ninja import Path, Schema
+from ninja.errors import AuthenticationError, HttpError
+from ninja.security import HttpBearer
+from pydantic import AfterValidator, ConfigDict, Field, StringConstraints
+
+from memory_app import auth as keys
+from memory_app.logbook import Actor
+from memory_app.models import ApiKey, Context, Message, Run, Step
+
+# PostgreSQL integer ranges: larger values would fail in the database, so they answer 422 here.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+# --- authentication and scopes -----------------------------------------------------------------
+
+
+class ApiKeyAuth(HttpBearer):
+    """`Authorization: Bearer am_<prefix>_<secret>`; sets `request.auth` to the ApiKey."""
+
+    def __call__(self, request: HttpRequest) -> ApiKey | None:
+        value = request.headers.get(self.header)
+        if not value:
+            raise AuthenticationError(message="missing API key: send 'Authorization: Bearer <key>'")
+        scheme, _, token = value.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise AuthenticationError(
+                message="malformed Authorization header: expected 'Bearer <key>'"
+            )
+        return self.authenticate(request, token.strip())
+
+    def authenticate(self, request: HttpRequest, token: str) -> ApiKey:
+        key = keys.apikey_verify(token)
+        if key is None:
+            raise AuthenticationError(message="invalid or revoked API key")
+        return key
+
+
+api_key_auth = ApiKeyAuth()
+
+
+def request_key(request: HttpRequest) -> ApiKey:
+    return request.auth  # type: ignore[attr-defined]
+
+
+def require_scope(request: HttpRequest, scope: str) -> ApiKey:
+    """The request's key, or 403 when it lacks `scope` ('read', 'write' or 'admin')."""
+    key = request_key(request)
+    if not keys.has_scope(key, scope):
+        raise HttpError(403, f"this API key lacks the '{scope}' scope")
+    return key
+
+
+def actor_for(request: HttpRequest) -> Actor:
+    """The actor named in audit events for this request (`key:<prefix>`)."""
+    return Actor.for_key(request_key(request))
+
+
+# --- visibility: everything outside the key's confinement answers 404 ------------------------------
+
+
+def not_found(what: str, ident: Any) -> HttpError:
+    return HttpError(404, f"{what} {ident} not found")
+
+
+def context_for(request: HttpRequest, context_id: int, *, lock: bool = False) -> Context:
+    """The context if the request's key may see it, else 404 (unknown and foreign look alike)."""
+    qs = keys.visible_contexts(request_key(request)).filter(pk=context_id)
+    if lock:
+        qs = qs.select_for_update()
+    context = qs.first()
+    if context is None:
+        raise not_found("context", context_id)
+    return context
+
+
+def run_for(request: HttpRequest, run_id: int) -> Run:
+    visible = keys.visible_contexts(request_key(request))
+    run = Run.objects.filter(pk=run_id, context__in=visible).first()
+    if run is None:
+        raise not_found("run", run_id)
+    return run
+
+
+def message_for(request: HttpRequest, message_id: int) -> Message:
+    visible = keys.visible_contexts(request_key(request))
+    message = Message.objects.filter(pk=message_id, context__in=visible).first()
+    if message is None:
+        raise not_found("message", message_id)
+    return message
+
+
+def step_for(request: HttpRequest, step_id: int) -> Step:
+    visible = keys.visible_contexts(request_key(request))
+    step = Step.objects.filter(pk=step_id, run__context__in=visible).select_related("run").first()
+    if step is None:
+        raise not_found("step", step_id)
+    return step
+
+
+# --- field types: what PostgreSQL cannot store is rejected with 422, never a 500 -----------------
+
+
+def _check_text(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("NUL characters (\\u0000) cannot be stored")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (lone surrogate found)") from None
+    return value
+
+
+def _check_json(value: Any) -> Any:
+    """Walk a JSON value: no NUL / lone surrogate in any string or key, no NaN or infinity."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            _check_text(item)
+        elif isinstance(item, bool) or item is None or isinstance(item, int):
+            continue
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValueError("NaN and infinity are not valid JSON numbers")
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                if not isinstance(k, str):
+                    raise ValueError("JSON object keys must be strings")
+                _check_text(k)
+                stack.append(v)
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        else:
+            raise ValueError(f"not a JSON value: {type(item).__name__}")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_check_text)]
+
+
+def Short(max_length: int):  # noqa: N802 - reads as a type in schemas
+    """A string limited to a model column's max_length."""
+    return Annotated[str, StringConstraints(max_length=max_length), AfterValidator(_check_text)]
+
+
+JsonValue = Annotated[Any, AfterValidator(_check_json)]
+JsonObject = Annotated[dict[str, Any], AfterValidator(_check_json)]
+Int32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Int64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
+# Ids in URLs and bodies: positive bigint.
+Id = Annotated[int, Field(ge=1, le=INT64_MAX)]
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+class ErrorOut(Schema):
+    """Every error: `detail` is a message, a list of validation errors, or a dict (409)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"detail": "context 42 not found"}]})
+    detail: Any
+
+
+class ConflictOut(Schema):
+    """409: the client id exists with different content; `differences` maps field to both values."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "detail": "message 'm-1' already exists with different content",
+                    "differences": {"text": {"stored": "hello", "sent": "hullo"}},
+                }
+            ]
+        }
+    )
+    detail: str
+    differences: dict[str, Any] = {}
+
+
+READ_ERRORS = (401, 403, 404, 413, 422)
+WRITE_ERRORS = (400, 401, 403, 404, 409, 413, 422)
+
+
+def responses(ok: dict[int, Any], errors: tuple[int, ...] = READ_ERRORS) -> dict[int, Any]:
+    """A ninja `response=` mapping: the success schemas plus documented error schemas."""
+    out = dict(ok)
+    for code in errors:
+        out[code] = ConflictOut if code == 409 else ErrorOut
+    return out
+
+
+# --- path parameters: integer DB ids, bounded so a huge number is a 422, not a database error ---
+
+ContextId = Annotated[int, Path(ge=1, le=INT64_MAX, description="context id", examples=[7])]
+MessageId = Annotated[int, Path(ge=1, le=INT64_MAX, description="message id", examples=[101])]
+RunId = Annotated[int, Path(ge=1, le=INT64_MAX, description="run id", examples=[3])]
+StepId = Annotated[int, Path(ge=1, le=INT64_MAX, description="step id", examples=[11])]

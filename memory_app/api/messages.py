@@ -1,0 +1,182 @@
+"""Messages: append (one or a batch, idempotent by client id), list, get, edit, prune, restore."""
+
+from __future__ import annotations
+
+from ninja import Query, Router, Status
+
+from memory_app import logbook, queries
+from memory_app.api.common import (
+    INT64_MAX,
+    WRITE_ERRORS,
+    ContextId,
+    MessageId,
+    actor_for,
+    context_for,
+    message_for,
+    not_found,
+    require_scope,
+    responses,
+)
+from memory_app.api.schemas import (
+    MessageBatchIn,
+    MessageBatchOut,
+    MessageEditIn,
+    MessageIn,
+    MessageOut,
+    MessagePage,
+    PruneIn,
+    PruneNoteIn,
+    PruneOut,
+)
+from memory_app.models import Step
+
+router = Router(tags=["messages"])
+
+
+def _append(request, context_id: int, items: list[MessageIn]) -> logbook.AppendResult:
+    require_scope(request, "write")
+    context = context_for(request, context_id)
+    prepared = [m.to_item() for m in items]
+    step_ids = {i["step_id"] for i in prepared if i.get("step_id")}
+    if step_ids:
+        # Only steps of this context's runs may be linked (an unknown or foreign id is a 404).
+        found = set(
+            Step.objects.filter(pk__in=step_ids, run__context=context).values_list("pk", flat=True)
+        )
+        if missing := step_ids - found:
+            raise not_found("step", sorted(missing)[0])
+    return logbook.messages_append(context=context, items=prepared)
+
+
+@router.post(
+    "/contexts/{context_id}/messages",
+    response=responses({200: MessageOut, 201: MessageOut}, WRITE_ERRORS),
+    summary="Append one message",
+)
+def message_append(request, context_id: ContextId, body: MessageIn):
+    """201 with the stored message; 200 with the stored one when `client_id` was already
+    appended with the same content; 409 with the differences when the content differs."""
+    result = _append(request, context_id, [body])
+    return Status(201 if result.any_created else 200, result.messages[0])
+
+
+@router.post(
+    "/contexts/{context_id}/messages/batch",
+    response=responses({200: MessageBatchOut, 201: MessageBatchOut}, WRITE_ERRORS),
+    summary="Append up to 1000 messages, all or nothing",
+)
+def message_append_batch(request, context_id: ContextId, body: MessageBatchIn):
+    """Seqs are consecutive in the order sent. One conflicting client id rejects the whole
+    batch (409). 201 when at least one message was stored now, 200 when all were repeats."""
+    result = _append(request, context_id, body.messages)
+    return Status(
+        201 if result.any_created else 200, {"messages": result.messages, "created": result.created}
+    )
+
+
+@router.get(
+    "/contexts/{context_id}/messages",
+    response=responses({200: MessagePage}),
+    summary="List messages",
+)
+def message_list(
+    request,
+    context_id: ContextId,
+    after: int | None = Query(None, ge=0, le=INT64_MAX, description="only seq > after"),
+    before: int | None = Query(None, ge=0, le=INT64_MAX, description="only seq < before"),
+    limit: int = Query(100, ge=1, le=queries.MAX_LIMIT),
+    include_pruned: bool = Query(False, description="include pruned (soft-deleted) messages"),
+):
+    """In seq order. Page forward with `after=next_cursor`; with only `before`, the page just
+    before it (page backward with `before=next_cursor`)."""
+    require_scope(request, "read")
+    context = context_for(request, context_id)
+    return Status(
+        200,
+        queries.messages_list(
+            context=context, after=after, before=before, limit=limit, include_pruned=include_pruned
+        ),
+    )
+
+
+@router.get(
+    "/messages/{message_id}", response=responses({200: MessageOut}), summary="Get a message"
+)
+def message_get(request, message_id: MessageId):
+    require_scope(request, "read")
+    return Status(200, message_for(request, message_id))
+
+
+@router.patch(
+    "/messages/{message_id}",
+    response=responses({200: MessageOut}, WRITE_ERRORS),
+    summary="Edit a message's text, tags or metadata (audited)",
+)
+def message_edit(request, message_id: MessageId, body: MessageEditIn):
+    require_scope(request, "write")
+    message = message_for(request, message_id)
+    return Status(
+        200,
+        logbook.message_edit(
+            message=message,
+            actor=actor_for(request),
+            text=body.text,
+            tags=body.tags,
+            metadata=body.metadata,
+        ),
+    )
+
+
+def _set_pruned(request, context_id: int, ids: list[int], note: str, pruned: bool) -> dict:
+    require_scope(request, "write")
+    context = context_for(request, context_id)
+    changed, event = logbook.messages_set_pruned(
+        context=context, ids=ids, pruned=pruned, actor=actor_for(request), note=note
+    )
+    return {"changed": changed, "audit_event_id": event.pk if event else None}
+
+
+@router.post(
+    "/contexts/{context_id}/messages/prune",
+    response=responses({200: PruneOut}, WRITE_ERRORS),
+    summary="Prune (soft-delete) messages of a context (audited)",
+)
+def messages_prune(request, context_id: ContextId, body: PruneIn):
+    """All or nothing: an id not in this context is a 404 and nothing changes."""
+    return Status(200, _set_pruned(request, context_id, body.ids, body.note, True))
+
+
+@router.post(
+    "/contexts/{context_id}/messages/restore",
+    response=responses({200: PruneOut}, WRITE_ERRORS),
+    summary="Restore pruned messages of a context (audited)",
+)
+def messages_restore(request, context_id: ContextId, body: PruneIn):
+    return Status(200, _set_pruned(request, context_id, body.ids, body.note, False))
+
+
+@router.post(
+    "/messages/{message_id}/prune",
+    response=responses({200: PruneOut}, WRITE_ERRORS),
+    summary="Prune one message (audited)",
+)
+def message_prune(request, message_id: MessageId, body: PruneNoteIn | None = None):
+    require_scope(request, "write")
+    message = message_for(request, message_id)
+    return Status(
+        200, _set_pruned(request, message.context_id, [message.pk], body.note if body else "", True)
+    )
+
+
+@router.post(
+    "/messages/{message_id}/restore",
+    response=responses({200: PruneOut}, WRITE_ERRORS),
+    summary="Restore one message (audited)",
+)
+def message_restore(request, message_id: MessageId, body: PruneNoteIn | None = None):
+    require_scope(request, "write")
+    message = message_for(request, message_id)
+    return Status(
+        200,
+        _set_pruned(request, message.context_id, [message.pk], body.note if body else "", False),
+    )

@@ -1,0 +1,126 @@
+"""Runs, steps and tool calls: create a run, append steps while it runs, finish it, read it."""
+
+from __future__ import annotations
+
+from ninja import Query, Router, Status
+
+from memory_app import logbook, queries
+from memory_app.api.common import (
+    INT64_MAX,
+    WRITE_ERRORS,
+    ContextId,
+    RunId,
+    StepId,
+    context_for,
+    not_found,
+    require_scope,
+    responses,
+    run_for,
+    step_for,
+)
+from memory_app.api.schemas import (
+    RunDetailOut,
+    RunFinishIn,
+    RunIn,
+    RunOut,
+    RunPage,
+    StepOut,
+    StepPage,
+    StepsIn,
+    StepsOut,
+)
+
+router = Router(tags=["runs"])
+
+STEPS_PAGE = 100
+
+
+@router.post(
+    "/contexts/{context_id}/runs",
+    response=responses({200: RunOut, 201: RunOut}, WRITE_ERRORS),
+    summary="Create a run (idempotent by client id)",
+)
+def run_create(request, context_id: ContextId, body: RunIn):
+    require_scope(request, "write")
+    context = context_for(request, context_id)
+    run, created = logbook.run_create(context=context, **body.model_dump())
+    return Status(201 if created else 200, run)
+
+
+@router.get("/contexts/{context_id}/runs", response=responses({200: RunPage}), summary="List runs")
+def run_list(
+    request,
+    context_id: ContextId,
+    after: int | None = Query(None, ge=0, le=INT64_MAX, description="cursor: last run id seen"),
+    limit: int = Query(50, ge=1, le=queries.MAX_LIMIT),
+):
+    require_scope(request, "read")
+    context = context_for(request, context_id)
+    return Status(200, queries.runs_list(context=context, after=after, limit=limit))
+
+
+@router.get(
+    "/runs/{run_id}",
+    response=responses({200: RunDetailOut}),
+    summary="Get a run with the first page of its steps",
+)
+def run_get(
+    request, run_id: RunId, steps_limit: int = Query(STEPS_PAGE, ge=1, le=queries.MAX_LIMIT)
+):
+    require_scope(request, "read")
+    run = run_for(request, run_id)
+    return Status(200, {"run": run, "steps": queries.steps_list(run=run, limit=steps_limit)})
+
+
+@router.get(
+    "/runs/{run_id}/steps", response=responses({200: StepPage}), summary="List a run's steps"
+)
+def step_list(
+    request,
+    run_id: RunId,
+    after: int | None = Query(None, ge=0, le=2**31 - 1, description="cursor: last position seen"),
+    limit: int = Query(STEPS_PAGE, ge=1, le=queries.MAX_LIMIT),
+    include_pruned: bool = Query(True, description="include pruned steps (shown greyed)"),
+):
+    require_scope(request, "read")
+    run = run_for(request, run_id)
+    return Status(
+        200, queries.steps_list(run=run, after=after, limit=limit, include_pruned=include_pruned)
+    )
+
+
+@router.post(
+    "/runs/{run_id}/steps",
+    response=responses({200: StepsOut, 201: StepsOut}, WRITE_ERRORS),
+    summary="Append steps (with their tool calls) to a run, all or nothing",
+)
+def steps_append(request, run_id: RunId, body: StepsIn):
+    """Positions follow the order sent. Steps with a known client id and the same content are
+    returned as stored (200 when all are repeats); different content is a 409."""
+    require_scope(request, "write")
+    run = run_for(request, run_id)
+    result = logbook.steps_append(run=run, items=[s.to_item() for s in body.steps])
+    steps = queries.steps_by_ids(ids=[s.pk for s in result.steps])
+    return Status(201 if result.any_created else 200, {"steps": steps, "created": result.created})
+
+
+@router.post(
+    "/runs/{run_id}/finish", response=responses({200: RunOut}, WRITE_ERRORS), summary="Finish a run"
+)
+def run_finish(request, run_id: RunId, body: RunFinishIn):
+    """Sets status, final answer and token totals (summed over the steps when not given)."""
+    require_scope(request, "write")
+    run = run_for(request, run_id)
+    return Status(200, logbook.run_finish(run=run, **body.model_dump()))
+
+
+@router.get(
+    "/steps/{step_id}", response=responses({200: StepOut}), summary="Get a step with its tool calls"
+)
+def step_get(request, step_id: StepId):
+    require_scope(request, "read")
+    step = step_for(request, step_id)
+    full = queries.step_with_tool_calls(step_id=step.pk)
+    if full is None:
+        raise not_found("step", step_id)
+    return Status(200, full)

@@ -1,0 +1,93 @@
+"""`manage.py apikey create|list|revoke`: API keys for agents. The secret is printed once."""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from memory_app import auth
+from memory_app.logbook import Actor, audit_record
+from memory_app.models import ApiKey
+
+
+class Command(BaseCommand):
+    help = "Create, list or revoke API keys."
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="action", required=True)
+        create = sub.add_parser("create", help="create a key and print its secret (shown once)")
+        create.add_argument("name")
+        create.add_argument(
+            "--scopes",
+            default="read,write",
+            help="comma-separated subset of read,write,admin (default read,write)",
+        )
+        create.add_argument(
+            "--context-keys",
+            default="",
+            help='confine the key to contexts containing these keys, e.g. \'{"tenant": "acme"}\'',
+        )
+        sub.add_parser("list", help="list keys (never their secrets)")
+        revoke = sub.add_parser("revoke", help="revoke a key by its prefix")
+        revoke.add_argument("prefix")
+
+    def handle(self, *args, action, **options):
+        getattr(self, f"_{action}")(**options)
+
+    def _create(self, *, name, scopes, context_keys, **_):
+        try:
+            confinement = json.loads(context_keys) if context_keys else {}
+        except ValueError as exc:
+            raise CommandError(f"--context-keys is not JSON: {exc}") from None
+        try:
+            issued = auth.apikey_create(
+                name=name,
+                scopes=[s.strip() for s in scopes.split(",") if s.strip()],
+                context_keys=confinement,
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        audit_record(
+            actor=Actor.system("manage.py apikey"),
+            action="key_create",
+            target_type="apikey",
+            target_ids=[issued.key.pk],
+            after={
+                "name": name,
+                "prefix": issued.key.prefix,
+                "scopes": issued.key.scopes,
+                "context_keys": confinement,
+            },
+        )
+        self.stdout.write(
+            f"created key {issued.key.prefix} ({name}) scopes={','.join(issued.key.scopes)}"
+        )
+        self.stdout.write("secret (shown once, store it now):")
+        self.stdout.write(issued.secret)
+
+    def _list(self, **_):
+        for key in ApiKey.objects.order_by("created_at"):
+            state = f"revoked {key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "active"
+            used = f"{key.last_used_at:%Y-%m-%d %H:%M}" if key.last_used_at else "never"
+            self.stdout.write(
+                f"{key.prefix}  {key.name}  scopes={','.join(key.scopes)}  "
+                f"context_keys={json.dumps(key.context_keys)}  last_used={used}  {state}"
+            )
+
+    def _revoke(self, *, prefix, **_):
+        key = ApiKey.objects.filter(prefix=prefix).first()
+        if key is None:
+            raise CommandError(f"no key with prefix {prefix!r}")
+        was_revoked = key.revoked_at is not None
+        auth.apikey_revoke(key=key)
+        if not was_revoked:
+            audit_record(
+                actor=Actor.system("manage.py apikey"),
+                action="key_revoke",
+                target_type="apikey",
+                target_ids=[key.pk],
+                before={"revoked_at": None},
+                after={"revoked_at": key.revoked_at.isoformat()},
+            )
+        self.stdout.write(f"revoked key {key.prefix} ({key.name})")

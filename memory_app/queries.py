@@ -1,0 +1,124 @@
+"""Reads for the API and the dashboard: list, filter, paginate.
+
+Pagination is by cursor, never by offset: a cursor is the last id / seq / position seen, so a
+page costs one index range scan however deep it lies, and concurrent appends never shift pages.
+Each list function returns a `Page` with `has_more` and the `next_cursor` to pass back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from django.db.models import Prefetch, QuerySet
+
+from memory_app.models import Context, Message, Run, Step, ToolCall
+
+T = TypeVar("T")
+MAX_LIMIT = 1000
+
+
+@dataclass
+class Page(Generic[T]):
+    items: list[T]
+    has_more: bool
+    next_cursor: int | None
+
+
+def _clamp(limit: int) -> int:
+    return max(1, min(int(limit), MAX_LIMIT))
+
+
+def _page_forward(qs: QuerySet, *, limit: int, cursor_field: str) -> Page:
+    rows = list(qs[: limit + 1])
+    has_more = len(rows) > limit
+    rows = rows[:limit]
+    return Page(
+        items=rows,
+        has_more=has_more,
+        next_cursor=getattr(rows[-1], cursor_field) if has_more else None,
+    )
+
+
+def contexts_list(
+    *,
+    within: QuerySet | None = None,
+    keys: dict[str, Any] | None = None,
+    after: int | None = None,
+    limit: int = 50,
+) -> Page[Context]:
+    """Contexts by ascending id; `keys` filters by containment (`keys @> {...}`)."""
+    qs = Context.objects.all() if within is None else within
+    if keys:
+        qs = qs.filter(keys__contains=keys)
+    if after is not None:
+        qs = qs.filter(pk__gt=after)
+    return _page_forward(qs.order_by("pk"), limit=_clamp(limit), cursor_field="pk")
+
+
+def messages_list(
+    *,
+    context: Context,
+    after: int | None = None,
+    before: int | None = None,
+    limit: int = 100,
+    include_pruned: bool = False,
+) -> Page[Message]:
+    """Messages in seq order.
+
+    With `after` (or nothing): the first `limit` messages after that seq; `next_cursor` is the
+    `after` of the next page. With only `before`: the `limit` messages just before it, still in
+    ascending order; `next_cursor` is the `before` of the previous page. Both: the range between.
+    """
+    limit = _clamp(limit)
+    qs = Message.objects.filter(context=context)
+    if not include_pruned:
+        qs = qs.filter(pruned_at__isnull=True)
+    if after is not None:
+        qs = qs.filter(seq__gt=after)
+    if before is not None:
+        qs = qs.filter(seq__lt=before)
+    if before is not None and after is None:
+        rows = list(qs.order_by("-seq")[: limit + 1])
+        has_more = len(rows) > limit
+        rows = rows[:limit][::-1]
+        return Page(items=rows, has_more=has_more, next_cursor=rows[0].seq if has_more else None)
+    return _page_forward(qs.order_by("seq"), limit=limit, cursor_field="seq")
+
+
+def runs_list(*, context: Context, after: int | None = None, limit: int = 50) -> Page[Run]:
+    qs = Run.objects.filter(context=context)
+    if after is not None:
+        qs = qs.filter(pk__gt=after)
+    return _page_forward(qs.order_by("pk"), limit=_clamp(limit), cursor_field="pk")
+
+
+def _with_tool_calls(qs: QuerySet) -> QuerySet:
+    return qs.prefetch_related(
+        Prefetch("tool_calls", queryset=ToolCall.objects.order_by("position"))
+    )
+
+
+def steps_list(
+    *, run: Run, after: int | None = None, limit: int = 100, include_pruned: bool = True
+) -> Page[Step]:
+    """A run's steps by position (cursor = position), each with its tool calls prefetched."""
+    qs = Step.objects.filter(run=run)
+    if not include_pruned:
+        qs = qs.filter(pruned_at__isnull=True)
+    if after is not None:
+        qs = qs.filter(position__gt=after)
+    return _page_forward(
+        _with_tool_calls(qs.order_by("position")), limit=_clamp(limit), cursor_field="position"
+    )
+
+
+def step_with_tool_calls(*, step_id: int, within: QuerySet | None = None) -> Step | None:
+    qs = Step.objects.all() if within is None else within
+    return _with_tool_calls(qs.filter(pk=step_id)).first()
+
+
+def steps_by_ids(*, ids: list[int]) -> list[Step]:
+    """Steps in the order of `ids`, each with its tool calls (one query for all, not one each)."""
+    by_id = {s.pk: s for s in _with_tool_calls(Step.objects.filter(pk__in=ids))}
+    return [by_id[i] for i in ids]
