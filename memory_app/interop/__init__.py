@@ -1,0 +1,1 @@
+"""Pure mappings between stored memory and agent frameworks' own formats (no HTTP, no views)."""

@@ -1,0 +1,143 @@
+"""AgentScope 1.x <-> context messages: pure mappings of `Msg.to_dict()` and memory state dicts.
+
+A `Msg` becomes one Message: its id is the message's client id, its marks are tags, its content
+(a string or a list of blocks, tool_use / tool_result included) is kept verbatim in `content`,
+its text blocks joined into `text` (for search and token counts), its metadata verbatim, and its
+local-time timestamp string verbatim in `source_timestamp`.
+
+AgentScope allows the same id twice (`add(..., allow_duplicates=True)`) while a context allows a
+client id once, so a repeat occurrence is stored under `<id>#dup<n>`; export strips the suffix.
+
+Two state-dict formats (both 1.x):
+- legacy (v1.0.0-v1.0.11): `{"content": [msg_dict, ...]}`
+- marks (v1.0.12+): `{"_compressed_summary": str, "content": [[msg_dict, [marks...]], ...]}`
+The compressed summary lives on the context (`Context.compressed_summary`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+FRAMEWORK = "agentscope"
+DUP_SEPARATOR = "#dup"
+ROLES = ("user", "assistant", "system")
+FORMATS = ("marks", "legacy")
+
+
+class StateFormatError(ValueError):
+    """A state dict or Msg dict AgentScope itself would not load."""
+
+
+def msg_text(content: Any) -> str:
+    """The searchable text of a Msg: AgentScope's `get_text_content()` (text blocks, newline-joined)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content:
+        if isinstance(block, dict) and block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+    return "\n".join(parts)
+
+
+def base_id(client_id: str | None) -> str | None:
+    if client_id is None:
+        return None
+    return client_id.split(DUP_SEPARATOR, 1)[0]
+
+
+def dup_client_id(msg_id: str, n: int) -> str:
+    return msg_id if n == 0 else f"{msg_id}{DUP_SEPARATOR}{n}"
+
+
+def validate_msg(msg: Any) -> dict[str, Any]:
+    if not isinstance(msg, dict):
+        raise StateFormatError(f"a message must be an object, got {type(msg).__name__}")
+    for key in ("id", "name", "role"):
+        if not isinstance(msg.get(key), str) or not msg.get(key):
+            raise StateFormatError(f"message field {key!r} must be a non-empty string")
+    if msg["role"] not in ROLES:
+        raise StateFormatError(f"message role must be one of {list(ROLES)}, got {msg['role']!r}")
+    content = msg.get("content")
+    if not (content is None or isinstance(content, str) or isinstance(content, list)):
+        raise StateFormatError("message content must be a string or a list of blocks")
+    if isinstance(content, list) and not all(isinstance(b, dict) and "type" in b for b in content):
+        raise StateFormatError("each content block must be an object with a 'type'")
+    if msg.get("metadata") is not None and not isinstance(msg["metadata"], dict):
+        raise StateFormatError("message metadata must be an object")
+    return msg
+
+
+def msg_to_message(msg: dict[str, Any], marks: list[str] | None = None, *, client_id: str | None = None) -> dict:
+    """A `Msg.to_dict()` (+ marks) -> the item `logbook.messages_append` takes."""
+    validate_msg(msg)
+    marks = list(marks or [])
+    if not all(isinstance(m, str) for m in marks):
+        raise StateFormatError("marks must be strings")
+    return {
+        "client_id": client_id or msg["id"],
+        "role": msg["role"],
+        "name": msg["name"],
+        "text": msg_text(msg.get("content")),
+        "content": msg.get("content"),
+        "tags": marks,
+        "metadata": msg.get("metadata") if msg.get("metadata") is not None else {},
+        "source_timestamp": msg.get("timestamp") or "",
+    }
+
+
+def message_to_msg(*, client_id: str | None, pk: int, role: str, name: str, text: str, content: Any,
+                   metadata: dict | None, source_timestamp: str) -> dict[str, Any]:
+    """A stored message -> `Msg.to_dict()` (key order as AgentScope writes it)."""
+    return {
+        "id": base_id(client_id) or f"am{pk}",
+        "name": name or role,
+        "role": role if role in ROLES else "assistant",
+        "content": content if content is not None else text,
+        "metadata": metadata if metadata is not None else {},
+        "timestamp": source_timestamp or None,
+    }
+
+
+def parse_state_dict(state: Any) -> tuple[list[tuple[dict, list[str]]], str | None]:
+    """Entries `(msg_dict, marks)` and the summary (None when absent) of either 1.x format."""
+    if not isinstance(state, dict) or "content" not in state:
+        raise StateFormatError("a state dict is an object with a 'content' list")
+    content = state["content"]
+    if not isinstance(content, list):
+        raise StateFormatError("'content' must be a list")
+    entries = []
+    for item in content:
+        if isinstance(item, list | tuple) and len(item) == 2:
+            msg, marks = item
+            if not isinstance(marks, list):
+                raise StateFormatError("marks must be a list of strings")
+            entries.append((validate_msg(msg), list(marks)))
+        elif isinstance(item, dict):
+            entries.append((validate_msg({k: v for k, v in item.items() if k != "type"}), []))
+        else:
+            raise StateFormatError("each content item is a message object or a [message, marks] pair")
+    summary = state.get("_compressed_summary")
+    if summary is not None and not isinstance(summary, str):
+        raise StateFormatError("'_compressed_summary' must be a string")
+    return entries, summary
+
+
+def entries_to_messages(entries: list[tuple[dict, list[str]]]) -> list[dict[str, Any]]:
+    """Entries -> message items, a repeated id getting `#dup<n>` (n counted within the list)."""
+    seen: dict[str, int] = {}
+    items = []
+    for msg, marks in entries:
+        n = seen.get(msg["id"], 0)
+        seen[msg["id"]] = n + 1
+        items.append(msg_to_message(msg, marks, client_id=dup_client_id(msg["id"], n)))
+    return items
+
+
+def build_state_dict(entries: list[tuple[dict, list[str]]], *, summary: str, fmt: str = "marks") -> dict:
+    if fmt == "legacy":
+        return {"content": [msg for msg, _ in entries]}
+    if fmt != "marks":
+        raise StateFormatError(f"format must be one of {list(FORMATS)}")
+    return {"_compressed_summary": summary, "content": [[msg, list(marks)] for msg, marks in entries]}
