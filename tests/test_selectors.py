@@ -1,0 +1,228 @@
+"""Selectors against Steamship's verified behaviour (reference/frameworks.md §2.5, ss_demo.out).
+
+Steamship's verified history: [sys, u1, a1, u2, fnsel, fnres, a2, agent-status, u3]. Texts are
+chosen so that cl100k_base counts equal the word counts the reference run used as its token
+stand-in (asserted below), so the verified token-window ids carry over unchanged.
+"""
+
+import pytest
+
+from memory_app import logbook, selectors, tokens
+from memory_app.logbook import Invalid
+from memory_app.selectors import CompositeSpec, SearchSpec, TokenWindowSpec, WindowSpec, select
+
+STEAMSHIP_HISTORY = [
+    ("b0", {"role": "system", "text": "You are helpful"}),
+    ("b1", {"role": "user", "text": "hi"}),
+    ("b2", {"role": "assistant", "text": "hello"}),
+    ("b3", {"role": "user", "text": "weather"}),
+    ("b4", {"role": "assistant", "text": '{"name":"weather","arguments":"{}"}', "tags": ["function-selection"]}),
+    ("b5", {"role": "function", "name": "weather", "text": "sunny"}),
+    ("b6", {"role": "assistant", "text": "It is sunny"}),
+    ("b7", {"role": "agent", "text": "status: running tool"}),
+    ("b8", {"role": "user", "text": "thanks, and tomorrow?"}),
+]
+
+
+def build(keys, items):
+    context, _ = logbook.context_get_or_create(keys=keys)
+    result = logbook.messages_append(context=context, items=[dict(i, client_id=cid) for cid, i in items])
+    return context, {m.pk: m.client_id for m in result.messages}
+
+
+def names(selection, id_to_name):
+    return [id_to_name[pk] for pk in selection.ids]
+
+
+@pytest.fixture
+def steamship(db):
+    return build({"test": "steamship"}, STEAMSHIP_HISTORY)
+
+
+def test_history_texts_count_like_the_reference_stand_in(steamship):
+    words = [len(i["text"].split()) for _, i in STEAMSHIP_HISTORY if i["role"] in ("user", "assistant")]
+    counted = tokens.count_tokens([i["text"] for _, i in STEAMSHIP_HISTORY if i["role"] in ("user", "assistant")])
+    assert counted[:3] == words[:3] and counted[-2] == words[-2]  # hi, hello, weather, It is sunny
+
+
+@pytest.mark.parametrize(
+    ("k", "expected"),
+    [
+        (1, ["b3", "b4", "b5", "b6"]),
+        (2, ["b1", "b2", "b3", "b4", "b5", "b6"]),
+        (3, ["b1", "b2", "b3", "b4", "b5", "b6"]),
+    ],
+)
+def test_steamship_turn_window_selects_the_verified_ids(steamship, k, expected):
+    context, id_to_name = steamship
+    sel = select(context=context, spec=WindowSpec(k=k, semantics="steamship"))
+    assert names(sel, id_to_name) == expected
+    assert all(item.reason.startswith("window") for item in sel.items)
+
+
+def test_steamship_window_never_examines_the_oldest_message(db):
+    context, id_to_name = build(
+        {"test": "starts-with-user"},
+        [("b0", {"role": "user", "text": "first question"}), ("b1", {"role": "assistant", "text": "first answer"}),
+         ("b2", {"role": "user", "text": "second"})],
+    )
+    assert names(select(context=context, spec=WindowSpec(k=5, semantics="steamship")), id_to_name) == ["b1"]
+
+
+def test_empty_history_selects_nothing(db):
+    context, _ = logbook.context_get_or_create(keys={"test": "empty"})
+    for spec in (WindowSpec(k=3), WindowSpec(k=3, semantics="steamship"), TokenWindowSpec(max_tokens=10)):
+        assert select(context=context, spec=spec).items == []
+
+
+def test_plain_window_is_the_last_k_messages_of_any_role(steamship):
+    context, id_to_name = steamship
+    sel = select(context=context, spec=WindowSpec(k=3))
+    assert names(sel, id_to_name) == ["b6", "b7", "b8"]
+    assert sel.total_tokens == sum(i.message.token_count for i in sel.items)
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "expected"),
+    [(3, ["b2", "b3"]), (5, ["b3", "b6"]), (50, ["b1", "b2", "b3", "b6"])],
+)
+def test_steamship_token_window_skip_policy_selects_the_verified_ids(steamship, max_tokens, expected):
+    context, id_to_name = steamship
+    sel = select(context=context, spec=TokenWindowSpec(max_tokens=max_tokens, policy="skip", semantics="steamship"))
+    assert names(sel, id_to_name) == expected
+    assert sel.total_tokens < max_tokens
+
+
+def test_skip_policy_includes_older_smaller_messages_past_an_oversized_one(db):
+    big = "word " * 40
+    context, id_to_name = build(
+        {"test": "oversized"},
+        [("u1", {"role": "user", "text": "short one"}), ("a1", {"role": "assistant", "text": big}),
+         ("u2", {"role": "user", "text": "tiny"}), ("a2", {"role": "assistant", "text": big}),
+         ("u3", {"role": "user", "text": "the prompt"})],
+    )
+    skip = select(context=context, spec=TokenWindowSpec(max_tokens=10, policy="skip", semantics="steamship"))
+    contiguous = select(context=context, spec=TokenWindowSpec(max_tokens=10, policy="contiguous", semantics="steamship"))
+    assert names(skip, id_to_name) == ["u1", "u2"]
+    assert names(contiguous, id_to_name) == []
+    assert any("skipped" in n for n in skip.notes)
+
+
+def test_token_window_budget_is_strict(db):
+    context, id_to_name = build(
+        {"test": "strict"},
+        [("a", {"role": "user", "text": "one two"}), ("b", {"role": "assistant", "text": "three four"})],
+    )
+    assert [i.tokens for i in select(context=context, spec=TokenWindowSpec(max_tokens=100)).items] == [2, 2]
+    # 2 + 2 == 4 is not strictly below 4: only the newest fits.
+    assert names(select(context=context, spec=TokenWindowSpec(max_tokens=4)), id_to_name) == ["b"]
+    assert names(select(context=context, spec=TokenWindowSpec(max_tokens=5)), id_to_name) == ["a", "b"]
+
+
+def test_token_window_counts_on_the_fly_when_stored_counts_are_from_another_tokenizer(steamship):
+    # Only cl100k_base ships offline here; stored counts "from another tokenizer" stand in for a
+    # request under a tokenizer other than the one used at write time.
+    from memory_app.models import Message
+
+    context, _ = steamship
+    Message.objects.filter(context=context).update(tokenizer="r50k_base", token_count=999)
+    sel = select(context=context, spec=TokenWindowSpec(max_tokens=1000, tokenizer="cl100k_base"))
+    assert sel.items, "nothing fits: stored counts were used"
+    assert [i.tokens for i in sel.items] == tokens.count_tokens([m.text for m in sel.messages])
+    assert sel.tokenizer == "cl100k_base"
+
+
+def test_unknown_tokenizer_is_refused(steamship):
+    context, _ = steamship
+    with pytest.raises(tokens.UnknownTokenizer):
+        select(context=context, spec=TokenWindowSpec(max_tokens=10, tokenizer="no-such-encoding"))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [WindowSpec(k=0), WindowSpec(k=3, semantics="other"), TokenWindowSpec(max_tokens=0),
+     TokenWindowSpec(max_tokens=5, policy="greedy"), SearchSpec(query="x", k=0)],
+)
+def test_bad_parameters_are_invalid(steamship, spec):
+    context, _ = steamship
+    with pytest.raises(Invalid):
+        select(context=context, spec=spec)
+
+
+def test_pruned_messages_never_appear(steamship, system_actor):
+    context, id_to_name = steamship
+    by_name = {v: k for k, v in id_to_name.items()}
+    logbook.messages_set_pruned(context=context, ids=[by_name["b6"], by_name["b2"]], pruned=True, actor=system_actor)
+    specs = [
+        WindowSpec(k=50), WindowSpec(k=5, semantics="steamship"),
+        TokenWindowSpec(max_tokens=1000), TokenWindowSpec(max_tokens=1000, policy="skip", semantics="steamship"),
+        SearchSpec(query="sunny hello", k=10, mode="keyword"), CompositeSpec(),
+    ]
+    for spec in specs:
+        chosen = set(names(select(context=context, spec=spec), id_to_name))
+        assert not chosen & {"b2", "b6"}, spec
+    # The Steamship window now sees the history as if they were deleted.
+    sel = select(context=context, spec=WindowSpec(k=1, semantics="steamship"))
+    assert names(sel, id_to_name) == ["b1", "b3", "b4", "b5"]
+
+
+def test_composite_follows_functions_based_agent_order_and_dedup(db):
+    context, id_to_name = build(
+        {"test": "composite"},
+        [
+            ("s", {"role": "system", "text": "You are a travel assistant"}),
+            ("u1", {"role": "user", "text": "I love Lisbon in spring"}),
+            ("a1", {"role": "assistant", "text": "Lisbon is lovely in spring"}),
+            ("u2", {"role": "user", "text": "book a table for two"}),
+            ("a2", {"role": "assistant", "text": "done, table booked"}),
+            ("u3", {"role": "user", "text": "what about the weather"}),
+            ("a3", {"role": "assistant", "text": "mild and dry"}),
+            ("u4", {"role": "user", "text": "plan a Lisbon trip in spring"}),
+            ("f1", {"role": "tool-call", "text": '{"name":"search","arguments":"{}"}'}),
+            ("f2", {"role": "function", "name": "search", "text": "three hotels found"}),
+        ],
+    )
+    sel = select(
+        context=context,
+        spec=CompositeSpec(window=WindowSpec(k=1, semantics="steamship"), search_k=3, search_mode="keyword"),
+    )
+    got = names(sel, id_to_name)
+    # system; search hits for u4 (u1, a1; u4 itself excluded) and the 1-turn window, by position
+    # and de-duplicated; then u4; then the function calls since u4. The history ends in function
+    # blocks, so Steamship's window keeps u4 as a conversation message and counts it: its one
+    # turn is (a3, u4), and u4 is then de-duplicated in favour of its place at the end.
+    assert got == ["s", "u1", "a1", "a3", "u4", "f1", "f2"]
+    assert len(got) == len(set(got))
+    reasons = {id_to_name[i.message.pk]: i.reason for i in sel.items}
+    assert reasons["s"] == "system message"
+    assert reasons["u1"].startswith("search hit")
+    assert reasons["a3"].startswith("window")
+    assert reasons["u4"].startswith("last user message")
+
+
+def test_composite_window_and_search_overlap_is_listed_once(db):
+    context, id_to_name = build(
+        {"test": "composite-overlap"},
+        [("s", {"role": "system", "text": "Be brief"}), ("u1", {"role": "user", "text": "apples are red"}),
+         ("a1", {"role": "assistant", "text": "yes apples are red"}), ("u2", {"role": "user", "text": "apples"})],
+    )
+    sel = select(context=context, spec=CompositeSpec(window=WindowSpec(k=2, semantics="steamship"), search_mode="keyword"))
+    assert names(sel, id_to_name) == ["s", "u1", "a1", "u2"]
+    assert sel.items[1].reason.startswith("search hit")  # search came first, so its reason is kept
+
+
+def test_search_selector_returns_hits_oldest_first_with_reasons(steamship):
+    context, id_to_name = steamship
+    sel = select(context=context, spec=SearchSpec(query="sunny", k=5, mode="keyword"))
+    assert names(sel, id_to_name) == ["b5", "b6"]
+    assert all(i.reason.startswith("search: rank") for i in sel.items)
+
+
+def test_semantic_search_without_provider_says_so(steamship, settings):
+    from memory_app.search import SemanticUnavailable
+
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    context, _ = steamship
+    with pytest.raises(SemanticUnavailable, match="embedding provider"):
+        select(context=context, spec=SearchSpec(query="sunny", mode="semantic"))
+    assert selectors.select(context=context, spec=SearchSpec(query="sunny")).notes[0].startswith("mode keyword")
