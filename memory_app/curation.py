@@ -1,0 +1,344 @@
+"""Curation writes beyond single prune/edit: bulk prune by filter, undo from the audit, purge.
+
+Every change here is reversible through the audit trail except `pruned_purge`, which is the one
+irreversible action (admin only, typed confirmation, audited). Single-item prune/restore/edit
+live in `memory_app.logbook`; this module composes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Count, F, Q, QuerySet, Sum
+from django.utils import timezone
+
+from memory_app.logbook import (
+    Actor,
+    Conflict,
+    Invalid,
+    NotFound,
+    audit_record,
+    message_edit,
+    messages_set_pruned,
+    steps_set_pruned,
+)
+from memory_app.models import AuditEvent, Context, Message, MessageRole, Run, Step
+
+PREVIEW_SAMPLE = 50
+MAX_TEXT_FILTER = 500
+# The words an admin types to confirm a purge: hard to type by accident, easy to read.
+PURGE_CONFIRMATION = "purge pruned items"
+
+
+# --- bulk prune by filter ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PruneFilter:
+    """Which live messages of a context a bulk prune takes. Empty fields do not filter.
+
+    Bounds are exclusive (`before_seq=10` takes seqs 1..9), as in "before" and "after".
+    """
+
+    role: str = ""
+    tag: str = ""
+    text: str = ""
+    before_seq: int | None = None
+    after_seq: int | None = None
+    before_time: datetime | None = None
+    after_time: datetime | None = None
+    run_id: int | None = None
+
+    def __post_init__(self):
+        if self.role and self.role not in MessageRole.values:
+            raise Invalid(f"role must be one of {MessageRole.values}, got {self.role!r}")
+        if len(self.text) > MAX_TEXT_FILTER:
+            raise Invalid(f"the text filter is longer than {MAX_TEXT_FILTER} characters")
+        for name in ("before_seq", "after_seq", "run_id"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise Invalid(f"{name} must be a non-negative whole number")
+        for name in ("before_time", "after_time"):
+            value = getattr(self, name)
+            if value is not None and timezone.is_naive(value):
+                raise Invalid(f"{name} must carry a time zone")
+
+    @property
+    def is_empty(self) -> bool:
+        return not any(v not in (None, "") for v in asdict(self).values())
+
+    def as_json(self) -> dict[str, Any]:
+        """The non-empty criteria, JSON-ready (kept in the audit event)."""
+        out = {}
+        for key, value in asdict(self).items():
+            if value in (None, ""):
+                continue
+            out[key] = value.isoformat() if isinstance(value, datetime) else value
+        return out
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.as_json().items()) or "everything"
+
+
+def _matching(context: Context, flt: PruneFilter) -> QuerySet[Message]:
+    qs = Message.objects.filter(context=context, pruned_at__isnull=True)
+    if flt.role:
+        qs = qs.filter(role=flt.role)
+    if flt.tag:
+        qs = qs.filter(tags__contains=[flt.tag])
+    if flt.text:
+        qs = qs.filter(text__icontains=flt.text)
+    if flt.before_seq is not None:
+        qs = qs.filter(seq__lt=flt.before_seq)
+    if flt.after_seq is not None:
+        qs = qs.filter(seq__gt=flt.after_seq)
+    if flt.before_time is not None:
+        qs = qs.filter(created_at__lt=flt.before_time)
+    if flt.after_time is not None:
+        qs = qs.filter(created_at__gt=flt.after_time)
+    if flt.run_id is not None:
+        qs = qs.filter(run_id=flt.run_id)
+    return qs
+
+
+@dataclass
+class BulkPreview:
+    count: int
+    tokens: int
+    sample: list[Message]
+    # Messages appended after the preview are never taken by the apply that follows it.
+    upto_seq: int
+
+    @property
+    def more(self) -> int:
+        return self.count - len(self.sample)
+
+
+def bulk_prune_preview(*, context: Context, flt: PruneFilter, sample: int = PREVIEW_SAMPLE) -> BulkPreview:
+    """How many live messages the filter takes and the first few of them; changes nothing."""
+    upto = Context.objects.filter(pk=context.pk).values_list("last_seq", flat=True).get()
+    qs = _matching(context, flt).filter(seq__lte=upto)
+    totals = qs.aggregate(n=Count("id"), t=Sum("token_count"))
+    rows = list(qs.defer("search_vector").order_by("seq")[:sample])
+    return BulkPreview(count=totals["n"], tokens=totals["t"] or 0, sample=rows, upto_seq=upto)
+
+
+def bulk_prune_apply(
+    *, context: Context, flt: PruneFilter, upto_seq: int, expected_count: int, actor: Actor
+) -> AuditEvent:
+    """Prune exactly what the preview showed, in one transaction with one audit event.
+
+    `upto_seq` and `expected_count` come from the preview: if the set changed meanwhile
+    (someone pruned, restored or edited), nothing happens and `Conflict` asks for a new preview.
+    """
+    if flt.is_empty:
+        raise Invalid("a bulk prune needs at least one filter")
+    with transaction.atomic():
+        ids = list(
+            _matching(context, flt).filter(seq__lte=upto_seq).select_for_update()
+            .order_by("seq").values_list("pk", flat=True)
+        )
+        if len(ids) != expected_count:
+            raise Conflict(
+                f"the filter now matches {len(ids)} messages, not {expected_count}: preview again",
+                {"count": {"stored": len(ids), "sent": expected_count}},
+            )
+        if not ids:
+            raise Invalid("the filter matches no live message")
+        Message.objects.filter(pk__in=ids).update(pruned_at=timezone.now(), pruned_by=actor.label)
+        return audit_record(
+            actor=actor, action="bulk_prune", target_type="message", target_ids=ids,
+            context_id=context.pk, after={"filter": flt.as_json(), "count": len(ids), "upto_seq": upto_seq},
+            note=f"bulk prune: {flt.describe()}",
+        )
+
+
+# --- undo from the audit ----------------------------------------------------------------------
+
+UNDOABLE = {
+    ("prune", "message"), ("bulk_prune", "message"), ("restore", "message"), ("edit", "message"),
+    ("prune", "step"), ("restore", "step"),
+}
+
+
+def audit_undoable(event: AuditEvent) -> bool:
+    return event.undone_by_id is None and (event.action, event.target_type) in UNDOABLE
+
+
+def audit_undo(*, event: AuditEvent, actor: Actor) -> AuditEvent | None:
+    """Reverse what one audit event did: restore a prune, prune a restore, revert an edit.
+
+    Items purged since are skipped (their content is gone); items already back in the earlier
+    state are left alone. Returns the new audit event (None when nothing needed to change) and
+    marks the original as undone, so an undo cannot be applied twice.
+    """
+    with transaction.atomic():
+        event = AuditEvent.objects.select_for_update().get(pk=event.pk)
+        if event.undone_by_id is not None:
+            raise Conflict(f"audit event {event.pk} was already undone by event {event.undone_by_id}")
+        kind = (event.action, event.target_type)
+        if kind not in UNDOABLE:
+            raise Invalid(f"a {event.action} of a {event.target_type} cannot be undone from the audit")
+        note = f"undo of audit event {event.pk}"
+        if event.target_type == "message":
+            new = _undo_messages(event=event, actor=actor, note=note)
+        else:
+            new = _undo_steps(event=event, actor=actor, note=note)
+        if new is None:
+            # Nothing to change still counts as undone: record it so the trail says who decided.
+            new = audit_record(actor=actor, action="undo", target_type=event.target_type,
+                               target_ids=[], context_id=event.context_id, note=note + " (nothing to change)")
+        event.undone_by = new
+        event.save(update_fields=["undone_by"])
+    return new
+
+
+def _undo_messages(*, event: AuditEvent, actor: Actor, note: str) -> AuditEvent | None:
+    existing = Message.objects.filter(pk__in=event.target_ids)
+    if event.action == "edit":
+        message = existing.first()
+        if message is None:
+            raise NotFound(f"message {event.target_ids[0]} was purged: its edit cannot be reverted")
+        before = event.before or {}
+        message_edit(
+            message=message, actor=actor, text=before.get("text"), tags=before.get("tags"),
+            metadata=before.get("metadata"),
+        )
+        latest = AuditEvent.objects.filter(action="edit", target_type="message",
+                                           target_ids=[message.pk]).order_by("-id").first()
+        if latest is not None and latest.pk != event.pk:
+            AuditEvent.objects.filter(pk=latest.pk).update(note=note)
+            return latest
+        return None
+    by_context: dict[int, list[int]] = {}
+    for pk, context_id in existing.values_list("pk", "context_id"):
+        by_context.setdefault(context_id, []).append(pk)
+    if not by_context:
+        raise NotFound("every message of this event was purged")
+    pruned = event.action == "restore"  # undoing a restore prunes again
+    last = None
+    for context_id, ids in by_context.items():
+        _, ev = messages_set_pruned(context=Context.objects.get(pk=context_id), ids=ids,
+                                    pruned=pruned, actor=actor, note=note)
+        last = ev or last
+    return last
+
+
+def _undo_steps(*, event: AuditEvent, actor: Actor, note: str) -> AuditEvent | None:
+    by_run: dict[int, list[int]] = {}
+    for pk, run_id in Step.objects.filter(pk__in=event.target_ids).values_list("pk", "run_id"):
+        by_run.setdefault(run_id, []).append(pk)
+    if not by_run:
+        raise NotFound("every step of this event was purged")
+    last = None
+    for run_id, ids in by_run.items():
+        _, ev = steps_set_pruned(run=Run.objects.get(pk=run_id), ids=ids,
+                                 pruned=event.action == "restore", actor=actor, note=note)
+        last = ev or last
+    return last
+
+
+# --- purge (irreversible) ---------------------------------------------------------------------
+
+
+@dataclass
+class PurgePreview:
+    messages: int
+    steps: int
+
+
+def _purgeable(older_than: datetime, context: Context | None):
+    messages = Message.objects.filter(pruned_at__isnull=False, pruned_at__lt=older_than)
+    steps = Step.objects.filter(pruned_at__isnull=False, pruned_at__lt=older_than)
+    if context is not None:
+        messages = messages.filter(context=context)
+        steps = steps.filter(run__context=context)
+    return messages, steps
+
+
+def purge_preview(*, older_than: datetime, context: Context | None = None) -> PurgePreview:
+    messages, steps = _purgeable(older_than, context)
+    return PurgePreview(messages=messages.count(), steps=steps.count())
+
+
+def pruned_purge(
+    *, older_than: datetime, confirmation: str, actor: Actor, context: Context | None = None
+) -> list[AuditEvent]:
+    """Delete for good the messages and steps pruned before `older_than`.
+
+    `confirmation` must be `PURGE_CONFIRMATION` typed out. Edit events of purged messages lose
+    their before/after text too (the point of a purge is that the content is gone); the events
+    themselves stay, so the trail still says who changed what and when.
+    """
+    if (confirmation or "").strip() != PURGE_CONFIRMATION:
+        raise Invalid(f"type {PURGE_CONFIRMATION!r} to confirm the purge")
+    if timezone.is_naive(older_than):
+        raise Invalid("the purge date must carry a time zone")
+    if older_than > timezone.now():
+        raise Invalid("the purge date cannot be in the future")
+    events: list[AuditEvent] = []
+    with transaction.atomic():
+        messages, steps = _purgeable(older_than, context)
+        rows = list(messages.select_for_update().values_list("pk", "context_id", "token_count"))
+        step_rows = list(steps.select_for_update().values_list("pk", "run_id", "run__context_id"))
+        when = {"older_than": older_than.isoformat()}
+        if rows:
+            ids = [pk for pk, _, _ in rows]
+            per_context: dict[int, list[int]] = {}
+            for _pk, context_id, count in rows:
+                agg = per_context.setdefault(context_id, [0, 0])
+                agg[0] += 1
+                agg[1] += count
+            Message.objects.filter(pk__in=ids).delete()
+            for context_id, (n, tokens) in per_context.items():
+                Context.objects.filter(pk=context_id).update(
+                    message_count=F("message_count") - n, token_count=F("token_count") - tokens
+                )
+            _scrub_edits(target_type="message", ids=ids)
+            for context_id in per_context:
+                ctx_ids = [pk for pk, c, _ in rows if c == context_id]
+                events.append(audit_record(
+                    actor=actor, action="purge", target_type="message", target_ids=ctx_ids,
+                    context_id=context_id, after={**when, "count": len(ctx_ids)},
+                    note=f"purged {len(ctx_ids)} pruned messages",
+                ))
+        if step_rows:
+            per_run: dict[tuple[int, int], list[int]] = {}
+            for pk, run_id, context_id in step_rows:
+                per_run.setdefault((run_id, context_id), []).append(pk)
+            Step.objects.filter(pk__in=[r[0] for r in step_rows]).delete()
+            for (run_id, context_id), ids in per_run.items():
+                Run.objects.filter(pk=run_id).update(step_count=F("step_count") - len(ids))
+                events.append(audit_record(
+                    actor=actor, action="purge", target_type="step", target_ids=ids,
+                    context_id=context_id, after={**when, "count": len(ids), "run": run_id},
+                    note=f"purged {len(ids)} pruned steps of run {run_id}",
+                ))
+    return events
+
+
+def _scrub_edits(*, target_type: str, ids: list[int]) -> None:
+    AuditEvent.objects.filter(action="edit", target_type=target_type, target_ids__overlap=ids).update(
+        before={"purged": True}, after={"purged": True}
+    )
+
+
+# --- recovering an original text --------------------------------------------------------------
+
+
+def message_versions(*, message_id: int) -> list[dict[str, Any]]:
+    """Every version of a message's text/tags the audit remembers, oldest first, then the current.
+
+    Used by the audit view ("before/after") and to prove nothing is lost.
+    """
+    events = AuditEvent.objects.filter(
+        action="edit", target_type="message", target_ids__contains=[message_id]
+    ).filter(~Q(before__has_key="purged")).order_by("id")
+    versions = [e.before for e in events if e.before]
+    current = Message.objects.filter(pk=message_id).values("text", "tags", "metadata").first()
+    if current is not None:
+        versions.append(current)
+    return versions
