@@ -9,6 +9,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     # Agent API: /api/v1/..., /api/openapi.json, /api/docs (see memory_app/api/__init__.py).
     path("api/", api.urls),
-    path("accounts/", include("django.contrib.auth.urls")),
+    # Login and logout live in memory_app.urls (no e-mail password reset: nothing to send it with).
     path("", include("memory_app.urls")),
 ]

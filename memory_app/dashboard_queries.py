@@ -1,0 +1,531 @@
+"""Reads for the dashboard: bounded, index-friendly, never a whole context or a whole run.
+
+Every function returns at most one page of rows (keyset pagination on indexed columns), so a
+context of 100,000 messages or a run of 2,000 steps costs the same to show as a small one.
+Bad input (a broken cursor, a malformed key chip) raises `BadQuery`, which views answer with 400.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.contrib.postgres.search import SearchQuery
+from django.db.models import Count, F, Max, Min, Q, QuerySet, Sum
+
+from memory_app.models import (
+    FTS_CONFIG,
+    Context,
+    Message,
+    MessageRole,
+    Run,
+    Step,
+    StepKind,
+    ToolCall,
+)
+
+PAGE_SIZE = 50
+RUNS_PAGE_SIZE = 20
+STEP_RADIUS = 15
+TIMELINE_MAX_BARS = 200
+TRANSCRIPT_MAX_MESSAGES = 200
+MAX_QUERY_CHARS = 500
+
+
+class BadQuery(ValueError):
+    """A query parameter the dashboard cannot use; the message says which and why."""
+
+
+# --- cursors ----------------------------------------------------------------------------------
+
+
+def _encode_cursor(*parts: Any) -> str:
+    raw = json.dumps(list(parts), separators=(",", ":"), default=str)
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, size: int) -> list[Any]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        parts = json.loads(base64.urlsafe_b64decode(padded.encode()).decode())
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        raise BadQuery("the page cursor is not valid; start again from the first page") from exc
+    if not isinstance(parts, list) or len(parts) != size:
+        raise BadQuery("the page cursor is not valid; start again from the first page")
+    return parts
+
+
+def parse_int(value: str | None, *, name: str, minimum: int = 0) -> int | None:
+    if value in (None, ""):
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError) as exc:
+        raise BadQuery(f"{name} must be a whole number, got {value!r}") from exc
+    if number < minimum:
+        raise BadQuery(f"{name} must be at least {minimum}")
+    return number
+
+
+# --- contexts ---------------------------------------------------------------------------------
+
+CONTEXT_ORDERS = {"recent": "most recent activity first", "oldest": "least recent activity first"}
+
+
+def parse_key_chips(values: list[str]) -> list[tuple[str, str]]:
+    """`["user=ada", "chat=42"]` -> `[("user", "ada"), ("chat", "42")]`."""
+    chips = []
+    for value in values:
+        key, sep, val = value.partition("=")
+        if not sep or not key.strip():
+            raise BadQuery(f"a key filter looks like key=value, got {value!r}")
+        chips.append((key.strip(), val.strip()))
+    return chips
+
+
+def _key_match(key: str, value: str) -> Q:
+    # Keys are arbitrary JSON: "42" may be stored as a string or a number, "true" as a boolean.
+    q = Q(keys__contains={key: value})
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = None
+    if parsed is not None and not isinstance(parsed, str) and not isinstance(parsed, dict | list):
+        q |= Q(keys__contains={key: parsed})
+    return q
+
+
+@dataclass
+class ContextPage:
+    contexts: list[Context]
+    next_cursor: str | None
+
+
+def contexts_page(
+    *,
+    chips: list[tuple[str, str]],
+    text: str = "",
+    order: str = "recent",
+    cursor: str | None = None,
+    limit: int = PAGE_SIZE,
+) -> ContextPage:
+    if order not in CONTEXT_ORDERS:
+        raise BadQuery(f"sort must be one of {sorted(CONTEXT_ORDERS)}")
+    if len(text) > MAX_QUERY_CHARS:
+        raise BadQuery(f"the search text is longer than {MAX_QUERY_CHARS} characters")
+    qs = Context.objects.all()
+    for key, value in chips:
+        qs = qs.filter(_key_match(key, value))
+    if text:
+        qs = qs.filter(Q(title__icontains=text) | Q(keys__icontains=text))
+    desc = order == "recent"
+    if cursor:
+        at, pk = _decode_cursor(cursor, 2)
+        try:
+            at = datetime.fromisoformat(at)
+            pk = int(pk)
+        except (TypeError, ValueError) as exc:
+            raise BadQuery("the page cursor is not valid; start again from the first page") from exc
+        if desc:
+            qs = qs.filter(Q(last_activity_at__lt=at) | Q(last_activity_at=at, id__lt=pk))
+        else:
+            qs = qs.filter(Q(last_activity_at__gt=at) | Q(last_activity_at=at, id__gt=pk))
+    qs = qs.order_by(*(("-last_activity_at", "-id") if desc else ("last_activity_at", "id")))
+    rows = list(qs[: limit + 1])
+    next_cursor = None
+    if len(rows) > limit:
+        rows = rows[:limit]
+        last = rows[-1]
+        next_cursor = _encode_cursor(last.last_activity_at.isoformat(), last.pk)
+    return ContextPage(contexts=rows, next_cursor=next_cursor)
+
+
+# --- chat history -----------------------------------------------------------------------------
+
+
+@dataclass
+class HistoryFilters:
+    role: str = ""
+    tag: str = ""
+    text: str = ""
+    show_pruned: bool = False
+
+    def __post_init__(self):
+        if self.role and self.role not in MessageRole.values:
+            raise BadQuery(f"role must be one of {MessageRole.values}")
+        if len(self.text) > MAX_QUERY_CHARS or len(self.tag) > 200:
+            raise BadQuery("the filter text is too long")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.role or self.tag or self.text)
+
+
+@dataclass
+class HistoryWindow:
+    messages: list[Message]
+    has_earlier: bool = False
+    has_later: bool = False
+
+    @property
+    def first_seq(self) -> int | None:
+        return self.messages[0].seq if self.messages else None
+
+    @property
+    def last_seq(self) -> int | None:
+        return self.messages[-1].seq if self.messages else None
+
+
+def _history_qs(context: Context, filters: HistoryFilters) -> QuerySet[Message]:
+    qs = Message.objects.filter(context=context).defer("search_vector")
+    if not filters.show_pruned:
+        qs = qs.filter(pruned_at__isnull=True)
+    if filters.role:
+        qs = qs.filter(role=filters.role)
+    if filters.tag:
+        qs = qs.filter(tags__contains=[filters.tag])
+    if filters.text:
+        qs = qs.filter(
+            search_vector=SearchQuery(filters.text, config=FTS_CONFIG, search_type="websearch")
+        )
+    return qs
+
+
+def history_window(
+    *,
+    context: Context,
+    filters: HistoryFilters,
+    before: int | None = None,
+    after: int | None = None,
+    around: int | None = None,
+    limit: int = PAGE_SIZE,
+) -> HistoryWindow:
+    """One page of a context's chat history in chronological order.
+
+    `before`: the `limit` messages just before that seq (default: the latest ones);
+    `after`: the `limit` just after it; `around`: a window centred on it (jump to a seq).
+    """
+    qs = _history_qs(context, filters)
+    if around is not None:
+        half = limit // 2
+        earlier = list(qs.filter(seq__lt=around).order_by("-seq")[: half + 1])
+        later = list(qs.filter(seq__gte=around).order_by("seq")[: limit - half + 1])
+        window = HistoryWindow(
+            messages=list(reversed(earlier[:half])) + later[: limit - half],
+            has_earlier=len(earlier) > half,
+            has_later=len(later) > limit - half,
+        )
+        return window
+    if after is not None:
+        rows = list(qs.filter(seq__gt=after).order_by("seq")[: limit + 1])
+        return HistoryWindow(messages=rows[:limit], has_later=len(rows) > limit, has_earlier=True)
+    if before is not None:
+        qs = qs.filter(seq__lt=before)
+    rows = list(qs.order_by("-seq")[: limit + 1])
+    return HistoryWindow(
+        messages=list(reversed(rows[:limit])),
+        has_earlier=len(rows) > limit,
+        has_later=before is not None,
+    )
+
+
+def context_tags(*, context: Context, limit: int = 30) -> list[str]:
+    """A few tags used in the context's recent messages, for the filter's suggestions."""
+    recent = (
+        Message.objects.filter(context=context)
+        .order_by("-seq")
+        .values_list("tags", flat=True)[:500]
+    )
+    seen: dict[str, None] = {}
+    for tags in recent:
+        for tag in tags:
+            seen.setdefault(tag, None)
+            if len(seen) >= limit:
+                return sorted(seen)
+    return sorted(seen)
+
+
+@dataclass
+class RunPage:
+    runs: list[Run]
+    next_before: int | None
+
+
+def runs_page(
+    *, context: Context, before: int | None = None, limit: int = RUNS_PAGE_SIZE
+) -> RunPage:
+    qs = Run.objects.filter(context=context).defer("system_prompt", "final_answer", "metadata")
+    if before is not None:
+        qs = qs.filter(id__lt=before)
+    rows = list(qs.order_by("-id")[: limit + 1])
+    return RunPage(runs=rows[:limit], next_before=rows[limit - 1].pk if len(rows) > limit else None)
+
+
+# --- run logbook ------------------------------------------------------------------------------
+
+STEP_LIST_FIELDS = (
+    "id",
+    "run_id",
+    "position",
+    "kind",
+    "step_number",
+    "error_type",
+    "duration",
+    "total_tokens",
+    "is_final_answer",
+    "pruned_at",
+)
+
+
+@dataclass
+class StepNav:
+    position: int
+    last: int
+    prev: int | None
+    next: int | None
+    prev_error: int | None
+    next_error: int | None
+
+
+def step_nav(*, run: Run, position: int) -> StepNav:
+    errors = Step.objects.filter(run=run, error_type__isnull=False)
+    next_error = (
+        errors.filter(position__gt=position).order_by("position").values_list("position", flat=True)
+    )
+    prev_error = (
+        errors.filter(position__lt=position)
+        .order_by("-position")
+        .values_list("position", flat=True)
+    )
+    last = run.last_position
+    return StepNav(
+        position=position,
+        last=last,
+        prev=position - 1 if position > 1 else None,
+        next=position + 1 if position < last else None,
+        prev_error=prev_error.first(),
+        next_error=next_error.first(),
+    )
+
+
+@dataclass
+class StepWindow:
+    steps: list[Step]
+    tool_names: dict[int, list[str]] = field(default_factory=dict)
+    has_earlier: bool = False
+    has_later: bool = False
+
+
+def step_window(*, run: Run, position: int, radius: int = STEP_RADIUS) -> StepWindow:
+    """The steps around `position` (a compact list: no payloads, no model input)."""
+    low = max(1, position - radius)
+    high = position + radius
+    if low == 1:
+        high = max(high, 2 * radius + 1)
+    if high > run.last_position:
+        low = max(1, min(low, run.last_position - 2 * radius))
+    steps = list(
+        Step.objects.filter(run=run, position__gte=low, position__lte=high)
+        .only(*STEP_LIST_FIELDS)
+        .order_by("position")
+    )
+    names: dict[int, list[str]] = {}
+    for step_id, name in (
+        ToolCall.objects.filter(step__in=[s.pk for s in steps])
+        .order_by("step_id", "position")
+        .values_list("step_id", "name")
+    ):
+        names.setdefault(step_id, []).append(name)
+    return StepWindow(
+        steps=steps, tool_names=names, has_earlier=low > 1, has_later=high < run.last_position
+    )
+
+
+def step_detail(*, run: Run, position: int) -> Step | None:
+    """The step with its tool calls; its model input and raw payload are left for later reads."""
+    step = (
+        Step.objects.filter(run=run, position=position)
+        .defer("model_input_messages", "payload")
+        .first()
+    )
+    if step is not None:
+        step.tool_call_list = list(step.tool_calls.order_by("position"))
+    return step
+
+
+@dataclass
+class TimelineBar:
+    start: int
+    end: int
+    duration: float
+    tokens: int
+    errors: int
+    x: float = 0
+    width: float = 0
+    duration_height: float = 0
+    duration_y: float = 0
+    tokens_height: float = 0
+
+
+@dataclass
+class Timeline:
+    bars: list[TimelineBar]
+    width: int = 1000
+    duration_track: int = 48
+    tokens_track: int = 32
+    total_duration: float = 0
+    total_tokens: int = 0
+    marker_x: float | None = None
+
+    @property
+    def height(self) -> int:
+        return self.duration_track + self.tokens_track + 6
+
+    @property
+    def tokens_base(self) -> int:
+        return self.duration_track + 6
+
+
+def run_timeline(
+    *, run: Run, position: int | None = None, max_bars: int = TIMELINE_MAX_BARS
+) -> Timeline:
+    """Step durations and token use as bars, steps grouped so there are at most `max_bars`.
+
+    One GROUP BY query whatever the run's length; the template draws it as inline SVG.
+    """
+    count = run.last_position
+    timeline = Timeline(bars=[])
+    if count == 0:
+        return timeline
+    per = math.ceil(count / max_bars)
+    rows = (
+        Step.objects.filter(run=run)
+        .annotate(bucket=(F("position") - 1) / per)
+        .values("bucket")
+        .annotate(
+            start=Min("position"),
+            end=Max("position"),
+            duration=Sum("duration"),
+            tokens=Sum("total_tokens"),
+            errors=Count("error_type"),
+        )
+        .order_by("bucket")
+    )
+    bars = [
+        TimelineBar(
+            start=r["start"],
+            end=r["end"],
+            duration=r["duration"] or 0.0,
+            tokens=r["tokens"] or 0,
+            errors=r["errors"],
+        )
+        for r in rows
+    ]
+    slots = math.ceil(count / per)
+    slot_width = timeline.width / slots
+    max_duration = max((b.duration for b in bars), default=0) or 1
+    max_tokens = max((b.tokens for b in bars), default=0) or 1
+    for bar in bars:
+        slot = (bar.start - 1) // per
+        bar.x = round(slot * slot_width, 2)
+        bar.width = round(max(slot_width * 0.8, 0.5), 2)
+        # Tiny but non-zero values stay visible as a 1-unit sliver.
+        bar.duration_height = round(
+            max(bar.duration / max_duration * timeline.duration_track, 1 if bar.duration else 0), 2
+        )
+        bar.duration_y = round(timeline.duration_track - bar.duration_height, 2)
+        bar.tokens_height = round(
+            max(bar.tokens / max_tokens * timeline.tokens_track, 1 if bar.tokens else 0), 2
+        )
+        timeline.total_duration += bar.duration
+        timeline.total_tokens += bar.tokens
+    if position is not None:
+        timeline.marker_x = round(((position - 1) // per + 0.4) * slot_width, 2)
+    return timeline
+
+
+def step_model_input(*, run: Run, position: int) -> list[dict[str, Any]] | None:
+    """What the model saw at that step (smolagents `model_input_messages`), or None."""
+    return (
+        Step.objects.filter(run=run, position=position)
+        .values_list("model_input_messages", flat=True)
+        .first()
+    )
+
+
+# --- transcript (smolagents write_memory_to_messages order) ------------------------------------
+
+RETRY_NOTE = (
+    "\nNow let's retry: take care not to repeat previous errors! If you have retried several times,"
+    " try a completely different approach.\n"
+)
+
+
+def _tool_call_repr(call: ToolCall) -> dict[str, Any]:
+    return {
+        "id": call.call_id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+
+
+def transcript_upto(
+    *, run: Run, position: int, summary_mode: bool = False
+) -> tuple[list[dict[str, str]], int]:
+    """The run's memory after step `position`, as the agent would read it back.
+
+    A simple rendering in smolagents `write_memory_to_messages()` order (system prompt, then each
+    step's messages; pruned steps are left out, as an agent never reads them). Returns the last
+    `TRANSCRIPT_MAX_MESSAGES` messages and how many earlier ones were left out.
+    """
+    messages: list[dict[str, str]] = []
+    if run.system_prompt and not summary_mode:
+        messages.append({"role": "system", "text": run.system_prompt})
+    steps = list(
+        Step.objects.filter(run=run, position__lte=position, pruned_at__isnull=True)
+        .defer("model_input_messages", "payload", "model_output_message")
+        .order_by("position")
+    )
+    calls: dict[int, list[ToolCall]] = {}
+    for call in ToolCall.objects.filter(step__run=run, step__position__lte=position).order_by(
+        "step_id", "position"
+    ):
+        calls.setdefault(call.step_id, []).append(call)
+    for step in steps:
+        if step.kind == StepKind.TASK:
+            messages.append({"role": "user", "text": f"New task:\n{step.task or ''}"})
+        elif step.kind == StepKind.PLANNING:
+            if not summary_mode:
+                messages.append({"role": "assistant", "text": (step.plan or "").strip()})
+                messages.append({"role": "user", "text": "Now proceed and carry out this plan."})
+        elif step.kind == StepKind.ACTION:
+            step_calls = calls.get(step.pk, [])
+            if step.model_output is not None and not summary_mode:
+                output = (
+                    step.model_output
+                    if isinstance(step.model_output, str)
+                    else json.dumps(step.model_output)
+                )
+                messages.append({"role": "assistant", "text": output.strip()})
+            if step_calls:
+                reprs = [_tool_call_repr(c) for c in step_calls]
+                messages.append({"role": "tool-call", "text": "Calling tools:\n" + str(reprs)})
+            if step.observations is not None:
+                messages.append(
+                    {"role": "tool-response", "text": f"Observation:\n{step.observations}"}
+                )
+            if step.error_type:
+                call_id = step_calls[0].call_id if step_calls else ""
+                messages.append(
+                    {
+                        "role": "tool-response",
+                        "text": f"Call id: {call_id}\nError:\n{step.error_message or step.error_type}{RETRY_NOTE}",
+                    }
+                )
+    omitted = max(0, len(messages) - TRANSCRIPT_MAX_MESSAGES)
+    return messages[omitted:], omitted

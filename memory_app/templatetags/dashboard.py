@@ -1,0 +1,79 @@
+"""Template helpers for the dashboard: role checks and safe rendering of agent-written content."""
+
+from django import template
+
+from memory_app import rendering
+from memory_app.roles import user_can
+
+register = template.Library()
+
+
+@register.filter
+def can(user, capability: str) -> bool:
+    """`{% if user|can:"curate" %}`: hide buttons a role cannot use (views check again)."""
+    return user_can(user, capability)
+
+
+@register.filter
+def markdown(text: str):
+    return rendering.render_markdown(text)
+
+
+@register.filter
+def highlight(code: str, language: str = "python"):
+    return rendering.highlight_code(code or "", language)
+
+
+@register.filter
+def pretty_json(value) -> str:
+    return rendering.pretty_json(value)
+
+
+@register.filter
+def content_text(value) -> str:
+    return rendering.content_text(value)
+
+
+@register.filter
+def seconds(value) -> str:
+    """A duration in seconds, short: 850 ms, 3.2 s, 4 min 12 s."""
+    if value is None:
+        return "–"
+    value = float(value)
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 60:
+        return f"{value:.1f} s"
+    minutes, secs = divmod(int(value), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+@register.filter
+def compact(value) -> str:
+    """12345 -> 12.3k (token counts)."""
+    if value is None:
+        return "–"
+    value = int(value)
+    if value < 1000:
+        return str(value)
+    if value < 1_000_000:
+        return f"{value / 1000:.1f}k"
+    return f"{value / 1_000_000:.1f}M"
+
+
+@register.filter
+def get_item(mapping, key):
+    return (mapping or {}).get(key, ())
+
+
+@register.filter
+def tool_arguments(call):
+    """A tool call's arguments, pretty: JSON highlighted, or code when the tool runs code."""
+    args = call.arguments
+    if isinstance(args, str):
+        language = "python" if call.name == "python_interpreter" else "text"
+        return rendering.highlight_code(args, language)
+    return rendering.highlight_code(rendering.pretty_json(args), "json")

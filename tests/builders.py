@@ -1,0 +1,117 @@
+"""Small builders for tests, all through the real write path (`memory_app.logbook`)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from django.contrib.auth.models import Group, User
+
+from memory_app import logbook
+from memory_app.models import Context, Run
+
+_counter = itertools.count(1)
+TEST_PASSWORD = "pw-for-tests-1"  # noqa: S105 - test users only
+
+
+def make_user(
+    *, role: str | None = "viewer", username: str | None = None, password: str = TEST_PASSWORD
+) -> User:
+    """A dashboard user in the group `role` (viewer / curator / admin), or in none."""
+    user = User.objects.create_user(username=username or f"user{next(_counter)}", password=password)
+    if role:
+        user.groups.add(Group.objects.get(name=role))
+    return user
+
+
+def make_context(
+    *, keys: dict[str, Any] | None = None, title: str = "", messages: int = 0, **message_fields
+) -> Context:
+    """A context with `messages` simple alternating user/assistant messages."""
+    context, _ = logbook.context_get_or_create(
+        keys=keys or {"test": f"ctx{next(_counter)}"}, title=title
+    )
+    if messages:
+        add_messages(context=context, count=messages, **message_fields)
+    context.refresh_from_db()
+    return context
+
+
+def add_messages(
+    *, context: Context, count: int, batch: int = 1000, text: str = "message {i}", **fields
+):
+    done = 0
+    while done < count:
+        size = min(batch, count - done)
+        items = [
+            {
+                "role": "user" if (done + i) % 2 == 0 else "assistant",
+                "text": text.format(i=done + i + 1),
+                **fields,
+            }
+            for i in range(size)
+        ]
+        logbook.messages_append(context=context, items=items)
+        done += size
+
+
+def action_step(number: int, **overrides) -> dict[str, Any]:
+    """A smolagents-like ActionStep as the API would store it, with one tool call."""
+    start = 1_700_000_000.0 + number * 2
+    step = {
+        "kind": "action",
+        "step_number": number,
+        "model_input_messages": [
+            {"role": "system", "content": [{"type": "text", "text": "You are a careful agent."}]},
+            {"role": "user", "content": [{"type": "text", "text": "New task:\nFind the weather."}]},
+        ],
+        "model_output": f"I will call a tool (step {number}).",
+        "observations": f"Observation for step {number}",
+        "start_time": start,
+        "end_time": start + 0.5 + (number % 7) * 0.3,
+        "input_tokens": 100 + number,
+        "output_tokens": 20 + number % 5,
+        "tool_calls": [
+            {
+                "call_id": f"call_{number}",
+                "name": "get_weather",
+                "arguments": {"city": "Paris", "step": number},
+                "output": "Sunny, 22C",
+                "success": True,
+                "duration": 0.2,
+            },
+        ],
+    }
+    step.update(overrides)
+    return step
+
+
+def make_run(
+    *,
+    context: Context,
+    steps: int = 3,
+    error_at: tuple[int, ...] = (),
+    task: str = "Find the weather in Paris",
+    status: str = "success",
+    batch: int = 500,
+    **step_overrides,
+) -> Run:
+    """A finished run: a task step, then `steps - 1` action steps; errors at the given positions."""
+    run, _ = logbook.run_create(
+        context=context,
+        task=task,
+        system_prompt="You are a careful agent.",
+        agent_name="tester",
+        framework="smolagents",
+    )
+    items: list[dict[str, Any]] = [{"kind": "task", "task": task}]
+    for position in range(2, steps + 1):
+        extra = dict(step_overrides)
+        if position in error_at:
+            extra.update(
+                error_type="AgentExecutionError", error_message=f"Tool failed at step {position}"
+            )
+        items.append(action_step(position - 1, **extra))
+    for start in range(0, len(items), batch):
+        logbook.steps_append(run=run, items=items[start : start + batch])
+    return logbook.run_finish(run=run, status=status)
