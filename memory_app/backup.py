@@ -1,0 +1,412 @@
+"""Backup and restore as JSON Lines, streamed in constant memory, imported idempotently.
+
+Export (`export_lines`) yields one JSON object per line, referents before what refers to them:
+
+    {"type": "header", "format": "agentmemory-backup", "version": 1, "embeddings": bool}
+    {"type": "context", "digest", "keys", ...}              per context, then its
+    {"type": "run", "ref", "context", ...}                  runs,
+    {"type": "step", "run", "position", ..., "tool_calls": [...]}   steps with their tool calls,
+    {"type": "message", "context", "seq", ..., "run", "step"}       messages,
+    {"type": "memory", "ref", ...}                          memory records (context-scoped ones and
+                                                            key-scoped ones the contexts fall under)
+    {"type": "embedding", "item": "message"|"memory", ...}  vectors, when asked for
+
+Rows are read with server-side cursors (`iterator(chunk_size=...)`), so memory does not grow with
+the size of a context. References use natural keys, never the source's primary keys: a context
+by its keys digest, a run by its client id (or its creation instant when it has none), a step by
+(run, position), a message by (context, seq), a memory record by (scope digest, content hash).
+
+Import (`import_lines`) reads the same lines in chunks and writes each chunk with bulk inserts;
+a row whose natural key is already stored is left as it is, so importing twice changes nothing.
+Timestamps and counters are restored verbatim.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import models, transaction
+from django.db.models import Q
+
+from memory_app.models import Context, Embedding, MemoryRecord, Message, Run, Step, ToolCall
+
+FORMAT = "agentmemory-backup"
+VERSION = 1
+CHUNK = 1000
+
+
+class BackupFormatError(ValueError):
+    """A line that is not part of an agentmemory backup."""
+
+
+# --- field handling -----------------------------------------------------------------------------
+
+def _plain_fields(model: type[models.Model], *, skip: tuple[str, ...] = ()) -> list[models.Field]:
+    """Concrete, stored, non-relational fields except the primary key (and `skip`)."""
+    return [
+        f for f in model._meta.concrete_fields
+        if not f.primary_key and not f.is_relation and not isinstance(f, models.GeneratedField)
+        and f.name not in skip
+    ]
+
+
+CONTEXT_FIELDS = _plain_fields(Context)
+RUN_FIELDS = _plain_fields(Run)
+STEP_FIELDS = _plain_fields(Step)
+TOOL_CALL_FIELDS = _plain_fields(ToolCall)
+MESSAGE_FIELDS = _plain_fields(Message)
+MEMORY_FIELDS = _plain_fields(MemoryRecord)
+EMBEDDING_FIELDS = _plain_fields(Embedding, skip=("vector",))
+
+
+def _dump(obj: models.Model, fields: list[models.Field]) -> dict[str, Any]:
+    out = {}
+    for f in fields:
+        value = getattr(obj, f.attname)
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        out[f.name] = value
+    return out
+
+
+def _load(data: dict[str, Any], fields: list[models.Field]) -> dict[str, Any]:
+    out = {}
+    for f in fields:
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        if isinstance(f, models.DateTimeField) and isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        out[f.attname] = value
+    return out
+
+
+def _run_ref(run: Run) -> dict[str, Any]:
+    return {"client_id": run.client_id, "created_at": run.created_at.isoformat()}
+
+
+# --- export -------------------------------------------------------------------------------------
+
+def contexts_matching(*, context_ids: list[int] | None = None, keys: dict | None = None) -> models.QuerySet:
+    qs = Context.objects.all()
+    if context_ids:
+        qs = qs.filter(pk__in=context_ids)
+    if keys:
+        qs = qs.filter(keys__contains=keys)
+    return qs.order_by("pk")
+
+
+def export_records(
+    *, contexts: models.QuerySet | None = None, embeddings: bool = False, chunk_size: int = CHUNK
+) -> Iterator[dict[str, Any]]:
+    """Yield the backup's records, one at a time, reading the database in chunks."""
+    contexts = contexts if contexts is not None else Context.objects.order_by("pk")
+    yield {"type": "header", "format": FORMAT, "version": VERSION, "embeddings": embeddings}
+    exported_memories: set[int] = set()
+    for ctx in contexts.iterator(chunk_size=100):
+        yield {"type": "context", "digest": ctx.keys_digest, **_dump(ctx, CONTEXT_FIELDS)}
+        run_refs: dict[int, dict] = {}
+        for run in Run.objects.filter(context=ctx).order_by("pk").iterator(chunk_size=chunk_size):
+            run_refs[run.pk] = _run_ref(run)
+            yield {"type": "run", "context": ctx.keys_digest, "ref": run_refs[run.pk], **_dump(run, RUN_FIELDS)}
+        steps = (
+            Step.objects.filter(run__context=ctx).order_by("run_id", "position")
+            .prefetch_related(models.Prefetch("tool_calls", queryset=ToolCall.objects.order_by("position")))
+        )
+        for step in steps.iterator(chunk_size=chunk_size):
+            calls = [_dump(tc, TOOL_CALL_FIELDS) for tc in step.tool_calls.all()]
+            yield {"type": "step", "run": run_refs[step.run_id], **_dump(step, STEP_FIELDS), "tool_calls": calls}
+        step_positions = dict(Step.objects.filter(run__context=ctx).values_list("pk", "position"))
+        step_runs = dict(Step.objects.filter(run__context=ctx).values_list("pk", "run_id"))
+        for msg in Message.objects.filter(context=ctx).order_by("seq").iterator(chunk_size=chunk_size):
+            record = {"type": "message", "context": ctx.keys_digest, **_dump(msg, MESSAGE_FIELDS)}
+            record["run"] = run_refs.get(msg.run_id) if msg.run_id else None
+            record["step"] = (
+                {"run": run_refs[step_runs[msg.step_id]], "position": step_positions[msg.step_id]}
+                if msg.step_id else None
+            )
+            yield record
+        scoped = MemoryRecord.objects.filter(Q(context=ctx) | Q(context__isnull=True, scope_keys__contained_by=ctx.keys))
+        for mem in scoped.order_by("pk").iterator(chunk_size=chunk_size):
+            if mem.pk in exported_memories:
+                continue
+            exported_memories.add(mem.pk)
+            yield _memory_record(mem)
+        if embeddings:
+            rows = Embedding.objects.filter(message__context=ctx).select_related("message").order_by("pk")
+            for emb in rows.iterator(chunk_size=chunk_size):
+                yield {"type": "embedding", "item": "message", "context": ctx.keys_digest, "seq": emb.message.seq,
+                       **_dump(emb, EMBEDDING_FIELDS), "vector": _vector(emb.vector)}
+            rows = Embedding.objects.filter(memory_record__in=scoped).select_related("memory_record").order_by("pk")
+            for emb in rows.iterator(chunk_size=chunk_size):
+                mem = emb.memory_record
+                yield {"type": "embedding", "item": "memory", "scope_digest": mem.scope_digest,
+                       "content_hash": mem.content_hash, **_dump(emb, EMBEDDING_FIELDS), "vector": _vector(emb.vector)}
+
+
+def _vector(value) -> list[float] | None:
+    return None if value is None else [float(x) for x in value]
+
+
+def _memory_record(mem: MemoryRecord) -> dict[str, Any]:
+    record = {"type": "memory", "context": mem.context.keys_digest if mem.context_id else None,
+              **_dump(mem, MEMORY_FIELDS)}
+    record["source_message"] = (
+        {"context": mem.source_message.context.keys_digest, "seq": mem.source_message.seq}
+        if mem.source_message_id else None
+    )
+    record["source_step"] = (
+        {"run": _run_ref(mem.source_step.run), "position": mem.source_step.position} if mem.source_step_id else None
+    )
+    return record
+
+
+def export_lines(**kwargs) -> Iterator[str]:
+    """The backup as JSON Lines (each line ends with a newline)."""
+    for record in export_records(**kwargs):
+        yield json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+# --- import -------------------------------------------------------------------------------------
+
+@dataclass
+class ImportResult:
+    created: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def count(self, kind: str, created: int, skipped: int) -> None:
+        self.created[kind] = self.created.get(kind, 0) + created
+        self.skipped[kind] = self.skipped.get(kind, 0) + skipped
+
+
+class _Importer:
+    def __init__(self) -> None:
+        self.result = ImportResult()
+        self.contexts: dict[str, int] = {}  # digest -> target pk
+        self.pending: list[dict] = []
+        self.pending_type: str | None = None
+
+    # references ------------------------------------------------------------------------------
+    def context_id(self, digest: str) -> int:
+        if digest not in self.contexts:
+            pk = Context.objects.filter(keys_digest=digest).values_list("pk", flat=True).first()
+            if pk is None:
+                raise BackupFormatError(f"context {digest[:12]}… is referenced before it is defined")
+            self.contexts[digest] = pk
+        return self.contexts[digest]
+
+    def run_id(self, context_pk: int, ref: dict | None) -> int | None:
+        if not ref:
+            return None
+        qs = Run.objects.filter(context_id=context_pk)
+        if ref.get("client_id"):
+            qs = qs.filter(client_id=ref["client_id"])
+        else:
+            qs = qs.filter(client_id__isnull=True, created_at=datetime.fromisoformat(ref["created_at"]))
+        return qs.values_list("pk", flat=True).first()
+
+    # records ---------------------------------------------------------------------------------
+    def feed(self, record: dict[str, Any]) -> None:
+        kind = record.get("type")
+        if kind == "header":
+            if record.get("format") != FORMAT or record.get("version") != VERSION:
+                raise BackupFormatError(f"not an {FORMAT} v{VERSION} file")
+            return
+        if kind not in ("context", "run", "step", "message", "memory", "embedding"):
+            raise BackupFormatError(f"unknown record type {kind!r}")
+        if kind != self.pending_type or len(self.pending) >= CHUNK:
+            self.flush()
+            self.pending_type = kind
+        self.pending.append(record)
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        records, kind = self.pending, self.pending_type
+        self.pending = []
+        with transaction.atomic():
+            getattr(self, f"_import_{kind}")(records)
+
+    def _insert(self, model, rows: list[models.Model], stamp_fields: list[str]) -> None:
+        """Bulk insert, then put back the source's timestamps (auto_now* overwrite them on insert)."""
+        if not rows:
+            return
+        stamps = [{f: getattr(r, f) for f in stamp_fields} for r in rows]
+        model.objects.bulk_create(rows)
+        for row, values in zip(rows, stamps, strict=True):
+            for f, v in values.items():
+                setattr(row, f, v)
+        if stamp_fields:
+            model.objects.bulk_update(rows, stamp_fields)
+
+    def _import_context(self, records):
+        for rec in records:
+            existing = Context.objects.filter(keys_digest=rec["digest"]).values_list("pk", flat=True).first()
+            if existing is not None:
+                self.contexts[rec["digest"]] = existing
+                self.result.count("contexts", 0, 1)
+                continue
+            ctx = Context(**_load(rec, CONTEXT_FIELDS))
+            self._insert(Context, [ctx], ["created_at", "updated_at", "last_activity_at"])
+            self.contexts[rec["digest"]] = ctx.pk
+            self.result.count("contexts", 1, 0)
+
+    def _import_run(self, records):
+        new = []
+        for rec in records:
+            ctx_pk = self.context_id(rec["context"])
+            if self.run_id(ctx_pk, rec["ref"]) is not None:
+                self.result.count("runs", 0, 1)
+                continue
+            new.append(Run(context_id=ctx_pk, **_load(rec, RUN_FIELDS)))
+        self._insert(Run, new, ["created_at", "updated_at"])
+        self.result.count("runs", len(new), 0)
+
+    def _import_step(self, records):
+        new, calls = [], []
+        run_cache: dict[str, int | None] = {}
+        for rec in records:
+            key = json.dumps(rec["run"], sort_keys=True)
+            if key not in run_cache:
+                ctx_pk = self._context_of_run_ref(rec["run"])
+                run_cache[key] = self.run_id(ctx_pk, rec["run"]) if ctx_pk else None
+            run_pk = run_cache[key]
+            if run_pk is None:
+                raise BackupFormatError("a step refers to a run that is not in the backup")
+            new.append((run_pk, rec))
+        existing = set(
+            Step.objects.filter(run_id__in={r for r, _ in new}).values_list("run_id", "position")
+        )
+        rows = []
+        for run_pk, rec in new:
+            if (run_pk, rec["position"]) in existing:
+                self.result.count("steps", 0, 1)
+                continue
+            step = Step(run_id=run_pk, **_load(rec, STEP_FIELDS))
+            rows.append(step)
+            calls.append(rec.get("tool_calls") or [])
+        self._insert(Step, rows, ["created_at"])
+        self._insert(
+            ToolCall,
+            [ToolCall(step_id=s.pk, **_load(c, TOOL_CALL_FIELDS)) for s, cs in zip(rows, calls, strict=True) for c in cs],
+            ["created_at"],
+        )
+        self.result.count("steps", len(rows), 0)
+
+    def _context_of_run_ref(self, ref) -> int | None:
+        # Steps follow their context's runs in the file, so the last context seen is theirs.
+        return self._current_context
+
+    _current_context: int | None = None
+
+    def _import_message(self, records):
+        by_ctx: dict[int, list[dict]] = {}
+        for rec in records:
+            by_ctx.setdefault(self.context_id(rec["context"]), []).append(rec)
+        for ctx_pk, recs in by_ctx.items():
+            seqs = {r["seq"] for r in recs}
+            existing = set(Message.objects.filter(context_id=ctx_pk, seq__in=seqs).values_list("seq", flat=True))
+            run_refs = {json.dumps(r["run"], sort_keys=True) for r in recs if r.get("run")}
+            run_ids = {k: self.run_id(ctx_pk, json.loads(k)) for k in run_refs}
+            step_ids: dict[tuple[int | None, int], int | None] = {}
+            rows = []
+            for rec in recs:
+                if rec["seq"] in existing:
+                    self.result.count("messages", 0, 1)
+                    continue
+                msg = Message(context_id=ctx_pk, **_load(rec, MESSAGE_FIELDS))
+                if rec.get("run"):
+                    msg.run_id = run_ids[json.dumps(rec["run"], sort_keys=True)]
+                if rec.get("step"):
+                    run_pk = run_ids.get(json.dumps(rec["step"]["run"], sort_keys=True)) or self.run_id(
+                        ctx_pk, rec["step"]["run"])
+                    key = (run_pk, rec["step"]["position"])
+                    if key not in step_ids:
+                        step_ids[key] = Step.objects.filter(run_id=run_pk, position=key[1]).values_list(
+                            "pk", flat=True).first()
+                    msg.step_id = step_ids[key]
+                rows.append(msg)
+            self._insert(Message, rows, ["created_at", "updated_at"])
+            self.result.count("messages", len(rows), 0)
+
+    def _import_memory(self, records):
+        rows = []
+        for rec in records:
+            if MemoryRecord.objects.filter(scope_digest=rec["scope_digest"], content_hash=rec["content_hash"]).exists():
+                self.result.count("memories", 0, 1)
+                continue
+            mem = MemoryRecord(**_load(rec, MEMORY_FIELDS))
+            mem.context_id = self.context_id(rec["context"]) if rec.get("context") else None
+            if rec.get("source_message"):
+                src = rec["source_message"]
+                mem.source_message_id = Message.objects.filter(
+                    context_id=self.context_id(src["context"]), seq=src["seq"]).values_list("pk", flat=True).first()
+            if rec.get("source_step") and mem.context_id:
+                run_pk = self.run_id(mem.context_id, rec["source_step"]["run"])
+                mem.source_step_id = Step.objects.filter(
+                    run_id=run_pk, position=rec["source_step"]["position"]).values_list("pk", flat=True).first()
+            rows.append(mem)
+        self._insert(MemoryRecord, rows, ["created_at", "updated_at"])
+        self.result.count("memories", len(rows), 0)
+
+    def _import_embedding(self, records):
+        rows = []
+        for rec in records:
+            emb = Embedding(**_load(rec, EMBEDDING_FIELDS), vector=rec.get("vector"))
+            if rec["item"] == "message":
+                ctx_pk = self.context_id(rec["context"])
+                emb.message_id = Message.objects.filter(context_id=ctx_pk, seq=rec["seq"]).values_list("pk", flat=True).first()
+                emb.context_id = ctx_pk
+                exists = Embedding.objects.filter(message_id=emb.message_id, model=emb.model).exists()
+            else:
+                emb.memory_record_id = MemoryRecord.objects.filter(
+                    scope_digest=rec["scope_digest"], content_hash=rec["content_hash"]).values_list("pk", flat=True).first()
+                exists = Embedding.objects.filter(memory_record_id=emb.memory_record_id, model=emb.model).exists()
+            if exists or (emb.message_id is None and emb.memory_record_id is None):
+                self.result.count("embeddings", 0, 1)
+                continue
+            rows.append(emb)
+        self._insert(Embedding, rows, ["created_at"])
+        self.result.count("embeddings", len(rows), 0)
+
+
+def import_records(records: Iterable[dict[str, Any]]) -> ImportResult:
+    """Import backup records (see module docstring); idempotent."""
+    importer = _Importer()
+    saw_header = False
+    for record in records:
+        if not isinstance(record, dict):
+            raise BackupFormatError("each line must be a JSON object")
+        if not saw_header:
+            if record.get("type") != "header":
+                raise BackupFormatError("the first line must be the backup header")
+            saw_header = True
+        if record.get("type") == "context":
+            importer.flush()
+        importer.feed(record)
+        if record.get("type") == "context":
+            importer.flush()
+            importer._current_context = importer.contexts[record["digest"]]
+    importer.flush()
+    if not saw_header:
+        raise BackupFormatError("empty backup")
+    return importer.result
+
+
+def import_lines(lines: Iterable[str | bytes]) -> ImportResult:
+    def records():
+        for number, line in enumerate(lines, start=1):
+            if isinstance(line, bytes):
+                line = line.decode("utf-8")
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise BackupFormatError(f"line {number} is not JSON: {exc.msg}") from exc
+
+    return import_records(records())

@@ -1,0 +1,38 @@
+"""Export contexts (all, some ids, or those whose keys contain a subset) as JSON Lines."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from django.core.management.base import BaseCommand, CommandError
+
+from memory_app import backup
+
+
+class Command(BaseCommand):
+    help = "Export memory (contexts, messages, runs, steps, tool calls, memory records) as JSON Lines."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--context", type=int, action="append", dest="context_ids",
+                            help="a context id (repeatable); default: every context")
+        parser.add_argument("--keys", help='only contexts whose keys contain this JSON object, e.g. \'{"user": "ada"}\'')
+        parser.add_argument("--embeddings", action="store_true", help="include embedding vectors")
+        parser.add_argument("-o", "--output", help="file to write (default: standard output)")
+
+    def handle(self, *args, context_ids=None, keys=None, embeddings=False, output=None, **options):
+        subset = None
+        if keys:
+            try:
+                subset = json.loads(keys)
+            except json.JSONDecodeError as exc:
+                raise CommandError(f"--keys is not JSON: {exc.msg}") from exc
+            if not isinstance(subset, dict):
+                raise CommandError("--keys must be a JSON object")
+        contexts = backup.contexts_matching(context_ids=context_ids, keys=subset)
+        lines = backup.export_lines(contexts=contexts, embeddings=embeddings)
+        if output:
+            with open(output, "w", encoding="utf-8") as fh:
+                fh.writelines(lines)
+        else:
+            sys.stdout.writelines(lines)

@@ -1,0 +1,28 @@
+"""Import a JSON Lines backup written by `export_memory` (idempotent: twice changes nothing)."""
+
+from __future__ import annotations
+
+import sys
+
+from django.core.management.base import BaseCommand, CommandError
+
+from memory_app import backup
+
+
+class Command(BaseCommand):
+    help = "Import a JSON Lines backup (rows already present are left as they are)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("path", help="backup file, or - for standard input")
+
+    def handle(self, *args, path, **options):
+        try:
+            if path == "-":
+                result = backup.import_lines(sys.stdin)
+            else:
+                with open(path, encoding="utf-8") as fh:
+                    result = backup.import_lines(fh)
+        except (OSError, backup.BackupFormatError) as exc:
+            raise CommandError(str(exc)) from exc
+        for kind in sorted(set(result.created) | set(result.skipped)):
+            self.stdout.write(f"{kind}: {result.created.get(kind, 0)} created, {result.skipped.get(kind, 0)} already present")
