@@ -45,3 +45,16 @@ def make_key(
     client = ApiClient(issued.secret)
     client.key = issued.key
     return client
+
+
+def new_context(client: ApiClient, keys: dict | None = None) -> int:
+    response = client.post("/api/v1/contexts", {"keys": keys or {"user": "ada", "chat": "1"}})
+    assert response.status_code in (200, 201), response.content
+    return response.json()["id"]
+
+
+def append(client: ApiClient, context_id: int, **message) -> dict:
+    message.setdefault("role", "user")
+    response = client.post(f"/api/v1/contexts/{context_id}/messages", message)
+    assert response.status_code in (200, 201), response.content
+    return response.json()

@@ -59,8 +59,9 @@ def _keys_filter(raw: str | None) -> dict | None:
 @router.get("/contexts", response=responses({200: ContextPage}), summary="List contexts")
 def context_list(
     request,
-    keys: str | None = Query(
+    keys_filter: str | None = Query(
         None,
+        alias="keys",
         description='JSON object; contexts whose keys contain it, e.g. {"user": "ada"}',
         examples=['{"user": "ada"}'],
     ),
@@ -69,7 +70,7 @@ def context_list(
 ):
     key = require_scope(request, "read")
     page = queries.contexts_list(
-        within=auth.visible_contexts(key), keys=_keys_filter(keys), after=after, limit=limit
+        within=auth.visible_contexts(key), keys=_keys_filter(keys_filter), after=after, limit=limit
     )
     return Status(200, page)
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import AwareDatetime, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from memory_app.api.common import Id, Int32, Int64, JsonObject, JsonValue, Short, Text, _check_json
 from memory_app.logbook import MAX_BATCH
@@ -90,8 +90,9 @@ class ContextPage(Schema):
 # --- content blocks -------------------------------------------------------------------------------
 
 
-class _Block(Schema):
+class _Block(BaseModel):
     # Framework-specific extra fields are kept verbatim (lossless round trip), but still checked.
+    # A plain pydantic model: ninja.Schema reads attributes through a getter that drops extras.
     model_config = ConfigDict(extra="allow")
 
     @model_validator(mode="after")

@@ -1,0 +1,87 @@
+"""Contexts over HTTP: get-or-create by keys, get, list with key filters and cursors, update."""
+
+import pytest
+
+from memory_app.models import AuditEvent, Context
+from tests.api_helpers import make_key, new_context
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def api():
+    return make_key(scopes=["read", "write"])
+
+
+def test_post_creates_then_returns_the_same_context_for_the_same_keys_in_any_order(api):
+    first = api.post("/api/v1/contexts", {"keys": {"user": "ada", "chat": "42"}, "title": "Ada"})
+    again = api.post(
+        "/api/v1/contexts", {"keys": {"chat": "42", "user": "ada"}, "title": "ignored"}
+    )
+    assert first.status_code == 201
+    assert again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    assert again.json()["title"] == "Ada"
+    assert Context.objects.count() == 1
+
+
+def test_get_returns_the_context(api):
+    cid = new_context(api, {"user": "ada"})
+    response = api.get(f"/api/v1/contexts/{cid}")
+    assert response.status_code == 200
+    assert response.json()["keys"] == {"user": "ada"}
+
+
+def test_get_unknown_context_is_404_json(api):
+    response = api.get("/api/v1/contexts/999999999")
+    assert response.status_code == 404
+    assert "not found" in response.json()["detail"]
+
+
+def test_list_filters_by_key_containment(api):
+    ada = {new_context(api, {"user": "ada", "chat": str(i)}) for i in range(3)}
+    new_context(api, {"user": "bob", "chat": "1"})
+    response = api.get("/api/v1/contexts", {"keys": '{"user": "ada"}'})
+    assert response.status_code == 200
+    assert {c["id"] for c in response.json()["items"]} == ada
+
+
+def test_list_pages_with_a_cursor_without_overlap_or_gap(api):
+    ids = [new_context(api, {"n": i}) for i in range(7)]
+    seen, cursor = [], None
+    while True:
+        params = {"limit": 3} | ({"after": cursor} if cursor is not None else {})
+        page = api.get("/api/v1/contexts", params).json()
+        seen += [c["id"] for c in page["items"]]
+        if not page["has_more"]:
+            assert page["next_cursor"] is None
+            break
+        cursor = page["next_cursor"]
+    assert seen == sorted(ids)
+
+
+@pytest.mark.parametrize("bad", ["{not json", "[1, 2]", '"x"', '{"a": "\\u0000"}'])
+def test_list_with_a_keys_filter_that_is_not_a_json_object_is_422(api, bad):
+    assert api.get("/api/v1/contexts", {"keys": bad}).status_code == 422
+
+
+def test_patch_updates_title_and_metadata_and_audits_with_the_key(api):
+    cid = new_context(api)
+    response = api.patch(f"/api/v1/contexts/{cid}", {"title": "New", "metadata": {"a": 1}})
+    assert response.status_code == 200
+    assert response.json()["title"] == "New"
+    assert response.json()["metadata"] == {"a": 1}
+    event = AuditEvent.objects.get(target_type="context", action="edit")
+    assert event.actor == f"key:{api.key.prefix}"
+    assert event.api_key_id == api.key.pk
+    assert event.before["title"] == ""
+
+
+def test_patch_title_longer_than_the_column_is_422(api):
+    cid = new_context(api)
+    assert api.patch(f"/api/v1/contexts/{cid}", {"title": "x" * 501}).status_code == 422
+    assert api.patch(f"/api/v1/contexts/{cid}", {"title": "x" * 500}).status_code == 200
+
+
+def test_empty_keys_are_422(api):
+    assert api.post("/api/v1/contexts", {"keys": {}}).status_code == 422

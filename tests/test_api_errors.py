@@ -1,0 +1,156 @@
+"""Error statuses of the Agent API: 400, 401, 413, 422; always JSON {"detail": ...}, never a 500."""
+
+import io
+
+import pytest
+from django.test import Client, override_settings
+
+from memory_app import auth
+from tests.api_helpers import ApiClient, make_key, new_context
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def api():
+    return make_key(scopes=["read", "write"])
+
+
+@pytest.fixture
+def cid(api):
+    return new_context(api)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "{bad",
+        '{"role": "user",}',
+        '{"role": NaN}',
+        '{"role": "user", "metadata": {"x": Infinity}}',
+        '{"role": "user", "metadata": {"x": 1e999}}',
+        b"\xff\xfe\x00garbage",
+    ],
+)
+def test_malformed_json_is_400(api, cid, raw):
+    response = api.post(f"/api/v1/contexts/{cid}/messages", raw=raw)
+    assert response.status_code == 400
+    assert response.json()["detail"]
+
+
+@pytest.mark.parametrize("raw", ["[]", '"text"', "12", "null"])
+def test_json_that_is_not_an_object_is_422(api, cid, raw):
+    assert api.post(f"/api/v1/contexts/{cid}/messages", raw=raw).status_code in (400, 422)
+
+
+def test_lone_surrogate_in_text_is_422(api, cid):
+    response = api.post(
+        f"/api/v1/contexts/{cid}/messages", raw='{"role": "user", "text": "\\ud800"}'
+    )
+    assert response.status_code == 422
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "Bearer",
+        "Bearer ",
+        "Basic abc",
+        "Bearer am_000000000000_nope",
+        "Bearer not-a-key",
+        "Token x",
+    ],
+)
+def test_missing_or_bad_key_is_401(cid, header):
+    extra = {"HTTP_AUTHORIZATION": header} if header is not None else {}
+    response = Client().get(f"/api/v1/contexts/{cid}", **extra)
+    assert response.status_code == 401
+    assert response.json()["detail"]
+
+
+def test_revoked_key_is_401(api, cid):
+    assert api.get(f"/api/v1/contexts/{cid}").status_code == 200
+    auth.apikey_revoke(key=api.key)
+    assert api.get(f"/api/v1/contexts/{cid}").status_code == 401
+
+
+def test_a_wrong_secret_with_a_real_prefix_is_401(api, cid):
+    forged = ApiClient(api.secret[:-4] + "AAAA")
+    assert forged.get(f"/api/v1/contexts/{cid}").status_code == 401
+
+
+@override_settings(MAX_REQUEST_BODY_BYTES=1000)
+def test_body_over_the_limit_is_413_before_it_is_read(api, cid):
+    response = api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": "x" * 2000})
+    assert response.status_code == 413
+    assert "limit" in response.json()["detail"]
+    assert (
+        api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": "x" * 10}).status_code
+        == 201
+    )
+
+
+@override_settings(MAX_REQUEST_BODY_BYTES=1000)
+def test_streamed_body_without_length_over_the_limit_is_413(api, cid):
+    body = b'{"role": "user", "text": "' + b"x" * 2000 + b'"}'
+    response = api.client.generic(
+        "POST",
+        f"/api/v1/contexts/{cid}/messages",
+        b"",
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {api.secret}",
+        CONTENT_LENGTH="",
+        HTTP_TRANSFER_ENCODING="chunked",
+        **{"wsgi.input": io.BytesIO(body)},
+    )
+    assert response.status_code == 413
+
+
+@override_settings(MAX_REQUEST_BODY_BYTES=1000)
+def test_streamed_body_without_length_under_the_limit_is_accepted(api, cid):
+    body = b'{"role": "user", "text": "streamed"}'
+    response = api.client.generic(
+        "POST",
+        f"/api/v1/contexts/{cid}/messages",
+        b"",
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {api.secret}",
+        CONTENT_LENGTH="",
+        HTTP_TRANSFER_ENCODING="chunked",
+        **{"wsgi.input": io.BytesIO(body)},
+    )
+    assert response.status_code == 201
+    assert response.json()["text"] == "streamed"
+
+
+def test_non_numeric_content_length_is_400(api, cid):
+    response = api.client.generic(
+        "POST",
+        f"/api/v1/contexts/{cid}/messages",
+        b"{}",
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {api.secret}",
+        CONTENT_LENGTH="abc",
+    )
+    assert response.status_code == 400
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/contexts/0",
+        "/api/v1/contexts/-1",
+        "/api/v1/contexts/abc",
+        f"/api/v1/contexts/{2**63}",
+        f"/api/v1/runs/{2**64}",
+        "/api/v1/steps/1.5",
+    ],
+)
+def test_ids_that_are_not_bigints_are_422_or_404_never_500(api, path):
+    assert api.get(path).status_code in (404, 422)
+
+
+@pytest.mark.parametrize("after", ["-1", str(2**63), "x"])
+def test_cursor_out_of_range_is_422(api, cid, after):
+    assert api.get(f"/api/v1/contexts/{cid}/messages", {"after": after}).status_code == 422
