@@ -1,0 +1,202 @@
+"""Timing helpers, result rows with targets, and the report (terminal table and Markdown)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Latency:
+    p50: float  # milliseconds
+    p95: float
+    n: int
+
+    def __str__(self) -> str:
+        return f"p50 {fmt_ms(self.p50)} · p95 {fmt_ms(self.p95)}"
+
+
+@dataclass(frozen=True)
+class Rate:
+    per_second: float
+    unit: str = "msg/s"
+
+    def __str__(self) -> str:
+        return f"{self.per_second:,.0f} {self.unit}"
+
+
+@dataclass(frozen=True)
+class Amount:
+    value: float
+    unit: str
+
+    def __str__(self) -> str:
+        if self.unit == "KB":
+            return f"{self.value:,.1f} KB"
+        if self.unit == "MB":
+            return f"{self.value:,.1f} MB"
+        if self.unit == "ms":
+            return fmt_ms(self.value)
+        return f"{self.value:.3f}" if self.value < 10 else f"{self.value:,.0f}"
+
+
+Figure = Latency | Rate | Amount
+
+
+@dataclass(frozen=True)
+class Target:
+    """`value <= limit` (op "<=") or `value >= limit` (op ">="), on the figure's headline number
+    (p50 for a latency)."""
+
+    op: str
+    limit: float
+    text: str
+
+    def met(self, figure: Figure) -> bool:
+        value = headline(figure)
+        return value <= self.limit if self.op == "<=" else value >= self.limit
+
+
+def headline(figure: Figure) -> float:
+    if isinstance(figure, Latency):
+        return figure.p50
+    if isinstance(figure, Rate):
+        return figure.per_second
+    return figure.value
+
+
+def fmt_ms(ms: float) -> str:
+    if ms < 10:
+        return f"{ms:.2f} ms"
+    if ms < 1000:
+        return f"{ms:.1f} ms"
+    return f"{ms / 1000:.2f} s"
+
+
+@dataclass
+class Row:
+    area: str
+    measure: str
+    ours: Figure
+    baseline: Figure | None = None
+    target: Target | None = None
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if self.baseline is None or headline(self.baseline) == 0:
+            return None
+        return headline(self.ours) / headline(self.baseline)
+
+    @property
+    def status(self) -> str:
+        if self.target is None:
+            return ""
+        return "met" if self.target.met(self.ours) else "**missed**"
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+    not_measured: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    started: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def add(self, row: Row, log: Callable[[str], None] | None = None) -> Row:
+        self.rows.append(row)
+        if log:
+            log(f"  {row.area} · {row.measure}: {row.ours}" + (f" (baseline {row.baseline})" if row.baseline else ""))
+        return row
+
+    def skip(self, what: str, reason: str, log: Callable[[str], None] | None = None) -> None:
+        line = f"{what} — not measured: {reason}"
+        self.not_measured.append(line)
+        if log:
+            log(f"  {line}")
+
+    def missed(self) -> list[Row]:
+        return [r for r in self.rows if r.target is not None and not r.target.met(r.ours)]
+
+
+def time_calls(fn: Callable[[], object], *, n: int, warmup: int = 3) -> Latency:
+    """p50/p95 of `n` calls of `fn` (after `warmup` unmeasured ones), in milliseconds."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t) * 1000)
+    arr = np.array(samples)
+    return Latency(p50=float(np.percentile(arr, 50)), p95=float(np.percentile(arr, 95)), n=n)
+
+
+def time_each(fns: list[Callable[[], object]], *, warmup: int = 2) -> Latency:
+    """p50/p95 over one call of each function (different queries), after a warm-up."""
+    for fn in fns[:warmup]:
+        fn()
+    samples = []
+    for fn in fns:
+        t = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t) * 1000)
+    arr = np.array(samples)
+    return Latency(p50=float(np.percentile(arr, 50)), p95=float(np.percentile(arr, 95)), n=len(fns))
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def machine_lines(server_version: str, pgvector_version: str) -> list[str]:
+    return [
+        f"- Date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        f"- Machine: {os.cpu_count()} cores ({_cpu_model()}), Python {platform.python_version()}, "
+        f"{platform.system()} {platform.release()}",
+        f"- Database: PostgreSQL {server_version}, pgvector {pgvector_version}",
+    ]
+
+
+def table(rows: list[Row]) -> list[str]:
+    out = [
+        "| Area | Measure | Ours | Naive baseline | Ours / baseline | Target | Result |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ratio = "" if r.ratio is None else f"{r.ratio:.3g}×"
+        note = f" ({r.note})" if r.note else ""
+        out.append(
+            f"| {r.area} | {r.measure}{note} | {r.ours} | {r.baseline or '—'} | {ratio} | "
+            f"{r.target.text if r.target else ''} | {r.status} |"
+        )
+    return out
+
+
+def plain_table(rows: list[Row]) -> str:
+    headers = ("Area", "Measure", "Ours", "Baseline", "Ratio", "Target", "Result")
+    data = [
+        (r.area, r.measure, str(r.ours), str(r.baseline or "-"), "" if r.ratio is None else f"{r.ratio:.3g}x",
+         r.target.text if r.target else "", r.status.replace("*", ""))
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(d[i]) for d in data)) if data else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(d, widths, strict=True)) for d in data]
+    return "\n".join(lines)

@@ -1,0 +1,394 @@
+"""The measurements. Each function adds rows (or "not measured" lines) to the report.
+
+Requests go through Django's full stack in-process (`django.test.Client`: WSGI handler,
+middleware, API-key authentication, JSON parsing and rendering) with a real API key; dashboard
+pages with a logged-in superuser. Server time is the time until the response is complete.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from django.conf import settings
+from django.test import Client
+from django.urls import NoReverseMatch, Resolver404, resolve, reverse
+
+from memory_app.bench import baseline
+from memory_app.bench.dataset import Dataset, Generator
+from memory_app.bench.measure import Amount, Latency, Rate, Report, Row, Target, time_calls, time_each
+from memory_app.models import Context, Embedding, Message, Run
+
+API = "/api/v1"
+
+
+@dataclass
+class Bench:
+    data: Dataset
+    report: Report
+    api: Client
+    web: Client
+    log: Callable[[str], None]
+    samples: int
+    quick: bool
+
+    def gen(self, seed_offset: int = 1) -> Generator:
+        """Same vocabulary and topic vectors as the dataset, fresh random draws for queries."""
+        gen = Generator(self.data.sizes)
+        gen.rng = np.random.default_rng(self.data.sizes.seed + 1000 + seed_offset)
+        return gen
+
+    def post(self, path: str, body: dict, expect: tuple[int, ...] = (200, 201)):
+        response = self.api.post(path, data=json.dumps(body), content_type="application/json")
+        if response.status_code not in expect:
+            raise BenchError(f"POST {path} answered {response.status_code}: {response.content[:300]!r}")
+        return response
+
+    def get(self, path: str, client: Client | None = None, expect: tuple[int, ...] = (200,)):
+        response = (client or self.api).get(path)
+        if response.status_code not in expect:
+            raise BenchError(f"GET {path} answered {response.status_code}: {response.content[:300]!r}")
+        return response
+
+
+class BenchError(Exception):
+    pass
+
+
+def route_exists(path: str) -> bool:
+    try:
+        resolve(path)
+    except Resolver404:
+        return False
+    return True
+
+
+def module_available(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+def contexts_label(b: Bench) -> dict[str, int]:
+    largest = Context.objects.only("message_count").get(pk=b.data.largest_context_id).message_count
+    small = Context.objects.only("message_count").get(pk=b.data.small_context_id).message_count
+    return {f"small context ({small:,} msgs)": b.data.small_context_id,
+            f"largest context ({largest:,} msgs)": b.data.largest_context_id}
+
+
+# --- selectors --------------------------------------------------------------------------------
+
+WINDOW_K = 20
+MAX_TOKENS = 2000
+SEARCH_K = 10
+
+
+def _select_api_body(spec: dict) -> dict:
+    return spec
+
+
+def selectors(b: Bench) -> None:
+    use_api = route_exists(f"{API}/contexts/1/select")
+    if not use_api:
+        b.report.skip("selectors through the API", "POST /api/v1/contexts/{id}/select has not landed", b.log)
+        return
+    gen = b.gen()
+    n = b.samples
+    for label, cid in contexts_label(b).items():
+        topics = b.data.context_topics[cid]
+        path = f"{API}/contexts/{cid}/select"
+        cases: list[tuple[str, dict, Callable[[], object], Target | None]] = [
+            (f"window k={WINDOW_K}", {"kind": "window", "k": WINDOW_K},
+             lambda cid=cid: baseline.window(cid, WINDOW_K), Target("<=", 3, "p50 ≤ 3 ms")),
+            (f"token_window {MAX_TOKENS} contiguous", {"kind": "token_window", "max_tokens": MAX_TOKENS, "policy": "contiguous"},
+             lambda cid=cid: baseline.token_window(cid, MAX_TOKENS, "contiguous"), Target("<=", 5, "p50 ≤ 5 ms")),
+            (f"token_window {MAX_TOKENS} skip", {"kind": "token_window", "max_tokens": MAX_TOKENS, "policy": "skip"},
+             lambda cid=cid: baseline.token_window(cid, MAX_TOKENS, "skip"), Target("<=", 5, "p50 ≤ 5 ms")),
+            ("composite (steamship)", {"kind": "composite", "search_mode": "keyword"},
+             lambda cid=cid: baseline.composite(cid, 2, 3), None),
+        ]
+        for name, spec, naive, target in cases:
+            ours = time_calls(lambda spec=spec, path=path: b.post(path, _select_api_body(spec)), n=n)
+            base = time_calls(naive, n=max(3, n // 5), warmup=1)
+            b.report.add(Row("selectors (API)", f"{name}, {label}", ours, base, target), b.log)
+
+        queries = [gen.query(topics[i % len(topics)]) for i in range(n + 3)]
+        kw = [lambda q=q, path=path: b.post(path, {"kind": "search", "query": q, "k": SEARCH_K, "mode": "keyword"}) for q, _ in queries]
+        b.report.add(
+            Row("search (API)", f"keyword k={SEARCH_K}, {label}", time_each(kw),
+                time_each([lambda q=q, cid=cid: baseline.keyword(cid, q, SEARCH_K) for q, _ in queries[: max(3, n // 5)]], warmup=1),
+                Target("<=", 20, "p50 ≤ 20 ms")),
+            b.log,
+        )
+        sem = [
+            lambda v=v, path=path: b.post(
+                path, {"kind": "search", "query": "", "k": SEARCH_K, "mode": "semantic", "model": b.data.model,
+                       "query_vector": [float(x) for x in v]})
+            for _, v in queries
+        ]
+        b.report.add(
+            Row("search (API)", f"semantic k={SEARCH_K}, {label}", time_each(sem),
+                time_each([lambda v=v, cid=cid: baseline.semantic(cid, b.data.model, v, SEARCH_K) for _, v in queries[: max(3, n // 5)]], warmup=1),
+                Target("<=", 15, "p50 ≤ 15 ms")),
+            b.log,
+        )
+        hyb = [
+            lambda q=q, v=v, path=path: b.post(
+                path, {"kind": "search", "query": q, "k": SEARCH_K, "mode": "hybrid", "model": b.data.model,
+                       "query_vector": [float(x) for x in v]})
+            for q, v in queries
+        ]
+        b.report.add(
+            Row("search (API)", f"hybrid k={SEARCH_K}, {label}", time_each(hyb),
+                time_each([lambda q=q, v=v, cid=cid: baseline.hybrid(cid, q, b.data.model, v, SEARCH_K) for q, v in queries[: max(3, n // 5)]], warmup=1)),
+            b.log,
+        )
+
+
+def recall(b: Bench) -> None:
+    """Semantic search recall@10 against an exact scan, on the largest context."""
+    from memory_app import search
+
+    cid = b.data.largest_context_id
+    gen = b.gen(seed_offset=2)
+    live = set(Message.objects.filter(context_id=cid, pruned_at__isnull=True).values_list("pk", flat=True))
+    rows = [(mid, vec) for mid, vec in Embedding.objects.filter(context_id=cid, model=b.data.model).values_list("message_id", "vector") if mid in live]
+    ids = np.array([mid for mid, _ in rows])
+    matrix = np.asarray([vec for _, vec in rows], dtype=np.float32)
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    topics = b.data.context_topics[cid]
+    n_queries = 20 if b.quick else 100
+    total, paths = 0.0, set()
+    for i in range(n_queries):
+        _, v = gen.query(topics[i % len(topics)])
+        hits, path = search.semantic_ranking(context_id=cid, model=b.data.model, vector=[float(x) for x in v], limit=SEARCH_K)
+        paths.add(path)
+        exact = set(ids[np.argsort(-(matrix @ (v / np.linalg.norm(v))))[:SEARCH_K]].tolist())
+        total += len(exact & {mid for mid, _ in hits}) / SEARCH_K
+    value = total / n_queries
+    settings_text = (
+        f"path {'/'.join(sorted(paths))}; HNSW m={settings.AGENTMEMORY_HNSW_M}, "
+        f"ef_construction={settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION}, "
+        f"ef_search={max(settings.AGENTMEMORY_HNSW_EF_SEARCH, SEARCH_K * 4)}; "
+        f"exact scan below {settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD:,} vectors per context; {n_queries} queries"
+    )
+    b.report.add(
+        Row("search", f"semantic recall@{SEARCH_K} vs exact scan, largest context", Amount(value, ""), None,
+            Target(">=", 0.95, "≥ 0.95"), note=settings_text),
+        b.log,
+    )
+
+
+# --- transcript and export ----------------------------------------------------------------------
+
+
+def transcript(b: Bench) -> None:
+    run = Run.objects.get(pk=b.data.transcript_run_id)
+    label = f"transcript of a {run.step_count:,}-step run"
+    path = f"{API}/runs/{run.pk}/messages"
+    naive = time_calls(lambda: baseline.transcript(run.pk), n=max(3, b.samples // 10), warmup=1)
+    target = Target("<=", 100, "≤ 100 ms")
+    if route_exists(path):
+        ours = time_calls(lambda: b.get(path), n=max(5, b.samples // 2))
+        b.report.add(Row("transcript (API)", f"GET /runs/{{id}}/messages, {label}", ours, naive, target), b.log)
+    elif module_available("memory_app.transcripts"):
+        from memory_app import transcripts
+
+        ours = time_calls(lambda: transcripts.run_messages(run=run), n=max(5, b.samples // 2))
+        b.report.add(
+            Row("transcript (domain)", label, ours, naive, target,
+                note="transcripts.run_messages; GET /api/v1/runs/{id}/messages has not landed"),
+            b.log,
+        )
+    else:
+        b.report.skip(label, "memory_app.transcripts has not landed", b.log)
+
+
+def _export_once(fn: Callable[[], int]) -> tuple[float, int, float]:
+    """(seconds, items, peak MB under tracemalloc)."""
+    gc.collect()
+    tracemalloc.start()
+    t = time.perf_counter()
+    items = fn()
+    seconds = time.perf_counter() - t
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return seconds, items, peak / 1e6
+
+
+def export(b: Bench) -> None:
+    if not module_available("memory_app.backup"):
+        b.report.skip("export", "memory_app.backup has not landed", b.log)
+        return
+    from memory_app import backup
+
+    def ours(cid: int) -> int:
+        count = 0
+        for line in backup.export_lines(contexts=backup.contexts_matching(context_ids=[cid])):
+            if line.startswith('{"type":"message"'):
+                count += 1
+        return count
+
+    def naive(cid: int) -> int:
+        baseline.export(cid)
+        return Message.objects.filter(context_id=cid).count()
+
+    largest = b.data.largest_context_id
+    # A context about a tenth the size of the largest one, to see whether memory grows with size.
+    tenth = (
+        Context.objects.filter(message_count__lte=max(Context.objects.get(pk=largest).message_count // 10, 1))
+        .order_by("-message_count").values_list("pk", "message_count").first()
+    )
+    o_sec, o_items, o_peak = _export_once(lambda: ours(largest))
+    n_sec, n_items, n_peak = _export_once(lambda: naive(largest))
+    b.report.add(
+        Row("export", f"backup.export_lines, largest context ({o_items:,} msgs), without tracemalloc",
+            _rate_untraced(lambda: ours(largest)), Rate(n_items / n_sec), Target(">=", 20000, "≥ 20,000 msg/s")),
+        b.log,
+    )
+    note = ""
+    if tenth:
+        _, t_items, t_peak = _export_once(lambda: ours(tenth[0]))
+        note = f"{t_peak:.1f} MB for a {t_items:,}-message context: {'flat' if o_peak <= 2 * t_peak + 5 else 'grows with size'}"
+    b.report.add(
+        Row("export", "peak Python memory (tracemalloc), largest context", Amount(o_peak, "MB"), Amount(n_peak, "MB"),
+            note=note),
+        b.log,
+    )
+
+
+def _rate_untraced(fn: Callable[[], int]) -> Rate:
+    gc.collect()
+    t = time.perf_counter()
+    items = fn()
+    return Rate(items / (time.perf_counter() - t))
+
+
+# --- dashboard ------------------------------------------------------------------------------------
+
+
+def dashboard(b: Bench) -> None:
+    data = b.data
+    run = Run.objects.get(pk=data.long_run_id)
+    largest = Context.objects.get(pk=data.largest_context_id)
+    pages = [
+        ("contexts list", _url("contexts")),
+        (f"context page ({largest.message_count:,} msgs)", _url("context", data.largest_context_id)),
+        (f"run logbook ({run.step_count:,} steps)", _url("run", data.long_run_id)),
+    ]
+    playground = _url("playground", data.largest_context_id)
+    if playground:
+        pages.append((f"selector playground ({largest.message_count:,} msgs)", playground))
+    else:
+        b.report.skip("dashboard: selector playground", "the playground view has not landed (no URL named 'playground')", b.log)
+    for name, url in pages:
+        if url is None:
+            b.report.skip(f"dashboard: {name}", "its view has not landed", b.log)
+            continue
+        try:
+            url = _landing(b, url)
+            size = len(b.get(url, client=b.web).content) / 1024
+            ours = time_calls(lambda url=url: b.get(url, client=b.web), n=max(5, b.samples // 2))
+        except BenchError as exc:
+            b.report.skip(f"dashboard: {name}", f"failed: {exc}", b.log)
+            continue
+        b.report.add(Row("dashboard", f"{name}: server time", ours, None, Target("<=", 150, "p50 ≤ 150 ms")), b.log)
+        b.report.add(Row("dashboard", f"{name}: HTML size", Amount(size, "KB"), None, Target("<=", 300, "≤ 300 KB")), b.log)
+
+
+def _landing(b: Bench, url: str) -> str:
+    """The page a link lands on (a run's URL redirects to its first step): that page is timed."""
+    response = b.web.get(url, follow=True)
+    if response.redirect_chain:
+        return response.redirect_chain[-1][0]
+    return url
+
+
+def _url(name: str, *args) -> str | None:
+    try:
+        return reverse(name, args=args)
+    except NoReverseMatch:
+        return None
+
+
+# --- ingest (last: it writes) ---------------------------------------------------------------------
+
+
+def ingest(b: Bench) -> None:
+    gen = b.gen(seed_offset=3)
+    stamp = int(time.time())
+    ctx = b.post(f"{API}/contexts", {"keys": {"bench": "ingest", "at": str(stamp)}}).json()
+    cid = ctx["id"]
+    naive_ctx = Context.objects.create(keys={"bench": "naive", "at": str(stamp)}, keys_digest=f"naive-{stamp}")
+    texts = gen.texts(np.array([i % 40 for i in range(4000)]))
+    single_n = 20 if b.quick else 200
+    it = iter(texts)
+    ours = time_calls(lambda: b.post(f"{API}/contexts/{cid}/messages", {"role": "user", "text": next(it)}), n=single_n)
+    it2 = iter(texts)
+    naive = time_calls(lambda: baseline.append_loop(naive_ctx.pk, [next(it2)]), n=single_n)
+    b.report.add(Row("ingest (API)", "single append", ours, naive, Target("<=", 5, "p50 ≤ 5 ms")), b.log)
+
+    batch = 100 if b.quick else 1000
+    batches = 2 if b.quick else 10
+    payloads = [
+        {"messages": [{"role": "user" if j % 2 else "assistant", "text": texts[(i * batch + j) % len(texts)],
+                       "client_id": f"b{stamp}-{i}-{j}"} for j in range(batch)]}
+        for i in range(batches)
+    ]
+    b.post(f"{API}/contexts/{cid}/messages/batch", {"messages": [{"role": "user", "text": "warm-up"}]})
+    t = time.perf_counter()
+    for p in payloads:
+        b.post(f"{API}/contexts/{cid}/messages/batch", p)
+    ours_rate = Rate(batch * batches / (time.perf_counter() - t))
+    t = time.perf_counter()
+    baseline.append_loop(naive_ctx.pk, texts[:batch])
+    naive_rate = Rate(batch / (time.perf_counter() - t))
+    b.report.add(
+        Row("ingest (API)", f"batch of {batch:,} messages ({batches} batches)", ours_rate, naive_rate,
+            Target(">=", 5000, "≥ 5,000 msg/s")),
+        b.log,
+    )
+
+    run = b.post(f"{API}/contexts/{cid}/runs", {"task": "benchmark", "framework": "smolagents"}).json()
+    naive_run = Run.objects.create(context=naive_ctx, task="benchmark")
+    step_batch = 20 if b.quick else 100
+    step_batches = 2 if b.quick else 5
+
+    def step(i: int) -> dict:
+        text = texts[i % len(texts)]
+        return {
+            "kind": "action", "step_number": i, "model_output": text[:400], "observations": text[:300],
+            "start_time": 1735725600.0 + i, "end_time": 1735725601.5 + i, "input_tokens": 900, "output_tokens": 80,
+            "tool_calls": [
+                {"call_id": f"c{i}-1", "name": "web_search", "arguments": {"query": text[:40]}, "output": text[:200]},
+                {"call_id": f"c{i}-2", "name": "visit_webpage", "arguments": {"url": "https://example.org"}},
+            ],
+        }
+
+    t = time.perf_counter()
+    for k in range(step_batches):
+        b.post(f"{API}/runs/{run['id']}/steps", {"steps": [step(k * step_batch + i) for i in range(step_batch)]})
+    ours_steps = Rate(step_batch * step_batches / (time.perf_counter() - t), "steps/s")
+    naive_items = []
+    for i in range(step_batch):
+        s = step(i)
+        calls = s.pop("tool_calls")
+        naive_items.append({**s, "tool_calls": calls})
+    t = time.perf_counter()
+    baseline.steps_loop(naive_run.pk, naive_items)
+    naive_steps = Rate(step_batch / (time.perf_counter() - t), "steps/s")
+    b.report.add(
+        Row("ingest (API)", f"steps with 2 tool calls each, batches of {step_batch}", ours_steps, naive_steps),
+        b.log,
+    )
+
+
+__all__ = ["Bench", "BenchError", "Latency"]

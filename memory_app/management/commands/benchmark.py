@@ -1,0 +1,212 @@
+"""`manage.py benchmark`: speed at scale, against a naive baseline, in the same run.
+
+Builds a synthetic dataset in its own database on the same server (default `agentmemory_bench`,
+dropped and recreated unless `--reuse`), measures ingest, selectors, search, transcripts, export
+and dashboard pages, prints a table and writes it as Markdown (default `docs/benchmarks.md`).
+See `memory_app/bench/`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+from django.test import Client
+
+from memory_app.bench import database, scenarios
+from memory_app.bench.dataset import Dataset, Sizes, build
+from memory_app.bench.measure import Report, machine_lines, plain_table, table
+
+META_TABLE = "bench_meta"
+
+
+class Command(BaseCommand):
+    help = "Benchmark the server at scale against a naive in-process baseline; writes docs/benchmarks.md."
+    # System checks would open the site's database before the switch; nothing here needs them.
+    requires_system_checks: list = []
+
+    def add_arguments(self, parser):
+        d = Sizes()
+        parser.add_argument("--quick", action="store_true", help="tiny sizes for CI: checks the command works")
+        parser.add_argument("--messages", type=int, default=None, help=f"messages in the dataset (default {d.messages:,})")
+        parser.add_argument("--contexts", type=int, default=None, help=f"contexts (default {d.contexts:,})")
+        parser.add_argument("--runs", type=int, default=None, help=f"runs (default {d.runs:,})")
+        parser.add_argument("--max-steps", type=int, default=None, help=f"steps of the longest run (default {d.max_steps:,})")
+        parser.add_argument("--samples", type=int, default=None, help="timed calls per latency figure (default 50, quick 5)")
+        parser.add_argument("--db-name", default=None, help="benchmark database (default agentmemory_bench[_quick])")
+        parser.add_argument("--reuse", action="store_true", help="reuse the database of an earlier run with the same sizes")
+        parser.add_argument("--keep", action="store_true", help="keep the benchmark database afterwards (default: keep unless --quick)")
+        parser.add_argument("--drop", action="store_true", help="drop the benchmark database afterwards")
+        parser.add_argument("--output", default=None, help="Markdown file (default docs/benchmarks.md; quick: none unless given)")
+
+    def log(self, text: str) -> None:
+        self.stdout.write(text)
+        self.stdout.flush()
+
+    def handle(self, *args, **opts):
+        quick = opts["quick"]
+        base = Sizes.quick() if quick else Sizes()
+        overrides = {k: opts[k] for k in ("messages", "contexts", "runs", "max_steps") if opts[k] is not None}
+        sizes = Sizes(**{**base.as_dict(), **overrides})
+        if sizes.max_steps < sizes.transcript_steps:
+            sizes = Sizes(**{**sizes.as_dict(), "transcript_steps": max(1, sizes.max_steps // 2)})
+        db_name = opts["db_name"] or ("agentmemory_bench_quick" if quick else "agentmemory_bench")
+        samples = opts["samples"] or (5 if quick else 50)
+        output = opts["output"] or (None if quick else str(Path(settings.BASE_DIR) / "docs" / "benchmarks.md"))
+        if quick:
+            # Exercise the HNSW path on the tiny dataset too (the default threshold is 20,000).
+            settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 500
+
+        data = self._prepare(db_name, sizes, reuse=opts["reuse"])
+        try:
+            report = self._measure(data, samples=samples, quick=quick)
+        finally:
+            connection.close()
+            if opts["drop"] or (quick and not opts["keep"]):
+                database.drop_database(db_name)
+        text = self._markdown(report, data, samples=samples, db_name=db_name, quick=quick)
+        self.log("")
+        self.log(plain_table(report.rows))
+        for line in report.not_measured:
+            self.log(line)
+        if output:
+            path = Path(output)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            self.log(f"\nwritten to {path}")
+
+    # --- database and dataset -----------------------------------------------------------------
+
+    def _prepare(self, db_name: str, sizes: Sizes, *, reuse: bool) -> Dataset:
+        try:
+            exists = database.database_exists(db_name)
+        except Exception as exc:  # the server is not reachable: say so plainly
+            raise CommandError(f"cannot reach the PostgreSQL server: {exc}") from exc
+        if reuse and exists:
+            database.switch_to(db_name)
+            data = self._load_meta()
+            if data is not None and data.sizes == sizes:
+                self.log(f"reusing database {db_name} ({sizes.messages:,} messages)")
+                return data
+            self.log(f"database {db_name} holds other sizes (or none): rebuilding")
+            connection.close()
+        try:
+            database.switch_to(db_name)
+        except database.BenchDatabaseError as exc:
+            raise CommandError(str(exc)) from exc
+        self.log(f"creating database {db_name}")
+        database.recreate_database(db_name)
+        database.migrate()
+        self.log(
+            f"building the dataset: {sizes.messages:,} messages over {sizes.contexts:,} contexts, "
+            f"{sizes.runs:,} runs (up to {sizes.max_steps:,} steps), {sizes.dims}-dim vectors"
+        )
+        data = build(sizes=sizes, log=self.log)
+        for name, seconds in data.build_seconds.items():
+            self.log(f"  {name}: {seconds:.1f} s")
+        with connection.cursor() as cursor:
+            cursor.execute(f"CREATE TABLE {META_TABLE} (data jsonb NOT NULL)")
+            cursor.execute(f"INSERT INTO {META_TABLE} (data) VALUES (%s)", [data.to_json()])  # noqa: S608
+        return data
+
+    def _load_meta(self) -> Dataset | None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT to_regclass(%s)", [META_TABLE])
+            if cursor.fetchone()[0] is None:
+                return None
+            cursor.execute(f"SELECT data FROM {META_TABLE} LIMIT 1")  # noqa: S608
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        raw = row[0]
+        return Dataset.from_json(raw if isinstance(raw, str) else json.dumps(raw))
+
+    # --- measurements -------------------------------------------------------------------------
+
+    def _measure(self, data: Dataset, *, samples: int, quick: bool) -> Report:
+        from memory_app import auth
+
+        report = Report()
+        issued = auth.apikey_create(name="benchmark", scopes=["read", "write", "admin"])
+        api = Client(HTTP_AUTHORIZATION=f"Bearer {issued.secret}")
+        user_model = get_user_model()
+        user, _ = user_model.objects.get_or_create(
+            username="benchmark", defaults={"is_superuser": True, "is_staff": True}
+        )
+        web = Client()
+        web.force_login(user)
+        bench = scenarios.Bench(data=data, report=report, api=api, web=web, log=self.log, samples=samples, quick=quick)
+        steps = [
+            ("selectors and search", scenarios.selectors),
+            ("semantic recall", scenarios.recall),
+            ("transcript", scenarios.transcript),
+            ("export", scenarios.export),
+            ("dashboard", scenarios.dashboard),
+            ("ingest", scenarios.ingest),
+        ]
+        for name, fn in steps:
+            self.log(f"measuring {name}")
+            t = time.perf_counter()
+            try:
+                fn(bench)
+            except scenarios.BenchError as exc:
+                report.skip(name, f"failed: {exc}", self.log)
+            self.log(f"  ({time.perf_counter() - t:.1f} s)")
+        return report
+
+    # --- report -------------------------------------------------------------------------------
+
+    def _markdown(self, report: Report, data: Dataset, *, samples: int, db_name: str, quick: bool) -> str:
+        import psycopg
+
+        info = database.server_info(db_name)
+        s = data.sizes
+        lines = [
+            "# Benchmarks",
+            "",
+            "Written by `python manage.py benchmark` (`make bench`); do not edit by hand.",
+            "",
+            *machine_lines(info["server"], info["pgvector"]),
+            f"- Command: `{' '.join(['manage.py', *sys.argv[2:]]) if len(sys.argv) > 1 else 'benchmark'}`"
+            + (" (quick mode: CI smoke check, figures mean nothing)" if quick else ""),
+            f"- Dataset (own database `{db_name}`): {s.messages:,} messages over {s.contexts:,} contexts "
+            f"(largest {data.largest_context_id and _count(data)}), {s.runs:,} runs (longest {s.max_steps:,} steps), "
+            f"{s.dims}-dimension vectors for every message (model `{data.model}`), psycopg {psycopg.__version__}",
+            f"- Latencies: p50 / p95 over {samples} timed calls after a warm-up (baseline: fewer calls); "
+            "server time is the time until the response is complete, through Django's full WSGI stack "
+            "in-process (`django.test.Client`) with a real API key or a logged-in user.",
+            "- Naive baseline: the same work done as an in-process memory does it (load the context's "
+            "messages into Python and select there; one ORM INSERT per message, step and tool call; "
+            "load everything then serialise for export). It runs without the HTTP layer.",
+            "- Ours / baseline: the ratio of the headline figures (p50 for latencies, rate for throughput): "
+            "below 1 is faster for latencies, above 1 is faster for rates.",
+            "",
+            "## Results",
+            "",
+            *table(report.rows),
+            "",
+        ]
+        if report.not_measured:
+            lines += ["## Not measured", "", *[f"- {line}" for line in report.not_measured], ""]
+        if data.build_seconds:
+            lines += ["## Dataset build", "", *[f"- {k}: {v:.1f} s" for k, v in data.build_seconds.items()], ""]
+        missed = report.missed()
+        if missed:
+            lines += ["## Targets missed", "", *[f"- {r.area}: {r.measure} — {r.ours} (target {r.target.text})" for r in missed], ""]
+        lines += report.notes
+        return "\n".join(lines).rstrip() + "\n"
+
+
+def _count(data: Dataset) -> str:
+    from memory_app.models import Context
+
+    try:
+        return f"{Context.objects.get(pk=data.largest_context_id).message_count:,} messages"
+    except Context.DoesNotExist:
+        return "?"
