@@ -97,3 +97,9 @@ from memory_app.api import contexts, messages, runs  # noqa: E402
 api.add_router("/v1/", contexts.router)
 api.add_router("/v1/", messages.router)
 api.add_router("/v1/", runs.router)
+
+from memory_app.api import backup as backup_api  # noqa: E402
+from memory_app.api import interop  # noqa: E402
+
+api.add_router("/v1/", interop.router)
+api.add_router("/v1/", backup_api.router)

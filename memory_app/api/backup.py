@@ -1,0 +1,70 @@
+"""Backup endpoints: streamed JSON Lines export and import (see `memory_app.backup`)."""
+
+from __future__ import annotations
+
+import json
+
+from django.http import StreamingHttpResponse
+from ninja import Router, Schema
+from ninja.errors import HttpError
+
+from memory_app import auth, backup
+from memory_app.api.common import WRITE_ERRORS, Id, require_scope, responses
+
+router = Router(tags=["backup"])
+
+
+@router.get("/export", response=responses({200: str}), summary="Export memory as JSON Lines (streamed)")
+def export(request, context_id: list[Id] | None = None, keys: str | None = None, embeddings: bool = False):
+    """Every visible context (or the given ids, or those whose keys contain `keys`, a JSON
+    object), with runs, steps, tool calls, messages and memory records; vectors on request."""
+    key = require_scope(request, "read")
+    subset = None
+    if keys:
+        try:
+            subset = json.loads(keys)
+        except json.JSONDecodeError as exc:
+            raise HttpError(422, f"keys is not JSON: {exc.msg}") from exc
+        if not isinstance(subset, dict):
+            raise HttpError(422, "keys must be a JSON object")
+    contexts = backup.contexts_matching(context_ids=context_id, keys=subset)
+    contexts = contexts.filter(pk__in=auth.visible_contexts(key).values("pk"))
+    response = StreamingHttpResponse(
+        backup.export_lines(contexts=contexts, embeddings=embeddings), content_type="application/x-ndjson"
+    )
+    response["Content-Disposition"] = 'attachment; filename="agentmemory-backup.jsonl"'
+    return response
+
+
+class ImportOut(Schema):
+    created: dict[str, int]
+    skipped: dict[str, int]
+
+
+@router.post("/import", response=responses({200: ImportOut}, WRITE_ERRORS),
+             summary="Import a JSON Lines backup (idempotent); needs the admin scope")
+def import_(request):
+    key = require_scope(request, "admin")
+
+    def confined(records):
+        for record in records:
+            if isinstance(record, dict) and record.get("type") == "context":
+                if not auth.keys_allowed(key, record.get("keys") or {}):
+                    raise HttpError(403, f"this API key may only use contexts whose keys contain {key.context_keys}")
+            yield record
+
+    def records():
+        for number, line in enumerate(iter(request.readline, b""), start=1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise HttpError(422, f"line {number} is not JSON") from exc
+
+    try:
+        result = backup.import_records(confined(records()))
+    except backup.BackupFormatError as exc:
+        raise HttpError(422, str(exc)) from exc
+    return {"created": result.created, "skipped": result.skipped}
+

@@ -1,0 +1,264 @@
+"""Framework interop endpoints: smolagents runs and transcripts, AgentScope memory, AgentKit input.
+
+Thin: validate, one call into `memory_app.framework_io` / `memory_app.transcripts`, map errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from django.db import transaction
+from django.http import HttpResponse
+from ninja import Query, Router, Schema, Status
+from pydantic import Field
+
+from memory_app import framework_io, transcripts
+from memory_app.api.common import (
+    WRITE_ERRORS,
+    ContextId,
+    Id,
+    JsonObject,
+    JsonValue,
+    RunId,
+    Short,
+    Text,
+    actor_for,
+    context_for,
+    require_scope,
+    responses,
+    run_for,
+)
+from memory_app.interop import agentkit
+
+router = Router(tags=["interop"])
+
+
+# --- smolagents -----------------------------------------------------------------------------------
+
+
+class SmolRunIn(Schema):
+    steps: list[JsonObject] = Field(description="agent.memory.get_full_steps(), as JSON")
+    system_prompt: Text = ""
+    client_id: Short(200) | None = Field(None, description="makes the import idempotent")
+    agent_name: Short(200) = ""
+    task: Text | None = None
+    status: Literal["success", "failed", "max_steps_error", "cancelled"] | None = None
+    final_answer: JsonValue = None
+    metadata: JsonObject = {}
+
+
+class SmolRunOut(Schema):
+    run_id: int
+    created: bool
+    status: str
+    step_count: int
+
+
+class SmolExportOut(Schema):
+    system_prompt: str
+    task: str
+    status: str
+    final_answer: Any = None
+    steps: list[dict[str, Any]]
+
+
+class SmolStepsIn(Schema):
+    start_index: int = Field(ge=1, le=2**31 - 1, description="index of the first step in agent.memory.steps, from 1")
+    steps: list[JsonObject]
+
+
+class StepsOut(Schema):
+    positions: list[int]
+
+
+class ChatMessageOut(Schema):
+    role: str
+    content: Any
+    tool_calls: Any = None
+    raw: Any = None
+    token_usage: Any = None
+
+
+@router.post("/contexts/{context_id}/smolagents/runs", response=responses({200: SmolRunOut, 201: SmolRunOut}, WRITE_ERRORS),
+             summary="Import a finished smolagents run (get_full_steps JSON)")
+def smolagents_import(request, context_id: ContextId, body: SmolRunIn):
+    require_scope(request, "write")
+    context = context_for(request, context_id)
+    run, created = framework_io.smolagents_run_import(
+        context=context, steps=body.steps, system_prompt=body.system_prompt, client_id=body.client_id,
+        agent_name=body.agent_name, task=body.task, status=body.status, final_answer=body.final_answer,
+        metadata=body.metadata,
+    )
+    out = {"run_id": run.pk, "created": created, "status": run.status, "step_count": run.step_count}
+    return Status(201 if created else 200, out)
+
+
+@router.get("/runs/{run_id}/smolagents", response=responses({200: SmolExportOut}),
+            summary="Export a run as get_full_steps JSON")
+def smolagents_export(request, run_id: RunId, include_pruned: bool = False):
+    require_scope(request, "read")
+    return framework_io.smolagents_run_export(run=run_for(request, run_id), include_pruned=include_pruned)
+
+
+@router.post("/runs/{run_id}/smolagents/steps", response=responses({200: StepsOut}, WRITE_ERRORS),
+             summary="Append live smolagents steps (idempotent by index)")
+def smolagents_steps(request, run_id: RunId, body: SmolStepsIn):
+    require_scope(request, "write")
+    steps = framework_io.smolagents_steps_append(
+        run=run_for(request, run_id), steps=body.steps, start_index=body.start_index
+    )
+    return {"positions": [s.position for s in steps]}
+
+
+@router.get("/runs/{run_id}/messages", response=responses({200: list[ChatMessageOut]}),
+            summary="The run as smolagents write_memory_to_messages()")
+def run_transcript(request, run_id: RunId, summary_mode: bool = False):
+    require_scope(request, "read")
+    return transcripts.run_messages(run=run_for(request, run_id), summary_mode=summary_mode)
+
+
+# --- AgentScope 1.x -------------------------------------------------------------------------------
+
+
+class StateIn(Schema):
+    state: JsonObject = Field(description='{"content": [...]} or {"content": [[msg, marks]], "_compressed_summary": ...}')
+    replace: bool = Field(False, description="load_state_dict semantics: the memory becomes exactly this state")
+
+
+class ImportOut(Schema):
+    created: int
+    pruned: int
+
+
+class AddIn(Schema):
+    msgs: list[JsonObject]
+    marks: list[Short(200)] = []
+    allow_duplicates: bool = False
+
+
+class AddOut(Schema):
+    added: int
+
+
+class DeleteIn(Schema):
+    msg_ids: list[Short(200)]
+
+
+class CountOut(Schema):
+    count: int
+
+
+class SummaryIn(Schema):
+    summary: Text
+
+
+class MemoryOut(Schema):
+    summary: str
+    content: list[list[Any]]
+
+
+@router.get("/contexts/{context_id}/agentscope/state", response=responses({200: dict[str, Any]}),
+            summary="Export the context as an AgentScope 1.x memory state_dict")
+def agentscope_state(request, context_id: ContextId, format: Literal["marks", "legacy"] = "marks"):  # noqa: A002
+    require_scope(request, "read")
+    return framework_io.agentscope_state_export(context=context_for(request, context_id), fmt=format)
+
+
+@router.post("/contexts/{context_id}/agentscope/state", response=responses({200: ImportOut}, WRITE_ERRORS),
+             summary="Import an AgentScope 1.x memory state_dict (either format)")
+def agentscope_state_import(request, context_id: ContextId, body: StateIn):
+    require_scope(request, "write")
+    return framework_io.agentscope_state_import(
+        context=context_for(request, context_id), state=body.state, actor=actor_for(request), replace=body.replace
+    )
+
+
+@router.post("/contexts/{context_id}/agentscope/add", response=responses({200: AddOut}, WRITE_ERRORS),
+             summary="AgentScope add(memories, marks, allow_duplicates)")
+def agentscope_add(request, context_id: ContextId, body: AddIn):
+    require_scope(request, "write")
+    added = framework_io.agentscope_add(
+        context=context_for(request, context_id), msgs=body.msgs, marks=body.marks,
+        allow_duplicates=body.allow_duplicates,
+    )
+    return {"added": len(added)}
+
+
+@router.post("/contexts/{context_id}/agentscope/delete", response=responses({200: CountOut}, WRITE_ERRORS),
+             summary="AgentScope delete(msg_ids): prunes every live entry with those ids")
+def agentscope_delete(request, context_id: ContextId, body: DeleteIn):
+    require_scope(request, "write")
+    n = framework_io.agentscope_delete(
+        context=context_for(request, context_id), msg_ids=body.msg_ids, actor=actor_for(request)
+    )
+    return {"count": n}
+
+
+@router.post("/contexts/{context_id}/agentscope/clear", response=responses({200: CountOut}, WRITE_ERRORS),
+             summary="AgentScope clear(): prunes every live message")
+def agentscope_clear(request, context_id: ContextId):
+    require_scope(request, "write")
+    return {"count": framework_io.agentscope_clear(context=context_for(request, context_id), actor=actor_for(request))}
+
+
+@router.put("/contexts/{context_id}/agentscope/summary", response=responses({200: SummaryIn}, WRITE_ERRORS),
+            summary="AgentScope update_compressed_summary(summary)")
+def agentscope_summary(request, context_id: ContextId, body: SummaryIn):
+    require_scope(request, "write")
+    with transaction.atomic():
+        framework_io.agentscope_set_summary(context=context_for(request, context_id), summary=body.summary)
+    return {"summary": body.summary}
+
+
+@router.get("/contexts/{context_id}/agentscope/memory", response=responses({200: MemoryOut}),
+            summary="Live [msg, marks] entries filtered like get_memory(mark, exclude_mark)")
+def agentscope_memory(request, context_id: ContextId, mark: str | None = None, exclude_mark: str | None = None):
+    require_scope(request, "read")
+    context = context_for(request, context_id)
+    entries = framework_io.agentscope_entries(context=context, mark=mark, exclude_mark=exclude_mark)
+    return {"summary": context.compressed_summary, "content": [[m, marks] for m, marks in entries]}
+
+
+# --- AgentKit -------------------------------------------------------------------------------------
+
+
+class ToolInputQuery(Schema):
+    run_id: Id | None = Field(None, description="use this run's tool outputs as intermediate_steps")
+    limit: int | None = Field(None, ge=1, le=10_000, description="at most this many history messages")
+
+
+class ChatHistoryItem(Schema):
+    content: str
+    additional_kwargs: dict[str, Any]
+    type: str
+    example: bool
+
+
+class ToolInputOut(Schema):
+    chat_history: list[ChatHistoryItem]
+    latest_human_message: str
+    user_settings: dict[str, Any] | None
+    intermediate_steps: dict[str, Any]
+
+
+def _tool_input(request, context_id: int, params: ToolInputQuery) -> dict:
+    require_scope(request, "read")
+    context = context_for(request, context_id)
+    run = run_for(request, params.run_id) if params.run_id else None
+    if run is not None and run.context_id != context.pk:
+        run = None
+        raise framework_io.Invalid(f"run {params.run_id} is not in context {context_id}")
+    return transcripts.context_tool_input(context=context, run=run, limit=params.limit)
+
+
+@router.get("/contexts/{context_id}/tool-input", response=responses({200: ToolInputOut}),
+            summary="AgentKit ToolInputSchema for the latest user message")
+def tool_input(request, context_id: ContextId, params: Query[ToolInputQuery]):
+    return _tool_input(request, context_id, params)
+
+
+@router.get("/contexts/{context_id}/tool-input/query", response=responses({200: str}),
+            summary="AgentKit standard_query_format text (text/plain)")
+def tool_input_query(request, context_id: ContextId, params: Query[ToolInputQuery]):
+    text = agentkit.standard_query_format(_tool_input(request, context_id, params))
+    return HttpResponse(text, content_type="text/plain; charset=utf-8")
