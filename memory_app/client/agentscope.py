@@ -1,0 +1,112 @@
+"""AgentScope 1.x adapters backed by the server: working memory and long-term memory.
+
+    memory = ServerMemory(client, context_id)          # agentscope.memory.MemoryBase semantics
+    agent = ReActAgent(..., memory=memory, long_term_memory=ServerLongTermMemory(client, context_id))
+
+`ServerMemory` follows `InMemoryMemory` (v1.0.12+): `add` skips ids already stored unless
+`allow_duplicates`, `delete(msg_ids)` removes every entry with those ids (a restorable prune on
+the server), `get_memory(mark, exclude_mark, prepend_summary)` filters by marks and prepends the
+compressed summary as a fresh user Msg. agentscope itself is imported lazily, only when Msg
+objects are built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from memory_app.client.client import MemoryClient
+
+
+def _marks(marks: str | list[str] | None) -> list[str]:
+    if marks is None:
+        return []
+    if isinstance(marks, str):
+        return [marks]
+    if not isinstance(marks, list) or not all(isinstance(m, str) for m in marks):
+        raise TypeError(f"The mark should be a string, a list of strings, or None, but got {type(marks)}.")
+    return marks
+
+
+class ServerMemory:
+    def __init__(self, client: MemoryClient, context_id: int):
+        self.client = client
+        self.context_id = context_id
+
+    async def add(self, memories, marks: str | list[str] | None = None, allow_duplicates: bool = False, **kw) -> None:
+        if memories is None:
+            return
+        if not isinstance(memories, list):
+            memories = [memories]
+        msgs = [m.to_dict() for m in memories]
+        await asyncio.to_thread(self.client.agentscope_add, self.context_id, msgs, marks=_marks(marks),
+                                allow_duplicates=allow_duplicates)
+
+    async def delete(self, msg_ids: list[str], **kw) -> int:
+        return await asyncio.to_thread(self.client.agentscope_delete, self.context_id, list(msg_ids))
+
+    async def size(self) -> int:
+        memory = await asyncio.to_thread(self.client.agentscope_memory, self.context_id)
+        return len(memory["content"])
+
+    async def clear(self) -> None:
+        await asyncio.to_thread(self.client.agentscope_clear, self.context_id)
+
+    async def update_compressed_summary(self, summary: str) -> None:
+        await asyncio.to_thread(self.client.agentscope_set_summary, self.context_id, summary)
+
+    async def get_memory(self, mark: str | None = None, exclude_mark: str | None = None,
+                         prepend_summary: bool = True, **kw) -> list:
+        from agentscope.message import Msg
+
+        if not (mark is None or isinstance(mark, str)):
+            raise TypeError(f"The mark should be a string or None, but got {type(mark)}.")
+        if not (exclude_mark is None or isinstance(exclude_mark, str)):
+            raise TypeError(f"The exclude_mark should be a string or None, but got {type(exclude_mark)}.")
+        memory = await asyncio.to_thread(self.client.agentscope_memory, self.context_id, mark=mark,
+                                         exclude_mark=exclude_mark)
+        msgs = [Msg.from_dict(m) for m, _ in memory["content"]]
+        if prepend_summary and memory["summary"]:
+            return [Msg("user", memory["summary"], "user"), *msgs]
+        return msgs
+
+    def state_dict(self) -> dict:
+        return self.client.agentscope_state(self.context_id, format="marks")
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
+        if strict and "content" not in state_dict:
+            raise KeyError("The state_dict does not contain 'content' keys required for InMemoryMemory.")
+        state = {"_compressed_summary": state_dict.get("_compressed_summary", ""),
+                 "content": state_dict.get("content", [])}
+        self.client.agentscope_load_state(self.context_id, state, replace=True)
+
+
+class ServerLongTermMemory:
+    """`record_to_memory` / `retrieve_from_memory` agent tools backed by the memories API."""
+
+    def __init__(self, client: MemoryClient, context_id: int, *, kind: str = "fact"):
+        self.client = client
+        self.context_id = context_id
+        self.kind = kind
+
+    async def record_to_memory(self, thinking: str, content: list[str], **kw) -> Any:
+        from agentscope.message import TextBlock
+        from agentscope.tool import ToolResponse
+
+        for item in content:
+            await asyncio.to_thread(self.client.record_memory, context_id=self.context_id, content=item,
+                                    thinking=thinking, kind=self.kind)
+        return ToolResponse(content=[TextBlock(type="text", text=f"Successfully recorded {len(content)} memories.")])
+
+    async def retrieve_from_memory(self, keywords: list[str], limit: int = 5, **kw) -> Any:
+        from agentscope.message import TextBlock
+        from agentscope.tool import ToolResponse
+
+        lines: list[str] = []
+        for keyword in keywords:  # AgentScope's limit is per keyword
+            found = await asyncio.to_thread(self.client.retrieve_memories, context_id=self.context_id,
+                                            query=keyword, limit=limit)
+            items = found.get("items", found) if isinstance(found, dict) else found
+            lines.extend(item.get("content", "") for item in items or [])
+        text = "\n".join(dict.fromkeys(lines)) or "No memories found."
+        return ToolResponse(content=[TextBlock(type="text", text=text)])

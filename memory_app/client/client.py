@@ -1,0 +1,233 @@
+"""A typed Python client for the agentmemory Agent API. Pure Python (httpx), no Django.
+
+    from memory_app.client import MemoryClient
+    mc = MemoryClient("http://localhost:8000", api_key="am_...")
+    ctx = mc.context(keys={"user": "ada", "chat": "42"})
+    mc.append_message(ctx["id"], role="user", text="hi", client_id="m1")
+
+One `httpx.Client` is kept per MemoryClient (connection reuse). Connection errors, timeouts and
+503 answers are retried with exponential backoff: safe, because writes carry client ids and the
+server answers a repeated write with the stored row. Errors raise `ApiError` carrying the
+server's `detail` (and, for 409, `differences`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import httpx
+
+RETRY_STATUSES = {502, 503, 504}
+
+
+class ApiError(Exception):
+    """The server answered with an error status; `detail` is its message."""
+
+    def __init__(self, status: int, detail: Any, differences: dict | None = None):
+        super().__init__(f"{status}: {detail}")
+        self.status = status
+        self.detail = detail
+        self.differences = differences or {}
+
+
+class NotFoundError(ApiError):
+    pass
+
+
+class ConflictError(ApiError):
+    pass
+
+
+class MemoryClient:
+    def __init__(
+        self, base_url: str, api_key: str, *, timeout: float = 30.0, retries: int = 3, backoff: float = 0.25,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        self.retries = retries
+        self.backoff = backoff
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/") + "/api/v1/",
+            headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    # --- plumbing --------------------------------------------------------------------------------
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> MemoryClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, *, json_body: Any = None, params: dict | None = None,
+                content: Any = None, raw: bool = False) -> Any:
+        params = {k: v for k, v in (params or {}).items() if v is not None}
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._http.request(method, path.lstrip("/"), json=json_body, params=params, content=content)
+            except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.TimeoutException):
+                if attempt == self.retries:
+                    raise
+            else:
+                if response.status_code not in RETRY_STATUSES or attempt == self.retries:
+                    return self._answer(response, raw=raw)
+            time.sleep(self.backoff * (2**attempt))
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _answer(response: httpx.Response, *, raw: bool) -> Any:
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+            except ValueError:
+                body = {"detail": response.text}
+            detail = body.get("detail", body) if isinstance(body, dict) else body
+            differences = body.get("differences") if isinstance(body, dict) else None
+            cls = {404: NotFoundError, 409: ConflictError}.get(response.status_code, ApiError)
+            raise cls(response.status_code, detail, differences)
+        if raw:
+            return response.text
+        return response.json() if response.content else None
+
+    # --- contexts --------------------------------------------------------------------------------
+    def context(self, *, keys: dict[str, Any], title: str | None = None, metadata: dict | None = None) -> dict:
+        """Get or create the context for `keys`."""
+        return self.request("POST", "contexts", json_body={"keys": keys, "title": title, "metadata": metadata})
+
+    def get_context(self, context_id: int) -> dict:
+        return self.request("GET", f"contexts/{context_id}")
+
+    def list_contexts(self, *, keys: dict | None = None, cursor: str | None = None, limit: int | None = None) -> dict:
+        return self.request("GET", "contexts", params={"keys": json.dumps(keys) if keys else None,
+                                                       "cursor": cursor, "limit": limit})
+
+    def update_context(self, context_id: int, *, title: str | None = None, metadata: dict | None = None) -> dict:
+        return self.request("PATCH", f"contexts/{context_id}", json_body={"title": title, "metadata": metadata})
+
+    # --- messages --------------------------------------------------------------------------------
+    def append_message(self, context_id: int, **message: Any) -> dict:
+        return self.request("POST", f"contexts/{context_id}/messages", json_body=message)
+
+    def append_messages(self, context_id: int, messages: list[dict[str, Any]]) -> Any:
+        return self.request("POST", f"contexts/{context_id}/messages/batch", json_body={"messages": messages})
+
+    def list_messages(self, context_id: int, **params: Any) -> dict:
+        return self.request("GET", f"contexts/{context_id}/messages", params=params)
+
+    def get_message(self, message_id: int) -> dict:
+        return self.request("GET", f"messages/{message_id}")
+
+    def edit_message(self, message_id: int, **changes: Any) -> dict:
+        return self.request("PATCH", f"messages/{message_id}", json_body=changes)
+
+    def prune_messages(self, context_id: int, ids: list[int], note: str = "") -> Any:
+        return self.request("POST", f"contexts/{context_id}/messages/prune", json_body={"ids": ids, "note": note})
+
+    def restore_messages(self, context_id: int, ids: list[int], note: str = "") -> Any:
+        return self.request("POST", f"contexts/{context_id}/messages/restore", json_body={"ids": ids, "note": note})
+
+    # --- runs and steps --------------------------------------------------------------------------
+    def create_run(self, context_id: int, **run: Any) -> dict:
+        return self.request("POST", f"contexts/{context_id}/runs", json_body=run)
+
+    def list_runs(self, context_id: int, **params: Any) -> dict:
+        return self.request("GET", f"contexts/{context_id}/runs", params=params)
+
+    def get_run(self, run_id: int) -> dict:
+        return self.request("GET", f"runs/{run_id}")
+
+    def append_steps(self, run_id: int, steps: list[dict[str, Any]]) -> Any:
+        return self.request("POST", f"runs/{run_id}/steps", json_body={"steps": steps})
+
+    def list_steps(self, run_id: int, **params: Any) -> Any:
+        return self.request("GET", f"runs/{run_id}/steps", params=params)
+
+    def get_step(self, step_id: int) -> dict:
+        return self.request("GET", f"steps/{step_id}")
+
+    def finish_run(self, run_id: int, *, status: str, final_answer: Any = None, **tokens: Any) -> dict:
+        return self.request("POST", f"runs/{run_id}/finish",
+                            json_body={"status": status, "final_answer": final_answer, **tokens})
+
+    # --- selectors and long-term memory (issue 4's endpoints, called by path) --------------------
+    def select(self, context_id: int, **options: Any) -> Any:
+        return self.request("POST", f"contexts/{context_id}/select", json_body=options)
+
+    def record_memory(self, **record: Any) -> Any:
+        return self.request("POST", "memories", json_body=record)
+
+    def retrieve_memories(self, **query: Any) -> Any:
+        return self.request("POST", "memories/retrieve", json_body=query)
+
+    # --- smolagents ------------------------------------------------------------------------------
+    def import_smolagents_run(self, context_id: int, *, steps: list[dict], system_prompt: str = "",
+                              client_id: str | None = None, **extra: Any) -> dict:
+        body = {"steps": steps, "system_prompt": system_prompt, "client_id": client_id, **extra}
+        return self.request("POST", f"contexts/{context_id}/smolagents/runs", json_body=body)
+
+    def export_smolagents_run(self, run_id: int, *, include_pruned: bool = False) -> dict:
+        return self.request("GET", f"runs/{run_id}/smolagents", params={"include_pruned": include_pruned})
+
+    def append_smolagents_steps(self, run_id: int, *, steps: list[dict], start_index: int) -> dict:
+        return self.request("POST", f"runs/{run_id}/smolagents/steps",
+                            json_body={"steps": steps, "start_index": start_index})
+
+    def run_messages(self, run_id: int, *, summary_mode: bool = False) -> list[dict]:
+        """The run as smolagents `write_memory_to_messages(summary_mode)` (ChatMessage dicts)."""
+        return self.request("GET", f"runs/{run_id}/messages", params={"summary_mode": summary_mode})
+
+    # --- AgentScope ------------------------------------------------------------------------------
+    def agentscope_state(self, context_id: int, *, format: str = "marks") -> dict:  # noqa: A002
+        return self.request("GET", f"contexts/{context_id}/agentscope/state", params={"format": format})
+
+    def agentscope_load_state(self, context_id: int, state: dict, *, replace: bool = False) -> dict:
+        return self.request("POST", f"contexts/{context_id}/agentscope/state",
+                            json_body={"state": state, "replace": replace})
+
+    def agentscope_add(self, context_id: int, msgs: list[dict], *, marks: list[str] | None = None,
+                       allow_duplicates: bool = False) -> dict:
+        return self.request("POST", f"contexts/{context_id}/agentscope/add",
+                            json_body={"msgs": msgs, "marks": marks or [], "allow_duplicates": allow_duplicates})
+
+    def agentscope_delete(self, context_id: int, msg_ids: list[str]) -> int:
+        return self.request("POST", f"contexts/{context_id}/agentscope/delete", json_body={"msg_ids": msg_ids})["count"]
+
+    def agentscope_clear(self, context_id: int) -> int:
+        return self.request("POST", f"contexts/{context_id}/agentscope/clear")["count"]
+
+    def agentscope_set_summary(self, context_id: int, summary: str) -> None:
+        self.request("PUT", f"contexts/{context_id}/agentscope/summary", json_body={"summary": summary})
+
+    def agentscope_memory(self, context_id: int, *, mark: str | None = None, exclude_mark: str | None = None) -> dict:
+        return self.request("GET", f"contexts/{context_id}/agentscope/memory",
+                            params={"mark": mark, "exclude_mark": exclude_mark})
+
+    # --- AgentKit --------------------------------------------------------------------------------
+    def tool_input(self, context_id: int, *, run_id: int | None = None, limit: int | None = None) -> dict:
+        return self.request("GET", f"contexts/{context_id}/tool-input", params={"run_id": run_id, "limit": limit})
+
+    def tool_input_query(self, context_id: int, *, run_id: int | None = None, limit: int | None = None) -> str:
+        return self.request("GET", f"contexts/{context_id}/tool-input/query",
+                            params={"run_id": run_id, "limit": limit}, raw=True)
+
+    # --- backup ----------------------------------------------------------------------------------
+    def export_lines(self, *, context_ids: list[int] | None = None, keys: dict | None = None,
+                     embeddings: bool = False) -> Iterator[str]:
+        """Stream the backup line by line (the server streams it too)."""
+        params = {"context_id": context_ids, "keys": json.dumps(keys) if keys else None, "embeddings": embeddings}
+        params = {k: v for k, v in params.items() if v is not None}
+        with self._http.stream("GET", "export", params=params) as response:
+            if response.status_code >= 400:
+                response.read()
+                self._answer(response, raw=True)
+            yield from response.iter_lines()
+
+    def import_lines(self, lines: Iterable[str]) -> dict:
+        body = "".join(line if line.endswith("\n") else line + "\n" for line in lines).encode()
+        return self.request("POST", "import", content=body)
