@@ -3,9 +3,12 @@
 Pruned items stay visible (filter "pruned") and can be pruned/restored with audited actions.
 """
 
-from django.contrib import admin
-from django.utils import timezone
+from collections import defaultdict
 
+from django.contrib import admin
+
+from memory_app import logbook
+from memory_app.logbook import Actor
 from memory_app.models import (
     ApiKey,
     AuditEvent,
@@ -35,24 +38,25 @@ class PrunedFilter(admin.SimpleListFilter):
 
 
 def _set_pruned(modeladmin, request, queryset, *, prune: bool):
-    """Prune or restore through the admin, with one audit event listing the ids."""
-    target_type = queryset.model._meta.model_name
-    if prune:
-        changed = list(queryset.filter(pruned_at__isnull=True).values_list("pk", flat=True))
-        queryset.filter(pk__in=changed).update(pruned_at=timezone.now(), pruned_by=f"user:{request.user.get_username()}")
+    """Prune or restore through the write path: one audited call per context (or run)."""
+    actor = Actor.for_user(request.user)
+    changed = 0
+    if queryset.model is Message:
+        groups = defaultdict(list)
+        for pk, context_id in queryset.values_list("pk", "context_id"):
+            groups[context_id].append(pk)
+        for context in Context.objects.filter(pk__in=groups):
+            ids, _ = logbook.messages_set_pruned(context=context, ids=groups[context.pk], pruned=prune, actor=actor, note="via admin")
+            changed += len(ids)
     else:
-        changed = list(queryset.filter(pruned_at__isnull=False).values_list("pk", flat=True))
-        queryset.filter(pk__in=changed).update(pruned_at=None, pruned_by="")
-    if changed:
-        AuditEvent.objects.create(
-            actor=f"user:{request.user.get_username()}",
-            user=request.user,
-            action="prune" if prune else "restore",
-            target_type=target_type,
-            target_ids=changed,
-            note="via admin",
-        )
-    modeladmin.message_user(request, f"{'Pruned' if prune else 'Restored'} {len(changed)} {target_type}(s).")
+        groups = defaultdict(list)
+        for pk, run_id in queryset.values_list("pk", "run_id"):
+            groups[run_id].append(pk)
+        for run in Run.objects.filter(pk__in=groups):
+            ids, _ = logbook.steps_set_pruned(run=run, ids=groups[run.pk], pruned=prune, actor=actor, note="via admin")
+            changed += len(ids)
+    noun = queryset.model._meta.verbose_name_plural
+    modeladmin.message_user(request, f"{'Pruned' if prune else 'Restored'} {changed} {noun}.")
 
 
 @admin.action(description="Prune selected (soft delete)")
