@@ -277,8 +277,6 @@ def pruned_purge(
         raise Invalid(f"type {PURGE_CONFIRMATION!r} to confirm the purge")
     if timezone.is_naive(older_than):
         raise Invalid("the purge date must carry a time zone")
-    if older_than > timezone.now():
-        raise Invalid("the purge date cannot be in the future")
     events: list[AuditEvent] = []
     with transaction.atomic():
         messages, steps = _purgeable(older_than, context)
@@ -342,3 +340,178 @@ def message_versions(*, message_id: int) -> list[dict[str, Any]]:
     if current is not None:
         versions.append(current)
     return versions
+
+
+# --- API keys from the dashboard (audited) -------------------------------------------------------
+
+
+def apikey_issue(*, name: str, scopes: list[str], context_keys: dict | None, actor: Actor):
+    """Create a key (memory_app.auth) and record who did; the secret is never audited."""
+    from memory_app import auth
+
+    name = (name or "").strip()
+    if not name or len(name) > 200:
+        raise Invalid("a key needs a name of at most 200 characters")
+    try:
+        issued = auth.apikey_create(name=name, scopes=scopes, context_keys=context_keys, created_by=actor.user)
+    except ValueError as exc:
+        raise Invalid(str(exc)) from exc
+    audit_record(actor=actor, action="key_create", target_type="apikey", target_ids=[issued.key.pk],
+                 after={"name": name, "prefix": issued.key.prefix, "scopes": issued.key.scopes,
+                        "context_keys": issued.key.context_keys})
+    return issued
+
+
+def apikey_withdraw(*, key, actor: Actor):
+    from memory_app import auth
+
+    if key.revoked_at is not None:
+        return key
+    auth.apikey_revoke(key=key)
+    audit_record(actor=actor, action="key_revoke", target_type="apikey", target_ids=[key.pk],
+                 before={"name": key.name, "prefix": key.prefix})
+    return key
+
+
+# --- long-term memories: curation from the dashboard -----------------------------------------------
+
+
+def _memory_hashes(*, context: Context | None, scope_keys: dict, content: str) -> tuple[str, str]:
+    import hashlib
+
+    from memory_app.models import keys_digest
+
+    # A context-scoped record is told apart from a key-subset record with the same keys.
+    scope = {"context": context.pk} if context is not None else {"keys": scope_keys}
+    return keys_digest(scope), hashlib.sha256(content.strip().encode()).hexdigest()
+
+
+def _memory_json(record) -> dict[str, Any]:
+    return {"content": record.content, "kind": record.kind, "keywords": list(record.keywords),
+            "archived": record.archived_at is not None}
+
+
+def memory_promote(*, actor: Actor, message: Message | None = None, step: Step | None = None,
+                   kind: str = "fact"):
+    """Record a message's text or a step's observation as a long-term memory of its context,
+    linked back to its source. Promoting the same content twice returns the existing record."""
+    from memory_app.models import MemoryKind, MemoryRecord
+
+    if (message is None) == (step is None):
+        raise Invalid("promote exactly one message or one step")
+    if kind not in MemoryKind.values:
+        raise Invalid(f"kind must be one of {MemoryKind.values}")
+    if message is not None:
+        context, content = message.context, message.text
+    else:
+        context, content = step.run.context, step.observations or ""
+    content = (content or "").strip()
+    if not content:
+        raise Invalid("there is no text to promote")
+    scope_digest, content_hash = _memory_hashes(context=context, scope_keys={}, content=content)
+    with transaction.atomic():
+        record, created = MemoryRecord.objects.get_or_create(
+            scope_digest=scope_digest, content_hash=content_hash,
+            defaults={"context": context, "scope_keys": {}, "kind": kind, "content": content,
+                      "source_message": message, "source_step": step, "recorded_by": actor.label,
+                      "metadata": {"promoted_from": "message" if message else "step"}},
+        )
+        if created:
+            audit_record(actor=actor, action="memory_promote", target_type="memory", target_ids=[record.pk],
+                         context_id=context.pk, after=_memory_json(record),
+                         note=f"from {'message' if message else 'step'} {(message or step).pk}")
+    return record, created
+
+
+def memory_update(*, record, actor: Actor, content: str, keywords: list[str], kind: str):
+    from django.db import IntegrityError
+
+    from memory_app.models import MemoryKind, MemoryRecord
+
+    content = (content or "").strip()
+    if not content:
+        raise Invalid("a memory needs some content")
+    if kind not in MemoryKind.values:
+        raise Invalid(f"kind must be one of {MemoryKind.values}")
+    with transaction.atomic():
+        record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
+        before = _memory_json(record)
+        _, content_hash = _memory_hashes(context=record.context, scope_keys=record.scope_keys, content=content)
+        record.content, record.content_hash, record.kind = content, content_hash, kind
+        record.keywords = [k.strip() for k in keywords if k.strip()]
+        try:
+            with transaction.atomic():
+                record.save()
+        except IntegrityError as exc:
+            raise Conflict("the same memory already exists in this scope: merge them instead") from exc
+        after = _memory_json(record)
+        if after != before:
+            audit_record(actor=actor, action="memory_edit", target_type="memory", target_ids=[record.pk],
+                         context_id=record.context_id, before=before, after=after)
+    return record
+
+
+def memory_set_archived(*, record, archived: bool, actor: Actor):
+    from memory_app.models import MemoryRecord
+
+    with transaction.atomic():
+        record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
+        if (record.archived_at is not None) == archived:
+            return record
+        record.archived_at = timezone.now() if archived else None
+        record.save(update_fields=["archived_at", "updated_at"])
+        audit_record(actor=actor, action="memory_archive" if archived else "memory_restore",
+                     target_type="memory", target_ids=[record.pk], context_id=record.context_id)
+    return record
+
+
+def memory_merge(*, keep_id: int, ids: list[int], actor: Actor):
+    """Merge duplicates into `keep_id`: keywords are united, the others archived (not deleted)
+    with `merged_into` in their metadata, and one audit event keeps every merged content."""
+    from memory_app.models import MemoryRecord
+
+    ids = list(dict.fromkeys(int(i) for i in ids))
+    if keep_id not in ids:
+        ids.append(keep_id)
+    if len(ids) < 2:
+        raise Invalid("select at least two memories to merge")
+    with transaction.atomic():
+        rows = {r.pk: r for r in MemoryRecord.objects.select_for_update().filter(pk__in=ids)}
+        if len(rows) != len(ids):
+            raise NotFound(f"memory {sorted(set(ids) - set(rows))[0]} not found")
+        keep = rows[keep_id]
+        others = [rows[i] for i in ids if i != keep_id]
+        before = {str(r.pk): _memory_json(r) for r in rows.values()}
+        keep.keywords = list(dict.fromkeys([*keep.keywords, *(k for r in others for k in r.keywords)]))
+        keep.save(update_fields=["keywords", "updated_at"])
+        now = timezone.now()
+        for r in others:
+            r.archived_at = r.archived_at or now
+            r.metadata = {**r.metadata, "merged_into": keep.pk}
+            r.save(update_fields=["archived_at", "metadata", "updated_at"])
+        audit_record(actor=actor, action="memory_merge", target_type="memory", target_ids=ids,
+                     context_id=keep.context_id, before=before, after={"kept": keep.pk, **_memory_json(keep)})
+    return keep
+
+
+def memories_search(*, query: str = "", context_id: int | None = None, scope: dict | None = None,
+                    archived: bool = False, limit: int = 100):
+    """Memory records for the dashboard list: by scope (a context, or a key subset), text query."""
+    from django.contrib.postgres.search import SearchQuery, SearchRank
+
+    from memory_app.models import FTS_CONFIG, MemoryRecord
+
+    qs = MemoryRecord.objects.select_related("context", "source_message", "source_step").defer("search_vector")
+    qs = qs.filter(archived_at__isnull=not archived)
+    if context_id is not None:
+        qs = qs.filter(context_id=context_id)
+    if scope:
+        qs = qs.filter(Q(scope_keys__contains=scope) | Q(context__keys__contains=scope))
+    query = (query or "").strip()
+    if query:
+        sq = SearchQuery(query, config=FTS_CONFIG, search_type="websearch")
+        qs = qs.filter(Q(search_vector=sq) | Q(content__icontains=query) | Q(keywords__contains=[query]))
+        qs = qs.annotate(rank=SearchRank(F("search_vector"), sq)).order_by("-rank", "-id")
+    else:
+        qs = qs.order_by("-updated_at", "-id")
+    return list(qs[:limit])

@@ -1,5 +1,6 @@
 from django.urls import path
 
+from memory_app.urls_curation import urlpatterns as curation_urls
 from memory_app.views import accounts, context_detail, contexts, runs
 
 urlpatterns = [
@@ -27,4 +28,5 @@ urlpatterns = [
         name="step-transcript",
     ),
     path("runs/<int:run_id>/steps/<int:position>/prune/", runs.step_prune, name="step-prune"),
+    *curation_urls,
 ]

@@ -159,16 +159,15 @@ def test_events_that_cannot_be_undone_say_so():
         curation.audit_undo(event=event, actor=ACTOR)
 
 
-def test_purge_needs_the_typed_confirmation_and_a_past_date():
+def test_purge_needs_the_typed_confirmation_and_an_aware_date():
     ctx = make_context(SAMPLE)
     m = Message.objects.get(context=ctx, seq=1)
     messages_set_pruned(context=ctx, ids=[m.pk], pruned=True, actor=ACTOR)
-    later = timezone.now() + timedelta(seconds=1)
     with pytest.raises(Invalid):
         curation.pruned_purge(older_than=timezone.now(), confirmation="yes", actor=ACTOR, context=ctx)
     with pytest.raises(Invalid):
-        curation.pruned_purge(older_than=later + timedelta(days=1), confirmation=curation.PURGE_CONFIRMATION,
-                              actor=ACTOR, context=ctx)
+        curation.pruned_purge(older_than=timezone.now().replace(tzinfo=None),
+                              confirmation=curation.PURGE_CONFIRMATION, actor=ACTOR, context=ctx)
     assert Message.objects.filter(pk=m.pk).exists()
 
 
