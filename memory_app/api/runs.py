@@ -26,8 +26,8 @@ from memory_app.api.schemas import (
     RunPage,
     StepOut,
     StepPage,
+    StepsAppendOut,
     StepsIn,
-    StepsOut,
 )
 
 router = Router(tags=["runs"])
@@ -91,7 +91,7 @@ def step_list(
 
 @router.post(
     "/runs/{run_id}/steps",
-    response=responses({200: StepsOut, 201: StepsOut}, WRITE_ERRORS),
+    response=responses({200: StepsAppendOut, 201: StepsAppendOut}, WRITE_ERRORS),
     summary="Append steps (with their tool calls) to a run, all or nothing",
 )
 def steps_append(request, run_id: RunId, body: StepsIn):

@@ -514,7 +514,7 @@ class StepOut(Schema):
         return list(obj.tool_calls.all())
 
 
-class StepsOut(Schema):
+class StepsAppendOut(Schema):
     model_config = _examples({"steps": [STEP_EXAMPLE], "created": [True]})
     steps: list[StepOut]
     created: list[bool]
