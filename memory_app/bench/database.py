@@ -74,3 +74,9 @@ def server_info(name: str) -> dict[str, str]:
         server = conn.execute("SHOW server_version").fetchone()[0]
         row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
     return {"server": server, "pgvector": row[0] if row else "absent"}
+
+
+def conninfo() -> dict:
+    """psycopg connection arguments for the database the default connection points at."""
+    settings_dict = connections["default"].settings_dict
+    return {**_admin_conninfo(settings_dict), "dbname": settings_dict["NAME"]}

@@ -124,30 +124,38 @@ class Report:
         return [r for r in self.rows if r.target is not None and not r.target.met(r.ours)]
 
 
-def time_calls(fn: Callable[[], object], *, n: int, warmup: int = 3) -> Latency:
-    """p50/p95 of `n` calls of `fn` (after `warmup` unmeasured ones), in milliseconds."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t) * 1000)
+# A slow figure (the naive baseline on 100,000 messages) stops sampling after this many seconds,
+# keeping at least MIN_SAMPLES: the run stays within minutes on shared cores.
+BUDGET_SECONDS = 20.0
+MIN_SAMPLES = 3
+
+
+def _latency(samples: list[float]) -> Latency:
     arr = np.array(samples)
-    return Latency(p50=float(np.percentile(arr, 50)), p95=float(np.percentile(arr, 95)), n=n)
+    return Latency(p50=float(np.percentile(arr, 50)), p95=float(np.percentile(arr, 95)), n=len(samples))
 
 
-def time_each(fns: list[Callable[[], object]], *, warmup: int = 2) -> Latency:
+def time_calls(fn: Callable[[], object], *, n: int, warmup: int = 3, budget: float = BUDGET_SECONDS) -> Latency:
+    """p50/p95 of up to `n` calls of `fn` (after `warmup` unmeasured ones), in milliseconds."""
+    return time_each([fn] * n, warmup=warmup, budget=budget)
+
+
+def time_each(fns: list[Callable[[], object]], *, warmup: int = 2, budget: float = BUDGET_SECONDS) -> Latency:
     """p50/p95 over one call of each function (different queries), after a warm-up."""
+    start = time.perf_counter()
     for fn in fns[:warmup]:
         fn()
+        if time.perf_counter() - start > budget:
+            break
+    start = time.perf_counter()
     samples = []
     for fn in fns:
         t = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t) * 1000)
-    arr = np.array(samples)
-    return Latency(p50=float(np.percentile(arr, 50)), p95=float(np.percentile(arr, 95)), n=len(fns))
+        if len(samples) >= MIN_SAMPLES and time.perf_counter() - start > budget:
+            break
+    return _latency(samples)
 
 
 # --- the report -------------------------------------------------------------------------------

@@ -66,11 +66,11 @@ class Command(BaseCommand):
         data = self._prepare(db_name, sizes, reuse=opts["reuse"])
         try:
             report = self._measure(data, samples=samples, quick=quick)
+            text = self._markdown(report, data, samples=samples, db_name=db_name, quick=quick)
         finally:
             connection.close()
             if opts["drop"] or (quick and not opts["keep"]):
                 database.drop_database(db_name)
-        text = self._markdown(report, data, samples=samples, db_name=db_name, quick=quick)
         self.log("")
         self.log(plain_table(report.rows))
         for line in report.not_measured:
@@ -173,7 +173,7 @@ class Command(BaseCommand):
             "Written by `python manage.py benchmark` (`make bench`); do not edit by hand.",
             "",
             *machine_lines(info["server"], info["pgvector"]),
-            f"- Command: `{' '.join(['manage.py', *sys.argv[2:]]) if len(sys.argv) > 1 else 'benchmark'}`"
+            f"- Command: `{_command_line()}`"
             + (" (quick mode: CI smoke check, figures mean nothing)" if quick else ""),
             f"- Dataset (own database `{db_name}`): {s.messages:,} messages over {s.contexts:,} contexts "
             f"(largest {data.largest_context_id and _count(data)}), {s.runs:,} runs (longest {s.max_steps:,} steps), "
@@ -210,3 +210,9 @@ def _count(data: Dataset) -> str:
         return f"{Context.objects.get(pk=data.largest_context_id).message_count:,} messages"
     except Context.DoesNotExist:
         return "?"
+
+
+def _command_line() -> str:
+    if len(sys.argv) > 1 and sys.argv[0].endswith("manage.py") and sys.argv[1] == "benchmark":
+        return " ".join(["python manage.py", *sys.argv[1:]])
+    return "python manage.py benchmark"
