@@ -15,18 +15,19 @@ router = Router(tags=["backup"])
 
 
 @router.get("/export", response=responses({200: str}), summary="Export memory as JSON Lines (streamed)")
-def export(request, context_id: list[Id] | None = None, keys: str | None = None, embeddings: bool = False):
-    """Every visible context (or the given ids, or those whose keys contain `keys`, a JSON
-    object), with runs, steps, tool calls, messages and memory records; vectors on request."""
+def export(request, context_id: list[Id] | None = None, match_keys: str | None = None, embeddings: bool = False):
+    """Every visible context (or the given ids, or those whose keys contain `match_keys`, a
+    JSON object), with runs, steps, tool calls, messages and memory records; vectors on request."""
     key = require_scope(request, "read")
     subset = None
-    if keys:
+    # Not called `keys`: ninja merges parameters through a mapping's .keys() method.
+    if match_keys:
         try:
-            subset = json.loads(keys)
+            subset = json.loads(match_keys)
         except json.JSONDecodeError as exc:
-            raise HttpError(422, f"keys is not JSON: {exc.msg}") from exc
+            raise HttpError(422, f"match_keys is not JSON: {exc.msg}") from exc
         if not isinstance(subset, dict):
-            raise HttpError(422, "keys must be a JSON object")
+            raise HttpError(422, "match_keys must be a JSON object")
     contexts = backup.contexts_matching(context_ids=context_id, keys=subset)
     contexts = contexts.filter(pk__in=auth.visible_contexts(key).values("pk"))
     response = StreamingHttpResponse(

@@ -220,7 +220,7 @@ class MemoryClient:
     def export_lines(self, *, context_ids: list[int] | None = None, keys: dict | None = None,
                      embeddings: bool = False) -> Iterator[str]:
         """Stream the backup line by line (the server streams it too)."""
-        params = {"context_id": context_ids, "keys": json.dumps(keys) if keys else None, "embeddings": embeddings}
+        params = {"context_id": context_ids, "match_keys": json.dumps(keys) if keys else None, "embeddings": embeddings}
         params = {k: v for k, v in params.items() if v is not None}
         with self._http.stream("GET", "export", params=params) as response:
             if response.status_code >= 400:

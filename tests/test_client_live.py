@@ -1,0 +1,173 @@
+"""The Python client end to end against a live server (pytest-django's threaded live_server)."""
+
+import asyncio
+import json
+
+import pytest
+from agentscope.memory import InMemoryMemory
+from agentscope.message import Msg, TextBlock
+
+from memory_app import auth
+from memory_app.client import ApiError, MemoryClient, NotFoundError
+from memory_app.client.agentscope import ServerMemory
+from memory_app.client.smolagents import RunRecorder, import_run, load_steps
+from tests.smol_agents import AGENTS, ScriptedModel, jsonable, messages_as_dicts, run_agent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def client(live_server):
+    issued = auth.apikey_create(name="test", scopes=("read", "write", "admin"))
+    with MemoryClient(live_server.url, issued.secret, retries=1, backoff=0.01) as mc:
+        yield mc
+
+
+@pytest.fixture
+def ctx(client):
+    return client.context(keys={"user": "ada", "test": "live"})
+
+
+@pytest.mark.parametrize("kind", list(AGENTS))
+def test_import_export_and_transcripts_over_http(client, ctx, kind):
+    agent = run_agent(kind)
+    out = import_run(client, ctx["id"], agent, client_id=f"{kind}-1")
+    assert out["created"] and out["status"] == "success"
+    exported = client.export_smolagents_run(out["run_id"])
+    assert exported["steps"] == jsonable(agent.memory.get_full_steps())
+    for summary_mode in (False, True):
+        expected = messages_as_dicts(agent.write_memory_to_messages(summary_mode=summary_mode))
+        assert client.run_messages(out["run_id"], summary_mode=summary_mode) == expected
+    assert import_run(client, ctx["id"], agent, client_id=f"{kind}-1")["created"] is False
+
+
+@pytest.mark.parametrize("kind", list(AGENTS))
+def test_live_callback_records_the_run_step_by_step(client, ctx, kind):
+    factory, task = AGENTS[kind]
+    recorder = RunRecorder(client, ctx["id"])
+    seen_on_server = []
+
+    def after(step, agent):
+        seen_on_server.append(len(client.export_smolagents_run(recorder.run_id)["steps"]))
+
+    agent = factory(step_callbacks=[recorder, after])
+    with recorder:
+        agent.run(task)
+    # After each action step the server already held every step so far (task + plan + actions).
+    assert seen_on_server == [3 + i for i in range(len(seen_on_server))]
+    exported = client.export_smolagents_run(recorder.run_id)
+    assert exported["steps"] == jsonable(agent.memory.get_full_steps())
+    run = client.get_run(recorder.run_id)["run"]
+    assert run["status"] == "success"
+    assert client.run_messages(recorder.run_id) == messages_as_dicts(agent.write_memory_to_messages())
+
+
+def test_recorder_marks_a_crashed_run_failed(client, ctx):
+    factory, task = AGENTS["tool_calling"]
+    recorder = RunRecorder(client, ctx["id"])
+    agent = factory(step_callbacks=[recorder])
+    agent.model.script = agent.model.script[:2]  # the model "dies" after the first action
+    with pytest.raises(Exception), recorder:
+        agent.run(task)
+    assert client.get_run(recorder.run_id)["run"]["status"] == "failed"
+
+
+def test_rehydrated_agent_continues_with_the_restored_steps(client, ctx):
+    original = run_agent("tool_calling")
+    out = import_run(client, ctx["id"], original, client_id="rehydrate")
+    factory, _ = AGENTS["tool_calling"]
+    fresh = factory()
+    fresh.planning_interval = None
+    fresh.model = ScriptedModel([original.model.__class__.__mro__ and _final("ok")])
+    fresh.memory.steps = load_steps(client, out["run_id"])
+    assert jsonable(fresh.memory.get_full_steps()) == jsonable(original.memory.get_full_steps())
+    assert fresh.run("And tomorrow?", reset=False) == "ok"
+    shown = [m.content[0]["text"] if isinstance(m.content, list) else m.content for m in fresh.model.seen[0]]
+    assert any("Observation:\nSunny in Paris, 22C" in t for t in shown)
+    assert any("New task:\nWhat's the weather in Paris?" in t for t in shown)
+    assert "New task:\nAnd tomorrow?" in shown[-1]
+
+
+def _final(answer):
+    from smolagents.models import ChatMessage, ChatMessageToolCall, ChatMessageToolCallFunction, MessageRole
+
+    return ChatMessage(role=MessageRole.ASSISTANT, content=None, tool_calls=[ChatMessageToolCall(
+        id="c9", type="function", function=ChatMessageToolCallFunction(name="final_answer", arguments={"answer": answer}))])
+
+
+def test_agentscope_memory_class_behaves_like_inmemorymemory(client, ctx):
+    """The same sequence against the real InMemoryMemory and the server-backed class."""
+
+    user = Msg("user", "What's the weather in Paris?", "user")
+    asst = Msg("Friday", [TextBlock(type="text", text="Sunny.")], "assistant")
+    hint = Msg("system", "think step by step", "system")
+
+    async def scenario(mem):
+        log = []
+        await mem.add([user, asst])
+        await mem.add(hint, marks="hint")
+        await mem.add(user)  # known id: skipped
+        log.append(await mem.size())
+        await mem.add(user, allow_duplicates=True)
+        log.append(await mem.size())
+        log.append([m.id for m in await mem.get_memory(mark="hint")])
+        log.append([m.id for m in await mem.get_memory(exclude_mark="hint")])
+        log.append(await mem.delete([user.id]))
+        log.append(await mem.size())
+        await mem.update_compressed_summary("<summary>weather</summary>")
+        first = (await mem.get_memory())[0]
+        log.append((first.role, first.content))
+        log.append(len(await mem.get_memory(prepend_summary=False)))
+        state = mem.state_dict()
+        log.append(state)
+        await mem.add(user)  # deleted, so no longer known: added again
+        log.append([m.id for m in await mem.get_memory(prepend_summary=False)])
+        mem.load_state_dict(state)
+        log.append(mem.state_dict() == state)
+        await mem.clear()
+        log.append(await mem.size())
+        return log
+
+    reference = asyncio.run(scenario(InMemoryMemory()))
+    served = asyncio.run(scenario(ServerMemory(client, ctx["id"])))
+    assert json.loads(json.dumps(served)) == json.loads(json.dumps(reference))
+
+
+def test_agentscope_state_round_trip_and_tool_input_over_http(client):
+    ctx = client.context(keys={"test": "as-http"}, metadata={"user_settings": {"data": {"theme": "dark"}, "version": 3}})
+    state = {"_compressed_summary": "", "content": [
+        [{"id": "a1", "name": "user", "role": "user", "content": "Which Led Zeppelin albums are in the store?",
+          "metadata": {}, "timestamp": "2026-11-21 21:42:34.560"}, []],
+        [{"id": "a2", "name": "Friday", "role": "assistant", "content": "There are 14 albums.",
+          "metadata": {}, "timestamp": "2026-11-21 21:42:35.000"}, ["important"]],
+        [{"id": "a3", "name": "user", "role": "user", "content": "And which of them sold the most?",
+          "metadata": {}, "timestamp": "2026-11-21 21:42:36.000"}, []],
+    ]}
+    assert client.agentscope_load_state(ctx["id"], state) == {"created": 3, "pruned": 0}
+    assert client.agentscope_state(ctx["id"]) == state
+    assert client.agentscope_state(ctx["id"], format="legacy") == {"content": [m for m, _ in state["content"]]}
+    assert client.tool_input_query(ctx["id"]) == (
+        "\nChat history: \nHuman: Which Led Zeppelin albums are in the store?\nAI: There are 14 albums."
+        "Latest user question: And which of them sold the most?")
+    assert client.tool_input(ctx["id"])["user_settings"] == {"data": {"theme": "dark"}, "version": 3}
+
+
+def test_backup_export_import_over_http(client, ctx):
+    import_run(client, ctx["id"], run_agent("code"), client_id="b1")
+    lines = list(client.export_lines(context_ids=[ctx["id"]]))
+    assert json.loads(lines[0])["type"] == "header"
+    result = client.import_lines(lines)
+    assert sum(result["created"].values()) == 0 and result["skipped"]["steps"] == 4
+
+
+def test_errors_carry_the_servers_detail(client, live_server):
+    with pytest.raises(NotFoundError) as exc:
+        client.export_smolagents_run(999_999)
+    assert exc.value.detail == "run 999999 not found"
+    ctx = client.context(keys={"test": "errors"})
+    with pytest.raises(ApiError) as exc:
+        client.import_smolagents_run(ctx["id"], steps=[{"nothing": 1}], client_id="x")
+    assert exc.value.status == 422 and "not a smolagents step" in str(exc.value.detail)
+    with pytest.raises(ApiError) as exc:
+        MemoryClient(live_server.url, "am_bad_key", retries=0).get_context(ctx["id"])
+    assert exc.value.status == 401
