@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 
 from smolagents import CodeAgent, Model, ToolCallingAgent, tool
-from smolagents.models import ChatMessage, ChatMessageToolCall, ChatMessageToolCallFunction, MessageRole
+from smolagents.models import (
+    ChatMessage,
+    ChatMessageToolCall,
+    ChatMessageToolCallFunction,
+    MessageRole,
+)
 from smolagents.monitoring import TokenUsage
 
 

@@ -9,7 +9,16 @@ import pytest
 from django.core.management import call_command
 
 from memory_app import backup, logbook
-from memory_app.models import Context, Embedding, MemoryRecord, Message, Run, Step, ToolCall, keys_digest
+from memory_app.models import (
+    Context,
+    Embedding,
+    MemoryRecord,
+    Message,
+    Run,
+    Step,
+    ToolCall,
+    keys_digest,
+)
 
 pytestmark = pytest.mark.django_db
 

@@ -89,7 +89,12 @@ def test_rehydrated_agent_continues_with_the_restored_steps(client, ctx):
 
 
 def _final(answer):
-    from smolagents.models import ChatMessage, ChatMessageToolCall, ChatMessageToolCallFunction, MessageRole
+    from smolagents.models import (
+        ChatMessage,
+        ChatMessageToolCall,
+        ChatMessageToolCallFunction,
+        MessageRole,
+    )
 
     return ChatMessage(role=MessageRole.ASSISTANT, content=None, tool_calls=[ChatMessageToolCall(
         id="c9", type="function", function=ChatMessageToolCallFunction(name="final_answer", arguments={"answer": answer}))])
