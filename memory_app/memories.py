@@ -1,0 +1,335 @@
+"""Long-term memory: facts, preferences, task lessons and tool guidelines an agent can recall.
+
+Semantics follow AgentScope 1.x's LongTermMemoryBase (reference/frameworks.md §3.4):
+`record_to_memory(thinking, content: list[str])` records several facts with one thought, and
+`retrieve_from_memory(keywords, limit)` answers up to `limit` records *per keyword*. Curation is
+Mem0-like: records are edited, archived and restored, each change audited with before/after.
+
+A record lives in a scope:
+- one context (`Scope(context=...)`), seen only there; or
+- a key subset (`Scope(keys={"user": "ada"})`), seen by every context whose keys contain it
+  (`{"user": "ada", "chat": "7"}` sees it, `{"user": "bob"}` does not).
+Recording the same content again in the same scope returns the existing record (the database
+holds unique (scope_digest, content_hash); whitespace differences do not make new content).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.postgres.search import SearchQuery, SearchRank
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, Q, QuerySet
+from django.db.models.expressions import RawSQL
+from django.utils import timezone
+
+from memory_app import embeddings
+from memory_app.logbook import Actor, Conflict, Invalid, NotFound, audit_record
+from memory_app.models import FTS_CONFIG, Context, MemoryKind, MemoryRecord, Message, Step, keys_digest
+
+MAX_CONTENT_CHARS = 20_000
+MAX_ITEMS = 200
+MAX_LIMIT = 100
+RRF_K = 60
+EDITABLE = ("content", "kind", "thinking", "keywords", "metadata")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Exactly one of: a context, or a dict of keys shared by many contexts."""
+
+    context: Context | None = None
+    keys: dict[str, Any] | None = None
+
+    def __post_init__(self):
+        if (self.context is None) == (self.keys is None):
+            raise Invalid("a memory scope is either one context or a set of context keys")
+        if self.keys is not None and not isinstance(self.keys, dict):
+            raise Invalid("scope keys must be an object")
+
+    @property
+    def digest(self) -> str:
+        if self.context is not None:
+            # Distinct from a key-subset scope equal to the context's keys: that one also covers
+            # contexts with more keys.
+            return keys_digest({"__context__": self.context.pk})
+        return keys_digest(self.keys)
+
+    @property
+    def scope_keys(self) -> dict[str, Any]:
+        return dict(self.context.keys) if self.context is not None else dict(self.keys)
+
+    def covers(self, context: Context) -> bool:
+        if self.context is not None:
+            return self.context.pk == context.pk
+        return all(k in context.keys and context.keys[k] == v for k, v in self.keys.items())
+
+
+def scope_of(record: MemoryRecord) -> Scope:
+    if record.context_id is not None:
+        return Scope(context=record.context)
+    return Scope(keys=record.scope_keys)
+
+
+def content_hash(content: str) -> str:
+    return hashlib.sha256(" ".join(content.split()).encode()).hexdigest()
+
+
+def _snapshot(record: MemoryRecord) -> dict[str, Any]:
+    return {f: getattr(record, f) for f in EDITABLE} | {
+        "archived_at": record.archived_at.isoformat() if record.archived_at else None
+    }
+
+
+def _clean_content(content: Any) -> str:
+    if not isinstance(content, str) or not content.strip():
+        raise Invalid("memory content must be a non-empty string")
+    if len(content) > MAX_CONTENT_CHARS:
+        raise Invalid(f"memory content is longer than {MAX_CONTENT_CHARS} characters")
+    return content.strip()
+
+
+def _clean_kind(kind: Any) -> str:
+    kind = kind or MemoryKind.FACT
+    if kind not in MemoryKind.values:
+        raise Invalid(f"kind must be one of {', '.join(MemoryKind.values)}")
+    return kind
+
+
+def _clean_keywords(keywords: Any) -> list[str]:
+    keywords = keywords or []
+    if not isinstance(keywords, list | tuple) or not all(isinstance(k, str) and 0 < len(k) <= 200 for k in keywords):
+        raise Invalid("keywords must be a list of strings of 1 to 200 characters")
+    return list(dict.fromkeys(k.strip() for k in keywords if k.strip()))
+
+
+def _check_source(scope: Scope, *, message_id: int | None, step_id: int | None) -> None:
+    """Provenance must come from a context the scope covers (no pointing into other tenants)."""
+    if message_id is not None:
+        message = Message.objects.select_related("context").filter(pk=message_id).first()
+        if message is None or not scope.covers(message.context):
+            raise NotFound(f"message {message_id} not found in this scope")
+    if step_id is not None:
+        step = Step.objects.select_related("run__context").filter(pk=step_id).first()
+        if step is None or not scope.covers(step.run.context):
+            raise NotFound(f"step {step_id} not found in this scope")
+
+
+@dataclass(frozen=True)
+class Recorded:
+    record: MemoryRecord
+    created: bool
+
+
+def memories_record(
+    *, scope: Scope, items: Sequence[dict[str, Any]], actor: Actor, thinking: str = ""
+) -> list[Recorded]:
+    """Record facts into `scope`, all or nothing. Each item: content, and optionally kind,
+    thinking (defaults to the shared `thinking`), keywords, metadata, source_message_id,
+    source_step_id. Content already in the scope returns the stored record (created False)."""
+    if not items:
+        raise Invalid("nothing to record")
+    if len(items) > MAX_ITEMS:
+        raise Invalid(f"at most {MAX_ITEMS} memories per request")
+    results: list[Recorded] = []
+    with transaction.atomic():
+        for item in items:
+            content = _clean_content(item.get("content"))
+            source_message_id, source_step_id = item.get("source_message_id"), item.get("source_step_id")
+            _check_source(scope, message_id=source_message_id, step_id=source_step_id)
+            fields = {
+                "context": scope.context, "scope_keys": scope.scope_keys, "scope_digest": scope.digest,
+                "content": content, "content_hash": content_hash(content), "kind": _clean_kind(item.get("kind")),
+                "thinking": item.get("thinking") or thinking or "", "keywords": _clean_keywords(item.get("keywords")),
+                "metadata": item.get("metadata") or {}, "source_message_id": source_message_id,
+                "source_step_id": source_step_id, "recorded_by": actor.label,
+            }
+            try:
+                with transaction.atomic():
+                    record = MemoryRecord.objects.create(**fields)
+                created = True
+            except IntegrityError:
+                record = MemoryRecord.objects.get(scope_digest=fields["scope_digest"], content_hash=fields["content_hash"])
+                created = False
+            results.append(Recorded(record, created))
+        new = [r.record for r in results if r.created]
+        if new:
+            embeddings.enqueue_memory_records(new)
+            audit_record(
+                actor=actor, action="record", target_type="memoryrecord", target_ids=[r.pk for r in new],
+                context_id=scope.context.pk if scope.context else None,
+                after=[{"id": r.pk, "content": r.content, "kind": r.kind} for r in new],
+            )
+    return results
+
+
+def memories_visible(*, context: Context, include_archived: bool = False) -> QuerySet[MemoryRecord]:
+    """Records a context sees: its own, and those of every key subset its keys contain."""
+    qs = MemoryRecord.objects.filter(
+        Q(context=context) | Q(context__isnull=True, scope_keys__contained_by=context.keys)
+    )
+    return qs if include_archived else qs.filter(archived_at__isnull=True)
+
+
+@dataclass(frozen=True)
+class Recalled:
+    record: MemoryRecord
+    score: float
+    reason: str
+
+
+def _keyword_hits(qs: QuerySet, keyword: str, limit: int) -> list[tuple[MemoryRecord, float]]:
+    tsq = SearchQuery(keyword, config=FTS_CONFIG, search_type="websearch")
+    # An exact keyword tag outweighs any text rank (ts_rank stays below 1).
+    tagged = RawSQL(
+        "CASE WHEN EXISTS (SELECT 1 FROM unnest(memory_app_memoryrecord.keywords) k WHERE lower(k) = lower(%s)) "
+        "THEN 1.0::real ELSE 0.0::real END",
+        [keyword],
+    )
+    rows = (
+        qs.annotate(text_rank=SearchRank(F("search_vector"), tsq), tag_hit=tagged)
+        .filter(Q(search_vector=tsq) | Q(tag_hit__gt=0))
+        .order_by((F("text_rank") + F("tag_hit")).desc(), "-created_at", "-id")[:limit]
+    )
+    return [(r, float(r.text_rank) + float(r.tag_hit)) for r in rows]
+
+
+def _query_hits(qs: QuerySet, query: str, limit: int) -> list[tuple[MemoryRecord, float, str]]:
+    """Full-text (any word) fused with cosine similarity when the records have vectors."""
+    from memory_app.search import _any_terms_tsquery
+
+    fetch = max(limit * 3, 20)
+    text: list[tuple[int, float]] = []
+    tsq_text = _any_terms_tsquery(query)
+    if tsq_text:
+        tsq = SearchQuery(tsq_text, config="simple", search_type="raw")
+        text = [
+            (r.pk, float(r.rank))
+            for r in qs.annotate(rank=SearchRank(F("search_vector"), tsq)).filter(search_vector=tsq).order_by("-rank", "-id")[:fetch]
+        ]
+    semantic: list[tuple[int, float]] = []
+    provider = embeddings.get_provider()
+    if provider is not None:
+        try:
+            [vector] = provider.embed([query])
+        except embeddings.ProviderError:
+            vector = None
+        if vector is not None:
+            dims = int(len(vector))
+            ids = list(qs.values_list("pk", flat=True)[:10_000])
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"SELECT memory_record_id, vector::vector({dims}) <=> %s::vector({dims}) AS d "  # noqa: S608
+                    f"FROM memory_app_embedding WHERE memory_record_id = ANY(%s) AND model = %s "
+                    f"AND dimensions = {dims} AND vector IS NOT NULL ORDER BY d, memory_record_id LIMIT %s",
+                    ["[" + ",".join(repr(float(x)) for x in vector) + "]", ids, provider.model, fetch],
+                )
+                semantic = [(row[0], float(row[1])) for row in cursor.fetchall()]
+    fused: dict[int, float] = {}
+    why: dict[int, list[str]] = {}
+    for label, ranking in (("text", text), ("semantic", semantic)):
+        for rank, (pk, _) in enumerate(ranking, start=1):
+            fused[pk] = fused.get(pk, 0.0) + 1.0 / (RRF_K + rank)
+            why.setdefault(pk, []).append(f"{label} #{rank}")
+    order = sorted(fused.items(), key=lambda kv: (-kv[1], -kv[0]))[:limit]
+    records = MemoryRecord.objects.in_bulk([pk for pk, _ in order])
+    return [(records[pk], score, ", ".join(why[pk])) for pk, score in order]
+
+
+def memories_retrieve(
+    *, context: Context, keywords: Sequence[str] | None = None, query: str | None = None, limit: int = 5,
+    kinds: Sequence[str] | None = None, include_archived: bool = False,
+) -> list[Recalled]:
+    """What `context` recalls. With `keywords`, up to `limit` records per keyword (AgentScope's
+    `retrieve_from_memory`), best first: an exact keyword tag, then full-text rank. With `query`,
+    up to `limit` records by full-text and, when vectors exist, semantic similarity. Both may be
+    given: keyword hits come first; a record is listed once."""
+    if not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise Invalid(f"limit must be an integer between 1 and {MAX_LIMIT}")
+    keywords = _clean_keywords(keywords)
+    if not keywords and not (query and query.strip()):
+        raise Invalid("give keywords, a query, or both")
+    qs = memories_visible(context=context, include_archived=include_archived)
+    if kinds:
+        bad = set(kinds) - set(MemoryKind.values)
+        if bad:
+            raise Invalid(f"unknown kind {sorted(bad)[0]!r}")
+        qs = qs.filter(kind__in=list(kinds))
+    seen: set[int] = set()
+    out: list[Recalled] = []
+    for kw in keywords:
+        for record, score in _keyword_hits(qs, kw, limit):
+            if record.pk not in seen:
+                seen.add(record.pk)
+                out.append(Recalled(record, score, f"keyword {kw!r}"))
+    if query and query.strip():
+        for record, score, why in _query_hits(qs, query, limit):
+            if record.pk not in seen:
+                seen.add(record.pk)
+                out.append(Recalled(record, score, f"query ({why})"))
+    return out
+
+
+def memory_get(*, pk: int) -> MemoryRecord:
+    record = MemoryRecord.objects.select_related("context").filter(pk=pk).first()
+    if record is None:
+        raise NotFound(f"memory {pk} not found")
+    return record
+
+
+def memory_edit(
+    *, record: MemoryRecord, actor: Actor, content: str | None = None, kind: str | None = None,
+    thinking: str | None = None, keywords: list[str] | None = None, metadata: dict | None = None,
+    note: str = "",
+) -> MemoryRecord:
+    """Edit a record; the audit event keeps the previous version."""
+    with transaction.atomic():
+        record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
+        before = _snapshot(record)
+        if content is not None:
+            record.content = _clean_content(content)
+            record.content_hash = content_hash(record.content)
+        if kind is not None:
+            record.kind = _clean_kind(kind)
+        if thinking is not None:
+            record.thinking = thinking
+        if keywords is not None:
+            record.keywords = _clean_keywords(keywords)
+        if metadata is not None:
+            if not isinstance(metadata, dict):
+                raise Invalid("metadata must be an object")
+            record.metadata = metadata
+        after = _snapshot(record)
+        if after == before:
+            return record
+        try:
+            with transaction.atomic():
+                record.save()
+        except IntegrityError as exc:
+            raise Conflict("another memory in this scope already has this content") from exc
+        audit_record(
+            actor=actor, action="edit", target_type="memoryrecord", target_ids=[record.pk],
+            context_id=record.context_id, before=before, after=after, note=note,
+        )
+        if before["content"] != after["content"]:
+            embeddings.requeue_memory_record(record)
+    return record
+
+
+def memory_set_archived(*, record: MemoryRecord, archived: bool, actor: Actor, note: str = "") -> MemoryRecord:
+    """Archive (hide from retrieval) or restore a record; audited, nothing is lost."""
+    with transaction.atomic():
+        record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
+        if (record.archived_at is not None) == archived:
+            return record
+        before = _snapshot(record)
+        record.archived_at = timezone.now() if archived else None
+        record.save(update_fields=["archived_at", "updated_at"])
+        audit_record(
+            actor=actor, action="archive" if archived else "restore", target_type="memoryrecord",
+            target_ids=[record.pk], context_id=record.context_id, before=before, after=_snapshot(record), note=note,
+        )
+    return record

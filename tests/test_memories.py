@@ -1,0 +1,124 @@
+"""Long-term memory: scopes, de-duplication, AgentScope-style retrieval, curation with audit."""
+
+import pytest
+
+from memory_app import logbook, memories
+from memory_app.logbook import Conflict, Invalid, NotFound
+from memory_app.memories import Scope
+from memory_app.models import AuditEvent, MemoryRecord
+
+
+@pytest.fixture
+def ada_chat(db):
+    return logbook.context_get_or_create(keys={"user": "ada", "chat": "7"})[0]
+
+
+@pytest.fixture
+def bob(db):
+    return logbook.context_get_or_create(keys={"user": "bob"})[0]
+
+
+def record(scope, actor, *contents, **extra):
+    return memories.memories_record(scope=scope, items=[dict({"content": c}, **extra) for c in contents], actor=actor)
+
+
+def test_key_subset_scope_is_inherited_by_contexts_containing_it(ada_chat, bob, system_actor):
+    [r] = record(Scope(keys={"user": "ada"}), system_actor, "Ada prefers tea over coffee", kind="preference")
+    got = memories.memories_retrieve(context=ada_chat, keywords=["tea"])
+    assert [x.record.pk for x in got] == [r.record.pk]
+    assert memories.memories_retrieve(context=bob, keywords=["tea"]) == []
+
+
+def test_context_scope_is_seen_only_by_that_context(ada_chat, system_actor):
+    other_chat = logbook.context_get_or_create(keys={"user": "ada", "chat": "8"})[0]
+    record(Scope(context=ada_chat), system_actor, "Chat 7 is about the Lisbon trip")
+    assert len(memories.memories_retrieve(context=ada_chat, keywords=["Lisbon"])) == 1
+    assert memories.memories_retrieve(context=other_chat, keywords=["Lisbon"]) == []
+
+
+def test_same_content_in_same_scope_returns_the_existing_record(ada_chat, system_actor):
+    scope = Scope(keys={"user": "ada"})
+    [first] = record(scope, system_actor, "Ada lives in Paris")
+    again = memories.memories_record(
+        scope=scope, items=[{"content": "  Ada lives   in Paris "}, {"content": "Ada lives in Paris"}], actor=system_actor
+    )
+    assert first.created and [a.created for a in again] == [False, False]
+    assert {a.record.pk for a in again} == {first.record.pk}
+    assert MemoryRecord.objects.filter(content__icontains="Paris").count() == 1
+    # Another scope is another memory.
+    [other] = record(Scope(context=ada_chat), system_actor, "Ada lives in Paris")
+    assert other.created and other.record.pk != first.record.pk
+
+
+def test_keyword_retrieval_ranks_tagged_then_by_text_rank_with_limit_per_keyword(ada_chat, system_actor):
+    scope = Scope(keys={"user": "ada"})
+    record(scope, system_actor, "She once mentioned coffee in passing")
+    record(scope, system_actor, "Coffee: espresso, coffee beans from Brazil, coffee every morning")
+    tagged = record(scope, system_actor, "Drinks two cups before noon", keywords=["coffee"])[0].record
+    record(scope, system_actor, "Dog named Rex", keywords=["pets"])
+    got = memories.memories_retrieve(context=ada_chat, keywords=["coffee"], limit=5)
+    assert [g.record.content for g in got] == [
+        tagged.content,
+        "Coffee: espresso, coffee beans from Brazil, coffee every morning",
+        "She once mentioned coffee in passing",
+    ]
+    assert [g.score for g in got] == sorted((g.score for g in got), reverse=True)
+    # limit is per keyword (AgentScope's retrieve_from_memory)
+    two = memories.memories_retrieve(context=ada_chat, keywords=["coffee", "pets"], limit=1)
+    assert [g.record.content for g in two] == [tagged.content, "Dog named Rex"]
+
+
+def test_query_retrieval_matches_any_word(ada_chat, system_actor):
+    record(Scope(keys={"user": "ada"}), system_actor, "Ada is allergic to peanuts", "Ada likes jazz")
+    got = memories.memories_retrieve(context=ada_chat, query="what is she allergic to?")
+    assert [g.record.content for g in got] == ["Ada is allergic to peanuts"]
+
+
+def test_edits_are_audited_with_before_and_after(ada_chat, system_actor):
+    r = record(Scope(keys={"user": "ada"}), system_actor, "Ada likes tea")[0].record
+    memories.memory_edit(record=r, actor=system_actor, content="Ada likes green tea", keywords=["tea"])
+    event = AuditEvent.objects.filter(action="edit", target_type="memoryrecord", target_ids__contains=[r.pk]).get()
+    assert event.before["content"] == "Ada likes tea" and event.after["content"] == "Ada likes green tea"
+    assert event.after["keywords"] == ["tea"] and event.actor == system_actor.label
+    r.refresh_from_db()
+    assert r.content_hash == memories.content_hash("Ada likes green tea")
+
+
+def test_archive_hides_and_restore_brings_back_with_audit(ada_chat, system_actor):
+    r = record(Scope(keys={"user": "ada"}), system_actor, "Ada plays chess")[0].record
+    memories.memory_set_archived(record=r, archived=True, actor=system_actor)
+    assert memories.memories_retrieve(context=ada_chat, keywords=["chess"]) == []
+    assert len(memories.memories_retrieve(context=ada_chat, keywords=["chess"], include_archived=True)) == 1
+    memories.memory_set_archived(record=r, archived=False, actor=system_actor)
+    assert len(memories.memories_retrieve(context=ada_chat, keywords=["chess"])) == 1
+    actions = list(AuditEvent.objects.filter(target_type="memoryrecord", target_ids__contains=[r.pk]).values_list("action", flat=True))
+    assert sorted(actions) == ["archive", "record", "restore"]
+
+
+def test_editing_into_existing_content_of_the_scope_conflicts(ada_chat, system_actor):
+    scope = Scope(keys={"user": "ada"})
+    a, b = (x.record for x in record(scope, system_actor, "fact one", "fact two"))
+    with pytest.raises(Conflict):
+        memories.memory_edit(record=b, actor=system_actor, content="fact one")
+
+
+def test_provenance_must_come_from_the_scope(ada_chat, bob, system_actor):
+    [mine] = logbook.messages_append(context=ada_chat, items=[{"role": "user", "text": "I love tea"}]).messages
+    [theirs] = logbook.messages_append(context=bob, items=[{"role": "user", "text": "secret"}]).messages
+    [r] = record(Scope(keys={"user": "ada"}), system_actor, "Ada loves tea", source_message_id=mine.pk)
+    assert r.record.source_message_id == mine.pk
+    with pytest.raises(NotFound):
+        record(Scope(keys={"user": "ada"}), system_actor, "stolen", source_message_id=theirs.pk)
+
+
+@pytest.mark.parametrize(
+    "items", [[], [{"content": ""}], [{"content": "x", "kind": "opinion"}], [{"content": "x", "keywords": "tea"}]]
+)
+def test_bad_records_are_invalid(ada_chat, system_actor, items):
+    with pytest.raises(Invalid):
+        memories.memories_record(scope=Scope(context=ada_chat), items=items, actor=system_actor)
+
+
+def test_retrieve_needs_keywords_or_query(ada_chat):
+    with pytest.raises(Invalid):
+        memories.memories_retrieve(context=ada_chat)
