@@ -48,14 +48,19 @@ def test_schema_class_names_are_unique_across_api_modules():
     import importlib
     import pkgutil
 
-    import memory_app.api as package
     from pydantic import BaseModel
+
+    import memory_app.api as package
 
     seen: dict[str, str] = {}
     for info in pkgutil.iter_modules(package.__path__):
         module = importlib.import_module(f"memory_app.api.{info.name}")
         for name, obj in vars(module).items():
-            if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == module.__name__:
+            if (
+                isinstance(obj, type)
+                and issubclass(obj, BaseModel)
+                and obj.__module__ == module.__name__
+            ):
                 assert name not in seen, f"{name} defined in {seen.get(name)} and {module.__name__}"
                 seen[name] = module.__name__
 
