@@ -426,6 +426,7 @@ def run_timeline(
         )
         for r in rows
     ]
+    timeline.bars = bars
     slots = math.ceil(count / per)
     slot_width = timeline.width / slots
     max_duration = max((b.duration for b in bars), default=0) or 1

@@ -9,6 +9,7 @@ from django.contrib.auth.models import Group, User
 
 from memory_app import logbook
 from memory_app.models import Context, Run
+from memory_app.roles import sync_role_groups
 
 _counter = itertools.count(1)
 TEST_PASSWORD = "pw-for-tests-1"  # noqa: S105 - test users only
@@ -18,6 +19,9 @@ def make_user(
     *, role: str | None = "viewer", username: str | None = None, password: str = TEST_PASSWORD
 ) -> User:
     """A dashboard user in the group `role` (viewer / curator / admin), or in none."""
+    if role and not Group.objects.filter(name=role).exists():
+        # A transactional test elsewhere flushed the tables (and the groups the migration made).
+        sync_role_groups()
     user = User.objects.create_user(username=username or f"user{next(_counter)}", password=password)
     if role:
         user.groups.add(Group.objects.get(name=role))

@@ -39,10 +39,19 @@ def target_links(event: AuditEvent, limit: int = 20) -> list[tuple[str, str | No
         found = dict(Message.objects.filter(pk__in=ids).values_list("pk", "seq"))
         for pk in ids:
             seq = found.get(pk)
-            url = (reverse("context", args=[event.context_id]) + f"?pruned=1&seq={seq}#m-{seq}") if seq else None
+            url = (
+                (reverse("context", args=[event.context_id]) + f"?pruned=1&seq={seq}#m-{seq}")
+                if seq
+                else None
+            )
             links.append((f"message #{seq}" if seq else f"message {pk} (purged)", url))
     elif event.target_type == "step":
-        found = {pk: (run, pos) for pk, run, pos in Step.objects.filter(pk__in=ids).values_list("pk", "run_id", "position")}
+        found = {
+            pk: (run, pos)
+            for pk, run, pos in Step.objects.filter(pk__in=ids).values_list(
+                "pk", "run_id", "position"
+            )
+        }
         for pk in ids:
             if pk in found:
                 run, pos = found[pk]
@@ -64,7 +73,10 @@ def target_links(event: AuditEvent, limit: int = 20) -> list[tuple[str, str | No
 def audit_log(request):
     qs = AuditEvent.objects.select_related("context")
     g = request.GET
-    params = {k: g.get(k, "").strip() for k in ("actor", "action", "target", "target_id", "context", "since", "until")}
+    params = {
+        k: g.get(k, "").strip()
+        for k in ("actor", "action", "target", "target_id", "context", "since", "until")
+    }
     try:
         if params["actor"]:
             qs = qs.filter(actor__icontains=params["actor"])
@@ -94,9 +106,25 @@ def audit_log(request):
     if len(rows) > PAGE:
         older = reverse("audit") + "?" + query_string(**params, before=events[-1].pk)
     page = {
-        "events": events, "params": params, "older_url": older, "nav_active": "audit",
-        "actions": ["edit", "prune", "bulk_prune", "restore", "undo", "purge", "key_create", "key_revoke",
-                    "memory_edit", "memory_archive", "memory_restore", "memory_merge", "memory_promote"],
+        "events": events,
+        "params": params,
+        "older_url": older,
+        "nav_active": "audit",
+        "actions": [
+            "edit",
+            "prune",
+            "bulk_prune",
+            "restore",
+            "undo",
+            "purge",
+            "key_create",
+            "key_revoke",
+            "memory_edit",
+            "memory_archive",
+            "memory_restore",
+            "memory_merge",
+            "memory_promote",
+        ],
         "targets": ["message", "step", "memory", "context", "apikey"],
     }
     return render_page(request, "memory_app/curate/audit.html", page, fragment="audit-list")
@@ -104,10 +132,14 @@ def audit_log(request):
 
 @require("audit")
 def audit_entry(request, event_id: int):
-    event = get_object_or_404(AuditEvent.objects.select_related("context", "undone_by"), pk=event_id)
+    event = get_object_or_404(
+        AuditEvent.objects.select_related("context", "undone_by"), pk=event_id
+    )
     event.links = target_links(event, limit=500)
     event.undoable = curation.audit_undoable(event)
-    return render_page(request, "memory_app/curate/audit_entry.html", {"e": event, "nav_active": "audit"})
+    return render_page(
+        request, "memory_app/curate/audit_entry.html", {"e": event, "nav_active": "audit"}
+    )
 
 
 @require("curate")
@@ -129,8 +161,12 @@ def audit_undo_view(request, event_id: int):
         if nxt and url_has_allowed_host_and_scheme(nxt, allowed_hosts={request.get_host()}):
             return redirect(nxt)
         return redirect("audit-entry", event_id=event.pk)
-    response = render_page(request, "memory_app/curate/audit.html#undo-result",
-                           {"e": event, "error": error}, status=409 if error else 200)
+    response = render_page(
+        request,
+        "memory_app/curate/audit.html#undo-result",
+        {"e": event, "error": error},
+        status=409 if error else 200,
+    )
     if not error:
         response["HX-Trigger"] = "curation-changed"
     return response
@@ -143,8 +179,12 @@ def audit_undo_view(request, event_id: int):
 @require_http_methods(["GET", "POST"])
 def purge(request):
     data = request.POST if request.method == "POST" else request.GET
-    page = {"phrase": curation.PURGE_CONFIRMATION, "older_than": data.get("older_than", ""), "nav_active": "purge",
-            "context_id": data.get("context", "")}
+    page = {
+        "phrase": curation.PURGE_CONFIRMATION,
+        "older_than": data.get("older_than", ""),
+        "nav_active": "purge",
+        "context_id": data.get("context", ""),
+    }
     try:
         older_than = _time(page["older_than"], "older than")
         context_id = dq.parse_int(page["context_id"], name="context", minimum=1)
@@ -159,14 +199,20 @@ def purge(request):
         page["preview"] = curation.purge_preview(older_than=older_than, context=context)
     if request.method == "POST":
         if older_than is None:
-            return bad_request(request, dq.BadQuery("choose the date: items pruned before it are purged"))
+            return bad_request(
+                request, dq.BadQuery("choose the date: items pruned before it are purged")
+            )
         try:
             page["done"] = curation.pruned_purge(
-                older_than=older_than, confirmation=request.POST.get("confirmation", ""),
-                actor=Actor.for_user(request.user), context=context,
+                older_than=older_than,
+                confirmation=request.POST.get("confirmation", ""),
+                actor=Actor.for_user(request.user),
+                context=context,
             )
         except Invalid as exc:
             page["error"] = str(exc)
-            return render_page(request, "memory_app/curate/purge.html", page, fragment="purge-panel", status=400)
+            return render_page(
+                request, "memory_app/curate/purge.html", page, fragment="purge-panel", status=400
+            )
         page["preview"] = curation.purge_preview(older_than=older_than, context=context)
     return render_page(request, "memory_app/curate/purge.html", page, fragment="purge-panel")

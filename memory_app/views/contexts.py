@@ -49,4 +49,11 @@ def context_list(request):
         "first_url": base + "?" + query_string(key=chip_values, q=text, sort=order),
     }
     context["nav_active"] = "contexts"
-    return render_page(request, "memory_app/contexts.html", context, fragment="results")
+    response = render_page(request, "memory_app/contexts.html", context, fragment="results")
+    if request.htmx:
+        # The address bar shows the chips as `key=` filters, not the one-off `add=` input.
+        cursor = request.GET.get("cursor")
+        response["HX-Push-Url"] = (
+            base + "?" + query_string(key=chip_values, q=text, sort=order, cursor=cursor)
+        )
+    return response

@@ -44,8 +44,10 @@ def _ids(request) -> list[int]:
 
 def _recent_undoable(context: Context, limit: int = 5) -> list[AuditEvent]:
     events = AuditEvent.objects.filter(
-        context=context, undone_by__isnull=True,
-        action__in=["prune", "bulk_prune", "restore", "edit"], target_type__in=["message", "step"],
+        context=context,
+        undone_by__isnull=True,
+        action__in=["prune", "bulk_prune", "restore", "edit"],
+        target_type__in=["message", "step"],
     ).order_by("-id")[:limit]
     return list(events)
 
@@ -64,7 +66,11 @@ def _history_state(request, context: Context) -> dict:
     messages = list(reversed(rows[:PAGE]))
     base = reverse("curate-history", args=[context.pk])
     here = query_string(view=view if view == "pruned" else "", before=before)
-    earlier = query_string(view=view if view == "pruned" else "", before=messages[0].seq) if len(rows) > PAGE else ""
+    earlier = (
+        query_string(view=view if view == "pruned" else "", before=messages[0].seq)
+        if len(rows) > PAGE
+        else ""
+    )
     return {
         "ctx": context,
         "view": view,
@@ -86,9 +92,15 @@ def curate_history(request, context_id: int):
     done = request.GET.get("done")
     if done and done.isdigit():
         page["done"] = AuditEvent.objects.filter(pk=int(done), context=context).first()
-    fragment = "curate-list" if request.htmx and request.htmx.target == "curate-list" else "curate-panel"
-    return render_page(request, "memory_app/curate/history.html", {**page, "nav_active": "contexts"},
-                       fragment=fragment)
+    fragment = (
+        "curate-list" if request.htmx and request.htmx.target == "curate-list" else "curate-panel"
+    )
+    return render_page(
+        request,
+        "memory_app/curate/history.html",
+        {**page, "nav_active": "contexts"},
+        fragment=fragment,
+    )
 
 
 @require("curate")
@@ -101,7 +113,9 @@ def curate_set_pruned(request, context_id: int):
         ids = _ids(request)
         if not ids:
             raise dq.BadQuery("select at least one message")
-        _, event = messages_set_pruned(context=context, ids=ids, pruned=pruned, actor=Actor.for_user(request.user))
+        _, event = messages_set_pruned(
+            context=context, ids=ids, pruned=pruned, actor=Actor.for_user(request.user)
+        )
     except dq.BadQuery as exc:
         return bad_request(request, exc)
     except NotFound as exc:
@@ -122,16 +136,22 @@ def curate_set_pruned(request, context_id: int):
 def message_edit_view(request, context_id: int, message_id: int):
     """GET: the row as an edit form; POST: save text and tags (previous version in the audit)."""
     context = get_object_or_404(Context, pk=context_id)
-    message = get_object_or_404(Message.objects.defer("search_vector"), pk=message_id, context=context)
+    message = get_object_or_404(
+        Message.objects.defer("search_vector"), pk=message_id, context=context
+    )
     page = {"ctx": context, "m": message, "editing": True}
     if request.method == "POST":
         text = request.POST.get("text", "")
         tags = [t.strip() for t in request.POST.get("tags", "").split(",") if t.strip()]
         if any(len(t) > 200 for t in tags):
             return bad_request(request, dq.BadQuery("a tag is longer than 200 characters"))
-        message = message_edit(message=message, actor=Actor.for_user(request.user), text=text, tags=tags)
+        message = message_edit(
+            message=message, actor=Actor.for_user(request.user), text=text, tags=tags
+        )
         if not wants_fragment(request):
-            return redirect(reverse("curate-history", args=[context.pk]) + f"?before={message.seq + 1}")
+            return redirect(
+                reverse("curate-history", args=[context.pk]) + f"?before={message.seq + 1}"
+            )
         page.update(m=message, editing=False)
     return render_page(request, "memory_app/curate/row.html", page, fragment="row")
 
@@ -140,10 +160,14 @@ def message_edit_view(request, context_id: int, message_id: int):
 def message_row(request, context_id: int, message_id: int):
     """The row in view mode (the edit form's Cancel)."""
     context = get_object_or_404(Context, pk=context_id)
-    message = get_object_or_404(Message.objects.defer("search_vector"), pk=message_id, context=context)
+    message = get_object_or_404(
+        Message.objects.defer("search_vector"), pk=message_id, context=context
+    )
     if not wants_fragment(request):
         return redirect(reverse("curate-history", args=[context.pk]) + f"?before={message.seq + 1}")
-    return render_page(request, "memory_app/curate/row.html", {"ctx": context, "m": message}, fragment="row")
+    return render_page(
+        request, "memory_app/curate/row.html", {"ctx": context, "m": message}, fragment="row"
+    )
 
 
 # --- bulk prune by filter -----------------------------------------------------------------------
@@ -189,7 +213,9 @@ def bulk_prune(request, context_id: int):
     except dq.BadQuery as exc:
         return bad_request(request, exc)
     page = {
-        "ctx": context, "params": _filter_params(request.GET), "roles": MessageRole.values,
+        "ctx": context,
+        "params": _filter_params(request.GET),
+        "roles": MessageRole.values,
         "runs": list(Run.objects.filter(context=context).order_by("-id").values("id", "task")[:50]),
         "nav_active": "contexts",
     }
@@ -207,20 +233,34 @@ def bulk_prune_apply(request, context_id: int):
     try:
         flt = _prune_filter(request.POST)
         upto = dq.parse_int(request.POST.get("upto_seq"), name="upto_seq", minimum=0)
-        expected = dq.parse_int(request.POST.get("expected_count"), name="expected_count", minimum=0)
+        expected = dq.parse_int(
+            request.POST.get("expected_count"), name="expected_count", minimum=0
+        )
         if upto is None or expected is None:
             raise dq.BadQuery("preview the filter first (upto_seq and expected_count are missing)")
-        event = curation.bulk_prune_apply(context=context, flt=flt, upto_seq=upto, expected_count=expected,
-                                          actor=Actor.for_user(request.user))
+        event = curation.bulk_prune_apply(
+            context=context,
+            flt=flt,
+            upto_seq=upto,
+            expected_count=expected,
+            actor=Actor.for_user(request.user),
+        )
     except dq.BadQuery as exc:
         return bad_request(request, exc)
     except Invalid as exc:
         return bad_request(request, dq.BadQuery(str(exc)))
     except Conflict as exc:
         # The set changed since the preview: show the new preview instead of pruning blind.
-        page = {"ctx": context, "params": params, "conflict": str(exc),
-                "preview": curation.bulk_prune_preview(context=context, flt=flt), "describe": flt.describe()}
-        return render_page(request, "memory_app/curate/bulk.html", page, fragment="bulk-preview", status=409)
+        page = {
+            "ctx": context,
+            "params": params,
+            "conflict": str(exc),
+            "preview": curation.bulk_prune_preview(context=context, flt=flt),
+            "describe": flt.describe(),
+        }
+        return render_page(
+            request, "memory_app/curate/bulk.html", page, fragment="bulk-preview", status=409
+        )
     if not wants_fragment(request):
         return redirect(reverse("curate-history", args=[context.pk]) + f"?done={event.pk}")
     page = {"ctx": context, "params": params, "done": event}
@@ -233,14 +273,30 @@ def bulk_prune_apply(request, context_id: int):
 def _steps_state(request, run: Run) -> dict:
     after = dq.parse_int(request.GET.get("after"), name="after", minimum=0) or 0
     rows = list(
-        Step.objects.filter(run=run, position__gt=after).order_by("position")
-        .only("id", "position", "kind", "step_number", "observations", "error_type", "plan", "task",
-              "code_action", "pruned_at", "pruned_by", "is_final_answer", "run_id")[: STEP_PAGE + 1]
+        Step.objects.filter(run=run, position__gt=after)
+        .order_by("position")
+        .only(
+            "id",
+            "position",
+            "kind",
+            "step_number",
+            "observations",
+            "error_type",
+            "plan",
+            "task",
+            "code_action",
+            "pruned_at",
+            "pruned_by",
+            "is_final_answer",
+            "run_id",
+        )[: STEP_PAGE + 1]
     )
     steps = rows[:STEP_PAGE]
     base = reverse("curate-run", args=[run.pk])
     return {
-        "run": run, "ctx": run.context, "steps": steps,
+        "run": run,
+        "ctx": run.context,
+        "steps": steps,
         "list_url": f"{base}?after={after}" if after else base,
         "later_url": f"{base}?after={steps[-1].position}" if len(rows) > STEP_PAGE else None,
         "recent": _recent_undoable(run.context),
@@ -257,8 +313,12 @@ def curate_run(request, run_id: int):
     done = request.GET.get("done")
     if done and done.isdigit():
         page["done"] = AuditEvent.objects.filter(pk=int(done)).first()
-    fragment = "steps-list" if request.htmx and request.htmx.target == "steps-list" else "steps-panel"
-    return render_page(request, "memory_app/curate/run.html", {**page, "nav_active": "contexts"}, fragment=fragment)
+    fragment = (
+        "steps-list" if request.htmx and request.htmx.target == "steps-list" else "steps-panel"
+    )
+    return render_page(
+        request, "memory_app/curate/run.html", {**page, "nav_active": "contexts"}, fragment=fragment
+    )
 
 
 @require("curate")
@@ -270,13 +330,17 @@ def curate_steps_set_pruned(request, run_id: int):
         ids = _ids(request)
         if not ids:
             raise dq.BadQuery("select at least one step")
-        _, event = steps_set_pruned(run=run, ids=ids, pruned=pruned, actor=Actor.for_user(request.user))
+        _, event = steps_set_pruned(
+            run=run, ids=ids, pruned=pruned, actor=Actor.for_user(request.user)
+        )
     except dq.BadQuery as exc:
         return bad_request(request, exc)
     except NotFound as exc:
         raise Http404(str(exc)) from exc
     if not wants_fragment(request):
-        return redirect(reverse("curate-run", args=[run.pk]) + (f"?done={event.pk}" if event else ""))
+        return redirect(
+            reverse("curate-run", args=[run.pk]) + (f"?done={event.pk}" if event else "")
+        )
     page = _steps_state(request, run)
     page["done"] = event
     return render_page(request, "memory_app/curate/run.html", page, fragment="steps-panel")

@@ -26,7 +26,9 @@ def _context_keys(raw: str) -> dict:
     try:
         value = json.loads(raw)
     except ValueError as exc:
-        raise Invalid(f'the context-key restriction must be a JSON object like {{"tenant": "acme"}}: {exc}') from exc
+        raise Invalid(
+            f'the context-key restriction must be a JSON object like {{"tenant": "acme"}}: {exc}'
+        ) from exc
     if not isinstance(value, dict):
         raise Invalid('the context-key restriction must be a JSON object like {"tenant": "acme"}')
     return value
@@ -37,18 +39,30 @@ def _context_keys(raw: str) -> dict:
 def keys(request):
     if request.method == "GET":
         return render_page(request, "memory_app/curate/keys.html", _page(), fragment="keys-panel")
-    form = {"name": request.POST.get("name", ""), "scopes": request.POST.getlist("scopes"),
-            "context_keys": request.POST.get("context_keys", "")}
+    form = {
+        "name": request.POST.get("name", ""),
+        "scopes": request.POST.getlist("scopes"),
+        "context_keys": request.POST.get("context_keys", ""),
+    }
     try:
         issued = curation.apikey_issue(
-            name=form["name"], scopes=form["scopes"], context_keys=_context_keys(form["context_keys"]),
+            name=form["name"],
+            scopes=form["scopes"],
+            context_keys=_context_keys(form["context_keys"]),
             actor=Actor.for_user(request.user),
         )
     except Invalid as exc:
-        return render_page(request, "memory_app/curate/keys.html", _page(error=str(exc), form=form),
-                           fragment="keys-panel", status=400)
+        return render_page(
+            request,
+            "memory_app/curate/keys.html",
+            _page(error=str(exc), form=form),
+            fragment="keys-panel",
+            status=400,
+        )
     # The secret goes into this one response only (never into a redirect URL or the session).
-    return render_page(request, "memory_app/curate/keys.html", _page(issued=issued), fragment="keys-panel")
+    return render_page(
+        request, "memory_app/curate/keys.html", _page(issued=issued), fragment="keys-panel"
+    )
 
 
 @require("keys")

@@ -25,7 +25,9 @@ def _scope(raw: str) -> dict | None:
         try:
             value = json.loads(raw)
         except ValueError as exc:
-            raise dq.BadQuery(f"the scope must be JSON like {{\"user\": \"ada\"}} or key=value: {exc}") from exc
+            raise dq.BadQuery(
+                f'the scope must be JSON like {{"user": "ada"}} or key=value: {exc}'
+            ) from exc
         if not isinstance(value, dict):
             raise dq.BadQuery("the scope must be a JSON object")
         return value
@@ -43,18 +45,36 @@ def memory_list(request):
     except dq.BadQuery as exc:
         return bad_request(request, exc)
     if one:
-        records = list(MemoryRecord.objects.filter(pk=one).select_related("context", "source_message", "source_step"))
+        records = list(
+            MemoryRecord.objects.filter(pk=one).select_related(
+                "context", "source_message", "source_step"
+            )
+        )
     else:
-        records = curation.memories_search(query=params["q"], context_id=context_id, scope=scope,
-                                           archived=params["archived"] == "1")
-    page = {"records": records, "params": params, "kinds": MemoryKind.values, "nav_active": "memories"}
+        records = curation.memories_search(
+            query=params["q"],
+            context_id=context_id,
+            scope=scope,
+            archived=params["archived"] == "1",
+        )
+    page = {
+        "records": records,
+        "params": params,
+        "kinds": MemoryKind.values,
+        "nav_active": "memories",
+    }
     return render_page(request, "memory_app/curate/memories.html", page, fragment="memory-list")
 
 
 def _record_fragment(request, record, **extra):
-    record = MemoryRecord.objects.select_related("context", "source_message", "source_step").get(pk=record.pk)
-    return render_page(request, "memory_app/curate/memories.html#memory",
-                       {"r": record, "kinds": MemoryKind.values, **extra})
+    record = MemoryRecord.objects.select_related("context", "source_message", "source_step").get(
+        pk=record.pk
+    )
+    return render_page(
+        request,
+        "memory_app/curate/memories.html#memory",
+        {"r": record, "kinds": MemoryKind.values, **extra},
+    )
 
 
 @require("memories")
@@ -63,13 +83,24 @@ def memory_edit(request, memory_id: int):
     record = get_object_or_404(MemoryRecord, pk=memory_id)
     if request.method == "GET":
         if not wants_fragment(request):
-            return render_page(request, "memory_app/curate/memories.html",
-                               {"records": [record], "editing": record.pk, "params": {}, "kinds": MemoryKind.values})
+            return render_page(
+                request,
+                "memory_app/curate/memories.html",
+                {
+                    "records": [record],
+                    "editing": record.pk,
+                    "params": {},
+                    "kinds": MemoryKind.values,
+                },
+            )
         return _record_fragment(request, record, editing=record.pk)
     try:
         record = curation.memory_update(
-            record=record, actor=Actor.for_user(request.user), content=request.POST.get("content", ""),
-            keywords=request.POST.get("keywords", "").split(","), kind=request.POST.get("kind", record.kind),
+            record=record,
+            actor=Actor.for_user(request.user),
+            content=request.POST.get("content", ""),
+            keywords=request.POST.get("keywords", "").split(","),
+            kind=request.POST.get("kind", record.kind),
         )
     except (Invalid, Conflict) as exc:
         if not wants_fragment(request):
@@ -84,8 +115,11 @@ def memory_edit(request, memory_id: int):
 @require_POST
 def memory_archive(request, memory_id: int):
     record = get_object_or_404(MemoryRecord, pk=memory_id)
-    record = curation.memory_set_archived(record=record, archived=request.POST.get("archived", "1") == "1",
-                                          actor=Actor.for_user(request.user))
+    record = curation.memory_set_archived(
+        record=record,
+        archived=request.POST.get("archived", "1") == "1",
+        actor=Actor.for_user(request.user),
+    )
     if not wants_fragment(request):
         return redirect(reverse("memories") + f"?id={record.pk}")
     return _record_fragment(request, record)
@@ -96,7 +130,9 @@ def memory_archive(request, memory_id: int):
 def memory_merge(request):
     try:
         ids = [int(v) for v in request.POST.getlist("ids")]
-        keep = dq.parse_int(request.POST.get("keep"), name="keep", minimum=1) or (min(ids) if ids else None)
+        keep = dq.parse_int(request.POST.get("keep"), name="keep", minimum=1) or (
+            min(ids) if ids else None
+        )
         if keep is None:
             raise dq.BadQuery("select the memories to merge")
         record = curation.memory_merge(keep_id=keep, ids=ids, actor=Actor.for_user(request.user))
@@ -110,17 +146,25 @@ def memory_merge(request):
 def _promoted(request, record, created: bool, target_id: str):
     if not wants_fragment(request):
         return redirect(reverse("memories") + f"?id={record.pk}")
-    return render_page(request, "memory_app/curate/memories.html#promoted",
-                       {"r": record, "created": created, "target_id": target_id})
+    return render_page(
+        request,
+        "memory_app/curate/memories.html#promoted",
+        {"r": record, "created": created, "target_id": target_id},
+    )
 
 
 @require("memories")
 @require_POST
 def promote_message(request, message_id: int):
-    message = get_object_or_404(Message.objects.select_related("context").defer("search_vector"), pk=message_id)
+    message = get_object_or_404(
+        Message.objects.select_related("context").defer("search_vector"), pk=message_id
+    )
     try:
-        record, created = curation.memory_promote(actor=Actor.for_user(request.user), message=message,
-                                                  kind=request.POST.get("kind", "fact"))
+        record, created = curation.memory_promote(
+            actor=Actor.for_user(request.user),
+            message=message,
+            kind=request.POST.get("kind", "fact"),
+        )
     except Invalid as exc:
         return bad_request(request, dq.BadQuery(str(exc)))
     return _promoted(request, record, created, f"promote-{message.pk}")
@@ -131,8 +175,9 @@ def promote_message(request, message_id: int):
 def promote_step(request, step_id: int):
     step = get_object_or_404(Step.objects.select_related("run__context"), pk=step_id)
     try:
-        record, created = curation.memory_promote(actor=Actor.for_user(request.user), step=step,
-                                                  kind=request.POST.get("kind", "fact"))
+        record, created = curation.memory_promote(
+            actor=Actor.for_user(request.user), step=step, kind=request.POST.get("kind", "fact")
+        )
     except Invalid as exc:
         return bad_request(request, dq.BadQuery(str(exc)))
     return _promoted(request, record, created, f"promote-s{step.pk}")

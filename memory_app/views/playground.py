@@ -24,8 +24,17 @@ from memory_app.views.common import render_page
 
 SELECTORS = ("window", "token_window", "search", "composite")
 DEFAULTS = {
-    "selector": "window", "k": "10", "semantics": "plain", "max_tokens": "1000", "policy": "contiguous",
-    "tokenizer": "", "query": "", "mode": "auto", "search_k": "3", "search_mode": "auto", "window": "window",
+    "selector": "window",
+    "k": "10",
+    "semantics": "plain",
+    "max_tokens": "1000",
+    "policy": "contiguous",
+    "tokenizer": "",
+    "query": "",
+    "mode": "auto",
+    "search_k": "3",
+    "search_mode": "auto",
+    "window": "window",
 }
 
 
@@ -44,8 +53,10 @@ def spec_from_params(params: dict) -> selectors.SelectorSpec:
         return WindowSpec(k=_int(params, "k"), semantics=params.get("semantics") or "plain")
     if kind == "token_window":
         return TokenWindowSpec(
-            max_tokens=_int(params, "max_tokens"), policy=params.get("policy") or "contiguous",
-            tokenizer=params.get("tokenizer") or None, semantics=params.get("semantics") or "plain",
+            max_tokens=_int(params, "max_tokens"),
+            policy=params.get("policy") or "contiguous",
+            tokenizer=params.get("tokenizer") or None,
+            semantics=params.get("semantics") or "plain",
         )
     if kind == "search":
         query = (params.get("query") or "").strip()
@@ -56,8 +67,11 @@ def spec_from_params(params: dict) -> selectors.SelectorSpec:
         inner = {**params, "selector": params.get("window") or "window"}
         if inner["selector"] not in ("window", "token_window"):
             raise Invalid("the composite window must be window or token_window")
-        return CompositeSpec(window=spec_from_params(inner), search_k=_int(params, "search_k"),
-                             search_mode=params.get("search_mode") or "auto")
+        return CompositeSpec(
+            window=spec_from_params(inner),
+            search_k=_int(params, "search_k"),
+            search_mode=params.get("search_mode") or "auto",
+        )
     raise Invalid(f"selector must be one of {list(SELECTORS)}")
 
 
@@ -66,8 +80,12 @@ def api_body(spec: selectors.SelectorSpec) -> dict:
     if isinstance(spec, WindowSpec):
         return {"selector": "window", "k": spec.k, "semantics": spec.semantics}
     if isinstance(spec, TokenWindowSpec):
-        body = {"selector": "token_window", "max_tokens": spec.max_tokens, "policy": spec.policy,
-                "semantics": spec.semantics}
+        body = {
+            "selector": "token_window",
+            "max_tokens": spec.max_tokens,
+            "policy": spec.policy,
+            "semantics": spec.semantics,
+        }
         if spec.tokenizer:
             body["tokenizer"] = spec.tokenizer
         return body
@@ -76,21 +94,31 @@ def api_body(spec: selectors.SelectorSpec) -> dict:
     window = api_body(spec.window)
     window.pop("selector")
     window["kind"] = spec.window.kind
-    return {"selector": "composite", "window": window, "search_k": spec.search_k, "search_mode": spec.search_mode}
+    return {
+        "selector": "composite",
+        "window": window,
+        "search_k": spec.search_k,
+        "search_mode": spec.search_mode,
+    }
 
 
 def _snippets(request, context: Context, body: dict) -> dict[str, str]:
-    url = request.build_absolute_uri(reverse("api:select", args=[context.pk])) if _has_select_route() else (
-        request.build_absolute_uri("/api/v1/") + f"contexts/{context.pk}/select")
+    url = (
+        request.build_absolute_uri(reverse("api:select", args=[context.pk]))
+        if _has_select_route()
+        else (request.build_absolute_uri("/api/v1/") + f"contexts/{context.pk}/select")
+    )
     data = json.dumps(body)
-    curl = (f"curl -X POST {shlex.quote(url)} \\\n  -H 'Authorization: Bearer $AGENTMEMORY_KEY' \\\n"
-            f"  -H 'Content-Type: application/json' \\\n  -d {shlex.quote(data)}")
+    curl = (
+        f"curl -X POST {shlex.quote(url)} \\\n  -H 'Authorization: Bearer $AGENTMEMORY_KEY' \\\n"
+        f"  -H 'Content-Type: application/json' \\\n  -d {shlex.quote(data)}"
+    )
     base = request.build_absolute_uri("/")
     python = (
         "import os\nfrom memory_app.client import MemoryClient\n\n"
-        f"client = MemoryClient({base!r}, api_key=os.environ[\"AGENTMEMORY_KEY\"])\n"
+        f'client = MemoryClient({base!r}, api_key=os.environ["AGENTMEMORY_KEY"])\n'
         f"selection = client.select({context.pk}, **{json.dumps(body, indent=4)})\n"
-        "for item in selection[\"items\"]:\n    print(item[\"reason\"], item[\"message\"][\"text\"])\n"
+        'for item in selection["items"]:\n    print(item["reason"], item["message"]["text"])\n'
     )
     return {"curl": curl, "python": python}
 
@@ -143,9 +171,16 @@ def playground(request, context_id: int):
     for side in sides:
         side.only = getattr(side, "only", set())
     page = {
-        "ctx": context, "sides": sides, "compare": compare, "a": a_params,
-        "b": sides[1].params if compare else a_params, "selectors": SELECTORS,
-        "tokenizers": tokens.available_tokenizers(), "nav_active": "contexts",
+        "ctx": context,
+        "sides": sides,
+        "compare": compare,
+        "a": a_params,
+        "b": sides[1].params if compare else a_params,
+        "selectors": SELECTORS,
+        "tokenizers": tokens.available_tokenizers(),
+        "nav_active": "contexts",
     }
     # Bad parameters are shown beside the form (a 200): the page stays usable while typing.
-    return render_page(request, "memory_app/curate/playground.html", page, fragment="playground-results")
+    return render_page(
+        request, "memory_app/curate/playground.html", page, fragment="playground-results"
+    )

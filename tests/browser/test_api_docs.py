@@ -17,7 +17,11 @@ def test_api_docs_render_every_operation_without_outside_requests(browser_page):
 
     assert page.locator(".info .title").first.inner_text().startswith("agentmemory Agent API")
     paths = page.locator(".opblock-summary-path").all_inner_texts()
-    for path in ("/api/v1/contexts", "/api/v1/contexts/{context_id}/messages/batch", "/api/v1/steps/{step_id}"):
+    for path in (
+        "/api/v1/contexts",
+        "/api/v1/contexts/{context_id}/messages/batch",
+        "/api/v1/steps/{step_id}",
+    ):
         assert any(p.replace("\u200b", "") == path for p in paths), path
     # The bearer scheme is offered, so a reader can try requests with a key.
     assert page.locator("button.authorize").count() == 1
