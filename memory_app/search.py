@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from memory_app import embeddings
-from memory_app.logbook import Invalid
+from memory_app.logbook import DomainError, Invalid
 from memory_app.models import FTS_CONFIG, Context, Message
 
 Mode = Literal["auto", "keyword", "semantic", "hybrid"]
@@ -34,6 +34,10 @@ RRF_K = 60
 
 class SemanticUnavailable(Invalid):
     """Semantic search was asked for with no provider and no query vector."""
+
+
+class ProviderDown(DomainError):
+    """The configured provider could not embed the query right now (503 at the API)."""
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,7 @@ def query_vector_for(*, query: str, model: str | None, query_vector: Sequence[fl
     try:
         [vector] = provider.embed([query])
     except embeddings.ProviderError as exc:
-        raise SemanticUnavailable(f"the embedding provider is unavailable: {exc}") from exc
+        raise ProviderDown(f"the embedding provider is unavailable: {exc}") from exc
     return vector, provider.model
 
 
@@ -238,7 +242,7 @@ def search_messages(
     if mode in ("semantic", "hybrid"):
         try:
             vector, used_model = query_vector_for(query=query, model=model, query_vector=query_vector)
-        except SemanticUnavailable as exc:
+        except (SemanticUnavailable, ProviderDown) as exc:
             if mode == "semantic":
                 raise
             notes.append(f"semantic part skipped: {exc}")

@@ -122,3 +122,44 @@ def test_bad_records_are_invalid(ada_chat, system_actor, items):
 def test_retrieve_needs_keywords_or_query(ada_chat):
     with pytest.raises(Invalid):
         memories.memories_retrieve(context=ada_chat)
+
+
+# --- over HTTP ---------------------------------------------------------------------------------
+
+
+def test_memories_api_record_retrieve_edit_archive_restore(db):
+    from tests.api_helpers import make_key, new_context
+
+    api = make_key(scopes=["read", "write"], context_keys={"user": "ada"})
+    chat = new_context(api, {"user": "ada", "chat": "7"})
+    recorded = api.post("/api/v1/memories", {"context_id": chat, "scope_keys": {"user": "ada"}, "thinking": "keep",
+                                             "contents": ["Ada prefers tea", "Ada lives in Paris"], "keywords": ["ada"]})
+    assert recorded.status_code == 201, recorded.content
+    first = recorded.json()["items"][0]["memory"]
+    assert first["scope_keys"] == {"user": "ada"} and first["thinking"] == "keep" and first["context_id"] is None
+    again = api.post("/api/v1/memories", {"scope_keys": {"user": "ada"}, "content": "Ada prefers tea"})
+    assert again.status_code == 200 and again.json()["items"][0] == {"memory": first, "created": False}
+
+    other_chat = new_context(api, {"user": "ada", "chat": "8"})
+    got = api.post("/api/v1/memories/retrieve", {"context_id": other_chat, "keywords": ["tea"]})
+    assert got.status_code == 200 and [i["content"] for i in got.json()["items"]] == ["Ada prefers tea"]
+
+    edited = api.patch(f"/api/v1/memories/{first['id']}", {"content": "Ada prefers green tea"})
+    assert edited.status_code == 200 and edited.json()["content"] == "Ada prefers green tea"
+    assert api.post(f"/api/v1/memories/{first['id']}/archive").json()["archived_at"]
+    assert api.post("/api/v1/memories/retrieve", {"context_id": chat, "keywords": ["tea"]}).json()["items"] == []
+    assert api.post(f"/api/v1/memories/{first['id']}/restore").json()["archived_at"] is None
+    assert api.get(f"/api/v1/memories/{first['id']}").json()["content"] == "Ada prefers green tea"
+    assert AuditEvent.objects.filter(target_type="memoryrecord", target_ids__contains=[first["id"]]).count() == 4
+
+
+def test_memories_api_confines_keys_to_their_tenant(db):
+    from tests.api_helpers import make_key, new_context
+
+    ada = make_key(scopes=["read", "write"], context_keys={"user": "ada"})
+    bob = make_key(scopes=["read", "write"], context_keys={"user": "bob"})
+    new_context(ada, {"user": "ada", "chat": "1"})
+    memory = ada.post("/api/v1/memories", {"scope_keys": {"user": "ada"}, "content": "private"}).json()["items"][0]["memory"]
+    assert bob.get(f"/api/v1/memories/{memory['id']}").status_code == 404
+    assert bob.post("/api/v1/memories", {"scope_keys": {"user": "ada"}, "content": "x"}).status_code == 403
+    assert bob.post("/api/v1/memories", {"content": "no scope"}).status_code == 422

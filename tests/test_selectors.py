@@ -226,3 +226,65 @@ def test_semantic_search_without_provider_says_so(steamship, settings):
     with pytest.raises(SemanticUnavailable, match="embedding provider"):
         select(context=context, spec=SearchSpec(query="sunny", mode="semantic"))
     assert selectors.select(context=context, spec=SearchSpec(query="sunny")).notes[0].startswith("mode keyword")
+
+
+# --- over HTTP ---------------------------------------------------------------------------------
+
+
+def _api_history(api):
+    from tests.api_helpers import append, new_context
+
+    cid = new_context(api, {"user": "ada", "chat": "select"})
+    ids = {}
+    for name, item in STEAMSHIP_HISTORY:
+        ids[append(api, cid, client_id=name, **item)["id"]] = name
+    return cid, ids
+
+
+def test_select_endpoint_answers_the_same_as_the_domain_function(db):
+    from tests.api_helpers import make_key
+
+    api = make_key(scopes=["read", "write"])
+    cid, ids = _api_history(api)
+    body = {"selector": "token_window", "max_tokens": 5, "policy": "skip", "semantics": "steamship"}
+    response = api.post(f"/api/v1/contexts/{cid}/select", body)
+    assert response.status_code == 200, response.content
+    data = response.json()
+    assert [ids[i["message"]["id"]] for i in data["items"]] == ["b3", "b6"]
+    assert data["total_tokens"] == 4 and data["max_tokens"] == 5 and data["tokenizer"] == "cl100k_base"
+    assert all(i["reason"] for i in data["items"])
+    composite = api.post(f"/api/v1/contexts/{cid}/select", {"selector": "composite", "window": {"kind": "window", "k": 1}})
+    assert composite.status_code == 200, composite.content
+    assert [ids[i["message"]["id"]] for i in composite.json()["items"]][0] == "b0"
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"selector": "token_window", "max_tokens": 10, "tokenizer": "klingon"}, 422),
+        ({"selector": "window"}, 422),
+        ({"selector": "window", "k": 0}, 422),
+        ({"selector": "token_window", "max_tokens": 10, "policy": "greedy"}, 422),
+        ({"selector": "search", "query": "x", "mode": "semantic"}, 422),
+        ({"selector": "search", "query": "", "mode": "keyword"}, 422),
+        ({"selector": "teleport", "k": 1}, 422),
+    ],
+)
+def test_select_endpoint_refuses_bad_options_with_422(db, settings, body, status):
+    from tests.api_helpers import make_key
+
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    api = make_key(scopes=["read", "write"])
+    cid, _ = _api_history(api)
+    response = api.post(f"/api/v1/contexts/{cid}/select", body)
+    assert response.status_code == status, response.content
+    assert response.json()["detail"]
+
+
+def test_select_endpoint_hides_other_tenants_contexts(db):
+    from tests.api_helpers import make_key
+
+    owner = make_key(scopes=["read", "write"])
+    cid, _ = _api_history(owner)
+    stranger = make_key(scopes=["read"], context_keys={"user": "bob"})
+    assert stranger.post(f"/api/v1/contexts/{cid}/select", {"selector": "window", "k": 3}).status_code == 404

@@ -103,3 +103,9 @@ from memory_app.api import interop  # noqa: E402
 
 api.add_router("/v1/", interop.router)
 api.add_router("/v1/", backup_api.router)
+
+from memory_app.api import memories as memories_api  # noqa: E402
+from memory_app.api import selectors as selectors_api  # noqa: E402
+
+api.add_router("/v1/", selectors_api.router)
+api.add_router("/v1/", memories_api.router)

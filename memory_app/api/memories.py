@@ -1,0 +1,240 @@
+"""Long-term memories: record, retrieve, get, edit, archive, restore (`/api/v1/memories`).
+
+A record's scope is one context (`context_id`) or a key subset (`scope_keys`) shared by every
+context whose keys contain it. A key confined to `{"tenant": "acme"}` may only use scopes inside
+its confinement; records outside it answer 404 as if absent.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from ninja import Path, Router, Schema, Status
+from ninja.errors import HttpError
+from pydantic import ConfigDict, Field
+
+from memory_app import auth as keys
+from memory_app import memories
+from memory_app.api.common import (
+    INT64_MAX,
+    WRITE_ERRORS,
+    Id,
+    JsonObject,
+    Short,
+    Text,
+    actor_for,
+    context_for,
+    not_found,
+    request_key,
+    require_scope,
+    responses,
+)
+from memory_app.logbook import Invalid
+from memory_app.models import MemoryRecord
+
+router = Router(tags=["memories"])
+
+MemoryId = Annotated[int, Path(ge=1, le=INT64_MAX, description="memory id", examples=[5])]
+Kind = Literal["fact", "preference", "task", "tool"]
+Keywords = list[Short(200)]
+
+
+class MemoryItemIn(Schema):
+    content: Text = Field(min_length=1, max_length=memories.MAX_CONTENT_CHARS)
+    kind: Kind | None = None
+    thinking: Text | None = None
+    keywords: Keywords | None = Field(None, max_length=100)
+    metadata: JsonObject | None = None
+    source_message_id: Id | None = None
+    source_step_id: Id | None = None
+
+
+class MemoryRecordIn(Schema):
+    """One fact (`content`) or many (`items`, or AgentScope's `contents` list sharing `thinking`)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"context_id": 7, "content": "Ada prefers tea", "kind": "preference", "keywords": ["tea"]},
+                {"context_id": 7, "scope_keys": {"user": "ada"}, "thinking": "worth keeping",
+                 "contents": ["Ada lives in Paris", "Ada plays chess"]},
+            ]
+        }
+    )
+    context_id: Id | None = Field(None, description="the context scope; or the context the key subset is taken from")
+    scope_keys: JsonObject | None = Field(None, description="a key subset: every context containing these keys")
+    content: Text | None = Field(None, max_length=memories.MAX_CONTENT_CHARS)
+    contents: list[Text] | None = Field(None, max_length=memories.MAX_ITEMS)
+    items: list[MemoryItemIn] | None = Field(None, max_length=memories.MAX_ITEMS)
+    kind: Kind | None = None
+    thinking: Text | None = None
+    keywords: Keywords | None = Field(None, max_length=100)
+    metadata: JsonObject | None = None
+    source_message_id: Id | None = None
+    source_step_id: Id | None = None
+
+    def to_items(self) -> list[dict[str, Any]]:
+        shared = {
+            "kind": self.kind, "keywords": self.keywords, "metadata": self.metadata,
+            "source_message_id": self.source_message_id, "source_step_id": self.source_step_id,
+        }
+        out = []
+        if self.content is not None:
+            out.append(shared | {"content": self.content})
+        out += [shared | {"content": c} for c in self.contents or []]
+        out += [{k: v for k, v in i.dict().items() if v is not None} | {"kind": i.kind or self.kind} for i in self.items or []]
+        return out
+
+
+class MemoryOut(Schema):
+    id: int
+    context_id: int | None
+    scope_keys: dict[str, Any]
+    kind: str
+    content: str
+    thinking: str
+    keywords: list[str]
+    metadata: dict[str, Any]
+    source_message_id: int | None
+    source_step_id: int | None
+    recorded_by: str
+    archived_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class RecordedOut(Schema):
+    memory: MemoryOut
+    created: bool
+
+
+class RecordOut(Schema):
+    items: list[RecordedOut]
+
+
+class RetrieveIn(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"context_id": 7, "keywords": ["tea"], "limit": 5},
+                                        {"context_id": 7, "query": "what does Ada drink?"}]}
+    )
+    context_id: Id
+    keywords: Keywords | None = Field(None, max_length=50)
+    query: Text | None = Field(None, max_length=10_000)
+    limit: int = Field(5, ge=1, le=memories.MAX_LIMIT, description="per keyword (AgentScope), and for the query")
+    kinds: list[Kind] | None = None
+    include_archived: bool = False
+
+
+class RecalledOut(MemoryOut):
+    score: float
+    reason: str
+
+
+class RetrieveOut(Schema):
+    items: list[RecalledOut]
+
+
+class MemoryEditIn(Schema):
+    content: Text | None = Field(None, min_length=1, max_length=memories.MAX_CONTENT_CHARS)
+    kind: Kind | None = None
+    thinking: Text | None = None
+    keywords: Keywords | None = Field(None, max_length=100)
+    metadata: JsonObject | None = None
+    note: Text | None = Field(None, max_length=2000)
+
+
+class NoteIn(Schema):
+    note: Text | None = Field(None, max_length=2000)
+
+
+def _scope_for(request, body: MemoryRecordIn) -> memories.Scope:
+    if body.scope_keys is not None:
+        if not keys.keys_allowed(request_key(request), body.scope_keys):
+            raise HttpError(403, "scope_keys lie outside this API key's context keys")
+        if body.context_id is not None:
+            context = context_for(request, body.context_id)
+            if not memories.Scope(keys=body.scope_keys).covers(context):
+                raise Invalid("scope_keys must be a subset of the context's keys")
+        return memories.Scope(keys=body.scope_keys)
+    if body.context_id is None:
+        raise Invalid("give context_id (context scope) or scope_keys (key subset scope)")
+    return memories.Scope(context=context_for(request, body.context_id))
+
+
+def _memory_for(request, memory_id: int) -> MemoryRecord:
+    record = MemoryRecord.objects.select_related("context").filter(pk=memory_id).first()
+    if record is None:
+        raise not_found("memory", memory_id)
+    key = request_key(request)
+    if record.context_id is not None:
+        visible = keys.visible_contexts(key).filter(pk=record.context_id).exists()
+    else:
+        visible = keys.keys_allowed(key, record.scope_keys)
+    if not visible:
+        raise not_found("memory", memory_id)
+    return record
+
+
+@router.post("/memories", response=responses({200: RecordOut, 201: RecordOut}, WRITE_ERRORS), summary="Record memories")
+def memories_record(request, body: MemoryRecordIn):
+    """201 when at least one record is new; content already in the scope returns the stored
+    record (`created: false`), 200 when nothing was new."""
+    require_scope(request, "write")
+    scope = _scope_for(request, body)
+    items = body.to_items()
+    results = memories.memories_record(scope=scope, items=items, actor=actor_for(request), thinking=body.thinking or "")
+    status = 201 if any(r.created for r in results) else 200
+    return Status(status, {"items": [{"memory": r.record, "created": r.created} for r in results]})
+
+
+@router.post("/memories/retrieve", response=responses({200: RetrieveOut}), summary="Retrieve memories")
+def memories_retrieve(request, body: RetrieveIn):
+    """What a context recalls: its own records and those of every key subset its keys contain.
+    `keywords` answer up to `limit` records each (AgentScope's `retrieve_from_memory`); `query`
+    answers up to `limit` by full-text and, with vectors, similarity."""
+    require_scope(request, "read")
+    context = context_for(request, body.context_id)
+    recalled = memories.memories_retrieve(
+        context=context, keywords=body.keywords, query=body.query, limit=body.limit, kinds=body.kinds,
+        include_archived=body.include_archived,
+    )
+    items = [MemoryOut.from_orm(r.record).dict() | {"score": r.score, "reason": r.reason} for r in recalled]
+    return Status(200, {"items": items})
+
+
+@router.get("/memories/{memory_id}", response=responses({200: MemoryOut}), summary="Get a memory")
+def memory_get(request, memory_id: MemoryId):
+    require_scope(request, "read")
+    return Status(200, _memory_for(request, memory_id))
+
+
+@router.patch("/memories/{memory_id}", response=responses({200: MemoryOut}, WRITE_ERRORS), summary="Edit a memory")
+def memory_edit(request, memory_id: MemoryId, body: MemoryEditIn):
+    """The previous version is kept in the audit log; 409 when the new content already exists in
+    the same scope."""
+    require_scope(request, "write")
+    record = _memory_for(request, memory_id)
+    record = memories.memory_edit(
+        record=record, actor=actor_for(request), content=body.content, kind=body.kind, thinking=body.thinking,
+        keywords=body.keywords, metadata=body.metadata, note=body.note or "",
+    )
+    return Status(200, record)
+
+
+@router.post("/memories/{memory_id}/archive", response=responses({200: MemoryOut}, WRITE_ERRORS), summary="Archive a memory")
+def memory_archive(request, memory_id: MemoryId, body: NoteIn | None = None):
+    require_scope(request, "write")
+    record = memories.memory_set_archived(
+        record=_memory_for(request, memory_id), archived=True, actor=actor_for(request), note=(body.note if body else "") or ""
+    )
+    return Status(200, record)
+
+
+@router.post("/memories/{memory_id}/restore", response=responses({200: MemoryOut}, WRITE_ERRORS), summary="Restore a memory")
+def memory_restore(request, memory_id: MemoryId, body: NoteIn | None = None):
+    require_scope(request, "write")
+    record = memories.memory_set_archived(
+        record=_memory_for(request, memory_id), archived=False, actor=actor_for(request), note=(body.note if body else "") or ""
+    )
+    return Status(200, record)

@@ -1,0 +1,176 @@
+"""Selectors and client vectors: `POST /contexts/{id}/select`, `POST /messages/{id}/embeddings`.
+
+The select endpoint is a thin shell over `memory_app.selectors.select` (the function the
+dashboard's playground calls too): the body names the selector and its options; the answer lists
+the chosen messages oldest-first, each with its reason and token count, plus totals.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from ninja import Router, Schema, Status
+from ninja.errors import HttpError
+from pydantic import ConfigDict, Field
+
+from memory_app import embeddings, search, selectors, tokens
+from memory_app.api.common import (
+    WRITE_ERRORS,
+    ContextId,
+    MessageId,
+    Short,
+    Text,
+    context_for,
+    message_for,
+    require_scope,
+    responses,
+)
+from memory_app.api.schemas import MessageOut
+from memory_app.logbook import Invalid
+
+router = Router(tags=["selectors"])
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class WindowOptionsIn(Schema):
+    """The composite selector's recent window: a `window` or a `token_window`."""
+
+    kind: Literal["window", "token_window"] = "window"
+    k: int | None = Field(None, ge=1, le=selectors.MAX_K)
+    semantics: Literal["plain", "steamship"] = "steamship"
+    max_tokens: int | None = Field(None, ge=1, le=10_000_000)
+    policy: Literal["contiguous", "skip"] = "contiguous"
+    tokenizer: Short(50) | None = None
+
+    def to_spec(self) -> selectors.WindowSpec | selectors.TokenWindowSpec:
+        if self.kind == "window":
+            return selectors.WindowSpec(k=self.k or 2, semantics=self.semantics)
+        if self.max_tokens is None:
+            raise Invalid("a token_window needs max_tokens")
+        return selectors.TokenWindowSpec(
+            max_tokens=self.max_tokens, policy=self.policy, tokenizer=self.tokenizer, semantics=self.semantics
+        )
+
+
+class SelectIn(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"selector": "window", "k": 10},
+                {"selector": "window", "k": 2, "semantics": "steamship"},
+                {"selector": "token_window", "max_tokens": 2000, "policy": "skip"},
+                {"selector": "search", "query": "weather in Paris", "k": 5, "mode": "hybrid"},
+                {"selector": "composite", "window": {"kind": "window", "k": 2}, "search_k": 3},
+            ]
+        }
+    )
+    selector: Literal["window", "token_window", "search", "composite"]
+    k: int | None = Field(None, ge=1, le=selectors.MAX_K, description="window size or number of search hits")
+    semantics: Literal["plain", "steamship"] = Field(
+        "plain", description="`steamship`: turn semantics of Steamship's selectors (k counts turns)"
+    )
+    max_tokens: int | None = Field(None, ge=1, le=10_000_000, description="token_window budget (strictly below)")
+    policy: Literal["contiguous", "skip"] = "contiguous"
+    tokenizer: Short(50) | None = Field(None, description="tiktoken encoding name; default cl100k_base")
+    query: Text | None = Field(None, max_length=search.MAX_QUERY_CHARS)
+    mode: Literal["auto", "keyword", "semantic", "hybrid"] = "auto"
+    model: Short(200) | None = Field(None, description="embedding model of `query_vector`")
+    query_vector: list[FiniteFloat] | None = Field(None, max_length=16000)
+    window: WindowOptionsIn | None = Field(None, description="composite: the recent window")
+    search_k: int = Field(3, ge=1, le=100, description="composite: search hits for the last user message")
+    search_mode: Literal["auto", "keyword", "semantic", "hybrid", "off"] = "auto"
+
+    def to_spec(self) -> selectors.SelectorSpec:
+        if self.selector == "window":
+            if self.k is None:
+                raise Invalid("the window selector needs k")
+            return selectors.WindowSpec(k=self.k, semantics=self.semantics)
+        if self.selector == "token_window":
+            if self.max_tokens is None:
+                raise Invalid("the token_window selector needs max_tokens")
+            return selectors.TokenWindowSpec(
+                max_tokens=self.max_tokens, policy=self.policy, tokenizer=self.tokenizer, semantics=self.semantics
+            )
+        if self.selector == "search":
+            if not (self.query and self.query.strip()) and self.query_vector is None:
+                raise Invalid("the search selector needs a query (or a query_vector)")
+            return selectors.SearchSpec(
+                query=self.query or "", k=self.k or 5, mode=self.mode, model=self.model,
+                query_vector=tuple(self.query_vector) if self.query_vector is not None else None,
+            )
+        window = (self.window or WindowOptionsIn()).to_spec()
+        return selectors.CompositeSpec(window=window, search_k=self.search_k, search_mode=self.search_mode)
+
+
+class SelectedOut(Schema):
+    message: MessageOut
+    reason: str
+    tokens: int
+    score: float | None = None
+
+
+class SelectOut(Schema):
+    selector: str
+    items: list[SelectedOut]
+    count: int
+    total_tokens: int
+    max_tokens: int | None
+    tokenizer: str
+    scanned: int = Field(description="messages examined")
+    notes: list[str]
+
+
+@router.post(
+    "/contexts/{context_id}/select",
+    response=responses({200: SelectOut}, (401, 403, 404, 413, 422, 503)),
+    url_name="select",
+    summary="Select the messages for the next prompt",
+)
+def select(request, context_id: ContextId, body: SelectIn):
+    """Run a selector on the context's live messages (pruned ones never appear). 422 for bad
+    options, an unknown tokenizer, a vector of the wrong dimension, or semantic search with no
+    embedding provider; 503 when the provider is configured but down."""
+    require_scope(request, "read")
+    context = context_for(request, context_id)
+    try:
+        selection = selectors.select(context=context, spec=body.to_spec())
+    except tokens.UnknownTokenizer as exc:
+        raise Invalid(str(exc)) from exc
+    except search.ProviderDown as exc:
+        raise HttpError(503, str(exc)) from exc
+    return Status(
+        200,
+        {
+            "selector": selection.selector, "items": selection.items, "count": selection.count,
+            "total_tokens": selection.total_tokens, "max_tokens": selection.max_tokens,
+            "tokenizer": selection.tokenizer, "scanned": selection.scanned, "notes": selection.notes,
+        },
+    )
+
+
+class VectorIn(Schema):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"model": "my-model", "vector": [0.1, 0.2, 0.3]}]})
+    model: Short(200) = Field(min_length=1, description="the embedding model the vector comes from")
+    vector: list[FiniteFloat] = Field(min_length=1, max_length=16000)
+
+
+class VectorOut(Schema):
+    message_id: int | None = None
+    memory_id: int | None = None
+    model: str
+    dimensions: int
+
+
+@router.post(
+    "/messages/{message_id}/embeddings",
+    response=responses({200: VectorOut}, WRITE_ERRORS),
+    summary="Store a client-computed vector for a message",
+)
+def message_vector_put(request, message_id: MessageId, body: VectorIn):
+    """Agents may send their own vectors under a model name; the first vector of a model fixes its
+    dimensions (a vector of another length is a 422). Replaces an earlier vector of that model."""
+    require_scope(request, "write")
+    message = message_for(request, message_id)
+    row = embeddings.vector_put(model=body.model, vector=body.vector, message=message)
+    return Status(200, {"message_id": message.pk, "model": row.model, "dimensions": row.dimensions})
