@@ -37,12 +37,12 @@ def export(request, context_id: list[Id] | None = None, match_keys: str | None =
     return response
 
 
-class ImportOut(Schema):
+class BackupImportOut(Schema):
     created: dict[str, int]
     skipped: dict[str, int]
 
 
-@router.post("/import", response=responses({200: ImportOut}, WRITE_ERRORS),
+@router.post("/import", response=responses({200: BackupImportOut}, WRITE_ERRORS),
              summary="Import a JSON Lines backup (idempotent); needs the admin scope")
 def import_(request):
     key = require_scope(request, "admin")

@@ -125,7 +125,7 @@ class StateIn(Schema):
     replace: bool = Field(False, description="load_state_dict semantics: the memory becomes exactly this state")
 
 
-class ImportOut(Schema):
+class AgentScopeImportOut(Schema):
     created: int
     pruned: int
 
@@ -164,7 +164,7 @@ def agentscope_state(request, context_id: ContextId, format: Literal["marks", "l
     return framework_io.agentscope_state_export(context=context_for(request, context_id), fmt=format)
 
 
-@router.post("/contexts/{context_id}/agentscope/state", response=responses({200: ImportOut}, WRITE_ERRORS),
+@router.post("/contexts/{context_id}/agentscope/state", response=responses({200: AgentScopeImportOut}, WRITE_ERRORS),
              summary="Import an AgentScope 1.x memory state_dict (either format)")
 def agentscope_state_import(request, context_id: ContextId, body: StateIn):
     require_scope(request, "write")
