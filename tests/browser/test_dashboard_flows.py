@@ -66,7 +66,7 @@ def test_operator_walks_from_a_context_key_to_the_failing_step(browser_page, dem
     page.click("#history-earlier a")
     expect(page.locator("article.msg")).to_have_count(100)
     assert page.locator("article.msg").first.locator(".seq").inner_text() == "#21"
-    screenshot(page, "context")
+    screenshot(page, "context", full_page=False)
 
     # Jump to a seq.
     page.fill("input[name=seq]", "7")
@@ -77,7 +77,7 @@ def test_operator_walks_from_a_context_key_to_the_failing_step(browser_page, dem
     page.goto(f"{page.base_url}/contexts/{demo['context'].pk}/")
     page.click(f"a.run-card[href='/runs/{run.pk}/']")
     step_shown(page, 1)
-    screenshot(page, "run-step")
+    screenshot(page, "run-step", full_page=False)
     page.keyboard.press("j")
     step_shown(page, 2)
     page.keyboard.press("ArrowRight")
@@ -99,10 +99,10 @@ def test_operator_walks_from_a_context_key_to_the_failing_step(browser_page, dem
     assert page.locator("details.lazy").first.get_attribute("open") is None
     page.click("details.lazy >> nth=0 >> summary")
     page.wait_for_selector("#model-input-12 .chat-msg")
+    screenshot(page, "run-error-step", full_page=False)
     page.click("details.lazy >> nth=1 >> summary")
     page.wait_for_selector("#transcript-12 .chat-msg")
     assert "Now let's retry" in page.locator("#transcript-12").inner_text()
-    screenshot(page, "run-error-step")
 
     # A reload on a step URL shows that step; back goes to the previous one.
     page.reload()
