@@ -55,6 +55,8 @@ class PruneFilter:
     def __post_init__(self):
         if self.role and self.role not in MessageRole.values:
             raise Invalid(f"role must be one of {MessageRole.values}, got {self.role!r}")
+        if "\x00" in self.text or "\x00" in self.tag:
+            raise Invalid("the filter contains a NUL character")
         if len(self.text) > MAX_TEXT_FILTER:
             raise Invalid(f"the text filter is longer than {MAX_TEXT_FILTER} characters")
         for name in ("before_seq", "after_seq", "run_id"):
@@ -350,7 +352,7 @@ def apikey_issue(*, name: str, scopes: list[str], context_keys: dict | None, act
     from memory_app import auth
 
     name = (name or "").strip()
-    if not name or len(name) > 200:
+    if not name or len(name) > 200 or "\x00" in name:
         raise Invalid("a key needs a name of at most 200 characters")
     try:
         issued = auth.apikey_create(name=name, scopes=scopes, context_keys=context_keys, created_by=actor.user)
@@ -431,6 +433,8 @@ def memory_update(*, record, actor: Actor, content: str, keywords: list[str], ki
     content = (content or "").strip()
     if not content:
         raise Invalid("a memory needs some content")
+    if "\x00" in content or any("\x00" in k for k in keywords):
+        raise Invalid("the memory contains a NUL character")
     if kind not in MemoryKind.values:
         raise Invalid(f"kind must be one of {MemoryKind.values}")
     with transaction.atomic():

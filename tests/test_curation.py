@@ -206,7 +206,8 @@ actions = st.lists(
     st.one_of(
         st.tuples(st.just("prune"), st.lists(st.integers(0, 7), min_size=1, max_size=4)),
         st.tuples(st.just("restore"), st.lists(st.integers(0, 7), min_size=1, max_size=4)),
-        st.tuples(st.just("edit"), st.integers(0, 7), st.text(min_size=0, max_size=12)),
+        st.tuples(st.just("edit"), st.integers(0, 7),
+                  st.text(st.characters(blacklist_characters="\x00"), max_size=12)),
         st.tuples(st.just("bulk"), st.sampled_from(ROLES), st.sampled_from(["", "a", "e", "x"])),
         st.tuples(st.just("undo"), st.integers(0, 50)),
     ),

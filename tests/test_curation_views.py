@@ -155,6 +155,8 @@ def test_bad_input_is_a_clear_400_not_a_500(world):
     assert client.get(reverse("curate-bulk", args=[ctx.pk]) + "?role=robot").status_code == 400
     assert client.post(reverse("curate-prune", args=[ctx.pk]), {"ids": ["x"]}).status_code == 400
     assert client.get(reverse("audit") + "?since=never").status_code == 400
+    m = world["message"]
+    assert client.post(reverse("curate-message-edit", args=[ctx.pk, m.pk]), {"text": "a\x00b"}).status_code == 400
     assert client.post(reverse("keys"), {"name": "k", "scopes": ["read"], "context_keys": "[1]"}).status_code == 400
     assert client.get(reverse("playground", args=[ctx.pk]) + "?k=abc").status_code == 200
 

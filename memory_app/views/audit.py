@@ -74,7 +74,7 @@ def audit_log(request):
     qs = AuditEvent.objects.select_related("context")
     g = request.GET
     params = {
-        k: g.get(k, "").strip()
+        k: g.get(k, "").replace("\x00", "").strip()
         for k in ("actor", "action", "target", "target_id", "context", "since", "until")
     }
     try:

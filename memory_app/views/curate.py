@@ -145,6 +145,9 @@ def message_edit_view(request, context_id: int, message_id: int):
         tags = [t.strip() for t in request.POST.get("tags", "").split(",") if t.strip()]
         if any(len(t) > 200 for t in tags):
             return bad_request(request, dq.BadQuery("a tag is longer than 200 characters"))
+        if "\x00" in text or any("\x00" in t for t in tags):
+            # PostgreSQL text cannot hold NUL: say so instead of failing in the database.
+            return bad_request(request, dq.BadQuery("the text contains a NUL character"))
         message = message_edit(
             message=message, actor=Actor.for_user(request.user), text=text, tags=tags
         )

@@ -37,7 +37,7 @@ def _scope(raw: str) -> dict | None:
 @require("memories")
 def memory_list(request):
     g = request.GET
-    params = {k: g.get(k, "").strip() for k in ("q", "context", "scope", "archived", "id")}
+    params = {k: g.get(k, "").replace("\x00", "").strip() for k in ("q", "context", "scope", "archived", "id")}
     try:
         context_id = dq.parse_int(params["context"], name="context", minimum=1)
         scope = _scope(params["scope"])
