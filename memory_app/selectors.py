@@ -28,6 +28,9 @@ from memory_app.models import Context, Message
 
 MAX_K = 1000
 SCAN_CHUNK = 500
+# The first read of a backward scan is small: a token window of a few thousand tokens usually
+# needs a few dozen messages, and fetching 500 full rows for it cost more than the selection.
+FIRST_SCAN_CHUNK = 50
 
 FUNCTION_RESULT_ROLES = frozenset({"function", "tool", "tool-response"})
 STATUS_ROLES = frozenset({"agent", "llm"})
@@ -167,15 +170,17 @@ def _live(context: Context):
 def _scan_backwards(context: Context, *, before_seq: int | None = None) -> Iterator[Message]:
     """Live messages newest first, read in chunks so long histories are never loaded at once."""
     cursor = before_seq
+    size = FIRST_SCAN_CHUNK
     while True:
         qs = _live(context)
         if cursor is not None:
             qs = qs.filter(seq__lt=cursor)
-        chunk = list(qs.order_by("-seq")[:SCAN_CHUNK])
+        chunk = list(qs.order_by("-seq")[:size])
         yield from chunk
-        if len(chunk) < SCAN_CHUNK:
+        if len(chunk) < size:
             return
         cursor = chunk[-1].seq
+        size = min(size * 4, SCAN_CHUNK)
 
 
 class _TokenCounter:
