@@ -121,15 +121,18 @@ def semantic_ranking(
     """(message id, cosine distance) of the context's live messages nearest to `vector` under
     `model`, nearest first, ties by id; and which path answered ("exact" or "hnsw")."""
     dims = len(vector)
+    threshold = settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD
     with connection.cursor() as cursor:
+        # Counted up to the threshold only: the decision needs no more, and counting a context
+        # of 100,000 vectors on every query cost more than the HNSW search itself.
         cursor.execute(
-            "SELECT count(*) FROM memory_app_embedding WHERE context_id = %s AND model = %s",
-            [context_id, model],
+            "SELECT count(*) FROM (SELECT 1 FROM memory_app_embedding WHERE context_id = %s AND model = %s LIMIT %s) s",
+            [context_id, model, max(threshold, limit)],
         )
         stored = cursor.fetchone()[0]
     if stored == 0:
         return [], "exact"
-    if stored >= settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD and dims <= embeddings.HNSW_MAX_DIMENSIONS:
+    if stored >= threshold and dims <= embeddings.HNSW_MAX_DIMENSIONS:
         hits = _hnsw_ranking(context_id=context_id, model=model, vector=vector, limit=limit, exclude_ids=exclude_ids)
         if len(hits) >= min(limit, stored):
             return hits, "hnsw"
