@@ -24,6 +24,15 @@ from memory_app.bench.dataset import Dataset, Sizes, build
 from memory_app.bench.measure import Report, machine_lines, plain_table, table
 
 META_TABLE = "bench_meta"
+# Reads first, ingest last: the writes must not disturb what the reads see.
+AREAS = {
+    "selectors": scenarios.selectors,
+    "recall": scenarios.recall,
+    "transcript": scenarios.transcript,
+    "export": scenarios.export,
+    "dashboard": scenarios.dashboard,
+    "ingest": scenarios.ingest,
+}
 
 
 class Command(BaseCommand):
@@ -43,6 +52,9 @@ class Command(BaseCommand):
         parser.add_argument("--reuse", action="store_true", help="reuse the database of an earlier run with the same sizes")
         parser.add_argument("--keep", action="store_true", help="keep the benchmark database afterwards (default: keep unless --quick)")
         parser.add_argument("--drop", action="store_true", help="drop the benchmark database afterwards")
+        parser.add_argument(
+            "--only", default="", help="comma-separated areas to measure: " + ", ".join(AREAS) + " (default all)"
+        )
         parser.add_argument("--output", default=None, help="Markdown file (default docs/benchmarks.md; quick: none unless given)")
 
     def log(self, text: str) -> None:
@@ -56,6 +68,9 @@ class Command(BaseCommand):
         sizes = Sizes(**{**base.as_dict(), **overrides})
         if sizes.max_steps < sizes.transcript_steps:
             sizes = Sizes(**{**sizes.as_dict(), "transcript_steps": max(1, sizes.max_steps // 2)})
+        unknown = {a.strip() for a in opts["only"].split(",") if a.strip()} - set(AREAS)
+        if unknown:
+            raise CommandError(f"unknown areas {sorted(unknown)}: choose from {', '.join(AREAS)}")
         db_name = opts["db_name"] or ("agentmemory_bench_quick" if quick else "agentmemory_bench")
         samples = opts["samples"] or (5 if quick else 50)
         output = opts["output"] or (None if quick else str(Path(settings.BASE_DIR) / "docs" / "benchmarks.md"))
@@ -65,7 +80,7 @@ class Command(BaseCommand):
 
         data = self._prepare(db_name, sizes, reuse=opts["reuse"])
         try:
-            report = self._measure(data, samples=samples, quick=quick)
+            report = self._measure(data, samples=samples, quick=quick, only=opts["only"])
             text = self._markdown(report, data, samples=samples, db_name=db_name, quick=quick)
         finally:
             connection.close()
@@ -129,7 +144,7 @@ class Command(BaseCommand):
 
     # --- measurements -------------------------------------------------------------------------
 
-    def _measure(self, data: Dataset, *, samples: int, quick: bool) -> Report:
+    def _measure(self, data: Dataset, *, samples: int, quick: bool, only: str = "") -> Report:
         from memory_app import auth
 
         report = Report()
@@ -142,15 +157,10 @@ class Command(BaseCommand):
         web = Client()
         web.force_login(user)
         bench = scenarios.Bench(data=data, report=report, api=api, web=web, log=self.log, samples=samples, quick=quick)
-        steps = [
-            ("selectors and search", scenarios.selectors),
-            ("semantic recall", scenarios.recall),
-            ("transcript", scenarios.transcript),
-            ("export", scenarios.export),
-            ("dashboard", scenarios.dashboard),
-            ("ingest", scenarios.ingest),
-        ]
-        for name, fn in steps:
+        only = [a.strip() for a in only.split(",") if a.strip()]
+        for name, fn in AREAS.items():
+            if only and name not in only:
+                continue
             self.log(f"measuring {name}")
             t = time.perf_counter()
             try:
