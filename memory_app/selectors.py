@@ -184,21 +184,17 @@ def _scan_backwards(context: Context, *, before_seq: int | None = None) -> Itera
 
 
 class _TokenCounter:
-    """Stored counts for the tokenizer they were computed with; others counted on the fly."""
+    """Token counts under one tokenizer (see `tokens.message_token_counts`)."""
 
     def __init__(self, name: str | None):
         self.name = name or tokens.default_tokenizer_name()
         tokens.get_encoding(self.name)  # unknown name -> UnknownTokenizer before any work
 
     def __call__(self, m: Message) -> int:
-        if m.tokenizer == self.name or (not m.tokenizer and self.name == tokens.default_tokenizer_name()):
-            return m.token_count
-        return tokens.count_tokens([m.text], tokenizer=self.name)[0]
+        return tokens.message_token_counts([m], tokenizer=self.name)[0]
 
     def many(self, messages: list[Message]) -> list[int]:
-        stale = [m for m in messages if m.tokenizer != self.name]
-        counted = dict(zip((m.pk for m in stale), tokens.count_tokens([m.text for m in stale], tokenizer=self.name), strict=True))
-        return [counted.get(m.pk, m.token_count) for m in messages]
+        return tokens.message_token_counts(messages, tokenizer=self.name)
 
 
 def _check_k(k: int, name: str = "k") -> None:

@@ -55,3 +55,15 @@ def count_tokens(texts: list[str], *, tokenizer: str | None = None) -> list[int]
         return []
     encoding = get_encoding(tokenizer)
     return [len(ids) for ids in encoding.encode_ordinary_batch(texts)]
+
+
+def message_token_counts(messages, *, tokenizer: str | None = None) -> list[int]:
+    """Token counts of stored messages under `tokenizer`: the count stored at write time when it
+    was made with that tokenizer, otherwise counted now (one batch for all the others)."""
+    name = tokenizer or default_tokenizer_name()
+    get_encoding(name)  # an unknown name fails before any work
+    stale = [i for i, m in enumerate(messages) if (m.tokenizer or default_tokenizer_name()) != name]
+    counts = [m.token_count for m in messages]
+    for i, n in zip(stale, count_tokens([messages[i].text for i in stale], tokenizer=name), strict=True):
+        counts[i] = n
+    return counts
