@@ -9,9 +9,20 @@ def create_roles(apps, schema_editor):
     # database they do not exist yet, so create them now for the apps the roles refer to.
     for label in ("auth", "memory_app"):
         app_config = apps.get_app_config(label)
-        app_config.models_module = True
-        create_permissions(app_config, apps=apps, verbosity=0)
-        app_config.models_module = None
+        # create_permissions skips app configs without a models module. Restore the value
+        # afterwards: the config object may be the process-wide one (when migrate runs inside
+        # a longer-lived process such as the test runner or `serve`), and leaving it None
+        # silently disables post_migrate permission creation for the rest of that process.
+        had_attr = hasattr(app_config, "models_module")
+        original = getattr(app_config, "models_module", None)
+        app_config.models_module = original or True
+        try:
+            create_permissions(app_config, apps=apps, verbosity=0)
+        finally:
+            if had_attr:
+                app_config.models_module = original
+            else:
+                del app_config.models_module
     from memory_app.roles import sync_role_groups
 
     sync_role_groups(apps)
