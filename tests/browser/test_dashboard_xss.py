@@ -10,7 +10,7 @@ from tests.builders import TEST_PASSWORD, action_step, make_user
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    pytest.mark.django_db(transaction=True),
 ]
 
 SCRIPT = "<script>alert(1)</script>"
