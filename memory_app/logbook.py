@@ -236,6 +236,8 @@ def message_edit(
     metadata: dict | None = None,
 ) -> Message:
     """Edit a message; the previous version is kept in the audit event."""
+    if _holds_nul(text) or _holds_nul(tags) or _holds_nul(metadata):
+        raise Invalid("text, tags and metadata cannot hold NUL characters (PostgreSQL cannot store them)")
     with transaction.atomic():
         message = Message.objects.select_for_update().get(pk=message.pk)
         before = {"text": message.text, "tags": message.tags, "metadata": message.metadata}
@@ -263,6 +265,17 @@ def message_edit(
 
                 embeddings.requeue_message(message)
     return message
+
+
+def _holds_nul(value: Any) -> bool:
+    """True when a NUL character hides anywhere in a string, list or dict (keys included)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(v) for v in value)
+    return False
 
 
 def messages_set_pruned(

@@ -227,3 +227,14 @@ def test_no_tracked_file_holds_a_secret():
         text = path.read_text(errors="ignore")
         offenders += [f"{name}: {p}" for p in patterns if p in text]
     assert offenders == []
+
+
+@pytest.mark.django_db
+def test_editing_a_message_with_nul_characters_is_refused_and_changes_nothing(system_actor):
+    context, _ = logbook.context_get_or_create(keys={"u": "nul"})
+    [message] = logbook.messages_append(context=context, items=[{"role": "user", "text": "clean"}]).messages
+    for kwargs in ({"text": "a\x00b"}, {"tags": ["ok", "b\x00d"]}, {"metadata": {"k\x00": "v"}}, {"metadata": {"k": ["\x00"]}}):
+        with pytest.raises(logbook.Invalid):
+            logbook.message_edit(message=message, actor=system_actor, **kwargs)
+    message.refresh_from_db()
+    assert (message.text, message.tags, message.metadata) == ("clean", [], {})
