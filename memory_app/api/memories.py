@@ -87,7 +87,7 @@ class MemoryRecordIn(Schema):
         return out
 
 
-class MemoryOut(Schema):
+class MemoryRecordOut(Schema):
     id: int
     context_id: int | None
     scope_keys: dict[str, Any]
@@ -104,16 +104,16 @@ class MemoryOut(Schema):
     updated_at: datetime
 
 
-class RecordedOut(Schema):
-    memory: MemoryOut
+class MemoryRecordedOut(Schema):
+    memory: MemoryRecordOut
     created: bool
 
 
-class RecordOut(Schema):
-    items: list[RecordedOut]
+class MemoryRecordBatchOut(Schema):
+    items: list[MemoryRecordedOut]
 
 
-class RetrieveIn(Schema):
+class MemoryRetrieveIn(Schema):
     model_config = ConfigDict(
         json_schema_extra={"examples": [{"context_id": 7, "keywords": ["tea"], "limit": 5},
                                         {"context_id": 7, "query": "what does Ada drink?"}]}
@@ -126,13 +126,13 @@ class RetrieveIn(Schema):
     include_archived: bool = False
 
 
-class RecalledOut(MemoryOut):
+class MemoryRecalledOut(MemoryRecordOut):
     score: float
     reason: str
 
 
-class RetrieveOut(Schema):
-    items: list[RecalledOut]
+class MemoryRetrieveOut(Schema):
+    items: list[MemoryRecalledOut]
 
 
 class MemoryEditIn(Schema):
@@ -144,7 +144,7 @@ class MemoryEditIn(Schema):
     note: Text | None = Field(None, max_length=2000)
 
 
-class NoteIn(Schema):
+class MemoryNoteIn(Schema):
     note: Text | None = Field(None, max_length=2000)
 
 
@@ -176,7 +176,7 @@ def _memory_for(request, memory_id: int) -> MemoryRecord:
     return record
 
 
-@router.post("/memories", response=responses({200: RecordOut, 201: RecordOut}, WRITE_ERRORS), summary="Record memories")
+@router.post("/memories", response=responses({200: MemoryRecordBatchOut, 201: MemoryRecordBatchOut}, WRITE_ERRORS), summary="Record memories")
 def memories_record(request, body: MemoryRecordIn):
     """201 when at least one record is new; content already in the scope returns the stored
     record (`created: false`), 200 when nothing was new."""
@@ -188,8 +188,8 @@ def memories_record(request, body: MemoryRecordIn):
     return Status(status, {"items": [{"memory": r.record, "created": r.created} for r in results]})
 
 
-@router.post("/memories/retrieve", response=responses({200: RetrieveOut}), summary="Retrieve memories")
-def memories_retrieve(request, body: RetrieveIn):
+@router.post("/memories/retrieve", response=responses({200: MemoryRetrieveOut}, WRITE_ERRORS), summary="Retrieve memories")
+def memories_retrieve(request, body: MemoryRetrieveIn):
     """What a context recalls: its own records and those of every key subset its keys contain.
     `keywords` answer up to `limit` records each (AgentScope's `retrieve_from_memory`); `query`
     answers up to `limit` by full-text and, with vectors, similarity."""
@@ -199,17 +199,17 @@ def memories_retrieve(request, body: RetrieveIn):
         context=context, keywords=body.keywords, query=body.query, limit=body.limit, kinds=body.kinds,
         include_archived=body.include_archived,
     )
-    items = [MemoryOut.from_orm(r.record).dict() | {"score": r.score, "reason": r.reason} for r in recalled]
+    items = [MemoryRecordOut.from_orm(r.record).dict() | {"score": r.score, "reason": r.reason} for r in recalled]
     return Status(200, {"items": items})
 
 
-@router.get("/memories/{memory_id}", response=responses({200: MemoryOut}), summary="Get a memory")
+@router.get("/memories/{memory_id}", response=responses({200: MemoryRecordOut}), summary="Get a memory")
 def memory_get(request, memory_id: MemoryId):
     require_scope(request, "read")
     return Status(200, _memory_for(request, memory_id))
 
 
-@router.patch("/memories/{memory_id}", response=responses({200: MemoryOut}, WRITE_ERRORS), summary="Edit a memory")
+@router.patch("/memories/{memory_id}", response=responses({200: MemoryRecordOut}, WRITE_ERRORS), summary="Edit a memory")
 def memory_edit(request, memory_id: MemoryId, body: MemoryEditIn):
     """The previous version is kept in the audit log; 409 when the new content already exists in
     the same scope."""
@@ -222,8 +222,8 @@ def memory_edit(request, memory_id: MemoryId, body: MemoryEditIn):
     return Status(200, record)
 
 
-@router.post("/memories/{memory_id}/archive", response=responses({200: MemoryOut}, WRITE_ERRORS), summary="Archive a memory")
-def memory_archive(request, memory_id: MemoryId, body: NoteIn | None = None):
+@router.post("/memories/{memory_id}/archive", response=responses({200: MemoryRecordOut}, WRITE_ERRORS), summary="Archive a memory")
+def memory_archive(request, memory_id: MemoryId, body: MemoryNoteIn | None = None):
     require_scope(request, "write")
     record = memories.memory_set_archived(
         record=_memory_for(request, memory_id), archived=True, actor=actor_for(request), note=(body.note if body else "") or ""
@@ -231,8 +231,8 @@ def memory_archive(request, memory_id: MemoryId, body: NoteIn | None = None):
     return Status(200, record)
 
 
-@router.post("/memories/{memory_id}/restore", response=responses({200: MemoryOut}, WRITE_ERRORS), summary="Restore a memory")
-def memory_restore(request, memory_id: MemoryId, body: NoteIn | None = None):
+@router.post("/memories/{memory_id}/restore", response=responses({200: MemoryRecordOut}, WRITE_ERRORS), summary="Restore a memory")
+def memory_restore(request, memory_id: MemoryId, body: MemoryNoteIn | None = None):
     require_scope(request, "write")
     record = memories.memory_set_archived(
         record=_memory_for(request, memory_id), archived=False, actor=actor_for(request), note=(body.note if body else "") or ""

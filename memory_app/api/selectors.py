@@ -123,7 +123,7 @@ class SelectOut(Schema):
 
 @router.post(
     "/contexts/{context_id}/select",
-    response=responses({200: SelectOut}, (401, 403, 404, 413, 422, 503)),
+    response=responses({200: SelectOut}, (*WRITE_ERRORS, 503)),
     url_name="select",
     summary="Select the messages for the next prompt",
 )
@@ -149,13 +149,13 @@ def select(request, context_id: ContextId, body: SelectIn):
     )
 
 
-class VectorIn(Schema):
+class MessageVectorIn(Schema):
     model_config = ConfigDict(json_schema_extra={"examples": [{"model": "my-model", "vector": [0.1, 0.2, 0.3]}]})
     model: Short(200) = Field(min_length=1, description="the embedding model the vector comes from")
     vector: list[FiniteFloat] = Field(min_length=1, max_length=16000)
 
 
-class VectorOut(Schema):
+class MessageVectorOut(Schema):
     message_id: int | None = None
     memory_id: int | None = None
     model: str
@@ -164,10 +164,10 @@ class VectorOut(Schema):
 
 @router.post(
     "/messages/{message_id}/embeddings",
-    response=responses({200: VectorOut}, WRITE_ERRORS),
+    response=responses({200: MessageVectorOut}, WRITE_ERRORS),
     summary="Store a client-computed vector for a message",
 )
-def message_vector_put(request, message_id: MessageId, body: VectorIn):
+def message_vector_put(request, message_id: MessageId, body: MessageVectorIn):
     """Agents may send their own vectors under a model name; the first vector of a model fixes its
     dimensions (a vector of another length is a 422). Replaces an earlier vector of that model."""
     require_scope(request, "write")
