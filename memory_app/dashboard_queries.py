@@ -18,6 +18,7 @@ from typing import Any
 from django.contrib.postgres.search import SearchQuery
 from django.db.models import Count, F, Max, Min, Q, QuerySet, Sum
 
+from memory_app import transcripts
 from memory_app.models import (
     FTS_CONFIG,
     Context,
@@ -25,7 +26,6 @@ from memory_app.models import (
     MessageRole,
     Run,
     Step,
-    StepKind,
     ToolCall,
 )
 
@@ -459,74 +459,28 @@ def step_model_input(*, run: Run, position: int) -> list[dict[str, Any]] | None:
     )
 
 
-# --- transcript (smolagents write_memory_to_messages order) ------------------------------------
-
-RETRY_NOTE = (
-    "\nNow let's retry: take care not to repeat previous errors! If you have retried several times,"
-    " try a completely different approach.\n"
-)
+# --- transcript -----------------------------------------------------------------------------------
 
 
-def _tool_call_repr(call: ToolCall) -> dict[str, Any]:
-    return {
-        "id": call.call_id,
-        "type": "function",
-        "function": {"name": call.name, "arguments": call.arguments},
-    }
+def _flat_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            b["text"] if isinstance(b, dict) and isinstance(b.get("text"), str) else json.dumps(b, default=str)
+            for b in content
+        )
+    return json.dumps(content, default=str)
 
 
 def transcript_upto(
     *, run: Run, position: int, summary_mode: bool = False
 ) -> tuple[list[dict[str, str]], int]:
-    """The run's memory after step `position`, as the agent would read it back.
-
-    A simple rendering in smolagents `write_memory_to_messages()` order (system prompt, then each
-    step's messages; pruned steps are left out, as an agent never reads them). Returns the last
-    `TRANSCRIPT_MAX_MESSAGES` messages and how many earlier ones were left out.
+    """The run's memory after step `position`, as the agent would read it back
+    (`transcripts.run_messages`, smolagents' exact texts), flattened to role + text for display.
+    Returns the last `TRANSCRIPT_MAX_MESSAGES` messages and how many earlier ones were left out.
     """
-    messages: list[dict[str, str]] = []
-    if run.system_prompt and not summary_mode:
-        messages.append({"role": "system", "text": run.system_prompt})
-    steps = list(
-        Step.objects.filter(run=run, position__lte=position, pruned_at__isnull=True)
-        .defer("model_input_messages", "payload", "model_output_message")
-        .order_by("position")
-    )
-    calls: dict[int, list[ToolCall]] = {}
-    for call in ToolCall.objects.filter(step__run=run, step__position__lte=position).order_by(
-        "step_id", "position"
-    ):
-        calls.setdefault(call.step_id, []).append(call)
-    for step in steps:
-        if step.kind == StepKind.TASK:
-            messages.append({"role": "user", "text": f"New task:\n{step.task or ''}"})
-        elif step.kind == StepKind.PLANNING:
-            if not summary_mode:
-                messages.append({"role": "assistant", "text": (step.plan or "").strip()})
-                messages.append({"role": "user", "text": "Now proceed and carry out this plan."})
-        elif step.kind == StepKind.ACTION:
-            step_calls = calls.get(step.pk, [])
-            if step.model_output is not None and not summary_mode:
-                output = (
-                    step.model_output
-                    if isinstance(step.model_output, str)
-                    else json.dumps(step.model_output)
-                )
-                messages.append({"role": "assistant", "text": output.strip()})
-            if step_calls:
-                reprs = [_tool_call_repr(c) for c in step_calls]
-                messages.append({"role": "tool-call", "text": "Calling tools:\n" + str(reprs)})
-            if step.observations is not None:
-                messages.append(
-                    {"role": "tool-response", "text": f"Observation:\n{step.observations}"}
-                )
-            if step.error_type:
-                call_id = step_calls[0].call_id if step_calls else ""
-                messages.append(
-                    {
-                        "role": "tool-response",
-                        "text": f"Call id: {call_id}\nError:\n{step.error_message or step.error_type}{RETRY_NOTE}",
-                    }
-                )
+    chat = transcripts.run_messages(run=run, summary_mode=summary_mode, upto_position=position)
+    messages = [{"role": m["role"], "text": _flat_text(m["content"])} for m in chat]
     omitted = max(0, len(messages) - TRANSCRIPT_MAX_MESSAGES)
     return messages[omitted:], omitted

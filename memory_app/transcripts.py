@@ -67,12 +67,22 @@ def step_messages(step: Step, tool_calls: list[ToolCall], *, summary_mode: bool)
     return out
 
 
-def run_messages(*, run: Run, summary_mode: bool = False) -> list[dict[str, Any]]:
-    """The run as `write_memory_to_messages(summary_mode)`; pruned steps are left out."""
+def run_messages(
+    *, run: Run, summary_mode: bool = False, upto_position: int | None = None
+) -> list[dict[str, Any]]:
+    """The run as `write_memory_to_messages(summary_mode)`; pruned steps are left out.
+
+    `upto_position` gives the memory as it stood after that step (the dashboard's "transcript
+    after this step").
+    """
     messages: list[dict[str, Any]] = []
     if not summary_mode and run.system_prompt:
         messages.append(_chat_message("system", run.system_prompt))
-    steps = list(Step.objects.filter(run=run, pruned_at__isnull=True).order_by("position"))
+    steps_qs = Step.objects.filter(run=run, pruned_at__isnull=True)
+    if upto_position is not None:
+        steps_qs = steps_qs.filter(position__lte=upto_position)
+    # The model's input messages are the largest column and never part of a transcript.
+    steps = list(steps_qs.defer("model_input_messages", "model_output_message").order_by("position"))
     calls: dict[int, list[ToolCall]] = {}
     for tc in ToolCall.objects.filter(step__in=[s.pk for s in steps]).order_by("step_id", "position"):
         calls.setdefault(tc.step_id, []).append(tc)
