@@ -288,3 +288,97 @@ def test_select_endpoint_hides_other_tenants_contexts(db):
     cid, _ = _api_history(owner)
     stranger = make_key(scopes=["read"], context_keys={"user": "bob"})
     assert stranger.post(f"/api/v1/contexts/{cid}/select", {"selector": "window", "k": 3}).status_code == 404
+
+
+# --- random histories against a test-side transcription of Steamship's two selectors -----------
+# Written from reference/frameworks.md §2.5 (not product code): the product must agree with it on
+# any history, including pruned messages (treated as deleted) and oversized ones.
+
+from hypothesis import HealthCheck, given  # noqa: E402
+from hypothesis import settings as hsettings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+KINDS = {
+    "system": {"role": "system"},
+    "user": {"role": "user"},
+    "assistant": {"role": "assistant"},
+    "fnsel": {"role": "assistant", "tags": ["function-selection"]},
+    "toolcall": {"role": "tool-call"},
+    "fnres": {"role": "function"},
+    "status": {"role": "agent"},
+}
+WORDS = ["hi", "ok", "yes", "no", "sun", "rain", "tea"]
+
+
+def _oracle_is_user(kind):
+    return kind == "user"
+
+
+def _oracle_is_conversation(kind):
+    return kind in ("user", "assistant")
+
+
+def _oracle_is_function(kind):
+    return kind in ("fnsel", "toolcall", "fnres")
+
+
+def oracle_message_window(history, k):
+    msgs = list(history)
+    seen_user = False
+    if _oracle_is_user(msgs[-1][1]):
+        seen_user = True
+        msgs.pop()
+    selected, counted, index = [], 0, len(msgs) - 1
+    while counted < k * 2 and index > 0:
+        name, kind, _ = msgs[index]
+        if _oracle_is_user(kind):
+            seen_user = True
+        if _oracle_is_conversation(kind):
+            selected.append(name)
+            counted += 1
+        elif seen_user and _oracle_is_function(kind):
+            selected.append(name)
+        index -= 1
+    return selected[::-1]
+
+
+def oracle_token_window(history, max_tokens):
+    msgs = list(history)
+    if _oracle_is_user(msgs[-1][1]):
+        msgs.pop()
+    selected, current = [], 0
+    for name, kind, n in reversed(msgs):
+        if _oracle_is_conversation(kind) and current < max_tokens and n + current < max_tokens:
+            selected.append(name)
+            current += n
+    return selected[::-1]
+
+
+history_strategy = st.lists(
+    st.tuples(st.sampled_from(sorted(KINDS)), st.lists(st.sampled_from(WORDS), min_size=0, max_size=6), st.booleans()),
+    min_size=1, max_size=14,
+)
+_counter = iter(range(10**9))
+
+
+@pytest.mark.django_db
+@hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(history=history_strategy, k=st.integers(1, 4), max_tokens=st.integers(1, 25))
+def test_random_histories_select_what_steamship_selects(history, k, max_tokens, system_actor):
+    items = [(f"m{i}", dict(KINDS[kind], text=" ".join(words))) for i, (kind, words, _) in enumerate(history)]
+    context, id_to_name = build({"test": "random", "n": next(_counter)}, items)
+    pruned = [pk for pk, name in id_to_name.items() if history[int(name[1:])][2]]
+    if pruned:
+        logbook.messages_set_pruned(context=context, ids=pruned, pruned=True, actor=system_actor)
+    from memory_app.models import Message
+
+    counts = dict(Message.objects.filter(context=context).values_list("client_id", "token_count"))
+    live = [(f"m{i}", kind, counts[f"m{i}"]) for i, (kind, _, is_pruned) in enumerate(history) if not is_pruned]
+
+    window = select(context=context, spec=WindowSpec(k=k, semantics="steamship"))
+    tokens_skip = select(context=context, spec=TokenWindowSpec(max_tokens=max_tokens, policy="skip", semantics="steamship"))
+    if not live:  # Steamship raises IndexError on an empty history; we answer nothing
+        assert window.items == [] and tokens_skip.items == []
+        return
+    assert names(window, id_to_name) == oracle_message_window(live, k)
+    assert names(tokens_skip, id_to_name) == oracle_token_window(live, max_tokens)
