@@ -290,3 +290,19 @@ def test_real_minilm_ranks_the_paris_weather_first(settings):
     hits = search.search_messages(context=context, query="what is the weather in Paris", k=5, mode="semantic").hits
     assert hits[0].message.text == "Sunny, 25C in Paris today"
     embeddings._cached_provider.cache_clear()
+
+
+@pytest.mark.django_db
+def test_memory_records_are_embedded_and_recalled_by_similarity(stand_in, system_actor):
+    from memory_app import memories
+
+    context, _ = logbook.context_get_or_create(keys={"user": "ada", "chat": "emb"})
+    memories.memories_record(
+        scope=memories.Scope(keys={"user": "ada"}), actor=system_actor,
+        items=[{"content": "Ada drinks green tea"}, {"content": "Ada commutes by bike"}],
+    )
+    assert embeddings.pending_count(model="toy-32") == 2
+    assert embeddings.embed_batch(provider=embeddings.get_provider()).embedded == 2
+    got = memories.memories_retrieve(context=context, query="green tea", limit=1)
+    assert [g.record.content for g in got] == ["Ada drinks green tea"]
+    assert "semantic #1" in got[0].reason and "text #1" in got[0].reason
