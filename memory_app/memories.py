@@ -28,7 +28,15 @@ from django.utils import timezone
 
 from memory_app import embeddings
 from memory_app.logbook import Actor, Conflict, Invalid, NotFound, audit_record
-from memory_app.models import FTS_CONFIG, Context, MemoryKind, MemoryRecord, Message, Step, keys_digest
+from memory_app.models import (
+    FTS_CONFIG,
+    Context,
+    MemoryKind,
+    MemoryRecord,
+    Message,
+    Step,
+    keys_digest,
+)
 
 MAX_CONTENT_CHARS = 20_000
 MAX_ITEMS = 200
@@ -101,7 +109,9 @@ def _clean_kind(kind: Any) -> str:
 
 def _clean_keywords(keywords: Any) -> list[str]:
     keywords = keywords or []
-    if not isinstance(keywords, list | tuple) or not all(isinstance(k, str) and 0 < len(k) <= 200 for k in keywords):
+    if not isinstance(keywords, list | tuple) or not all(
+        isinstance(k, str) and 0 < len(k) <= 200 for k in keywords
+    ):
         raise Invalid("keywords must be a list of strings of 1 to 200 characters")
     return list(dict.fromkeys(k.strip() for k in keywords if k.strip()))
 
@@ -138,28 +148,43 @@ def memories_record(
     with transaction.atomic():
         for item in items:
             content = _clean_content(item.get("content"))
-            source_message_id, source_step_id = item.get("source_message_id"), item.get("source_step_id")
+            source_message_id, source_step_id = (
+                item.get("source_message_id"),
+                item.get("source_step_id"),
+            )
             _check_source(scope, message_id=source_message_id, step_id=source_step_id)
             fields = {
-                "context": scope.context, "scope_keys": scope.scope_keys, "scope_digest": scope.digest,
-                "content": content, "content_hash": content_hash(content), "kind": _clean_kind(item.get("kind")),
-                "thinking": item.get("thinking") or thinking or "", "keywords": _clean_keywords(item.get("keywords")),
-                "metadata": item.get("metadata") or {}, "source_message_id": source_message_id,
-                "source_step_id": source_step_id, "recorded_by": actor.label,
+                "context": scope.context,
+                "scope_keys": scope.scope_keys,
+                "scope_digest": scope.digest,
+                "content": content,
+                "content_hash": content_hash(content),
+                "kind": _clean_kind(item.get("kind")),
+                "thinking": item.get("thinking") or thinking or "",
+                "keywords": _clean_keywords(item.get("keywords")),
+                "metadata": item.get("metadata") or {},
+                "source_message_id": source_message_id,
+                "source_step_id": source_step_id,
+                "recorded_by": actor.label,
             }
             try:
                 with transaction.atomic():
                     record = MemoryRecord.objects.create(**fields)
                 created = True
             except IntegrityError:
-                record = MemoryRecord.objects.get(scope_digest=fields["scope_digest"], content_hash=fields["content_hash"])
+                record = MemoryRecord.objects.get(
+                    scope_digest=fields["scope_digest"], content_hash=fields["content_hash"]
+                )
                 created = False
             results.append(Recorded(record, created))
         new = [r.record for r in results if r.created]
         if new:
             embeddings.enqueue_memory_records(new)
             audit_record(
-                actor=actor, action="record", target_type="memoryrecord", target_ids=[r.pk for r in new],
+                actor=actor,
+                action="record",
+                target_type="memoryrecord",
+                target_ids=[r.pk for r in new],
                 context_id=scope.context.pk if scope.context else None,
                 after=[{"id": r.pk, "content": r.content, "kind": r.kind} for r in new],
             )
@@ -208,7 +233,9 @@ def _query_hits(qs: QuerySet, query: str, limit: int) -> list[tuple[MemoryRecord
         tsq = SearchQuery(tsq_text, config="simple", search_type="raw")
         text = [
             (r.pk, float(r.rank))
-            for r in qs.annotate(rank=SearchRank(F("search_vector"), tsq)).filter(search_vector=tsq).order_by("-rank", "-id")[:fetch]
+            for r in qs.annotate(rank=SearchRank(F("search_vector"), tsq))
+            .filter(search_vector=tsq)
+            .order_by("-rank", "-id")[:fetch]
         ]
     semantic: list[tuple[int, float]] = []
     provider = embeddings.get_provider()
@@ -225,7 +252,12 @@ def _query_hits(qs: QuerySet, query: str, limit: int) -> list[tuple[MemoryRecord
                     f"SELECT memory_record_id, vector::vector({dims}) <=> %s::vector({dims}) AS d "  # noqa: S608
                     f"FROM memory_app_embedding WHERE memory_record_id = ANY(%s) AND model = %s "
                     f"AND dimensions = {dims} AND vector IS NOT NULL ORDER BY d, memory_record_id LIMIT %s",
-                    ["[" + ",".join(repr(float(x)) for x in vector) + "]", ids, provider.model, fetch],
+                    [
+                        "[" + ",".join(repr(float(x)) for x in vector) + "]",
+                        ids,
+                        provider.model,
+                        fetch,
+                    ],
                 )
                 semantic = [(row[0], float(row[1])) for row in cursor.fetchall()]
     fused: dict[int, float] = {}
@@ -240,8 +272,13 @@ def _query_hits(qs: QuerySet, query: str, limit: int) -> list[tuple[MemoryRecord
 
 
 def memories_retrieve(
-    *, context: Context, keywords: Sequence[str] | None = None, query: str | None = None, limit: int = 5,
-    kinds: Sequence[str] | None = None, include_archived: bool = False,
+    *,
+    context: Context,
+    keywords: Sequence[str] | None = None,
+    query: str | None = None,
+    limit: int = 5,
+    kinds: Sequence[str] | None = None,
+    include_archived: bool = False,
 ) -> list[Recalled]:
     """What `context` recalls. With `keywords`, up to `limit` records per keyword (AgentScope's
     `retrieve_from_memory`), best first: an exact keyword tag, then full-text rank. With `query`,
@@ -281,8 +318,14 @@ def memory_get(*, pk: int) -> MemoryRecord:
 
 
 def memory_edit(
-    *, record: MemoryRecord, actor: Actor, content: str | None = None, kind: str | None = None,
-    thinking: str | None = None, keywords: list[str] | None = None, metadata: dict | None = None,
+    *,
+    record: MemoryRecord,
+    actor: Actor,
+    content: str | None = None,
+    kind: str | None = None,
+    thinking: str | None = None,
+    keywords: list[str] | None = None,
+    metadata: dict | None = None,
     note: str = "",
 ) -> MemoryRecord:
     """Edit a record; the audit event keeps the previous version."""
@@ -311,15 +354,23 @@ def memory_edit(
         except IntegrityError as exc:
             raise Conflict("another memory in this scope already has this content") from exc
         audit_record(
-            actor=actor, action="edit", target_type="memoryrecord", target_ids=[record.pk],
-            context_id=record.context_id, before=before, after=after, note=note,
+            actor=actor,
+            action="edit",
+            target_type="memoryrecord",
+            target_ids=[record.pk],
+            context_id=record.context_id,
+            before=before,
+            after=after,
+            note=note,
         )
         if before["content"] != after["content"]:
             embeddings.requeue_memory_record(record)
     return record
 
 
-def memory_set_archived(*, record: MemoryRecord, archived: bool, actor: Actor, note: str = "") -> MemoryRecord:
+def memory_set_archived(
+    *, record: MemoryRecord, archived: bool, actor: Actor, note: str = ""
+) -> MemoryRecord:
     """Archive (hide from retrieval) or restore a record; audited, nothing is lost."""
     with transaction.atomic():
         record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
@@ -329,7 +380,13 @@ def memory_set_archived(*, record: MemoryRecord, archived: bool, actor: Actor, n
         record.archived_at = timezone.now() if archived else None
         record.save(update_fields=["archived_at", "updated_at"])
         audit_record(
-            actor=actor, action="archive" if archived else "restore", target_type="memoryrecord",
-            target_ids=[record.pk], context_id=record.context_id, before=before, after=_snapshot(record), note=note,
+            actor=actor,
+            action="archive" if archived else "restore",
+            target_type="memoryrecord",
+            target_ids=[record.pk],
+            context_id=record.context_id,
+            before=before,
+            after=_snapshot(record),
+            note=note,
         )
     return record

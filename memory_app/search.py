@@ -75,7 +75,9 @@ def _any_terms_tsquery(query: str) -> str:
     """A tsquery text OR-ing the query's stemmed lexemes (for natural-language prompts, where
     requiring every word would rarely match)."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT tsvector_to_array(to_tsvector(%s::regconfig, %s))", [FTS_CONFIG, query])
+        cursor.execute(
+            "SELECT tsvector_to_array(to_tsvector(%s::regconfig, %s))", [FTS_CONFIG, query]
+        )
         lexemes = cursor.fetchone()[0] or []
     return " | ".join("'" + lx.replace("\\", "\\\\").replace("'", "''") + "'" for lx in lexemes)
 
@@ -116,7 +118,12 @@ def _vector_literal(vector: Sequence[float]) -> str:
 
 
 def semantic_ranking(
-    *, context_id: int, model: str, vector: Sequence[float], limit: int, exclude_ids: Sequence[int] = ()
+    *,
+    context_id: int,
+    model: str,
+    vector: Sequence[float],
+    limit: int,
+    exclude_ids: Sequence[int] = (),
 ) -> tuple[list[tuple[int, float]], str]:
     """(message id, cosine distance) of the context's live messages nearest to `vector` under
     `model`, nearest first, ties by id; and which path answered ("exact" or "hnsw")."""
@@ -133,10 +140,14 @@ def semantic_ranking(
     if stored == 0:
         return [], "exact"
     if stored >= threshold and dims <= embeddings.HNSW_MAX_DIMENSIONS:
-        hits = _hnsw_ranking(context_id=context_id, model=model, vector=vector, limit=limit, exclude_ids=exclude_ids)
+        hits = _hnsw_ranking(
+            context_id=context_id, model=model, vector=vector, limit=limit, exclude_ids=exclude_ids
+        )
         if len(hits) >= min(limit, stored):
             return hits, "hnsw"
-    return _exact_ranking(context_id=context_id, model=model, vector=vector, limit=limit, exclude_ids=exclude_ids), "exact"
+    return _exact_ranking(
+        context_id=context_id, model=model, vector=vector, limit=limit, exclude_ids=exclude_ids
+    ), "exact"
 
 
 def _exact_ranking(*, context_id, model, vector, limit, exclude_ids) -> list[tuple[int, float]]:
@@ -183,7 +194,9 @@ def _hnsw_ranking(*, context_id, model, vector, limit, exclude_ids) -> list[tupl
 # --- the entry point --------------------------------------------------------------------------
 
 
-def query_vector_for(*, query: str, model: str | None, query_vector: Sequence[float] | None) -> tuple[list[float], str]:
+def query_vector_for(
+    *, query: str, model: str | None, query_vector: Sequence[float] | None
+) -> tuple[list[float], str]:
     """The vector to search with and its model: the client's own, or the provider's."""
     if query_vector is not None:
         if not model:
@@ -207,8 +220,14 @@ def query_vector_for(*, query: str, model: str | None, query_vector: Sequence[fl
 
 
 def search_messages(
-    *, context: Context, query: str, k: int = 5, mode: Mode = "auto", model: str | None = None,
-    query_vector: Sequence[float] | None = None, exclude_ids: Sequence[int] = (),
+    *,
+    context: Context,
+    query: str,
+    k: int = 5,
+    mode: Mode = "auto",
+    model: str | None = None,
+    query_vector: Sequence[float] | None = None,
+    exclude_ids: Sequence[int] = (),
     match: str | None = None,
 ) -> SearchResult:
     """Top `k` live messages of `context` for `query`.
@@ -239,19 +258,28 @@ def search_messages(
     fetch = k if mode != "hybrid" else max(k * 3, 20)
     if mode in ("keyword", "hybrid") and query.strip():
         keyword = keyword_ranking(
-            context_id=context.pk, query=query, limit=fetch, exclude_ids=exclude_ids,
+            context_id=context.pk,
+            query=query,
+            limit=fetch,
+            exclude_ids=exclude_ids,
             match=match or ("all" if mode == "keyword" else "any"),
         )
     if mode in ("semantic", "hybrid"):
         try:
-            vector, used_model = query_vector_for(query=query, model=model, query_vector=query_vector)
+            vector, used_model = query_vector_for(
+                query=query, model=model, query_vector=query_vector
+            )
         except (SemanticUnavailable, ProviderDown) as exc:
             if mode == "semantic":
                 raise
             notes.append(f"semantic part skipped: {exc}")
         else:
             semantic, path = semantic_ranking(
-                context_id=context.pk, model=used_model, vector=vector, limit=fetch, exclude_ids=exclude_ids
+                context_id=context.pk,
+                model=used_model,
+                vector=vector,
+                limit=fetch,
+                exclude_ids=exclude_ids,
             )
             notes.append(f"vector scan: {path}")
 
@@ -269,7 +297,11 @@ def search_messages(
         # Ties: better best rank first, then id (newer) for a stable order.
         order = sorted(
             fused.items(),
-            key=lambda item: (-item[1], min(kw.get(item[0], (10**9,))[0], sem.get(item[0], (10**9,))[0]), -item[0]),
+            key=lambda item: (
+                -item[1],
+                min(kw.get(item[0], (10**9,))[0], sem.get(item[0], (10**9,))[0]),
+                -item[0],
+            ),
         )
     order = order[:k]
     messages = Message.objects.in_bulk([mid for mid, _ in order])
@@ -277,9 +309,13 @@ def search_messages(
     for rank, (mid, score) in enumerate(order, start=1):
         hits.append(
             Hit(
-                message=messages[mid], rank=rank, score=score,
-                keyword_rank=kw[mid][0] if mid in kw else None, keyword_score=kw[mid][1] if mid in kw else None,
-                semantic_rank=sem[mid][0] if mid in sem else None, distance=sem[mid][1] if mid in sem else None,
+                message=messages[mid],
+                rank=rank,
+                score=score,
+                keyword_rank=kw[mid][0] if mid in kw else None,
+                keyword_score=kw[mid][1] if mid in kw else None,
+                semantic_rank=sem[mid][0] if mid in sem else None,
+                distance=sem[mid][1] if mid in sem else None,
             )
         )
     return SearchResult(hits=hits, mode=mode, model=used_model, notes=notes)

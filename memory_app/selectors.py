@@ -141,7 +141,9 @@ def is_user(m: Message) -> bool:
 
 
 def is_function_selection(m: Message) -> bool:
-    return m.role == "tool-call" or (m.role == "assistant" and "function-selection" in (m.tags or []))
+    return m.role == "tool-call" or (
+        m.role == "assistant" and "function-selection" in (m.tags or [])
+    )
 
 
 def is_function_result(m: Message) -> bool:
@@ -227,7 +229,9 @@ def _steamship_window(*, context: Context, k: int, counter: _TokenCounter) -> Se
     scan = _scan_backwards(context)
     newest = next(scan, None)
     if newest is None:
-        return Selection(selector="window", items=[], tokenizer=counter.name, notes=["empty history"])
+        return Selection(
+            selector="window", items=[], tokenizer=counter.name, notes=["empty history"]
+        )
     notes: list[str] = []
     seen_user = False
     pending: list[Message] = [newest]
@@ -261,7 +265,9 @@ def _steamship_window(*, context: Context, k: int, counter: _TokenCounter) -> Se
             picked.append((m, "window: function call of an earlier turn (not counted)"))
     picked.reverse()
     items = [Selected(m, reason, counter(m)) for m, reason in picked]
-    return Selection(selector="window", items=items, tokenizer=counter.name, scanned=scanned, notes=notes)
+    return Selection(
+        selector="window", items=items, tokenizer=counter.name, scanned=scanned, notes=notes
+    )
 
 
 def select_token_window(*, context: Context, spec: TokenWindowSpec) -> Selection:
@@ -283,7 +289,9 @@ def select_token_window(*, context: Context, spec: TokenWindowSpec) -> Selection
         if first:
             first = False
             if steamship and is_user(m):
-                notes.append(f"message {m.pk} is the current prompt (trailing user message): left out")
+                notes.append(
+                    f"message {m.pk} is the current prompt (trailing user message): left out"
+                )
                 continue
         if steamship and not is_conversation(m):
             continue
@@ -302,8 +310,12 @@ def select_token_window(*, context: Context, spec: TokenWindowSpec) -> Selection
             notes.append(f"skipped message {m.pk}: {n} tokens would reach {n + used}/{budget}")
     picked.reverse()
     return Selection(
-        selector="token_window", items=picked, tokenizer=counter.name, max_tokens=budget,
-        scanned=scanned, notes=notes,
+        selector="token_window",
+        items=picked,
+        tokenizer=counter.name,
+        max_tokens=budget,
+        scanned=scanned,
+        notes=notes,
     )
 
 
@@ -312,15 +324,26 @@ def select_search(*, context: Context, spec: SearchSpec) -> Selection:
 
     _check_k(spec.k)
     result = search.search_messages(
-        context=context, query=spec.query, k=spec.k, mode=spec.mode, model=spec.model,
+        context=context,
+        query=spec.query,
+        k=spec.k,
+        mode=spec.mode,
+        model=spec.model,
         query_vector=list(spec.query_vector) if spec.query_vector is not None else None,
     )
     counter = _TokenCounter(None)
     hits = sorted(result.hits, key=lambda h: h.message.seq)
-    items = [Selected(h.message, f"search: rank {h.rank} ({h.explain})", counter(h.message), h.score) for h in hits]
+    items = [
+        Selected(h.message, f"search: rank {h.rank} ({h.explain})", counter(h.message), h.score)
+        for h in hits
+    ]
     return Selection(
-        selector="search", items=items, tokenizer=counter.name, scanned=len(result.hits),
-        notes=[f"mode {result.mode}" + (f", model {result.model}" if result.model else "")] + result.notes,
+        selector="search",
+        items=items,
+        tokenizer=counter.name,
+        scanned=len(result.hits),
+        notes=[f"mode {result.mode}" + (f", model {result.model}" if result.model else "")]
+        + result.notes,
     )
 
 
@@ -336,13 +359,24 @@ def select_composite(*, context: Context, spec: CompositeSpec) -> Selection:
     if last_user is not None and spec.search_mode != "off" and last_user.text.strip():
         _check_k(spec.search_k, "search_k")
         result = search.search_messages(
-            context=context, query=last_user.text, k=spec.search_k, mode=spec.search_mode,
-            exclude_ids=[last_user.pk], match="any",
+            context=context,
+            query=last_user.text,
+            k=spec.search_k,
+            mode=spec.search_mode,
+            exclude_ids=[last_user.pk],
+            match="any",
         )
         notes.append(f"search mode {result.mode}")
         notes += result.notes
         for h in result.hits:
-            chosen.setdefault(h.message.pk, (h.message, f"search hit {h.rank} for the last user message ({h.explain})", h.score))
+            chosen.setdefault(
+                h.message.pk,
+                (
+                    h.message,
+                    f"search hit {h.rank} for the last user message ({h.explain})",
+                    h.score,
+                ),
+            )
     window = select(context=context, spec=spec.window)
     notes += window.notes
     for item in window.items:
@@ -362,8 +396,15 @@ def select_composite(*, context: Context, spec: CompositeSpec) -> Selection:
             for m in since
             if is_function_selection(m) or is_function_result(m)
         ]
-    items = [Selected(m, reason, n, score) for (m, reason, score), n in zip(ordered, counter.many([o[0] for o in ordered]), strict=True)]
-    return Selection(selector="composite", items=items, tokenizer=counter.name, scanned=len(chosen), notes=notes)
+    items = [
+        Selected(m, reason, n, score)
+        for (m, reason, score), n in zip(
+            ordered, counter.many([o[0] for o in ordered]), strict=True
+        )
+    ]
+    return Selection(
+        selector="composite", items=items, tokenizer=counter.name, scanned=len(chosen), notes=notes
+    )
 
 
 def select(*, context: Context, spec: SelectorSpec) -> Selection:

@@ -26,7 +26,9 @@ def _cache_dir() -> str | None:
 def available_tokenizers() -> list[str]:
     """Names loadable offline: plugin-registered `<name>_offline` encodings, plus every tiktoken
     encoding when the operator points TIKTOKEN_CACHE_DIR at a folder holding its files."""
-    names = {n.removesuffix("_offline") for n in tiktoken.list_encoding_names() if n.endswith("_offline")}
+    names = {
+        n.removesuffix("_offline") for n in tiktoken.list_encoding_names() if n.endswith("_offline")
+    }
     if _cache_dir():
         names.update(n for n in tiktoken.list_encoding_names() if not n.endswith("_offline"))
     return sorted(names)
@@ -64,6 +66,8 @@ def message_token_counts(messages, *, tokenizer: str | None = None) -> list[int]
     get_encoding(name)  # an unknown name fails before any work
     stale = [i for i, m in enumerate(messages) if (m.tokenizer or default_tokenizer_name()) != name]
     counts = [m.token_count for m in messages]
-    for i, n in zip(stale, count_tokens([messages[i].text for i in stale], tokenizer=name), strict=True):
+    for i, n in zip(
+        stale, count_tokens([messages[i].text for i in stale], tokenizer=name), strict=True
+    ):
         counts[i] = n
     return counts

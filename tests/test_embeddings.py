@@ -60,8 +60,13 @@ class StandIn:
                     return
                 with outer.lock:
                     outer.calls.update(body["input"])
-                data = [{"object": "embedding", "index": i, "embedding": toy_vector(t)} for i, t in enumerate(body["input"])]
-                payload = json.dumps({"object": "list", "model": body["model"], "data": data[::-1]}).encode()
+                data = [
+                    {"object": "embedding", "index": i, "embedding": toy_vector(t)}
+                    for i, t in enumerate(body["input"])
+                ]
+                payload = json.dumps(
+                    {"object": "list", "model": body["model"], "data": data[::-1]}
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
@@ -92,7 +97,9 @@ def stand_in(settings):
 
 
 def append(context, *texts, role="user"):
-    return logbook.messages_append(context=context, items=[{"role": role, "text": t} for t in texts]).messages
+    return logbook.messages_append(
+        context=context, items=[{"role": role, "text": t} for t in texts]
+    ).messages
 
 
 @pytest.mark.django_db
@@ -101,13 +108,20 @@ def test_openai_provider_outage_never_fails_a_write_and_recovers(stand_in):
     stand_in.down = True
     messages = append(context, "Sunny, 25C in Paris today", "The train leaves at noon", "Buy milk")
     assert all(m.pk for m in messages)  # stored at once
-    assert Embedding.objects.filter(context=context, model="toy-32", vector__isnull=True).count() == 3
+    assert (
+        Embedding.objects.filter(context=context, model="toy-32", vector__isnull=True).count() == 3
+    )
 
     provider = embeddings.get_provider()
     result = embeddings.embed_batch(provider=provider)
     assert (result.failed, result.embedded) == (3, 0) and "503" in result.error
     row = Embedding.objects.filter(context=context).first()
-    assert row.attempts == 1 and row.vector is None and row.next_attempt_at > timezone.now() and "503" in row.last_error
+    assert (
+        row.attempts == 1
+        and row.vector is None
+        and row.next_attempt_at > timezone.now()
+        and "503" in row.last_error
+    )
     # Still down: more writes succeed; a retry before next_attempt_at does not hammer the provider.
     append(context, "Rain expected in London")
     assert embeddings.embed_batch(provider=provider).claimed == 1  # only the new, due row
@@ -118,10 +132,14 @@ def test_openai_provider_outage_never_fails_a_write_and_recovers(stand_in):
     result = embeddings.embed_batch(provider=provider, now=later)
     assert result.embedded == 4
     assert not Embedding.objects.filter(context=context, vector__isnull=True).exists()
-    assert set(Embedding.objects.filter(context=context).values_list("dimensions", flat=True)) == {DIMS}
+    assert set(Embedding.objects.filter(context=context).values_list("dimensions", flat=True)) == {
+        DIMS
+    }
     assert stand_in.auth[-1] == "Bearer sk-test"
 
-    hits = search.search_messages(context=context, query="sunny Paris today", k=2, mode="semantic").hits
+    hits = search.search_messages(
+        context=context, query="sunny Paris today", k=2, mode="semantic"
+    ).hits
     assert hits[0].message.text == "Sunny, 25C in Paris today"
 
 
@@ -147,7 +165,7 @@ def test_two_workers_embed_2000_items_exactly_once(stand_in):
     context, _ = logbook.context_get_or_create(keys={"test": "workers"})
     texts = [f"item number {i} about topic {i % 17}" for i in range(2000)]
     for start in range(0, 2000, 1000):
-        append(context, *texts[start:start + 1000])
+        append(context, *texts[start : start + 1000])
     assert embeddings.pending_count(model="toy-32") == 2000
 
     totals = []
@@ -210,10 +228,15 @@ def test_client_vectors_fix_the_models_dimensions(settings):
     embeddings.vector_put(model="client-3", vector=[0.9, 0.1, 0], message=c)
     with pytest.raises(embeddings.DimensionMismatch):
         embeddings.vector_put(model="client-3", vector=[1, 0], message=a)
-    hits = search.search_messages(context=context, query="", k=2, mode="semantic", model="client-3", query_vector=[1, 0, 0]).hits
+    hits = search.search_messages(
+        context=context, query="", k=2, mode="semantic", model="client-3", query_vector=[1, 0, 0]
+    ).hits
     assert [h.message.pk for h in hits] == [a.pk, c.pk]
     with connection.cursor() as cur:
-        cur.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", [embeddings.index_name("client-3", 3)])
+        cur.execute(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = %s",
+            [embeddings.index_name("client-3", 3)],
+        )
         assert "hnsw" in cur.fetchone()[0]
 
 
@@ -227,12 +250,24 @@ def test_client_vector_endpoint_refuses_a_wrong_dimension_with_422(settings):
     cid = new_context(api, {"test": "vector-api"})
     mid = api_append(api, cid, text="hello")["id"]
     embeddings._known_dimensions.pop("client-api", None)
-    ok = api.post(f"/api/v1/messages/{mid}/embeddings", {"model": "client-api", "vector": [0.1, 0.2, 0.3, 0.4]})
-    assert ok.status_code == 200 and ok.json() == {"message_id": mid, "memory_id": None, "model": "client-api", "dimensions": 4}
-    bad = api.post(f"/api/v1/messages/{mid}/embeddings", {"model": "client-api", "vector": [0.1, 0.2]})
+    ok = api.post(
+        f"/api/v1/messages/{mid}/embeddings",
+        {"model": "client-api", "vector": [0.1, 0.2, 0.3, 0.4]},
+    )
+    assert ok.status_code == 200 and ok.json() == {
+        "message_id": mid,
+        "memory_id": None,
+        "model": "client-api",
+        "dimensions": 4,
+    }
+    bad = api.post(
+        f"/api/v1/messages/{mid}/embeddings", {"model": "client-api", "vector": [0.1, 0.2]}
+    )
     assert bad.status_code == 422 and "4 dimensions" in bad.json()["detail"]
-    search_bad = api.post(f"/api/v1/contexts/{cid}/select",
-                          {"selector": "search", "mode": "semantic", "model": "client-api", "query_vector": [1.0]})
+    search_bad = api.post(
+        f"/api/v1/contexts/{cid}/select",
+        {"selector": "search", "mode": "semantic", "model": "client-api", "query_vector": [1.0]},
+    )
     assert search_bad.status_code == 422
 
 
@@ -246,8 +281,16 @@ def test_reembed_adds_the_new_model_while_the_old_keeps_serving(stand_in, settin
     assert embeddings.model_coverage(model="toy-32-v2", context_id=context.pk) == (0, 3)
     hits = search.search_messages(context=context, query="Paris weather", k=1, mode="semantic").hits
     assert hits[0].message.text.startswith("Sunny")
-    call_command("reembed", "--provider", "openai", "--model", "toy-32-v2", "--context", str(context.pk),
-                 stdout=open(os.devnull, "w"))  # noqa: SIM115
+    call_command(
+        "reembed",
+        "--provider",
+        "openai",
+        "--model",
+        "toy-32-v2",
+        "--context",
+        str(context.pk),
+        stdout=open(os.devnull, "w"),
+    )  # noqa: SIM115
     assert embeddings.model_coverage(model="toy-32-v2", context_id=context.pk) == (3, 3)
     assert embeddings.model_coverage(model="toy-32", context_id=context.pk) == (3, 3)
     settings.AGENTMEMORY_EMBEDDING_MODEL = "toy-32-v2"
@@ -286,8 +329,12 @@ def test_real_minilm_ranks_the_paris_weather_first(settings):
     result = embeddings.embed_batch(provider=provider)
     assert result.embedded == 5
     assert Message.objects.filter(context=context).count() == 5
-    assert set(Embedding.objects.filter(context=context).values_list("dimensions", flat=True)) == {384}
-    hits = search.search_messages(context=context, query="what is the weather in Paris", k=5, mode="semantic").hits
+    assert set(Embedding.objects.filter(context=context).values_list("dimensions", flat=True)) == {
+        384
+    }
+    hits = search.search_messages(
+        context=context, query="what is the weather in Paris", k=5, mode="semantic"
+    ).hits
     assert hits[0].message.text == "Sunny, 25C in Paris today"
     embeddings._cached_provider.cache_clear()
 
@@ -298,7 +345,8 @@ def test_memory_records_are_embedded_and_recalled_by_similarity(stand_in, system
 
     context, _ = logbook.context_get_or_create(keys={"user": "ada", "chat": "emb"})
     memories.memories_record(
-        scope=memories.Scope(keys={"user": "ada"}), actor=system_actor,
+        scope=memories.Scope(keys={"user": "ada"}),
+        actor=system_actor,
         items=[{"content": "Ada drinks green tea"}, {"content": "Ada commutes by bike"}],
     )
     assert embeddings.pending_count(model="toy-32") == 2

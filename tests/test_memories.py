@@ -19,11 +19,15 @@ def bob(db):
 
 
 def record(scope, actor, *contents, **extra):
-    return memories.memories_record(scope=scope, items=[dict({"content": c}, **extra) for c in contents], actor=actor)
+    return memories.memories_record(
+        scope=scope, items=[dict({"content": c}, **extra) for c in contents], actor=actor
+    )
 
 
 def test_key_subset_scope_is_inherited_by_contexts_containing_it(ada_chat, bob, system_actor):
-    [r] = record(Scope(keys={"user": "ada"}), system_actor, "Ada prefers tea over coffee", kind="preference")
+    [r] = record(
+        Scope(keys={"user": "ada"}), system_actor, "Ada prefers tea over coffee", kind="preference"
+    )
     got = memories.memories_retrieve(context=ada_chat, keywords=["tea"])
     assert [x.record.pk for x in got] == [r.record.pk]
     assert memories.memories_retrieve(context=bob, keywords=["tea"]) == []
@@ -40,7 +44,9 @@ def test_same_content_in_same_scope_returns_the_existing_record(ada_chat, system
     scope = Scope(keys={"user": "ada"})
     [first] = record(scope, system_actor, "Ada lives in Paris")
     again = memories.memories_record(
-        scope=scope, items=[{"content": "  Ada lives   in Paris "}, {"content": "Ada lives in Paris"}], actor=system_actor
+        scope=scope,
+        items=[{"content": "  Ada lives   in Paris "}, {"content": "Ada lives in Paris"}],
+        actor=system_actor,
     )
     assert first.created and [a.created for a in again] == [False, False]
     assert {a.record.pk for a in again} == {first.record.pk}
@@ -50,11 +56,15 @@ def test_same_content_in_same_scope_returns_the_existing_record(ada_chat, system
     assert other.created and other.record.pk != first.record.pk
 
 
-def test_keyword_retrieval_ranks_tagged_then_by_text_rank_with_limit_per_keyword(ada_chat, system_actor):
+def test_keyword_retrieval_ranks_tagged_then_by_text_rank_with_limit_per_keyword(
+    ada_chat, system_actor
+):
     scope = Scope(keys={"user": "ada"})
     record(scope, system_actor, "She once mentioned coffee in passing")
     record(scope, system_actor, "Coffee: espresso, coffee beans from Brazil, coffee every morning")
-    tagged = record(scope, system_actor, "Drinks two cups before noon", keywords=["coffee"])[0].record
+    tagged = record(scope, system_actor, "Drinks two cups before noon", keywords=["coffee"])[
+        0
+    ].record
     record(scope, system_actor, "Dog named Rex", keywords=["pets"])
     got = memories.memories_retrieve(context=ada_chat, keywords=["coffee"], limit=5)
     assert [g.record.content for g in got] == [
@@ -69,16 +79,25 @@ def test_keyword_retrieval_ranks_tagged_then_by_text_rank_with_limit_per_keyword
 
 
 def test_query_retrieval_matches_any_word(ada_chat, system_actor):
-    record(Scope(keys={"user": "ada"}), system_actor, "Ada is allergic to peanuts", "Ada likes jazz")
+    record(
+        Scope(keys={"user": "ada"}), system_actor, "Ada is allergic to peanuts", "Ada likes jazz"
+    )
     got = memories.memories_retrieve(context=ada_chat, query="what is she allergic to?")
     assert [g.record.content for g in got] == ["Ada is allergic to peanuts"]
 
 
 def test_edits_are_audited_with_before_and_after(ada_chat, system_actor):
     r = record(Scope(keys={"user": "ada"}), system_actor, "Ada likes tea")[0].record
-    memories.memory_edit(record=r, actor=system_actor, content="Ada likes green tea", keywords=["tea"])
-    event = AuditEvent.objects.filter(action="edit", target_type="memoryrecord", target_ids__contains=[r.pk]).get()
-    assert event.before["content"] == "Ada likes tea" and event.after["content"] == "Ada likes green tea"
+    memories.memory_edit(
+        record=r, actor=system_actor, content="Ada likes green tea", keywords=["tea"]
+    )
+    event = AuditEvent.objects.filter(
+        action="edit", target_type="memoryrecord", target_ids__contains=[r.pk]
+    ).get()
+    assert (
+        event.before["content"] == "Ada likes tea"
+        and event.after["content"] == "Ada likes green tea"
+    )
     assert event.after["keywords"] == ["tea"] and event.actor == system_actor.label
     r.refresh_from_db()
     assert r.content_hash == memories.content_hash("Ada likes green tea")
@@ -88,10 +107,17 @@ def test_archive_hides_and_restore_brings_back_with_audit(ada_chat, system_actor
     r = record(Scope(keys={"user": "ada"}), system_actor, "Ada plays chess")[0].record
     memories.memory_set_archived(record=r, archived=True, actor=system_actor)
     assert memories.memories_retrieve(context=ada_chat, keywords=["chess"]) == []
-    assert len(memories.memories_retrieve(context=ada_chat, keywords=["chess"], include_archived=True)) == 1
+    assert (
+        len(memories.memories_retrieve(context=ada_chat, keywords=["chess"], include_archived=True))
+        == 1
+    )
     memories.memory_set_archived(record=r, archived=False, actor=system_actor)
     assert len(memories.memories_retrieve(context=ada_chat, keywords=["chess"])) == 1
-    actions = list(AuditEvent.objects.filter(target_type="memoryrecord", target_ids__contains=[r.pk]).values_list("action", flat=True))
+    actions = list(
+        AuditEvent.objects.filter(
+            target_type="memoryrecord", target_ids__contains=[r.pk]
+        ).values_list("action", flat=True)
+    )
     assert sorted(actions) == ["archive", "record", "restore"]
 
 
@@ -103,16 +129,28 @@ def test_editing_into_existing_content_of_the_scope_conflicts(ada_chat, system_a
 
 
 def test_provenance_must_come_from_the_scope(ada_chat, bob, system_actor):
-    [mine] = logbook.messages_append(context=ada_chat, items=[{"role": "user", "text": "I love tea"}]).messages
-    [theirs] = logbook.messages_append(context=bob, items=[{"role": "user", "text": "secret"}]).messages
-    [r] = record(Scope(keys={"user": "ada"}), system_actor, "Ada loves tea", source_message_id=mine.pk)
+    [mine] = logbook.messages_append(
+        context=ada_chat, items=[{"role": "user", "text": "I love tea"}]
+    ).messages
+    [theirs] = logbook.messages_append(
+        context=bob, items=[{"role": "user", "text": "secret"}]
+    ).messages
+    [r] = record(
+        Scope(keys={"user": "ada"}), system_actor, "Ada loves tea", source_message_id=mine.pk
+    )
     assert r.record.source_message_id == mine.pk
     with pytest.raises(NotFound):
         record(Scope(keys={"user": "ada"}), system_actor, "stolen", source_message_id=theirs.pk)
 
 
 @pytest.mark.parametrize(
-    "items", [[], [{"content": ""}], [{"content": "x", "kind": "opinion"}], [{"content": "x", "keywords": "tea"}]]
+    "items",
+    [
+        [],
+        [{"content": ""}],
+        [{"content": "x", "kind": "opinion"}],
+        [{"content": "x", "keywords": "tea"}],
+    ],
 )
 def test_bad_records_are_invalid(ada_chat, system_actor, items):
     with pytest.raises(Invalid):
@@ -132,25 +170,54 @@ def test_memories_api_record_retrieve_edit_archive_restore(db):
 
     api = make_key(scopes=["read", "write"], context_keys={"user": "ada"})
     chat = new_context(api, {"user": "ada", "chat": "7"})
-    recorded = api.post("/api/v1/memories", {"context_id": chat, "scope_keys": {"user": "ada"}, "thinking": "keep",
-                                             "contents": ["Ada prefers tea", "Ada lives in Paris"], "keywords": ["ada"]})
+    recorded = api.post(
+        "/api/v1/memories",
+        {
+            "context_id": chat,
+            "scope_keys": {"user": "ada"},
+            "thinking": "keep",
+            "contents": ["Ada prefers tea", "Ada lives in Paris"],
+            "keywords": ["ada"],
+        },
+    )
     assert recorded.status_code == 201, recorded.content
     first = recorded.json()["items"][0]["memory"]
-    assert first["scope_keys"] == {"user": "ada"} and first["thinking"] == "keep" and first["context_id"] is None
-    again = api.post("/api/v1/memories", {"scope_keys": {"user": "ada"}, "content": "Ada prefers tea"})
-    assert again.status_code == 200 and again.json()["items"][0] == {"memory": first, "created": False}
+    assert (
+        first["scope_keys"] == {"user": "ada"}
+        and first["thinking"] == "keep"
+        and first["context_id"] is None
+    )
+    again = api.post(
+        "/api/v1/memories", {"scope_keys": {"user": "ada"}, "content": "Ada prefers tea"}
+    )
+    assert again.status_code == 200 and again.json()["items"][0] == {
+        "memory": first,
+        "created": False,
+    }
 
     other_chat = new_context(api, {"user": "ada", "chat": "8"})
     got = api.post("/api/v1/memories/retrieve", {"context_id": other_chat, "keywords": ["tea"]})
-    assert got.status_code == 200 and [i["content"] for i in got.json()["items"]] == ["Ada prefers tea"]
+    assert got.status_code == 200 and [i["content"] for i in got.json()["items"]] == [
+        "Ada prefers tea"
+    ]
 
     edited = api.patch(f"/api/v1/memories/{first['id']}", {"content": "Ada prefers green tea"})
     assert edited.status_code == 200 and edited.json()["content"] == "Ada prefers green tea"
     assert api.post(f"/api/v1/memories/{first['id']}/archive").json()["archived_at"]
-    assert api.post("/api/v1/memories/retrieve", {"context_id": chat, "keywords": ["tea"]}).json()["items"] == []
+    assert (
+        api.post("/api/v1/memories/retrieve", {"context_id": chat, "keywords": ["tea"]}).json()[
+            "items"
+        ]
+        == []
+    )
     assert api.post(f"/api/v1/memories/{first['id']}/restore").json()["archived_at"] is None
     assert api.get(f"/api/v1/memories/{first['id']}").json()["content"] == "Ada prefers green tea"
-    assert AuditEvent.objects.filter(target_type="memoryrecord", target_ids__contains=[first["id"]]).count() == 4
+    assert (
+        AuditEvent.objects.filter(
+            target_type="memoryrecord", target_ids__contains=[first["id"]]
+        ).count()
+        == 4
+    )
 
 
 def test_memories_api_confines_keys_to_their_tenant(db):
@@ -159,7 +226,12 @@ def test_memories_api_confines_keys_to_their_tenant(db):
     ada = make_key(scopes=["read", "write"], context_keys={"user": "ada"})
     bob = make_key(scopes=["read", "write"], context_keys={"user": "bob"})
     new_context(ada, {"user": "ada", "chat": "1"})
-    memory = ada.post("/api/v1/memories", {"scope_keys": {"user": "ada"}, "content": "private"}).json()["items"][0]["memory"]
+    memory = ada.post(
+        "/api/v1/memories", {"scope_keys": {"user": "ada"}, "content": "private"}
+    ).json()["items"][0]["memory"]
     assert bob.get(f"/api/v1/memories/{memory['id']}").status_code == 404
-    assert bob.post("/api/v1/memories", {"scope_keys": {"user": "ada"}, "content": "x"}).status_code == 403
+    assert (
+        bob.post("/api/v1/memories", {"scope_keys": {"user": "ada"}, "content": "x"}).status_code
+        == 403
+    )
     assert bob.post("/api/v1/memories", {"content": "no scope"}).status_code == 422

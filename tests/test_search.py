@@ -40,8 +40,13 @@ def store(django_db_setup, django_db_blocker):
     rng = np.random.default_rng(7)
     rnd = random.Random(7)
     with django_db_blocker.unblock():
-        assert connection.settings_dict["NAME"].startswith("test"), "refusing to bulk-load a non-test database"
-        big = [Context(keys={"bulk": str(i)}, keys_digest=keys_digest({"bulk": str(i)})) for i in range(500)]
+        assert connection.settings_dict["NAME"].startswith("test"), (
+            "refusing to bulk-load a non-test database"
+        )
+        big = [
+            Context(keys={"bulk": str(i)}, keys_digest=keys_digest({"bulk": str(i)}))
+            for i in range(500)
+        ]
         Context.objects.bulk_create(big)
         small, _ = logbook.context_get_or_create(keys={"bulk": "small"})
         rows = []
@@ -53,25 +58,61 @@ def store(django_db_setup, django_db_blocker):
         # The small context: some messages share the query words, some do not.
         small_texts = []
         for i in range(20):
-            words = rnd.sample(WORDS[:300], 6) + (["alpha"] if i % 2 == 0 else []) + (["beta"] * (i % 3))
+            words = (
+                rnd.sample(WORDS[:300], 6)
+                + (["alpha"] if i % 2 == 0 else [])
+                + (["beta"] * (i % 3))
+            )
             small_texts.append(" ".join(words))
-        rows += [(small.pk, i + 1, "user" if i % 2 else "assistant", t) for i, t in enumerate(small_texts)]
+        rows += [
+            (small.pk, i + 1, "user" if i % 2 else "assistant", t)
+            for i, t in enumerate(small_texts)
+        ]
         with connection.cursor() as cur:
             _copy_rows(
-                cur.cursor, "memory_app_message",
-                ["context_id", "seq", "role", "name", "text", "tags", "metadata", "token_count", "tokenizer",
-                 "source_timestamp", "created_at", "updated_at", "pruned_by"],
+                cur.cursor,
+                "memory_app_message",
+                [
+                    "context_id",
+                    "seq",
+                    "role",
+                    "name",
+                    "text",
+                    "tags",
+                    "metadata",
+                    "token_count",
+                    "tokenizer",
+                    "source_timestamp",
+                    "created_at",
+                    "updated_at",
+                    "pruned_by",
+                ],
                 ((c, s, r, "", t, "{}", "{}", 0, "", "", "now", "now", "") for c, s, r, t in rows),
             )
-            cur.execute("SELECT id, context_id FROM memory_app_message WHERE context_id = ANY(%s)",
-                        [[c.pk for c in big] + [small.pk]])
+            cur.execute(
+                "SELECT id, context_id FROM memory_app_message WHERE context_id = ANY(%s)",
+                [[c.pk for c in big] + [small.pk]],
+            )
             ids = cur.fetchall()
             vectors = rng.normal(size=(len(ids), DIMS)).astype(np.float32)
             _copy_rows(
-                cur.cursor, "memory_app_embedding",
-                ["message_id", "context_id", "model", "dimensions", "vector", "attempts", "last_error",
-                 "created_at", "embedded_at"],
-                ((mid, cid, MODEL, DIMS, _vector_text(v), 1, "", "now", "now") for (mid, cid), v in zip(ids, vectors, strict=True)),
+                cur.cursor,
+                "memory_app_embedding",
+                [
+                    "message_id",
+                    "context_id",
+                    "model",
+                    "dimensions",
+                    "vector",
+                    "attempts",
+                    "last_error",
+                    "created_at",
+                    "embedded_at",
+                ],
+                (
+                    (mid, cid, MODEL, DIMS, _vector_text(v), 1, "", "now", "now")
+                    for (mid, cid), v in zip(ids, vectors, strict=True)
+                ),
             )
             cur.execute("ANALYZE memory_app_message")
             cur.execute("ANALYZE memory_app_embedding")
@@ -88,9 +129,9 @@ def store(django_db_setup, django_db_blocker):
 
 
 def brute_force_semantic(context, query):
-    rows = Embedding.objects.filter(context=context, model=MODEL, message__pruned_at__isnull=True).values_list(
-        "message_id", "vector"
-    )
+    rows = Embedding.objects.filter(
+        context=context, model=MODEL, message__pruned_at__isnull=True
+    ).values_list("message_id", "vector")
     q = np.asarray(query, dtype=np.float64)
     scored = []
     for mid, v in rows:
@@ -114,7 +155,10 @@ def brute_force_keyword(context, query):
 
 def test_the_models_hnsw_index_is_present(store):
     with connection.cursor() as cur:
-        cur.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", [embeddings.index_name(MODEL, DIMS)])
+        cur.execute(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = %s",
+            [embeddings.index_name(MODEL, DIMS)],
+        )
         definition = cur.fetchone()[0]
     assert "USING hnsw" in definition and f"vector({DIMS})" in definition and MODEL in definition
 
@@ -125,21 +169,31 @@ def test_semantic_search_in_the_small_context_equals_brute_force(store, settings
     settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = threshold
     small = store["small"]
     query = np.random.default_rng(k).normal(size=DIMS).tolist()
-    result = search.search_messages(context=small, query="", k=k, mode="semantic", model=MODEL, query_vector=query)
+    result = search.search_messages(
+        context=small, query="", k=k, mode="semantic", model=MODEL, query_vector=query
+    )
     assert [h.message.pk for h in result.hits] == brute_force_semantic(small, query)[: min(k, 20)]
 
 
 def test_hnsw_path_on_a_large_context_returns_k_results_of_that_context(store, settings):
-    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 1000  # the 5,090-message context goes through HNSW
+    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = (
+        1000  # the 5,090-message context goes through HNSW
+    )
     ctx = store["big"][0]
     query = np.random.default_rng(3).normal(size=DIMS).tolist()
     ids, path = search.semantic_ranking(context_id=ctx.pk, model=MODEL, vector=query, limit=10)
     assert path == "hnsw" and len(ids) == 10
-    assert set(Message.objects.filter(pk__in=[i for i, _ in ids]).values_list("context_id", flat=True)) == {ctx.pk}
+    assert set(
+        Message.objects.filter(pk__in=[i for i, _ in ids]).values_list("context_id", flat=True)
+    ) == {ctx.pk}
     # Approximate recall (random 384-d vectors are HNSW's hardest case), but ranked by true distance.
     distances = [d for _, d in ids]
     assert distances == sorted(distances)
-    exact = dict(search._exact_ranking(context_id=ctx.pk, model=MODEL, vector=query, limit=6000, exclude_ids=[]))
+    exact = dict(
+        search._exact_ranking(
+            context_id=ctx.pk, model=MODEL, vector=query, limit=6000, exclude_ids=[]
+        )
+    )
     assert distances == pytest.approx([exact[i] for i, _ in ids], abs=1e-5)
 
 
@@ -158,9 +212,14 @@ def test_search_excludes_pruned_messages(store, system_actor):
     small = store["small"]
     top = search.search_messages(context=small, query="alpha", k=3, mode="keyword").hits[0].message
     logbook.messages_set_pruned(context=small, ids=[top.pk], pruned=True, actor=system_actor)
-    assert top.pk not in [h.message.pk for h in search.search_messages(context=small, query="alpha", k=50, mode="keyword").hits]
+    assert top.pk not in [
+        h.message.pk
+        for h in search.search_messages(context=small, query="alpha", k=50, mode="keyword").hits
+    ]
     query = np.asarray(Embedding.objects.get(message=top, model=MODEL).vector).tolist()
-    hits = search.search_messages(context=small, query="", k=50, mode="semantic", model=MODEL, query_vector=query).hits
+    hits = search.search_messages(
+        context=small, query="", k=50, mode="semantic", model=MODEL, query_vector=query
+    ).hits
     assert top.pk not in [h.message.pk for h in hits] and len(hits) == 19
 
 
@@ -168,10 +227,14 @@ def test_hybrid_fuses_both_rankings_by_reciprocal_rank(store):
     small = store["small"]
     first = Message.objects.get(context=small, seq=1)  # its text holds "alpha"
     query_vec = np.asarray(Embedding.objects.get(message=first, model=MODEL).vector).tolist()
-    result = search.search_messages(context=small, query="alpha", k=5, mode="hybrid", model=MODEL, query_vector=query_vec)
+    result = search.search_messages(
+        context=small, query="alpha", k=5, mode="hybrid", model=MODEL, query_vector=query_vec
+    )
     assert result.mode == "hybrid" and len(result.hits) == 5
     for h in result.hits:
-        assert h.score == pytest.approx(sum(1 / (60 + r) for r in (h.keyword_rank, h.semantic_rank) if r))
+        assert h.score == pytest.approx(
+            sum(1 / (60 + r) for r in (h.keyword_rank, h.semantic_rank) if r)
+        )
     assert [h.score for h in result.hits] == sorted((h.score for h in result.hits), reverse=True)
     both = [h for h in result.hits if h.keyword_rank and h.semantic_rank]
     assert first.pk in [h.message.pk for h in both]
@@ -179,4 +242,6 @@ def test_hybrid_fuses_both_rankings_by_reciprocal_rank(store):
 
 def test_a_query_vector_of_the_wrong_dimension_is_invalid(store):
     with pytest.raises(embeddings.DimensionMismatch):
-        search.search_messages(context=store["small"], query="", mode="semantic", model=MODEL, query_vector=[0.1] * 10)
+        search.search_messages(
+            context=store["small"], query="", mode="semantic", model=MODEL, query_vector=[0.1] * 10
+        )

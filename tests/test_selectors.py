@@ -16,7 +16,14 @@ STEAMSHIP_HISTORY = [
     ("b1", {"role": "user", "text": "hi"}),
     ("b2", {"role": "assistant", "text": "hello"}),
     ("b3", {"role": "user", "text": "weather"}),
-    ("b4", {"role": "assistant", "text": '{"name":"weather","arguments":"{}"}', "tags": ["function-selection"]}),
+    (
+        "b4",
+        {
+            "role": "assistant",
+            "text": '{"name":"weather","arguments":"{}"}',
+            "tags": ["function-selection"],
+        },
+    ),
     ("b5", {"role": "function", "name": "weather", "text": "sunny"}),
     ("b6", {"role": "assistant", "text": "It is sunny"}),
     ("b7", {"role": "agent", "text": "status: running tool"}),
@@ -26,7 +33,9 @@ STEAMSHIP_HISTORY = [
 
 def build(keys, items):
     context, _ = logbook.context_get_or_create(keys=keys)
-    result = logbook.messages_append(context=context, items=[dict(i, client_id=cid) for cid, i in items])
+    result = logbook.messages_append(
+        context=context, items=[dict(i, client_id=cid) for cid, i in items]
+    )
     return context, {m.pk: m.client_id for m in result.messages}
 
 
@@ -40,8 +49,12 @@ def steamship(db):
 
 
 def test_history_texts_count_like_the_reference_stand_in(steamship):
-    words = [len(i["text"].split()) for _, i in STEAMSHIP_HISTORY if i["role"] in ("user", "assistant")]
-    counted = tokens.count_tokens([i["text"] for _, i in STEAMSHIP_HISTORY if i["role"] in ("user", "assistant")])
+    words = [
+        len(i["text"].split()) for _, i in STEAMSHIP_HISTORY if i["role"] in ("user", "assistant")
+    ]
+    counted = tokens.count_tokens(
+        [i["text"] for _, i in STEAMSHIP_HISTORY if i["role"] in ("user", "assistant")]
+    )
     assert counted[:3] == words[:3] and counted[-2] == words[-2]  # hi, hello, weather, It is sunny
 
 
@@ -63,15 +76,24 @@ def test_steamship_turn_window_selects_the_verified_ids(steamship, k, expected):
 def test_steamship_window_never_examines_the_oldest_message(db):
     context, id_to_name = build(
         {"test": "starts-with-user"},
-        [("b0", {"role": "user", "text": "first question"}), ("b1", {"role": "assistant", "text": "first answer"}),
-         ("b2", {"role": "user", "text": "second"})],
+        [
+            ("b0", {"role": "user", "text": "first question"}),
+            ("b1", {"role": "assistant", "text": "first answer"}),
+            ("b2", {"role": "user", "text": "second"}),
+        ],
     )
-    assert names(select(context=context, spec=WindowSpec(k=5, semantics="steamship")), id_to_name) == ["b1"]
+    assert names(
+        select(context=context, spec=WindowSpec(k=5, semantics="steamship")), id_to_name
+    ) == ["b1"]
 
 
 def test_empty_history_selects_nothing(db):
     context, _ = logbook.context_get_or_create(keys={"test": "empty"})
-    for spec in (WindowSpec(k=3), WindowSpec(k=3, semantics="steamship"), TokenWindowSpec(max_tokens=10)):
+    for spec in (
+        WindowSpec(k=3),
+        WindowSpec(k=3, semantics="steamship"),
+        TokenWindowSpec(max_tokens=10),
+    ):
         assert select(context=context, spec=spec).items == []
 
 
@@ -86,9 +108,14 @@ def test_plain_window_is_the_last_k_messages_of_any_role(steamship):
     ("max_tokens", "expected"),
     [(3, ["b2", "b3"]), (5, ["b3", "b6"]), (50, ["b1", "b2", "b3", "b6"])],
 )
-def test_steamship_token_window_skip_policy_selects_the_verified_ids(steamship, max_tokens, expected):
+def test_steamship_token_window_skip_policy_selects_the_verified_ids(
+    steamship, max_tokens, expected
+):
     context, id_to_name = steamship
-    sel = select(context=context, spec=TokenWindowSpec(max_tokens=max_tokens, policy="skip", semantics="steamship"))
+    sel = select(
+        context=context,
+        spec=TokenWindowSpec(max_tokens=max_tokens, policy="skip", semantics="steamship"),
+    )
     assert names(sel, id_to_name) == expected
     assert sel.total_tokens < max_tokens
 
@@ -97,12 +124,21 @@ def test_skip_policy_includes_older_smaller_messages_past_an_oversized_one(db):
     big = "word " * 40
     context, id_to_name = build(
         {"test": "oversized"},
-        [("u1", {"role": "user", "text": "short one"}), ("a1", {"role": "assistant", "text": big}),
-         ("u2", {"role": "user", "text": "tiny"}), ("a2", {"role": "assistant", "text": big}),
-         ("u3", {"role": "user", "text": "the prompt"})],
+        [
+            ("u1", {"role": "user", "text": "short one"}),
+            ("a1", {"role": "assistant", "text": big}),
+            ("u2", {"role": "user", "text": "tiny"}),
+            ("a2", {"role": "assistant", "text": big}),
+            ("u3", {"role": "user", "text": "the prompt"}),
+        ],
     )
-    skip = select(context=context, spec=TokenWindowSpec(max_tokens=10, policy="skip", semantics="steamship"))
-    contiguous = select(context=context, spec=TokenWindowSpec(max_tokens=10, policy="contiguous", semantics="steamship"))
+    skip = select(
+        context=context, spec=TokenWindowSpec(max_tokens=10, policy="skip", semantics="steamship")
+    )
+    contiguous = select(
+        context=context,
+        spec=TokenWindowSpec(max_tokens=10, policy="contiguous", semantics="steamship"),
+    )
     assert names(skip, id_to_name) == ["u1", "u2"]
     assert names(contiguous, id_to_name) == []
     assert any("skipped" in n for n in skip.notes)
@@ -111,12 +147,20 @@ def test_skip_policy_includes_older_smaller_messages_past_an_oversized_one(db):
 def test_token_window_budget_is_strict(db):
     context, id_to_name = build(
         {"test": "strict"},
-        [("a", {"role": "user", "text": "one two"}), ("b", {"role": "assistant", "text": "three four"})],
+        [
+            ("a", {"role": "user", "text": "one two"}),
+            ("b", {"role": "assistant", "text": "three four"}),
+        ],
     )
-    assert [i.tokens for i in select(context=context, spec=TokenWindowSpec(max_tokens=100)).items] == [2, 2]
+    assert [
+        i.tokens for i in select(context=context, spec=TokenWindowSpec(max_tokens=100)).items
+    ] == [2, 2]
     # 2 + 2 == 4 is not strictly below 4: only the newest fits.
     assert names(select(context=context, spec=TokenWindowSpec(max_tokens=4)), id_to_name) == ["b"]
-    assert names(select(context=context, spec=TokenWindowSpec(max_tokens=5)), id_to_name) == ["a", "b"]
+    assert names(select(context=context, spec=TokenWindowSpec(max_tokens=5)), id_to_name) == [
+        "a",
+        "b",
+    ]
 
 
 def test_token_window_counts_on_the_fly_when_stored_counts_are_from_another_tokenizer(steamship):
@@ -140,8 +184,13 @@ def test_unknown_tokenizer_is_refused(steamship):
 
 @pytest.mark.parametrize(
     "spec",
-    [WindowSpec(k=0), WindowSpec(k=3, semantics="other"), TokenWindowSpec(max_tokens=0),
-     TokenWindowSpec(max_tokens=5, policy="greedy"), SearchSpec(query="x", k=0)],
+    [
+        WindowSpec(k=0),
+        WindowSpec(k=3, semantics="other"),
+        TokenWindowSpec(max_tokens=0),
+        TokenWindowSpec(max_tokens=5, policy="greedy"),
+        SearchSpec(query="x", k=0),
+    ],
 )
 def test_bad_parameters_are_invalid(steamship, spec):
     context, _ = steamship
@@ -152,11 +201,16 @@ def test_bad_parameters_are_invalid(steamship, spec):
 def test_pruned_messages_never_appear(steamship, system_actor):
     context, id_to_name = steamship
     by_name = {v: k for k, v in id_to_name.items()}
-    logbook.messages_set_pruned(context=context, ids=[by_name["b6"], by_name["b2"]], pruned=True, actor=system_actor)
+    logbook.messages_set_pruned(
+        context=context, ids=[by_name["b6"], by_name["b2"]], pruned=True, actor=system_actor
+    )
     specs = [
-        WindowSpec(k=50), WindowSpec(k=5, semantics="steamship"),
-        TokenWindowSpec(max_tokens=1000), TokenWindowSpec(max_tokens=1000, policy="skip", semantics="steamship"),
-        SearchSpec(query="sunny hello", k=10, mode="keyword"), CompositeSpec(),
+        WindowSpec(k=50),
+        WindowSpec(k=5, semantics="steamship"),
+        TokenWindowSpec(max_tokens=1000),
+        TokenWindowSpec(max_tokens=1000, policy="skip", semantics="steamship"),
+        SearchSpec(query="sunny hello", k=10, mode="keyword"),
+        CompositeSpec(),
     ]
     for spec in specs:
         chosen = set(names(select(context=context, spec=spec), id_to_name))
@@ -184,7 +238,9 @@ def test_composite_follows_functions_based_agent_order_and_dedup(db):
     )
     sel = select(
         context=context,
-        spec=CompositeSpec(window=WindowSpec(k=1, semantics="steamship"), search_k=3, search_mode="keyword"),
+        spec=CompositeSpec(
+            window=WindowSpec(k=1, semantics="steamship"), search_k=3, search_mode="keyword"
+        ),
     )
     got = names(sel, id_to_name)
     # system; search hits for u4 (u1, a1; u4 itself excluded) and the 1-turn window, by position
@@ -203,10 +259,17 @@ def test_composite_follows_functions_based_agent_order_and_dedup(db):
 def test_composite_window_and_search_overlap_is_listed_once(db):
     context, id_to_name = build(
         {"test": "composite-overlap"},
-        [("s", {"role": "system", "text": "Be brief"}), ("u1", {"role": "user", "text": "apples are red"}),
-         ("a1", {"role": "assistant", "text": "yes apples are red"}), ("u2", {"role": "user", "text": "apples"})],
+        [
+            ("s", {"role": "system", "text": "Be brief"}),
+            ("u1", {"role": "user", "text": "apples are red"}),
+            ("a1", {"role": "assistant", "text": "yes apples are red"}),
+            ("u2", {"role": "user", "text": "apples"}),
+        ],
     )
-    sel = select(context=context, spec=CompositeSpec(window=WindowSpec(k=2, semantics="steamship"), search_mode="keyword"))
+    sel = select(
+        context=context,
+        spec=CompositeSpec(window=WindowSpec(k=2, semantics="steamship"), search_mode="keyword"),
+    )
     assert names(sel, id_to_name) == ["s", "u1", "a1", "u2"]
     assert sel.items[1].reason.startswith("search hit")  # search came first, so its reason is kept
 
@@ -225,7 +288,11 @@ def test_semantic_search_without_provider_says_so(steamship, settings):
     context, _ = steamship
     with pytest.raises(SemanticUnavailable, match="embedding provider"):
         select(context=context, spec=SearchSpec(query="sunny", mode="semantic"))
-    assert selectors.select(context=context, spec=SearchSpec(query="sunny")).notes[0].startswith("mode keyword")
+    assert (
+        selectors.select(context=context, spec=SearchSpec(query="sunny"))
+        .notes[0]
+        .startswith("mode keyword")
+    )
 
 
 # --- over HTTP ---------------------------------------------------------------------------------
@@ -251,9 +318,14 @@ def test_select_endpoint_answers_the_same_as_the_domain_function(db):
     assert response.status_code == 200, response.content
     data = response.json()
     assert [ids[i["message"]["id"]] for i in data["items"]] == ["b3", "b6"]
-    assert data["total_tokens"] == 4 and data["max_tokens"] == 5 and data["tokenizer"] == "cl100k_base"
+    assert (
+        data["total_tokens"] == 4 and data["max_tokens"] == 5 and data["tokenizer"] == "cl100k_base"
+    )
     assert all(i["reason"] for i in data["items"])
-    composite = api.post(f"/api/v1/contexts/{cid}/select", {"selector": "composite", "window": {"kind": "window", "k": 1}})
+    composite = api.post(
+        f"/api/v1/contexts/{cid}/select",
+        {"selector": "composite", "window": {"kind": "window", "k": 1}},
+    )
     assert composite.status_code == 200, composite.content
     assert [ids[i["message"]["id"]] for i in composite.json()["items"]][0] == "b0"
 
@@ -287,7 +359,10 @@ def test_select_endpoint_hides_other_tenants_contexts(db):
     owner = make_key(scopes=["read", "write"])
     cid, _ = _api_history(owner)
     stranger = make_key(scopes=["read"], context_keys={"user": "bob"})
-    assert stranger.post(f"/api/v1/contexts/{cid}/select", {"selector": "window", "k": 3}).status_code == 404
+    assert (
+        stranger.post(f"/api/v1/contexts/{cid}/select", {"selector": "window", "k": 3}).status_code
+        == 404
+    )
 
 
 # --- random histories against a test-side transcription of Steamship's two selectors -----------
@@ -355,17 +430,27 @@ def oracle_token_window(history, max_tokens):
 
 
 history_strategy = st.lists(
-    st.tuples(st.sampled_from(sorted(KINDS)), st.lists(st.sampled_from(WORDS), min_size=0, max_size=6), st.booleans()),
-    min_size=1, max_size=14,
+    st.tuples(
+        st.sampled_from(sorted(KINDS)),
+        st.lists(st.sampled_from(WORDS), min_size=0, max_size=6),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=14,
 )
 _counter = iter(range(10**9))
 
 
 @pytest.mark.django_db
-@hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hsettings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(history=history_strategy, k=st.integers(1, 4), max_tokens=st.integers(1, 25))
 def test_random_histories_select_what_steamship_selects(history, k, max_tokens, system_actor):
-    items = [(f"m{i}", dict(KINDS[kind], text=" ".join(words))) for i, (kind, words, _) in enumerate(history)]
+    items = [
+        (f"m{i}", dict(KINDS[kind], text=" ".join(words)))
+        for i, (kind, words, _) in enumerate(history)
+    ]
     context, id_to_name = build({"test": "random", "n": next(_counter)}, items)
     pruned = [pk for pk, name in id_to_name.items() if history[int(name[1:])][2]]
     if pruned:
@@ -373,10 +458,17 @@ def test_random_histories_select_what_steamship_selects(history, k, max_tokens, 
     from memory_app.models import Message
 
     counts = dict(Message.objects.filter(context=context).values_list("client_id", "token_count"))
-    live = [(f"m{i}", kind, counts[f"m{i}"]) for i, (kind, _, is_pruned) in enumerate(history) if not is_pruned]
+    live = [
+        (f"m{i}", kind, counts[f"m{i}"])
+        for i, (kind, _, is_pruned) in enumerate(history)
+        if not is_pruned
+    ]
 
     window = select(context=context, spec=WindowSpec(k=k, semantics="steamship"))
-    tokens_skip = select(context=context, spec=TokenWindowSpec(max_tokens=max_tokens, policy="skip", semantics="steamship"))
+    tokens_skip = select(
+        context=context,
+        spec=TokenWindowSpec(max_tokens=max_tokens, policy="skip", semantics="steamship"),
+    )
     if not live:  # Steamship raises IndexError on an empty history; we answer nothing
         assert window.items == [] and tokens_skip.items == []
         return

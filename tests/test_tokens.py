@@ -35,7 +35,9 @@ def test_other_encodings_are_offered_when_their_files_are_cached(monkeypatch, tm
 def test_counts_are_stored_at_write_time_and_summed_on_the_context():
     context, _ = logbook.context_get_or_create(keys={"test": "tokens"})
     texts = ["hello world", "It is sunny", ""]
-    messages = logbook.messages_append(context=context, items=[{"role": "user", "text": t} for t in texts]).messages
+    messages = logbook.messages_append(
+        context=context, items=[{"role": "user", "text": t} for t in texts]
+    ).messages
     assert [m.token_count for m in messages] == [2, 3, 0]
     assert {m.tokenizer for m in messages} == {"cl100k_base"}
     context.refresh_from_db()

@@ -56,14 +56,27 @@ class MemoryRecordIn(Schema):
     model_config = ConfigDict(
         json_schema_extra={
             "examples": [
-                {"context_id": 7, "content": "Ada prefers tea", "kind": "preference", "keywords": ["tea"]},
-                {"context_id": 7, "scope_keys": {"user": "ada"}, "thinking": "worth keeping",
-                 "contents": ["Ada lives in Paris", "Ada plays chess"]},
+                {
+                    "context_id": 7,
+                    "content": "Ada prefers tea",
+                    "kind": "preference",
+                    "keywords": ["tea"],
+                },
+                {
+                    "context_id": 7,
+                    "scope_keys": {"user": "ada"},
+                    "thinking": "worth keeping",
+                    "contents": ["Ada lives in Paris", "Ada plays chess"],
+                },
             ]
         }
     )
-    context_id: Id | None = Field(None, description="the context scope; or the context the key subset is taken from")
-    scope_keys: JsonObject | None = Field(None, description="a key subset: every context containing these keys")
+    context_id: Id | None = Field(
+        None, description="the context scope; or the context the key subset is taken from"
+    )
+    scope_keys: JsonObject | None = Field(
+        None, description="a key subset: every context containing these keys"
+    )
     content: Text | None = Field(None, max_length=memories.MAX_CONTENT_CHARS)
     contents: list[Text] | None = Field(None, max_length=memories.MAX_ITEMS)
     items: list[MemoryItemIn] | None = Field(None, max_length=memories.MAX_ITEMS)
@@ -76,14 +89,20 @@ class MemoryRecordIn(Schema):
 
     def to_items(self) -> list[dict[str, Any]]:
         shared = {
-            "kind": self.kind, "keywords": self.keywords, "metadata": self.metadata,
-            "source_message_id": self.source_message_id, "source_step_id": self.source_step_id,
+            "kind": self.kind,
+            "keywords": self.keywords,
+            "metadata": self.metadata,
+            "source_message_id": self.source_message_id,
+            "source_step_id": self.source_step_id,
         }
         out = []
         if self.content is not None:
             out.append(shared | {"content": self.content})
         out += [shared | {"content": c} for c in self.contents or []]
-        out += [{k: v for k, v in i.dict().items() if v is not None} | {"kind": i.kind or self.kind} for i in self.items or []]
+        out += [
+            {k: v for k, v in i.dict().items() if v is not None} | {"kind": i.kind or self.kind}
+            for i in self.items or []
+        ]
         return out
 
 
@@ -115,13 +134,19 @@ class MemoryRecordBatchOut(Schema):
 
 class MemoryRetrieveIn(Schema):
     model_config = ConfigDict(
-        json_schema_extra={"examples": [{"context_id": 7, "keywords": ["tea"], "limit": 5},
-                                        {"context_id": 7, "query": "what does Ada drink?"}]}
+        json_schema_extra={
+            "examples": [
+                {"context_id": 7, "keywords": ["tea"], "limit": 5},
+                {"context_id": 7, "query": "what does Ada drink?"},
+            ]
+        }
     )
     context_id: Id
     keywords: Keywords | None = Field(None, max_length=50)
     query: Text | None = Field(None, max_length=10_000)
-    limit: int = Field(5, ge=1, le=memories.MAX_LIMIT, description="per keyword (AgentScope), and for the query")
+    limit: int = Field(
+        5, ge=1, le=memories.MAX_LIMIT, description="per keyword (AgentScope), and for the query"
+    )
     kinds: list[Kind] | None = None
     include_archived: bool = False
 
@@ -176,19 +201,29 @@ def _memory_for(request, memory_id: int) -> MemoryRecord:
     return record
 
 
-@router.post("/memories", response=responses({200: MemoryRecordBatchOut, 201: MemoryRecordBatchOut}, WRITE_ERRORS), summary="Record memories")
+@router.post(
+    "/memories",
+    response=responses({200: MemoryRecordBatchOut, 201: MemoryRecordBatchOut}, WRITE_ERRORS),
+    summary="Record memories",
+)
 def memories_record(request, body: MemoryRecordIn):
     """201 when at least one record is new; content already in the scope returns the stored
     record (`created: false`), 200 when nothing was new."""
     require_scope(request, "write")
     scope = _scope_for(request, body)
     items = body.to_items()
-    results = memories.memories_record(scope=scope, items=items, actor=actor_for(request), thinking=body.thinking or "")
+    results = memories.memories_record(
+        scope=scope, items=items, actor=actor_for(request), thinking=body.thinking or ""
+    )
     status = 201 if any(r.created for r in results) else 200
     return Status(status, {"items": [{"memory": r.record, "created": r.created} for r in results]})
 
 
-@router.post("/memories/retrieve", response=responses({200: MemoryRetrieveOut}, WRITE_ERRORS), summary="Retrieve memories")
+@router.post(
+    "/memories/retrieve",
+    response=responses({200: MemoryRetrieveOut}, WRITE_ERRORS),
+    summary="Retrieve memories",
+)
 def memories_retrieve(request, body: MemoryRetrieveIn):
     """What a context recalls: its own records and those of every key subset its keys contain.
     `keywords` answer up to `limit` records each (AgentScope's `retrieve_from_memory`); `query`
@@ -196,45 +231,78 @@ def memories_retrieve(request, body: MemoryRetrieveIn):
     require_scope(request, "read")
     context = context_for(request, body.context_id)
     recalled = memories.memories_retrieve(
-        context=context, keywords=body.keywords, query=body.query, limit=body.limit, kinds=body.kinds,
+        context=context,
+        keywords=body.keywords,
+        query=body.query,
+        limit=body.limit,
+        kinds=body.kinds,
         include_archived=body.include_archived,
     )
-    items = [MemoryRecordOut.from_orm(r.record).dict() | {"score": r.score, "reason": r.reason} for r in recalled]
+    items = [
+        MemoryRecordOut.from_orm(r.record).dict() | {"score": r.score, "reason": r.reason}
+        for r in recalled
+    ]
     return Status(200, {"items": items})
 
 
-@router.get("/memories/{memory_id}", response=responses({200: MemoryRecordOut}), summary="Get a memory")
+@router.get(
+    "/memories/{memory_id}", response=responses({200: MemoryRecordOut}), summary="Get a memory"
+)
 def memory_get(request, memory_id: MemoryId):
     require_scope(request, "read")
     return Status(200, _memory_for(request, memory_id))
 
 
-@router.patch("/memories/{memory_id}", response=responses({200: MemoryRecordOut}, WRITE_ERRORS), summary="Edit a memory")
+@router.patch(
+    "/memories/{memory_id}",
+    response=responses({200: MemoryRecordOut}, WRITE_ERRORS),
+    summary="Edit a memory",
+)
 def memory_edit(request, memory_id: MemoryId, body: MemoryEditIn):
     """The previous version is kept in the audit log; 409 when the new content already exists in
     the same scope."""
     require_scope(request, "write")
     record = _memory_for(request, memory_id)
     record = memories.memory_edit(
-        record=record, actor=actor_for(request), content=body.content, kind=body.kind, thinking=body.thinking,
-        keywords=body.keywords, metadata=body.metadata, note=body.note or "",
+        record=record,
+        actor=actor_for(request),
+        content=body.content,
+        kind=body.kind,
+        thinking=body.thinking,
+        keywords=body.keywords,
+        metadata=body.metadata,
+        note=body.note or "",
     )
     return Status(200, record)
 
 
-@router.post("/memories/{memory_id}/archive", response=responses({200: MemoryRecordOut}, WRITE_ERRORS), summary="Archive a memory")
+@router.post(
+    "/memories/{memory_id}/archive",
+    response=responses({200: MemoryRecordOut}, WRITE_ERRORS),
+    summary="Archive a memory",
+)
 def memory_archive(request, memory_id: MemoryId, body: MemoryNoteIn | None = None):
     require_scope(request, "write")
     record = memories.memory_set_archived(
-        record=_memory_for(request, memory_id), archived=True, actor=actor_for(request), note=(body.note if body else "") or ""
+        record=_memory_for(request, memory_id),
+        archived=True,
+        actor=actor_for(request),
+        note=(body.note if body else "") or "",
     )
     return Status(200, record)
 
 
-@router.post("/memories/{memory_id}/restore", response=responses({200: MemoryRecordOut}, WRITE_ERRORS), summary="Restore a memory")
+@router.post(
+    "/memories/{memory_id}/restore",
+    response=responses({200: MemoryRecordOut}, WRITE_ERRORS),
+    summary="Restore a memory",
+)
 def memory_restore(request, memory_id: MemoryId, body: MemoryNoteIn | None = None):
     require_scope(request, "write")
     record = memories.memory_set_archived(
-        record=_memory_for(request, memory_id), archived=False, actor=actor_for(request), note=(body.note if body else "") or ""
+        record=_memory_for(request, memory_id),
+        archived=False,
+        actor=actor_for(request),
+        note=(body.note if body else "") or "",
     )
     return Status(200, record)

@@ -49,7 +49,10 @@ class WindowOptionsIn(Schema):
         if self.max_tokens is None:
             raise Invalid("a token_window needs max_tokens")
         return selectors.TokenWindowSpec(
-            max_tokens=self.max_tokens, policy=self.policy, tokenizer=self.tokenizer, semantics=self.semantics
+            max_tokens=self.max_tokens,
+            policy=self.policy,
+            tokenizer=self.tokenizer,
+            semantics=self.semantics,
         )
 
 
@@ -66,19 +69,27 @@ class SelectIn(Schema):
         }
     )
     selector: Literal["window", "token_window", "search", "composite"]
-    k: int | None = Field(None, ge=1, le=selectors.MAX_K, description="window size or number of search hits")
+    k: int | None = Field(
+        None, ge=1, le=selectors.MAX_K, description="window size or number of search hits"
+    )
     semantics: Literal["plain", "steamship"] = Field(
         "plain", description="`steamship`: turn semantics of Steamship's selectors (k counts turns)"
     )
-    max_tokens: int | None = Field(None, ge=1, le=10_000_000, description="token_window budget (strictly below)")
+    max_tokens: int | None = Field(
+        None, ge=1, le=10_000_000, description="token_window budget (strictly below)"
+    )
     policy: Literal["contiguous", "skip"] = "contiguous"
-    tokenizer: Short(50) | None = Field(None, description="tiktoken encoding name; default cl100k_base")
+    tokenizer: Short(50) | None = Field(
+        None, description="tiktoken encoding name; default cl100k_base"
+    )
     query: Text | None = Field(None, max_length=search.MAX_QUERY_CHARS)
     mode: Literal["auto", "keyword", "semantic", "hybrid"] = "auto"
     model: Short(200) | None = Field(None, description="embedding model of `query_vector`")
     query_vector: list[FiniteFloat] | None = Field(None, max_length=16000)
     window: WindowOptionsIn | None = Field(None, description="composite: the recent window")
-    search_k: int = Field(3, ge=1, le=100, description="composite: search hits for the last user message")
+    search_k: int = Field(
+        3, ge=1, le=100, description="composite: search hits for the last user message"
+    )
     search_mode: Literal["auto", "keyword", "semantic", "hybrid", "off"] = "auto"
 
     def to_spec(self) -> selectors.SelectorSpec:
@@ -90,17 +101,25 @@ class SelectIn(Schema):
             if self.max_tokens is None:
                 raise Invalid("the token_window selector needs max_tokens")
             return selectors.TokenWindowSpec(
-                max_tokens=self.max_tokens, policy=self.policy, tokenizer=self.tokenizer, semantics=self.semantics
+                max_tokens=self.max_tokens,
+                policy=self.policy,
+                tokenizer=self.tokenizer,
+                semantics=self.semantics,
             )
         if self.selector == "search":
             if not (self.query and self.query.strip()) and self.query_vector is None:
                 raise Invalid("the search selector needs a query (or a query_vector)")
             return selectors.SearchSpec(
-                query=self.query or "", k=self.k or 5, mode=self.mode, model=self.model,
+                query=self.query or "",
+                k=self.k or 5,
+                mode=self.mode,
+                model=self.model,
                 query_vector=tuple(self.query_vector) if self.query_vector is not None else None,
             )
         window = (self.window or WindowOptionsIn()).to_spec()
-        return selectors.CompositeSpec(window=window, search_k=self.search_k, search_mode=self.search_mode)
+        return selectors.CompositeSpec(
+            window=window, search_k=self.search_k, search_mode=self.search_mode
+        )
 
 
 class SelectedOut(Schema):
@@ -142,15 +161,22 @@ def select(request, context_id: ContextId, body: SelectIn):
     return Status(
         200,
         {
-            "selector": selection.selector, "items": selection.items, "count": selection.count,
-            "total_tokens": selection.total_tokens, "max_tokens": selection.max_tokens,
-            "tokenizer": selection.tokenizer, "scanned": selection.scanned, "notes": selection.notes,
+            "selector": selection.selector,
+            "items": selection.items,
+            "count": selection.count,
+            "total_tokens": selection.total_tokens,
+            "max_tokens": selection.max_tokens,
+            "tokenizer": selection.tokenizer,
+            "scanned": selection.scanned,
+            "notes": selection.notes,
         },
     )
 
 
 class MessageVectorIn(Schema):
-    model_config = ConfigDict(json_schema_extra={"examples": [{"model": "my-model", "vector": [0.1, 0.2, 0.3]}]})
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"model": "my-model", "vector": [0.1, 0.2, 0.3]}]}
+    )
     model: Short(200) = Field(min_length=1, description="the embedding model the vector comes from")
     vector: list[FiniteFloat] = Field(min_length=1, max_length=16000)
 

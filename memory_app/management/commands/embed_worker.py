@@ -22,11 +22,21 @@ class Command(BaseCommand):
     help = "Compute pending embeddings with the configured provider (safe to run several at once)."
 
     def add_arguments(self, parser):
-        parser.add_argument("--once", action="store_true", help="stop when nothing is due instead of waiting")
-        parser.add_argument("--max-batches", type=int, default=None, help="stop after this many batches")
+        parser.add_argument(
+            "--once", action="store_true", help="stop when nothing is due instead of waiting"
+        )
+        parser.add_argument(
+            "--max-batches", type=int, default=None, help="stop after this many batches"
+        )
         parser.add_argument("--batch-size", type=int, default=None, help="items per provider call")
-        parser.add_argument("--idle-sleep", type=float, default=2.0, help="seconds to wait when idle")
-        parser.add_argument("--provider", choices=["local", "openai"], help="default: AGENTMEMORY_EMBEDDING_PROVIDER")
+        parser.add_argument(
+            "--idle-sleep", type=float, default=2.0, help="seconds to wait when idle"
+        )
+        parser.add_argument(
+            "--provider",
+            choices=["local", "openai"],
+            help="default: AGENTMEMORY_EMBEDDING_PROVIDER",
+        )
         parser.add_argument("--model", help="default: AGENTMEMORY_EMBEDDING_MODEL")
         parser.add_argument("--base-url", help="openai: default AGENTMEMORY_OPENAI_BASE_URL")
 
@@ -40,8 +50,12 @@ class Command(BaseCommand):
             f"embedding with {provider.describe()}: {embeddings.pending_count(model=provider.model)} pending"
         )
         totals = embeddings.run_worker(
-            provider=provider, batch_size=opts["batch_size"], once=opts["once"],
-            max_batches=opts["max_batches"], idle_sleep=opts["idle_sleep"], stop=stop,
+            provider=provider,
+            batch_size=opts["batch_size"],
+            once=opts["once"],
+            max_batches=opts["max_batches"],
+            idle_sleep=opts["idle_sleep"],
+            stop=stop,
         )
         self.stdout.write(
             f"done: {totals.embedded} embedded, {totals.failed} postponed"
@@ -53,7 +67,9 @@ class Command(BaseCommand):
 def provider_from_options(opts) -> embeddings.EmbeddingProvider:
     kind = opts.get("provider") or embeddings.provider_kind()
     if kind == "none":
-        raise CommandError("no embedding provider configured: set AGENTMEMORY_EMBEDDING_PROVIDER or pass --provider")
+        raise CommandError(
+            "no embedding provider configured: set AGENTMEMORY_EMBEDDING_PROVIDER or pass --provider"
+        )
     model = opts.get("model") or (
         embeddings.active_model_name() if kind == embeddings.provider_kind() else None
     )

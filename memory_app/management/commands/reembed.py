@@ -27,13 +27,19 @@ class Command(BaseCommand):
         parser.add_argument("--base-url")
         parser.add_argument("--context", type=int, help="only this context")
         parser.add_argument("--batch-size", type=int, default=None)
-        parser.add_argument("--queue-only", action="store_true", help="queue rows; let embed_worker fill them")
-        parser.add_argument("--drop-old", metavar="MODEL", help="delete this model's rows (after the switch)")
+        parser.add_argument(
+            "--queue-only", action="store_true", help="queue rows; let embed_worker fill them"
+        )
+        parser.add_argument(
+            "--drop-old", metavar="MODEL", help="delete this model's rows (after the switch)"
+        )
 
     def handle(self, *args, **opts):
         if opts["drop_old"]:
             if opts["drop_old"] == embeddings.active_model_name():
-                raise CommandError("refusing to drop the model searches use now (AGENTMEMORY_EMBEDDING_MODEL)")
+                raise CommandError(
+                    "refusing to drop the model searches use now (AGENTMEMORY_EMBEDDING_MODEL)"
+                )
             qs = Embedding.objects.filter(model=opts["drop_old"])
             if opts["context"]:
                 qs = qs.filter(context_id=opts["context"])
@@ -46,7 +52,9 @@ class Command(BaseCommand):
         queued = embeddings.reembed_enqueue(model=provider.model, context_id=opts["context"])
         self.stdout.write(f"queued {queued} items for {provider.model}")
         if not opts["queue_only"]:
-            totals = embeddings.run_worker(provider=provider, batch_size=opts["batch_size"], once=True)
+            totals = embeddings.run_worker(
+                provider=provider, batch_size=opts["batch_size"], once=True
+            )
             self.stdout.write(f"embedded {totals.embedded}, postponed {totals.failed}")
         done, total = embeddings.model_coverage(model=provider.model, context_id=opts["context"])
         state = "complete" if done == total else "incomplete"
