@@ -11,7 +11,6 @@ import os
 import warnings
 from pathlib import Path
 
-
 DATABASE_NAME = "agentmemory"
 
 

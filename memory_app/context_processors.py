@@ -1,5 +1,7 @@
 from django.conf import settings
 
+from memory_app.embeddings import describe_active
+
 
 def runtime(request):
     """What the dashboard header shows: which database and embedding provider are active."""
@@ -7,5 +9,5 @@ def runtime(request):
     database = "embedded PostgreSQL" if settings.EMBEDDED_DATABASE else f"PostgreSQL {db.get('HOST') or 'local'}/{db.get('NAME')}"
     return {
         "runtime_database": database,
-        "runtime_embedding_provider": settings.AGENTMEMORY_EMBEDDING_PROVIDER,
+        "runtime_embedding_provider": describe_active(),
     }
