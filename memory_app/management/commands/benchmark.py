@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from django.conf import settings
@@ -165,8 +166,10 @@ class Command(BaseCommand):
             t = time.perf_counter()
             try:
                 fn(bench)
-            except scenarios.BenchError as exc:
-                report.skip(name, f"failed: {exc}", self.log)
+            except Exception as exc:  # one broken area must not lose the others' figures
+                report.skip(name, f"failed: {type(exc).__name__}: {str(exc)[:300]}", self.log)
+                if not isinstance(exc, scenarios.BenchError):
+                    traceback.print_exc(file=self.stderr)
             self.log(f"  ({time.perf_counter() - t:.1f} s)")
         return report
 
