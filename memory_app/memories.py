@@ -11,6 +11,10 @@ A record lives in a scope:
   (`{"user": "ada", "chat": "7"}` sees it, `{"user": "bob"}` does not).
 Recording the same content again in the same scope returns the existing record (the database
 holds unique (scope_digest, content_hash); whitespace differences do not make new content).
+
+This module is the one implementation: the API (`memory_app.api.memories`) and the dashboard
+(`memory_app.views.memories`: promote a message or step, edit, archive, merge, list) both call it,
+so a fact promoted in the dashboard and recorded by an agent in the same scope is one record.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.contrib.postgres.search import SearchQuery, SearchRank
 from django.db import IntegrityError, connection, transaction
@@ -63,7 +67,9 @@ class Scope:
         if self.context is not None:
             # Distinct from a key-subset scope equal to the context's keys: that one also covers
             # contexts with more keys.
-            return keys_digest({"__context__": self.context.pk})
+            # The context's keys digest, not its pk: a backup restored into another database
+            # keeps its records' digests, so recording the same content there still de-duplicates.
+            return keys_digest({"__context__": self.context.keys_digest})
         return keys_digest(self.keys)
 
     @property
@@ -92,9 +98,17 @@ def _snapshot(record: MemoryRecord) -> dict[str, Any]:
     }
 
 
+def _no_nul(value: str, what: str) -> str:
+    # PostgreSQL text cannot hold NUL: refuse clearly instead of failing in the database.
+    if "\x00" in value:
+        raise Invalid(f"the memory {what} contains a NUL character")
+    return value
+
+
 def _clean_content(content: Any) -> str:
     if not isinstance(content, str) or not content.strip():
         raise Invalid("memory content must be a non-empty string")
+    _no_nul(content, "content")
     if len(content) > MAX_CONTENT_CHARS:
         raise Invalid(f"memory content is longer than {MAX_CONTENT_CHARS} characters")
     return content.strip()
@@ -113,6 +127,8 @@ def _clean_keywords(keywords: Any) -> list[str]:
         isinstance(k, str) and 0 < len(k) <= 200 for k in keywords
     ):
         raise Invalid("keywords must be a list of strings of 1 to 200 characters")
+    for k in keywords:
+        _no_nul(k, "keywords")
     return list(dict.fromkeys(k.strip() for k in keywords if k.strip()))
 
 
@@ -128,8 +144,9 @@ def _check_source(scope: Scope, *, message_id: int | None, step_id: int | None) 
             raise NotFound(f"step {step_id} not found in this scope")
 
 
-@dataclass(frozen=True)
-class Recorded:
+class Recorded(NamedTuple):
+    """A tuple, so callers may write `record, created = ...`."""
+
     record: MemoryRecord
     created: bool
 
@@ -140,6 +157,18 @@ def memories_record(
     """Record facts into `scope`, all or nothing. Each item: content, and optionally kind,
     thinking (defaults to the shared `thinking`), keywords, metadata, source_message_id,
     source_step_id. Content already in the scope returns the stored record (created False)."""
+    return _record(scope=scope, items=items, actor=actor, thinking=thinking, action="record")
+
+
+def _record(
+    *,
+    scope: Scope,
+    items: Sequence[dict[str, Any]],
+    actor: Actor,
+    thinking: str,
+    action: str,
+    note: str = "",
+) -> list[Recorded]:
     if not items:
         raise Invalid("nothing to record")
     if len(items) > MAX_ITEMS:
@@ -160,7 +189,7 @@ def memories_record(
                 "content": content,
                 "content_hash": content_hash(content),
                 "kind": _clean_kind(item.get("kind")),
-                "thinking": item.get("thinking") or thinking or "",
+                "thinking": _no_nul(item.get("thinking") or thinking or "", "thinking"),
                 "keywords": _clean_keywords(item.get("keywords")),
                 "metadata": item.get("metadata") or {},
                 "source_message_id": source_message_id,
@@ -182,11 +211,12 @@ def memories_record(
             embeddings.enqueue_memory_records(new)
             audit_record(
                 actor=actor,
-                action="record",
+                action=action,
                 target_type="memoryrecord",
                 target_ids=[r.pk for r in new],
                 context_id=scope.context.pk if scope.context else None,
                 after=[{"id": r.pk, "content": r.content, "kind": r.kind} for r in new],
+                note=note,
             )
     return results
 
@@ -338,7 +368,7 @@ def memory_edit(
         if kind is not None:
             record.kind = _clean_kind(kind)
         if thinking is not None:
-            record.thinking = thinking
+            record.thinking = _no_nul(thinking, "thinking")
         if keywords is not None:
             record.keywords = _clean_keywords(keywords)
         if metadata is not None:
@@ -390,3 +420,103 @@ def memory_set_archived(
             note=note,
         )
     return record
+
+
+def memory_promote(
+    *, actor: Actor, message: Message | None = None, step: Step | None = None, kind: str = "fact"
+) -> Recorded:
+    """Record a message's text or a step's observations as a memory of its context, linked back
+    to its source (provenance). It goes through the same path as an agent's record, so promoting
+    content already recorded in that context's scope returns the existing record."""
+    if (message is None) == (step is None):
+        raise Invalid("promote exactly one message or one step")
+    if message is not None:
+        context, content, source = message.context, message.text, "message"
+    else:
+        context, content, source = step.run.context, step.observations, "step"
+    if not (content or "").strip():
+        raise Invalid("there is no text to promote")
+    [recorded] = _record(
+        scope=Scope(context=context),
+        items=[
+            {
+                "content": content,
+                "kind": kind,
+                "metadata": {"promoted_from": source},
+                "source_message_id": message.pk if message is not None else None,
+                "source_step_id": step.pk if step is not None else None,
+            }
+        ],
+        actor=actor,
+        thinking="",
+        action="memory_promote",
+        note=f"from {source} {(message or step).pk}",
+    )
+    return recorded
+
+
+def memories_merge(*, keep_id: int, ids: Sequence[int], actor: Actor) -> MemoryRecord:
+    """Merge duplicates into `keep_id`: keywords are united, the others archived (not deleted)
+    with `merged_into` in their metadata, and one audit event keeps every merged version."""
+    ids = list(dict.fromkeys(int(i) for i in ids))
+    if keep_id not in ids:
+        ids.append(keep_id)
+    if len(ids) < 2:
+        raise Invalid("select at least two memories to merge")
+    with transaction.atomic():
+        rows = {r.pk: r for r in MemoryRecord.objects.select_for_update().filter(pk__in=ids)}
+        if len(rows) != len(ids):
+            raise NotFound(f"memory {sorted(set(ids) - set(rows))[0]} not found")
+        keep = rows[keep_id]
+        others = [rows[i] for i in ids if i != keep_id]
+        before = {str(r.pk): _snapshot(r) for r in rows.values()}
+        keep.keywords = list(
+            dict.fromkeys([*keep.keywords, *(k for r in others for k in r.keywords)])
+        )
+        keep.save(update_fields=["keywords", "updated_at"])
+        now = timezone.now()
+        for r in others:
+            r.archived_at = r.archived_at or now
+            r.metadata = {**r.metadata, "merged_into": keep.pk}
+            r.save(update_fields=["archived_at", "metadata", "updated_at"])
+        audit_record(
+            actor=actor,
+            action="memory_merge",
+            target_type="memoryrecord",
+            target_ids=ids,
+            context_id=keep.context_id,
+            before=before,
+            after={"kept": keep.pk, **_snapshot(keep)},
+        )
+    return keep
+
+
+def memories_search(
+    *,
+    query: str = "",
+    context_id: int | None = None,
+    scope: dict | None = None,
+    archived: bool = False,
+    limit: int = 100,
+) -> list[MemoryRecord]:
+    """Records for the operator's list (not an agent's recall, see `memories_retrieve`): archived
+    or live ones, of one context and/or whose scope mentions `scope`'s keys, matching `query` by
+    full-text, substring or exact keyword."""
+    qs = MemoryRecord.objects.select_related("context", "source_message", "source_step").defer(
+        "search_vector"
+    )
+    qs = qs.filter(archived_at__isnull=not archived)
+    if context_id is not None:
+        qs = qs.filter(context_id=context_id)
+    if scope:
+        qs = qs.filter(Q(scope_keys__contains=scope) | Q(context__keys__contains=scope))
+    query = (query or "").replace("\x00", "").strip()
+    if query:
+        sq = SearchQuery(query, config=FTS_CONFIG, search_type="websearch")
+        qs = qs.filter(
+            Q(search_vector=sq) | Q(content__icontains=query) | Q(keywords__contains=[query])
+        )
+        qs = qs.annotate(rank=SearchRank(F("search_vector"), sq)).order_by("-rank", "-id")
+    else:
+        qs = qs.order_by("-updated_at", "-id")
+    return list(qs[:limit])

@@ -7,7 +7,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from memory_app import curation
+from memory_app import memories
 from memory_app.logbook import Actor, message_edit, messages_set_pruned
 from memory_app.models import ApiKey, AuditEvent, MemoryRecord, Message, Step
 from memory_app.urls_curation import urlpatterns
@@ -25,7 +25,7 @@ def world():
     Step.objects.filter(pk=step.pk).update(observations="the API answered 42")
     event = AuditEvent.objects.create(actor="x", action="prune", target_type="message",
                                       target_ids=[message.pk], context=context)
-    memory, _ = curation.memory_promote(actor=Actor.system("t"), message=message)
+    memory, _ = memories.memory_promote(actor=Actor.system("t"), message=message)
     key = ApiKey.objects.create(name="k", prefix="abcdefabcdef", secret_hash="0" * 64, scopes=["read"])
     return {"context": context, "run": run, "message": message, "step": step, "event": event,
             "memory": memory, "key": key}

@@ -3,9 +3,9 @@
 import pytest
 
 from memory_app import logbook, memories
-from memory_app.logbook import Conflict, Invalid, NotFound
+from memory_app.logbook import Actor, Conflict, Invalid, NotFound
 from memory_app.memories import Scope
-from memory_app.models import AuditEvent, MemoryRecord
+from memory_app.models import AuditEvent, Context, MemoryRecord
 
 
 @pytest.fixture
@@ -235,3 +235,66 @@ def test_memories_api_confines_keys_to_their_tenant(db):
         == 403
     )
     assert bob.post("/api/v1/memories", {"content": "no scope"}).status_code == 422
+
+
+def test_dashboard_promote_and_api_record_of_the_same_content_in_one_scope_are_one_record(db):
+    """The dashboard (promote a message) and an agent (POST /memories with context_id) share one
+    scope digest and content hash: whichever comes first, the other finds the same record."""
+    from django.test import Client
+    from django.urls import reverse
+
+    from tests.api_helpers import make_key, new_context
+    from tests.builders import make_user
+
+    api = make_key(scopes=["read", "write"], context_keys={"user": "ada"})
+    chat = new_context(api, {"user": "ada", "chat": "7"})
+    context = Context.objects.get(pk=chat)
+    first, second = logbook.messages_append(
+        context=context,
+        items=[
+            {"role": "user", "text": "I take my coffee black"},
+            {"role": "user", "text": "I fly out of Lisbon"},
+        ],
+    ).messages
+    curator = Client()
+    curator.force_login(make_user(role="curator"))
+
+    # Dashboard first, then the agent records the same text (with other whitespace).
+    curator.post(reverse("memory-promote-message", args=[first.pk]))
+    promoted = MemoryRecord.objects.get(source_message=first)
+    again = api.post(
+        "/api/v1/memories", {"context_id": chat, "content": " I take my  coffee black"}
+    )
+    assert again.status_code == 200, again.content
+    assert again.json()["items"][0]["created"] is False
+    assert again.json()["items"][0]["memory"]["id"] == promoted.pk
+
+    # The agent first, then the dashboard promotes a message with that text.
+    recorded = api.post("/api/v1/memories", {"context_id": chat, "content": "I fly out of Lisbon"})
+    assert recorded.status_code == 201, recorded.content
+    result = memories.memory_promote(actor=Actor.system("t"), message=second)
+    assert (
+        result.created is False and result.record.pk == recorded.json()["items"][0]["memory"]["id"]
+    )
+    assert MemoryRecord.objects.filter(context=context).count() == 2
+
+
+def test_promote_and_merge_keep_provenance_and_an_audit(ada_chat, system_actor):
+    [message] = logbook.messages_append(
+        context=ada_chat, items=[{"role": "user", "text": "Ada likes tea"}]
+    ).messages
+    promoted = memories.memory_promote(actor=system_actor, message=message, kind="preference")
+    assert promoted.created and promoted.record.source_message_id == message.pk
+    assert promoted.record.kind == "preference" and promoted.record.scope_keys == ada_chat.keys
+    [other] = record(Scope(context=ada_chat), system_actor, "Ada drinks tea", keywords=["tea"])
+    kept = memories.memories_merge(
+        keep_id=promoted.record.pk, ids=[other.record.pk], actor=system_actor
+    )
+    other.record.refresh_from_db()
+    assert kept.keywords == ["tea"] and other.record.archived_at is not None
+    assert other.record.metadata["merged_into"] == kept.pk
+    event = AuditEvent.objects.get(action="memory_merge")
+    assert set(event.target_ids) == {kept.pk, other.record.pk}
+    assert event.before[str(other.record.pk)]["content"] == "Ada drinks tea"
+    with pytest.raises(Invalid):
+        memories.memory_promote(actor=system_actor, message=message, step=None, kind="opinion")

@@ -119,13 +119,12 @@ def audit_log(request):
             "purge",
             "key_create",
             "key_revoke",
-            "memory_edit",
-            "memory_archive",
-            "memory_restore",
+            "record",
+            "archive",
             "memory_merge",
             "memory_promote",
         ],
-        "targets": ["message", "step", "memory", "context", "apikey"],
+        "targets": ["message", "step", "memoryrecord", "context", "apikey"],
     }
     return render_page(request, "memory_app/curate/audit.html", page, fragment="audit-list")
 

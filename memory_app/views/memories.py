@@ -9,8 +9,8 @@ from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from memory_app import curation
 from memory_app import dashboard_queries as dq
+from memory_app import memories
 from memory_app.logbook import Actor, Conflict, Invalid, NotFound
 from memory_app.models import MemoryKind, MemoryRecord, Message, Step
 from memory_app.roles import require
@@ -37,7 +37,10 @@ def _scope(raw: str) -> dict | None:
 @require("memories")
 def memory_list(request):
     g = request.GET
-    params = {k: g.get(k, "").replace("\x00", "").strip() for k in ("q", "context", "scope", "archived", "id")}
+    params = {
+        k: g.get(k, "").replace("\x00", "").strip()
+        for k in ("q", "context", "scope", "archived", "id")
+    }
     try:
         context_id = dq.parse_int(params["context"], name="context", minimum=1)
         scope = _scope(params["scope"])
@@ -51,7 +54,7 @@ def memory_list(request):
             )
         )
     else:
-        records = curation.memories_search(
+        records = memories.memories_search(
             query=params["q"],
             context_id=context_id,
             scope=scope,
@@ -95,11 +98,11 @@ def memory_edit(request, memory_id: int):
             )
         return _record_fragment(request, record, editing=record.pk)
     try:
-        record = curation.memory_update(
+        record = memories.memory_edit(
             record=record,
             actor=Actor.for_user(request.user),
             content=request.POST.get("content", ""),
-            keywords=request.POST.get("keywords", "").split(","),
+            keywords=[k.strip() for k in request.POST.get("keywords", "").split(",") if k.strip()],
             kind=request.POST.get("kind", record.kind),
         )
     except (Invalid, Conflict) as exc:
@@ -115,7 +118,7 @@ def memory_edit(request, memory_id: int):
 @require_POST
 def memory_archive(request, memory_id: int):
     record = get_object_or_404(MemoryRecord, pk=memory_id)
-    record = curation.memory_set_archived(
+    record = memories.memory_set_archived(
         record=record,
         archived=request.POST.get("archived", "1") == "1",
         actor=Actor.for_user(request.user),
@@ -135,7 +138,7 @@ def memory_merge(request):
         )
         if keep is None:
             raise dq.BadQuery("select the memories to merge")
-        record = curation.memory_merge(keep_id=keep, ids=ids, actor=Actor.for_user(request.user))
+        record = memories.memories_merge(keep_id=keep, ids=ids, actor=Actor.for_user(request.user))
     except (ValueError, dq.BadQuery, Invalid) as exc:
         return bad_request(request, dq.BadQuery(str(exc)))
     except NotFound as exc:
@@ -160,7 +163,7 @@ def promote_message(request, message_id: int):
         Message.objects.select_related("context").defer("search_vector"), pk=message_id
     )
     try:
-        record, created = curation.memory_promote(
+        record, created = memories.memory_promote(
             actor=Actor.for_user(request.user),
             message=message,
             kind=request.POST.get("kind", "fact"),
@@ -175,7 +178,7 @@ def promote_message(request, message_id: int):
 def promote_step(request, step_id: int):
     step = get_object_or_404(Step.objects.select_related("run__context"), pk=step_id)
     try:
-        record, created = curation.memory_promote(
+        record, created = memories.memory_promote(
             actor=Actor.for_user(request.user), step=step, kind=request.POST.get("kind", "fact")
         )
     except Invalid as exc:
