@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from memory_app.client.client import MemoryClient
+from memory_app.client.client import ApiError, MemoryClient
 
 
 def _marks(marks: str | list[str] | None) -> list[str]:
@@ -24,7 +24,9 @@ def _marks(marks: str | list[str] | None) -> list[str]:
     if isinstance(marks, str):
         return [marks]
     if not isinstance(marks, list) or not all(isinstance(m, str) for m in marks):
-        raise TypeError(f"The mark should be a string, a list of strings, or None, but got {type(marks)}.")
+        raise TypeError(
+            f"The mark should be a string, a list of strings, or None, but got {type(marks)}."
+        )
     return marks
 
 
@@ -33,17 +35,26 @@ class ServerMemory:
         self.client = client
         self.context_id = context_id
 
-    async def add(self, memories, marks: str | list[str] | None = None, allow_duplicates: bool = False, **kw) -> None:
+    async def add(
+        self, memories, marks: str | list[str] | None = None, allow_duplicates: bool = False, **kw
+    ) -> None:
         if memories is None:
             return
         if not isinstance(memories, list):
             memories = [memories]
         msgs = [m.to_dict() for m in memories]
-        await asyncio.to_thread(self.client.agentscope_add, self.context_id, msgs, marks=_marks(marks),
-                                allow_duplicates=allow_duplicates)
+        await asyncio.to_thread(
+            self.client.agentscope_add,
+            self.context_id,
+            msgs,
+            marks=_marks(marks),
+            allow_duplicates=allow_duplicates,
+        )
 
     async def delete(self, msg_ids: list[str], **kw) -> int:
-        return await asyncio.to_thread(self.client.agentscope_delete, self.context_id, list(msg_ids))
+        return await asyncio.to_thread(
+            self.client.agentscope_delete, self.context_id, list(msg_ids)
+        )
 
     async def size(self) -> int:
         memory = await asyncio.to_thread(self.client.agentscope_memory, self.context_id)
@@ -55,16 +66,24 @@ class ServerMemory:
     async def update_compressed_summary(self, summary: str) -> None:
         await asyncio.to_thread(self.client.agentscope_set_summary, self.context_id, summary)
 
-    async def get_memory(self, mark: str | None = None, exclude_mark: str | None = None,
-                         prepend_summary: bool = True, **kw) -> list:
+    async def get_memory(
+        self,
+        mark: str | None = None,
+        exclude_mark: str | None = None,
+        prepend_summary: bool = True,
+        **kw,
+    ) -> list:
         from agentscope.message import Msg
 
         if not (mark is None or isinstance(mark, str)):
             raise TypeError(f"The mark should be a string or None, but got {type(mark)}.")
         if not (exclude_mark is None or isinstance(exclude_mark, str)):
-            raise TypeError(f"The exclude_mark should be a string or None, but got {type(exclude_mark)}.")
-        memory = await asyncio.to_thread(self.client.agentscope_memory, self.context_id, mark=mark,
-                                         exclude_mark=exclude_mark)
+            raise TypeError(
+                f"The exclude_mark should be a string or None, but got {type(exclude_mark)}."
+            )
+        memory = await asyncio.to_thread(
+            self.client.agentscope_memory, self.context_id, mark=mark, exclude_mark=exclude_mark
+        )
         msgs = [Msg.from_dict(m) for m, _ in memory["content"]]
         if prepend_summary and memory["summary"]:
             return [Msg("user", memory["summary"], "user"), *msgs]
@@ -75,38 +94,76 @@ class ServerMemory:
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
         if strict and "content" not in state_dict:
-            raise KeyError("The state_dict does not contain 'content' keys required for InMemoryMemory.")
-        state = {"_compressed_summary": state_dict.get("_compressed_summary", ""),
-                 "content": state_dict.get("content", [])}
+            raise KeyError(
+                "The state_dict does not contain 'content' keys required for InMemoryMemory."
+            )
+        state = {
+            "_compressed_summary": state_dict.get("_compressed_summary", ""),
+            "content": state_dict.get("content", []),
+        }
         self.client.agentscope_load_state(self.context_id, state, replace=True)
 
 
 class ServerLongTermMemory:
-    """`record_to_memory` / `retrieve_from_memory` agent tools backed by the memories API."""
+    """AgentScope 1.x `LongTermMemoryBase` agent tools backed by `/api/v1/memories`.
 
-    def __init__(self, client: MemoryClient, context_id: int, *, kind: str = "fact"):
+    `record_to_memory(thinking, content)` records every string of `content` in one request
+    (`contents` sharing `thinking`, all or nothing) into the context, or into the key subset
+    `scope_keys` when given (seen by every context containing those keys). `retrieve_from_memory
+    (keywords, limit)` asks for up to `limit` records *per keyword* (AgentScope's semantics since
+    1.0.9), one line per record. Like AgentScope's own implementations (Mem0LongTermMemory),
+    both are agent tools that answer a `ToolResponse` and report failures in its text rather than
+    raising into the agent's loop.
+    """
+
+    def __init__(
+        self,
+        client: MemoryClient,
+        context_id: int,
+        *,
+        kind: str = "fact",
+        scope_keys: dict[str, Any] | None = None,
+    ):
         self.client = client
         self.context_id = context_id
         self.kind = kind
+        self.scope_keys = scope_keys
 
     async def record_to_memory(self, thinking: str, content: list[str], **kw) -> Any:
-        from agentscope.message import TextBlock
-        from agentscope.tool import ToolResponse
-
-        for item in content:
-            await asyncio.to_thread(self.client.record_memory, context_id=self.context_id, content=item,
-                                    thinking=thinking, kind=self.kind)
-        return ToolResponse(content=[TextBlock(type="text", text=f"Successfully recorded {len(content)} memories.")])
+        try:
+            answer = await asyncio.to_thread(
+                self.client.record_memory,
+                context_id=self.context_id,
+                scope_keys=self.scope_keys,
+                thinking=thinking,
+                contents=list(content),
+                kind=self.kind,
+            )
+        except ApiError as exc:
+            return _tool_response(f"Error recording memory: {exc}")
+        items = answer["items"]
+        new = sum(1 for item in items if item["created"])
+        ids = [item["memory"]["id"] for item in items]
+        return _tool_response(
+            f"Successfully recorded content to memory: {new} new, "
+            f"{len(items) - new} already known (ids {ids})"
+        )
 
     async def retrieve_from_memory(self, keywords: list[str], limit: int = 5, **kw) -> Any:
-        from agentscope.message import TextBlock
-        from agentscope.tool import ToolResponse
+        try:
+            answer = await asyncio.to_thread(
+                self.client.retrieve_memories,
+                context_id=self.context_id,
+                keywords=list(keywords),
+                limit=limit,
+            )
+        except ApiError as exc:
+            return _tool_response(f"Error retrieving memory: {exc}")
+        return _tool_response("\n".join(item["content"] for item in answer["items"]))
 
-        lines: list[str] = []
-        for keyword in keywords:  # AgentScope's limit is per keyword
-            found = await asyncio.to_thread(self.client.retrieve_memories, context_id=self.context_id,
-                                            query=keyword, limit=limit)
-            items = found.get("items", found) if isinstance(found, dict) else found
-            lines.extend(item.get("content", "") for item in items or [])
-        text = "\n".join(dict.fromkeys(lines)) or "No memories found."
-        return ToolResponse(content=[TextBlock(type="text", text=text)])
+
+def _tool_response(text: str) -> Any:
+    from agentscope.message import TextBlock
+    from agentscope.tool import ToolResponse
+
+    return ToolResponse(content=[TextBlock(type="text", text=text)])

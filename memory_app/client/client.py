@@ -8,7 +8,9 @@
 One `httpx.Client` is kept per MemoryClient (connection reuse). Connection errors, timeouts and
 503 answers are retried with exponential backoff: safe, because writes carry client ids and the
 server answers a repeated write with the stored row. Errors raise `ApiError` carrying the
-server's `detail` (and, for 409, `differences`).
+server's `detail` (and, for 409, `differences`); a server that cannot be reached at all raises
+`ServerUnreachable` once the retries are spent. `retries` and `backoff` (seconds before the
+first retry, doubled each time) are constructor arguments.
 """
 
 from __future__ import annotations
@@ -37,8 +39,22 @@ class NotFoundError(ApiError):
     pass
 
 
+class ServerUnreachable(ApiError):
+    """No answer at all (connection refused, timed out, dropped) after every retry."""
+
+    def __init__(self, detail: str):
+        super().__init__(0, detail)
+
+    def __str__(self) -> str:
+        return str(self.detail)
+
+
 class ConflictError(ApiError):
     pass
+
+
+def _without_none(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if v is not None}
 
 
 class MemoryClient:
@@ -71,9 +87,12 @@ class MemoryClient:
         for attempt in range(self.retries + 1):
             try:
                 response = self._http.request(method, path.lstrip("/"), json=json_body, params=params, content=content)
-            except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.TimeoutException):
+            except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.TimeoutException) as exc:
                 if attempt == self.retries:
-                    raise
+                    raise ServerUnreachable(
+                        f"{method} {self._http.base_url}{path.lstrip('/')}: no answer after "
+                        f"{attempt + 1} attempts ({type(exc).__name__}: {exc})"
+                    ) from exc
             else:
                 if response.status_code not in RETRY_STATUSES or attempt == self.retries:
                     return self._answer(response, raw=raw)
@@ -159,11 +178,20 @@ class MemoryClient:
     def select(self, context_id: int, **options: Any) -> Any:
         return self.request("POST", f"contexts/{context_id}/select", json_body=options)
 
-    def record_memory(self, **record: Any) -> Any:
-        return self.request("POST", "memories", json_body=record)
+    def record_memory(self, **record: Any) -> dict:
+        """POST /memories: `context_id` and/or `scope_keys`, then `content`, `contents` (shared
+        `thinking`) or `items`; optional kind, keywords, metadata, source_message_id/step_id.
+        Answers `{"items": [{"memory": {...}, "created": bool}]}`; safe to retry (the server
+        returns the stored record for content already in the scope)."""
+        return self.request("POST", "memories", json_body=_without_none(record))
 
-    def retrieve_memories(self, **query: Any) -> Any:
-        return self.request("POST", "memories/retrieve", json_body=query)
+    def retrieve_memories(self, **query: Any) -> dict:
+        """POST /memories/retrieve: `context_id`, `keywords` (up to `limit` each) and/or `query`,
+        optional kinds, include_archived. Answers `{"items": [{..., "score", "reason"}]}`."""
+        return self.request("POST", "memories/retrieve", json_body=_without_none(query))
+
+    def get_memory(self, memory_id: int) -> dict:
+        return self.request("GET", f"memories/{memory_id}")
 
     # --- smolagents ------------------------------------------------------------------------------
     def import_smolagents_run(self, context_id: int, *, steps: list[dict], system_prompt: str = "",
