@@ -1,6 +1,5 @@
 """The Python client end to end against a live server (pytest-django's threaded live_server)."""
 
-import asyncio
 import json
 
 import pytest
@@ -11,6 +10,7 @@ from memory_app import auth
 from memory_app.client import ApiError, MemoryClient, NotFoundError
 from memory_app.client.agentscope import ServerMemory
 from memory_app.client.smolagents import RunRecorder, import_run, load_steps
+from tests.aio import run_coroutine
 from tests.smol_agents import AGENTS, ScriptedModel, jsonable, messages_as_dicts, run_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,7 +59,9 @@ def test_live_callback_records_the_run_step_by_step(client, ctx, kind):
     assert exported["steps"] == jsonable(agent.memory.get_full_steps())
     run = client.get_run(recorder.run_id)["run"]
     assert run["status"] == "success"
-    assert client.run_messages(recorder.run_id) == messages_as_dicts(agent.write_memory_to_messages())
+    assert client.run_messages(recorder.run_id) == messages_as_dicts(
+        agent.write_memory_to_messages()
+    )
 
 
 def test_recorder_marks_a_crashed_run_failed(client, ctx):
@@ -82,7 +84,10 @@ def test_rehydrated_agent_continues_with_the_restored_steps(client, ctx):
     fresh.memory.steps = load_steps(client, out["run_id"])
     assert jsonable(fresh.memory.get_full_steps()) == jsonable(original.memory.get_full_steps())
     assert fresh.run("And tomorrow?", reset=False) == "ok"
-    shown = [m.content[0]["text"] if isinstance(m.content, list) else m.content for m in fresh.model.seen[0]]
+    shown = [
+        m.content[0]["text"] if isinstance(m.content, list) else m.content
+        for m in fresh.model.seen[0]
+    ]
     assert any("Observation:\nSunny in Paris, 22C" in t for t in shown)
     assert any("New task:\nWhat's the weather in Paris?" in t for t in shown)
     assert "New task:\nAnd tomorrow?" in shown[-1]
@@ -96,8 +101,19 @@ def _final(answer):
         MessageRole,
     )
 
-    return ChatMessage(role=MessageRole.ASSISTANT, content=None, tool_calls=[ChatMessageToolCall(
-        id="c9", type="function", function=ChatMessageToolCallFunction(name="final_answer", arguments={"answer": answer}))])
+    return ChatMessage(
+        role=MessageRole.ASSISTANT,
+        content=None,
+        tool_calls=[
+            ChatMessageToolCall(
+                id="c9",
+                type="function",
+                function=ChatMessageToolCallFunction(
+                    name="final_answer", arguments={"answer": answer}
+                ),
+            )
+        ],
+    )
 
 
 def test_agentscope_memory_class_behaves_like_inmemorymemory(client, ctx):
@@ -133,28 +149,67 @@ def test_agentscope_memory_class_behaves_like_inmemorymemory(client, ctx):
         log.append(await mem.size())
         return log
 
-    reference = asyncio.run(scenario(InMemoryMemory()))
-    served = asyncio.run(scenario(ServerMemory(client, ctx["id"])))
+    reference = run_coroutine(scenario(InMemoryMemory()))
+    served = run_coroutine(scenario(ServerMemory(client, ctx["id"])))
     assert json.loads(json.dumps(served)) == json.loads(json.dumps(reference))
 
 
 def test_agentscope_state_round_trip_and_tool_input_over_http(client):
-    ctx = client.context(keys={"test": "as-http"}, metadata={"user_settings": {"data": {"theme": "dark"}, "version": 3}})
-    state = {"_compressed_summary": "", "content": [
-        [{"id": "a1", "name": "user", "role": "user", "content": "Which Led Zeppelin albums are in the store?",
-          "metadata": {}, "timestamp": "2026-11-21 21:42:34.560"}, []],
-        [{"id": "a2", "name": "Friday", "role": "assistant", "content": "There are 14 albums.",
-          "metadata": {}, "timestamp": "2026-11-21 21:42:35.000"}, ["important"]],
-        [{"id": "a3", "name": "user", "role": "user", "content": "And which of them sold the most?",
-          "metadata": {}, "timestamp": "2026-11-21 21:42:36.000"}, []],
-    ]}
+    ctx = client.context(
+        keys={"test": "as-http"},
+        metadata={"user_settings": {"data": {"theme": "dark"}, "version": 3}},
+    )
+    state = {
+        "_compressed_summary": "",
+        "content": [
+            [
+                {
+                    "id": "a1",
+                    "name": "user",
+                    "role": "user",
+                    "content": "Which Led Zeppelin albums are in the store?",
+                    "metadata": {},
+                    "timestamp": "2026-11-21 21:42:34.560",
+                },
+                [],
+            ],
+            [
+                {
+                    "id": "a2",
+                    "name": "Friday",
+                    "role": "assistant",
+                    "content": "There are 14 albums.",
+                    "metadata": {},
+                    "timestamp": "2026-11-21 21:42:35.000",
+                },
+                ["important"],
+            ],
+            [
+                {
+                    "id": "a3",
+                    "name": "user",
+                    "role": "user",
+                    "content": "And which of them sold the most?",
+                    "metadata": {},
+                    "timestamp": "2026-11-21 21:42:36.000",
+                },
+                [],
+            ],
+        ],
+    }
     assert client.agentscope_load_state(ctx["id"], state) == {"created": 3, "pruned": 0}
     assert client.agentscope_state(ctx["id"]) == state
-    assert client.agentscope_state(ctx["id"], format="legacy") == {"content": [m for m, _ in state["content"]]}
+    assert client.agentscope_state(ctx["id"], format="legacy") == {
+        "content": [m for m, _ in state["content"]]
+    }
     assert client.tool_input_query(ctx["id"]) == (
         "\nChat history: \nHuman: Which Led Zeppelin albums are in the store?\nAI: There are 14 albums."
-        "Latest user question: And which of them sold the most?")
-    assert client.tool_input(ctx["id"])["user_settings"] == {"data": {"theme": "dark"}, "version": 3}
+        "Latest user question: And which of them sold the most?"
+    )
+    assert client.tool_input(ctx["id"])["user_settings"] == {
+        "data": {"theme": "dark"},
+        "version": 3,
+    }
 
 
 def test_backup_export_import_over_http(client, ctx):

@@ -1,7 +1,6 @@
 """The Python client's long-term memory tools against a live server, and its retry/backoff
 against a local stand-in server that fails on purpose."""
 
-import asyncio
 import json
 import socket
 import threading
@@ -15,6 +14,7 @@ from memory_app import auth
 from memory_app.client import ApiError, MemoryClient, ServerUnreachable
 from memory_app.client.agentscope import ServerLongTermMemory
 from memory_app.models import AuditEvent, MemoryRecord, Message
+from tests.aio import run_coroutine
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,7 +36,7 @@ def text_of(response) -> str:
 
 
 def run(coro):
-    return asyncio.run(coro)
+    return run_coroutine(coro)
 
 
 # --- AgentScope long-term memory tools over HTTP -------------------------------------------------

@@ -1,6 +1,5 @@
 """AgentScope 1.x state dicts (real package) and AgentKit tool input, through the database."""
 
-import asyncio
 import json
 
 import pytest
@@ -10,6 +9,7 @@ from agentscope.message import Msg, TextBlock, ThinkingBlock, ToolResultBlock, T
 from memory_app import framework_io, logbook, transcripts
 from memory_app.interop import agentkit
 from memory_app.models import Message
+from tests.aio import run_coroutine
 
 pytestmark = pytest.mark.django_db
 
@@ -19,14 +19,37 @@ def real_memory_state():
 
     async def build():
         user = Msg("user", "What's the weather in Paris?", "user")
-        asst = Msg("Friday", [
-            ThinkingBlock(type="thinking", thinking="Need the weather tool."),
-            ToolUseBlock(type="tool_use", id="call_abc123", name="get_weather", input={"city": "Paris", "unit": "C"}),
-        ], "assistant")
-        tool = Msg("system", [ToolResultBlock(type="tool_result", id="call_abc123", name="get_weather",
-                                              output=[TextBlock(type="text", text="Sunny, 22C")])], "system")
-        final = Msg("Friday", [TextBlock(type="text", text="It's sunny and 22C in Paris.")], "assistant",
-                    metadata={"structured": {"temp_c": 22}})
+        asst = Msg(
+            "Friday",
+            [
+                ThinkingBlock(type="thinking", thinking="Need the weather tool."),
+                ToolUseBlock(
+                    type="tool_use",
+                    id="call_abc123",
+                    name="get_weather",
+                    input={"city": "Paris", "unit": "C"},
+                ),
+            ],
+            "assistant",
+        )
+        tool = Msg(
+            "system",
+            [
+                ToolResultBlock(
+                    type="tool_result",
+                    id="call_abc123",
+                    name="get_weather",
+                    output=[TextBlock(type="text", text="Sunny, 22C")],
+                )
+            ],
+            "system",
+        )
+        final = Msg(
+            "Friday",
+            [TextBlock(type="text", text="It's sunny and 22C in Paris.")],
+            "assistant",
+            metadata={"structured": {"temp_c": 22}},
+        )
         mem = InMemoryMemory()
         await mem.add([user, asst, tool])
         await mem.add(final, marks=["important", "hint"])
@@ -34,7 +57,7 @@ def real_memory_state():
         await mem.update_compressed_summary("<summary>User asked about Paris weather.</summary>")
         return mem.state_dict()
 
-    return json.loads(json.dumps(asyncio.run(build())))
+    return json.loads(json.dumps(run_coroutine(build())))
 
 
 @pytest.fixture
@@ -65,8 +88,12 @@ def test_import_maps_id_marks_blocks_and_timestamp(context, system_actor):
     assert [r.client_id for r in rows][0] == first_id
     assert rows[-1].client_id == f"{first_id}#dup1"
     assert rows[3].tags == ["important", "hint"]
-    assert rows[1].content[1] == {"type": "tool_use", "id": "call_abc123", "name": "get_weather",
-                                  "input": {"city": "Paris", "unit": "C"}}
+    assert rows[1].content[1] == {
+        "type": "tool_use",
+        "id": "call_abc123",
+        "name": "get_weather",
+        "input": {"city": "Paris", "unit": "C"},
+    }
     assert rows[2].role == "system" and rows[2].content[0]["type"] == "tool_result"
     assert rows[0].source_timestamp == state["content"][0][0]["timestamp"]
     assert rows[3].text == "It's sunny and 22C in Paris."
@@ -93,14 +120,23 @@ def test_replace_prunes_what_the_new_state_drops(context, system_actor):
     state = real_memory_state()
     framework_io.agentscope_state_import(context=context, state=state, actor=system_actor)
     smaller = {"_compressed_summary": "", "content": state["content"][:2]}
-    result = framework_io.agentscope_state_import(context=context, state=smaller, actor=system_actor, replace=True)
+    result = framework_io.agentscope_state_import(
+        context=context, state=smaller, actor=system_actor, replace=True
+    )
     assert result == {"created": 0, "pruned": 3}
     context.refresh_from_db()
     assert framework_io.agentscope_state_export(context=context) == smaller
 
 
-@pytest.mark.parametrize("bad", [[], {"no": "content"}, {"content": [1]},
-                                 {"content": [{"id": "x", "name": "n", "role": "robot", "content": "hi"}]}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [],
+        {"no": "content"},
+        {"content": [1]},
+        {"content": [{"id": "x", "name": "n", "role": "robot", "content": "hi"}]},
+    ],
+)
 def test_bad_state_dicts_are_rejected(context, system_actor, bad):
     with pytest.raises(logbook.Invalid):
         framework_io.agentscope_state_import(context=context, state=bad, actor=system_actor)
@@ -114,21 +150,28 @@ EXPECTED_A_JSON = (
     '"additional_kwargs": {}, "type": "ai", "example": false}], "latest_human_message": "And which of them sold '
     'the most?", "user_settings": {"data": {"theme": "dark"}, "version": 3}, "intermediate_steps": {}}'
 )
-EXPECTED_A_QUERY = ("\nChat history: \nHuman: Which Led Zeppelin albums are in the store?\nAI: There are 14 "
-                    "albums.Latest user question: And which of them sold the most?")
-EXPECTED_B_QUERY = ("\nIntermediate tool outputs: sql_tool: Physical Graffiti: 120 units\npdf_tool: bio..."
-                    "Latest user question: And which of them sold the most?")
+EXPECTED_A_QUERY = (
+    "\nChat history: \nHuman: Which Led Zeppelin albums are in the store?\nAI: There are 14 "
+    "albums.Latest user question: And which of them sold the most?"
+)
+EXPECTED_B_QUERY = (
+    "\nIntermediate tool outputs: sql_tool: Physical Graffiti: 120 units\npdf_tool: bio..."
+    "Latest user question: And which of them sold the most?"
+)
 
 
 def _zeppelin_context():
     ctx, _ = logbook.context_get_or_create(keys={"test": "agentkit"})
     ctx.metadata = {"user_settings": {"data": {"theme": "dark"}, "version": 3}}
     ctx.save()
-    logbook.messages_append(context=ctx, items=[
-        {"role": "user", "text": "Which Led Zeppelin albums are in the store?"},
-        {"role": "assistant", "text": "There are 14 albums.\naction: show_table\nsignal: done"},
-        {"role": "user", "text": "And which of them sold the most?"},
-    ])
+    logbook.messages_append(
+        context=ctx,
+        items=[
+            {"role": "user", "text": "Which Led Zeppelin albums are in the store?"},
+            {"role": "assistant", "text": "There are 14 albums.\naction: show_table\nsignal: done"},
+            {"role": "user", "text": "And which of them sold the most?"},
+        ],
+    )
     return ctx
 
 
@@ -141,17 +184,31 @@ def test_tool_input_matches_agentkit_json_and_query_exactly():
 def test_tool_input_with_run_tool_outputs_matches_agentkit():
     ctx = _zeppelin_context()
     run, _ = logbook.run_create(context=ctx, task="sales")
-    logbook.steps_append(run=run, items=[{"kind": "action", "step_number": 1, "tool_calls": [
-        {"name": "sql_tool", "output": "Physical Graffiti: 120 units"},
-        {"name": "entertainer_tool", "output": "joke"},
-        {"name": "pdf_tool", "output": "bio..."},
-    ]}])
+    logbook.steps_append(
+        run=run,
+        items=[
+            {
+                "kind": "action",
+                "step_number": 1,
+                "tool_calls": [
+                    {"name": "sql_tool", "output": "Physical Graffiti: 120 units"},
+                    {"name": "entertainer_tool", "output": "joke"},
+                    {"name": "pdf_tool", "output": "bio..."},
+                ],
+            }
+        ],
+    )
     ctx.metadata = {}
     ctx.save()
     tool_input = transcripts.context_tool_input(context=ctx, run=run)
     assert tool_input == {
-        "chat_history": [], "latest_human_message": "And which of them sold the most?", "user_settings": None,
-        "intermediate_steps": {"sql_tool": "Physical Graffiti: 120 units", "entertainer_tool": "joke",
-                               "pdf_tool": "bio..."},
+        "chat_history": [],
+        "latest_human_message": "And which of them sold the most?",
+        "user_settings": None,
+        "intermediate_steps": {
+            "sql_tool": "Physical Graffiti: 120 units",
+            "entertainer_tool": "joke",
+            "pdf_tool": "bio...",
+        },
     }
     assert agentkit.standard_query_format(tool_input) == EXPECTED_B_QUERY

@@ -90,7 +90,7 @@ def store(django_db_setup, django_db_blocker):
                 ((c, s, r, "", t, "{}", "{}", 0, "", "", "now", "now", "") for c, s, r, t in rows),
             )
             cur.execute(
-                "SELECT id, context_id FROM memory_app_message WHERE context_id = ANY(%s)",
+                "SELECT id, context_id FROM memory_app_message WHERE context_id = ANY(%s) ORDER BY id",
                 [[c.pk for c in big] + [small.pk]],
             )
             ids = cur.fetchall()
@@ -227,8 +227,10 @@ def test_hybrid_fuses_both_rankings_by_reciprocal_rank(store):
     small = store["small"]
     first = Message.objects.get(context=small, seq=1)  # its text holds "alpha"
     query_vec = np.asarray(Embedding.objects.get(message=first, model=MODEL).vector).tolist()
+    # The query is the message's own words and vector: it is first in both rankings, whatever
+    # the random vectors of the others, so it must lead the fusion.
     result = search.search_messages(
-        context=small, query="alpha", k=5, mode="hybrid", model=MODEL, query_vector=query_vec
+        context=small, query=first.text, k=5, mode="hybrid", model=MODEL, query_vector=query_vec
     )
     assert result.mode == "hybrid" and len(result.hits) == 5
     for h in result.hits:
@@ -238,6 +240,8 @@ def test_hybrid_fuses_both_rankings_by_reciprocal_rank(store):
     assert [h.score for h in result.hits] == sorted((h.score for h in result.hits), reverse=True)
     both = [h for h in result.hits if h.keyword_rank and h.semantic_rank]
     assert first.pk in [h.message.pk for h in both]
+    assert result.hits[0].message.pk == first.pk
+    assert (result.hits[0].keyword_rank, result.hits[0].semantic_rank) == (1, 1)
 
 
 def test_a_query_vector_of_the_wrong_dimension_is_invalid(store):
