@@ -70,6 +70,8 @@ class Dataset:
         data = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "sizes"}
         data["sizes"] = self.sizes.as_dict()
         data["context_topics"] = {str(k): v for k, v in self.context_topics.items()}
+        # jsonb does not keep key order: the build steps are stored as pairs.
+        data["build_seconds"] = list(self.build_seconds.items())
         return json.dumps(data)
 
     @classmethod
@@ -77,6 +79,8 @@ class Dataset:
         data = json.loads(text)
         data["sizes"] = Sizes(**data["sizes"])
         data["context_topics"] = {int(k): v for k, v in data["context_topics"].items()}
+        steps = data.get("build_seconds") or []
+        data["build_seconds"] = dict(steps) if isinstance(steps, list) else steps
         return cls(**data)
 
 
