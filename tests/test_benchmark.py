@@ -24,8 +24,21 @@ def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "benchmarks.md"
     db_name = f"{os.environ.get('AGENTMEMORY_TEST_DB_NAME', 'test_agentmemory')}_bench"
     proc = subprocess.run(
-        [sys.executable, "manage.py", "benchmark", "--quick", "--keep", "--db-name", db_name, "--output", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "manage.py",
+            "benchmark",
+            "--quick",
+            "--keep",
+            "--db-name",
+            db_name,
+            "--output",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     yield proc, out, db_name
     database.drop_database(db_name)
@@ -90,7 +103,9 @@ def test_the_dataset_keeps_the_write_paths_counters_consistent(quick_run):
         hnsw = conn.execute(
             "SELECT count(*) FROM pg_indexes WHERE tablename = 'memory_app_embedding' AND indexdef ILIKE '%USING hnsw%'"
         ).fetchone()[0]
-        vectors = conn.execute("SELECT count(*) FROM memory_app_embedding WHERE vector IS NOT NULL").fetchone()[0]
+        vectors = conn.execute(
+            "SELECT count(*) FROM memory_app_embedding WHERE vector IS NOT NULL"
+        ).fetchone()[0]
         messages = conn.execute("SELECT count(*) FROM memory_app_message").fetchone()[0]
     assert (bad_contexts, bad_runs, gaps) == (0, 0, 0)
     assert hnsw == 1

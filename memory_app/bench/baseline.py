@@ -23,7 +23,9 @@ RRF_K = 60
 
 
 def load(context_id: int) -> list[Message]:
-    return list(Message.objects.filter(context_id=context_id, pruned_at__isnull=True).order_by("seq"))
+    return list(
+        Message.objects.filter(context_id=context_id, pruned_at__isnull=True).order_by("seq")
+    )
 
 
 def window(context_id: int, k: int) -> list[Message]:
@@ -60,11 +62,13 @@ def keyword(context_id: int, query: str, k: int) -> list[Message]:
     return [m for _, m in _keyword_scores(load(context_id), query)[:k]]
 
 
-def _semantic(messages: list[Message], context_id: int, model: str, vector: np.ndarray, k: int) -> list[Message]:
+def _semantic(
+    messages: list[Message], context_id: int, model: str, vector: np.ndarray, k: int
+) -> list[Message]:
     by_id = {m.pk: m for m in messages}
-    rows = Embedding.objects.filter(context_id=context_id, model=model, vector__isnull=False).values_list(
-        "message_id", "vector"
-    )
+    rows = Embedding.objects.filter(
+        context_id=context_id, model=model, vector__isnull=False
+    ).values_list("message_id", "vector")
     ids, vecs = [], []
     for mid, vec in rows:
         if mid in by_id:
@@ -108,7 +112,7 @@ def composite(context_id: int, k_window: int, search_k: int) -> list[Message]:
         others = [m for m in messages if m.pk != last_user.pk]
         for _, m in _keyword_scores(others, last_user.text)[:search_k]:
             chosen[m.pk] = m
-    for m in [m for m in messages if m.role in ("user", "assistant")][-2 * k_window - 1:]:
+    for m in [m for m in messages if m.role in ("user", "assistant")][-2 * k_window - 1 :]:
         chosen.setdefault(m.pk, m)
     excluded = {m.pk for m in (system, last_user) if m}
     middle = sorted((m for pk, m in chosen.items() if pk not in excluded), key=lambda m: m.seq)
@@ -124,7 +128,14 @@ def transcript(run_id: int) -> list[dict]:
             out.append({"role": "assistant", "content": step.model_output})
         calls = list(step.tool_calls.order_by("position"))
         if calls:
-            out.append({"role": "tool-call", "content": json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls])})
+            out.append(
+                {
+                    "role": "tool-call",
+                    "content": json.dumps(
+                        [{"name": c.name, "arguments": c.arguments} for c in calls]
+                    ),
+                }
+            )
         if step.observations is not None:
             out.append({"role": "tool-response", "content": f"Observation:\n{step.observations}"})
     return out
@@ -135,7 +146,10 @@ def export(context_id: int) -> str:
     context = Context.objects.get(pk=context_id)
     data = {
         "context": model_to_dict(context),
-        "messages": [model_to_dict(m, exclude=["search_vector"]) for m in Message.objects.filter(context=context).order_by("seq")],
+        "messages": [
+            model_to_dict(m, exclude=["search_vector"])
+            for m in Message.objects.filter(context=context).order_by("seq")
+        ],
     }
     return json.dumps(data, default=str)
 
@@ -147,8 +161,12 @@ def append_loop(context_id: int, texts: list[str]) -> None:
     for i, text in enumerate(texts, start=1):
         [count] = tokens.count_tokens([text], tokenizer=tokenizer)
         Message.objects.create(
-            context_id=context_id, seq=last + i, role="user" if i % 2 else "assistant", text=text,
-            token_count=count, tokenizer=tokenizer,
+            context_id=context_id,
+            seq=last + i,
+            role="user" if i % 2 else "assistant",
+            text=text,
+            token_count=count,
+            tokenizer=tokenizer,
         )
 
 

@@ -32,21 +32,28 @@ def _admin_conninfo(settings_dict: dict) -> dict:
 def database_exists(name: str) -> bool:
     settings_dict = connections["default"].settings_dict
     with psycopg.connect(**_admin_conninfo(settings_dict), autocommit=True) as conn:
-        return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is not None
+        return (
+            conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+            is not None
+        )
 
 
 def recreate_database(name: str) -> None:
     """Drop (forcing other sessions off) and create `name` empty."""
     settings_dict = connections["default"].settings_dict
     with psycopg.connect(**_admin_conninfo(settings_dict), autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
 def drop_database(name: str) -> None:
     settings_dict = connections["default"].settings_dict
     with psycopg.connect(**_admin_conninfo(settings_dict), autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 def switch_to(name: str) -> str:
@@ -72,7 +79,9 @@ def server_info(name: str) -> dict[str, str]:
     info["dbname"] = name
     with psycopg.connect(**info) as conn:
         server = conn.execute("SHOW server_version").fetchone()[0]
-        row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+        row = conn.execute(
+            "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
+        ).fetchone()
     return {"server": server, "pgvector": row[0] if row else "absent"}
 
 

@@ -31,7 +31,15 @@ from memory_app.models import keys_digest
 BENCH_MODEL = "bench-minilm-384"
 N_TOPICS = 40
 N_SUBTOPICS = 12
-TOOLS = ["web_search", "visit_webpage", "python_interpreter", "calculator", "weather", "sql_query", "read_file"]
+TOOLS = [
+    "web_search",
+    "visit_webpage",
+    "python_interpreter",
+    "calculator",
+    "weather",
+    "sql_query",
+    "read_file",
+]
 
 
 @dataclass(frozen=True)
@@ -94,7 +102,9 @@ def _words(rng: np.random.Generator, count: int, taken: set[str]) -> list[str]:
     out = []
     while len(out) < count:
         syllables = rng.integers(2, 5)
-        word = "".join(rng.choice(list(_CONSONANTS)) + rng.choice(list(_VOWELS)) for _ in range(syllables))
+        word = "".join(
+            rng.choice(list(_CONSONANTS)) + rng.choice(list(_VOWELS)) for _ in range(syllables)
+        )
         if word not in taken:
             taken.add(word)
             out.append(word)
@@ -122,7 +132,9 @@ class Generator:
     def texts(self, topics: np.ndarray) -> list[str]:
         """One text per message; lengths are long-tailed (a few very long messages)."""
         n = len(topics)
-        lengths = np.clip(self.rng.lognormal(mean=math.log(28), sigma=0.85, size=n), 3, 1200).astype(int)
+        lengths = np.clip(
+            self.rng.lognormal(mean=math.log(28), sigma=0.85, size=n), 3, 1200
+        ).astype(int)
         out = []
         for topic, length in zip(topics, lengths, strict=True):
             n_topic = max(1, int(length * 0.3))
@@ -173,36 +185,112 @@ def run_sizes(sizes: Sizes, rng: np.random.Generator) -> list[int]:
     """Steps per run: the long one, the transcript one, and short ones (1..60)."""
     n = sizes.runs
     firsts = [sizes.max_steps, sizes.transcript_steps][:n]
-    tail = np.clip(rng.lognormal(mean=math.log(8), sigma=0.8, size=max(n - len(firsts), 0)), 2, 60).astype(int)
+    tail = np.clip(
+        rng.lognormal(mean=math.log(8), sigma=0.8, size=max(n - len(firsts), 0)), 2, 60
+    ).astype(int)
     return firsts + [int(x) for x in tail]
 
 
 # --- loading ----------------------------------------------------------------------------------
 
 MESSAGE_COLUMNS = (
-    "id", "context_id", "seq", "role", "name", "text", "tags", "metadata", "token_count", "tokenizer",
-    "source_timestamp", "created_at", "updated_at", "pruned_at", "pruned_by",
+    "id",
+    "context_id",
+    "seq",
+    "role",
+    "name",
+    "text",
+    "tags",
+    "metadata",
+    "token_count",
+    "tokenizer",
+    "source_timestamp",
+    "created_at",
+    "updated_at",
+    "pruned_at",
+    "pruned_by",
 )
 STEP_COLUMNS = (
-    "id", "run_id", "position", "kind", "step_number", "task", "plan", "model_output", "code_action",
-    "observations", "error_type", "error_message", "start_time", "end_time", "duration",
-    "input_tokens", "output_tokens", "total_tokens", "is_final_answer", "pruned_by", "created_at",
+    "id",
+    "run_id",
+    "position",
+    "kind",
+    "step_number",
+    "task",
+    "plan",
+    "model_output",
+    "code_action",
+    "observations",
+    "error_type",
+    "error_message",
+    "start_time",
+    "end_time",
+    "duration",
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "is_final_answer",
+    "pruned_by",
+    "created_at",
 )
-TOOLCALL_COLUMNS = ("id", "step_id", "position", "call_id", "name", "arguments", "output", "success", "duration", "created_at")
+TOOLCALL_COLUMNS = (
+    "id",
+    "step_id",
+    "position",
+    "call_id",
+    "name",
+    "arguments",
+    "output",
+    "success",
+    "duration",
+    "created_at",
+)
 RUN_COLUMNS = (
-    "id", "context_id", "task", "system_prompt", "agent_name", "framework", "status", "final_answer",
-    "started_at", "finished_at", "duration", "step_count", "error_count", "last_position", "metadata",
-    "created_at", "updated_at",
+    "id",
+    "context_id",
+    "task",
+    "system_prompt",
+    "agent_name",
+    "framework",
+    "status",
+    "final_answer",
+    "started_at",
+    "finished_at",
+    "duration",
+    "step_count",
+    "error_count",
+    "last_position",
+    "metadata",
+    "created_at",
+    "updated_at",
 )
 CONTEXT_COLUMNS = (
-    "id", "keys", "keys_digest", "title", "metadata", "compressed_summary", "last_seq", "message_count",
-    "token_count", "run_count", "created_at", "updated_at", "last_activity_at",
+    "id",
+    "keys",
+    "keys_digest",
+    "title",
+    "metadata",
+    "compressed_summary",
+    "last_seq",
+    "message_count",
+    "token_count",
+    "run_count",
+    "created_at",
+    "updated_at",
+    "last_activity_at",
 )
-LOADED_TABLES = ("memory_app_message", "memory_app_step", "memory_app_toolcall", "memory_app_embedding")
+LOADED_TABLES = (
+    "memory_app_message",
+    "memory_app_step",
+    "memory_app_toolcall",
+    "memory_app_embedding",
+)
 
 
 def _copy_sql(table: str, columns: tuple[str, ...], binary: bool = False) -> str:
-    return f"COPY {table} ({', '.join(columns)}) FROM STDIN" + (" WITH (FORMAT BINARY)" if binary else "")
+    return f"COPY {table} ({', '.join(columns)}) FROM STDIN" + (
+        " WITH (FORMAT BINARY)" if binary else ""
+    )
 
 
 def _secondary_indexes(cursor, table: str) -> list[tuple[str, str]]:
@@ -231,7 +319,10 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print) -> Dataset:
 
     per_context = context_sizes(sizes, rng)
     n_contexts = len(per_context)
-    context_topics = {cid: [int(t) for t in rng.choice(N_TOPICS, size=3, replace=False)] for cid in range(1, n_contexts + 1)}
+    context_topics = {
+        cid: [int(t) for t in rng.choice(N_TOPICS, size=3, replace=False)]
+        for cid in range(1, n_contexts + 1)
+    }
     tokenizer = tokens.default_tokenizer_name()
 
     connection.ensure_connection()
@@ -254,8 +345,21 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print) -> Dataset:
             keys = {"tenant": f"t{cid % 7}", "user": f"user{cid}", "chat": str(cid)}
             created = start + timedelta(seconds=int(rng.integers(0, 86400)))
             copy.write_row(
-                (cid, json.dumps(keys), keys_digest(keys), f"Bench context {cid}", "{}", "", 0, 0, 0, 0,
-                 created, created, created)
+                (
+                    cid,
+                    json.dumps(keys),
+                    keys_digest(keys),
+                    f"Bench context {cid}",
+                    "{}",
+                    "",
+                    0,
+                    0,
+                    0,
+                    0,
+                    created,
+                    created,
+                    created,
+                )
             )
 
     # Messages and their vectors, context by context.
@@ -265,7 +369,11 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print) -> Dataset:
     vec_seconds = 0.0
     for cid, count in enumerate(per_context, start=1):
         topics_of = np.array(context_topics[cid])
-        topics = np.where(rng.random(count) < 0.85, rng.choice(topics_of, size=count), rng.integers(0, N_TOPICS, size=count))
+        topics = np.where(
+            rng.random(count) < 0.85,
+            rng.choice(topics_of, size=count),
+            rng.integers(0, N_TOPICS, size=count),
+        )
         texts = gen.texts(topics)
         texts[0] = "You are a helpful assistant. " + texts[0]
         counts = tokens.count_tokens(texts, tokenizer=tokenizer)
@@ -282,25 +390,66 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print) -> Dataset:
                 at = start + timedelta(seconds=i * step_seconds)
                 tags = ["important"] if i % 97 == 0 else []
                 copy.write_row(
-                    (message_id, cid, i + 1, role_of[i], "", texts[i], tags, "{}", counts[i], tokenizer, "",
-                     at, at, at if pruned[i] else None, "bench" if pruned[i] else "")
+                    (
+                        message_id,
+                        cid,
+                        i + 1,
+                        role_of[i],
+                        "",
+                        texts[i],
+                        tags,
+                        "{}",
+                        counts[i],
+                        tokenizer,
+                        "",
+                        at,
+                        at,
+                        at if pruned[i] else None,
+                        "bench" if pruned[i] else "",
+                    )
                 )
         tv = time.perf_counter()
         vectors = gen.vectors(topics)
         with raw.copy(
             _copy_sql(
                 "memory_app_embedding",
-                ("message_id", "context_id", "model", "dimensions", "vector", "attempts", "last_error", "created_at", "embedded_at"),
+                (
+                    "message_id",
+                    "context_id",
+                    "model",
+                    "dimensions",
+                    "vector",
+                    "attempts",
+                    "last_error",
+                    "created_at",
+                    "embedded_at",
+                ),
                 binary=True,
             )
         ) as copy:
-            copy.set_types(["int8", "int8", "text", "int4", "vector", "int4", "text", "timestamptz", "timestamptz"])
+            copy.set_types(
+                [
+                    "int8",
+                    "int8",
+                    "text",
+                    "int4",
+                    "vector",
+                    "int4",
+                    "text",
+                    "timestamptz",
+                    "timestamptz",
+                ]
+            )
             for i in range(count):
-                copy.write_row((base_id + i + 1, cid, BENCH_MODEL, sizes.dims, vectors[i], 1, "", now, now))
+                copy.write_row(
+                    (base_id + i + 1, cid, BENCH_MODEL, sizes.dims, vectors[i], 1, "", now, now)
+                )
         vec_seconds += time.perf_counter() - tv
         if cid == 1 or cid % 200 == 0:
             log(f"  messages: context {cid}/{n_contexts}, {message_id:,} rows")
-    timings["messages (COPY, incl. texts and token counts)"] = time.perf_counter() - t_msg - vec_seconds
+    timings["messages (COPY, incl. texts and token counts)"] = (
+        time.perf_counter() - t_msg - vec_seconds
+    )
     timings["vectors (COPY binary)"] = vec_seconds
 
     # Runs, steps, tool calls.
@@ -316,9 +465,25 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print) -> Dataset:
             started = start + timedelta(seconds=int(rng.integers(0, 86400 * 25)))
             finished = started + timedelta(seconds=n_steps * 3)
             run_copy.write_row(
-                (rid, cid, task, "You are an expert assistant who can solve any task using tools.", "bench-agent",
-                 "smolagents", "success", json.dumps("done"), started, finished, n_steps * 3.0, 0, 0, 0, "{}",
-                 started, finished)
+                (
+                    rid,
+                    cid,
+                    task,
+                    "You are an expert assistant who can solve any task using tools.",
+                    "bench-agent",
+                    "smolagents",
+                    "success",
+                    json.dumps("done"),
+                    started,
+                    finished,
+                    n_steps * 3.0,
+                    0,
+                    0,
+                    0,
+                    "{}",
+                    started,
+                    finished,
+                )
             )
     steps_rows = []
     calls_rows = []
@@ -328,17 +493,37 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print) -> Dataset:
         t = time.time() - 86400
         for pos in range(1, n_steps + 1):
             step_id += 1
-            kind = "task" if pos == 1 else ("final_answer" if pos == n_steps and n_steps > 2 else "action")
+            kind = (
+                "task"
+                if pos == 1
+                else ("final_answer" if pos == n_steps and n_steps > 2 else "action")
+            )
             error = kind == "action" and rng.random() < 0.03
             tin, tout = int(rng.integers(500, 4000)), int(rng.integers(20, 400))
             steps_rows.append(
-                (step_id, rid, pos, kind, pos - 1 if kind == "action" else None,
-                 outputs[pos - 1] if kind == "task" else None, None,
-                 json.dumps(outputs[pos - 1]) if kind == "action" else None,
-                 None, observations[pos - 1] if kind == "action" else None,
-                 "AgentExecutionError" if error else None, "tool failed: timeout" if error else None,
-                 t, t + 2.5, 2.5, tin if kind == "action" else None, tout if kind == "action" else None,
-                 tin + tout if kind == "action" else None, kind == "final_answer", "", now)
+                (
+                    step_id,
+                    rid,
+                    pos,
+                    kind,
+                    pos - 1 if kind == "action" else None,
+                    outputs[pos - 1] if kind == "task" else None,
+                    None,
+                    json.dumps(outputs[pos - 1]) if kind == "action" else None,
+                    None,
+                    observations[pos - 1] if kind == "action" else None,
+                    "AgentExecutionError" if error else None,
+                    "tool failed: timeout" if error else None,
+                    t,
+                    t + 2.5,
+                    2.5,
+                    tin if kind == "action" else None,
+                    tout if kind == "action" else None,
+                    tin + tout if kind == "action" else None,
+                    kind == "final_answer",
+                    "",
+                    now,
+                )
             )
             t += 3
             if kind == "action":
@@ -346,9 +531,18 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print) -> Dataset:
                     call_id += 1
                     tool = TOOLS[int(rng.integers(0, len(TOOLS)))]
                     calls_rows.append(
-                        (call_id, step_id, cpos, f"call_{call_id}", tool,
-                         json.dumps({"query": observations[pos - 1][:60], "limit": 5}),
-                         observations[pos - 1][:200], not error, 1.2, now)
+                        (
+                            call_id,
+                            step_id,
+                            cpos,
+                            f"call_{call_id}",
+                            tool,
+                            json.dumps({"query": observations[pos - 1][:60], "limit": 5}),
+                            observations[pos - 1][:200],
+                            not error,
+                            1.2,
+                            now,
+                        )
                     )
     with raw.copy(_copy_sql("memory_app_step", STEP_COLUMNS)) as copy:
         for row in steps_rows:
@@ -366,8 +560,14 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print) -> Dataset:
         for definition in dropped:
             cursor.execute(definition)
         _set_counters(cursor)
-        for table in ("memory_app_context", "memory_app_message", "memory_app_run", "memory_app_step",
-                      "memory_app_toolcall", "memory_app_embedding"):
+        for table in (
+            "memory_app_context",
+            "memory_app_message",
+            "memory_app_run",
+            "memory_app_step",
+            "memory_app_toolcall",
+            "memory_app_embedding",
+        ):
             cursor.execute(
                 f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT coalesce(max(id), 1) FROM {table}))"  # noqa: S608
             )
@@ -376,7 +576,9 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print) -> Dataset:
     with connection.cursor() as cursor:
         cursor.execute("SET maintenance_work_mem = '1GB'")
     embeddings.ensure_model_index(model=BENCH_MODEL, dimensions=sizes.dims)
-    timings[f"HNSW index (m={_hnsw_m()}, ef_construction={_hnsw_efc()})"] = time.perf_counter() - t_hnsw
+    timings[f"HNSW index (m={_hnsw_m()}, ef_construction={_hnsw_efc()})"] = (
+        time.perf_counter() - t_hnsw
+    )
     t_vac = time.perf_counter()
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE")

@@ -111,7 +111,10 @@ class Report:
     def add(self, row: Row, log: Callable[[str], None] | None = None) -> Row:
         self.rows.append(row)
         if log:
-            log(f"  {row.area} · {row.measure}: {row.ours}" + (f" (baseline {row.baseline})" if row.baseline else ""))
+            log(
+                f"  {row.area} · {row.measure}: {row.ours}"
+                + (f" (baseline {row.baseline})" if row.baseline else "")
+            )
         return row
 
     def skip(self, what: str, reason: str, log: Callable[[str], None] | None = None) -> None:
@@ -132,15 +135,21 @@ MIN_SAMPLES = 3
 
 def _latency(samples: list[float]) -> Latency:
     arr = np.array(samples)
-    return Latency(p50=float(np.percentile(arr, 50)), p95=float(np.percentile(arr, 95)), n=len(samples))
+    return Latency(
+        p50=float(np.percentile(arr, 50)), p95=float(np.percentile(arr, 95)), n=len(samples)
+    )
 
 
-def time_calls(fn: Callable[[], object], *, n: int, warmup: int = 3, budget: float = BUDGET_SECONDS) -> Latency:
+def time_calls(
+    fn: Callable[[], object], *, n: int, warmup: int = 3, budget: float = BUDGET_SECONDS
+) -> Latency:
     """p50/p95 of up to `n` calls of `fn` (after `warmup` unmeasured ones), in milliseconds."""
     return time_each([fn] * n, warmup=warmup, budget=budget)
 
 
-def time_each(fns: list[Callable[[], object]], *, warmup: int = 2, budget: float = BUDGET_SECONDS) -> Latency:
+def time_each(
+    fns: list[Callable[[], object]], *, warmup: int = 2, budget: float = BUDGET_SECONDS
+) -> Latency:
     """p50/p95 over one call of each function (different queries), after a warm-up."""
     start = time.perf_counter()
     for fn in fns[:warmup]:
@@ -208,11 +217,20 @@ def table(rows: list[Row]) -> list[str]:
 def plain_table(rows: list[Row]) -> str:
     headers = ("Area", "Measure", "Ours", "Baseline", "Ratio", "Target", "Result")
     data = [
-        (r.area, r.measure, str(r.ours), str(r.baseline or "-"), "" if r.ratio is None else f"{r.ratio:.3g}x",
-         r.target.text if r.target else "", r.status.replace("*", ""))
+        (
+            r.area,
+            r.measure,
+            str(r.ours),
+            str(r.baseline or "-"),
+            "" if r.ratio is None else f"{r.ratio:.3g}x",
+            r.target.text if r.target else "",
+            r.status.replace("*", ""),
+        )
         for r in rows
     ]
-    widths = [max(len(h), *(len(d[i]) for d in data)) if data else len(h) for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(d[i]) for d in data)) if data else len(h) for i, h in enumerate(headers)
+    ]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(d, widths, strict=True)) for d in data]

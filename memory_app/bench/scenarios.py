@@ -56,13 +56,17 @@ class Bench:
     def post(self, path: str, body: dict, expect: tuple[int, ...] = (200, 201)):
         response = self.api.post(path, data=json.dumps(body), content_type="application/json")
         if response.status_code not in expect:
-            raise BenchError(f"POST {path} answered {response.status_code}: {response.content[:300]!r}")
+            raise BenchError(
+                f"POST {path} answered {response.status_code}: {response.content[:300]!r}"
+            )
         return response
 
     def get(self, path: str, client: Client | None = None, expect: tuple[int, ...] = (200,)):
         response = (client or self.api).get(path)
         if response.status_code not in expect:
-            raise BenchError(f"GET {path} answered {response.status_code}: {response.content[:300]!r}")
+            raise BenchError(
+                f"GET {path} answered {response.status_code}: {response.content[:300]!r}"
+            )
         return response
 
 
@@ -89,8 +93,10 @@ def module_available(name: str) -> bool:
 def contexts_label(b: Bench) -> dict[str, int]:
     largest = Context.objects.only("message_count").get(pk=b.data.largest_context_id).message_count
     small = Context.objects.only("message_count").get(pk=b.data.small_context_id).message_count
-    return {f"small context ({small:,} msgs)": b.data.small_context_id,
-            f"largest context ({largest:,} msgs)": b.data.largest_context_id}
+    return {
+        f"small context ({small:,} msgs)": b.data.small_context_id,
+        f"largest context ({largest:,} msgs)": b.data.largest_context_id,
+    }
 
 
 # --- selectors --------------------------------------------------------------------------------
@@ -111,8 +117,13 @@ def _spec(body: dict):
         return sel.TokenWindowSpec(max_tokens=body["max_tokens"], policy=body["policy"])
     if kind == "search":
         vector = body.get("query_vector")
-        return sel.SearchSpec(query=body["query"], k=body["k"], mode=body["mode"], model=body.get("model"),
-                              query_vector=tuple(vector) if vector is not None else None)
+        return sel.SearchSpec(
+            query=body["query"],
+            k=body["k"],
+            mode=body["mode"],
+            model=body.get("model"),
+            query_vector=tuple(vector) if vector is not None else None,
+        )
     return sel.CompositeSpec(search_mode=body["search_mode"])
 
 
@@ -122,11 +133,19 @@ def selectors(b: Bench) -> None:
     if not use_api:
         from memory_app import selectors as sel
 
-        b.report.skip("selectors and search through the API",
-                      "POST /api/v1/contexts/{id}/select has not landed; measured as domain calls "
-                      "(memory_app.selectors.select) instead, without the HTTP layer", b.log)
+        b.report.skip(
+            "selectors and search through the API",
+            "POST /api/v1/contexts/{id}/select has not landed; measured as domain calls "
+            "(memory_app.selectors.select) instead, without the HTTP layer",
+            b.log,
+        )
         area_sel, area_search = "selectors (domain)", "search (domain)"
-        contexts = {c.pk: c for c in Context.objects.filter(pk__in=[b.data.small_context_id, b.data.largest_context_id])}
+        contexts = {
+            c.pk: c
+            for c in Context.objects.filter(
+                pk__in=[b.data.small_context_id, b.data.largest_context_id]
+            )
+        }
 
         def post(path: str, body: dict):
             cid = int(path.split("/")[-2])
@@ -139,14 +158,30 @@ def selectors(b: Bench) -> None:
         topics = b.data.context_topics[cid]
         path = f"{API}/contexts/{cid}/select"
         cases: list[tuple[str, dict, Callable[[], object], Target | None]] = [
-            (f"window k={WINDOW_K}", {"selector": "window", "k": WINDOW_K},
-             lambda cid=cid: baseline.window(cid, WINDOW_K), Target("<=", 3, "p50 ≤ 3 ms")),
-            (f"token_window {MAX_TOKENS} contiguous", {"selector": "token_window", "max_tokens": MAX_TOKENS, "policy": "contiguous"},
-             lambda cid=cid: baseline.token_window(cid, MAX_TOKENS, "contiguous"), Target("<=", 5, "p50 ≤ 5 ms")),
-            (f"token_window {MAX_TOKENS} skip", {"selector": "token_window", "max_tokens": MAX_TOKENS, "policy": "skip"},
-             lambda cid=cid: baseline.token_window(cid, MAX_TOKENS, "skip"), Target("<=", 5, "p50 ≤ 5 ms")),
-            ("composite (steamship)", {"selector": "composite", "search_mode": "keyword"},
-             lambda cid=cid: baseline.composite(cid, 2, 3), None),
+            (
+                f"window k={WINDOW_K}",
+                {"selector": "window", "k": WINDOW_K},
+                lambda cid=cid: baseline.window(cid, WINDOW_K),
+                Target("<=", 3, "p50 ≤ 3 ms"),
+            ),
+            (
+                f"token_window {MAX_TOKENS} contiguous",
+                {"selector": "token_window", "max_tokens": MAX_TOKENS, "policy": "contiguous"},
+                lambda cid=cid: baseline.token_window(cid, MAX_TOKENS, "contiguous"),
+                Target("<=", 5, "p50 ≤ 5 ms"),
+            ),
+            (
+                f"token_window {MAX_TOKENS} skip",
+                {"selector": "token_window", "max_tokens": MAX_TOKENS, "policy": "skip"},
+                lambda cid=cid: baseline.token_window(cid, MAX_TOKENS, "skip"),
+                Target("<=", 5, "p50 ≤ 5 ms"),
+            ),
+            (
+                "composite (steamship)",
+                {"selector": "composite", "search_mode": "keyword"},
+                lambda cid=cid: baseline.composite(cid, 2, 3),
+                None,
+            ),
         ]
         for name, spec, naive, target in cases:
             ours = time_calls(lambda spec=spec, path=path: post(path, spec), n=n)
@@ -154,34 +189,85 @@ def selectors(b: Bench) -> None:
             b.report.add(Row(area_sel, f"{name}, {label}", ours, base, target), b.log)
 
         queries = [gen.query(topics[i % len(topics)]) for i in range(n + 3)]
-        kw = [lambda q=q, path=path: post(path, {"selector": "search", "query": q, "k": SEARCH_K, "mode": "keyword"}) for q, _ in queries]
+        kw = [
+            lambda q=q, path=path: post(
+                path, {"selector": "search", "query": q, "k": SEARCH_K, "mode": "keyword"}
+            )
+            for q, _ in queries
+        ]
         b.report.add(
-            Row(area_search, f"keyword k={SEARCH_K}, {label}", time_each(kw),
-                time_each([lambda q=q, cid=cid: baseline.keyword(cid, q, SEARCH_K) for q, _ in queries[: max(3, n // 5)]], warmup=0),
-                Target("<=", 20, "p50 ≤ 20 ms")),
+            Row(
+                area_search,
+                f"keyword k={SEARCH_K}, {label}",
+                time_each(kw),
+                time_each(
+                    [
+                        lambda q=q, cid=cid: baseline.keyword(cid, q, SEARCH_K)
+                        for q, _ in queries[: max(3, n // 5)]
+                    ],
+                    warmup=0,
+                ),
+                Target("<=", 20, "p50 ≤ 20 ms"),
+            ),
             b.log,
         )
         sem = [
             lambda v=v, path=path: post(
-                path, {"selector": "search", "query": "", "k": SEARCH_K, "mode": "semantic", "model": b.data.model,
-                       "query_vector": [float(x) for x in v]})
+                path,
+                {
+                    "selector": "search",
+                    "query": "",
+                    "k": SEARCH_K,
+                    "mode": "semantic",
+                    "model": b.data.model,
+                    "query_vector": [float(x) for x in v],
+                },
+            )
             for _, v in queries
         ]
         b.report.add(
-            Row(area_search, f"semantic k={SEARCH_K}, {label}", time_each(sem),
-                time_each([lambda v=v, cid=cid: baseline.semantic(cid, b.data.model, v, SEARCH_K) for _, v in queries[: max(3, n // 5)]], warmup=0),
-                Target("<=", 15, "p50 ≤ 15 ms")),
+            Row(
+                area_search,
+                f"semantic k={SEARCH_K}, {label}",
+                time_each(sem),
+                time_each(
+                    [
+                        lambda v=v, cid=cid: baseline.semantic(cid, b.data.model, v, SEARCH_K)
+                        for _, v in queries[: max(3, n // 5)]
+                    ],
+                    warmup=0,
+                ),
+                Target("<=", 15, "p50 ≤ 15 ms"),
+            ),
             b.log,
         )
         hyb = [
             lambda q=q, v=v, path=path: post(
-                path, {"selector": "search", "query": q, "k": SEARCH_K, "mode": "hybrid", "model": b.data.model,
-                       "query_vector": [float(x) for x in v]})
+                path,
+                {
+                    "selector": "search",
+                    "query": q,
+                    "k": SEARCH_K,
+                    "mode": "hybrid",
+                    "model": b.data.model,
+                    "query_vector": [float(x) for x in v],
+                },
+            )
             for q, v in queries
         ]
         b.report.add(
-            Row(area_search, f"hybrid k={SEARCH_K}, {label}", time_each(hyb),
-                time_each([lambda q=q, v=v, cid=cid: baseline.hybrid(cid, q, b.data.model, v, SEARCH_K) for q, v in queries[: max(3, n // 5)]], warmup=0)),
+            Row(
+                area_search,
+                f"hybrid k={SEARCH_K}, {label}",
+                time_each(hyb),
+                time_each(
+                    [
+                        lambda q=q, v=v, cid=cid: baseline.hybrid(cid, q, b.data.model, v, SEARCH_K)
+                        for q, v in queries[: max(3, n // 5)]
+                    ],
+                    warmup=0,
+                ),
+            ),
             b.log,
         )
 
@@ -199,7 +285,9 @@ def recall(b: Bench) -> None:
     total, paths = 0.0, set()
     for i in range(n_queries):
         _, v = gen.query(topics[i % len(topics)])
-        hits, path = search.semantic_ranking(context_id=cid, model=b.data.model, vector=[float(x) for x in v], limit=SEARCH_K)
+        hits, path = search.semantic_ranking(
+            context_id=cid, model=b.data.model, vector=[float(x) for x in v], limit=SEARCH_K
+        )
         paths.add(path)
         exact = set(ids[np.argsort(-(matrix @ (v / np.linalg.norm(v))))[:SEARCH_K]].tolist())
         total += len(exact & {mid for mid, _ in hits}) / SEARCH_K
@@ -211,8 +299,14 @@ def recall(b: Bench) -> None:
         f"exact scan below {settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD:,} vectors per context; {n_queries} queries"
     )
     b.report.add(
-        Row("search", f"semantic recall@{SEARCH_K} vs exact scan, largest context", Amount(value, ""), None,
-            Target(">=", 0.95, "≥ 0.95"), note=settings_text),
+        Row(
+            "search",
+            f"semantic recall@{SEARCH_K} vs exact scan, largest context",
+            Amount(value, ""),
+            None,
+            Target(">=", 0.95, "≥ 0.95"),
+            note=settings_text,
+        ),
         b.log,
     )
 
@@ -237,7 +331,12 @@ def _live_vectors(context_id: int, model: str, dims: int) -> tuple[np.ndarray, n
             binary=True,
         ).fetchall()
     ids = np.array([r[0] for r in rows])
-    matrix = np.vstack([np.asarray(r[1].to_numpy() if hasattr(r[1], "to_numpy") else r[1], dtype=np.float32) for r in rows])
+    matrix = np.vstack(
+        [
+            np.asarray(r[1].to_numpy() if hasattr(r[1], "to_numpy") else r[1], dtype=np.float32)
+            for r in rows
+        ]
+    )
     return ids, matrix
 
 
@@ -252,14 +351,23 @@ def transcript(b: Bench) -> None:
     target = Target("<=", 100, "≤ 100 ms")
     if route_exists(path):
         ours = time_calls(lambda: b.get(path), n=max(5, b.samples // 2))
-        b.report.add(Row("transcript (API)", f"GET /runs/{{id}}/messages, {label}", ours, naive, target), b.log)
+        b.report.add(
+            Row("transcript (API)", f"GET /runs/{{id}}/messages, {label}", ours, naive, target),
+            b.log,
+        )
     elif module_available("memory_app.transcripts"):
         from memory_app import transcripts
 
         ours = time_calls(lambda: transcripts.run_messages(run=run), n=max(5, b.samples // 2))
         b.report.add(
-            Row("transcript (domain)", label, ours, naive, target,
-                note="transcripts.run_messages; GET /api/v1/runs/{id}/messages has not landed"),
+            Row(
+                "transcript (domain)",
+                label,
+                ours,
+                naive,
+                target,
+                note="transcripts.run_messages; GET /api/v1/runs/{id}/messages has not landed",
+            ),
             b.log,
         )
     else:
@@ -302,14 +410,23 @@ def export(b: Bench) -> None:
     largest = b.data.largest_context_id
     # A context about a tenth the size of the largest one, to see whether memory grows with size.
     tenth = (
-        Context.objects.filter(message_count__lte=max(Context.objects.get(pk=largest).message_count // 10, 1))
-        .order_by("-message_count").values_list("pk", "message_count").first()
+        Context.objects.filter(
+            message_count__lte=max(Context.objects.get(pk=largest).message_count // 10, 1)
+        )
+        .order_by("-message_count")
+        .values_list("pk", "message_count")
+        .first()
     )
     o_sec, o_items, o_peak = _export_once(lambda: ours(largest))
     n_sec, n_items, n_peak = _export_once(lambda: naive(largest))
     b.report.add(
-        Row("export", f"backup.export_lines, largest context ({o_items:,} msgs), without tracemalloc",
-            _rate_untraced(lambda: ours(largest)), Rate(n_items / n_sec), Target(">=", 20000, "≥ 20,000 msg/s")),
+        Row(
+            "export",
+            f"backup.export_lines, largest context ({o_items:,} msgs), without tracemalloc",
+            _rate_untraced(lambda: ours(largest)),
+            Rate(n_items / n_sec),
+            Target(">=", 20000, "≥ 20,000 msg/s"),
+        ),
         b.log,
     )
     # Flat memory: the memory held while the messages stream out does not rise from the first
@@ -320,15 +437,22 @@ def export(b: Bench) -> None:
         third = max(len(during) // 3, 1)
         early, late = max(during[:third]), max(during[-third:])
         flat = late <= early * 1.5 + 1
-        note = (f"held while messages stream: {early:.1f} MB in the first third, {late:.1f} MB in the last: "
-                f"{'flat' if flat else 'grows'}")
+        note = (
+            f"held while messages stream: {early:.1f} MB in the first third, {late:.1f} MB in the last: "
+            f"{'flat' if flat else 'grows'}"
+        )
     if tenth:
         samples.clear()
         _, t_items, t_peak = _export_once(lambda: ours(tenth[0]))
         note += f"; peak {t_peak:.1f} MB for a {t_items:,}-message context (peaks are per-chunk: 1,000 rows)"
     b.report.add(
-        Row("export", "peak Python memory (tracemalloc), largest context", Amount(o_peak, "MB"), Amount(n_peak, "MB"),
-            note=note),
+        Row(
+            "export",
+            "peak Python memory (tracemalloc), largest context",
+            Amount(o_peak, "MB"),
+            Amount(n_peak, "MB"),
+            note=note,
+        ),
         b.log,
     )
 
@@ -349,18 +473,33 @@ def dashboard(b: Bench) -> None:
     largest = Context.objects.get(pk=data.largest_context_id)
     pages = [
         ("contexts list", _url("contexts")),
-        (f"context page ({largest.message_count:,} msgs)", _url("context", data.largest_context_id)),
+        (
+            f"context page ({largest.message_count:,} msgs)",
+            _url("context", data.largest_context_id),
+        ),
         (f"run logbook ({run.step_count:,} steps)", _url("run", data.long_run_id)),
     ]
     playground = _url("playground", data.largest_context_id)
     if playground:
         pages.append((f"selector playground ({largest.message_count:,} msgs)", playground))
-        pages.append((f"playground window k={WINDOW_K} ({largest.message_count:,} msgs)",
-                      f"{playground}?selector=window&k={WINDOW_K}"))
-        pages.append((f"playground token_window {MAX_TOKENS} ({largest.message_count:,} msgs)",
-                      f"{playground}?selector=token_window&max_tokens={MAX_TOKENS}&policy=contiguous"))
+        pages.append(
+            (
+                f"playground window k={WINDOW_K} ({largest.message_count:,} msgs)",
+                f"{playground}?selector=window&k={WINDOW_K}",
+            )
+        )
+        pages.append(
+            (
+                f"playground token_window {MAX_TOKENS} ({largest.message_count:,} msgs)",
+                f"{playground}?selector=token_window&max_tokens={MAX_TOKENS}&policy=contiguous",
+            )
+        )
     else:
-        b.report.skip("dashboard: selector playground", "the playground view has not landed (no URL named 'playground')", b.log)
+        b.report.skip(
+            "dashboard: selector playground",
+            "the playground view has not landed (no URL named 'playground')",
+            b.log,
+        )
     for name, url in pages:
         if url is None:
             b.report.skip(f"dashboard: {name}", "its view has not landed", b.log)
@@ -372,9 +511,22 @@ def dashboard(b: Bench) -> None:
         except BenchError as exc:
             b.report.skip(f"dashboard: {name}", f"failed: {exc}", b.log)
             continue
-        target = Target("<=", 100, "p50 < 100 ms") if name.startswith("playground ") else Target("<=", 150, "p50 ≤ 150 ms")
+        target = (
+            Target("<=", 100, "p50 < 100 ms")
+            if name.startswith("playground ")
+            else Target("<=", 150, "p50 ≤ 150 ms")
+        )
         b.report.add(Row("dashboard", f"{name}: server time", ours, None, target), b.log)
-        b.report.add(Row("dashboard", f"{name}: HTML size", Amount(size, "KB"), None, Target("<=", 300, "≤ 300 KB")), b.log)
+        b.report.add(
+            Row(
+                "dashboard",
+                f"{name}: HTML size",
+                Amount(size, "KB"),
+                None,
+                Target("<=", 300, "≤ 300 KB"),
+            ),
+            b.log,
+        )
 
 
 def _landing(b: Bench, url: str) -> str:
@@ -400,23 +552,40 @@ def ingest(b: Bench) -> None:
     stamp = int(time.time())
     ctx = b.post(f"{API}/contexts", {"keys": {"bench": "ingest", "at": str(stamp)}}).json()
     cid = ctx["id"]
-    naive_ctx = Context.objects.create(keys={"bench": "naive", "at": str(stamp)}, keys_digest=f"naive-{stamp}")
+    naive_ctx = Context.objects.create(
+        keys={"bench": "naive", "at": str(stamp)}, keys_digest=f"naive-{stamp}"
+    )
     texts = gen.texts(np.array([i % 40 for i in range(4000)]))
     single_n = 20 if b.quick else 200
     it = iter(texts)
-    ours = time_calls(lambda: b.post(f"{API}/contexts/{cid}/messages", {"role": "user", "text": next(it)}), n=single_n)
+    ours = time_calls(
+        lambda: b.post(f"{API}/contexts/{cid}/messages", {"role": "user", "text": next(it)}),
+        n=single_n,
+    )
     it2 = iter(texts)
     naive = time_calls(lambda: baseline.append_loop(naive_ctx.pk, [next(it2)]), n=single_n)
-    b.report.add(Row("ingest (API)", "single append", ours, naive, Target("<=", 5, "p50 ≤ 5 ms")), b.log)
+    b.report.add(
+        Row("ingest (API)", "single append", ours, naive, Target("<=", 5, "p50 ≤ 5 ms")), b.log
+    )
 
     batch = 100 if b.quick else 1000
     batches = 2 if b.quick else 10
     payloads = [
-        {"messages": [{"role": "user" if j % 2 else "assistant", "text": texts[(i * batch + j) % len(texts)],
-                       "client_id": f"b{stamp}-{i}-{j}"} for j in range(batch)]}
+        {
+            "messages": [
+                {
+                    "role": "user" if j % 2 else "assistant",
+                    "text": texts[(i * batch + j) % len(texts)],
+                    "client_id": f"b{stamp}-{i}-{j}",
+                }
+                for j in range(batch)
+            ]
+        }
         for i in range(batches)
     ]
-    b.post(f"{API}/contexts/{cid}/messages/batch", {"messages": [{"role": "user", "text": "warm-up"}]})
+    b.post(
+        f"{API}/contexts/{cid}/messages/batch", {"messages": [{"role": "user", "text": "warm-up"}]}
+    )
     t = time.perf_counter()
     for p in payloads:
         b.post(f"{API}/contexts/{cid}/messages/batch", p)
@@ -425,12 +594,19 @@ def ingest(b: Bench) -> None:
     baseline.append_loop(naive_ctx.pk, texts[:batch])
     naive_rate = Rate(batch / (time.perf_counter() - t))
     b.report.add(
-        Row("ingest (API)", f"batch of {batch:,} messages ({batches} batches)", ours_rate, naive_rate,
-            Target(">=", 5000, "≥ 5,000 msg/s")),
+        Row(
+            "ingest (API)",
+            f"batch of {batch:,} messages ({batches} batches)",
+            ours_rate,
+            naive_rate,
+            Target(">=", 5000, "≥ 5,000 msg/s"),
+        ),
         b.log,
     )
 
-    run = b.post(f"{API}/contexts/{cid}/runs", {"task": "benchmark", "framework": "smolagents"}).json()
+    run = b.post(
+        f"{API}/contexts/{cid}/runs", {"task": "benchmark", "framework": "smolagents"}
+    ).json()
     naive_run = Run.objects.create(context=naive_ctx, task="benchmark")
     step_batch = 20 if b.quick else 100
     step_batches = 2 if b.quick else 5
@@ -438,17 +614,35 @@ def ingest(b: Bench) -> None:
     def step(i: int) -> dict:
         text = texts[i % len(texts)]
         return {
-            "kind": "action", "step_number": i, "model_output": text[:400], "observations": text[:300],
-            "start_time": 1735725600.0 + i, "end_time": 1735725601.5 + i, "input_tokens": 900, "output_tokens": 80,
+            "kind": "action",
+            "step_number": i,
+            "model_output": text[:400],
+            "observations": text[:300],
+            "start_time": 1735725600.0 + i,
+            "end_time": 1735725601.5 + i,
+            "input_tokens": 900,
+            "output_tokens": 80,
             "tool_calls": [
-                {"call_id": f"c{i}-1", "name": "web_search", "arguments": {"query": text[:40]}, "output": text[:200]},
-                {"call_id": f"c{i}-2", "name": "visit_webpage", "arguments": {"url": "https://example.org"}},
+                {
+                    "call_id": f"c{i}-1",
+                    "name": "web_search",
+                    "arguments": {"query": text[:40]},
+                    "output": text[:200],
+                },
+                {
+                    "call_id": f"c{i}-2",
+                    "name": "visit_webpage",
+                    "arguments": {"url": "https://example.org"},
+                },
             ],
         }
 
     t = time.perf_counter()
     for k in range(step_batches):
-        b.post(f"{API}/runs/{run['id']}/steps", {"steps": [step(k * step_batch + i) for i in range(step_batch)]})
+        b.post(
+            f"{API}/runs/{run['id']}/steps",
+            {"steps": [step(k * step_batch + i) for i in range(step_batch)]},
+        )
     ours_steps = Rate(step_batch * step_batches / (time.perf_counter() - t), "steps/s")
     naive_items = []
     for i in range(step_batch):
@@ -459,7 +653,12 @@ def ingest(b: Bench) -> None:
     baseline.steps_loop(naive_run.pk, naive_items)
     naive_steps = Rate(step_batch / (time.perf_counter() - t), "steps/s")
     b.report.add(
-        Row("ingest (API)", f"steps with 2 tool calls each, batches of {step_batch}", ours_steps, naive_steps),
+        Row(
+            "ingest (API)",
+            f"steps with 2 tool calls each, batches of {step_batch}",
+            ours_steps,
+            naive_steps,
+        ),
         b.log,
     )
     # The baseline keeps no counters: its rows go, so a reused database stays consistent.

@@ -45,20 +45,57 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         d = Sizes()
-        parser.add_argument("--quick", action="store_true", help="tiny sizes for CI: checks the command works")
-        parser.add_argument("--messages", type=int, default=None, help=f"messages in the dataset (default {d.messages:,})")
-        parser.add_argument("--contexts", type=int, default=None, help=f"contexts (default {d.contexts:,})")
-        parser.add_argument("--runs", type=int, default=None, help=f"runs (default {d.runs:,})")
-        parser.add_argument("--max-steps", type=int, default=None, help=f"steps of the longest run (default {d.max_steps:,})")
-        parser.add_argument("--samples", type=int, default=None, help="timed calls per latency figure (default 50, quick 5)")
-        parser.add_argument("--db-name", default=None, help="benchmark database (default agentmemory_bench[_quick])")
-        parser.add_argument("--reuse", action="store_true", help="reuse the database of an earlier run with the same sizes")
-        parser.add_argument("--keep", action="store_true", help="keep the benchmark database afterwards (default: keep unless --quick)")
-        parser.add_argument("--drop", action="store_true", help="drop the benchmark database afterwards")
         parser.add_argument(
-            "--only", default="", help="comma-separated areas to measure: " + ", ".join(AREAS) + " (default all)"
+            "--quick", action="store_true", help="tiny sizes for CI: checks the command works"
         )
-        parser.add_argument("--output", default=None, help="Markdown file (default docs/benchmarks.md; quick: none unless given)")
+        parser.add_argument(
+            "--messages",
+            type=int,
+            default=None,
+            help=f"messages in the dataset (default {d.messages:,})",
+        )
+        parser.add_argument(
+            "--contexts", type=int, default=None, help=f"contexts (default {d.contexts:,})"
+        )
+        parser.add_argument("--runs", type=int, default=None, help=f"runs (default {d.runs:,})")
+        parser.add_argument(
+            "--max-steps",
+            type=int,
+            default=None,
+            help=f"steps of the longest run (default {d.max_steps:,})",
+        )
+        parser.add_argument(
+            "--samples",
+            type=int,
+            default=None,
+            help="timed calls per latency figure (default 50, quick 5)",
+        )
+        parser.add_argument(
+            "--db-name", default=None, help="benchmark database (default agentmemory_bench[_quick])"
+        )
+        parser.add_argument(
+            "--reuse",
+            action="store_true",
+            help="reuse the database of an earlier run with the same sizes",
+        )
+        parser.add_argument(
+            "--keep",
+            action="store_true",
+            help="keep the benchmark database afterwards (default: keep unless --quick)",
+        )
+        parser.add_argument(
+            "--drop", action="store_true", help="drop the benchmark database afterwards"
+        )
+        parser.add_argument(
+            "--only",
+            default="",
+            help="comma-separated areas to measure: " + ", ".join(AREAS) + " (default all)",
+        )
+        parser.add_argument(
+            "--output",
+            default=None,
+            help="Markdown file (default docs/benchmarks.md; quick: none unless given)",
+        )
 
     def log(self, text: str) -> None:
         self.stdout.write(text)
@@ -67,7 +104,9 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         quick = opts["quick"]
         base = Sizes.quick() if quick else Sizes()
-        overrides = {k: opts[k] for k in ("messages", "contexts", "runs", "max_steps") if opts[k] is not None}
+        overrides = {
+            k: opts[k] for k in ("messages", "contexts", "runs", "max_steps") if opts[k] is not None
+        }
         sizes = Sizes(**{**base.as_dict(), **overrides})
         if sizes.max_steps < sizes.transcript_steps:
             sizes = Sizes(**{**sizes.as_dict(), "transcript_steps": max(1, sizes.max_steps // 2)})
@@ -76,7 +115,9 @@ class Command(BaseCommand):
             raise CommandError(f"unknown areas {sorted(unknown)}: choose from {', '.join(AREAS)}")
         db_name = opts["db_name"] or ("agentmemory_bench_quick" if quick else "agentmemory_bench")
         samples = opts["samples"] or (5 if quick else 50)
-        output = opts["output"] or (None if quick else str(Path(settings.BASE_DIR) / "docs" / "benchmarks.md"))
+        output = opts["output"] or (
+            None if quick else str(Path(settings.BASE_DIR) / "docs" / "benchmarks.md")
+        )
         if quick:
             # Exercise the HNSW path on the tiny dataset too (the default threshold is 20,000).
             settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 500
@@ -159,7 +200,9 @@ class Command(BaseCommand):
         )
         web = Client()
         web.force_login(user)
-        bench = scenarios.Bench(data=data, report=report, api=api, web=web, log=self.log, samples=samples, quick=quick)
+        bench = scenarios.Bench(
+            data=data, report=report, api=api, web=web, log=self.log, samples=samples, quick=quick
+        )
         only = [a.strip() for a in only.split(",") if a.strip()]
         for name, fn in AREAS.items():
             if only and name not in only:
@@ -177,7 +220,9 @@ class Command(BaseCommand):
 
     # --- report -------------------------------------------------------------------------------
 
-    def _markdown(self, report: Report, data: Dataset, *, samples: int, db_name: str, quick: bool) -> str:
+    def _markdown(
+        self, report: Report, data: Dataset, *, samples: int, db_name: str, quick: bool
+    ) -> str:
         import psycopg
 
         info = database.server_info(db_name)
@@ -211,10 +256,23 @@ class Command(BaseCommand):
         if report.not_measured:
             lines += ["## Not measured", "", *[f"- {line}" for line in report.not_measured], ""]
         if data.build_seconds:
-            lines += ["## Dataset build", "", *[f"- {k}: {v:.1f} s" for k, v in data.build_seconds.items()], ""]
+            lines += [
+                "## Dataset build",
+                "",
+                *[f"- {k}: {v:.1f} s" for k, v in data.build_seconds.items()],
+                "",
+            ]
         missed = report.missed()
         if missed:
-            lines += ["## Targets missed", "", *[f"- {r.area}: {r.measure} — {r.ours} (target {r.target.text}; {_gap(r)})" for r in missed], ""]
+            lines += [
+                "## Targets missed",
+                "",
+                *[
+                    f"- {r.area}: {r.measure} — {r.ours} (target {r.target.text}; {_gap(r)})"
+                    for r in missed
+                ],
+                "",
+            ]
         lines += report.notes
         if NOTES.exists() and not quick:
             lines += ["", NOTES.read_text().strip(), ""]
