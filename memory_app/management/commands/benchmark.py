@@ -14,6 +14,7 @@ import time
 import traceback
 from pathlib import Path
 
+import psycopg
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
@@ -160,7 +161,13 @@ class Command(BaseCommand):
         except database.BenchDatabaseError as exc:
             raise CommandError(str(exc)) from exc
         self.log(f"creating database {db_name}")
-        database.recreate_database(db_name)
+        try:
+            database.recreate_database(db_name)
+        except psycopg.Error as exc:
+            raise CommandError(
+                f"cannot create the benchmark database {db_name!r}: {exc} (the database user needs "
+                "CREATEDB; or give --db-name of a database it may drop and recreate)"
+            ) from exc
         database.migrate()
         self.log(
             f"building the dataset: {sizes.messages:,} messages over {sizes.contexts:,} contexts, "
@@ -223,7 +230,6 @@ class Command(BaseCommand):
     def _markdown(
         self, report: Report, data: Dataset, *, samples: int, db_name: str, quick: bool
     ) -> str:
-        import psycopg
 
         info = database.server_info(db_name)
         s = data.sizes
