@@ -275,6 +275,14 @@ class Message(models.Model):
                 name="message_live_recent_idx",
             ),
             models.Index(fields=["run"], name="message_run_idx"),
+            # token_window's skip policy reads on only rows that can still fit the budget.
+            models.Index(
+                fields=["context", "token_count", "seq"],
+                condition=Q(pruned_at__isnull=True),
+                name="message_live_tokens_idx",
+            ),
+            # Finding rows counted under another tokenizer (to recount them) without a scan.
+            models.Index(fields=["context", "tokenizer"], name="message_tokenizer_idx"),
         ]
 
     @property

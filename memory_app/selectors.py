@@ -18,9 +18,11 @@ stored role says the same thing:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
+
+from django.db.models import Q
 
 from memory_app import tokens
 from memory_app.logbook import Invalid
@@ -31,6 +33,8 @@ SCAN_CHUNK = 500
 # The first read of a backward scan is small: a token window of a few thousand tokens usually
 # needs a few dozen messages, and fetching 500 full rows for it cost more than the selection.
 FIRST_SCAN_CHUNK = 50
+# A skip scan can pass over thousands of oversized messages: name the first few only.
+MAX_SKIP_NOTES = 20
 
 FUNCTION_RESULT_ROLES = frozenset({"function", "tool", "tool-response"})
 STATUS_ROLES = frozenset({"agent", "llm"})
@@ -169,20 +173,41 @@ def _live(context: Context):
     return Message.objects.filter(context=context, pruned_at__isnull=True)
 
 
-def _scan_backwards(context: Context, *, before_seq: int | None = None) -> Iterator[Message]:
-    """Live messages newest first, read in chunks so long histories are never loaded at once."""
+def _scan_backwards(
+    context: Context, *, before_seq: int | None = None, narrow: Callable[[], Q] | None = None
+) -> Iterator[Message]:
+    """Live messages newest first, read in chunks so long histories are never loaded at once.
+
+    `narrow`, when given, is asked before each chunk after the first for a filter on the rows
+    still worth reading (it may tighten as the caller consumes rows).
+    """
     cursor = before_seq
     size = FIRST_SCAN_CHUNK
     while True:
         qs = _live(context)
         if cursor is not None:
             qs = qs.filter(seq__lt=cursor)
+            if narrow is not None:
+                qs = qs.filter(narrow())
         chunk = list(qs.order_by("-seq")[:size])
         yield from chunk
         if len(chunk) < size:
             return
         cursor = chunk[-1].seq
         size = min(size * 4, SCAN_CHUNK)
+
+
+def _tokenizers_needing_recount(context: Context, name: str) -> list[str]:
+    """Tokenizer names stored on the context's live messages whose counts are not `name`'s.
+
+    Written as ranges around the trusted names so the (context, tokenizer) index answers it
+    without reading the context's rows: normally every row is trusted and this is empty.
+    """
+    trusted = sorted({name, ""} if name == tokens.default_tokenizer_name() else {name})
+    outside = Q(tokenizer__lt=trusted[0]) | Q(tokenizer__gt=trusted[-1])
+    for low, high in zip(trusted, trusted[1:], strict=False):
+        outside |= Q(tokenizer__gt=low, tokenizer__lt=high)
+    return sorted(set(_live(context).filter(outside).values_list("tokenizer", flat=True)))
 
 
 class _TokenCounter:
@@ -285,7 +310,20 @@ def select_token_window(*, context: Context, spec: TokenWindowSpec) -> Selection
     notes: list[str] = []
     scanned = 0
     first = True
-    for m in _scan_backwards(context):
+    narrow = None
+    if spec.policy == "skip":
+        # Under the strict `n + used < budget` rule `used` never reaches the budget, so a skip
+        # scan would read the whole history. Only rows with token_count < budget - used can
+        # still be taken: read on only those (plus rows whose stored count was made under
+        # another tokenizer, which are recounted). The same messages are selected.
+        recount = _tokenizers_needing_recount(context, counter.name)
+
+        def narrow() -> Q:
+            fits = Q(token_count__lt=budget - used)
+            return fits | Q(tokenizer__in=recount) if recount else fits
+
+    skipped = 0
+    for m in _scan_backwards(context, narrow=narrow):
         if first:
             first = False
             if steamship and is_user(m):
@@ -307,7 +345,11 @@ def select_token_window(*, context: Context, spec: TokenWindowSpec) -> Selection
             notes.append(f"stopped at message {m.pk} ({n} tokens would reach {n + used}/{budget})")
             break
         else:
-            notes.append(f"skipped message {m.pk}: {n} tokens would reach {n + used}/{budget}")
+            skipped += 1
+            if skipped <= MAX_SKIP_NOTES:
+                notes.append(f"skipped message {m.pk}: {n} tokens would reach {n + used}/{budget}")
+    if skipped > MAX_SKIP_NOTES:
+        notes.append(f"... and {skipped - MAX_SKIP_NOTES} more skipped messages")
     picked.reverse()
     return Selection(
         selector="token_window",

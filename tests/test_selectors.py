@@ -474,3 +474,42 @@ def test_random_histories_select_what_steamship_selects(history, k, max_tokens, 
         return
     assert names(window, id_to_name) == oracle_message_window(live, k)
     assert names(tokens_skip, id_to_name) == oracle_token_window(live, max_tokens)
+
+
+def _reference_skip(rows, budget):
+    """Steamship's skip rule over every live message, newest first: (id, tokens) pairs in."""
+    used, picked = 0, []
+    for pk, n in rows:
+        if n + used < budget:
+            used += n
+            picked.append(pk)
+    return sorted(picked)
+
+
+@pytest.mark.parametrize("budget", [40, 200, 1000])
+def test_skip_policy_on_a_long_history_selects_what_a_full_scan_selects(db, budget):
+    """The skip scan reads on only rows that can still fit; the choice must be a full scan's."""
+    context, _ = logbook.context_get_or_create(keys={"long": "skip"})
+    sizes = [(i * 37) % 23 + (150 if i % 7 == 0 else 0) for i in range(400)]
+    logbook.messages_append(
+        context=context,
+        items=[{"role": "user" if i % 2 else "assistant", "text": " word" * n} for i, n in enumerate(sizes)],
+    )
+    rows = list(context.messages.order_by("-seq").values_list("pk", "token_count"))
+    chosen = select(context=context, spec=TokenWindowSpec(max_tokens=budget, policy="skip"))
+    assert sorted(item.message.pk for item in chosen.items) == _reference_skip(rows, budget)
+    assert len(chosen.items) > 0
+
+
+def test_skip_policy_recounts_rows_stored_under_another_tokenizer_past_the_first_chunk(db):
+    """A row whose stored count is another tokenizer's (here inflated) is recounted, even
+    when the scan narrows to rows whose stored count fits."""
+    context, _ = logbook.context_get_or_create(keys={"long": "recount"})
+    logbook.messages_append(context=context, items=[{"role": "user", "text": "tiny"}])
+    logbook.messages_append(
+        context=context, items=[{"role": "assistant", "text": " word" * 30} for _ in range(120)]
+    )
+    old = context.messages.get(seq=1)
+    type(old).objects.filter(pk=old.pk).update(tokenizer="legacy_bpe", token_count=10_000)
+    chosen = select(context=context, spec=TokenWindowSpec(max_tokens=100, policy="skip"))
+    assert old.pk in [item.message.pk for item in chosen.items]
