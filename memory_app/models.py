@@ -192,12 +192,12 @@ class Step(models.Model):
             ),
         ]
 
+    def __str__(self) -> str:
+        return f"step {self.position} ({self.kind}) of run {self.run_id}"
+
     @property
     def is_pruned(self) -> bool:
         return self.pruned_at is not None
-
-    def __str__(self) -> str:
-        return f"step {self.position} ({self.kind}) of run {self.run_id}"
 
 
 class ToolCall(models.Model):
@@ -285,12 +285,12 @@ class Message(models.Model):
             models.Index(fields=["context", "tokenizer"], name="message_tokenizer_idx"),
         ]
 
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.role}: {self.text[:60]}"
+
     @property
     def is_pruned(self) -> bool:
         return self.pruned_at is not None
-
-    def __str__(self) -> str:
-        return f"#{self.seq} {self.role}: {self.text[:60]}"
 
 
 class MemoryRecord(models.Model):
@@ -388,6 +388,10 @@ class Embedding(models.Model):
             ),
             models.Index(fields=["context", "model"], name="embedding_context_model_idx"),
         ]
+
+    def __str__(self) -> str:
+        item = f"message {self.message_id}" if self.message_id else f"memory {self.memory_record_id}"
+        return f"{item} under {self.model}" + ("" if self.vector is not None else " (pending)")
 
 
 class ApiKey(models.Model):
