@@ -153,6 +153,10 @@ class Command(BaseCommand):
             data = self._load_meta()
             if data is not None and data.sizes == sizes:
                 self.log(f"reusing database {db_name} ({sizes.messages:,} messages)")
+                # Migrations added since the build (an index, say) must be measured too.
+                database.migrate()
+                with connection.cursor() as cursor:
+                    cursor.execute("ANALYZE")
                 return data
             self.log(f"database {db_name} holds other sizes (or none): rebuilding")
             connection.close()
