@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -205,7 +205,10 @@ def messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer:
             first = locked.last_seq + 1
             for offset, row in enumerate(new_rows):
                 row.seq = first + offset
-            Message.objects.bulk_create(new_rows)
+            if len(new_rows) >= COPY_THRESHOLD:
+                _copy_messages(new_rows)
+            else:
+                Message.objects.bulk_create(new_rows)
             Context.objects.filter(pk=context.pk).update(
                 last_seq=F("last_seq") + len(new_rows),
                 message_count=F("message_count") + len(new_rows),
@@ -214,6 +217,41 @@ def messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer:
             )
             _after_messages_created(new_rows)
     return AppendResult(messages=results, created=created_flags)
+
+
+# From this many rows on, COPY beats a multi-row INSERT: psycopg merges every parameter of an
+# INSERT into its text (19 per message) and Django compiles it, ~200 ms for 1,000 messages.
+COPY_THRESHOLD = 50
+_COPY_COLUMNS = (
+    "id", "context_id", "seq", "client_id", "role", "name", "text", "content", "tags", "metadata",
+    "run_id", "step_id", "token_count", "tokenizer", "source_timestamp", "created_at", "updated_at",
+    "pruned_by",
+)
+
+
+def _copy_messages(rows: list[Message]) -> None:
+    """Insert new messages with one COPY; ids are drawn from the table's sequence first so the
+    objects come back with their primary keys, as bulk_create would give them."""
+    from psycopg.types.json import Jsonb
+
+    table = Message._meta.db_table
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
+            [table, len(rows)],
+        )
+        for row, (pk,) in zip(rows, cursor.fetchall(), strict=True):
+            row.pk = pk
+            row.created_at = row.updated_at = now
+        columns = ", ".join(_COPY_COLUMNS)
+        with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:  # noqa: S608 - constants
+            for r in rows:
+                copy.write_row((
+                    r.pk, r.context_id, r.seq, r.client_id, r.role, r.name, r.text,
+                    None if r.content is None else Jsonb(r.content), list(r.tags), Jsonb(r.metadata),
+                    r.run_id, r.step_id, r.token_count, r.tokenizer, r.source_timestamp, now, now, r.pruned_by,
+                ))
 
 
 def _check_run_ids(*, context: Context, items: list[dict[str, Any]]) -> None:

@@ -36,7 +36,9 @@ def test_context_keys_are_order_insensitive():
     second, created_again = logbook.context_get_or_create(keys={"chat": "42", "user": "ada"})
     assert created and not created_again
     assert first.pk == second.pk
-    assert keys_digest({"a": 1, "b": {"x": 1, "y": 2}}) == keys_digest({"b": {"y": 2, "x": 1}, "a": 1})
+    assert keys_digest({"a": 1, "b": {"x": 1, "y": 2}}) == keys_digest(
+        {"b": {"y": 2, "x": 1}, "a": 1}
+    )
     assert keys_digest({"a": 1}) != keys_digest({"a": "1"})
 
 
@@ -57,7 +59,9 @@ def test_concurrent_get_or_create_makes_one_row():
     def worker():
         try:
             barrier.wait()
-            context, _ = logbook.context_get_or_create(keys=dict(reversed(list(keys.items()))) if ids else keys)
+            context, _ = logbook.context_get_or_create(
+                keys=dict(reversed(list(keys.items()))) if ids else keys
+            )
             ids.append(context.pk)
         except BaseException as exc:  # noqa: BLE001 - surfaced by the assertion below
             errors.append(exc)
@@ -104,7 +108,8 @@ def test_unknown_message_role_is_refused_by_the_database():
 def test_appended_messages_get_consecutive_seqs_and_token_counts():
     context, _ = logbook.context_get_or_create(keys={"u": "1"})
     result = logbook.messages_append(
-        context=context, items=[{"role": "user", "text": "hello world"}, {"role": "assistant", "text": "hi"}]
+        context=context,
+        items=[{"role": "user", "text": "hello world"}, {"role": "assistant", "text": "hi"}],
     )
     assert [m.seq for m in result.messages] == [1, 2]
     assert [m.token_count for m in result.messages] == [2, 1]
@@ -133,14 +138,20 @@ def test_migrations_apply_from_zero_on_an_empty_database():
     try:
         env = {**os.environ, "DATABASE_URL": _url_for(name)}
         out = subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--no-input"], cwd=ROOT, env=env,
-            capture_output=True, text=True, timeout=180,
+            [sys.executable, "manage.py", "migrate", "--no-input"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
         )
         assert out.returncode == 0, out.stderr
         assert "memory_app.0001_initial... OK" in out.stdout
         with psycopg.connect(_url_for(name)) as conn:
             assert conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone()
-            assert conn.execute("SELECT to_regclass('memory_app_message')").fetchone()[0] is not None
+            assert (
+                conn.execute("SELECT to_regclass('memory_app_message')").fetchone()[0] is not None
+            )
     finally:
         with psycopg.connect(_url_for("postgres"), autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -196,8 +207,12 @@ def test_database_url_uses_another_server_and_healthz_reports_it_down(tmp_path):
     os.chmod(tmp_path, 0o755)
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     out = subprocess.run(
-        [sys.executable, "-c", SECOND_SERVER_SCRIPT, str(data / "pgdata")], cwd=ROOT, env=env,
-        capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", SECOND_SERVER_SCRIPT, str(data / "pgdata")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
@@ -211,14 +226,28 @@ def test_database_url_uses_another_server_and_healthz_reports_it_down(tmp_path):
 
 
 def test_local_state_and_build_output_are_git_ignored():
-    paths = ["var/pgdata/PG_VERSION", ".venv/bin/python", "build/lib/x.py", "x.egg-info/PKG-INFO", "test-artifacts/a.png"]
+    paths = [
+        "var/pgdata/PG_VERSION",
+        ".venv/bin/python",
+        "build/lib/x.py",
+        "x.egg-info/PKG-INFO",
+        "test-artifacts/a.png",
+    ]
     out = subprocess.run(["git", "check-ignore", *paths], cwd=ROOT, capture_output=True, text=True)
     assert sorted(out.stdout.split()) == sorted(paths)
 
 
 def test_no_tracked_file_holds_a_secret():
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    patterns = ["BEGIN RSA PRIVATE KEY", "BEGIN PRIVATE KEY", "BEGIN OPENSSH PRIVATE KEY", "SECRET_KEY = \"", "SECRET_KEY = '"]
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    patterns = [
+        "BEGIN RSA PRIVATE KEY",
+        "BEGIN PRIVATE KEY",
+        "BEGIN OPENSSH PRIVATE KEY",
+        'SECRET_KEY = "',
+        "SECRET_KEY = '",
+    ]
     offenders = []
     for name in files:
         path = ROOT / name
@@ -232,9 +261,70 @@ def test_no_tracked_file_holds_a_secret():
 @pytest.mark.django_db
 def test_editing_a_message_with_nul_characters_is_refused_and_changes_nothing(system_actor):
     context, _ = logbook.context_get_or_create(keys={"u": "nul"})
-    [message] = logbook.messages_append(context=context, items=[{"role": "user", "text": "clean"}]).messages
-    for kwargs in ({"text": "a\x00b"}, {"tags": ["ok", "b\x00d"]}, {"metadata": {"k\x00": "v"}}, {"metadata": {"k": ["\x00"]}}):
+    [message] = logbook.messages_append(
+        context=context, items=[{"role": "user", "text": "clean"}]
+    ).messages
+    for kwargs in (
+        {"text": "a\x00b"},
+        {"tags": ["ok", "b\x00d"]},
+        {"metadata": {"k\x00": "v"}},
+        {"metadata": {"k": ["\x00"]}},
+    ):
         with pytest.raises(logbook.Invalid):
             logbook.message_edit(message=message, actor=system_actor, **kwargs)
     message.refresh_from_db()
     assert (message.text, message.tags, message.metadata) == ("clean", [], {})
+
+
+@pytest.mark.django_db
+def test_a_large_batch_is_stored_field_for_field_and_searchable():
+    """Batches from COPY_THRESHOLD rows on take the COPY path: same rows as the INSERT path."""
+    context, _ = logbook.context_get_or_create(keys={"u": "copy"})
+    run, _ = logbook.run_create(context=context, task="t")
+    items = [
+        {
+            "client_id": f"c{i}",
+            "role": "user" if i % 2 else "assistant",
+            "name": f"n{i}",
+            "text": f"message number {i} about zebras" if i == 7 else f"message number {i}",
+            "content": [{"type": "text", "text": f"block {i}"}] if i % 3 else None,
+            "tags": ["a", f"t{i}"],
+            "metadata": {"i": i, "nested": {"ok": True}},
+            "run_id": run.pk if i % 5 == 0 else None,
+            "source_timestamp": "2026-11-21 21:42:34.560",
+        }
+        for i in range(logbook.COPY_THRESHOLD + 10)
+    ]
+    result = logbook.messages_append(context=context, items=items)
+    assert all(result.created) and all(m.pk for m in result.messages)
+    stored = {m.client_id: m for m in Message.objects.filter(context=context)}
+    for i, item in enumerate(items):
+        m = stored[item["client_id"]]
+        assert m.pk == result.messages[i].pk and m.seq == i + 1
+        assert (
+            m.role,
+            m.name,
+            m.text,
+            m.content,
+            m.tags,
+            m.metadata,
+            m.run_id,
+            m.source_timestamp,
+        ) == (
+            item["role"],
+            item["name"],
+            item["text"],
+            item["content"],
+            item["tags"],
+            item["metadata"],
+            item["run_id"],
+            item["source_timestamp"],
+        )
+        assert m.created_at is not None and m.token_count > 0
+    assert list(
+        Message.objects.filter(context=context, search_vector="zebras").values_list(
+            "client_id", flat=True
+        )
+    ) == ["c7"]
+    again = logbook.messages_append(context=context, items=items)
+    assert not any(again.created)
