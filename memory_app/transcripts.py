@@ -13,7 +13,10 @@ Images (task_images, observations_images) are not stored, so their blocks never 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
+
+from django.db.models.fields.json import KT
 
 from memory_app.interop import agentkit
 from memory_app.interop.smolagents import RESERVED_KEY, calling_tools_text, tool_call_dict
@@ -37,7 +40,29 @@ def _chat_message(role: str, text: str) -> dict[str, Any]:
     }
 
 
-def step_messages(step: Step, tool_calls: list[ToolCall], *, summary_mode: bool) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """The columns of a step a transcript reads (no model input, no full payload)."""
+
+    pk: int
+    kind: str
+    task: str | None
+    plan: str | None
+    model_output: Any
+    observations: str | None
+    error_type: str | None
+    error_message: str | None
+    calling_tools: str | None  # the exact "Calling tools:" text kept at import, if any
+
+
+@dataclass(frozen=True, slots=True)
+class CallRow:
+    call_id: str
+    name: str
+    arguments: Any
+
+
+def step_messages(step: StepRow, tool_calls: list[CallRow], *, summary_mode: bool) -> list[dict[str, Any]]:
     """One stored step as smolagents' `MemoryStep.to_messages(summary_mode)`."""
     if step.kind == "task":
         return [_chat_message("user", f"New task:\n{step.task or ''}")]
@@ -54,8 +79,7 @@ def step_messages(step: Step, tool_calls: list[ToolCall], *, summary_mode: bool)
     # smolagents checks `tool_calls is not None`; its dict() turns None into [], so an empty list
     # stored here is the None of a step whose call never parsed.
     if tool_calls:
-        stored = (step.payload or {}).get(RESERVED_KEY, {}).get("calling_tools")
-        text = stored or calling_tools_text(
+        text = step.calling_tools or calling_tools_text(
             [tool_call_dict({"call_id": t.call_id, "name": t.name, "arguments": t.arguments}) for t in tool_calls]
         )
         out.append(_chat_message("tool-call", text))
@@ -73,19 +97,27 @@ def run_messages(
     """The run as `write_memory_to_messages(summary_mode)`; pruned steps are left out.
 
     `upto_position` gives the memory as it stood after that step (the dashboard's "transcript
-    after this step").
+    after this step"). Reads plain rows of the columns used: a 1,000-step run is two queries
+    and no model instances (the verbatim payload, which holds the model input, stays in the
+    database; only the kept "Calling tools:" text is extracted from it there).
     """
     messages: list[dict[str, Any]] = []
     if not summary_mode and run.system_prompt:
         messages.append(_chat_message("system", run.system_prompt))
-    steps_qs = Step.objects.filter(run=run, pruned_at__isnull=True)
+    live = Step.objects.filter(run=run, pruned_at__isnull=True)
     if upto_position is not None:
-        steps_qs = steps_qs.filter(position__lte=upto_position)
-    # The model's input messages are the largest column and never part of a transcript.
-    steps = list(steps_qs.defer("model_input_messages", "model_output_message").order_by("position"))
-    calls: dict[int, list[ToolCall]] = {}
-    for tc in ToolCall.objects.filter(step__in=[s.pk for s in steps]).order_by("step_id", "position"):
-        calls.setdefault(tc.step_id, []).append(tc)
+        live = live.filter(position__lte=upto_position)
+    steps = [
+        StepRow(*row)
+        for row in live.order_by("position").values_list(
+            "pk", "kind", "task", "plan", "model_output", "observations", "error_type", "error_message",
+            KT(f"payload__{RESERVED_KEY}__calling_tools"),
+        )
+    ]
+    calls: dict[int, list[CallRow]] = {}
+    call_rows = ToolCall.objects.filter(step__in=live).order_by("step_id", "position")
+    for step_id, call_id, name, arguments in call_rows.values_list("step_id", "call_id", "name", "arguments"):
+        calls.setdefault(step_id, []).append(CallRow(call_id, name, arguments))
     for step in steps:
         messages.extend(step_messages(step, calls.get(step.pk, []), summary_mode=summary_mode))
     return messages
