@@ -179,8 +179,20 @@ def messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer:
     counts = tokens.count_tokens([p["text"] for p in prepared], tokenizer=tokenizer)
     _check_run_ids(context=context, items=prepared)
 
+    try:
+        return _append_once(context=context, items=items, prepared=prepared, counts=counts,
+                            client_ids=client_ids, tokenizer=tokenizer)
+    except IntegrityError as exc:
+        # A concurrent writer stored one of our client ids between our check and our insert;
+        # everything rolled back (seqs included). Once more: the check now finds it.
+        if "message_client_id_unique" not in str(exc):
+            raise
+        return _append_once(context=context, items=items, prepared=prepared, counts=counts,
+                            client_ids=client_ids, tokenizer=tokenizer)
+
+
+def _append_once(*, context, items, prepared, counts, client_ids, tokenizer) -> AppendResult:
     with transaction.atomic():
-        locked = Context.objects.select_for_update().only("id", "last_seq").get(pk=context.pk)
         existing = {
             m.client_id: m for m in Message.objects.filter(context=context, client_id__in=client_ids)
         } if client_ids else {}
@@ -202,19 +214,23 @@ def messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer:
             results.append(row)
             created_flags.append(True)
         if new_rows:
-            first = locked.last_seq + 1
+            # One statement takes the context's row lock and allocates the seqs: concurrent
+            # appenders queue here, so seqs are gap-free and strictly increasing.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {Context._meta.db_table} SET last_seq = last_seq + %s, "  # noqa: S608 - constant
+                    "message_count = message_count + %s, token_count = token_count + %s, "
+                    "last_activity_at = %s WHERE id = %s RETURNING last_seq",
+                    [len(new_rows), len(new_rows), sum(r.token_count for r in new_rows), timezone.now(), context.pk],
+                )
+                (last,) = cursor.fetchone()
+            first = last - len(new_rows) + 1
             for offset, row in enumerate(new_rows):
                 row.seq = first + offset
             if len(new_rows) >= COPY_THRESHOLD:
                 _copy_messages(new_rows)
             else:
                 Message.objects.bulk_create(new_rows)
-            Context.objects.filter(pk=context.pk).update(
-                last_seq=F("last_seq") + len(new_rows),
-                message_count=F("message_count") + len(new_rows),
-                token_count=F("token_count") + sum(r.token_count for r in new_rows),
-                last_activity_at=timezone.now(),
-            )
             _after_messages_created(new_rows)
     return AppendResult(messages=results, created=created_flags)
 

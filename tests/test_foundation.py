@@ -328,3 +328,37 @@ def test_a_large_batch_is_stored_field_for_field_and_searchable():
     ) == ["c7"]
     again = logbook.messages_append(context=context, items=items)
     assert not any(again.created)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_appends_of_the_same_client_id_store_one_message_and_leave_no_gap():
+    context, _ = logbook.context_get_or_create(keys={"u": "same-id-race"})
+    rounds = 15
+    errors: list[BaseException] = []
+    seen: list[tuple[int, int]] = []
+
+    def worker(barrier: threading.Barrier, cid: str):
+        try:
+            barrier.wait()
+            [m] = logbook.messages_append(
+                context=context, items=[{"client_id": cid, "role": "user", "text": f"hello {cid}"}]
+            ).messages
+            seen.append((m.pk, m.seq))
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the assertion below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    for i in range(rounds):
+        barrier = threading.Barrier(3)
+        threads = [threading.Thread(target=worker, args=(barrier, f"id-{i}")) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors
+    assert len(seen) == rounds * 3
+    seqs = sorted(Message.objects.filter(context=context).values_list("seq", flat=True))
+    assert seqs == list(range(1, rounds + 1))
+    context.refresh_from_db()
+    assert (context.last_seq, context.message_count) == (rounds, rounds)
