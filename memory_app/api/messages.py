@@ -27,6 +27,8 @@ from memory_app.api.schemas import (
     PruneIn,
     PruneNoteIn,
     PruneOut,
+    json_response,
+    message_out,
 )
 from memory_app.models import Step
 
@@ -57,7 +59,7 @@ def message_append(request, context_id: ContextId, body: MessageIn):
     """201 with the stored message; 200 with the stored one when `client_id` was already
     appended with the same content; 409 with the differences when the content differs."""
     result = _append(request, context_id, [body])
-    return Status(201 if result.any_created else 200, result.messages[0])
+    return json_response(201 if result.any_created else 200, message_out(result.messages[0]))
 
 
 @router.post(
@@ -69,8 +71,9 @@ def message_append_batch(request, context_id: ContextId, body: MessageBatchIn):
     """Seqs are consecutive in the order sent. One conflicting client id rejects the whole
     batch (409). 201 when at least one message was stored now, 200 when all were repeats."""
     result = _append(request, context_id, body.messages)
-    return Status(
-        201 if result.any_created else 200, {"messages": result.messages, "created": result.created}
+    return json_response(
+        201 if result.any_created else 200,
+        {"messages": [message_out(m) for m in result.messages], "created": result.created},
     )
 
 
@@ -91,11 +94,12 @@ def message_list(
     before it (page backward with `before=next_cursor`)."""
     require_scope(request, "read")
     context = context_for(request, context_id)
-    return Status(
+    page = queries.messages_list(
+        context=context, after=after, before=before, limit=limit, include_pruned=include_pruned
+    )
+    return json_response(
         200,
-        queries.messages_list(
-            context=context, after=after, before=before, limit=limit, include_pruned=include_pruned
-        ),
+        {"items": [message_out(m) for m in page.items], "has_more": page.has_more, "next_cursor": page.next_cursor},
     )
 
 

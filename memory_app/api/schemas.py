@@ -8,10 +8,13 @@ through imports or the dashboard.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
+from django.http import HttpResponse
 from ninja import Schema
+from ninja.responses import NinjaJSONEncoder
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from memory_app.api.common import Id, Int32, Int64, JsonObject, JsonValue, Short, Text, _check_json
@@ -538,3 +541,23 @@ class RunDetailOut(Schema):
     )
     run: RunOut
     steps: StepPage
+
+
+# --- hot paths: plain JSON without a second validation pass ------------------------------------
+
+MESSAGE_OUT_FIELDS = tuple(MessageOut.model_fields)
+
+
+def message_out(message) -> dict[str, Any]:
+    """A stored message as the `MessageOut` dict. Hot endpoints (append, list, select) render
+    these straight to JSON: the values come from our own columns, so validating them again
+    through the schema only costs time (a third of a 1,000-message batch)."""
+    return {name: getattr(message, name) for name in MESSAGE_OUT_FIELDS}
+
+
+def json_response(status: int, data: Any):
+    """`data` rendered as the API's renderer would (ninja's encoder, no NaN)."""
+    return HttpResponse(
+        json.dumps(data, cls=NinjaJSONEncoder, allow_nan=False), status=status,
+        content_type="application/json; charset=utf-8",
+    )

@@ -25,7 +25,7 @@ from memory_app.api.common import (
     require_scope,
     responses,
 )
-from memory_app.api.schemas import MessageOut
+from memory_app.api.schemas import MessageOut, json_response, message_out
 from memory_app.logbook import Invalid
 
 router = Router(tags=["selectors"])
@@ -158,11 +158,14 @@ def select(request, context_id: ContextId, body: SelectIn):
         raise Invalid(str(exc)) from exc
     except search.ProviderDown as exc:
         raise HttpError(503, str(exc)) from exc
-    return Status(
+    return json_response(
         200,
         {
             "selector": selection.selector,
-            "items": selection.items,
+            "items": [
+                {"message": message_out(i.message), "reason": i.reason, "tokens": i.tokens, "score": i.score}
+                for i in selection.items
+            ],
             "count": selection.count,
             "total_tokens": selection.total_tokens,
             "max_tokens": selection.max_tokens,
