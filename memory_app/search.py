@@ -124,26 +124,32 @@ def semantic_ranking(
     vector: Sequence[float],
     limit: int,
     exclude_ids: Sequence[int] = (),
+    context_size: int | None = None,
 ) -> tuple[list[tuple[int, float]], str]:
     """(message id, cosine distance) of the context's live messages nearest to `vector` under
-    `model`, nearest first, ties by id; and which path answered ("exact" or "hnsw")."""
+    `model`, nearest first, ties by id; and which path answered ("exact" or "hnsw").
+
+    `context_size` (the context's message count, an upper bound on its vectors) spares the
+    count of its vectors that otherwise decides between the exact scan and the index."""
     dims = len(vector)
     threshold = settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD
-    with connection.cursor() as cursor:
-        # Counted up to the threshold only: the decision needs no more, and counting a context
-        # of 100,000 vectors on every query cost more than the HNSW search itself.
-        cursor.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM memory_app_embedding WHERE context_id = %s AND model = %s LIMIT %s) s",
-            [context_id, model, max(threshold, limit)],
-        )
-        stored = cursor.fetchone()[0]
-    if stored == 0:
-        return [], "exact"
-    if stored >= threshold and dims <= embeddings.HNSW_MAX_DIMENSIONS:
+    if context_size is None:
+        with connection.cursor() as cursor:
+            # Counted up to the threshold only: the decision needs no more.
+            cursor.execute(
+                "SELECT count(*) FROM (SELECT 1 FROM memory_app_embedding WHERE context_id = %s AND model = %s LIMIT %s) s",
+                [context_id, model, max(threshold, limit)],
+            )
+            context_size = cursor.fetchone()[0]
+        if context_size == 0:
+            return [], "exact"
+    if context_size >= threshold and dims <= embeddings.HNSW_MAX_DIMENSIONS:
         hits = _hnsw_ranking(
             context_id=context_id, model=model, vector=vector, limit=limit, exclude_ids=exclude_ids
         )
-        if len(hits) >= min(limit, stored):
+        # Fewer than `limit` means the post-filter ate into the answer (or the context holds
+        # fewer vectors than its size says): the exact scan below is right in both cases.
+        if len(hits) >= limit:
             return hits, "hnsw"
     return _exact_ranking(
         context_id=context_id, model=model, vector=vector, limit=limit, exclude_ids=exclude_ids
@@ -280,6 +286,7 @@ def search_messages(
                 vector=vector,
                 limit=fetch,
                 exclude_ids=exclude_ids,
+                context_size=context.message_count,
             )
             notes.append(f"vector scan: {path}")
 

@@ -249,3 +249,30 @@ def test_a_query_vector_of_the_wrong_dimension_is_invalid(store):
         search.search_messages(
             context=store["small"], query="", mode="semantic", model=MODEL, query_vector=[0.1] * 10
         )
+
+
+def test_search_uses_the_context_size_to_pick_the_index_and_still_answers_k(store, settings):
+    """A context at or above the exact-scan threshold goes through HNSW without counting its
+    vectors; a tiny context whose size says 'large' still gets min(k, n) from the fallback."""
+    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 1000
+    big = store["big"][0]
+    big.message_count = 5090
+    query = np.random.default_rng(5).normal(size=DIMS).tolist()
+    result = search.search_messages(
+        context=big, query="", k=10, mode="semantic", model=MODEL, query_vector=query
+    )
+    assert len(result.hits) == 10 and "vector scan: hnsw" in result.notes
+    assert {h.message.context_id for h in result.hits} == {big.pk}
+
+    small = store["small"]
+    small.message_count = 5000  # claims to be large: HNSW finds too few of its 20, exact answers
+    result = search.search_messages(
+        context=small, query="", k=15, mode="semantic", model=MODEL, query_vector=query
+    )
+    expected = [
+        mid
+        for mid, _ in search._exact_ranking(
+            context_id=small.pk, model=MODEL, vector=query, limit=15, exclude_ids=[]
+        )
+    ]
+    assert [h.message.pk for h in result.hits] == expected
