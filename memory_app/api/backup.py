@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from django.http import StreamingHttpResponse
-from ninja import Router, Schema
+from ninja import Query, Router, Schema
 from ninja.errors import HttpError
 
 from memory_app import auth, backup
@@ -14,8 +14,15 @@ from memory_app.api.common import WRITE_ERRORS, Id, require_scope, responses
 router = Router(tags=["backup"])
 
 
-@router.get("/export", response=responses({200: str}), summary="Export memory as JSON Lines (streamed)")
-def export(request, context_id: list[Id] | None = None, match_keys: str | None = None, embeddings: bool = False):
+@router.get(
+    "/export", response=responses({200: str}), summary="Export memory as JSON Lines (streamed)"
+)
+def export(
+    request,
+    context_id: list[Id] | None = Query(None),  # noqa: B008 - ninja parameter marker
+    match_keys: str | None = None,
+    embeddings: bool = False,
+):
     """Every visible context (or the given ids, or those whose keys contain `match_keys`, a
     JSON object), with runs, steps, tool calls, messages and memory records; vectors on request."""
     key = require_scope(request, "read")
@@ -31,7 +38,8 @@ def export(request, context_id: list[Id] | None = None, match_keys: str | None =
     contexts = backup.contexts_matching(context_ids=context_id, keys=subset)
     contexts = contexts.filter(pk__in=auth.visible_contexts(key).values("pk"))
     response = StreamingHttpResponse(
-        backup.export_lines(contexts=contexts, embeddings=embeddings), content_type="application/x-ndjson"
+        backup.export_lines(contexts=contexts, embeddings=embeddings),
+        content_type="application/x-ndjson",
     )
     response["Content-Disposition"] = 'attachment; filename="agentmemory-backup.jsonl"'
     return response
@@ -42,8 +50,11 @@ class BackupImportOut(Schema):
     skipped: dict[str, int]
 
 
-@router.post("/import", response=responses({200: BackupImportOut}, WRITE_ERRORS),
-             summary="Import a JSON Lines backup (idempotent); needs the admin scope")
+@router.post(
+    "/import",
+    response=responses({200: BackupImportOut}, WRITE_ERRORS),
+    summary="Import a JSON Lines backup (idempotent); needs the admin scope",
+)
 def import_(request):
     key = require_scope(request, "admin")
 
@@ -51,7 +62,10 @@ def import_(request):
         for record in records:
             if isinstance(record, dict) and record.get("type") == "context":
                 if not auth.keys_allowed(key, record.get("keys") or {}):
-                    raise HttpError(403, f"this API key may only use contexts whose keys contain {key.context_keys}")
+                    raise HttpError(
+                        403,
+                        f"this API key may only use contexts whose keys contain {key.context_keys}",
+                    )
             yield record
 
     def records():
@@ -68,4 +82,3 @@ def import_(request):
     except backup.BackupFormatError as exc:
         raise HttpError(422, str(exc)) from exc
     return {"created": result.created, "skipped": result.skipped}
-

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from django.db import transaction
 from django.http import HttpResponse, JsonResponse
 from ninja import Query, Router, Schema, Status
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from memory_app import framework_io, transcripts
 from memory_app.api.common import (
@@ -37,6 +37,54 @@ router = Router(tags=["interop"])
 
 
 class SmolRunIn(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "system_prompt": "You are an expert assistant who can solve any task using tools.",
+                    "client_id": "run-2026-11-21-001",
+                    "agent_name": "Atlas",
+                    "status": "success",
+                    "final_answer": "Sunny, 22C",
+                    "steps": [
+                        {"task": "What's the weather in Paris?", "task_images": None},
+                        {
+                            "step_number": 1,
+                            "timing": {
+                                "start_time": 1795297221.66,
+                                "end_time": 1795297222.1,
+                                "duration": 0.44,
+                            },
+                            "model_input_messages": [],
+                            "tool_calls": [
+                                {
+                                    "id": "call_abc123",
+                                    "type": "function",
+                                    "function": {
+                                        "name": "get_weather",
+                                        "arguments": {"city": "Paris"},
+                                    },
+                                }
+                            ],
+                            "error": None,
+                            "model_output_message": None,
+                            "model_output": "I will check the weather.",
+                            "code_action": None,
+                            "observations": "Sunny in Paris, 22C",
+                            "observations_images": None,
+                            "action_output": None,
+                            "token_usage": {
+                                "input_tokens": 120,
+                                "output_tokens": 15,
+                                "total_tokens": 135,
+                            },
+                            "is_final_answer": False,
+                        },
+                    ],
+                }
+            ]
+        }
+    )
     steps: list[JsonObject] = Field(description="agent.memory.get_full_steps(), as JSON")
     system_prompt: Text = ""
     client_id: Short(200) | None = Field(None, description="makes the import idempotent")
@@ -63,7 +111,33 @@ class SmolExportOut(Schema):
 
 
 class SmolStepsIn(Schema):
-    start_index: int = Field(ge=1, le=2**31 - 1, description="index of the first step in agent.memory.steps, from 1")
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "start_index": 2,
+                    "steps": [
+                        {
+                            "step_number": 1,
+                            "timing": {
+                                "start_time": 1795297221.66,
+                                "end_time": 1795297222.1,
+                                "duration": 0.44,
+                            },
+                            "tool_calls": [],
+                            "error": None,
+                            "model_output": "Thinking...",
+                            "observations": "ok",
+                            "is_final_answer": False,
+                        }
+                    ],
+                }
+            ]
+        }
+    )
+    start_index: int = Field(
+        ge=1, le=2**31 - 1, description="index of the first step in agent.memory.steps, from 1"
+    )
     steps: list[JsonObject]
 
 
@@ -79,29 +153,46 @@ class ChatMessageOut(Schema):
     token_usage: Any = None
 
 
-@router.post("/contexts/{context_id}/smolagents/runs", response=responses({200: SmolRunOut, 201: SmolRunOut}, WRITE_ERRORS),
-             summary="Import a finished smolagents run (get_full_steps JSON)")
+@router.post(
+    "/contexts/{context_id}/smolagents/runs",
+    response=responses({200: SmolRunOut, 201: SmolRunOut}, WRITE_ERRORS),
+    summary="Import a finished smolagents run (get_full_steps JSON)",
+)
 def smolagents_import(request, context_id: ContextId, body: SmolRunIn):
     require_scope(request, "write")
     context = context_for(request, context_id)
     run, created = framework_io.smolagents_run_import(
-        context=context, steps=body.steps, system_prompt=body.system_prompt, client_id=body.client_id,
-        agent_name=body.agent_name, task=body.task, status=body.status, final_answer=body.final_answer,
+        context=context,
+        steps=body.steps,
+        system_prompt=body.system_prompt,
+        client_id=body.client_id,
+        agent_name=body.agent_name,
+        task=body.task,
+        status=body.status,
+        final_answer=body.final_answer,
         metadata=body.metadata,
     )
     out = {"run_id": run.pk, "created": created, "status": run.status, "step_count": run.step_count}
     return Status(201 if created else 200, out)
 
 
-@router.get("/runs/{run_id}/smolagents", response=responses({200: SmolExportOut}),
-            summary="Export a run as get_full_steps JSON")
+@router.get(
+    "/runs/{run_id}/smolagents",
+    response=responses({200: SmolExportOut}),
+    summary="Export a run as get_full_steps JSON",
+)
 def smolagents_export(request, run_id: RunId, include_pruned: bool = False):
     require_scope(request, "read")
-    return framework_io.smolagents_run_export(run=run_for(request, run_id), include_pruned=include_pruned)
+    return framework_io.smolagents_run_export(
+        run=run_for(request, run_id), include_pruned=include_pruned
+    )
 
 
-@router.post("/runs/{run_id}/smolagents/steps", response=responses({200: StepsOut}, WRITE_ERRORS),
-             summary="Append live smolagents steps (idempotent by index)")
+@router.post(
+    "/runs/{run_id}/smolagents/steps",
+    response=responses({200: StepsOut}, WRITE_ERRORS),
+    summary="Append live smolagents steps (idempotent by index)",
+)
 def smolagents_steps(request, run_id: RunId, body: SmolStepsIn):
     require_scope(request, "write")
     steps = framework_io.smolagents_steps_append(
@@ -110,8 +201,11 @@ def smolagents_steps(request, run_id: RunId, body: SmolStepsIn):
     return {"positions": [s.position for s in steps]}
 
 
-@router.get("/runs/{run_id}/messages", response=responses({200: list[ChatMessageOut]}),
-            summary="The run as smolagents write_memory_to_messages()")
+@router.get(
+    "/runs/{run_id}/messages",
+    response=responses({200: list[ChatMessageOut]}),
+    summary="The run as smolagents write_memory_to_messages()",
+)
 def run_transcript(request, run_id: RunId, summary_mode: bool = False):
     require_scope(request, "read")
     messages = transcripts.run_messages(run=run_for(request, run_id), summary_mode=summary_mode)
@@ -124,8 +218,37 @@ def run_transcript(request, run_id: RunId, summary_mode: bool = False):
 
 
 class StateIn(Schema):
-    state: JsonObject = Field(description='{"content": [...]} or {"content": [[msg, marks]], "_compressed_summary": ...}')
-    replace: bool = Field(False, description="load_state_dict semantics: the memory becomes exactly this state")
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "state": {
+                        "_compressed_summary": "",
+                        "content": [
+                            [
+                                {
+                                    "id": "GdMRPLwbtcKWGb9NEix92K",
+                                    "name": "user",
+                                    "role": "user",
+                                    "content": "What's the weather in Paris?",
+                                    "metadata": {},
+                                    "timestamp": "2026-11-21 21:42:34.560",
+                                },
+                                [],
+                            ]
+                        ],
+                    },
+                    "replace": False,
+                }
+            ]
+        }
+    )
+    state: JsonObject = Field(
+        description='{"content": [...]} or {"content": [[msg, marks]], "_compressed_summary": ...}'
+    )
+    replace: bool = Field(
+        False, description="load_state_dict semantics: the memory becomes exactly this state"
+    )
 
 
 class AgentScopeImportOut(Schema):
@@ -134,6 +257,26 @@ class AgentScopeImportOut(Schema):
 
 
 class AddIn(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "msgs": [
+                        {
+                            "id": "g6AinCPFmjjT7JwvLABHvY",
+                            "name": "Friday",
+                            "role": "assistant",
+                            "content": [{"type": "text", "text": "It's sunny and 22C in Paris."}],
+                            "metadata": {},
+                            "timestamp": "2026-11-21 21:42:34.560",
+                        }
+                    ],
+                    "marks": ["important"],
+                    "allow_duplicates": False,
+                }
+            ]
+        }
+    )
     msgs: list[JsonObject]
     marks: list[Short(200)] = []
     allow_duplicates: bool = False
@@ -144,6 +287,9 @@ class AddOut(Schema):
 
 
 class DeleteIn(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"msg_ids": ["g6AinCPFmjjT7JwvLABHvY"]}]}
+    )
     msg_ids: list[Short(200)]
 
 
@@ -152,6 +298,11 @@ class CountOut(Schema):
 
 
 class SummaryIn(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"summary": "<summary>User asked about Paris weather.</summary>"}]
+        }
+    )
     summary: Text
 
 
@@ -160,35 +311,54 @@ class MemoryOut(Schema):
     content: list[list[Any]]
 
 
-@router.get("/contexts/{context_id}/agentscope/state", response=responses({200: dict[str, Any]}),
-            summary="Export the context as an AgentScope 1.x memory state_dict")
+@router.get(
+    "/contexts/{context_id}/agentscope/state",
+    response=responses({200: dict[str, Any]}),
+    summary="Export the context as an AgentScope 1.x memory state_dict",
+)
 def agentscope_state(request, context_id: ContextId, format: Literal["marks", "legacy"] = "marks"):  # noqa: A002
     require_scope(request, "read")
-    return framework_io.agentscope_state_export(context=context_for(request, context_id), fmt=format)
-
-
-@router.post("/contexts/{context_id}/agentscope/state", response=responses({200: AgentScopeImportOut}, WRITE_ERRORS),
-             summary="Import an AgentScope 1.x memory state_dict (either format)")
-def agentscope_state_import(request, context_id: ContextId, body: StateIn):
-    require_scope(request, "write")
-    return framework_io.agentscope_state_import(
-        context=context_for(request, context_id), state=body.state, actor=actor_for(request), replace=body.replace
+    return framework_io.agentscope_state_export(
+        context=context_for(request, context_id), fmt=format
     )
 
 
-@router.post("/contexts/{context_id}/agentscope/add", response=responses({200: AddOut}, WRITE_ERRORS),
-             summary="AgentScope add(memories, marks, allow_duplicates)")
+@router.post(
+    "/contexts/{context_id}/agentscope/state",
+    response=responses({200: AgentScopeImportOut}, WRITE_ERRORS),
+    summary="Import an AgentScope 1.x memory state_dict (either format)",
+)
+def agentscope_state_import(request, context_id: ContextId, body: StateIn):
+    require_scope(request, "write")
+    return framework_io.agentscope_state_import(
+        context=context_for(request, context_id),
+        state=body.state,
+        actor=actor_for(request),
+        replace=body.replace,
+    )
+
+
+@router.post(
+    "/contexts/{context_id}/agentscope/add",
+    response=responses({200: AddOut}, WRITE_ERRORS),
+    summary="AgentScope add(memories, marks, allow_duplicates)",
+)
 def agentscope_add(request, context_id: ContextId, body: AddIn):
     require_scope(request, "write")
     added = framework_io.agentscope_add(
-        context=context_for(request, context_id), msgs=body.msgs, marks=body.marks,
+        context=context_for(request, context_id),
+        msgs=body.msgs,
+        marks=body.marks,
         allow_duplicates=body.allow_duplicates,
     )
     return {"added": len(added)}
 
 
-@router.post("/contexts/{context_id}/agentscope/delete", response=responses({200: CountOut}, WRITE_ERRORS),
-             summary="AgentScope delete(msg_ids): prunes every live entry with those ids")
+@router.post(
+    "/contexts/{context_id}/agentscope/delete",
+    response=responses({200: CountOut}, WRITE_ERRORS),
+    summary="AgentScope delete(msg_ids): prunes every live entry with those ids",
+)
 def agentscope_delete(request, context_id: ContextId, body: DeleteIn):
     require_scope(request, "write")
     n = framework_io.agentscope_delete(
@@ -197,25 +367,42 @@ def agentscope_delete(request, context_id: ContextId, body: DeleteIn):
     return {"count": n}
 
 
-@router.post("/contexts/{context_id}/agentscope/clear", response=responses({200: CountOut}, WRITE_ERRORS),
-             summary="AgentScope clear(): prunes every live message")
+@router.post(
+    "/contexts/{context_id}/agentscope/clear",
+    response=responses({200: CountOut}, WRITE_ERRORS),
+    summary="AgentScope clear(): prunes every live message",
+)
 def agentscope_clear(request, context_id: ContextId):
     require_scope(request, "write")
-    return {"count": framework_io.agentscope_clear(context=context_for(request, context_id), actor=actor_for(request))}
+    return {
+        "count": framework_io.agentscope_clear(
+            context=context_for(request, context_id), actor=actor_for(request)
+        )
+    }
 
 
-@router.put("/contexts/{context_id}/agentscope/summary", response=responses({200: SummaryIn}, WRITE_ERRORS),
-            summary="AgentScope update_compressed_summary(summary)")
+@router.put(
+    "/contexts/{context_id}/agentscope/summary",
+    response=responses({200: SummaryIn}, WRITE_ERRORS),
+    summary="AgentScope update_compressed_summary(summary)",
+)
 def agentscope_summary(request, context_id: ContextId, body: SummaryIn):
     require_scope(request, "write")
     with transaction.atomic():
-        framework_io.agentscope_set_summary(context=context_for(request, context_id), summary=body.summary)
+        framework_io.agentscope_set_summary(
+            context=context_for(request, context_id), summary=body.summary
+        )
     return {"summary": body.summary}
 
 
-@router.get("/contexts/{context_id}/agentscope/memory", response=responses({200: MemoryOut}),
-            summary="Live [msg, marks] entries filtered like get_memory(mark, exclude_mark)")
-def agentscope_memory(request, context_id: ContextId, mark: str | None = None, exclude_mark: str | None = None):
+@router.get(
+    "/contexts/{context_id}/agentscope/memory",
+    response=responses({200: MemoryOut}),
+    summary="Live [msg, marks] entries filtered like get_memory(mark, exclude_mark)",
+)
+def agentscope_memory(
+    request, context_id: ContextId, mark: str | None = None, exclude_mark: str | None = None
+):
     require_scope(request, "read")
     context = context_for(request, context_id)
     entries = framework_io.agentscope_entries(context=context, mark=mark, exclude_mark=exclude_mark)
@@ -227,7 +414,9 @@ def agentscope_memory(request, context_id: ContextId, mark: str | None = None, e
 
 class ToolInputQuery(Schema):
     run_id: Id | None = Field(None, description="use this run's tool outputs as intermediate_steps")
-    limit: int | None = Field(None, ge=1, le=10_000, description="at most this many history messages")
+    limit: int | None = Field(
+        None, ge=1, le=10_000, description="at most this many history messages"
+    )
 
 
 class ChatHistoryItem(Schema):
@@ -254,14 +443,20 @@ def _tool_input(request, context_id: int, params: ToolInputQuery) -> dict:
     return transcripts.context_tool_input(context=context, run=run, limit=params.limit)
 
 
-@router.get("/contexts/{context_id}/tool-input", response=responses({200: ToolInputOut}),
-            summary="AgentKit ToolInputSchema for the latest user message")
+@router.get(
+    "/contexts/{context_id}/tool-input",
+    response=responses({200: ToolInputOut}),
+    summary="AgentKit ToolInputSchema for the latest user message",
+)
 def tool_input(request, context_id: ContextId, params: Query[ToolInputQuery]):
     return _tool_input(request, context_id, params)
 
 
-@router.get("/contexts/{context_id}/tool-input/query", response=responses({200: str}),
-            summary="AgentKit standard_query_format text (text/plain)")
+@router.get(
+    "/contexts/{context_id}/tool-input/query",
+    response=responses({200: str}),
+    summary="AgentKit standard_query_format text (text/plain)",
+)
 def tool_input_query(request, context_id: ContextId, params: Query[ToolInputQuery]):
     text = agentkit.standard_query_format(_tool_input(request, context_id, params))
     return HttpResponse(text, content_type="text/plain; charset=utf-8")

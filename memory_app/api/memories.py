@@ -161,6 +161,17 @@ class MemoryRetrieveOut(Schema):
 
 
 class MemoryEditIn(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "content": "Ada prefers window seats.",
+                    "keywords": ["seat", "flight"],
+                    "note": "corrected",
+                }
+            ]
+        }
+    )
     content: Text | None = Field(None, min_length=1, max_length=memories.MAX_CONTENT_CHARS)
     kind: Kind | None = None
     thinking: Text | None = None
@@ -170,6 +181,7 @@ class MemoryEditIn(Schema):
 
 
 class MemoryNoteIn(Schema):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"note": "superseded"}]})
     note: Text | None = Field(None, max_length=2000)
 
 
