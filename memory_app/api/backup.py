@@ -10,12 +10,26 @@ from ninja.errors import HttpError
 
 from memory_app import auth, backup
 from memory_app.api.common import WRITE_ERRORS, Id, require_scope, responses
+from memory_app.api.schemas import _examples
 
 router = Router(tags=["backup"])
 
+# Two lines of a backup (the header, then a context); real files go on with its runs, steps,
+# messages and memories. Documented as JSON Lines, not as a JSON schema: the body is not one value.
+BACKUP_EXAMPLE = (
+    '{"type":"header","format":"agentmemory-backup","version":1,"embeddings":false}\n'
+    '{"type":"context","digest":"b074f81dcd237c9c0e0da95dd6588a94fb4b16f89de21146dd19ede8500f1348",'
+    '"keys":{"chat":"42","user":"ada"},'
+    '"title":"Ada\'s chat","metadata":{}}\n'
+)
+JSONL = {"application/x-ndjson": {"schema": {"type": "string"}, "example": BACKUP_EXAMPLE}}
+
 
 @router.get(
-    "/export", response=responses({200: str}), summary="Export memory as JSON Lines (streamed)"
+    "/export",
+    response=responses({200: None}),
+    summary="Export memory as JSON Lines (streamed)",
+    openapi_extra={"responses": {200: {"description": "OK", "content": JSONL}}},
 )
 def export(
     request,
@@ -46,6 +60,12 @@ def export(
 
 
 class BackupImportOut(Schema):
+    model_config = _examples(
+        {
+            "created": {"context": 1, "run": 1, "step": 4, "message": 12, "memory": 2},
+            "skipped": {"context": 0, "run": 0, "step": 0, "message": 0, "memory": 0},
+        }
+    )
     created: dict[str, int]
     skipped: dict[str, int]
 
@@ -54,6 +74,8 @@ class BackupImportOut(Schema):
     "/import",
     response=responses({200: BackupImportOut}, WRITE_ERRORS),
     summary="Import a JSON Lines backup (idempotent); needs the admin scope",
+    # The body is read line by line, not parsed by ninja, so it is documented here.
+    openapi_extra={"requestBody": {"required": True, "content": JSONL}},
 )
 def import_(request):
     key = require_scope(request, "admin")

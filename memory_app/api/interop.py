@@ -28,6 +28,7 @@ from memory_app.api.common import (
     responses,
     run_for,
 )
+from memory_app.api.schemas import _examples
 from memory_app.interop import agentkit
 
 router = Router(tags=["interop"])
@@ -96,13 +97,46 @@ class SmolRunIn(Schema):
 
 
 class SmolRunOut(Schema):
+    model_config = _examples({"run_id": 3, "created": True, "status": "success", "step_count": 2})
     run_id: int
     created: bool
     status: str
     step_count: int
 
 
+SMOL_STEP_EXAMPLE = {
+    "step_number": 1,
+    "timing": {"start_time": 1795297221.66, "end_time": 1795297222.1, "duration": 0.44},
+    "model_input_messages": [],
+    "tool_calls": [
+        {
+            "id": "call_abc123",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+        }
+    ],
+    "error": None,
+    "model_output_message": None,
+    "model_output": "I will check the weather.",
+    "code_action": None,
+    "observations": "Sunny in Paris, 22C",
+    "observations_images": None,
+    "action_output": None,
+    "token_usage": {"input_tokens": 120, "output_tokens": 15, "total_tokens": 135},
+    "is_final_answer": False,
+}
+
+
 class SmolExportOut(Schema):
+    model_config = _examples(
+        {
+            "system_prompt": "You are an expert assistant who can solve any task using tools.",
+            "task": "What's the weather in Paris?",
+            "status": "success",
+            "final_answer": "Sunny, 22C",
+            "steps": [{"task": "What's the weather in Paris?", "task_images": None}, SMOL_STEP_EXAMPLE],
+        }
+    )
     system_prompt: str
     task: str
     status: str
@@ -142,10 +176,27 @@ class SmolStepsIn(Schema):
 
 
 class StepsOut(Schema):
+    model_config = _examples({"positions": [2, 3]})
     positions: list[int]
 
 
 class ChatMessageOut(Schema):
+    model_config = _examples(
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "New task:\nWhat's the weather in Paris?"}],
+        },
+        {
+            "role": "tool-call",
+            "content": [
+                {
+                    "type": "text",
+                    "text": "Calling tools:\n[{'id': 'call_abc123', 'type': 'function', "
+                    "'function': {'name': 'get_weather', 'arguments': {'city': 'Paris'}}}]",
+                }
+            ],
+        },
+    )
     role: str
     content: Any
     tool_calls: Any = None
@@ -252,6 +303,7 @@ class StateIn(Schema):
 
 
 class AgentScopeImportOut(Schema):
+    model_config = _examples({"created": 2, "pruned": 0})
     created: int
     pruned: int
 
@@ -283,6 +335,7 @@ class AddIn(Schema):
 
 
 class AddOut(Schema):
+    model_config = _examples({"added": 1})
     added: int
 
 
@@ -294,6 +347,7 @@ class DeleteIn(Schema):
 
 
 class CountOut(Schema):
+    model_config = _examples({"count": 1})
     count: int
 
 
@@ -306,7 +360,20 @@ class SummaryIn(Schema):
     summary: Text
 
 
+AGENTSCOPE_MSG_EXAMPLE = {
+    "id": "GdMRPLwbtcKWGb9NEix92K",
+    "name": "user",
+    "role": "user",
+    "content": "What's the weather in Paris?",
+    "metadata": {},
+    "timestamp": "2026-11-21 21:42:34.560",
+}
+
+
 class MemoryOut(Schema):
+    model_config = _examples(
+        {"summary": "", "content": [[AGENTSCOPE_MSG_EXAMPLE, ["important"]]]}
+    )
     summary: str
     content: list[list[Any]]
 
@@ -315,6 +382,21 @@ class MemoryOut(Schema):
     "/contexts/{context_id}/agentscope/state",
     response=responses({200: dict[str, Any]}),
     summary="Export the context as an AgentScope 1.x memory state_dict",
+    # A free-form object (its shape depends on `format`), so the example sits on the media type.
+    openapi_extra={
+        "responses": {
+            200: {
+                "content": {
+                    "application/json": {
+                        "example": {
+                            "content": [[AGENTSCOPE_MSG_EXAMPLE, []]],
+                            "_compressed_summary": "",
+                        }
+                    }
+                }
+            }
+        }
+    },
 )
 def agentscope_state(request, context_id: ContextId, format: Literal["marks", "legacy"] = "marks"):  # noqa: A002
     require_scope(request, "read")
@@ -420,13 +502,28 @@ class ToolInputQuery(Schema):
 
 
 class ChatHistoryItem(Schema):
+    model_config = _examples(
+        {"content": "Hi", "additional_kwargs": {}, "type": "human", "example": False}
+    )
     content: str
     additional_kwargs: dict[str, Any]
     type: str
     example: bool
 
 
+TOOL_INPUT_EXAMPLE = {
+    "chat_history": [
+        {"content": "Hi", "additional_kwargs": {}, "type": "human", "example": False},
+        {"content": "Hello! How can I help?", "additional_kwargs": {}, "type": "ai", "example": False},
+    ],
+    "latest_human_message": "What's the weather in Paris?",
+    "user_settings": None,
+    "intermediate_steps": {"get_weather": "Sunny in Paris, 22C"},
+}
+
+
 class ToolInputOut(Schema):
+    model_config = _examples(TOOL_INPUT_EXAMPLE)
     chat_history: list[ChatHistoryItem]
     latest_human_message: str
     user_settings: dict[str, Any] | None
@@ -454,8 +551,24 @@ def tool_input(request, context_id: ContextId, params: Query[ToolInputQuery]):
 
 @router.get(
     "/contexts/{context_id}/tool-input/query",
-    response=responses({200: str}),
+    # No JSON schema for 200: the answer is text/plain, documented (with an example) below.
+    response=responses({200: None}),
     summary="AgentKit standard_query_format text (text/plain)",
+    openapi_extra={
+        "responses": {
+            200: {
+                "description": "OK",
+                "content": {
+                    "text/plain": {
+                        "schema": {"type": "string"},
+                        "example": "\nChat history: \nHuman: Hi\nAI: Hello! How can I help?"
+                        "\nIntermediate tool outputs: get_weather: Sunny in Paris, 22C"
+                        "Latest user question: What's the weather in Paris?",
+                    }
+                },
+            }
+        }
+    },
 )
 def tool_input_query(request, context_id: ContextId, params: Query[ToolInputQuery]):
     text = agentkit.standard_query_format(_tool_input(request, context_id, params))

@@ -30,6 +30,7 @@ from memory_app.api.common import (
     require_scope,
     responses,
 )
+from memory_app.api.schemas import _examples
 from memory_app.logbook import Invalid
 from memory_app.models import MemoryRecord
 
@@ -106,7 +107,26 @@ class MemoryRecordIn(Schema):
         return out
 
 
+MEMORY_EXAMPLE = {
+    "id": 5,
+    "context_id": 7,
+    "scope_keys": {},
+    "kind": "preference",
+    "content": "Ada prefers tea",
+    "thinking": "",
+    "keywords": ["tea"],
+    "metadata": {},
+    "source_message_id": 101,
+    "source_step_id": None,
+    "recorded_by": "key:agent-1",
+    "archived_at": None,
+    "created_at": "2025-01-01T10:06:00Z",
+    "updated_at": "2025-01-01T10:06:00Z",
+}
+
+
 class MemoryRecordOut(Schema):
+    model_config = _examples(MEMORY_EXAMPLE)
     id: int
     context_id: int | None
     scope_keys: dict[str, Any]
@@ -124,11 +144,13 @@ class MemoryRecordOut(Schema):
 
 
 class MemoryRecordedOut(Schema):
+    model_config = _examples({"memory": MEMORY_EXAMPLE, "created": True})
     memory: MemoryRecordOut
     created: bool
 
 
 class MemoryRecordBatchOut(Schema):
+    model_config = _examples({"items": [{"memory": MEMORY_EXAMPLE, "created": True}]})
     items: list[MemoryRecordedOut]
 
 
@@ -151,12 +173,17 @@ class MemoryRetrieveIn(Schema):
     include_archived: bool = False
 
 
+RECALLED_EXAMPLE = MEMORY_EXAMPLE | {"score": 1.0, "reason": "keyword 'tea'"}
+
+
 class MemoryRecalledOut(MemoryRecordOut):
+    model_config = _examples(RECALLED_EXAMPLE)
     score: float
     reason: str
 
 
 class MemoryRetrieveOut(Schema):
+    model_config = _examples({"items": [RECALLED_EXAMPLE]})
     items: list[MemoryRecalledOut]
 
 

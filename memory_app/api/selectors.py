@@ -25,7 +25,13 @@ from memory_app.api.common import (
     require_scope,
     responses,
 )
-from memory_app.api.schemas import MessageOut, json_response, message_out
+from memory_app.api.schemas import (
+    MESSAGE_EXAMPLE,
+    MessageOut,
+    _examples,
+    json_response,
+    message_out,
+)
 from memory_app.logbook import Invalid
 
 router = Router(tags=["selectors"])
@@ -122,7 +128,11 @@ class SelectIn(Schema):
         )
 
 
+SELECTED_EXAMPLE = {"message": MESSAGE_EXAMPLE, "reason": "window", "tokens": 8, "score": None}
+
+
 class SelectedOut(Schema):
+    model_config = _examples(SELECTED_EXAMPLE)
     message: MessageOut
     reason: str
     tokens: int
@@ -130,6 +140,18 @@ class SelectedOut(Schema):
 
 
 class SelectOut(Schema):
+    model_config = _examples(
+        {
+            "selector": "window",
+            "items": [SELECTED_EXAMPLE],
+            "count": 1,
+            "total_tokens": 8,
+            "max_tokens": None,
+            "tokenizer": "cl100k_base",
+            "scanned": 1,
+            "notes": [],
+        }
+    )
     selector: str
     items: list[SelectedOut]
     count: int
@@ -185,6 +207,7 @@ class MessageVectorIn(Schema):
 
 
 class MessageVectorOut(Schema):
+    model_config = _examples({"message_id": 101, "model": "my-model", "dimensions": 3})
     message_id: int | None = None
     memory_id: int | None = None
     model: str
