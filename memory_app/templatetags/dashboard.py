@@ -1,5 +1,7 @@
 """Template helpers for the dashboard: role checks and safe rendering of agent-written content."""
 
+from datetime import UTC, datetime
+
 from django import template
 
 from memory_app import rendering
@@ -32,6 +34,17 @@ def pretty_json(value) -> str:
 @register.filter
 def content_text(value) -> str:
     return rendering.content_text(value)
+
+
+@register.filter
+def epoch(value):
+    """A Unix epoch float (smolagents' Timing) as an aware datetime, for the `date` filter."""
+    if value is None:
+        return None
+    try:
+        return datetime.fromtimestamp(float(value), tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 @register.filter
