@@ -30,7 +30,7 @@ from django.db.models import F, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from memory_app import embeddings
+from memory_app import embeddings, search
 from memory_app.logbook import Actor, Conflict, Invalid, NotFound, audit_record
 from memory_app.models import (
     FTS_CONFIG,
@@ -45,7 +45,6 @@ from memory_app.models import (
 MAX_CONTENT_CHARS = 20_000
 MAX_ITEMS = 200
 MAX_LIMIT = 100
-RRF_K = 60
 EDITABLE = ("content", "kind", "thinking", "keywords", "metadata")
 
 
@@ -283,18 +282,17 @@ def _query_hits(qs: QuerySet, query: str, limit: int) -> list[tuple[MemoryRecord
                     f"FROM memory_app_embedding WHERE memory_record_id = ANY(%s) AND model = %s "
                     f"AND dimensions = {dims} AND vector IS NOT NULL ORDER BY d, memory_record_id LIMIT %s",
                     [
-                        "[" + ",".join(repr(float(x)) for x in vector) + "]",
+                        search.vector_literal(vector),
                         ids,
                         provider.model,
                         fetch,
                     ],
                 )
                 semantic = [(row[0], float(row[1])) for row in cursor.fetchall()]
-    fused: dict[int, float] = {}
+    fused = search.rrf_scores(text, semantic)
     why: dict[int, list[str]] = {}
     for label, ranking in (("text", text), ("semantic", semantic)):
         for rank, (pk, _) in enumerate(ranking, start=1):
-            fused[pk] = fused.get(pk, 0.0) + 1.0 / (RRF_K + rank)
             why.setdefault(pk, []).append(f"{label} #{rank}")
     order = sorted(fused.items(), key=lambda kv: (-kv[1], -kv[0]))[:limit]
     records = MemoryRecord.objects.in_bulk([pk for pk, _ in order])

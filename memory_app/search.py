@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -113,7 +113,17 @@ def keyword_ranking(
 # --- semantic ---------------------------------------------------------------------------------
 
 
-def _vector_literal(vector: Sequence[float]) -> str:
+def rrf_scores(*rankings: Sequence[tuple[int, Any]]) -> dict[int, float]:
+    """Reciprocal rank fusion: each id scores the sum of 1 / (RRF_K + rank) over the rankings
+    (each a best-first list of (id, score)) it appears in."""
+    fused: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, (item_id, _) in enumerate(ranking, start=1):
+            fused[item_id] = fused.get(item_id, 0.0) + 1.0 / (RRF_K + rank)
+    return fused
+
+
+def vector_literal(vector: Sequence[float]) -> str:
     return "[" + ",".join(repr(float(x)) for x in vector) + "]"
 
 
@@ -169,7 +179,7 @@ def _exact_ranking(*, context_id, model, vector, limit, exclude_ids) -> list[tup
         FROM candidates ORDER BY distance, message_id LIMIT %s
     """  # noqa: S608 - dims is an int
     with connection.cursor() as cursor:
-        cursor.execute(sql, [context_id, model, list(exclude_ids), _vector_literal(vector), limit])
+        cursor.execute(sql, [context_id, model, list(exclude_ids), vector_literal(vector), limit])
         return [(row[0], float(row[1])) for row in cursor.fetchall()]
 
 
@@ -190,7 +200,7 @@ def _hnsw_ranking(*, context_id, model, vector, limit, exclude_ids) -> list[tupl
         WHERE c.context_id = %s AND m.pruned_at IS NULL AND NOT (m.id = ANY(%s))
         ORDER BY c.distance, c.message_id LIMIT %s
     """  # noqa: S608 - dims and ef_search are ints
-    literal = _vector_literal(vector)
+    literal = vector_literal(vector)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"SET LOCAL hnsw.ef_search = {ef_search}")
         cursor.execute(sql, [literal, model, literal, context_id, list(exclude_ids), limit])
@@ -297,10 +307,7 @@ def search_messages(
     elif mode == "semantic" or not kw:
         order = [(mid, 1.0 - d) for mid, d in semantic]
     else:
-        fused: dict[int, float] = {}
-        for ranks in (kw, sem):
-            for mid, (rank, _) in ranks.items():
-                fused[mid] = fused.get(mid, 0.0) + 1.0 / (RRF_K + rank)
+        fused = rrf_scores(keyword, semantic)
         # Ties: better best rank first, then id (newer) for a stable order.
         order = sorted(
             fused.items(),
