@@ -177,7 +177,7 @@ def messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer:
     prepared = [_message_defaults(i) for i in items]
     # Token counts are computed before the lock is taken: the lock is held only for the insert.
     counts = tokens.count_tokens([p["text"] for p in prepared], tokenizer=tokenizer)
-    _check_run_ids(context=context, items=prepared)
+    _check_links(context=context, items=prepared)
 
     try:
         return _append_once(context=context, items=items, prepared=prepared, counts=counts,
@@ -270,12 +270,17 @@ def _copy_messages(rows: list[Message]) -> None:
                 ))
 
 
-def _check_run_ids(*, context: Context, items: list[dict[str, Any]]) -> None:
-    run_ids = {i["run_id"] for i in items if i.get("run_id")}
-    if run_ids:
-        found = set(Run.objects.filter(context=context, pk__in=run_ids).values_list("pk", flat=True))
-        if missing := run_ids - found:
-            raise NotFound(f"run {sorted(missing)[0]} not found in this context")
+def _check_links(*, context: Context, items: list[dict[str, Any]]) -> None:
+    """Messages may link only to runs and steps of their own context (others: NotFound)."""
+    for link, qs in (
+        ("run_id", Run.objects.filter(context=context)),
+        ("step_id", Step.objects.filter(run__context=context)),
+    ):
+        wanted = {i[link] for i in items if i.get(link)}
+        if wanted:
+            found = set(qs.filter(pk__in=wanted).values_list("pk", flat=True))
+            if missing := wanted - found:
+                raise NotFound(f"{link.removesuffix('_id')} {sorted(missing)[0]} not found in this context")
 
 
 def _after_messages_created(rows: list[Message]) -> None:
