@@ -25,9 +25,42 @@ def embedded_database_url(data_dir: Path) -> str:
         warnings.simplefilter("ignore")
         import pgserver
 
+        forget_dead_holders(server_class(), data_dir / "pgdata")
         server = pgserver.get_server(data_dir / "pgdata", cleanup_mode="stop")
     _ensure_database(server.get_uri("postgres"))
     return server.get_uri(DATABASE_NAME)
+
+
+def server_class():
+    """The embedded server package's server class (its lock guards the list of holders)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver
+
+    return pgserver.PostgresServer
+
+
+def forget_dead_holders(server_cls, pgdata: Path) -> list[int]:
+    """Drop processes that no longer exist from the server's list of holders; returns them.
+
+    The server stops when the last holder exits normally. A holder killed without running its
+    exit handlers (SIGKILL, an OOM kill, a crash) stays on the list, and the server would then
+    never stop again: every later run would see "another holder" and leave it running.
+    """
+    import json
+
+    import psutil
+
+    handles = pgdata / ".handle_pids.json"
+    with server_cls._lock:  # the package's own inter-process lock around its list
+        try:
+            pids = json.loads(handles.read_text() or "[]")
+        except (FileNotFoundError, ValueError):
+            return []
+        dead = [pid for pid in pids if not psutil.pid_exists(pid)]
+        if dead:
+            handles.write_text(json.dumps([pid for pid in pids if pid not in dead]))
+    return dead
 
 
 def _ensure_database(admin_url: str) -> None:

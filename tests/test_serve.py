@@ -93,3 +93,63 @@ def test_serve_starts_fast_stops_cleanly_and_keeps_data(tmp_path):
     assert "demo data loaded" not in second_output
     assert "existing account" in second_output
     assert not _postgres_running(data_dir)
+
+
+def _holders(data_dir: Path) -> list[int]:
+    import json
+
+    lists = list(data_dir.rglob(".handle_pids.json"))
+    return [pid for path in lists for pid in json.loads(path.read_text() or "[]")]
+
+
+def _dead_pid() -> int:
+    probe = subprocess.Popen(["true"])
+    probe.wait()
+    assert not psutil.pid_exists(probe.pid)
+    return probe.pid
+
+
+@pytest.mark.slow
+def test_serve_stops_the_database_on_sigterm_and_sighup_and_survives_stale_holders(tmp_path):
+    data_dir = tmp_path / "var"
+    os.chmod(tmp_path, 0o755)
+    port = _free_port()
+
+    # SIGTERM to the whole process group (what `kill -- -PGID`, systemd or a container stop do).
+    proc, started = _start(data_dir, port)
+    _wait_for_login(port, started, proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert "SIGTERM" in out, out
+    assert not _postgres_running(data_dir), "SIGTERM must stop the embedded database"
+    assert _holders(data_dir) == [], "no stale holder may be left behind"
+
+    # A holder that died without its exit handlers (SIGKILL) must not keep the database up
+    # forever; and SIGHUP to the serve process alone stops gunicorn and the database.
+    stale = _dead_pid()
+    (holders_file,) = data_dir.rglob(".handle_pids.json")
+    holders_file.write_text(f"[{stale}]")
+    proc, started = _start(data_dir, port)
+    _wait_for_login(port, started, proc)
+    os.kill(proc.pid, signal.SIGHUP)
+    out, _ = proc.communicate(timeout=60)
+    assert "SIGHUP" in out, out
+    assert _status(f"http://127.0.0.1:{port}/healthz") is None, "gunicorn must be gone"
+    assert not _postgres_running(data_dir), "a stale holder must not keep the database running"
+    assert stale not in _holders(data_dir)
+
+
+@pytest.mark.slow
+def test_serve_on_a_busy_port_says_so_and_stops_the_database(tmp_path):
+    data_dir = tmp_path / "var"
+    os.chmod(tmp_path, 0o755)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc, _ = _start(data_dir, port)
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert f"port {port} on 127.0.0.1 is already in use" in out, out
+    assert "serving on" not in out
+    assert not _postgres_running(data_dir)

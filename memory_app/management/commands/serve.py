@@ -2,8 +2,9 @@
 
 This process holds the embedded database for the server's whole life: it migrates, creates an
 operator account when none exists, loads the demo data once, then runs gunicorn as a child and
-waits. Ctrl-C stops gunicorn, and when this process exits `pgserver` stops PostgreSQL cleanly
-(the last process holding it stops it).
+waits. Ctrl-C (SIGINT), SIGTERM and SIGHUP all stop gunicorn first, then this process exits
+normally and the embedded server stops PostgreSQL cleanly (the last process holding it stops it).
+A port already in use is reported before anything is announced.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
+import time
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from memory_app.models import Context
 
@@ -33,6 +36,39 @@ def ensure_operator(*, username: str, password: str | None) -> tuple[str, str | 
     return username, (None if password else generated)
 
 
+class StopRequested(Exception):
+    """SIGTERM or SIGHUP arrived: stop like Ctrl-C does, so that exit handlers run."""
+
+
+def _raise_stop(signum, frame):
+    raise StopRequested(signal.Signals(signum).name)
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when something already listens on host:port (gunicorn would fail to bind)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def wait_until_listening(proc: subprocess.Popen, host: str, port: int, timeout: float = 60) -> bool:
+    """Wait for gunicorn to accept connections; False when it exited or did not within timeout."""
+    # A wildcard bind is reached through loopback.
+    target = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with socket.create_connection((target, port), timeout=1):
+                return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
 class Command(BaseCommand):
     help = "Migrate, create the operator account and demo data once, and serve with gunicorn."
 
@@ -42,7 +78,21 @@ class Command(BaseCommand):
         parser.add_argument("--workers", type=int, default=int(os.environ.get("AGENTMEMORY_WORKERS", "3")))
         parser.add_argument("--no-demo", action="store_true", help="do not load the demo data")
 
-    def handle(self, *args, host, port, workers, no_demo, **options):
+    def handle(self, *args, **options):
+        previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        try:
+            self._serve(**options)
+        except StopRequested as stop:  # arrived while migrating or seeding: nothing to stop yet
+            self.stdout.write(f"\n{stop}: stopped before serving")
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if settings.EMBEDDED_DATABASE:
+                # Workers killed without running their exit handlers would otherwise keep the
+                # database "held" and it would never stop.
+                self._forget_dead_holders()
+
+    def _serve(self, *, host, port, workers, no_demo, **options):
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write("database migrated")
         username = os.environ.get("AGENTMEMORY_OPERATOR_USERNAME", "operator")
@@ -52,15 +102,11 @@ class Command(BaseCommand):
         if not no_demo and not Context.objects.filter(keys__demo=True).exists():
             call_command("seed_demo")
 
-        url = f"http://{host}:{port}/"
-        self.stdout.write(self.style.SUCCESS(f"\nagentmemory is serving on {url}"))
-        if shown:
-            self.stdout.write(self.style.WARNING(f"operator login: {username} / {shown}  (shown once; change it in /admin/)"))
-        else:
-            self.stdout.write(f"operator login: your existing account (created as {username!r} on first run)")
-        self.stdout.write(f"database: {'embedded PostgreSQL under ' + str(settings.DATA_DIR) if settings.EMBEDDED_DATABASE else 'DATABASE_URL'}")
-        self.stdout.write("Ctrl-C stops the server and the database.\n")
-        sys.stdout.flush()
+        if port_in_use(host, port):
+            raise CommandError(
+                f"port {port} on {host} is already in use (is agentmemory already running?); "
+                "stop that process or choose another port with --port or AGENTMEMORY_PORT"
+            )
 
         cmd = [
             sys.executable, "-m", "gunicorn", "agentmemory_site.wsgi:application",
@@ -69,12 +115,54 @@ class Command(BaseCommand):
         ]
         proc = subprocess.Popen(cmd)
         try:
-            proc.wait()
-        except KeyboardInterrupt:
-            # The terminal delivers Ctrl-C to gunicorn too; make sure it ends before the DB stops.
-            proc.send_signal(signal.SIGINT)
+            if not wait_until_listening(proc, host, port):
+                raise CommandError(
+                    f"gunicorn did not start serving on {host}:{port} (exit code {proc.poll()}); "
+                    "see its messages above"
+                )
+            self._announce(host, port, username, shown)
+            code = proc.wait()
+            if code:
+                raise CommandError(f"gunicorn stopped unexpectedly (exit code {code})")
+        except (KeyboardInterrupt, StopRequested) as stop:
+            # A terminal's Ctrl-C reaches gunicorn too, `kill` of the process group as well; a
+            # signal sent to this process alone must still reach it. Either way gunicorn ends
+            # before the database stops.
+            reason = "SIGINT" if isinstance(stop, KeyboardInterrupt) else str(stop)
+            self.stdout.write(f"\n{reason}: stopping the server")
+            self._stop_gunicorn(proc, signal.SIGINT if reason == "SIGINT" else signal.SIGTERM)
+            self.stdout.write("server stopped; stopping the database")
+        finally:
+            if proc.poll() is None:
+                self._stop_gunicorn(proc, signal.SIGTERM)
+
+    @staticmethod
+    def _stop_gunicorn(proc: subprocess.Popen, sig: int) -> None:
+        while True:
             try:
+                proc.send_signal(sig)
                 proc.wait(timeout=20)
+                return
             except subprocess.TimeoutExpired:
                 proc.kill()
-            self.stdout.write("\nserver stopped; stopping the database")
+                proc.wait()
+                return
+            except (KeyboardInterrupt, StopRequested):
+                continue  # a second Ctrl-C or signal while stopping: keep stopping
+
+    @staticmethod
+    def _forget_dead_holders() -> None:
+        from agentmemory_site.embedded_db import forget_dead_holders, server_class
+
+        forget_dead_holders(server_class(), settings.DATA_DIR / "pgdata")
+
+    def _announce(self, host, port, username, shown) -> None:
+        url = f"http://{host}:{port}/"
+        self.stdout.write(self.style.SUCCESS(f"\nagentmemory is serving on {url}"))
+        if shown:
+            self.stdout.write(self.style.WARNING(f"operator login: {username} / {shown}  (shown once; change it in /admin/)"))
+        else:
+            self.stdout.write(f"operator login: your existing account (created as {username!r} on first run)")
+        self.stdout.write(f"database: {'embedded PostgreSQL under ' + str(settings.DATA_DIR) if settings.EMBEDDED_DATABASE else 'DATABASE_URL'}")
+        self.stdout.write("Ctrl-C (or SIGTERM) stops the server and the database.\n")
+        sys.stdout.flush()
