@@ -140,22 +140,26 @@ class Selection:
 # --- message classes (Steamship's predicates, on stored roles) ---------------------------------
 
 
+def is_status(m: Message) -> bool:
+    return m.role in STATUS_ROLES or "status-message" in (m.tags or [])
+
+
+# Steamship gives a status message no chat role, so none of the predicates below holds for it
+# (a `tool` message tagged status-message is a status, not a function result).
+
+
 def is_user(m: Message) -> bool:
-    return m.role == "user"
+    return m.role == "user" and not is_status(m)
 
 
 def is_function_selection(m: Message) -> bool:
-    return m.role == "tool-call" or (
-        m.role == "assistant" and "function-selection" in (m.tags or [])
+    return not is_status(m) and (
+        m.role == "tool-call" or (m.role == "assistant" and "function-selection" in (m.tags or []))
     )
 
 
 def is_function_result(m: Message) -> bool:
-    return m.role in FUNCTION_RESULT_ROLES
-
-
-def is_status(m: Message) -> bool:
-    return m.role in STATUS_ROLES or "status-message" in (m.tags or [])
+    return m.role in FUNCTION_RESULT_ROLES and not is_status(m)
 
 
 def is_conversation(m: Message) -> bool:
@@ -171,6 +175,10 @@ def is_conversation(m: Message) -> bool:
 
 def _live(context: Context):
     return Message.objects.filter(context=context, pruned_at__isnull=True)
+
+
+def _not_status() -> Q:
+    return ~Q(role__in=STATUS_ROLES) & ~Q(tags__contains=["status-message"])
 
 
 def _scan_backwards(
@@ -393,24 +401,26 @@ def select_composite(*, context: Context, spec: CompositeSpec) -> Selection:
     from memory_app import search
 
     counter = _TokenCounter(getattr(spec.window, "tokenizer", None))
-    system = _live(context).filter(role="system").order_by("-seq").first()
-    last_user = _live(context).filter(role="user").order_by("-seq").first()
+    system = _live(context).filter(_not_status(), role="system").order_by("-seq").first()
+    last_user = _live(context).filter(_not_status(), role="user").order_by("-seq").first()
     notes: list[str] = []
     chosen: dict[int, tuple[Message, str, float | None]] = {}
 
     if last_user is not None and spec.search_mode != "off" and last_user.text.strip():
         _check_k(spec.search_k, "search_k")
+        # Status messages are never selected (Steamship does not even index them): ask for more
+        # hits than needed and keep the first search_k that are not statuses.
         result = search.search_messages(
             context=context,
             query=last_user.text,
-            k=spec.search_k,
+            k=min(spec.search_k * 4, MAX_K),
             mode=spec.search_mode,
             exclude_ids=[last_user.pk],
             match="any",
         )
         notes.append(f"search mode {result.mode}")
         notes += result.notes
-        for h in result.hits:
+        for h in [h for h in result.hits if not is_status(h.message)][: spec.search_k]:
             chosen.setdefault(
                 h.message.pk,
                 (

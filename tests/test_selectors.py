@@ -256,6 +256,41 @@ def test_composite_follows_functions_based_agent_order_and_dedup(db):
     assert reasons["u4"].startswith("last user message")
 
 
+def test_status_messages_of_any_role_are_never_selected(db):
+    """A `tool` (or `user`) message tagged status-message is a status, not a function result or
+    a prompt: neither the Steamship window nor the composite selector takes it (issue 13.6)."""
+    context, id_to_name = build(
+        {"test": "status-tagged"},
+        [
+            ("s", {"role": "system", "text": "You are a weather assistant"}),
+            ("u1", {"role": "user", "text": "weather in Lisbon"}),
+            ("f1", {"role": "tool-call", "text": '{"name":"weather","arguments":"{}"}'}),
+            ("st1", {"role": "tool", "text": "weather tool running", "tags": ["status-message"]}),
+            ("f2", {"role": "function", "name": "weather", "text": "sunny"}),
+            ("a1", {"role": "assistant", "text": "sunny in Lisbon"}),
+            ("u2", {"role": "user", "text": "and the weather tomorrow?"}),
+            ("f3", {"role": "tool-call", "text": '{"name":"weather","arguments":"{}"}'}),
+            ("st2", {"role": "tool", "text": "weather tool running", "tags": ["status-message"]}),
+            ("st3", {"role": "user", "text": "weather status", "tags": ["status-message"]}),
+        ],
+    )
+    window = select(context=context, spec=WindowSpec(k=2, semantics="steamship"))
+    # f3 follows the last user message, so Steamship's backward walk has not seen a user yet.
+    assert names(window, id_to_name) == ["u1", "f1", "f2", "a1", "u2"]
+    composite = select(
+        context=context,
+        spec=CompositeSpec(
+            window=WindowSpec(k=1, semantics="steamship"), search_k=2, search_mode="keyword"
+        ),
+    )
+    got = names(composite, id_to_name)
+    assert not {"st1", "st2", "st3"} & set(got)
+    # The last user message is u2 (st3 is a status), and only real function calls follow it.
+    assert got[0] == "s" and got[-2:] == ["u2", "f3"]
+    assert [n for n in got if n.startswith("u")][-1] == "u2"
+    assert len([i for i in composite.items if i.reason.startswith("search hit")]) == 2
+
+
 def test_composite_window_and_search_overlap_is_listed_once(db):
     context, id_to_name = build(
         {"test": "composite-overlap"},
@@ -381,6 +416,9 @@ KINDS = {
     "toolcall": {"role": "tool-call"},
     "fnres": {"role": "function"},
     "status": {"role": "agent"},
+    # Steamship's tool/user status messages: a status tag outranks the role (issue 13.6).
+    "toolstatus": {"role": "tool", "tags": ["status-message"]},
+    "userstatus": {"role": "user", "tags": ["status-message"]},
 }
 WORDS = ["hi", "ok", "yes", "no", "sun", "rain", "tea"]
 
