@@ -8,11 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import psycopg
 import pytest
 from django.db import connections
 
 from memory_app.bench import database
+from memory_app.bench.dataset import Sizes, context_sizes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,6 +61,7 @@ def test_quick_benchmark_exits_cleanly_and_writes_the_markdown_table(quick_run):
     # Areas that exist in every build: ingest through the API and semantic recall.
     assert "| ingest (API) | single append" in text
     assert "semantic recall@10" in text
+    assert "| storage | messages with 384-d vectors, per 100,000 messages" in text
 
 
 def test_every_target_row_says_met_or_missed(quick_run):
@@ -110,6 +113,16 @@ def test_the_dataset_keeps_the_write_paths_counters_consistent(quick_run):
     assert (bad_contexts, bad_runs, gaps) == (0, 0, 0)
     assert hnsw == 1
     assert vectors > 0 and messages > 3000  # the dataset plus what the ingest measurement appended
+
+
+def test_the_scale_dataset_holds_a_million_messages_in_one_context():
+    sizes = Sizes.scale()
+    per_context = context_sizes(sizes, np.random.default_rng(sizes.seed))
+    assert per_context[0] == 1_000_000
+    assert sum(per_context) == 1_200_000
+    assert len(per_context) == sizes.contexts
+    # The benchmark reads context 3 as the large context that is a small part of the store.
+    assert per_context[2] == 30_000
 
 
 def test_the_benchmark_refuses_the_sites_own_database():

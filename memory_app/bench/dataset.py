@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
-from django.db import connection
+from django.db import connection, transaction
 
 from memory_app import embeddings, tokens
 from memory_app.models import keys_digest
@@ -51,10 +51,22 @@ class Sizes:
     transcript_steps: int = 1_000
     dims: int = 384
     seed: int = 7
+    # Messages of the largest context; 0: half of all messages.
+    largest: int = 0
 
     @classmethod
     def quick(cls) -> Sizes:
         return cls(messages=3_000, contexts=12, runs=12, max_steps=120, transcript_steps=60)
+
+    @classmethod
+    def scale(cls) -> Sizes:
+        """Issue 11's scale: 1,000,000 messages in one context, 1,200,000 vectors in the store
+        (the other large contexts hold 60,000, 30,000 and 15,000 messages)."""
+        return cls(messages=1_200_000, largest=1_000_000)
+
+    @property
+    def largest_messages(self) -> int:
+        return self.largest or self.messages // 2
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -85,7 +97,7 @@ class Dataset:
     @classmethod
     def from_json(cls, text: str) -> Dataset:
         data = json.loads(text)
-        data["sizes"] = Sizes(**data["sizes"])
+        data["sizes"] = Sizes(**{"largest": 0, **data["sizes"]})
         data["context_topics"] = {int(k): v for k, v in data["context_topics"].items()}
         steps = data.get("build_seconds") or []
         data["build_seconds"] = dict(steps) if isinstance(steps, list) else steps
@@ -168,7 +180,7 @@ class Generator:
 def context_sizes(sizes: Sizes, rng: np.random.Generator) -> list[int]:
     """Message count per context: one holding half of everything, a few large, a long tail."""
     total, n = sizes.messages, sizes.contexts
-    big = [total // 2]
+    big = [sizes.largest_messages]
     for share in (20, 40, 80):
         if n > len(big) + 4 and total // share >= 10:
             big.append(total // share)
@@ -279,6 +291,30 @@ CONTEXT_COLUMNS = (
     "updated_at",
     "last_activity_at",
 )
+EMBEDDING_COLUMNS = (
+    "message_id",
+    "context_id",
+    "model",
+    "dimensions",
+    "vector",
+    "attempts",
+    "last_error",
+    "created_at",
+    "embedded_at",
+)
+EMBEDDING_TYPES = [
+    "int8",
+    "int8",
+    "text",
+    "int4",
+    "vector",
+    "int4",
+    "text",
+    "timestamptz",
+    "timestamptz",
+]
+# Messages generated, counted and loaded at a time (bounds the builder's memory).
+CHUNK = 100_000
 LOADED_TABLES = (
     "memory_app_message",
     "memory_app_step",
@@ -308,8 +344,8 @@ def _secondary_indexes(cursor, table: str) -> list[tuple[str, str]]:
     return cursor.fetchall()
 
 
-def build(*, sizes: Sizes, log: Callable[[str], None] = print) -> Dataset:
-    """Load the dataset into the (empty, migrated) current database."""
+def build(*, sizes: Sizes, log: Callable[[str], None] = print, chunk: int = CHUNK) -> Dataset:
+    """Load the dataset into the (empty, migrated) current database, `chunk` messages at a time."""
     gen = Generator(sizes)
     rng = gen.rng
     timings: dict[str, float] = {}
@@ -374,77 +410,57 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print) -> Dataset:
             rng.choice(topics_of, size=count),
             rng.integers(0, N_TOPICS, size=count),
         )
-        texts = gen.texts(topics)
-        texts[0] = "You are a helpful assistant. " + texts[0]
-        counts = tokens.count_tokens(texts, tokenizer=tokenizer)
         role_of = rng.choice(roles, size=count, p=[0.42, 0.42, 0.08, 0.08])
         role_of[0] = "system"
         role_of[-1] = "user"  # the current prompt, as an agent's context holds it when it reads
         pruned = rng.random(count) < 0.01
         pruned[-1] = False
-        step_seconds = max(1, int(86400 * 25 / max(count, 1)))
-        base_id = message_id
-        with raw.copy(_copy_sql("memory_app_message", MESSAGE_COLUMNS)) as copy:
-            for i in range(count):
-                message_id += 1
-                at = start + timedelta(seconds=i * step_seconds)
-                tags = ["important"] if i % 97 == 0 else []
-                copy.write_row(
-                    (
-                        message_id,
-                        cid,
-                        i + 1,
-                        role_of[i],
-                        "",
-                        texts[i],
-                        tags,
-                        "{}",
-                        counts[i],
-                        tokenizer,
-                        "",
-                        at,
-                        at,
-                        at if pruned[i] else None,
-                        "bench" if pruned[i] else "",
+        step_seconds = max(1, 86400 * 25 / max(count, 1))
+        # In chunks: a million-message context must not hold a million texts and vectors at once.
+        for lo in range(0, count, chunk):
+            hi = min(lo + chunk, count)
+            texts = gen.texts(topics[lo:hi])
+            if lo == 0:
+                texts[0] = "You are a helpful assistant. " + texts[0]
+            counts = tokens.count_tokens(texts, tokenizer=tokenizer)
+            base_id = message_id
+            with raw.copy(_copy_sql("memory_app_message", MESSAGE_COLUMNS)) as copy:
+                for i in range(lo, hi):
+                    message_id += 1
+                    at = start + timedelta(seconds=int(i * step_seconds))
+                    tags = ["important"] if i % 97 == 0 else []
+                    copy.write_row(
+                        (
+                            message_id,
+                            cid,
+                            i + 1,
+                            role_of[i],
+                            "",
+                            texts[i - lo],
+                            tags,
+                            "{}",
+                            counts[i - lo],
+                            tokenizer,
+                            "",
+                            at,
+                            at,
+                            at if pruned[i] else None,
+                            "bench" if pruned[i] else "",
+                        )
                     )
-                )
-        tv = time.perf_counter()
-        vectors = gen.vectors(topics)
-        with raw.copy(
-            _copy_sql(
-                "memory_app_embedding",
-                (
-                    "message_id",
-                    "context_id",
-                    "model",
-                    "dimensions",
-                    "vector",
-                    "attempts",
-                    "last_error",
-                    "created_at",
-                    "embedded_at",
-                ),
-                binary=True,
-            )
-        ) as copy:
-            copy.set_types(
-                [
-                    "int8",
-                    "int8",
-                    "text",
-                    "int4",
-                    "vector",
-                    "int4",
-                    "text",
-                    "timestamptz",
-                    "timestamptz",
-                ]
-            )
-            for i in range(count):
-                copy.write_row(
-                    (base_id + i + 1, cid, BENCH_MODEL, sizes.dims, vectors[i], 1, "", now, now)
-                )
-        vec_seconds += time.perf_counter() - tv
+            tv = time.perf_counter()
+            vectors = gen.vectors(topics[lo:hi])
+            with raw.copy(
+                _copy_sql("memory_app_embedding", EMBEDDING_COLUMNS, binary=True)
+            ) as copy:
+                copy.set_types(EMBEDDING_TYPES)
+                for i in range(hi - lo):
+                    copy.write_row(
+                        (base_id + i + 1, cid, BENCH_MODEL, sizes.dims, vectors[i], 1, "", now, now)
+                    )
+            vec_seconds += time.perf_counter() - tv
+            if count > chunk:
+                log(f"  messages: context {cid}, {hi:,}/{count:,} rows")
         if cid == 1 or cid % 200 == 0:
             log(f"  messages: context {cid}/{n_contexts}, {message_id:,} rows")
     timings["messages (COPY, incl. texts and token counts)"] = (
@@ -556,7 +572,7 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print) -> Dataset:
 
     t_idx = time.perf_counter()
     with connection.cursor() as cursor:
-        cursor.execute("SET maintenance_work_mem = '512MB'")
+        _raise_maintenance_work_mem(cursor, "1GB")
         for definition in dropped:
             cursor.execute(definition)
         _set_counters(cursor)
@@ -574,8 +590,12 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print) -> Dataset:
     timings["indexes rebuilt, counters set"] = time.perf_counter() - t_idx
     t_hnsw = time.perf_counter()
     with connection.cursor() as cursor:
-        cursor.execute("SET maintenance_work_mem = '1GB'")
-    embeddings.ensure_model_index(model=BENCH_MODEL, dimensions=sizes.dims)
+        # A million 384-d vectors need ~2 GB for the graph to be built in memory.
+        _raise_maintenance_work_mem(cursor, "1GB" if sizes.messages <= 300_000 else "3GB")
+    # In a transaction the index is built in one pass with parallel workers (CONCURRENTLY
+    # would scan the table twice; nothing else writes to this database meanwhile).
+    with transaction.atomic():
+        embeddings.ensure_model_index(model=BENCH_MODEL, dimensions=sizes.dims)
     timings[f"HNSW index (m={_hnsw_m()}, ef_construction={_hnsw_efc()})"] = (
         time.perf_counter() - t_hnsw
     )
@@ -597,6 +617,15 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print) -> Dataset:
         context_topics=context_topics,
         build_seconds=timings,
     )
+
+
+def _raise_maintenance_work_mem(cursor, size: str) -> None:
+    """SET maintenance_work_mem to `size` unless the server's setting is already larger."""
+    cursor.execute(
+        "SELECT pg_size_bytes(current_setting('maintenance_work_mem')) < pg_size_bytes(%s)", [size]
+    )
+    if cursor.fetchone()[0]:
+        cursor.execute(f"SET maintenance_work_mem = '{size}'")
 
 
 def _hnsw_m() -> int:

@@ -35,6 +35,7 @@ AREAS = {
     "transcript": scenarios.transcript,
     "export": scenarios.export,
     "dashboard": scenarios.dashboard,
+    "storage": scenarios.storage,
     "ingest": scenarios.ingest,
 }
 
@@ -48,6 +49,12 @@ class Command(BaseCommand):
         d = Sizes()
         parser.add_argument(
             "--quick", action="store_true", help="tiny sizes for CI: checks the command works"
+        )
+        parser.add_argument(
+            "--scale",
+            action="store_true",
+            help="issue 11's scale: 1,000,000 messages in one context, 1,200,000 vectors in the "
+            "store (database agentmemory_bench_1m unless --db-name; built once, then reused)",
         )
         parser.add_argument(
             "--messages",
@@ -80,6 +87,13 @@ class Command(BaseCommand):
             help="reuse the database of an earlier run with the same sizes",
         )
         parser.add_argument(
+            "--rebuild",
+            action="store_true",
+            help="with --scale: drop and rebuild its database even if it holds no finished dataset "
+            "(by default --scale reuses a finished one and refuses to drop an unfinished one: "
+            "a build may be under way in another process)",
+        )
+        parser.add_argument(
             "--keep",
             action="store_true",
             help="keep the benchmark database afterwards (default: keep unless --quick)",
@@ -103,8 +117,10 @@ class Command(BaseCommand):
         self.stdout.flush()
 
     def handle(self, *args, **opts):
-        quick = opts["quick"]
-        base = Sizes.quick() if quick else Sizes()
+        quick, scale = opts["quick"], opts["scale"]
+        if quick and scale:
+            raise CommandError("--quick and --scale exclude each other")
+        base = Sizes.quick() if quick else Sizes.scale() if scale else Sizes()
         overrides = {
             k: opts[k] for k in ("messages", "contexts", "runs", "max_steps") if opts[k] is not None
         }
@@ -114,16 +130,32 @@ class Command(BaseCommand):
         unknown = {a.strip() for a in opts["only"].split(",") if a.strip()} - set(AREAS)
         if unknown:
             raise CommandError(f"unknown areas {sorted(unknown)}: choose from {', '.join(AREAS)}")
-        db_name = opts["db_name"] or ("agentmemory_bench_quick" if quick else "agentmemory_bench")
+        db_name = opts["db_name"] or (
+            "agentmemory_bench_quick"
+            if quick
+            else "agentmemory_bench_1m"
+            if scale
+            else "agentmemory_bench"
+        )
         samples = opts["samples"] or (5 if quick else 50)
         output = opts["output"] or (
-            None if quick else str(Path(settings.BASE_DIR) / "docs" / "benchmarks.md")
+            None
+            if quick
+            else str(
+                Path(settings.BASE_DIR)
+                / "docs"
+                / ("benchmarks-1m.md" if scale else "benchmarks.md")
+            )
         )
         if quick:
             # Exercise the HNSW path on the tiny dataset too (the default threshold is 20,000).
             settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 500
 
-        data = self._prepare(db_name, sizes, reuse=opts["reuse"])
+        # The scale dataset takes most of an hour to build: reused unless --rebuild.
+        reuse = opts["reuse"] or (scale and not opts["rebuild"])
+        data = self._prepare(
+            db_name, sizes, reuse=reuse, quick=quick, guard=scale and not opts["rebuild"]
+        )
         try:
             report = self._measure(data, samples=samples, quick=quick, only=opts["only"])
             text = self._markdown(report, data, samples=samples, db_name=db_name, quick=quick)
@@ -143,7 +175,9 @@ class Command(BaseCommand):
 
     # --- database and dataset -----------------------------------------------------------------
 
-    def _prepare(self, db_name: str, sizes: Sizes, *, reuse: bool) -> Dataset:
+    def _prepare(
+        self, db_name: str, sizes: Sizes, *, reuse: bool, quick: bool, guard: bool = False
+    ) -> Dataset:
         try:
             exists = database.database_exists(db_name)
         except Exception as exc:  # the server is not reachable: say so plainly
@@ -158,6 +192,11 @@ class Command(BaseCommand):
                 with connection.cursor() as cursor:
                     cursor.execute("ANALYZE")
                 return data
+            if guard:
+                raise CommandError(
+                    f"database {db_name} holds no finished dataset of these sizes (a build may be "
+                    "under way in another process: wait for it); --rebuild drops and rebuilds it"
+                )
             self.log(f"database {db_name} holds other sizes (or none): rebuilding")
             connection.close()
         try:
@@ -177,7 +216,8 @@ class Command(BaseCommand):
             f"building the dataset: {sizes.messages:,} messages over {sizes.contexts:,} contexts, "
             f"{sizes.runs:,} runs (up to {sizes.max_steps:,} steps), {sizes.dims}-dim vectors"
         )
-        data = build(sizes=sizes, log=self.log)
+        # Quick mode loads in small chunks so that the chunked path is exercised too.
+        data = build(sizes=sizes, log=self.log, **({"chunk": 500} if quick else {}))
         for name, seconds in data.build_seconds.items():
             self.log(f"  {name}: {seconds:.1f} s")
         with connection.cursor() as cursor:
