@@ -10,7 +10,9 @@ Code is highlighted on the server with Pygments (class-based spans; colours in a
 
 from __future__ import annotations
 
+import difflib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import nh3
@@ -129,3 +131,52 @@ def content_text(content: Any) -> str:
                 parts.append(pretty_json(block))
         return "\n".join(parts)
     return pretty_json(content)
+
+
+def json_text(value: Any) -> str:
+    """A value written as JSON on one line (`true`, `null`, `"x"`, `[1, 2]`), for chips and diffs."""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    """One field of an audit event's before/after: `lines` is a line diff for changed text
+    (each line starts with "-", "+" or " "); otherwise `old`/`new` hold compact JSON."""
+
+    field: str
+    old: str | None = None
+    new: str | None = None
+    lines: tuple[str, ...] = ()
+
+
+def change_diff(before: Any, after: Any) -> tuple[list[FieldChange], list[str]]:
+    """The fields an audit event changed, and the names of those it left as they were.
+
+    Text that changed becomes a line diff with one line of context, so a one-word edit in a long
+    message shows as a few lines instead of two full copies.
+    """
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        if before == after:
+            return [], []
+        old = None if before is None else json_text(before)
+        new = None if after is None else json_text(after)
+        return [FieldChange(field="", old=old, new=new)], []
+    changes, same = [], []
+    for key in list(dict.fromkeys([*before, *after])):
+        old, new = before.get(key), after.get(key)
+        if key in before and key in after and old == new:
+            same.append(key)
+        elif isinstance(old, str) and isinstance(new, str) and "\n" in old + new:
+            diff = difflib.unified_diff(old.splitlines(), new.splitlines(), n=1, lineterm="")
+            lines = tuple(line for line in diff if not line.startswith(("---", "+++", "@@")))
+            changes.append(FieldChange(field=key, lines=lines))
+        else:
+            changes.append(FieldChange(
+                field=key,
+                old=json_text(old) if key in before else None,
+                new=json_text(new) if key in after else None,
+            ))
+    return changes, same

@@ -90,3 +90,9 @@ def tool_arguments(call):
         language = "python" if call.name == "python_interpreter" else "text"
         return rendering.highlight_code(args, language)
     return rendering.highlight_code(rendering.pretty_json(args), "json")
+
+
+@register.simple_tag
+def change_diff(before, after):
+    """`{% change_diff e.before e.after as diff %}`: (changed fields, unchanged field names)."""
+    return rendering.change_diff(before, after)

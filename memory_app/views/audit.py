@@ -162,7 +162,7 @@ def audit_undo_view(request, event_id: int):
         return redirect("audit-entry", event_id=event.pk)
     response = render_page(
         request,
-        "memory_app/curate/audit.html#undo-result",
+        "memory_app/curate/audit_parts.html#undo-result",
         {"e": event, "error": error},
         status=409 if error else 200,
     )
