@@ -4,8 +4,8 @@ Roles are cumulative: a curator can do what a viewer can, an admin what a curato
 plain Django groups holding model permissions (created by migration `0002_dashboard_roles`), so
 an operator can also grant a single permission to a single user in the Django admin.
 
-Views name a *capability* (`view`, `curate`, `memories`, `keys`, `purge`, `users`) rather than a
-permission codename, so templates and views agree on what a button needs.
+Views name a *capability* (`view`, `read_memories`, `curate`, `memories`, `keys`, `purge`,
+`users`) rather than a permission codename, so templates and views agree on what a button needs.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     ),
     # Edit, prune and restore messages and steps (pruning is a reversible soft delete).
     "curate": ("memory_app.change_message", "memory_app.change_step", "memory_app.change_context"),
+    # Read long-term memories (list, search, open one).
+    "read_memories": ("memory_app.view_memoryrecord",),
+    # Record, edit, archive, merge and promote long-term memories.
     "memories": (
         "memory_app.add_memoryrecord",
         "memory_app.change_memoryrecord",
@@ -41,9 +44,9 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
 }
 
 ROLE_CAPABILITIES: dict[str, tuple[str, ...]] = {
-    VIEWER: ("view",),
-    CURATOR: ("view", "curate", "memories", "audit"),
-    ADMIN: ("view", "curate", "memories", "audit", "keys", "purge", "users"),
+    VIEWER: ("view", "read_memories"),
+    CURATOR: ("view", "read_memories", "curate", "memories", "audit"),
+    ADMIN: ("view", "read_memories", "curate", "memories", "audit", "keys", "purge", "users"),
 }
 
 

@@ -7,7 +7,7 @@ import json
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
-from django.views.decorators.http import require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from memory_app import dashboard_queries as dq
 from memory_app import memories
@@ -34,7 +34,8 @@ def _scope(raw: str) -> dict | None:
     return dict(dq.parse_key_chips(raw.split()))
 
 
-@require("memories")
+@require("read_memories")
+@require_GET
 def memory_list(request):
     g = request.GET
     params = {
