@@ -43,12 +43,19 @@ def _ids(request) -> list[int]:
 
 
 def _recent_undoable(context: Context, limit: int = 5) -> list[AuditEvent]:
-    events = AuditEvent.objects.filter(
-        context=context,
-        undone_by__isnull=True,
-        action__in=["prune", "bulk_prune", "restore", "edit"],
-        target_type__in=["message", "step"],
-    ).order_by("-id")[:limit]
+    """Changes here that Undo still applies to. An undone change and the event that undid it
+    cancel out, so neither is offered (redoing stays possible from the audit log)."""
+    undos = AuditEvent.objects.filter(context=context, undone_by__isnull=False).values("undone_by")
+    events = (
+        AuditEvent.objects.filter(
+            context=context,
+            undone_by__isnull=True,
+            action__in=["prune", "bulk_prune", "restore", "edit"],
+            target_type__in=["message", "step"],
+        )
+        .exclude(pk__in=undos)
+        .order_by("-id")[:limit]
+    )
     return list(events)
 
 
@@ -92,13 +99,13 @@ def curate_history(request, context_id: int):
     done = request.GET.get("done")
     if done and done.isdigit():
         page["done"] = AuditEvent.objects.filter(pk=int(done), context=context).first()
-    fragment = (
-        "curate-list" if request.htmx and request.htmx.target == "curate-list" else "curate-panel"
-    )
+    target = request.htmx.target if request.htmx else None
+    fragment = target if target in ("curate-list", "recent-changes") else "curate-panel"
     return render_page(
         request,
         "memory_app/curate/history.html",
-        {**page, "nav_active": "contexts"},
+        # Refreshed after an undo: keep the list open where the operator was working.
+        {**page, "nav_active": "contexts", "recent_open": target == "recent-changes"},
         fragment=fragment,
     )
 
