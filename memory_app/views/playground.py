@@ -22,6 +22,8 @@ from memory_app.roles import require
 from memory_app.selectors import CompositeSpec, SearchSpec, TokenWindowSpec, WindowSpec
 from memory_app.views.common import render_page
 
+# The environment variable the copied snippets read the API key from.
+API_KEY_VARIABLE = "AGENTMEMORY_API_KEY"
 SELECTORS = ("window", "token_window", "search", "composite")
 DEFAULTS = {
     "selector": "window",
@@ -109,14 +111,17 @@ def _snippets(request, context: Context, body: dict) -> dict[str, str]:
         else (request.build_absolute_uri("/api/v1/") + f"contexts/{context.pk}/select")
     )
     data = json.dumps(body)
+    # The key header in double quotes: the shell must expand the variable (in single quotes the
+    # server would get the literal text "$AGENTMEMORY_API_KEY" and answer 401).
     curl = (
-        f"curl -X POST {shlex.quote(url)} \\\n  -H 'Authorization: Bearer $AGENTMEMORY_KEY' \\\n"
+        f"curl -X POST {shlex.quote(url)} \\\n"
+        f'  -H "Authorization: Bearer ${API_KEY_VARIABLE}" \\\n'
         f"  -H 'Content-Type: application/json' \\\n  -d {shlex.quote(data)}"
     )
     base = request.build_absolute_uri("/")
     python = (
         "import os\nfrom memory_app.client import MemoryClient\n\n"
-        f'client = MemoryClient({base!r}, api_key=os.environ["AGENTMEMORY_KEY"])\n'
+        f'client = MemoryClient({base!r}, api_key=os.environ["{API_KEY_VARIABLE}"])\n'
         f"selection = client.select({context.pk}, **{json.dumps(body, indent=4)})\n"
         'for item in selection["items"]:\n    print(item["reason"], item["message"]["text"])\n'
     )
