@@ -172,6 +172,10 @@ def _record(
         raise Invalid("nothing to record")
     if len(items) > MAX_ITEMS:
         raise Invalid(f"at most {MAX_ITEMS} memories per request")
+    if scope.keys is not None and not scope.keys:
+        # An empty subset is contained in every context's keys: it would be seen by every
+        # tenant. A memory for one context takes that context's scope instead.
+        raise Invalid("scope_keys must name at least one key (an empty set would reach every context)")
     results: list[Recorded] = []
     with transaction.atomic():
         for item in items:
@@ -220,11 +224,19 @@ def _record(
     return results
 
 
-def memories_visible(*, context: Context, include_archived: bool = False) -> QuerySet[MemoryRecord]:
-    """Records a context sees: its own, and those of every key subset its keys contain."""
-    qs = MemoryRecord.objects.filter(
-        Q(context=context) | Q(context__isnull=True, scope_keys__contained_by=context.keys)
-    )
+def memories_visible(
+    *, context: Context, include_archived: bool = False, confined_to: dict[str, Any] | None = None
+) -> QuerySet[MemoryRecord]:
+    """Records a context sees: its own, and those of every non-empty key subset its keys contain.
+
+    `confined_to` (an API key's context keys) also leaves out key subsets outside that
+    confinement, as `GET /memories/{id}` does: a confined key never reads a record its tenant
+    does not own, even when that record's subset happens to match the context.
+    """
+    subsets = Q(context__isnull=True, scope_keys__contained_by=context.keys) & ~Q(scope_keys={})
+    if confined_to:
+        subsets &= Q(scope_keys__contains=confined_to)
+    qs = MemoryRecord.objects.filter(Q(context=context) | subsets)
     return qs if include_archived else qs.filter(archived_at__isnull=True)
 
 
@@ -307,6 +319,7 @@ def memories_retrieve(
     limit: int = 5,
     kinds: Sequence[str] | None = None,
     include_archived: bool = False,
+    confined_to: dict[str, Any] | None = None,
 ) -> list[Recalled]:
     """What `context` recalls. With `keywords`, up to `limit` records per keyword (AgentScope's
     `retrieve_from_memory`), best first: an exact keyword tag, then full-text rank. With `query`,
@@ -317,7 +330,9 @@ def memories_retrieve(
     keywords = _clean_keywords(keywords)
     if not keywords and not (query and query.strip()):
         raise Invalid("give keywords, a query, or both")
-    qs = memories_visible(context=context, include_archived=include_archived)
+    qs = memories_visible(
+        context=context, include_archived=include_archived, confined_to=confined_to
+    )
     if kinds:
         bad = set(kinds) - set(MemoryKind.values)
         if bad:

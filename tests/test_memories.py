@@ -237,6 +237,62 @@ def test_memories_api_confines_keys_to_their_tenant(db):
     assert bob.post("/api/v1/memories", {"content": "no scope"}).status_code == 422
 
 
+def test_an_empty_key_subset_is_refused_and_never_reaches_a_confined_tenant(db, system_actor):
+    """scope_keys={} is contained in every context's keys: recording it is refused (422, nothing
+    written), and a record already stored that way is seen by no context (issue 13.5)."""
+    from tests.api_helpers import make_key, new_context
+
+    admin = make_key(scopes=["read", "write", "admin"])
+    acme = make_key(scopes=["read", "write"], context_keys={"tenant": "acme"})
+    acme_ctx = new_context(acme, {"tenant": "acme", "user": "ada"})
+    before = MemoryRecord.objects.count()
+    response = admin.post(
+        "/api/v1/memories", {"scope_keys": {}, "content": "global instruction"}
+    )
+    assert response.status_code == 422, response.content
+    assert "scope_keys" in response.json()["detail"]
+    with pytest.raises(Invalid):
+        record(Scope(keys={}), system_actor, "global instruction")
+    assert MemoryRecord.objects.count() == before
+    # A record stored with {} before this fix (or by a backup) stays invisible everywhere.
+    MemoryRecord.objects.create(
+        scope_keys={}, scope_digest="legacy-empty", content="global instruction",
+        content_hash=memories.content_hash("global instruction"),
+    )
+    for client in (acme, admin):
+        found = client.post(
+            "/api/v1/memories/retrieve",
+            {"context_id": acme_ctx, "keywords": ["instruction"], "query": "global instruction"},
+        )
+        assert found.status_code == 200, found.content
+        assert found.json()["items"] == []
+
+
+def test_a_confined_key_recalls_only_records_inside_its_confinement(db):
+    """The operator's record for {"user": "ada"} matches acme's ada context, but acme's key cannot
+    read it (GET answers 404), so retrieval through that key leaves it out too."""
+    from tests.api_helpers import make_key, new_context
+
+    admin = make_key(scopes=["read", "write", "admin"])
+    acme = make_key(scopes=["read", "write"], context_keys={"tenant": "acme"})
+    ctx = new_context(acme, {"tenant": "acme", "user": "ada"})
+    outside = admin.post(
+        "/api/v1/memories", {"scope_keys": {"user": "ada"}, "content": "Ada's tea order"}
+    ).json()["items"][0]["memory"]
+    inside = acme.post(
+        "/api/v1/memories",
+        {"scope_keys": {"tenant": "acme", "user": "ada"}, "content": "Ada's tea budget"},
+    ).json()["items"][0]["memory"]
+    assert acme.get(f"/api/v1/memories/{outside['id']}").status_code == 404
+
+    def recalled(client):
+        body = {"context_id": ctx, "keywords": ["tea"]}
+        return {i["id"] for i in client.post("/api/v1/memories/retrieve", body).json()["items"]}
+
+    assert recalled(acme) == {inside["id"]}
+    assert recalled(admin) == {inside["id"], outside["id"]}
+
+
 def test_dashboard_promote_and_api_record_of_the_same_content_in_one_scope_are_one_record(db):
     """The dashboard (promote a message) and an agent (POST /memories with context_id) share one
     scope digest and content hash: whichever comes first, the other finds the same record."""

@@ -276,6 +276,7 @@ def memories_retrieve(request, body: MemoryRetrieveIn):
         limit=body.limit,
         kinds=body.kinds,
         include_archived=body.include_archived,
+        confined_to=request_key(request).context_keys or None,
     )
     items = [
         MemoryRecordOut.from_orm(r.record).dict() | {"score": r.score, "reason": r.reason}
