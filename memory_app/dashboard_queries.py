@@ -33,6 +33,7 @@ PAGE_SIZE = 50
 RUNS_PAGE_SIZE = 20
 STEP_RADIUS = 15
 TIMELINE_MAX_BARS = 200
+LIVE_MAX_STEPS = 100
 TRANSCRIPT_MAX_MESSAGES = 200
 MAX_QUERY_CHARS = 500
 
@@ -334,6 +335,27 @@ def step_window(*, run: Run, position: int, radius: int = STEP_RADIUS) -> StepWi
         .only(*STEP_LIST_FIELDS)
         .order_by("position")
     )
+    return StepWindow(
+        steps=steps,
+        tool_names=_tool_names(steps),
+        has_earlier=low > 1,
+        has_later=high < run.last_position,
+    )
+
+
+def steps_after(*, run: Run, after: int, limit: int = LIVE_MAX_STEPS) -> StepWindow:
+    """Steps written since the page last saw position `after` (a live run's new entries), in
+    order; `has_later` says more are waiting beyond `limit` (the next poll brings them)."""
+    rows = list(
+        Step.objects.filter(run=run, position__gt=after)
+        .only(*STEP_LIST_FIELDS)
+        .order_by("position")[: limit + 1]
+    )
+    steps = rows[:limit]
+    return StepWindow(steps=steps, tool_names=_tool_names(steps), has_later=len(rows) > limit)
+
+
+def _tool_names(steps: list[Step]) -> dict[int, list[str]]:
     names: dict[int, list[str]] = {}
     for step_id, name in (
         ToolCall.objects.filter(step__in=[s.pk for s in steps])
@@ -341,9 +363,7 @@ def step_window(*, run: Run, position: int, radius: int = STEP_RADIUS) -> StepWi
         .values_list("step_id", "name")
     ):
         names.setdefault(step_id, []).append(name)
-    return StepWindow(
-        steps=steps, tool_names=names, has_earlier=low > 1, has_later=high < run.last_position
-    )
+    return names
 
 
 def step_detail(*, run: Run, position: int) -> Step | None:

@@ -16,6 +16,7 @@ urlpatterns = [
         name="message-prune",
     ),
     path("runs/<int:run_id>/", runs.run_start, name="run"),
+    path("runs/<int:run_id>/live/", runs.run_live, name="run-live"),
     path("runs/<int:run_id>/steps/<int:position>/", runs.run_step, name="run-step"),
     path(
         "runs/<int:run_id>/steps/<int:position>/model-input/",

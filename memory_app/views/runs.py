@@ -1,14 +1,20 @@
-"""Run logbook: step list beside the current step, stepped through by URL (/runs/<id>/steps/<n>/)."""
+"""Run logbook: step list beside the current step, stepped through by URL (/runs/<id>/steps/<n>/).
+
+A run still being written is followed by polling `/runs/<id>/live/` (htmx, every 2 s): the answer
+appends the new steps to the list and refreshes the header, timeline and stepper out of band,
+never the step the operator is reading, so their place and open details stay as they were.
+"""
 
 from django.http import Http404
-from django.shortcuts import get_object_or_404, redirect
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from memory_app import dashboard_queries as dq
 from memory_app.logbook import Actor, steps_set_pruned
-from memory_app.models import Run, Step
+from memory_app.models import Run, RunStatus, Step
 from memory_app.roles import require
-from memory_app.views.common import render_page, wants_fragment
+from memory_app.views.common import bad_request, private, render_page, wants_fragment
 
 
 def _run(run_id: int) -> Run:
@@ -21,24 +27,74 @@ def _run(run_id: int) -> Run:
 def run_start(request, run_id: int):
     run = _run(run_id)
     if run.last_position == 0:
-        return render_page(request, "memory_app/run.html", {"run": run, "step": None})
+        return render_page(request, "memory_app/run.html", _logbook_context(run, None))
     return redirect("run-step", run_id=run.pk, position=1)
+
+
+def _logbook_context(run: Run, position: int | None) -> dict:
+    """What the logbook partial needs at `position` (None: the run has no steps yet)."""
+    if position is None:
+        return {"run": run, "step": None, "live": run.status == RunStatus.RUNNING}
+    step = dq.step_detail(run=run, position=position)
+    if step is None:
+        raise Http404(f"run {run.pk} has no step {position}")
+    nav = dq.step_nav(run=run, position=position)
+    window = dq.step_window(run=run, position=position)
+    return {
+        "run": run,
+        "step": step,
+        "nav": nav,
+        "window": window,
+        "timeline": dq.run_timeline(run=run, position=position),
+        "live": run.status == RunStatus.RUNNING,
+        # The poll asks for steps after the last one the page holds (a step written between
+        # reading the run and its steps is already in the list).
+        "shown": max([nav.last, *(s.position for s in window.steps)]),
+        "tail": not window.has_later,
+    }
 
 
 @require("view")
 def run_step(request, run_id: int, position: int):
+    context = _logbook_context(_run(run_id), position)
+    return render_page(request, "memory_app/run.html", context, fragment="logbook")
+
+
+@require("view")
+def run_live(request, run_id: int):
+    """What changed in a run since the page saw step `after` (htmx poll; see the module doc).
+
+    `position` is the step on screen (absent while the run had no steps: the answer is then the
+    whole logbook, at step 1 once there is one); `tail=1` when the page's step list ends with the
+    run's last step, so new steps belong at its end.
+    """
     run = _run(run_id)
-    step = dq.step_detail(run=run, position=position)
-    if step is None:
+    try:
+        after = dq.parse_int(request.GET.get("after"), name="after", minimum=0) or 0
+        position = dq.parse_int(request.GET.get("position"), name="position", minimum=1)
+    except dq.BadQuery as exc:
+        return bad_request(request, exc)
+    if position is None:
+        context = _logbook_context(run, 1 if run.last_position else None)
+        response = render_page(request, "memory_app/run.html", context, fragment="live-empty")
+        if run.last_position:
+            response["HX-Replace-Url"] = reverse("run-step", args=[run.pk, 1])
+        return response
+    if position > run.last_position:
         raise Http404(f"run {run.pk} has no step {position}")
+    fresh = dq.steps_after(run=run, after=after)
+    shown = fresh.steps[-1].position if fresh.steps else after
     context = {
         "run": run,
-        "step": step,
+        "fresh": fresh,
+        "shown": shown,
+        "tail": request.GET.get("tail") == "1",
         "nav": dq.step_nav(run=run, position=position),
-        "window": dq.step_window(run=run, position=position),
         "timeline": dq.run_timeline(run=run, position=position),
+        # Keep polling until the page has every step of a finished run.
+        "live": run.status == RunStatus.RUNNING or fresh.has_later,
     }
-    return render_page(request, "memory_app/run.html", context, fragment="logbook")
+    return private(render(request, "memory_app/run.html#live-update", context))
 
 
 @require("view")

@@ -43,7 +43,10 @@
     }
   }
 
-  function settle() {
+  function settle(event) {
+    // A live run's poll only appends steps: the operator's scroll stays where they left it.
+    var source = event && event.detail && event.detail.elt;
+    if (source && source.hasAttribute && source.hasAttribute("data-live-poll")) return;
     revealTarget();
     revealCurrentStep();
   }

@@ -1,0 +1,113 @@
+"""A run being written while its logbook is open: steps stream in through the API (over HTTP to
+the live server) and appear in the open page without a reload; the operator's place stays."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from memory_app import auth
+from tests.browser.conftest import login, screenshot
+from tests.builders import TEST_PASSWORD, action_step, make_user
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def api(live_server):
+    issued = auth.apikey_create(name="agent", scopes=["read", "write"])
+    with httpx.Client(
+        base_url=f"{live_server.url}/api/v1",
+        headers={"Authorization": f"Bearer {issued.secret}"},
+        timeout=10,
+    ) as client:
+        yield client
+
+
+def post(api, path: str, body: dict) -> dict:
+    response = api.post(path, json=body)
+    assert response.status_code in (200, 201), response.text
+    return response.json()
+
+
+def stream(api, run_id: int, *numbers: int) -> None:
+    for number in numbers:
+        post(api, f"/runs/{run_id}/steps", {"steps": [action_step(number)]})
+
+
+def step_positions(page) -> list[int]:
+    return [int(p) for p in page.locator("#step-list li .pos").all_inner_texts()]
+
+
+def test_new_steps_appear_in_order_and_the_operator_keeps_their_place(browser_page, api):
+    make_user(role="viewer", username="watcher")
+    context = post(api, "/contexts", {"keys": {"user": "ada", "chat": "live"}})
+    run = post(api, f"/contexts/{context['id']}/runs", {"task": "Find the weather in Paris"})
+    post(api, f"/runs/{run['id']}/steps", {"steps": [{"kind": "task", "task": "Find the weather"}]})
+    stream(api, run["id"], 1, 2)
+
+    page = browser_page
+    live_polls = []
+    page.on("request", lambda r: "/live/" in r.url and live_polls.append(r.url))
+    login(page, "watcher", TEST_PASSWORD, next_path=f"/runs/{run['id']}/steps/2/")
+    page.wait_for_selector("#logbook[data-position='2']")
+    assert step_positions(page) == [1, 2, 3]
+    expect(page.locator("#run-live")).to_be_visible()
+
+    # The operator opens what the model saw at step 2 and scrolls down to read it.
+    page.locator("details.lazy summary", has_text="What the model saw").click()
+    page.wait_for_selector("details.lazy[open] .chat")
+    page.evaluate("window.scrollTo(0, 250)")
+    scroll_before = page.evaluate("window.scrollY")
+    assert scroll_before > 0
+
+    stream(api, run["id"], 3, 4)
+    expect(page.locator("#step-item-5")).to_be_attached(timeout=8_000)
+    stream(api, run["id"], 5)
+    expect(page.locator("#step-item-6")).to_be_attached(timeout=8_000)
+
+    assert step_positions(page) == [1, 2, 3, 4, 5, 6]
+    # Same step selected, same URL, the opened details still open with their content.
+    assert page.url.endswith(f"/runs/{run['id']}/steps/2/")
+    assert page.locator("#step-list li.current .pos").inner_text() == "2"
+    assert page.locator(".step-detail h2").inner_text().startswith("Step 2")
+    opened = page.locator("details.lazy[open]")
+    assert opened.count() == 1 and "What the model saw" in opened.inner_text()
+    assert "You are a careful agent." in opened.inner_text()
+    assert abs(page.evaluate("window.scrollY") - scroll_before) < 5
+    # Header and stepper follow the run.
+    expect(page.locator("#run-stats")).to_contain_text("6")
+    expect(page.locator("#stepper .where")).to_have_text("Step 2 of 6")
+    page.evaluate("window.scrollTo(0, 0)")
+    screenshot(page, "run-live")
+
+    # The keyboard cursor still works on the refreshed stepper.
+    page.keyboard.press("j")
+    page.wait_for_selector("#logbook[data-position='3']")
+    assert page.url.endswith("/steps/3/")
+
+    # Finishing the run stops the polling.
+    post(api, f"/runs/{run['id']}/finish", {"status": "success", "final_answer": "Sunny"})
+    expect(page.locator("#run-status")).to_have_text("Success", timeout=8_000)
+    expect(page.locator("#run-live")).to_have_count(0)
+    polls = len(live_polls)
+    page.wait_for_timeout(4_500)
+    assert len(live_polls) == polls, "the page kept polling a finished run"
+    page.watch.assert_clean()
+
+
+def test_a_run_without_steps_shows_its_first_step_when_it_arrives(browser_page, api):
+    make_user(role="viewer", username="watcher")
+    context = post(api, "/contexts", {"keys": {"user": "ada", "chat": "empty"}})
+    run = post(api, f"/contexts/{context['id']}/runs", {"task": "Plan a trip"})
+    page = browser_page
+    login(page, "watcher", TEST_PASSWORD, next_path=f"/runs/{run['id']}/")
+    expect(page.locator("#logbook")).to_contain_text("This run has no steps yet.")
+    post(api, f"/runs/{run['id']}/steps", {"steps": [{"kind": "task", "task": "Plan a trip"}]})
+    page.wait_for_selector("#logbook[data-position='1']", timeout=8_000)
+    page.wait_for_url(re.compile(rf"/runs/{run['id']}/steps/1/$"))
+    assert step_positions(page) == [1]
+    page.watch.assert_clean()

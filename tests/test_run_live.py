@@ -1,0 +1,135 @@
+"""Live run view on the server: the poll endpoint a running run's logbook asks every 2 s."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.test import Client
+
+from memory_app import logbook
+from memory_app.models import RunStatus
+from tests.builders import action_step, make_context, make_user
+
+pytestmark = pytest.mark.django_db
+
+HX = {"HTTP_HX_REQUEST": "true"}
+
+
+@pytest.fixture
+def client():
+    c = Client()
+    c.force_login(make_user(role="viewer"))
+    return c
+
+
+def running_run(steps: int):
+    run, _ = logbook.run_create(context=make_context(), task="Find the weather", agent_name="t")
+    items = [{"kind": "task", "task": "Find the weather"}]
+    items += [action_step(n) for n in range(1, steps)]
+    if items[:steps]:
+        logbook.steps_append(run=run, items=items[:steps])
+    return run
+
+
+def live(client, run, **params):
+    return client.get(f"/runs/{run.pk}/live/", params, **HX)
+
+
+def poller(html: str) -> str | None:
+    found = re.search(r'<p id="run-live"[^>]*>', html)
+    return found.group(0) if found else None
+
+
+def test_a_running_runs_page_polls_from_its_last_step(client):
+    run = running_run(3)
+    html = client.get(f"/runs/{run.pk}/steps/2/").content.decode()
+    tag = poller(html)
+    assert tag and 'hx-trigger="every 2s"' in tag
+    assert "after=3&amp;position=2&amp;tail=1" in tag
+
+
+def test_a_finished_runs_page_does_not_poll(client):
+    run = running_run(3)
+    logbook.run_finish(run=run, status="success")
+    assert poller(client.get(f"/runs/{run.pk}/steps/2/").content.decode()) is None
+
+
+def test_poll_appends_new_steps_in_order_and_refreshes_header_and_stepper(client):
+    run = running_run(3)
+    logbook.steps_append(
+        run=run,
+        items=[action_step(3), action_step(4, error_type="ToolError", error_message="boom")],
+    )
+    html = live(client, run, after=3, position=2, tail=1).content.decode()
+    appended = re.search(r'<ol hx-swap-oob="beforeend:#step-list">(.*?)</ol>', html, re.S)
+    assert appended, html
+    ids = re.findall(r'<li id="step-item-(\d+)"', appended.group(1))
+    assert ids == ["4", "5"]
+    # The step on screen is not sent again, nor its detail.
+    assert "step-item-2" not in html and "step-detail" not in html
+    assert re.search(r'<dl id="run-stats" class="stats" hx-swap-oob="true">', html)
+    assert re.search(r'<nav id="stepper"[^>]*hx-swap-oob="true"', html)
+    assert "Step <b>2</b> of 5" in html and f'href="/runs/{run.pk}/steps/5/"' in html
+    # Still running: the next poll asks after the newest step.
+    assert "after=5&amp;position=2&amp;tail=1" in poller(html)
+
+
+def test_poll_with_nothing_new_sends_no_steps(client):
+    run = running_run(3)
+    html = live(client, run, after=3, position=3, tail=1).content.decode()
+    assert "step-item-" not in html
+    assert "after=3&amp;position=3" in poller(html)
+
+
+def test_poll_stops_once_the_run_is_finished(client):
+    run = running_run(3)
+    logbook.steps_append(run=run, items=[action_step(3)])
+    logbook.run_finish(run=run, status=RunStatus.FAILED)
+    html = live(client, run, after=3, position=1, tail=1).content.decode()
+    assert poller(html) is None
+    assert "step-item-4" in html and 'id="run-status" class="badge status-failed"' in html
+
+
+def test_poll_of_a_list_that_does_not_reach_the_end_updates_only_the_last_step_link(client):
+    run = running_run(40)
+    logbook.steps_append(run=run, items=[action_step(40)])
+    html = live(client, run, after=40, position=1, tail=0).content.decode()
+    assert "step-item-" not in html
+    assert re.search(r'<li id="step-list-later" class="more" hx-swap-oob="true">', html)
+    assert "last step (41)" in html
+
+
+def test_a_run_without_steps_polls_then_shows_its_first_step(client):
+    run = running_run(0)
+    page = client.get(f"/runs/{run.pk}/")
+    assert page.status_code == 200
+    assert 'hx-target="#logbook"' in poller(page.content.decode())
+    html = live(client, run).content.decode()
+    assert "This run has no steps yet." in html and poller(html)
+    logbook.steps_append(run=run, items=[{"kind": "task", "task": "Find the weather"}])
+    response = live(client, run)
+    html = response.content.decode()
+    assert '<section id="logbook" class="logbook" data-position="1"' in html
+    assert response.headers["HX-Replace-Url"] == f"/runs/{run.pk}/steps/1/"
+
+
+def test_a_failed_run_without_steps_shows_no_poller(client):
+    run = running_run(0)
+    logbook.run_finish(run=run, status="failed")
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    assert "This run has no steps yet." in html and poller(html) is None
+
+
+def test_poll_bad_input(client):
+    run = running_run(2)
+    assert live(client, run, after="x", position=1).status_code == 400
+    assert live(client, run, after=-1, position=1).status_code == 400
+    assert live(client, run, after=0, position=3).status_code == 404
+    assert client.get("/runs/999999/live/", HX).status_code == 404
+
+
+def test_poll_needs_a_login():
+    run = running_run(2)
+    response = Client().get(f"/runs/{run.pk}/live/", {"after": 1, "position": 1})
+    assert response.status_code in (302, 401, 403)
