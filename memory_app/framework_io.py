@@ -8,6 +8,7 @@ nothing the second time.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import transaction
@@ -40,16 +41,23 @@ def smolagents_run_import(
     agent_name: str = "", task: str | None = None, status: str | None = None, final_answer: Any = None,
     metadata: dict | None = None,
 ) -> tuple[Run, bool]:
-    """Store a finished run from `agent.memory.get_full_steps()` (+ system prompt), all or nothing."""
+    """Store a finished run from `agent.memory.get_full_steps()` (+ system prompt), all or nothing.
+
+    The run keeps the agent's own clock: it started at its first step's start time and finished
+    at its last step's end time (the import time only when the steps carry no timing)."""
     if not isinstance(steps, list):
         raise Invalid("steps must be a list")
     _map_steps(steps, start=1, prefix=None)  # validates every step before anything is written
     summary = smol.run_summary(steps)
+    start, end = smol.run_timing(steps)
+    started_at, finished_at = (
+        datetime.fromtimestamp(t, tz=UTC) if t is not None else None for t in (start, end)
+    )
     with transaction.atomic():
         run, created = logbook.run_create(
             context=context, client_id=client_id, task=task if task is not None else summary["task"],
             system_prompt=system_prompt or "", agent_name=agent_name, framework=smol.FRAMEWORK,
-            metadata=metadata,
+            metadata=metadata, started_at=started_at,
         )
         prefix = client_id or (f"import-{run.pk}" if created else None)
         items = _map_steps(steps, start=1, prefix=prefix)
@@ -62,6 +70,7 @@ def smolagents_run_import(
             run = logbook.run_finish(
                 run=run, status=status or summary["status"],
                 final_answer=final_answer if final_answer is not None else summary["final_answer"],
+                finished_at=finished_at,
             )
     return run, created
 

@@ -128,3 +128,82 @@ def test_steps_written_without_payload_still_give_smolagents_shapes(context):
 def test_malformed_steps_are_rejected_clearly(context, bad):
     with pytest.raises(logbook.Invalid):
         framework_io.smolagents_run_import(context=context, steps=bad, client_id="bad")
+
+
+# --- issue 13.3: wrong types are a clear 422; the run keeps the agent's own clock -----------------
+
+
+def _swap(steps, path, value):
+    """A copy of `steps` with the value at `path` (keys / indexes) replaced."""
+    steps = copy.deepcopy(steps)
+    target = steps
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return steps
+
+
+WRONG_TYPES = [
+    ((2, "step_number"), "1"),
+    ((2, "timing", "start_time"), "1795297221.6"),
+    ((2, "timing", "end_time"), [1]),
+    ((2, "timing"), "fast"),
+    ((2, "token_usage", "input_tokens"), "120"),
+    ((2, "token_usage", "output_tokens"), 1.5),
+    ((2, "token_usage", "total_tokens"), True),
+    ((2, "token_usage"), 135),
+    ((2, "step_number"), 2**40),
+    ((2, "timing", "start_time"), 1e300),
+    ((2, "observations"), {"text": "not a string"}),
+    ((2, "error"), "boom"),
+    ((2, "is_final_answer"), "no"),
+    ((2, "tool_calls", 0, "function", "name"), ["get_weather"]),
+    ((2, "tool_calls", 0, "id"), 7),
+    ((0, "task"), {"text": "a task"}),
+    ((1, "plan"), 3),
+]
+
+
+@pytest.mark.parametrize(("path", "value"), WRONG_TYPES)
+def test_a_wrong_type_is_invalid_and_writes_nothing(context, path, value):
+    steps = _swap(jsonable(run_agent("tool_calling").memory.get_full_steps()), path, value)
+    with pytest.raises(logbook.Invalid) as caught:
+        framework_io.smolagents_run_import(context=context, steps=steps, client_id="typed")
+    assert str(path[-1]) in str(caught.value) or "tool call" in str(caught.value)
+    assert not context.runs.exists() and not Step.objects.filter(run__context=context).exists()
+
+
+@pytest.mark.parametrize(("path", "value"), WRONG_TYPES[:5])
+def test_wrong_types_answer_json_422_on_both_smolagents_endpoints(db, path, value):
+    from tests.api_helpers import make_key, new_context
+
+    api = make_key()
+    cid = new_context(api, {"test": "smol-types"})
+    steps = jsonable(run_agent("tool_calling").memory.get_full_steps())
+    response = api.post(f"/api/v1/contexts/{cid}/smolagents/runs", {"steps": _swap(steps, path, value)})
+    assert response.status_code == 422, response.content
+    assert response["Content-Type"].startswith("application/json")
+    assert path[-1] in str(response.json()["detail"])
+    run = api.post(f"/api/v1/contexts/{cid}/runs", {"task": "live"}).json()
+    live = api.post(
+        f"/api/v1/runs/{run['id']}/smolagents/steps",
+        {"start_index": 1, "steps": _swap(steps, path, value)},
+    )
+    assert live.status_code == 422, live.content
+    assert Step.objects.filter(run_id=run["id"]).count() == 0
+
+
+def test_an_imported_run_keeps_the_agents_start_time_and_duration(context):
+    agent = run_agent("tool_calling")
+    steps = jsonable(agent.memory.get_full_steps())
+    # Pretend the agent ran an hour ago for 42.5 seconds: its steps say so.
+    base = steps[1]["timing"]["start_time"] - 3600
+    timed = [s for s in steps if isinstance(s.get("timing"), dict)]
+    for i, s in enumerate(timed):
+        s["timing"] = {"start_time": base + 10 * i, "end_time": base + 10 * i + 2.5, "duration": 2.5}
+    timed[-1]["timing"] = {"start_time": base + 40, "end_time": base + 42.5, "duration": 2.5}
+    run, _ = framework_io.smolagents_run_import(context=context, steps=steps, client_id="clock")
+    run.refresh_from_db()
+    assert run.started_at.timestamp() == pytest.approx(base, abs=1e-3)
+    assert run.finished_at.timestamp() == pytest.approx(base + 42.5, abs=1e-3)
+    assert run.duration == pytest.approx(42.5, abs=1e-3)

@@ -18,6 +18,10 @@ from typing import Any
 
 FRAMEWORK = "smolagents"
 RESERVED_KEY = "_agentmemory"
+INT32_MAX = 2**31 - 1
+# Epoch seconds a run's dates can be made from (year 1970 to 9999).
+MAX_EPOCH = 253_402_300_799
+SHORT = 200  # the length of the step's error type and the tool call's id and name columns
 
 # Key order of smolagents' own dicts, used when a dict has to be rebuilt from columns.
 TOOL_CALL_KEYS = ("id", "type", "function")
@@ -47,22 +51,66 @@ def calling_tools_text(tool_calls: list[dict[str, Any]]) -> str:
     return "Calling tools:\n" + str(tool_calls)
 
 
-def _usage(d: dict | None) -> tuple[int | None, int | None, int | None]:
-    if not isinstance(d, dict):
-        return None, None, None
-    return d.get("input_tokens"), d.get("output_tokens"), d.get("total_tokens")
+# Field checks: smolagents writes these with fixed types (TokenUsage ints, Timing floats, ...);
+# anything else is refused here, before the database would refuse it less politely.
 
 
-def _timing(d: dict | None) -> tuple[float | None, float | None, float | None]:
-    if not isinstance(d, dict):
-        return None, None, None
-    return d.get("start_time"), d.get("end_time"), d.get("duration")
+def _object(value: Any, name: str) -> dict | None:
+    if value is not None and not isinstance(value, dict):
+        raise StepFormatError(f"{name} must be an object or null, got {type(value).__name__}")
+    return value
 
 
-def _text(value: Any) -> str | None:
+def _int(value: Any, name: str) -> int | None:
     if value is None:
         return None
-    return value if isinstance(value, str) else str(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT32_MAX:
+        raise StepFormatError(f"{name} must be an integer from 0 to {INT32_MAX}, got {value!r:.40}")
+    return value
+
+
+def _seconds(value: Any, name: str, *, epoch: bool) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise StepFormatError(f"{name} must be a number of seconds, got {value!r:.40}")
+    if epoch and not 0 <= value <= MAX_EPOCH:
+        raise StepFormatError(f"{name} must be Unix epoch seconds (0 to {MAX_EPOCH}), got {value!r}")
+    return float(value)
+
+
+def _string(value: Any, name: str, *, max_length: int | None = None) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise StepFormatError(f"{name} must be a string or null, got {type(value).__name__}")
+    if max_length is not None and len(value) > max_length:
+        raise StepFormatError(f"{name} is longer than {max_length} characters")
+    return value
+
+
+def _usage(d: Any) -> tuple[int | None, int | None, int | None]:
+    d = _object(d, "token_usage")
+    if d is None:
+        return None, None, None
+    return tuple(_int(d.get(k), f"token_usage.{k}") for k in ("input_tokens", "output_tokens", "total_tokens"))
+
+
+def _timing(d: Any) -> tuple[float | None, float | None, float | None]:
+    d = _object(d, "timing")
+    if d is None:
+        return None, None, None
+    return (
+        _seconds(d.get("start_time"), "timing.start_time", epoch=True),
+        _seconds(d.get("end_time"), "timing.end_time", epoch=True),
+        _seconds(d.get("duration"), "timing.duration", epoch=False),
+    )
+
+
+def _bool(value: Any, name: str) -> bool:
+    if value is not None and not isinstance(value, bool):
+        raise StepFormatError(f"{name} must be true or false, got {value!r:.40}")
+    return bool(value)
 
 
 def step_to_logbook(step: dict[str, Any], *, client_id: str | None = None) -> dict[str, Any]:
@@ -84,32 +132,30 @@ def step_to_logbook(step: dict[str, Any], *, client_id: str | None = None) -> di
         "tool_calls": [],
     }
     if kind == "task":
-        item["task"] = _text(step.get("task"))
+        item["task"] = _string(step.get("task"), "task")
     elif kind == "planning":
-        item["plan"] = _text(step.get("plan"))
-        item["model_input_messages"] = step.get("model_input_messages")
-        item["model_output_message"] = step.get("model_output_message")
+        item["plan"] = _string(step.get("plan"), "plan")
+        item["model_input_messages"] = _messages(step.get("model_input_messages"))
+        item["model_output_message"] = _object(step.get("model_output_message"), "model_output_message")
     elif kind == "final_answer":
         item["action_output"] = step.get("output")
         item["is_final_answer"] = True
     else:
-        error = step.get("error")
-        if error is not None and not isinstance(error, dict):
-            raise StepFormatError("error must be an object {type, message} or null")
+        error = _object(step.get("error"), "error") or {}
         calls = step.get("tool_calls") or []
         if not isinstance(calls, list):
             raise StepFormatError("tool_calls must be a list")
         item.update(
-            step_number=step.get("step_number"),
-            model_input_messages=step.get("model_input_messages"),
-            model_output_message=step.get("model_output_message"),
+            step_number=_int(step.get("step_number"), "step_number"),
+            model_input_messages=_messages(step.get("model_input_messages")),
+            model_output_message=_object(step.get("model_output_message"), "model_output_message"),
             model_output=step.get("model_output"),
-            code_action=_text(step.get("code_action")),
-            observations=_text(step.get("observations")),
+            code_action=_string(step.get("code_action"), "code_action"),
+            observations=_string(step.get("observations"), "observations"),
             action_output=step.get("action_output"),
-            error_type=(error or {}).get("type"),
-            error_message=_text((error or {}).get("message")),
-            is_final_answer=bool(step.get("is_final_answer")),
+            error_type=_string(error.get("type"), "error.type", max_length=SHORT),
+            error_message=_string(error.get("message"), "error.message"),
+            is_final_answer=_bool(step.get("is_final_answer"), "is_final_answer"),
         )
         for call in calls:
             function = call.get("function") if isinstance(call, dict) else None
@@ -117,18 +163,43 @@ def step_to_logbook(step: dict[str, Any], *, client_id: str | None = None) -> di
                 raise StepFormatError("each tool call needs {id, type, function: {name, arguments}}")
             item["tool_calls"].append(
                 {
-                    "call_id": str(call.get("id") or ""),
-                    "name": str(function["name"]),
+                    "call_id": _string(call.get("id"), "tool call id", max_length=SHORT) or "",
+                    "name": _string(function["name"], "tool call name", max_length=SHORT),
                     "arguments": function.get("arguments"),
                     # One call per step is the common case: its observation is its output.
                     "output": item["observations"] if len(calls) == 1 else None,
-                    "success": error is None,
+                    "success": not error,
                 }
             )
         if calls:
             # Computed from the dict as it arrived, before jsonb reorders the keys.
             payload[RESERVED_KEY] = {"calling_tools": calling_tools_text(calls)}
     return item
+
+
+def _messages(value: Any) -> list | None:
+    if value is not None and not isinstance(value, list):
+        raise StepFormatError("model_input_messages must be a list or null")
+    return value
+
+
+def run_timing(steps: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """The agent's own start and end (epoch seconds): its first step's start, its last end.
+
+    Only meaningful after `step_to_logbook` has checked every step's timing."""
+    starts, ends = [], []
+    for s in steps:
+        timing = s.get("timing") if isinstance(s, dict) else None
+        if isinstance(timing, dict):
+            if timing.get("start_time") is not None:
+                starts.append(float(timing["start_time"]))
+            if timing.get("end_time") is not None:
+                ends.append(float(timing["end_time"]))
+    start = min(starts) if starts else None
+    end = max(ends) if ends else None
+    if start is not None and (end is None or end < start):
+        end = max(starts)
+    return start, end
 
 
 def run_steps_to_logbook(steps: list[dict[str, Any]], *, run_client_id: str | None) -> list[dict[str, Any]]:
@@ -143,7 +214,7 @@ def run_steps_to_logbook(steps: list[dict[str, Any]], *, run_client_id: str | No
 
 def run_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """What a finished run's own row says: task, final answer, status, token totals."""
-    task = next((s.get("task") for s in steps if "task" in s and "step_number" not in s), "") or ""
+    task = next((s.get("task") for s in steps if step_kind(s) == "task"), "") or ""
     final = None
     status = "success"
     for s in steps:
