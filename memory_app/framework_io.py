@@ -140,20 +140,45 @@ def agentscope_state_export(*, context: Context, fmt: str = "marks") -> dict[str
         raise Invalid(str(exc)) from exc
 
 
+def _copies(msg_ids: list[str]) -> Q:
+    """Client ids of every stored copy of these Msg ids (`<escaped id>` and `<escaped id>#dup<n>`)."""
+    match = Q(pk__in=[])
+    for mid in set(msg_ids):
+        escaped = as_map.escape_id(mid)
+        match |= Q(client_id=escaped) | Q(client_id__startswith=f"{escaped}{as_map.DUP_SEPARATOR}")
+    return match
+
+
+def _stored_copies(qs, msg_ids: list[str]) -> list[tuple[int, str, int]]:
+    """(pk, Msg id, copy number) of the rows of `qs` that are copies of `msg_ids`."""
+    wanted = set(msg_ids)
+    out = []
+    for pk, cid in qs.filter(_copies(msg_ids)).values_list("pk", "client_id"):
+        mid, n = as_map.split_client_id(cid)
+        if mid in wanted:
+            out.append((pk, mid, n))
+    return out
+
+
 def _free_client_ids(context: Context, msg_ids: list[str]) -> dict[str, int]:
-    """For each id, the next free `#dup<n>` number (0 when the id itself is free)."""
+    """For each id, the next free copy number (0 when the id itself is free)."""
     if not msg_ids:
         return {}
-    match = Q(client_id__in=msg_ids)
-    for mid in set(msg_ids):
-        match |= Q(client_id__startswith=f"{mid}{as_map.DUP_SEPARATOR}")
     taken: dict[str, int] = {}
-    for cid in Message.objects.filter(match, context=context).values_list("client_id", flat=True):
-        base = as_map.base_id(cid)
-        suffix = cid[len(base) + len(as_map.DUP_SEPARATOR):]
-        n = 0 if cid == base else int(suffix) if suffix.isdigit() else 0
-        taken[base] = max(taken.get(base, -1), n)
+    for _, mid, n in _stored_copies(Message.objects.filter(context=context), msg_ids):
+        taken[mid] = max(taken.get(mid, -1), n)
     return {mid: taken[mid] + 1 if mid in taken else 0 for mid in msg_ids}
+
+
+def _items_for(context: Context, entries: list[tuple[dict, list[str]]]) -> list[dict]:
+    """Message items for new entries, each copy under the next free client id."""
+    next_free = _free_client_ids(context, [m["id"] for m, _ in entries])
+    items = []
+    for msg, marks in entries:
+        n = next_free[msg["id"]]
+        next_free[msg["id"]] = n + 1
+        items.append(as_map.msg_to_message(msg, marks, client_id=as_map.dup_client_id(msg["id"], n)))
+    return items
 
 
 def agentscope_add(
@@ -163,31 +188,20 @@ def agentscope_add(
     try:
         for m in msgs:
             as_map.validate_msg(m)
+        with transaction.atomic():
+            Context.objects.select_for_update().filter(pk=context.pk).first()
+            if not allow_duplicates:
+                live_ids = {mid for _, mid, _ in _stored_copies(_live(context), [m["id"] for m in msgs])}
+                msgs = [m for m in msgs if m["id"] not in live_ids]
+            items = _items_for(context, [(m, marks) for m in msgs])
+            return logbook.messages_append(context=context, items=items).messages if items else []
     except as_map.StateFormatError as exc:
         raise Invalid(str(exc)) from exc
-    with transaction.atomic():
-        Context.objects.select_for_update().filter(pk=context.pk).first()
-        live_ids = {
-            as_map.base_id(c)
-            for c in _live(context).filter(client_id__isnull=False).values_list("client_id", flat=True)
-        }
-        if not allow_duplicates:
-            msgs = [m for m in msgs if m["id"] not in live_ids]
-        next_free = _free_client_ids(context, [m["id"] for m in msgs])
-        items = []
-        for m in msgs:
-            n = next_free[m["id"]]
-            next_free[m["id"]] = n + 1
-            items.append(as_map.msg_to_message(m, marks, client_id=as_map.dup_client_id(m["id"], n)))
-        return logbook.messages_append(context=context, items=items).messages if items else []
 
 
 def agentscope_delete(*, context: Context, msg_ids: list[str], actor: Actor) -> int:
     """AgentScope `delete(msg_ids)`: every live entry with those ids; here a (restorable) prune."""
-    ids = [
-        pk for pk, cid in _live(context).filter(client_id__isnull=False).values_list("pk", "client_id")
-        if as_map.base_id(cid) in set(msg_ids)
-    ]
+    ids = [pk for pk, _, _ in _stored_copies(_live(context), list(msg_ids))]
     if not ids:
         return 0
     changed, _ = logbook.messages_set_pruned(context=context, ids=ids, pruned=True, actor=actor, note="agentscope delete")
@@ -241,13 +255,10 @@ def agentscope_state_import(
                     context=context, ids=drop, pruned=True, actor=actor, note="agentscope load_state_dict"
                 )
                 pruned = len(changed)
-            rest = entries[keep:]
-            next_free = _free_client_ids(context, [m["id"] for m, _ in rest])
-            items = []
-            for msg, marks in rest:
-                n = next_free[msg["id"]]
-                next_free[msg["id"]] = n + 1
-                items.append(as_map.msg_to_message(msg, marks, client_id=as_map.dup_client_id(msg["id"], n)))
+            try:
+                items = _items_for(context, entries[keep:])
+            except as_map.StateFormatError as exc:
+                raise Invalid(str(exc)) from exc
         created = 0
         for i in range(0, len(items), logbook.MAX_BATCH):
             result = logbook.messages_append(context=context, items=items[i : i + logbook.MAX_BATCH])

@@ -142,6 +142,56 @@ def test_bad_state_dicts_are_rejected(context, system_actor, bad):
         framework_io.agentscope_state_import(context=context, state=bad, actor=system_actor)
 
 
+TRICKY_IDS = ["a", "a#dup1", "a#dup2", "a%23dup1", "%", "%25", "#", "#dup1", "b#c", "a"]
+
+
+def test_any_msg_id_round_trips_and_distinct_ids_never_collide(context, system_actor):
+    """Ids that look like the storage's own copy suffix or its escapes come back exactly, the
+    repeat of "a" included (issue 13.4)."""
+
+    async def build():
+        mem = InMemoryMemory()
+        for i, mid in enumerate(TRICKY_IDS):
+            msg = Msg("user", f"message {i}", "user")
+            msg.id = mid
+            await mem.add(msg, allow_duplicates=True)
+        return mem.state_dict()
+
+    state = json.loads(json.dumps(run_coroutine(build())))
+    framework_io.agentscope_state_import(context=context, state=state, actor=system_actor)
+    assert framework_io.agentscope_state_export(context=context) == state
+    client_ids = list(Message.objects.filter(context=context).values_list("client_id", flat=True))
+    assert len(set(client_ids)) == len(TRICKY_IDS)
+    # Importing the same state again writes nothing: every copy finds its own client id.
+    assert framework_io.agentscope_state_import(context=context, state=state, actor=system_actor) == {
+        "created": 0,
+        "pruned": 0,
+    }
+
+
+def test_a_plain_id_added_after_its_lookalike_is_kept_and_deleted_alone(context, system_actor):
+    def msg(mid, text):
+        return {"id": mid, "name": "user", "role": "user", "content": text, "metadata": {}}
+
+    framework_io.agentscope_add(context=context, msgs=[msg("x#dup1", "lookalike")])
+    added = framework_io.agentscope_add(context=context, msgs=[msg("x", "plain")])
+    assert len(added) == 1  # it used to be taken for the lookalike's "first copy" and dropped
+    framework_io.agentscope_add(context=context, msgs=[msg("x", "again")])  # known id: skipped
+    ids = [m["id"] for m, _ in framework_io.agentscope_entries(context=context)]
+    assert ids == ["x#dup1", "x"]
+    assert framework_io.agentscope_delete(context=context, msg_ids=["x"], actor=system_actor) == 1
+    assert [m["id"] for m, _ in framework_io.agentscope_entries(context=context)] == ["x#dup1"]
+
+
+def test_an_id_too_long_to_store_escaped_is_invalid(context):
+    long_id = "#" * 100  # 300 characters once escaped
+    with pytest.raises(logbook.Invalid):
+        framework_io.agentscope_add(
+            context=context, msgs=[{"id": long_id, "name": "u", "role": "user", "content": "hi"}]
+        )
+    assert not Message.objects.filter(context=context).exists()
+
+
 # --- AgentKit (frameworks.md §4, verified output of the real project) --------------------------
 
 EXPECTED_A_JSON = (

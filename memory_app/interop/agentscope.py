@@ -7,6 +7,9 @@ local-time timestamp string verbatim in `source_timestamp`.
 
 AgentScope allows the same id twice (`add(..., allow_duplicates=True)`) while a context allows a
 client id once, so a repeat occurrence is stored under `<id>#dup<n>`; export strips the suffix.
+Any id must round-trip and distinct ids must never share a client id, so the id is escaped
+first (`%` -> `%25`, `#` -> `%23`): an escaped id holds no `#`, the suffix is unambiguous, and an
+id that itself ends in `#dup1` is a different client id from the second copy of its prefix.
 
 Two state-dict formats (both 1.x):
 - legacy (v1.0.0-v1.0.11): `{"content": [msg_dict, ...]}`
@@ -16,6 +19,7 @@ The compressed summary lives on the context (`Context.compressed_summary`).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 FRAMEWORK = "agentscope"
@@ -41,14 +45,41 @@ def msg_text(content: Any) -> str:
     return "\n".join(parts)
 
 
+MAX_CLIENT_ID = 200  # Message.client_id
+_DUP_SUFFIX = re.compile(r"#dup(\d+)\Z")
+
+
+def escape_id(msg_id: str) -> str:
+    """The client id of a Msg id's first copy (no `#` in it, see the module notes)."""
+    return msg_id.replace("%", "%25").replace("#", "%23")
+
+
+def _unescape(text: str) -> str:
+    # Every `%` of an escaped id starts `%25` or `%23`, so decoding left to right is exact.
+    return re.sub(r"%2[35]", lambda m: "#" if m.group() == "%23" else "%", text)
+
+
+def split_client_id(client_id: str) -> tuple[str, int]:
+    """A stored client id -> (Msg id, copy number); 0 for the first copy."""
+    escaped, n = client_id, 0
+    match = _DUP_SUFFIX.search(client_id)
+    if match and "#" not in client_id[: match.start()]:
+        escaped, n = client_id[: match.start()], int(match.group(1))
+    return _unescape(escaped), n
+
+
 def base_id(client_id: str | None) -> str | None:
     if client_id is None:
         return None
-    return client_id.split(DUP_SEPARATOR, 1)[0]
+    return split_client_id(client_id)[0]
 
 
 def dup_client_id(msg_id: str, n: int) -> str:
-    return msg_id if n == 0 else f"{msg_id}{DUP_SEPARATOR}{n}"
+    escaped = escape_id(msg_id)
+    client_id = escaped if n == 0 else f"{escaped}{DUP_SEPARATOR}{n}"
+    if len(client_id) > MAX_CLIENT_ID:
+        raise StateFormatError(f"message id {msg_id[:40]!r}... is too long to store")
+    return client_id
 
 
 def validate_msg(msg: Any) -> dict[str, Any]:
@@ -76,7 +107,7 @@ def msg_to_message(msg: dict[str, Any], marks: list[str] | None = None, *, clien
     if not all(isinstance(m, str) for m in marks):
         raise StateFormatError("marks must be strings")
     return {
-        "client_id": client_id or msg["id"],
+        "client_id": client_id or dup_client_id(msg["id"], 0),
         "role": msg["role"],
         "name": msg["name"],
         "text": msg_text(msg.get("content")),
