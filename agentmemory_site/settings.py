@@ -143,6 +143,8 @@ WHITENOISE_AUTOREFRESH = DEBUG
 MAX_REQUEST_BODY_BYTES = int(os.environ.get("AGENTMEMORY_MAX_BODY_BYTES", str(16 * 1024 * 1024)))
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
 
+# A refused CSRF check answers like every other dashboard error (styled, and under htmx in #flash).
+CSRF_FAILURE_VIEW = "memory_app.views.errors.csrf_failure"
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
 SECURE_CONTENT_TYPE_NOSNIFF = True

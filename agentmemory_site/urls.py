@@ -12,3 +12,9 @@ urlpatterns = [
     # Login and logout live in memory_app.urls (no e-mail password reset: nothing to send it with).
     path("", include("memory_app.urls")),
 ]
+
+# Styled error pages; under htmx the message goes to the page's #flash region (views/errors.py).
+handler400 = "memory_app.views.errors.bad_request"
+handler403 = "memory_app.views.errors.permission_denied"
+handler404 = "memory_app.views.errors.page_not_found"
+handler500 = "memory_app.views.errors.server_error"

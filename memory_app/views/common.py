@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
-from django.http import HttpResponse
+from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils.cache import patch_cache_control, patch_vary_headers
@@ -35,11 +35,33 @@ def private(response: HttpResponse) -> HttpResponse:
     return response
 
 
+TITLES = {
+    400: "That request cannot be answered",
+    403: "Not allowed",
+    404: "Not found",
+    500: "Something went wrong on the server",
+}
+
+
+def error_response(request, status: int, message: str) -> HttpResponse:
+    """The error page; under htmx only the message, retargeted to the page's `#flash` region
+    (a whole page swapped into a fragment would break the screen). /api/ answers JSON."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": message}, status=status)
+    page = {"status": status, "title": TITLES.get(status, f"Error {status}"), "message": message}
+    if wants_fragment(request):
+        html = render_to_string("memory_app/error.html#flash", page, request=request)
+        response = HttpResponse(html, status=status)
+        response["HX-Retarget"] = "#flash"
+        response["HX-Reswap"] = "innerHTML"
+    else:
+        html = render_to_string("memory_app/error.html", page, request=request)
+        response = HttpResponse(html, status=status)
+    return private(response)
+
+
 def bad_request(request, error: BadQuery) -> HttpResponse:
-    html = render_to_string(
-        "memory_app/error.html", {"status": 400, "message": str(error)}, request=request
-    )
-    return private(HttpResponse(html, status=400))
+    return error_response(request, 400, str(error))
 
 
 def query_string(**params) -> str:

@@ -155,6 +155,16 @@ def message_edit_view(request, context_id: int, message_id: int):
         if "\x00" in text or any("\x00" in t for t in tags):
             # PostgreSQL text cannot hold NUL: say so instead of failing in the database.
             return bad_request(request, dq.BadQuery("the text contains a NUL character"))
+        if not text.strip() and message.content is None:
+            # Blank text would leave an empty message in every transcript: pruning is the way
+            # to take one out (and it stays restorable).
+            error = "the text cannot be empty: to take the message out, prune it instead"
+            if not wants_fragment(request):
+                return bad_request(request, dq.BadQuery(error))
+            page.update(error=error, draft={"text": text, "tags": ", ".join(tags)})
+            return render_page(
+                request, "memory_app/curate/row.html", page, fragment="row", status=400
+            )
         message = message_edit(
             message=message, actor=Actor.for_user(request.user), text=text, tags=tags
         )

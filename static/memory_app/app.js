@@ -53,4 +53,52 @@
 
   document.addEventListener("DOMContentLoaded", settle);
   document.addEventListener("htmx:afterSettle", settle);
+
+  // #flash shows errors the server sent there (HX-Retarget); answers htmx does not swap (a
+  // proxy's 502, no network) get a message written here.
+  function flash() { return document.getElementById("flash"); }
+
+  function showFlash(text) {
+    var region = flash();
+    if (!region) return;
+    var box = document.createElement("div");
+    box.className = "flash-message error";
+    box.setAttribute("role", "alert");
+    var message = document.createElement("span");
+    message.textContent = text;
+    var close = document.createElement("button");
+    close.type = "button";
+    close.className = "btn small ghost";
+    close.dataset.dismiss = "flash";
+    close.setAttribute("aria-label", "Dismiss");
+    close.textContent = "\u00d7";
+    box.appendChild(message);
+    box.appendChild(close);
+    region.replaceChildren(box);
+  }
+
+  // Cleared once something the operator did succeeds (not by a list refreshing itself).
+  document.addEventListener("htmx:afterRequest", function (event) {
+    var region = flash();
+    if (region && event.detail.successful && /^(FORM|BUTTON|A|INPUT|SELECT|TEXTAREA)$/.test(event.detail.elt.tagName)) {
+      region.replaceChildren();
+    }
+  });
+  document.addEventListener("htmx:responseError", function (event) {
+    var status = event.detail.xhr.status;
+    if (status >= 400 && status <= 500) return; // swapped: the answer says what went wrong
+    showFlash("The server answered " + status + ". Reload the page to see where things stand.");
+  });
+  document.addEventListener("htmx:sendError", function () {
+    showFlash("The server cannot be reached: check the connection and try again.");
+  });
+  // htmx skips a request from a form the browser finds invalid without a word: say why.
+  document.addEventListener("htmx:validation:halted", function (event) {
+    var form = event.detail.elt.closest("form") || event.detail.elt;
+    if (form.reportValidity) form.reportValidity();
+  });
+  document.addEventListener("click", function (event) {
+    var dismiss = event.target.closest('[data-dismiss="flash"]');
+    if (dismiss) flash().replaceChildren();
+  });
 })();
