@@ -3,6 +3,8 @@ promote + search, API keys used against the live server."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from playwright.sync_api import expect
@@ -91,7 +93,7 @@ def test_prune_undo_restore_and_edit_with_the_old_text_in_the_audit(browser_page
     )
     page.goto(f"{page.base_url}/audit/?target=message&target_id={target.pk}")
     entry = page.locator("#audit-list article.audit-entry").first
-    expect(entry.locator(".change-diff .before pre.text")).to_have_text(old)
+    expect(entry.locator(".change-diff dd del")).to_have_text(json.dumps(old))
     screenshot(page, "audit-log")
     entry.locator("button:has-text('Revert')").click()
     expect(entry.locator(".badge.ok")).to_contain_text("undone")
@@ -242,7 +244,12 @@ def test_create_a_key_use_it_revoke_it_and_the_api_refuses_it(browser_page, demo
     page.reload()  # the secret is gone from the page once it has been shown
     assert secret not in page.content()
     expect(page.locator(f"#key-{key.pk}")).not_to_contain_text("never")  # last used is shown
-    page.click(f"#key-{key.pk} button:has-text('Revoke')")
+    revoke = page.locator(f"#key-{key.pk} button:has-text('Revoke for good')")
+    expect(revoke).to_be_hidden()  # asked for first
+    page.click(f"#key-{key.pk} summary:has-text('Revoke')")
+    screenshot(page, "keys-revoke-confirm")
+    assert ApiKey.objects.get(pk=key.pk).revoked_at is None
+    revoke.click()
     expect(page.locator(f"#key-{key.pk} .badge")).to_contain_text("revoked")
     refused = httpx.get(url, headers={"Authorization": f"Bearer {secret}"})
     assert refused.status_code == 401
