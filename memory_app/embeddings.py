@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import httpx
+import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
@@ -296,21 +297,13 @@ def model_dimensions(model: str) -> int | None:
 
 
 def check_vector(*, model: str, vector: Sequence[float]) -> list[float]:
+    """One client vector checked against its model's dimensions (see `client_vectors`)."""
     if not model or len(model) > 200:
         raise Invalid("model must be a non-empty name of at most 200 characters")
-    if not vector:
-        raise DimensionMismatch("the vector is empty")
-    if len(vector) > 16000:
-        raise DimensionMismatch("vectors of more than 16,000 dimensions are not supported")
-    expected = model_dimensions(model)
-    if expected is not None and len(vector) != expected:
-        raise DimensionMismatch(
-            f"model {model!r} has {expected} dimensions, this vector has {len(vector)}"
-        )
-    values = [float(x) for x in vector]
-    if any(v != v or v in (float("inf"), float("-inf")) for v in values):
-        raise Invalid("the vector holds NaN or infinite values")
-    return values
+    [checked] = client_vectors(
+        [{"vector": vector, "vector_model": model, "where": "vector"}], label=""
+    )
+    return checked.values.tolist()
 
 
 def vector_put(
@@ -336,6 +329,134 @@ def vector_put(
     _known_dimensions.setdefault(model, len(values))
     ensure_model_index(model=model, dimensions=len(values))
     return row
+
+
+@dataclass(frozen=True)
+class ClientVector:
+    """A checked client vector for one item of a batch, ready for `vectors_copy`."""
+
+    model: str
+    values: np.ndarray  # float32, one dimension
+
+
+def client_vectors(items: Sequence[dict], *, label: str) -> list[ClientVector | None]:
+    """Check the `vector` / `vector_model` of every item of a batch before anything is written.
+
+    The model is the item's `vector_model`, else the configured one (a vector with neither is
+    refused). Every vector of a model must have that model's dimensions (the stored ones, or the
+    first of the batch); a failure names the item (its `where`, else `label[i]`). Returns one
+    entry per item.
+    """
+    out: list[ClientVector | None] = []
+    batch_dims: dict[str, int] = {}
+    active = None
+    for n, item in enumerate(items):
+        where = item.get("where") or f"{label}[{n}]"
+        vector, model = item.get("vector"), item.get("vector_model")
+        if vector is None:
+            if model:
+                raise Invalid(f"{where}: vector_model given without a vector")
+            out.append(None)
+            continue
+        if not model:
+            active = active or active_model_name()
+            if active is None:
+                raise Invalid(
+                    f"{where}: give vector_model (no embedding provider is configured, "
+                    "so the vector's model cannot be implied)"
+                )
+            model = active
+        if len(model) > 200:
+            raise Invalid(f"{where}: vector_model is longer than 200 characters")
+        try:
+            values = np.asarray(vector, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise Invalid(f"{where}: the vector must be a list of numbers") from exc
+        if values.ndim != 1 or not 1 <= len(values) <= 16000:
+            raise DimensionMismatch(f"{where}: a vector is a flat list of 1 to 16,000 numbers")
+        if not np.isfinite(values).all():
+            raise Invalid(f"{where}: the vector holds NaN or infinite values")
+        expected = batch_dims.get(model) or model_dimensions(model)
+        if expected is not None and len(values) != expected:
+            raise DimensionMismatch(
+                f"{where}: model {model!r} has {expected} dimensions, this vector has {len(values)}"
+            )
+        batch_dims[model] = len(values)
+        out.append(ClientVector(model, values))
+    return out
+
+
+VECTOR_COPY_COLUMNS = (
+    "message_id",
+    "memory_record_id",
+    "context_id",
+    "model",
+    "dimensions",
+    "vector",
+    "attempts",
+    "last_error",
+    "created_at",
+    "embedded_at",
+)
+_VECTOR_COPY_TYPES = [
+    "int8",
+    "int8",
+    "int8",
+    "text",
+    "int4",
+    "vector",
+    "int4",
+    "text",
+    "timestamptz",
+    "timestamptz",
+]
+
+
+def vectors_copy(
+    rows: Sequence[tuple[int | None, int | None, int | None, ClientVector]],
+) -> None:
+    """Store checked client vectors with one binary COPY: rows of (message_id, memory_record_id,
+    context_id, vector), for items that have no row of that model yet (new items). Call inside
+    the transaction that created the items; `ensure_vector_indexes` after it."""
+    if not rows:
+        return
+    from pgvector.psycopg.vector import register_vector_info
+    from psycopg.types import TypeInfo
+
+    now = timezone.now()
+    connection.ensure_connection()
+    with connection.cursor() as wrapper:
+        cursor = wrapper.cursor
+        # pgvector's binary dumper on this cursor only: the ORM keeps its own conversions.
+        register_vector_info(cursor, TypeInfo.fetch(cursor.connection, "vector"))
+        columns = ", ".join(VECTOR_COPY_COLUMNS)
+        with cursor.copy(
+            f"COPY {Embedding._meta.db_table} ({columns}) FROM STDIN WITH (FORMAT BINARY)"  # noqa: S608 - constants
+        ) as copy:
+            copy.set_types(_VECTOR_COPY_TYPES)
+            for message_id, memory_id, context_id, v in rows:
+                copy.write_row(
+                    (
+                        message_id,
+                        memory_id,
+                        context_id,
+                        v.model,
+                        len(v.values),
+                        v.values,
+                        1,
+                        "",
+                        now,
+                        now,
+                    )
+                )
+    for _, _, _, v in rows:
+        _known_dimensions.setdefault(v.model, len(v.values))
+
+
+def ensure_vector_indexes(vectors: Sequence[ClientVector | None]) -> None:
+    """The HNSW index of every model among `vectors` (once per process and model)."""
+    for model, dims in {(v.model, len(v.values)) for v in vectors if v is not None}:
+        ensure_model_index(model=model, dimensions=dims)
 
 
 def index_name(model: str, dimensions: int) -> str:

@@ -173,25 +173,31 @@ def messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer:
     client_ids = [i.get("client_id") for i in items if i.get("client_id")]
     if len(set(client_ids)) != len(client_ids):
         raise Invalid("client ids repeat within the batch")
+    from memory_app import embeddings
+
+    # Client vectors are checked before anything is written (a wrong dimension names the item).
+    vectors = embeddings.client_vectors(items, label="messages")
     tokenizer = tokenizer or tokens.default_tokenizer_name()
     prepared = [_message_defaults(i) for i in items]
     # Token counts are computed before the lock is taken: the lock is held only for the insert.
     counts = tokens.count_tokens([p["text"] for p in prepared], tokenizer=tokenizer)
     _check_links(context=context, items=prepared)
 
+    args = {"context": context, "items": items, "prepared": prepared, "counts": counts,
+            "vectors": vectors, "client_ids": client_ids, "tokenizer": tokenizer}
     try:
-        return _append_once(context=context, items=items, prepared=prepared, counts=counts,
-                            client_ids=client_ids, tokenizer=tokenizer)
+        result = _append_once(**args)
     except IntegrityError as exc:
         # A concurrent writer stored one of our client ids between our check and our insert;
         # everything rolled back (seqs included). Once more: the check now finds it.
         if "message_client_id_unique" not in str(exc):
             raise
-        return _append_once(context=context, items=items, prepared=prepared, counts=counts,
-                            client_ids=client_ids, tokenizer=tokenizer)
+        result = _append_once(**args)
+    embeddings.ensure_vector_indexes(vectors)
+    return result
 
 
-def _append_once(*, context, items, prepared, counts, client_ids, tokenizer) -> AppendResult:
+def _append_once(*, context, items, prepared, counts, vectors, client_ids, tokenizer) -> AppendResult:
     with transaction.atomic():
         existing = {
             m.client_id: m for m in Message.objects.filter(context=context, client_id__in=client_ids)
@@ -199,7 +205,8 @@ def _append_once(*, context, items, prepared, counts, client_ids, tokenizer) -> 
         results: list[Message | None] = []
         created_flags: list[bool] = []
         new_rows: list[Message] = []
-        for item, data, count in zip(items, prepared, counts, strict=True):
+        new_vectors = []
+        for item, data, count, vector in zip(items, prepared, counts, vectors, strict=True):
             cid = item.get("client_id")
             if cid and cid in existing:
                 stored = existing[cid]
@@ -211,6 +218,7 @@ def _append_once(*, context, items, prepared, counts, client_ids, tokenizer) -> 
                 continue
             row = Message(context_id=context.pk, client_id=cid or None, token_count=count, tokenizer=tokenizer, **data)
             new_rows.append(row)
+            new_vectors.append(vector)
             results.append(row)
             created_flags.append(True)
         if new_rows:
@@ -231,7 +239,7 @@ def _append_once(*, context, items, prepared, counts, client_ids, tokenizer) -> 
                 _copy_messages(new_rows)
             else:
                 Message.objects.bulk_create(new_rows)
-            _after_messages_created(new_rows)
+            _after_messages_created(new_rows, new_vectors)
     return AppendResult(messages=results, created=created_flags)
 
 
@@ -283,11 +291,19 @@ def _check_links(*, context: Context, items: list[dict[str, Any]]) -> None:
                 raise NotFound(f"{link.removesuffix('_id')} {sorted(missing)[0]} not found in this context")
 
 
-def _after_messages_created(rows: list[Message]) -> None:
-    """Hook for work that follows every new message (embedding queue)."""
+def _after_messages_created(rows: list[Message], vectors: list | None = None) -> None:
+    """Work that follows every new message: client vectors stored (COPY), and the others queued
+    for the configured model's worker."""
     from memory_app import embeddings
 
-    embeddings.enqueue_messages(rows)
+    vectors = vectors or [None] * len(rows)
+    embeddings.vectors_copy(
+        [(row.pk, None, row.context_id, v) for row, v in zip(rows, vectors, strict=True) if v is not None]
+    )
+    active = embeddings.active_model_name()
+    embeddings.enqueue_messages(
+        [row for row, v in zip(rows, vectors, strict=True) if v is None or v.model != active]
+    )
 
 
 def message_edit(

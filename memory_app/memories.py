@@ -176,6 +176,8 @@ def _record(
         # An empty subset is contained in every context's keys: it would be seen by every
         # tenant. A memory for one context takes that context's scope instead.
         raise Invalid("scope_keys must name at least one key (an empty set would reach every context)")
+    # Client vectors are checked before anything is written (a wrong dimension names the item).
+    vectors = embeddings.client_vectors(items, label="items")
     results: list[Recorded] = []
     with transaction.atomic():
         for item in items:
@@ -211,7 +213,16 @@ def _record(
             results.append(Recorded(record, created))
         new = [r.record for r in results if r.created]
         if new:
-            embeddings.enqueue_memory_records(new)
+            # New records keep the vectors sent with them (a repeat stores nothing); the rest
+            # wait for the configured model's worker.
+            fresh = [(r.record, v) for r, v in zip(results, vectors, strict=True) if r.created]
+            embeddings.vectors_copy(
+                [(None, rec.pk, rec.context_id, v) for rec, v in fresh if v is not None]
+            )
+            active = embeddings.active_model_name()
+            embeddings.enqueue_memory_records(
+                [rec for rec, v in fresh if v is None or v.model != active]
+            )
             audit_record(
                 actor=actor,
                 action=action,
@@ -221,6 +232,7 @@ def _record(
                 after=[{"id": r.pk, "content": r.content, "kind": r.kind} for r in new],
                 note=note,
             )
+    embeddings.ensure_vector_indexes(vectors)
     return results
 
 

@@ -237,3 +237,43 @@ def test_errors_carry_the_servers_detail(client, live_server):
     with pytest.raises(ApiError) as exc:
         MemoryClient(live_server.url, "am_bad_key", retries=0).get_context(ctx["id"])
     assert exc.value.status == 401
+
+
+def test_client_sends_numpy_vectors_with_a_batch_and_with_memories(client, settings):
+    import numpy as np
+
+    from memory_app import embeddings
+    from memory_app.models import Embedding
+
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    embeddings._known_dimensions.pop("client-np", None)
+    ctx = client.context(keys={"test": "client-vectors"})
+    vectors = np.eye(4, dtype=np.float32)[:3]
+    answer = client.append_messages(
+        ctx["id"],
+        [{"role": "user", "text": t} for t in ("red", "green", "blue")],
+        vectors=vectors,
+        vector_model="client-np",
+    )
+    ids = [m["id"] for m in answer["messages"]]
+    stored = dict(
+        Embedding.objects.filter(message_id__in=ids, model="client-np").values_list(
+            "message_id", "dimensions"
+        )
+    )
+    assert stored == dict.fromkeys(ids, 4)
+    hits = client.select(
+        ctx["id"], selector="search", mode="semantic", k=1, model="client-np",
+        query_vector=[0.0, 1.0, 0.0, 0.0],
+    )
+    assert [i["message"]["id"] for i in hits["items"]] == [ids[1]]
+    with pytest.raises(ApiError) as exc:
+        client.append_messages(
+            ctx["id"], [{"role": "user", "text": "short"}], vectors=[[1.0, 0.0]], vector_model="client-np"
+        )
+    assert exc.value.status == 422 and "messages[0]" in str(exc.value.detail)
+    memory = client.record_memory(
+        context_id=ctx["id"], content="Ada likes red", vector=np.ones(4), vector_model="client-np"
+    )
+    mid = memory["items"][0]["memory"]["id"]
+    assert Embedding.objects.get(memory_record_id=mid, model="client-np").dimensions == 4

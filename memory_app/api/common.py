@@ -162,6 +162,13 @@ Int32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Int64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
 # Ids in URLs and bodies: positive bigint.
 Id = Annotated[int, Field(ge=1, le=INT64_MAX)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+# A client-computed embedding (its model's dimensions are checked by the write path).
+Vector = Annotated[list[FiniteFloat], Field(min_length=1, max_length=16000)]
+VECTOR_MODEL_DESCRIPTION = (
+    "the embedding model `vector` comes from; default: the configured model "
+    "(required when no embedding provider is configured)"
+)
 
 
 # --- errors --------------------------------------------------------------------------------------

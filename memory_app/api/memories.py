@@ -18,11 +18,13 @@ from memory_app import auth as keys
 from memory_app import memories
 from memory_app.api.common import (
     INT64_MAX,
+    VECTOR_MODEL_DESCRIPTION,
     WRITE_ERRORS,
     Id,
     JsonObject,
     Short,
     Text,
+    Vector,
     actor_for,
     context_for,
     not_found,
@@ -49,6 +51,10 @@ class MemoryItemIn(Schema):
     metadata: JsonObject | None = None
     source_message_id: Id | None = None
     source_step_id: Id | None = None
+    vector: Vector | None = Field(
+        None, description="a client-computed embedding of `content`, stored with the record"
+    )
+    vector_model: Short(200) | None = Field(None, description=VECTOR_MODEL_DESCRIPTION)
 
 
 class MemoryRecordIn(Schema):
@@ -69,6 +75,17 @@ class MemoryRecordIn(Schema):
                     "thinking": "worth keeping",
                     "contents": ["Ada lives in Paris", "Ada plays chess"],
                 },
+                {
+                    "context_id": 7,
+                    "items": [
+                        {
+                            "content": "Ada is allergic to nuts",
+                            "kind": "fact",
+                            "vector": [0.31, -0.12, 0.94],
+                            "vector_model": "my-model",
+                        }
+                    ],
+                },
             ]
         }
     )
@@ -87,6 +104,10 @@ class MemoryRecordIn(Schema):
     metadata: JsonObject | None = None
     source_message_id: Id | None = None
     source_step_id: Id | None = None
+    vector: Vector | None = Field(
+        None, description="a client-computed embedding of `content` (per item: `items[].vector`)"
+    )
+    vector_model: Short(200) | None = Field(None, description=VECTOR_MODEL_DESCRIPTION)
 
     def to_items(self) -> list[dict[str, Any]]:
         shared = {
@@ -98,11 +119,22 @@ class MemoryRecordIn(Schema):
         }
         out = []
         if self.content is not None:
-            out.append(shared | {"content": self.content})
+            out.append(
+                shared
+                | {
+                    "content": self.content,
+                    "vector": self.vector,
+                    "vector_model": self.vector_model,
+                    "where": "content",
+                }
+            )
+        elif self.vector is not None or self.vector_model is not None:
+            raise Invalid("vector and vector_model go with content (or with each of items)")
         out += [shared | {"content": c} for c in self.contents or []]
         out += [
-            {k: v for k, v in i.dict().items() if v is not None} | {"kind": i.kind or self.kind}
-            for i in self.items or []
+            {k: v for k, v in i.dict().items() if v is not None}
+            | {"kind": i.kind or self.kind, "where": f"items[{n}]"}
+            for n, i in enumerate(self.items or [])
         ]
         return out
 

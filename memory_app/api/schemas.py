@@ -17,7 +17,18 @@ from ninja import Schema
 from ninja.responses import NinjaJSONEncoder
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
-from memory_app.api.common import Id, Int32, Int64, JsonObject, JsonValue, Short, Text, _check_json
+from memory_app.api.common import (
+    VECTOR_MODEL_DESCRIPTION,
+    Id,
+    Int32,
+    Int64,
+    JsonObject,
+    JsonValue,
+    Short,
+    Text,
+    Vector,
+    _check_json,
+)
 from memory_app.logbook import MAX_BATCH
 from memory_app.models import MessageRole, RunStatus, StepKind
 
@@ -152,6 +163,13 @@ MESSAGE_IN_EXAMPLE = {
     "tags": ["question"],
     "metadata": {"lang": "en"},
 }
+MESSAGE_WITH_VECTOR_EXAMPLE = {
+    "client_id": "msg-0003",
+    "role": "user",
+    "text": "And in Kyoto?",
+    "vector": [0.12, -0.53, 0.84],
+    "vector_model": "my-model",
+}
 
 
 class MessageIn(Schema):
@@ -165,6 +183,7 @@ class MessageIn(Schema):
                 {"type": "tool_use", "id": "call_1", "name": "weather", "input": {"city": "Paris"}}
             ],
         },
+        MESSAGE_WITH_VECTOR_EXAMPLE,
     )
     client_id: ClientId | None = Field(None, description="makes the append idempotent")
     role: Role
@@ -176,9 +195,16 @@ class MessageIn(Schema):
     run_id: Id | None = None
     step_id: Id | None = None
     source_timestamp: Short(64) = Field("", description="the client's own timestamp, kept verbatim")
+    vector: Vector | None = Field(
+        None,
+        description="a client-computed embedding of `text`, stored with the message (not queued "
+        "for the embedding worker); its model's dimensions are checked (422 naming the item)",
+    )
+    vector_model: Short(200) | None = Field(None, description=VECTOR_MODEL_DESCRIPTION)
 
     def to_item(self) -> dict[str, Any]:
-        item = self.model_dump(exclude={"content"})
+        item = self.model_dump(exclude={"content", "vector"})
+        item["vector"] = self.vector
         # Blocks are stored as sent (exclude_unset): a repeat compares equal to the stored row.
         item["content"] = (
             None
@@ -189,7 +215,9 @@ class MessageIn(Schema):
 
 
 class MessageBatchIn(Schema):
-    model_config = _examples({"messages": [MESSAGE_IN_EXAMPLE]})
+    model_config = _examples(
+        {"messages": [MESSAGE_IN_EXAMPLE]}, {"messages": [MESSAGE_WITH_VECTOR_EXAMPLE]}
+    )
     messages: list[MessageIn] = Field(min_length=1, max_length=MAX_BATCH)
 
 

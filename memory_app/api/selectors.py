@@ -7,7 +7,7 @@ the chosen messages oldest-first, each with its reason and token count, plus tot
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from ninja import Router, Schema, Status
 from ninja.errors import HttpError
@@ -17,9 +17,11 @@ from memory_app import embeddings, search, selectors, tokens
 from memory_app.api.common import (
     WRITE_ERRORS,
     ContextId,
+    FiniteFloat,
     MessageId,
     Short,
     Text,
+    Vector,
     context_for,
     message_for,
     require_scope,
@@ -36,7 +38,6 @@ from memory_app.logbook import Invalid
 
 router = Router(tags=["selectors"])
 
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class WindowOptionsIn(Schema):
@@ -203,7 +204,7 @@ class MessageVectorIn(Schema):
         json_schema_extra={"examples": [{"model": "my-model", "vector": [0.1, 0.2, 0.3]}]}
     )
     model: Short(200) = Field(min_length=1, description="the embedding model the vector comes from")
-    vector: list[FiniteFloat] = Field(min_length=1, max_length=16000)
+    vector: Vector
 
 
 class MessageVectorOut(Schema):

@@ -57,6 +57,26 @@ def _without_none(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None}
 
 
+def _plain_vector(vector: Any) -> list[float] | None:
+    """A vector as JSON can carry it (numpy arrays and other sequences become lists)."""
+    if vector is None:
+        return None
+    return vector.tolist() if hasattr(vector, "tolist") else [float(x) for x in vector]
+
+
+def _with_vector(item: dict[str, Any], vector: Any, vector_model: str | None) -> dict[str, Any]:
+    """`item` with `vector` (when given) and the default `vector_model` for an item with a vector
+    and no model of its own."""
+    out = dict(item)
+    if vector is not None:
+        out["vector"] = vector
+    if "vector" in out:
+        out["vector"] = _plain_vector(out["vector"])
+        if vector_model is not None:
+            out.setdefault("vector_model", vector_model)
+    return out
+
+
 class MemoryClient:
     def __init__(
         self, base_url: str, api_key: str, *, timeout: float = 30.0, retries: int = 3, backoff: float = 0.25,
@@ -130,10 +150,25 @@ class MemoryClient:
         return self.request("PATCH", f"contexts/{context_id}", json_body={"title": title, "metadata": metadata})
 
     # --- messages --------------------------------------------------------------------------------
-    def append_message(self, context_id: int, **message: Any) -> dict:
+    def append_message(self, context_id: int, *, vector: Any = None, vector_model: str | None = None,
+                       **message: Any) -> dict:
+        """`vector`: the client's embedding of the text (a list or numpy array), stored with the
+        message under `vector_model` (default: the server's configured model)."""
+        message = _with_vector(message, vector, vector_model)
         return self.request("POST", f"contexts/{context_id}/messages", json_body=message)
 
-    def append_messages(self, context_id: int, messages: list[dict[str, Any]]) -> Any:
+    def append_messages(self, context_id: int, messages: list[dict[str, Any]], *, vectors: Any = None,
+                        vector_model: str | None = None) -> Any:
+        """Up to 1,000 messages, all or nothing. `vectors`: one embedding per message (a list of
+        lists or a 2-D numpy array, None for a message without one), stored with the messages under
+        `vector_model` (default: the server's configured model); a message dict may also carry its
+        own `vector` / `vector_model`."""
+        if vectors is not None:
+            if len(vectors) != len(messages):
+                raise ValueError(f"{len(vectors)} vectors for {len(messages)} messages")
+            messages = [_with_vector(m, v, vector_model) for m, v in zip(messages, vectors, strict=True)]
+        elif vector_model is not None:
+            messages = [_with_vector(m, None, vector_model) for m in messages]
         return self.request("POST", f"contexts/{context_id}/messages/batch", json_body={"messages": messages})
 
     def list_messages(self, context_id: int, **params: Any) -> dict:
@@ -182,7 +217,15 @@ class MemoryClient:
         """POST /memories: `context_id` and/or `scope_keys`, then `content`, `contents` (shared
         `thinking`) or `items`; optional kind, keywords, metadata, source_message_id/step_id.
         Answers `{"items": [{"memory": {...}, "created": bool}]}`; safe to retry (the server
-        returns the stored record for content already in the scope)."""
+        returns the stored record for content already in the scope). Vectors: `vector` (with
+        `content`) or `items[].vector`, lists or numpy arrays, under `vector_model` (default: the
+        server's configured model)."""
+        if "vector" in record:
+            record["vector"] = _plain_vector(record["vector"])
+        if record.get("items"):
+            record["items"] = [
+                _with_vector(i, None, None) if "vector" in i else i for i in record["items"]
+            ]
         return self.request("POST", "memories", json_body=_without_none(record))
 
     def retrieve_memories(self, **query: Any) -> dict:

@@ -1,0 +1,291 @@
+"""Vectors sent inline with a batch of messages or memories (issue 11.3): stored with the items
+(COPY), not queued for the worker; a wrong dimension is a 422 naming the item, nothing written."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from django.db import connection
+
+from memory_app import embeddings, search
+from memory_app.models import Embedding, MemoryRecord, Message
+from tests.api_helpers import make_key, new_context
+
+pytestmark = pytest.mark.django_db
+
+BATCH = "/api/v1/contexts/{cid}/messages/batch"
+
+
+def unit(*xs: float) -> list[float]:
+    norm = math.sqrt(sum(x * x for x in xs))
+    return [x / norm for x in xs]
+
+
+def angle(i: int) -> list[float]:
+    """Unit vectors 1.5 degrees apart: the nearest neighbours of one are its index neighbours."""
+    return [math.cos(i * math.pi / 120), math.sin(i * math.pi / 120), 0.0]
+
+
+@pytest.fixture
+def api(settings):
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    # Each test's transaction rolls back the indexes and rows the process caches remember.
+    for model in ("inline-3", "inline-4", "conf-model"):
+        embeddings._known_dimensions.pop(model, None)
+    embeddings._ensured.clear()
+    return make_key(scopes=["read", "write"])
+
+
+def _stored(model: str) -> dict[int, list[float]]:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT message_id, vector::text FROM memory_app_embedding WHERE model = %s", [model]
+        )
+        return {
+            mid: [float(x) for x in text.strip("[]").split(",")] for mid, text in cur.fetchall()
+        }
+
+
+@pytest.mark.parametrize("size", [3, 60])  # a small batch (INSERT) and one written with COPY
+def test_batch_vectors_are_stored_with_the_messages_and_searchable(api, size):
+    cid = new_context(api, {"test": f"inline-{size}"})
+    vectors = [unit(1.0, i / size, 0.1) for i in range(size)]
+    response = api.post(
+        BATCH.format(cid=cid),
+        {
+            "messages": [
+                {"role": "user", "text": f"message {i}", "vector": v, "vector_model": "inline-3"}
+                for i, v in enumerate(vectors)
+            ]
+        },
+    )
+    assert response.status_code == 201, response.content
+    ids = [m["id"] for m in response.json()["messages"]]
+    stored = _stored("inline-3")
+    assert set(ids) <= set(stored)
+    for mid, v in zip(ids, vectors, strict=True):
+        assert stored[mid] == pytest.approx(v, abs=1e-6)
+    rows = Embedding.objects.filter(message_id__in=ids)
+    assert rows.filter(vector__isnull=True).count() == 0  # nothing left pending
+    assert set(rows.values_list("dimensions", flat=True)) == {3}
+    assert set(rows.values_list("context_id", flat=True)) == {cid}
+    # The vectors serve a semantic search at once, through the model's HNSW index.
+    hits = api.post(
+        f"/api/v1/contexts/{cid}/select",
+        {
+            "selector": "search",
+            "mode": "semantic",
+            "k": 1,
+            "model": "inline-3",
+            "query_vector": vectors[-1],
+        },
+    )
+    assert hits.status_code == 200, hits.content
+    assert [i["message"]["id"] for i in hits.json()["items"]] == [ids[-1]]
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT 1 FROM pg_indexes WHERE indexname = %s",
+            [embeddings.index_name("inline-3", 3)],
+        )
+        assert cur.fetchone() is not None
+
+
+def test_a_wrong_dimension_is_422_naming_the_item_and_nothing_is_written(api):
+    cid = new_context(api, {"test": "inline-wrong"})
+    first = api.post(
+        BATCH.format(cid=cid),
+        {
+            "messages": [
+                {"role": "user", "text": "a", "vector": [1, 0, 0, 0], "vector_model": "inline-4"}
+            ]
+        },
+    )
+    assert first.status_code == 201
+    before = (Message.objects.count(), Embedding.objects.count())
+    items = [
+        {
+            "role": "user",
+            "text": f"m{i}",
+            "vector": [0.5, 0.5, 0.5, 0.5],
+            "vector_model": "inline-4",
+        }
+        for i in range(60)
+    ]
+    items[37]["vector"] = [0.5, 0.5, 0.5]
+    bad = api.post(BATCH.format(cid=cid), {"messages": items})
+    assert bad.status_code == 422
+    detail = bad.json()["detail"]
+    assert "messages[37]" in detail and "4 dimensions" in detail and "has 3" in detail
+    assert (Message.objects.count(), Embedding.objects.count()) == before
+
+
+def test_a_new_models_first_vector_fixes_its_dimensions_within_the_batch(api):
+    cid = new_context(api, {"test": "inline-mixed"})
+    embeddings._known_dimensions.pop("inline-new", None)
+    bad = api.post(
+        BATCH.format(cid=cid),
+        {
+            "messages": [
+                {"role": "user", "text": "a", "vector": [1, 0], "vector_model": "inline-new"},
+                {"role": "user", "text": "b", "vector": [1, 0, 0], "vector_model": "inline-new"},
+            ]
+        },
+    )
+    assert bad.status_code == 422 and "messages[1]" in bad.json()["detail"]
+    assert not Message.objects.filter(context_id=cid).exists()
+    assert not Embedding.objects.filter(model="inline-new").exists()
+
+
+def test_without_a_provider_the_model_must_be_named(api):
+    cid = new_context(api, {"test": "inline-nomodel"})
+    bad = api.post(
+        BATCH.format(cid=cid),
+        {
+            "messages": [
+                {"role": "user", "text": "a"},
+                {"role": "user", "text": "b", "vector": [1.0, 0.0]},
+            ]
+        },
+    )
+    assert bad.status_code == 422
+    assert "messages[1]" in bad.json()["detail"] and "vector_model" in bad.json()["detail"]
+    assert not Message.objects.filter(context_id=cid).exists()
+    lonely = api.post(
+        BATCH.format(cid=cid),
+        {"messages": [{"role": "user", "text": "a", "vector_model": "inline-3"}]},
+    )
+    assert lonely.status_code == 422 and "without a vector" in lonely.json()["detail"]
+
+
+def test_non_finite_or_oversized_vectors_are_422(api):
+    cid = new_context(api, {"test": "inline-nan"})
+    nan = api.post(
+        BATCH.format(cid=cid),
+        raw='{"messages": [{"role": "user", "text": "a", "vector": [NaN, 1], "vector_model": "m"}]}',
+    )
+    assert nan.status_code in (400, 422)
+    huge = api.post(
+        BATCH.format(cid=cid),
+        {"messages": [{"role": "user", "text": "a", "vector": [0.1] * 16001, "vector_model": "m"}]},
+    )
+    assert huge.status_code == 422
+    assert not Message.objects.filter(context_id=cid).exists()
+
+
+def test_vectors_default_to_the_configured_model_and_only_the_rest_is_queued(api, settings):
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "openai"
+    settings.AGENTMEMORY_EMBEDDING_MODEL = "conf-model"
+    # Never contacted: the vectors come with the messages, the rest waits for a worker.
+    settings.AGENTMEMORY_OPENAI_BASE_URL = "http://127.0.0.1:9/v1"
+    cid = new_context(api, {"test": "inline-default"})
+    response = api.post(
+        BATCH.format(cid=cid),
+        {
+            "messages": [
+                {"role": "user", "text": "with its vector", "vector": unit(1, 2, 3)},
+                {"role": "user", "text": "left to the worker"},
+                {
+                    "role": "user",
+                    "text": "another model",
+                    "vector": [1, 0, 0],
+                    "vector_model": "inline-3",
+                },
+            ]
+        },
+    )
+    assert response.status_code == 201, response.content
+    a, b, c = (m["id"] for m in response.json()["messages"])
+    conf = {row.message_id: row for row in Embedding.objects.filter(model="conf-model")}
+    assert conf[a].vector is not None and conf[a].dimensions == 3 and conf[a].embedded_at
+    assert conf[b].vector is None  # pending for the worker
+    assert conf[c].vector is None  # the configured model still needs its own vector
+    assert Embedding.objects.get(message_id=c, model="inline-3").vector is not None
+    assert embeddings.pending_count(model="conf-model", context_id=cid) == 2
+
+
+def test_a_repeated_batch_stores_no_second_vector(api):
+    cid = new_context(api, {"test": "inline-repeat"})
+    body = {
+        "messages": [
+            {
+                "client_id": "r1",
+                "role": "user",
+                "text": "once",
+                "vector": [0, 1, 0],
+                "vector_model": "inline-3",
+            }
+        ]
+    }
+    assert api.post(BATCH.format(cid=cid), body).status_code == 201
+    again = api.post(BATCH.format(cid=cid), body)
+    assert again.status_code == 200 and again.json()["created"] == [False]
+    mid = again.json()["messages"][0]["id"]
+    assert Embedding.objects.filter(message_id=mid).count() == 1
+
+
+def test_single_append_takes_a_vector_too(api):
+    cid = new_context(api, {"test": "inline-single"})
+    response = api.post(
+        f"/api/v1/contexts/{cid}/messages",
+        {"role": "user", "text": "hello", "vector": [0, 0, 1], "vector_model": "inline-3"},
+    )
+    assert response.status_code == 201
+    assert _stored("inline-3")[response.json()["id"]] == [0.0, 0.0, 1.0]
+
+
+def test_memories_record_vectors_inline_and_name_a_wrong_item(api):
+    cid = new_context(api, {"test": "inline-memories"})
+    ok = api.post(
+        "/api/v1/memories",
+        {
+            "context_id": cid,
+            "items": [
+                {"content": "Ada drinks tea", "vector": [1, 0, 0], "vector_model": "inline-3"},
+                {"content": "Ada plays chess", "vector": [0, 1, 0], "vector_model": "inline-3"},
+            ],
+        },
+    )
+    assert ok.status_code == 201, ok.content
+    ids = [i["memory"]["id"] for i in ok.json()["items"]]
+    rows = Embedding.objects.filter(memory_record_id__in=ids, model="inline-3")
+    assert rows.count() == 2 and not rows.filter(vector__isnull=True).exists()
+    assert set(rows.values_list("context_id", flat=True)) == {cid}
+    before = (MemoryRecord.objects.count(), Embedding.objects.count())
+    bad = api.post(
+        "/api/v1/memories",
+        {
+            "context_id": cid,
+            "items": [
+                {"content": "fine", "vector": [1, 0, 0], "vector_model": "inline-3"},
+                {"content": "wrong", "vector": [1, 0], "vector_model": "inline-3"},
+            ],
+        },
+    )
+    assert bad.status_code == 422 and "items[1]" in bad.json()["detail"]
+    single = api.post(
+        "/api/v1/memories",
+        {"context_id": cid, "content": "also wrong", "vector": [1.0], "vector_model": "inline-3"},
+    )
+    assert single.status_code == 422 and "content" in single.json()["detail"]
+    assert (MemoryRecord.objects.count(), Embedding.objects.count()) == before
+
+
+def test_domain_append_with_vectors_writes_no_pending_rows(api):
+    from memory_app import logbook
+
+    context, _ = logbook.context_get_or_create(keys={"test": "inline-domain"})
+    result = logbook.messages_append(
+        context=context,
+        items=[
+            {"role": "user", "text": f"t{i}", "vector": angle(i), "vector_model": "inline-3"}
+            for i in range(120)
+        ],
+    )
+    ids = [m.pk for m in result.messages]
+    assert Embedding.objects.filter(message_id__in=ids, vector__isnull=False).count() == 120
+    hits, path = search.semantic_ranking(
+        context_id=context.pk, model="inline-3", vector=angle(77), limit=3
+    )
+    found = [mid for mid, _ in hits]
+    assert found[0] == ids[77] and set(found[1:]) == {ids[76], ids[78]}
