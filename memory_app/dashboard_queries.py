@@ -90,13 +90,14 @@ def parse_key_chips(values: list[str]) -> list[tuple[str, str]]:
 
 
 def _key_match(key: str, value: str) -> Q:
-    # Keys are arbitrary JSON: "42" may be stored as a string or a number, "true" as a boolean.
+    # Keys are arbitrary JSON and the dashboard writes non-string values as JSON (`true`, `42`,
+    # `null`, `{"a": 1}`): "42" may be stored as a string or a number, "true" as a boolean.
     q = Q(keys__contains={key: value})
     try:
         parsed = json.loads(value)
     except ValueError:
-        parsed = None
-    if parsed is not None and not isinstance(parsed, str) and not isinstance(parsed, dict | list):
+        return q
+    if not isinstance(parsed, str):
         q |= Q(keys__contains={key: parsed})
     return q
 
@@ -143,7 +144,24 @@ def contexts_page(
         rows = rows[:limit]
         last = rows[-1]
         next_cursor = _encode_cursor(last.last_activity_at.isoformat(), last.pk)
+    with_message_counts(rows)
     return ContextPage(contexts=rows, next_cursor=next_cursor)
+
+
+def with_message_counts(contexts: list[Context]) -> list[Context]:
+    """Set `live_count` and `pruned_count` on each context. `message_count` counts every stored
+    message, pruned ones included; pruned rows are counted on their own partial index (one query
+    for the whole page, as cheap as the number of pruned messages)."""
+    pruned = dict(
+        Message.objects.filter(context__in=contexts, pruned_at__isnull=False)
+        .values("context")
+        .annotate(n=Count("id"))
+        .values_list("context", "n")
+    ) if contexts else {}
+    for c in contexts:
+        c.pruned_count = pruned.get(c.pk, 0)
+        c.live_count = c.message_count - c.pruned_count
+    return contexts
 
 
 # --- chat history -----------------------------------------------------------------------------

@@ -180,7 +180,9 @@ def messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer:
     tokenizer = tokenizer or tokens.default_tokenizer_name()
     prepared = [_message_defaults(i) for i in items]
     # Token counts are computed before the lock is taken: the lock is held only for the insert.
-    counts = tokens.count_tokens([p["text"] for p in prepared], tokenizer=tokenizer)
+    counts = tokens.count_tokens(
+        [tokens.token_text(p["text"], p["content"]) for p in prepared], tokenizer=tokenizer
+    )
     _check_links(context=context, items=prepared)
 
     args = {"context": context, "items": items, "prepared": prepared, "counts": counts,
@@ -318,7 +320,9 @@ def message_edit(
         before = {"text": message.text, "tags": message.tags, "metadata": message.metadata}
         update_fields = ["updated_at"]
         if text is not None and text != message.text:
-            [count] = tokens.count_tokens([text], tokenizer=message.tokenizer or None)
+            [count] = tokens.count_tokens(
+                [tokens.token_text(text, message.content)], tokenizer=message.tokenizer or None
+            )
             Context.objects.filter(pk=message.context_id).update(token_count=F("token_count") + count - message.token_count)
             message.text, message.token_count = text, count
             update_fields += ["text", "token_count"]

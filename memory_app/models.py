@@ -283,6 +283,12 @@ class Message(models.Model):
             ),
             # Finding rows counted under another tokenizer (to recount them) without a scan.
             models.Index(fields=["context", "tokenizer"], name="message_tokenizer_idx"),
+            # Pruned rows only: the dashboard's live/pruned counts and purge's "pruned before".
+            models.Index(
+                fields=["context", "pruned_at"],
+                condition=Q(pruned_at__isnull=False),
+                name="message_pruned_idx",
+            ),
         ]
 
     def __str__(self) -> str:

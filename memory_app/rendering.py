@@ -180,3 +180,42 @@ def change_diff(before: Any, after: Any) -> tuple[list[FieldChange], list[str]]:
                 new=json_text(new) if key in after else None,
             ))
     return changes, same
+
+
+@dataclass(frozen=True)
+class ContentBlock:
+    """A structured block of a message that is not plain text (a tool call, a tool result,
+    thinking, media), ready to show: `body` is text, `language` how to highlight it."""
+
+    kind: str
+    label: str
+    body: str
+    language: str = "text"
+
+
+def content_blocks(content: Any) -> list[ContentBlock]:
+    """The non-text blocks of a message's `content` (AgentScope-style block lists), so a message
+    that only calls a tool does not look empty. Text blocks are already the message's text."""
+    if not isinstance(content, list):
+        return []
+    blocks = []
+    for block in content:
+        if not isinstance(block, dict):
+            blocks.append(ContentBlock(kind="value", label="block", body=pretty_json(block), language="json"))
+            continue
+        kind = str(block.get("type") or "block")
+        if kind == "text":
+            continue
+        name = block.get("name")
+        if kind == "tool_use":
+            label = f"calls {name}" if name else "tool call"
+            blocks.append(ContentBlock(kind, label, pretty_json(block.get("input")), "json"))
+        elif kind == "tool_result":
+            output = block.get("output")
+            body = output if isinstance(output, str) else content_text(output)
+            blocks.append(ContentBlock(kind, f"result of {name}" if name else "tool result", body))
+        elif kind == "thinking" and isinstance(block.get("thinking"), str):
+            blocks.append(ContentBlock(kind, "thinking", block["thinking"]))
+        else:
+            blocks.append(ContentBlock(kind, kind, pretty_json(block), "json"))
+    return blocks

@@ -271,7 +271,7 @@ def _steamship_window(*, context: Context, k: int, counter: _TokenCounter) -> Se
     if is_user(newest):
         seen_user = True
         pending = []
-        notes.append(f"message {newest.pk} is the current prompt (trailing user message): left out")
+        notes.append(f"message #{newest.seq} is the current prompt (trailing user message): left out")
     limit = k * 2
     counted = 0
     picked: list[tuple[Message, str]] = []
@@ -286,7 +286,7 @@ def _steamship_window(*, context: Context, k: int, counter: _TokenCounter) -> Se
             break
         # Steamship walks `while index > 0`: the oldest message is never examined.
         if m.seq == first:
-            notes.append(f"message {m.pk} is the oldest message, never examined (Steamship)")
+            notes.append(f"message #{m.seq} is the oldest message, never examined (Steamship)")
             break
         scanned += 1
         if is_user(m):
@@ -336,7 +336,7 @@ def select_token_window(*, context: Context, spec: TokenWindowSpec) -> Selection
             first = False
             if steamship and is_user(m):
                 notes.append(
-                    f"message {m.pk} is the current prompt (trailing user message): left out"
+                    f"message #{m.seq} is the current prompt (trailing user message): left out"
                 )
                 continue
         if steamship and not is_conversation(m):
@@ -350,12 +350,12 @@ def select_token_window(*, context: Context, spec: TokenWindowSpec) -> Selection
             used += n
             picked.append(Selected(m, f"token_window: {n} tokens, {used}/{budget} used", n))
         elif spec.policy == "contiguous":
-            notes.append(f"stopped at message {m.pk} ({n} tokens would reach {n + used}/{budget})")
+            notes.append(f"stopped at message #{m.seq} ({n} tokens would reach {n + used}/{budget})")
             break
         else:
             skipped += 1
             if skipped <= MAX_SKIP_NOTES:
-                notes.append(f"skipped message {m.pk}: {n} tokens would reach {n + used}/{budget}")
+                notes.append(f"skipped message #{m.seq}: {n} tokens would reach {n + used}/{budget}")
     if skipped > MAX_SKIP_NOTES:
         notes.append(f"... and {skipped - MAX_SKIP_NOTES} more skipped messages")
     picked.reverse()

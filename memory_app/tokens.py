@@ -9,7 +9,9 @@ in tiktoken's cache. Nothing is downloaded at run time.
 from __future__ import annotations
 
 import functools
+import json
 import os
+from typing import Any
 
 import tiktoken
 from django.conf import settings
@@ -64,6 +66,21 @@ def count_tokens(texts: list[str], *, tokenizer: str | None = None) -> list[int]
     return [len(encode(text)) for text in texts]
 
 
+def token_text(text: str, content: Any = None) -> str:
+    """What a message puts into a model's context, as counted: its text, then each structured
+    block that is not text (tool calls, tool results, thinking) as compact JSON. Text blocks are
+    already in `text` (it is made from them), so nothing is counted twice; a message that only
+    calls a tool costs its call instead of nothing."""
+    if not isinstance(content, list):
+        return text
+    extra = [
+        json.dumps(block, ensure_ascii=False, separators=(",", ":"), default=str)
+        for block in content
+        if not (isinstance(block, dict) and block.get("type") == "text")
+    ]
+    return "\n".join([text, *extra]) if extra else text
+
+
 def message_token_counts(messages, *, tokenizer: str | None = None) -> list[int]:
     """Token counts of stored messages under `tokenizer`: the count stored at write time when it
     was made with that tokenizer, otherwise counted now (one batch for all the others)."""
@@ -72,7 +89,9 @@ def message_token_counts(messages, *, tokenizer: str | None = None) -> list[int]
     stale = [i for i, m in enumerate(messages) if (m.tokenizer or default_tokenizer_name()) != name]
     counts = [m.token_count for m in messages]
     for i, n in zip(
-        stale, count_tokens([messages[i].text for i in stale], tokenizer=name), strict=True
+        stale,
+        count_tokens([token_text(messages[i].text, messages[i].content) for i in stale], tokenizer=name),
+        strict=True,
     ):
         counts[i] = n
     return counts

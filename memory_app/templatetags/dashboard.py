@@ -96,3 +96,16 @@ def tool_arguments(call):
 def change_diff(before, after):
     """`{% change_diff e.before e.after as diff %}`: (changed fields, unchanged field names)."""
     return rendering.change_diff(before, after)
+
+
+@register.filter
+def content_blocks(content):
+    """A message's tool calls, tool results and other non-text blocks (see rendering)."""
+    return rendering.content_blocks(content)
+
+
+@register.filter
+def key_value(value) -> str:
+    """A context key's value as the filter accepts it back: strings as they are, anything else
+    as JSON (`true`, `42`, `null`), never Python's `True`/`None`."""
+    return value if isinstance(value, str) else rendering.json_text(value)

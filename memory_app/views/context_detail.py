@@ -24,6 +24,7 @@ def _filters(request) -> dq.HistoryFilters:
 @require("view")
 def context_page(request, context_id: int):
     context_obj = get_object_or_404(Context, pk=context_id)
+    dq.with_message_counts([context_obj])
     try:
         filters = _filters(request)
         before = dq.parse_int(request.GET.get("before"), name="before", minimum=1)
