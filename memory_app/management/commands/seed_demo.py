@@ -1,8 +1,12 @@
 """`manage.py seed_demo`: demo data an operator can explore on a first `make run`.
 
 One travel-assistant context with 60 messages and three runs (tool calls, a tool error that the
-agent recovers from, planning, a final answer), plus a few smaller contexts for the list. Loaded
-once: the demo contexts carry `"demo": true` in their keys and are skipped when present.
+agent recovers from, planning, a final answer); an AgentScope-style conversation whose assistant
+turns call tools (tool_use / tool_result blocks, one turn with nothing but a tool call, a long
+tool output); a support chat with a corrected message and a pruned one (so the audit log has
+something to show and undo); a few small contexts for the list; and long-term memories: shared
+by every chat of a user, kept for one context, and one promoted from a message. Loaded once: the
+demo contexts carry `"demo": true` in their keys and are skipped when present.
 """
 
 from __future__ import annotations
@@ -12,8 +16,11 @@ import time
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from memory_app import logbook
-from memory_app.models import Context, RunStatus
+from memory_app import logbook, memories
+from memory_app.logbook import Actor
+from memory_app.models import Context, Message, RunStatus
+
+SEED = Actor.system("seed_demo")
 
 CITIES = [
     ("Paris", "Sunny, 22C", "the Musée d'Orsay"),
@@ -128,4 +135,81 @@ class Command(BaseCommand):
                 {"role": "user", "name": user, "text": text},
                 {"role": "assistant", "name": "Atlas", "text": "Noted."},
             ])
+        tools_ctx = self._tool_conversation()
+        self._support_chat()
+        self._memories(trip=context, tools=tools_ctx)
         self.stdout.write(self.style.SUCCESS("demo data loaded"))
+
+    def _tool_conversation(self) -> Context:
+        """AgentScope-style turns: content blocks with tool_use / tool_result next to the text."""
+        ctx, _ = logbook.context_get_or_create(
+            keys={"demo": True, "user": "ada", "chat": "kyoto", "framework": "agentscope"},
+            title="Ada checks Kyoto (tool calls)",
+        )
+        forecast = "\n".join(
+            f"2026-04-{day:02d} {hour:02d}:00  Kyoto  {12 + (hour % 9)}C  {'rain' if day % 3 == 0 else 'clear'}"
+            for day in range(1, 18) for hour in range(0, 24)
+        )[:24000]
+        call = {"type": "tool_use", "id": "call_k1", "name": "get_weather", "input": {"city": "Kyoto", "days": 3}}
+        result = {"type": "tool_result", "id": "call_k1", "name": "get_weather", "output": "Cloudy, 18C; rain on Thursday"}
+        call2 = {"type": "tool_use", "id": "call_k2", "name": "hourly_forecast", "input": {"city": "Kyoto", "days": 17}}
+        result2 = {"type": "tool_result", "id": "call_k2", "name": "hourly_forecast", "output": forecast}
+        text = "Cloudy at 18C for now; take an umbrella on Thursday."
+        logbook.messages_append(context=ctx, items=[
+            {"role": "system", "name": "system", "text": "You are Friday, a helpful assistant with weather tools."},
+            {"role": "user", "name": "ada", "text": "What's the weather in Kyoto this week?",
+             "content": [{"type": "text", "text": "What's the weather in Kyoto this week?"}]},
+            # Nothing but a tool call: the dashboard shows the call and counts its tokens.
+            {"role": "assistant", "name": "Friday", "text": "", "content": [call]},
+            {"role": "system", "name": "system", "text": "", "content": [result]},
+            {"role": "assistant", "name": "Friday", "text": text, "content": [{"type": "text", "text": text}]},
+            {"role": "user", "name": "ada", "text": "And hour by hour for the next weeks?"},
+            {"role": "assistant", "name": "Friday", "text": "Fetching the hourly forecast.",
+             "content": [{"type": "text", "text": "Fetching the hourly forecast."}, call2]},
+            {"role": "system", "name": "system", "text": "", "content": [result2]},
+            {"role": "assistant", "name": "Friday", "text": "Mostly clear; rain every third day.", "tags": ["summary"]},
+        ])
+        return ctx
+
+    def _support_chat(self) -> None:
+        """A support chat an operator has curated: an edited message and a pruned one."""
+        ctx, _ = logbook.context_get_or_create(
+            keys={"demo": True, "tenant": "acme", "user": "carol", "chat": "ticket-4711"},
+            title="Carol's refund request",
+        )
+        rows = logbook.messages_append(context=ctx, items=[
+            {"role": "user", "name": "carol", "text": "Hi, I was charged twice for order A-1043."},
+            {"role": "assistant", "name": "Helper", "text": "Sorry about that! Let me look.\nI can see two charges of 49 EUR on 12 March."},
+            {"role": "user", "name": "carol", "text": "My card number is 4111 1111 1111 1111 if you need it."},
+            {"role": "assistant", "name": "Helper", "text": "No need for the card number. I have refunded one charge.\nIt reaches your account in 3 to 5 days."},
+            {"role": "user", "name": "carol", "text": "Thanks!", "tags": ["resolved"]},
+        ]).messages
+        # The card number leaves every transcript (restorable from the audit log)...
+        logbook.messages_set_pruned(context=ctx, ids=[rows[2].pk], pruned=True, actor=SEED, note="card number")
+        # ...and the answer is corrected: the audit keeps the old text beside the new one.
+        logbook.message_edit(
+            message=rows[3], actor=SEED,
+            text="No need for the card number. I have refunded one charge of 49 EUR.\nIt reaches your account in 3 to 5 days.",
+        )
+
+    def _memories(self, *, trip: Context, tools: Context) -> None:
+        memories.memories_record(
+            scope=memories.Scope(keys={"demo": True, "user": "ada"}), actor=SEED,
+            thinking="Learned across Ada's chats.",
+            items=[
+                {"content": "Ada prefers window seats and trains over short flights.", "kind": "preference", "keywords": ["travel", "seats"]},
+                {"content": "Ada is vegetarian.", "kind": "fact", "keywords": ["food"]},
+                {"content": "Ada travels with a carry-on only.", "kind": "preference", "keywords": ["luggage"]},
+            ],
+        )
+        memories.memories_record(
+            scope=memories.Scope(context=trip), actor=SEED,
+            items=[{"content": "Trip planned for late April: Paris, then Lisbon.", "kind": "task", "keywords": ["itinerary"]}],
+        )
+        memories.memories_record(
+            scope=memories.Scope(context=tools), actor=SEED,
+            items=[{"content": "get_weather takes city=..., not town=...", "kind": "tool", "keywords": ["get_weather"]}],
+        )
+        answer = Message.objects.filter(context=tools, tags__contains=["summary"]).first()
+        if answer is not None:
+            memories.memory_promote(actor=SEED, message=answer, kind="fact")
