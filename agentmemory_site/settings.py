@@ -166,6 +166,24 @@ AGENTMEMORY_HNSW_EF_SEARCH = int(os.environ.get("AGENTMEMORY_HNSW_EF_SEARCH", "2
 AGENTMEMORY_HNSW_M = int(os.environ.get("AGENTMEMORY_HNSW_M", "16"))
 AGENTMEMORY_HNSW_EF_CONSTRUCTION = int(os.environ.get("AGENTMEMORY_HNSW_EF_CONSTRUCTION", "64"))
 
+# What the run logbook prices a step at when the agent reports no cost: USD per million input
+# and output tokens, by model name (a dated name such as gpt-4o-2024-08-06 takes the price of its
+# longest listed prefix; a provider prefix such as openai/ is ignored). Providers' list prices,
+# which change: set AGENTMEMORY_MODEL_PRICES to a JSON object {"model": [input, output], ...} to
+# add or override entries ({"model": null} removes one; an unpriced model's cost shows as "—").
+AGENTMEMORY_DEFAULT_MODEL_PRICES = {
+    "gpt-4o": [2.50, 10.00],
+    "gpt-4o-mini": [0.15, 0.60],
+    "gpt-4.1": [2.00, 8.00],
+    "gpt-4.1-mini": [0.40, 1.60],
+    "gpt-4.1-nano": [0.10, 0.40],
+    "o3-mini": [1.10, 4.40],
+    "claude-3-5-sonnet": [3.00, 15.00],
+    "claude-3-5-haiku": [0.80, 4.00],
+    "claude-sonnet-4": [3.00, 15.00],
+}
+AGENTMEMORY_MODEL_PRICES = os.environ.get("AGENTMEMORY_MODEL_PRICES", "")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

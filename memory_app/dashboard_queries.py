@@ -18,7 +18,8 @@ from typing import Any
 from django.contrib.postgres.search import SearchQuery
 from django.db.models import Count, F, Max, Min, Q, QuerySet, Sum
 
-from memory_app import transcripts
+from memory_app import pricing, transcripts
+from memory_app.logbook import STEP_SPAN
 from memory_app.models import (
     FTS_CONFIG,
     Context,
@@ -295,6 +296,7 @@ STEP_LIST_FIELDS = (
     "step_number",
     "error_type",
     "duration",
+    "start_time",
     "total_tokens",
     "is_final_answer",
     "pruned_at",
@@ -393,7 +395,85 @@ def step_detail(*, run: Run, position: int) -> Step | None:
     )
     if step is not None:
         step.tool_call_list = list(step.tool_calls.order_by("position"))
+        step.model_name = step.model or run_model(run)
+        step.price = pricing.step_cost(
+            model=step.model_name,
+            cost=step.cost,
+            input_tokens=step.input_tokens,
+            output_tokens=step.output_tokens,
+        )
     return step
+
+
+def run_model(run: Run) -> str:
+    """The run's model when its steps do not name theirs (`metadata.model`, as agents send it)."""
+    model = (run.metadata or {}).get("model") if isinstance(run.metadata, dict) else None
+    return model if isinstance(model, str) else ""
+
+
+@dataclass
+class ModelUse:
+    model: str
+    steps: int
+    input_tokens: int
+    output_tokens: int
+    cost: float | None
+
+
+@dataclass
+class RunCost:
+    """A run's cost over its steps: `total` is None when no step's cost is known; `partial` says
+    some steps used tokens whose cost is unknown (a model with no price), so `total` is a floor."""
+
+    models: list[ModelUse]
+    total: float | None
+    partial: bool
+
+
+def run_cost(*, run: Run) -> RunCost:
+    """One GROUP BY over the run's steps (by model): reported costs summed, the rest priced."""
+    unreported = Q(cost__isnull=True)
+    rows = (
+        Step.objects.filter(run=run)
+        .values("model")
+        .annotate(
+            steps=Count("id"),
+            reported=Sum("cost"),
+            i=Sum("input_tokens"),
+            o=Sum("output_tokens"),
+            ui=Sum("input_tokens", filter=unreported),
+            uo=Sum("output_tokens", filter=unreported),
+            unpriceable=Count(
+                "id",
+                filter=unreported
+                & Q(input_tokens__isnull=True, output_tokens__isnull=True, total_tokens__gt=0),
+            ),
+        )
+        .order_by("model")
+    )
+    fallback = run_model(run)
+    models: dict[str, ModelUse] = {}
+    total: float | None = None
+    partial = False
+    for r in rows:
+        name = r["model"] or fallback
+        cost = r["reported"]
+        if r["ui"] is not None or r["uo"] is not None:
+            priced = pricing.tokens_cost(model=name, input_tokens=r["ui"], output_tokens=r["uo"])
+            if priced is None:
+                partial = True
+            else:
+                cost = (cost or 0.0) + priced
+        partial = partial or r["unpriceable"] > 0
+        use = models.setdefault(name, ModelUse(name, 0, 0, 0, None))
+        use.steps += r["steps"]
+        use.input_tokens += r["i"] or 0
+        use.output_tokens += r["o"] or 0
+        if cost is not None:
+            use.cost = (use.cost or 0.0) + cost
+            total = (total or 0.0) + cost
+    used = [m for m in models.values() if m.model or m.input_tokens or m.output_tokens]
+    return RunCost(models=used, total=total, partial=partial)
 
 
 @dataclass
@@ -403,6 +483,9 @@ class TimelineBar:
     duration: float
     tokens: int
     errors: int
+    first_start: float | None = None
+    last_end: float | None = None
+    offset: float | None = None
     x: float = 0
     width: float = 0
     duration_height: float = 0
@@ -412,6 +495,9 @@ class TimelineBar:
 
 @dataclass
 class Timeline:
+    """Steps on the run's own clock when they carry timings (x = offset from the first step's
+    start, width = how long it took), else one slot per step (or per group of steps)."""
+
     bars: list[TimelineBar]
     width: int = 1000
     duration_track: int = 48
@@ -419,6 +505,9 @@ class Timeline:
     total_duration: float = 0
     total_tokens: int = 0
     marker_x: float | None = None
+    start: float | None = None  # Unix seconds of the first step's start (the run's time zero)
+    span: float | None = None  # seconds from the first step's start to the last step's end
+    ticks: list[float] = field(default_factory=list)
 
     @property
     def height(self) -> int:
@@ -428,11 +517,15 @@ class Timeline:
     def tokens_base(self) -> int:
         return self.duration_track + 6
 
+    @property
+    def timed(self) -> bool:
+        return self.start is not None
+
 
 def run_timeline(
     *, run: Run, position: int | None = None, max_bars: int = TIMELINE_MAX_BARS
 ) -> Timeline:
-    """Step durations and token use as bars, steps grouped so there are at most `max_bars`.
+    """Step timings and token use as bars, steps grouped so there are at most `max_bars`.
 
     One GROUP BY query whatever the run's length; the template draws it as inline SVG.
     """
@@ -448,9 +541,11 @@ def run_timeline(
         .annotate(
             start=Min("position"),
             end=Max("position"),
-            duration=Sum("duration"),
+            # Not named "duration": STEP_SPAN reads the column of that name.
+            busy=Sum("duration"),
             tokens=Sum("total_tokens"),
             errors=Count("error_type"),
+            **STEP_SPAN,
         )
         .order_by("bucket")
     )
@@ -458,21 +553,40 @@ def run_timeline(
         TimelineBar(
             start=r["start"],
             end=r["end"],
-            duration=r["duration"] or 0.0,
+            duration=r["busy"] or 0.0,
             tokens=r["tokens"] or 0,
             errors=r["errors"],
+            first_start=r["first_start"],
+            last_end=r["last_end"],
         )
         for r in rows
     ]
     timeline.bars = bars
+    starts = [b.first_start for b in bars if b.first_start is not None]
+    if starts:
+        timeline.start = min(starts)
+        timeline.span = max(b.last_end for b in bars if b.last_end is not None) - timeline.start
     slots = math.ceil(count / per)
     slot_width = timeline.width / slots
     max_duration = max((b.duration for b in bars), default=0) or 1
     max_tokens = max((b.tokens for b in bars), default=0) or 1
+    scale = timeline.width / timeline.span if timeline.span else None
+    previous_end = 0.0
     for bar in bars:
-        slot = (bar.start - 1) // per
-        bar.x = round(slot * slot_width, 2)
-        bar.width = round(max(slot_width * 0.8, 0.5), 2)
+        if scale is not None:
+            # On the clock: where the step began and how long it ran. An untimed step (the task)
+            # sits where the previous one ended, as a sliver.
+            if bar.first_start is not None:
+                bar.offset = bar.first_start - timeline.start
+                bar.x = round(bar.offset * scale, 2)
+                bar.width = round(max((bar.last_end - bar.first_start) * scale, 1.5), 2)
+                previous_end = bar.x + bar.width
+            else:
+                bar.x, bar.width = round(previous_end, 2), 1.5
+        else:
+            slot = (bar.start - 1) // per
+            bar.x = round(slot * slot_width, 2)
+            bar.width = round(max(slot_width * 0.8, 0.5), 2)
         # Tiny but non-zero values stay visible as a 1-unit sliver.
         bar.duration_height = round(
             max(bar.duration / max_duration * timeline.duration_track, 1 if bar.duration else 0), 2
@@ -483,7 +597,12 @@ def run_timeline(
         )
         timeline.total_duration += bar.duration
         timeline.total_tokens += bar.tokens
-    if position is not None:
+    if scale is not None:
+        timeline.ticks = [timeline.span * i / 4 for i in range(5)]
+        bar = next((b for b in bars if b.start <= (position or 0) <= b.end), None)
+        if bar is not None:
+            timeline.marker_x = round(bar.x + bar.width / 2, 2)
+    elif position is not None:
         timeline.marker_x = round(((position - 1) // per + 0.4) * slot_width, 2)
     return timeline
 

@@ -9,10 +9,12 @@ differ when it is not.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import F, Max, Min, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from memory_app import tokens
@@ -420,9 +422,9 @@ def run_create(
                 return stored, False
         try:
             with transaction.atomic():
-                run = Run.objects.create(
-                    context=context, client_id=client_id or None, started_at=started_at or timezone.now(), **data
-                )
+                # No started_at unless the agent gives one: the server's clock at this call is not
+                # when the agent started (an import arrives long after); run_finish fills it in.
+                run = Run.objects.create(context=context, client_id=client_id or None, started_at=started_at, **data)
         except IntegrityError:
             # A concurrent writer created it first: answer as a repeat would.
             return run_create(context=context, client_id=client_id, started_at=started_at, **data)
@@ -433,7 +435,8 @@ def run_create(
 STEP_FIELDS = (
     "kind", "step_number", "task", "plan", "model_input_messages", "model_output_message", "model_output",
     "code_action", "observations", "action_output", "error_type", "error_message", "start_time",
-    "end_time", "duration", "input_tokens", "output_tokens", "total_tokens", "is_final_answer", "payload",
+    "end_time", "duration", "input_tokens", "output_tokens", "total_tokens", "model", "cost", "is_final_answer",
+    "payload",
 )
 TOOL_CALL_FIELDS = ("call_id", "name", "arguments", "output", "success", "duration")
 
@@ -441,6 +444,7 @@ TOOL_CALL_FIELDS = ("call_id", "name", "arguments", "output", "success", "durati
 def _step_data(item: dict[str, Any]) -> dict[str, Any]:
     data = {k: item.get(k) for k in STEP_FIELDS}
     data["is_final_answer"] = bool(item.get("is_final_answer"))
+    data["model"] = data["model"] or ""
     if data["duration"] is None and data["start_time"] is not None and data["end_time"] is not None:
         data["duration"] = data["end_time"] - data["start_time"]
     if data["total_tokens"] is None and data["input_tokens"] is not None and data["output_tokens"] is not None:
@@ -520,23 +524,51 @@ def run_finish(
     *, run: Run, status: str, final_answer: Any = None, input_tokens: int | None = None,
     output_tokens: int | None = None, total_tokens: int | None = None, finished_at=None,
 ) -> Run:
-    """Mark a run finished; token totals default to the sum over its steps."""
+    """Mark a run finished; token totals default to the sum over its steps.
+
+    Its start and end are the agent's when known: the times it gave, else the span of its steps'
+    own timings, and only then the server's (creation, now). Mixing the server's clock with the
+    steps' made an imported 5 s run last 6 ms (both stamped on arrival) or a 6 min one 347 ms.
+    """
     if status not in RunStatus.values or status == RunStatus.RUNNING:
         raise Invalid(f"status must be one of {[s for s in RunStatus.values if s != RunStatus.RUNNING]}")
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run.pk)
+        sums = run.steps.aggregate(
+            i=Sum("input_tokens"), o=Sum("output_tokens"), t=Sum("total_tokens"), **STEP_SPAN
+        )
         if input_tokens is None and output_tokens is None and total_tokens is None:
-            from django.db.models import Sum
-
-            sums = run.steps.aggregate(i=Sum("input_tokens"), o=Sum("output_tokens"), t=Sum("total_tokens"))
             input_tokens, output_tokens, total_tokens = sums["i"], sums["o"], sums["t"]
         elif total_tokens is None and input_tokens is not None and output_tokens is not None:
             total_tokens = input_tokens + output_tokens
         run.status = status
         run.final_answer = final_answer
         run.input_tokens, run.output_tokens, run.total_tokens = input_tokens, output_tokens, total_tokens
-        run.finished_at = finished_at or timezone.now()
-        if run.started_at:
-            run.duration = (run.finished_at - run.started_at).total_seconds()
+        run.started_at, run.finished_at = run_span(
+            started_at=run.started_at, finished_at=finished_at, first_start=sums["first_start"],
+            last_end=sums["last_end"], created_at=run.created_at,
+        )
+        run.duration = max(0.0, (run.finished_at - run.started_at).total_seconds())
         run.save()
     return run
+
+
+# The steps' own timing span (Unix seconds on the agent's clock); a step with a start and a
+# duration but no end still counts to its start + duration.
+STEP_SPAN = {
+    "first_start": Min("start_time"),
+    "last_end": Max(Coalesce("end_time", F("start_time") + F("duration"), "start_time")),
+}
+
+
+def run_span(*, started_at, finished_at, first_start, last_end, created_at):
+    """(start, end) of a run: the agent's stated times, else its steps' span, else the server's."""
+    if started_at is None:
+        started_at = _from_epoch(first_start) or created_at or timezone.now()
+    if finished_at is None:
+        finished_at = _from_epoch(last_end) or timezone.now()
+    return started_at, max(finished_at, started_at)
+
+
+def _from_epoch(value: float | None):
+    return datetime.fromtimestamp(value, tz=UTC) if value is not None else None

@@ -166,6 +166,10 @@ class Step(models.Model):
     input_tokens = models.IntegerField(null=True, blank=True)
     output_tokens = models.IntegerField(null=True, blank=True)
     total_tokens = models.IntegerField(null=True, blank=True)
+    # The model that wrote this step and what the call cost, when the agent or trace says so
+    # (the dashboard otherwise prices tokens with settings.AGENTMEMORY_MODEL_PRICES).
+    model = models.CharField(max_length=200, blank=True, default="", db_default="")
+    cost = models.FloatField(null=True, blank=True, help_text="USD, as reported by the agent")
     is_final_answer = models.BooleanField(default=False)
     payload = models.JSONField(null=True, blank=True)
     pruned_at = models.DateTimeField(null=True, blank=True)

@@ -428,6 +428,10 @@ class StepIn(Schema):
     input_tokens: Annotated[int, Field(ge=0, le=2**30 - 1)] | None = None
     output_tokens: Annotated[int, Field(ge=0, le=2**30 - 1)] | None = None
     total_tokens: Int32 | None = None
+    model: Short(200) = Field("", description="the model that wrote this step, e.g. gpt-4o")
+    cost: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] | None = Field(
+        None, description="what the step's model calls cost, in USD, if the agent knows"
+    )
     is_final_answer: bool = False
     payload: JsonValue = Field(None, description="the framework's own step dict, kept verbatim")
     tool_calls: list[ToolCallIn] = Field(default_factory=list, max_length=1000)
@@ -533,6 +537,8 @@ class StepOut(Schema):
     input_tokens: int | None
     output_tokens: int | None
     total_tokens: int | None
+    model: str = ""
+    cost: float | None = None
     is_final_answer: bool
     payload: Any
     pruned_at: datetime | None

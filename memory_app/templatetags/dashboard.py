@@ -65,6 +65,27 @@ def seconds(value) -> str:
 
 
 @register.filter
+def since(value, start) -> str:
+    """Unix seconds as an offset from the run's time zero: +0 ms, +3.2 s, +6 min 14 s."""
+    if value is None or start is None:
+        return "–"
+    return "+" + seconds(max(0.0, float(value) - float(start)))
+
+
+@register.filter
+def usd(value) -> str:
+    """A cost in US dollars; unknown is a dash, never $0."""
+    if value is None:
+        return "—"
+    value = float(value)
+    if value == 0:
+        return "$0"
+    if value < 0.01:
+        return f"${value:.4f}"
+    return f"${value:,.2f}"
+
+
+@register.filter
 def compact(value) -> str:
     """12345 -> 12.3k (token counts)."""
     if value is None:

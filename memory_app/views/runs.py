@@ -34,7 +34,12 @@ def run_start(request, run_id: int):
 def _logbook_context(run: Run, position: int | None) -> dict:
     """What the logbook partial needs at `position` (None: the run has no steps yet)."""
     if position is None:
-        return {"run": run, "step": None, "live": run.status == RunStatus.RUNNING}
+        return {
+            "run": run,
+            "step": None,
+            "live": run.status == RunStatus.RUNNING,
+            "cost": dq.run_cost(run=run),
+        }
     step = dq.step_detail(run=run, position=position)
     if step is None:
         raise Http404(f"run {run.pk} has no step {position}")
@@ -46,6 +51,7 @@ def _logbook_context(run: Run, position: int | None) -> dict:
         "nav": nav,
         "window": window,
         "timeline": dq.run_timeline(run=run, position=position),
+        "cost": dq.run_cost(run=run),
         "live": run.status == RunStatus.RUNNING,
         # The poll asks for steps after the last one the page holds (a step written between
         # reading the run and its steps is already in the list).
@@ -91,6 +97,7 @@ def run_live(request, run_id: int):
         "tail": request.GET.get("tail") == "1",
         "nav": dq.step_nav(run=run, position=position),
         "timeline": dq.run_timeline(run=run, position=position),
+        "cost": dq.run_cost(run=run),
         # Keep polling until the page has every step of a finished run.
         "live": run.status == RunStatus.RUNNING or fresh.has_later,
     }

@@ -111,3 +111,35 @@ def test_a_run_without_steps_shows_its_first_step_when_it_arrives(browser_page, 
     page.wait_for_url(re.compile(rf"/runs/{run['id']}/steps/1/$"))
     assert step_positions(page) == [1]
     page.watch.assert_clean()
+
+
+def test_run_page_shows_steps_on_the_runs_clock_with_model_and_cost(browser_page):
+    from memory_app import logbook
+    from tests.builders import make_context
+
+    make_user(role="viewer", username="watcher")
+    run, _ = logbook.run_create(
+        context=make_context(title="Timing"), task="Find the weather in Paris",
+        metadata={"model": "gpt-4o"},
+    )
+    start = 1_700_000_000.0
+    items = [{"kind": "task", "task": "Find the weather in Paris"}]
+    for number, (offset, seconds) in enumerate([(0, 2.5), (3, 10.0), (14, 360.0)], start=1):
+        items.append(action_step(number, start_time=start + offset, end_time=start + offset + seconds))
+    logbook.steps_append(run=run, items=items)
+    logbook.run_finish(run=run, status="success", final_answer="Sunny")
+
+    page = browser_page
+    login(page, "watcher", TEST_PASSWORD, next_path=f"/runs/{run.pk}/steps/4/")
+    page.wait_for_selector("#logbook[data-position='4']")
+    header = page.locator("#run-stats")
+    expect(header).to_contain_text("6 min 14 s")
+    expect(header).to_contain_text("gpt-4o")
+    expect(page.locator(".step-detail .facts")).to_contain_text("+14.0 s")
+    expect(page.locator("#run-timeline .tl-axis")).to_contain_text("+6 min 14 s")
+    # The long step's bar spans most of the timeline: it is drawn on the clock, not per slot.
+    widths = [float(w) for w in page.locator("svg.tl rect.tl-dur").evaluate_all(
+        "els => els.map(e => e.getAttribute('width'))")]
+    assert max(widths) > 900
+    screenshot(page, "run-timeline")
+    page.watch.assert_clean()
