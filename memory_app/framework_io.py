@@ -125,7 +125,7 @@ def agentscope_entries(
         (
             as_map.message_to_msg(
                 client_id=m.client_id, pk=m.pk, role=m.role, name=m.name, text=m.text, content=m.content,
-                metadata=m.metadata, source_timestamp=m.source_timestamp,
+                metadata=m.metadata, source_timestamp=m.source_timestamp, order=m.key_order,
             ),
             list(m.tags),
         )
@@ -208,6 +208,53 @@ def agentscope_delete(*, context: Context, msg_ids: list[str], actor: Actor) -> 
     return len(changed)
 
 
+def agentscope_delete_by_mark(*, context: Context, marks: list[str], actor: Actor) -> int:
+    """AgentScope `delete_by_mark(mark)`: every live entry carrying any of the marks (pruned)."""
+    if not marks:
+        return 0
+    ids = list(_live(context).filter(tags__overlap=list(marks)).values_list("pk", flat=True))
+    if not ids:
+        return 0
+    changed, _ = logbook.messages_set_pruned(
+        context=context, ids=ids, pruned=True, actor=actor, note="agentscope delete_by_mark"
+    )
+    return len(changed)
+
+
+def agentscope_update_marks(
+    *, context: Context, new_mark: str | None, old_mark: str | None = None,
+    msg_ids: list[str] | None = None, actor: Actor,
+) -> int:
+    """AgentScope `update_messages_mark(new_mark, old_mark, msg_ids)`, counted as InMemoryMemory
+    counts: a message counts when `new_mark` is added to it, or (new_mark None) when `old_mark`
+    is removed from it."""
+    qs = _live(context)
+    if msg_ids is not None:
+        qs = qs.filter(pk__in=[pk for pk, _, _ in _stored_copies(qs, list(msg_ids))])
+    if old_mark is not None:
+        qs = qs.filter(tags__contains=[old_mark])
+    elif new_mark is None:
+        return 0  # nothing to remove, nothing to add
+    tags_by_id: dict[int, list[str]] = {}
+    count = 0
+    for pk, tags in qs.order_by("seq").values_list("pk", "tags"):
+        tags = list(tags)
+        if new_mark is None:
+            tags.remove(old_mark)
+            count += 1
+        else:
+            if old_mark is not None:
+                tags.remove(old_mark)
+            if new_mark not in tags:
+                tags.append(new_mark)
+                count += 1
+        tags_by_id[pk] = tags
+    logbook.messages_retag(
+        context=context, tags_by_id=tags_by_id, actor=actor, note="agentscope update_messages_mark"
+    )
+    return count
+
+
 def agentscope_clear(*, context: Context, actor: Actor) -> int:
     ids = list(_live(context).values_list("pk", flat=True))
     if not ids:
@@ -245,6 +292,7 @@ def agentscope_state_import(
                 stored = as_map.message_to_msg(
                     client_id=row.client_id, pk=row.pk, role=row.role, name=row.name, text=row.text,
                     content=row.content, metadata=row.metadata, source_timestamp=row.source_timestamp,
+                    order=row.key_order,
                 )
                 if stored != msg or list(row.tags) != list(marks):
                     break

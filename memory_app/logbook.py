@@ -144,6 +144,8 @@ def _message_defaults(item: dict[str, Any]) -> dict[str, Any]:
         "run_id": item.get("run_id"),
         "step_id": item.get("step_id"),
         "source_timestamp": item.get("source_timestamp") or "",
+        # Not in MESSAGE_FIELDS: a repeat that differs only in key order is the same message.
+        "key_order": item.get("key_order"),
     }
 
 
@@ -214,7 +216,9 @@ def _append_once(*, context, items, prepared, counts, vectors, client_ids, token
             cid = item.get("client_id")
             if cid and cid in existing:
                 stored = existing[cid]
-                diff = differences({k: getattr(stored, k) for k in MESSAGE_FIELDS}, data)
+                diff = differences(
+                    {k: getattr(stored, k) for k in MESSAGE_FIELDS}, {k: data[k] for k in MESSAGE_FIELDS}
+                )
                 if diff:
                     raise Conflict(f"message {cid!r} already exists with different content", diff)
                 results.append(stored)
@@ -253,7 +257,7 @@ COPY_THRESHOLD = 50
 _COPY_COLUMNS = (
     "id", "context_id", "seq", "client_id", "role", "name", "text", "content", "tags", "metadata",
     "run_id", "step_id", "token_count", "tokenizer", "source_timestamp", "created_at", "updated_at",
-    "pruned_by",
+    "pruned_by", "key_order",
 )
 
 
@@ -279,6 +283,7 @@ def _copy_messages(rows: list[Message]) -> None:
                     r.pk, r.context_id, r.seq, r.client_id, r.role, r.name, r.text,
                     None if r.content is None else Jsonb(r.content), list(r.tags), Jsonb(r.metadata),
                     r.run_id, r.step_id, r.token_count, r.tokenizer, r.source_timestamp, now, now, r.pruned_by,
+                    None if r.key_order is None else Jsonb(r.key_order),
                 ))
 
 
@@ -346,6 +351,35 @@ def message_edit(
 
                 embeddings.requeue_message(message)
     return message
+
+
+def messages_retag(
+    *, context: Context, tags_by_id: dict[int, list[str]], actor: Actor, note: str = ""
+) -> list[int]:
+    """Set the tags of several messages of one context at once (AgentScope's marks); one audit
+    event keeps every changed message's tags before and after. Answers the changed ids."""
+    if _holds_nul(list(tags_by_id.values())):
+        raise Invalid("tags cannot hold NUL characters (PostgreSQL cannot store them)")
+    with transaction.atomic():
+        rows = list(
+            Message.objects.select_for_update().filter(context=context, pk__in=list(tags_by_id)).order_by("pk")
+        )
+        if len(rows) != len(tags_by_id):
+            missing = sorted(set(tags_by_id) - {r.pk for r in rows})
+            raise NotFound(f"message {missing[0]} not found")
+        changed = [r for r in rows if list(r.tags) != list(tags_by_id[r.pk])]
+        if not changed:
+            return []
+        before = {str(r.pk): list(r.tags) for r in changed}
+        for r in changed:
+            r.tags = list(tags_by_id[r.pk])
+        Message.objects.bulk_update(changed, ["tags"])
+        audit_record(
+            actor=actor, action="edit", target_type="message", target_ids=[r.pk for r in changed],
+            context_id=context.pk, before={"tags": before},
+            after={"tags": {str(r.pk): r.tags for r in changed}}, note=note,
+        )
+    return [r.pk for r in changed]
 
 
 def _holds_nul(value: Any) -> bool:

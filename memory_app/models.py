@@ -240,6 +240,11 @@ class Message(models.Model):
     content = models.JSONField(null=True, blank=True, help_text="structured content blocks")
     tags = ArrayField(models.CharField(max_length=200), default=list, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
+    # jsonb sorts object keys; a framework's own key order of `content` and `metadata` (where it
+    # differs) is kept here so an export gives the agent back the exact same prompt text.
+    key_order = models.JSONField(
+        null=True, blank=True, help_text="memory_app.interop.key_order skeleton of content/metadata"
+    )
     run = models.ForeignKey(Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="messages")
     step = models.ForeignKey(Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="messages")
     token_count = models.IntegerField(default=0)

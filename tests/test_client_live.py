@@ -93,6 +93,28 @@ def test_rehydrated_agent_continues_with_the_restored_steps(client, ctx):
     assert "New task:\nAnd tomorrow?" in shown[-1]
 
 
+def test_a_rehydrated_agent_is_prompted_exactly_as_the_original(client, ctx):
+    """get_weather(location, unit): jsonb stores {"unit", "location"}, yet the rehydrated agent's
+    "Calling tools:" text, and so its whole next prompt, equals the original's (issue 13.2)."""
+    original = run_agent("tool_calling")
+    out = import_run(client, ctx["id"], original, client_id="same-prompt")
+    exported = client.export_smolagents_run(out["run_id"])["steps"]
+    action = next(s for s in exported if s.get("tool_calls"))
+    assert list(action["tool_calls"][0]["function"]["arguments"]) == ["location", "unit"]
+    factory, _ = AGENTS["tool_calling"]
+    fresh = factory()
+    fresh.memory.steps = load_steps(client, out["run_id"])
+    prompts = []
+    for agent in (original, fresh):
+        agent.planning_interval = None
+        agent.model = ScriptedModel([_final("ok")])
+        assert agent.run("And tomorrow?", reset=False) == "ok"
+        prompts.append(messages_as_dicts(agent.model.seen[0]))
+    assert prompts[1] == prompts[0]
+    calling = [m for m in prompts[1] if m["role"] == "tool-call"]
+    assert "'arguments': {'location': 'Paris', 'unit': 'C'}" in calling[0]["content"][0]["text"]
+
+
 def _final(answer):
     from smolagents.models import (
         ChatMessage,
@@ -277,3 +299,167 @@ def test_client_sends_numpy_vectors_with_a_batch_and_with_memories(client, setti
     )
     mid = memory["items"][0]["memory"]["id"]
     assert Embedding.objects.get(memory_record_id=mid, model="client-np").dimensions == 4
+
+
+# --- a real AgentScope ReActAgent on the server-backed memory (issue 13.1) ------------------------
+
+
+class ScriptedChatModel:
+    """An AgentScope chat model answering from a script; records every prompt it was given.
+
+    Reasoning calls pop the script; the compression call (the one asking for `structured_model`)
+    answers the summary fields."""
+
+    def __new__(cls, *args, **kwargs):
+        from agentscope.model import ChatModelBase
+
+        # Built lazily so the module imports without agentscope's model stack at collection time.
+        class _Scripted(ChatModelBase):
+            def __init__(self, script):
+                super().__init__(model_name="scripted", stream=False)
+                self.script = list(script)
+                self.calls: list[tuple[str, list]] = []
+
+            async def __call__(self, messages, tools=None, tool_choice=None, structured_model=None, **kw):
+                from agentscope.model import ChatResponse
+
+                self.calls.append(("compress" if structured_model else "reason", json.loads(json.dumps(messages))))
+                if structured_model is not None:
+                    fields = {name: f"{name} so far" for name in structured_model.model_fields}
+                    return ChatResponse(content=[TextBlock(type="text", text="summary")], metadata=fields)
+                return ChatResponse(content=self.script.pop(0))
+
+        return _Scripted(*args, **kwargs)
+
+
+def _react_script():
+    from agentscope.message import ToolUseBlock
+
+    return [
+        [ToolUseBlock(type="tool_use", id="call_w1", name="get_weather", input={"city": "Paris"})],
+        [TextBlock(type="text", text="It is sunny and 22C in Paris.")],
+        # Second reply, asked for structured output: the finish function first, then the text
+        # the agent's hint asks for.
+        [ToolUseBlock(type="tool_use", id="call_f1", name="generate_response", input={"city": "Rome", "sky": "cloudy"})],
+        [TextBlock(type="text", text="Rome is cloudy.")],
+    ]
+
+
+def _react_agent(memory):
+    from agentscope.agent import ReActAgent
+    from agentscope.formatter import OpenAIChatFormatter
+    from agentscope.token import CharTokenCounter
+    from agentscope.tool import Toolkit, ToolResponse
+
+    def get_weather(city: str) -> ToolResponse:
+        """Current weather of a city.
+
+        Args:
+            city (str): the city name
+        """
+        return ToolResponse(content=[TextBlock(type="text", text=f"Sunny, 22C in {city}")])
+
+    toolkit = Toolkit()
+    toolkit.register_tool_function(get_weather)
+    agent = ReActAgent(
+        name="Friday",
+        sys_prompt="You are a weather assistant.",
+        model=ScriptedChatModel(_react_script()),
+        formatter=OpenAIChatFormatter(),
+        toolkit=toolkit,
+        memory=memory,
+        compression_config=ReActAgent.CompressionConfig(
+            enable=True, agent_token_counter=CharTokenCounter(), trigger_threshold=600, keep_recent=2
+        ),
+    )
+    agent.set_console_output_enabled(False)
+    return agent
+
+
+def _run_react(memory):
+    from pydantic import BaseModel
+
+    class Weather(BaseModel):
+        city: str
+        sky: str
+
+    agent = _react_agent(memory)
+
+    async def scenario():
+        first = await agent(Msg("user", "What's the weather in Paris?", "user"))
+        second = await agent(Msg("user", "And in Rome?", "user"), structured_model=Weather)
+        entries = [
+            [(m.name, m.role, m.content), sorted(marks)]
+            for m, marks in [
+                (Msg.from_dict(d), marks) for d, marks in (await _state(memory))["content"]
+            ]
+        ]
+        return {
+            "replies": [(first.get_text_content(), first.metadata), (second.get_text_content(), second.metadata)],
+            "calls": agent.model.calls,
+            "entries": entries,
+            "summary": (await _state(memory))["_compressed_summary"],
+            "size": await memory.size(),
+        }
+
+    return json.loads(json.dumps(run_coroutine(scenario())))
+
+
+async def _state(memory):
+    return memory.state_dict()
+
+
+def test_react_agent_runs_on_server_memory_exactly_as_on_in_memory_memory(client, ctx):
+    """A real ReActAgent (scripted model, real formatter, toolkit and compression) sees the same
+    prompts, answers the same and leaves the same memory (entries, marks, summary) whether its
+    memory is AgentScope's InMemoryMemory or the server's."""
+    reference = _run_react(InMemoryMemory())
+    served = _run_react(ServerMemory(client, ctx["id"]))
+    assert served == reference
+    # The scenario did exercise what the agent needs beyond add/get: compression summarised and
+    # marked messages, and the structured-output hint was added then deleted by its mark.
+    assert [kind for kind, _ in served["calls"]].count("compress") >= 1
+    assert served["summary"].startswith("<system-info>Here is a summary")
+    assert any("compressed" in marks for _, marks in served["entries"])
+    assert served["replies"][1] == ["Rome is cloudy.", {"city": "Rome", "sky": "cloudy"}]
+    hint_prompts = [
+        m for kind, prompt in served["calls"] for m in prompt if "Now generate a text response" in str(m)
+    ]
+    assert len(hint_prompts) == 1
+    assert not any("hint" in marks for _, marks in served["entries"])
+    # The summary is what the later prompts start from (prepended, compressed ones left out).
+    last_prompt = served["calls"][-1][1]
+    assert "Here is a summary" in str(last_prompt[1])
+    assert "What's the weather in Paris?" not in str(last_prompt)
+
+
+def test_server_memory_marks_follow_in_memory_memory(client, ctx):
+    """update_messages_mark (add, replace, remove, by ids) and delete_by_mark counted alike."""
+    a = Msg("user", "a", "user")
+    b = Msg("assistant", "b", "assistant")
+    c = Msg("user", "c", "user")
+
+    async def scenario(mem):
+        log = []
+        await mem.add([a, b])
+        await mem.add(c, marks=["hint", "x"])
+        log.append(await mem.update_messages_mark(new_mark="compressed", msg_ids=[a.id, b.id]))
+        log.append(await mem.update_messages_mark(new_mark="compressed", msg_ids=[a.id]))  # has it
+        log.append(await mem.update_messages_mark(new_mark="old", old_mark="compressed"))
+        log.append(await mem.update_messages_mark(new_mark=None, old_mark="x"))
+        log.append(await mem.update_messages_mark(new_mark=None))
+        log.append(await mem.update_messages_mark(new_mark="all"))
+        log.append(mem.state_dict()["content"])
+        log.append(await mem.delete_by_mark(["nothing", "hint"]))
+        log.append(await mem.delete_by_mark("old"))
+        log.append([m.id for m in await mem.get_memory()])
+        try:
+            await mem.delete_by_mark([1])
+        except TypeError:
+            log.append("TypeError")
+        return log
+
+    reference = run_coroutine(scenario(InMemoryMemory()))
+    served = run_coroutine(scenario(ServerMemory(client, ctx["id"])))
+    assert json.loads(json.dumps(served)) == json.loads(json.dumps(reference))
+    assert reference[-2] == [] and reference[-1] == "TypeError"

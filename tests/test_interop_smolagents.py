@@ -1,6 +1,7 @@
 """smolagents interop against the real package: import -> export, transcripts, pruning."""
 
 import copy
+import json
 
 import pytest
 
@@ -207,3 +208,39 @@ def test_an_imported_run_keeps_the_agents_start_time_and_duration(context):
     assert run.started_at.timestamp() == pytest.approx(base, abs=1e-3)
     assert run.finished_at.timestamp() == pytest.approx(base + 42.5, abs=1e-3)
     assert run.duration == pytest.approx(42.5, abs=1e-3)
+
+
+# --- issue 13.2: key order survives jsonb ------------------------------------------------------
+
+
+def _without_model_input(steps):
+    return [{k: v for k, v in s.items() if k != "model_input_messages"} for s in steps]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_export_gives_back_every_key_in_its_original_order(context, kind):
+    agent = run_agent(kind)
+    run = _import(context, agent)
+    exported = framework_io.smolagents_run_export(run=run)["steps"]
+    original = jsonable(agent.memory.get_full_steps())
+    # Compared as text, so order counts (model input aside: smolagents rebuilds it every step).
+    assert json.dumps(_without_model_input(exported)) == json.dumps(_without_model_input(original))
+
+
+def test_multi_argument_and_nested_tool_arguments_keep_their_order(context):
+    arguments = {"query": "hotels", "k": 3, "filters": {"zeta": True, "alpha": [{"yy": 1, "x": 2}]}}
+    step = {
+        "step_number": 1,
+        "timing": {"start_time": 1795297221.5, "end_time": 1795297222.0, "duration": 0.5},
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": arguments}}],
+        "error": None,
+        "model_output": None,
+        "observations": "3 hotels",
+        "is_final_answer": False,
+    }
+    run, _ = framework_io.smolagents_run_import(
+        context=context, steps=[{"task": "find hotels", "task_images": None}, step], client_id="args"
+    )
+    assert list(ToolCall.objects.get(step__run=run).arguments) == ["k", "query", "filters"]  # jsonb
+    exported = framework_io.smolagents_run_export(run=run)["steps"][1]
+    assert json.dumps(exported) == json.dumps(step)

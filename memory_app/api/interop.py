@@ -449,6 +449,55 @@ def agentscope_delete(request, context_id: ContextId, body: DeleteIn):
     return {"count": n}
 
 
+class DeleteByMarkIn(Schema):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"marks": ["hint"]}]})
+    marks: list[Short(200)] = Field(description="entries carrying any of these marks are removed")
+
+
+class UpdateMarksIn(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"new_mark": "compressed", "msg_ids": ["GdMRPLwbtcKWGb9NEix92K"]},
+                {"new_mark": None, "old_mark": "hint"},
+            ]
+        }
+    )
+    new_mark: Short(200) | None = Field(description="the mark to add; null removes old_mark")
+    old_mark: Short(200) | None = Field(None, description="only entries with it; replaced by new_mark")
+    msg_ids: list[Short(200)] | None = Field(None, description="only these entries")
+
+
+@router.post(
+    "/contexts/{context_id}/agentscope/delete_by_mark",
+    response=responses({200: CountOut}, WRITE_ERRORS),
+    summary="AgentScope delete_by_mark(mark): prunes every live entry with any of the marks",
+)
+def agentscope_delete_by_mark(request, context_id: ContextId, body: DeleteByMarkIn):
+    require_scope(request, "write")
+    n = framework_io.agentscope_delete_by_mark(
+        context=context_for(request, context_id), marks=body.marks, actor=actor_for(request)
+    )
+    return {"count": n}
+
+
+@router.post(
+    "/contexts/{context_id}/agentscope/update_messages_mark",
+    response=responses({200: CountOut}, WRITE_ERRORS),
+    summary="AgentScope update_messages_mark(new_mark, old_mark, msg_ids): add, change or remove a mark",
+)
+def agentscope_update_messages_mark(request, context_id: ContextId, body: UpdateMarksIn):
+    require_scope(request, "write")
+    n = framework_io.agentscope_update_marks(
+        context=context_for(request, context_id),
+        new_mark=body.new_mark,
+        old_mark=body.old_mark,
+        msg_ids=body.msg_ids,
+        actor=actor_for(request),
+    )
+    return {"count": n}
+
+
 @router.post(
     "/contexts/{context_id}/agentscope/clear",
     response=responses({200: CountOut}, WRITE_ERRORS),

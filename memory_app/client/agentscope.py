@@ -3,11 +3,14 @@
     memory = ServerMemory(client, context_id)          # agentscope.memory.MemoryBase semantics
     agent = ReActAgent(..., memory=memory, long_term_memory=ServerLongTermMemory(client, context_id))
 
-`ServerMemory` follows `InMemoryMemory` (v1.0.12+): `add` skips ids already stored unless
-`allow_duplicates`, `delete(msg_ids)` removes every entry with those ids (a restorable prune on
-the server), `get_memory(mark, exclude_mark, prepend_summary)` filters by marks and prepends the
-compressed summary as a fresh user Msg. agentscope itself is imported lazily, only when Msg
-objects are built.
+`ServerMemory` follows `InMemoryMemory` (v1.0.12+) over the whole `MemoryBase` surface a
+`ReActAgent` uses: `add` skips ids already stored unless `allow_duplicates`, `delete(msg_ids)`
+removes every entry with those ids and `delete_by_mark(mark)` every entry with any of the marks
+(restorable prunes on the server), `update_messages_mark(new_mark, old_mark, msg_ids)` adds,
+changes or removes a mark (the agent's hint and compression marks),
+`update_compressed_summary(summary)` keeps the compression summary on the context, and
+`get_memory(mark, exclude_mark, prepend_summary)` filters by marks and prepends that summary
+as a fresh user Msg. agentscope itself is imported lazily, only when Msg objects are built.
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ import asyncio
 from typing import Any
 
 from memory_app.client.client import ApiError, MemoryClient
+
+
+def _plain(mark: str | None) -> str | None:
+    # ReActAgent passes str-Enum marks (`_MemoryMark.HINT`), whose str() is "_MemoryMark.HINT".
+    return None if mark is None else str.__str__(mark)
 
 
 def _marks(marks: str | list[str] | None) -> list[str]:
@@ -47,13 +55,35 @@ class ServerMemory:
             self.client.agentscope_add,
             self.context_id,
             msgs,
-            marks=_marks(marks),
+            marks=[_plain(m) for m in _marks(marks)],
             allow_duplicates=allow_duplicates,
         )
 
     async def delete(self, msg_ids: list[str], **kw) -> int:
         return await asyncio.to_thread(
             self.client.agentscope_delete, self.context_id, list(msg_ids)
+        )
+
+    async def delete_by_mark(self, mark: str | list[str], *args, **kw) -> int:
+        if isinstance(mark, str):
+            mark = [mark]
+        if not isinstance(mark, list) or not all(isinstance(m, str) for m in mark):
+            raise TypeError(
+                f"The mark should be a string or a list of strings, but got {type(mark)}."
+            )
+        return await asyncio.to_thread(
+            self.client.agentscope_delete_by_mark, self.context_id, [_plain(m) for m in mark]
+        )
+
+    async def update_messages_mark(
+        self, new_mark: str | None, old_mark: str | None = None, msg_ids: list[str] | None = None
+    ) -> int:
+        return await asyncio.to_thread(
+            self.client.agentscope_update_messages_mark,
+            self.context_id,
+            new_mark=_plain(new_mark),
+            old_mark=_plain(old_mark),
+            msg_ids=None if msg_ids is None else list(msg_ids),
         )
 
     async def size(self) -> int:
@@ -82,7 +112,10 @@ class ServerMemory:
                 f"The exclude_mark should be a string or None, but got {type(exclude_mark)}."
             )
         memory = await asyncio.to_thread(
-            self.client.agentscope_memory, self.context_id, mark=mark, exclude_mark=exclude_mark
+            self.client.agentscope_memory,
+            self.context_id,
+            mark=_plain(mark),
+            exclude_mark=_plain(exclude_mark),
         )
         msgs = [Msg.from_dict(m) for m, _ in memory["content"]]
         if prepend_summary and memory["summary"]:

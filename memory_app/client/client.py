@@ -269,6 +269,15 @@ class MemoryClient:
     def agentscope_delete(self, context_id: int, msg_ids: list[str]) -> int:
         return self.request("POST", f"contexts/{context_id}/agentscope/delete", json_body={"msg_ids": msg_ids})["count"]
 
+    def agentscope_delete_by_mark(self, context_id: int, marks: list[str]) -> int:
+        return self.request("POST", f"contexts/{context_id}/agentscope/delete_by_mark",
+                            json_body={"marks": marks})["count"]
+
+    def agentscope_update_messages_mark(self, context_id: int, *, new_mark: str | None, old_mark: str | None = None,
+                                        msg_ids: list[str] | None = None) -> int:
+        return self.request("POST", f"contexts/{context_id}/agentscope/update_messages_mark",
+                            json_body={"new_mark": new_mark, "old_mark": old_mark, "msg_ids": msg_ids})["count"]
+
     def agentscope_clear(self, context_id: int) -> int:
         return self.request("POST", f"contexts/{context_id}/agentscope/clear")["count"]
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from memory_app.interop import key_order
+
 FRAMEWORK = "agentscope"
 DUP_SEPARATOR = "#dup"
 ROLES = ("user", "assistant", "system")
@@ -106,6 +108,7 @@ def msg_to_message(msg: dict[str, Any], marks: list[str] | None = None, *, clien
     marks = list(marks or [])
     if not all(isinstance(m, str) for m in marks):
         raise StateFormatError("marks must be strings")
+    metadata = msg.get("metadata") if msg.get("metadata") is not None else {}
     return {
         "client_id": client_id or dup_client_id(msg["id"], 0),
         "role": msg["role"],
@@ -113,20 +116,27 @@ def msg_to_message(msg: dict[str, Any], marks: list[str] | None = None, *, clien
         "text": msg_text(msg.get("content")),
         "content": msg.get("content"),
         "tags": marks,
-        "metadata": msg.get("metadata") if msg.get("metadata") is not None else {},
+        "metadata": metadata,
         "source_timestamp": msg.get("timestamp") or "",
+        # A tool_use block's `input` becomes json.dumps(input) in the prompt: keep its key order.
+        "key_order": key_order.capture({"content": msg.get("content"), "metadata": metadata}),
     }
 
 
 def message_to_msg(*, client_id: str | None, pk: int, role: str, name: str, text: str, content: Any,
-                   metadata: dict | None, source_timestamp: str) -> dict[str, Any]:
-    """A stored message -> `Msg.to_dict()` (key order as AgentScope writes it)."""
+                   metadata: dict | None, source_timestamp: str, order: dict | None = None) -> dict[str, Any]:
+    """A stored message -> `Msg.to_dict()` (key order as AgentScope writes it; `order` is the
+    message's `key_order`, giving its content and metadata their own key order back)."""
+    kept = key_order.restore(
+        {"content": content if content is not None else text, "metadata": metadata if metadata is not None else {}},
+        order,
+    )
     return {
         "id": base_id(client_id) or f"am{pk}",
         "name": name or role,
         "role": role if role in ROLES else "assistant",
-        "content": content if content is not None else text,
-        "metadata": metadata if metadata is not None else {},
+        "content": kept["content"],
+        "metadata": kept["metadata"],
         "timestamp": source_timestamp or None,
     }
 

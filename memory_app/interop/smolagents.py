@@ -7,7 +7,9 @@ export gives back exactly the dict that was imported.
 One detail needs care: `Step.payload` is PostgreSQL `jsonb`, which does not keep the key order of
 objects, yet smolagents puts `str([tool_call.dict(), ...])` (a Python repr, key order included)
 into the "Calling tools:" message. The repr is therefore computed once at import, from the dict
-as it arrived, and kept under the reserved payload key `_agentmemory`, which export removes.
+as it arrived, and kept under the reserved payload key `_agentmemory`, which export removes;
+the step's key order (`memory_app.interop.key_order`) is kept there too and put back on export,
+so a rehydrated agent prints the same tool-call arguments.
 
 No Django, no HTTP here: these functions take and return plain data.
 """
@@ -15,6 +17,8 @@ No Django, no HTTP here: these functions take and return plain data.
 from __future__ import annotations
 
 from typing import Any
+
+from memory_app.interop import key_order
 
 FRAMEWORK = "smolagents"
 RESERVED_KEY = "_agentmemory"
@@ -174,6 +178,12 @@ def step_to_logbook(step: dict[str, Any], *, client_id: str | None = None) -> di
         if calls:
             # Computed from the dict as it arrived, before jsonb reorders the keys.
             payload[RESERVED_KEY] = {"calling_tools": calling_tools_text(calls)}
+    # The step's own key order (tool-call arguments above all: a rehydrated agent prints them).
+    # Model input is left out: smolagents rebuilds it every step, and its skeleton would grow
+    # with the run as the model input does.
+    order = key_order.capture({**step, "model_input_messages": None} if "model_input_messages" in step else step)
+    if order is not None:
+        payload.setdefault(RESERVED_KEY, {})["key_order"] = order
     return item
 
 
@@ -239,7 +249,8 @@ def step_from_stored(
     `columns` are the Step model fields; `tool_calls` the ToolCall rows as dicts, in order.
     """
     if payload:
-        return {k: v for k, v in payload.items() if k != RESERVED_KEY}
+        order = (payload.get(RESERVED_KEY) or {}).get("key_order")
+        return key_order.restore({k: v for k, v in payload.items() if k != RESERVED_KEY}, order)
     timing = {
         "start_time": columns.get("start_time"),
         "end_time": columns.get("end_time"),
