@@ -275,6 +275,49 @@ def _keyword_hits(qs: QuerySet, keyword: str, limit: int) -> list[tuple[MemoryRe
     return [(r, float(r.text_rank) + float(r.tag_hit)) for r in rows]
 
 
+def _query_vectors(texts: Sequence[str]) -> tuple[list[list[float] | None], str | None]:
+    """The provider's vectors for `texts` (one call) and its model; Nones when there is no
+    provider or it is down (retrieval then stays full-text, as without vectors)."""
+    provider = embeddings.get_provider()
+    if provider is None or not texts:
+        return [None] * len(texts), None
+    try:
+        return list(provider.embed(list(texts))), provider.model
+    except embeddings.ProviderError:
+        return [None] * len(texts), None
+
+
+def _semantic_hits(qs: QuerySet, vector: Sequence[float], model: str, fetch: int) -> list[tuple[int, float]]:
+    """(record id, cosine distance) of the records of `qs` nearest to `vector` under `model`."""
+    dims = int(len(vector))
+    ids = list(qs.values_list("pk", flat=True)[:10_000])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT memory_record_id, vector::vector({dims}) <=> %s::vector({dims}) AS d "  # noqa: S608
+            f"FROM memory_app_embedding WHERE memory_record_id = ANY(%s) AND model = %s "
+            f"AND dimensions = {dims} AND vector IS NOT NULL ORDER BY d, memory_record_id LIMIT %s",
+            [search.vector_literal(vector), ids, model, fetch],
+        )
+        return [(row[0], float(row[1])) for row in cursor.fetchall()]
+
+
+def _fused(
+    text: list[tuple[int, float]], semantic: list[tuple[int, float]], limit: int, *, first=frozenset()
+) -> list[tuple[MemoryRecord, float, str]]:
+    """Reciprocal rank fusion of both rankings, best `limit`; ids in `first` (exact keyword
+    tags) lead and score one more, as an exact tag outweighs any rank."""
+    fused = search.rrf_scores(text, semantic)
+    why: dict[int, list[str]] = {}
+    for label, ranking in (("text", text), ("semantic", semantic)):
+        for rank, (pk, _) in enumerate(ranking, start=1):
+            why.setdefault(pk, []).append(f"{label} #{rank}")
+    order = sorted(fused.items(), key=lambda kv: (kv[0] not in first, -kv[1], -kv[0]))[:limit]
+    records = MemoryRecord.objects.in_bulk([pk for pk, _ in order])
+    return [
+        (records[pk], score + (1.0 if pk in first else 0.0), ", ".join(why[pk])) for pk, score in order
+    ]
+
+
 def _query_hits(qs: QuerySet, query: str, limit: int) -> list[tuple[MemoryRecord, float, str]]:
     """Full-text (any word) fused with cosine similarity when the records have vectors."""
     from memory_app.search import _any_terms_tsquery
@@ -290,37 +333,25 @@ def _query_hits(qs: QuerySet, query: str, limit: int) -> list[tuple[MemoryRecord
             .filter(search_vector=tsq)
             .order_by("-rank", "-id")[:fetch]
         ]
-    semantic: list[tuple[int, float]] = []
-    provider = embeddings.get_provider()
-    if provider is not None:
-        try:
-            [vector] = provider.embed([query])
-        except embeddings.ProviderError:
-            vector = None
-        if vector is not None:
-            dims = int(len(vector))
-            ids = list(qs.values_list("pk", flat=True)[:10_000])
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"SELECT memory_record_id, vector::vector({dims}) <=> %s::vector({dims}) AS d "  # noqa: S608
-                    f"FROM memory_app_embedding WHERE memory_record_id = ANY(%s) AND model = %s "
-                    f"AND dimensions = {dims} AND vector IS NOT NULL ORDER BY d, memory_record_id LIMIT %s",
-                    [
-                        search.vector_literal(vector),
-                        ids,
-                        provider.model,
-                        fetch,
-                    ],
-                )
-                semantic = [(row[0], float(row[1])) for row in cursor.fetchall()]
-    fused = search.rrf_scores(text, semantic)
-    why: dict[int, list[str]] = {}
-    for label, ranking in (("text", text), ("semantic", semantic)):
-        for rank, (pk, _) in enumerate(ranking, start=1):
-            why.setdefault(pk, []).append(f"{label} #{rank}")
-    order = sorted(fused.items(), key=lambda kv: (-kv[1], -kv[0]))[:limit]
-    records = MemoryRecord.objects.in_bulk([pk for pk, _ in order])
-    return [(records[pk], score, ", ".join(why[pk])) for pk, score in order]
+    [vector], model = _query_vectors([query])
+    semantic = _semantic_hits(qs, vector, model, fetch) if vector is not None else []
+    return _fused(text, semantic, limit)
+
+
+def _keyword_recall(
+    qs: QuerySet, keyword: str, vector: Sequence[float] | None, model: str | None, limit: int
+) -> list[tuple[MemoryRecord, float, str]]:
+    """Up to `limit` records for one keyword: exact tag, then full-text rank; with a vector,
+    fused with the records nearest to the keyword's meaning (as AgentScope's Mem0 memory
+    retrieves each keyword), exact tags still first."""
+    if vector is None:
+        return [(r, score, "") for r, score in _keyword_hits(qs, keyword, limit)]
+    fetch = max(limit * 3, 20)
+    text = _keyword_hits(qs, keyword, fetch)
+    tagged = frozenset(r.pk for r, score in text if score >= 1.0)
+    return _fused(
+        [(r.pk, score) for r, score in text], _semantic_hits(qs, vector, model, fetch), limit, first=tagged
+    )
 
 
 def memories_retrieve(
@@ -334,7 +365,8 @@ def memories_retrieve(
     confined_to: dict[str, Any] | None = None,
 ) -> list[Recalled]:
     """What `context` recalls. With `keywords`, up to `limit` records per keyword (AgentScope's
-    `retrieve_from_memory`), best first: an exact keyword tag, then full-text rank. With `query`,
+    `retrieve_from_memory`), best first: an exact keyword tag, then full-text rank, fused with
+    semantic similarity to the keyword when the records have vectors. With `query`,
     up to `limit` records by full-text and, when vectors exist, semantic similarity. Both may be
     given: keyword hits come first; a record is listed once."""
     if not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
@@ -352,11 +384,12 @@ def memories_retrieve(
         qs = qs.filter(kind__in=list(kinds))
     seen: set[int] = set()
     out: list[Recalled] = []
-    for kw in keywords:
-        for record, score in _keyword_hits(qs, kw, limit):
+    vectors, model = _query_vectors(keywords)
+    for kw, vector in zip(keywords, vectors, strict=True):
+        for record, score, why in _keyword_recall(qs, kw, vector, model, limit):
             if record.pk not in seen:
                 seen.add(record.pk)
-                out.append(Recalled(record, score, f"keyword {kw!r}"))
+                out.append(Recalled(record, score, f"keyword {kw!r}" + (f" ({why})" if why else "")))
     if query and query.strip():
         for record, score, why in _query_hits(qs, query, limit):
             if record.pk not in seen:

@@ -354,3 +354,38 @@ def test_memory_records_are_embedded_and_recalled_by_similarity(stand_in, system
     got = memories.memories_retrieve(context=context, query="green tea", limit=1)
     assert [g.record.content for g in got] == ["Ada drinks green tea"]
     assert "semantic #1" in got[0].reason and "text #1" in got[0].reason
+
+
+@pytest.mark.django_db
+def test_keywords_are_recalled_by_meaning_too_when_vectors_exist(stand_in, settings, system_actor):
+    """AgentScope's retrieve_from_memory(keywords): each keyword is also searched semantically
+    (as Mem0LongTermMemory does), so a keyword no text matches still finds what it means; an
+    exact keyword tag still comes first (issue 13.7)."""
+    from memory_app import memories
+
+    context, _ = logbook.context_get_or_create(keys={"user": "ada", "chat": "kw"})
+    memories.memories_record(
+        scope=memories.Scope(keys={"user": "ada"}),
+        actor=system_actor,
+        items=[
+            {"content": "Ada drinks green tea"},
+            {"content": "Ada commutes by bike", "keywords": ["coffee"]},
+            {"content": "The quarterly report is due on Friday"},
+        ],
+    )
+    assert embeddings.embed_batch(provider=embeddings.get_provider()).embedded == 3
+
+    def recall(*keywords, limit=1):
+        return memories.memories_retrieve(context=context, keywords=list(keywords), limit=limit)
+
+    # "green coffee": no record holds both words (no text hit) but the tea one is nearest.
+    [hit] = recall("green beverage")
+    assert hit.record.content == "Ada drinks green tea"
+    assert hit.reason == "keyword 'green beverage' (semantic #1)"
+    # The exact tag outranks similarity.
+    got = recall("coffee", limit=2)
+    assert got[0].record.content == "Ada commutes by bike" and got[0].score > 1
+    # Without vectors the same keyword finds nothing: text alone cannot.
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    embeddings._cached_provider.cache_clear()
+    assert recall("green beverage") == []
