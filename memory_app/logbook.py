@@ -27,6 +27,7 @@ from memory_app.models import (
     RunStatus,
     Step,
     ToolCall,
+    TraceSpan,
     keys_digest,
 )
 
@@ -466,6 +467,20 @@ def run_create(
     return run, True
 
 
+def run_update(
+    *, run: Run, task: str | None = None, system_prompt: str | None = None, agent_name: str | None = None,
+    started_at=None,
+) -> Run:
+    """Fill in a run's description once it is known (a trace tells the task only at its end)."""
+    given = {"task": task, "system_prompt": system_prompt, "agent_name": agent_name, "started_at": started_at}
+    fields = {k: v for k, v in given.items() if v is not None and v != getattr(run, k)}
+    if fields:
+        Run.objects.filter(pk=run.pk).update(**fields, updated_at=timezone.now())
+        for name, value in fields.items():
+            setattr(run, name, value)
+    return run
+
+
 STEP_FIELDS = (
     "kind", "step_number", "task", "plan", "model_input_messages", "model_output_message", "model_output",
     "code_action", "observations", "action_output", "error_type", "error_message", "start_time",
@@ -606,3 +621,53 @@ def run_span(*, started_at, finished_at, first_start, last_end, created_at):
 
 def _from_epoch(value: float | None):
     return datetime.fromtimestamp(value, tz=UTC) if value is not None else None
+
+
+def steps_order_by_start(*, run: Run) -> bool:
+    """Renumber a run's steps by start time (steps without one keep their place after those
+    with one), for writers whose steps arrive out of order (OpenTelemetry spans). True when
+    positions changed. Positions stay 1..n; step ids, and the links to them, do not change."""
+    with transaction.atomic():
+        Run.objects.select_for_update().filter(pk=run.pk).first()
+        rows = list(Step.objects.filter(run=run).values_list("pk", "position", "start_time"))
+        wanted = sorted(rows, key=lambda r: (r[2] is None, r[2] or 0.0, r[1]))
+        if [r[0] for r in wanted] == [r[0] for r in sorted(rows, key=lambda r: r[1])]:
+            return False
+        # (run, position) is unique and checked row by row: move every step out of the way first.
+        shift = max(r[1] for r in rows)
+        Step.objects.filter(run=run).update(position=F("position") + shift)
+        for position, (pk, _, _) in enumerate(wanted, start=1):
+            Step.objects.filter(pk=pk).update(position=position)
+    return True
+
+
+# --- OpenTelemetry spans (staging for memory_app.traces) ----------------------------------------
+
+SPAN_FIELDS = ("parent_span_id", "name", "role", "start_ns", "end_ns", "data")
+
+
+def trace_spans_record(*, context: Context, spans: list[dict[str, Any]]) -> tuple[list[TraceSpan], list[str]]:
+    """Keep received spans; a span id already kept is not written again.
+
+    Returns the new rows and the ids of re-sent spans whose content differs from the kept one
+    (the kept one wins: a span does not change once it has ended).
+    """
+    ids = {(s["trace_id"], s["span_id"]) for s in spans}
+    if len(ids) != len(spans):
+        raise Invalid("a span id repeats within the request")
+    with transaction.atomic():
+        stored = {}
+        for trace_id in {s["trace_id"] for s in spans}:
+            wanted = [s["span_id"] for s in spans if s["trace_id"] == trace_id]
+            for row in TraceSpan.objects.filter(context=context, trace_id=trace_id, span_id__in=wanted):
+                stored[(row.trace_id, row.span_id)] = row
+        new, differing = [], []
+        for s in spans:
+            row = stored.get((s["trace_id"], s["span_id"]))
+            if row is None:
+                new.append(TraceSpan(context=context, trace_id=s["trace_id"], span_id=s["span_id"],
+                                     **{k: s[k] for k in SPAN_FIELDS}))
+            elif any(getattr(row, k) != s[k] for k in SPAN_FIELDS):
+                differing.append(s["span_id"])
+        TraceSpan.objects.bulk_create(new)
+    return new, differing

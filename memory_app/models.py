@@ -470,3 +470,32 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target_type} {self.target_ids[:5]}"
+
+
+class TraceSpan(models.Model):
+    """An OpenTelemetry span as received at /v1/traces, kept until (and after) it became steps.
+
+    Spans of one trace arrive in several requests, children before their parents (an exporter
+    sends a span when it ends). Keeping them lets a later request build a step from spans an
+    earlier one brought; the steps themselves are written through `memory_app.logbook`.
+    """
+
+    context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey(Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    trace_id = models.CharField(max_length=32)
+    span_id = models.CharField(max_length=16)
+    parent_span_id = models.CharField(max_length=16, blank=True, default="")
+    name = models.CharField(max_length=500, blank=True, default="")
+    role = models.CharField(max_length=10, help_text="agent, step, llm, tool or other")
+    start_ns = models.BigIntegerField()
+    end_ns = models.BigIntegerField()
+    data = models.JSONField(help_text="status, attributes, events, resource and scope as received")
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["context", "trace_id", "span_id"], name="tracespan_ids_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"span {self.span_id} ({self.role}) of trace {self.trace_id}"

@@ -109,3 +109,7 @@ from memory_app.api import selectors as selectors_api  # noqa: E402
 
 api.add_router("/v1/", selectors_api.router)
 api.add_router("/v1/", memories_api.router)
+
+from memory_app.api import traces as traces_api  # noqa: E402
+
+api.add_router("/v1/", traces_api.router)

@@ -1,0 +1,173 @@
+"""OpenTelemetry trace ingest: spans (decoded by `memory_app.interop.otlp`) -> runs and steps.
+
+One request is one transaction. Its spans are kept first (`TraceSpan`, idempotent by trace and
+span id), then every trace that gained spans is brought up to date from all the spans kept for
+it, whichever request brought them:
+
+- the trace's run (client id `otel:<trace id>`) is created with its first span;
+- a step is written once the span that makes it has arrived (a CHAIN span ends after the LLM and
+  TOOL spans inside it, so those are already kept); its client id is that span's id, so a batch
+  sent twice writes nothing new;
+- steps directly under the root (task, planning, GenAI-style flat steps) and the run's outcome
+  are written when the root span arrives, which an exporter sends last;
+- steps are renumbered by start time, whatever order the requests came in.
+
+Every write goes through `memory_app.logbook`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import transaction
+
+from memory_app import auth, logbook
+from memory_app.interop import otlp
+from memory_app.models import ApiKey, Context, Run, RunStatus, Step, TraceSpan
+
+STEP_CHUNK = 200
+
+
+class KeysNotAllowed(logbook.DomainError):
+    """Spans name a context outside the API key's confinement."""
+
+
+def _when(ns: int | None) -> datetime | None:
+    return datetime.fromtimestamp(ns / otlp.NS, tz=UTC) if ns else None
+
+
+def traces_ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]:
+    """Store decoded spans as runs and steps of the contexts their attributes name, all or nothing.
+
+    Returns `{"spans", "new_spans", "rejected", "rejected_ids", "runs"}`; `rejected` counts spans
+    sent again with different content (the first version is kept).
+    """
+    groups: dict[str, tuple[dict, list[dict]]] = {}
+    for span in spans:
+        keys = otlp.context_keys(span)
+        digest = repr(sorted((str(k), repr(v)) for k, v in keys.items()))
+        groups.setdefault(digest, (keys, []))[1].append(span)
+    for keys, _ in groups.values():
+        if not auth.keys_allowed(key, keys):
+            raise KeysNotAllowed(
+                f"spans name context keys {keys}; this API key may only use contexts whose keys "
+                f"contain {key.context_keys}"
+            )
+    new_count, rejected, runs = 0, [], []
+    with transaction.atomic():
+        for keys, group in groups.values():
+            context, _ = logbook.context_get_or_create(keys=keys)
+            # One writer per context at a time: two requests of one trace must not both create its run.
+            context = Context.objects.select_for_update().get(pk=context.pk)
+            new, differing = logbook.trace_spans_record(context=context, spans=[_row(s) for s in group])
+            new_count += len(new)
+            rejected += differing
+            for trace_id in sorted({row.trace_id for row in new}):
+                runs.append(_bring_up_to_date(context=context, trace_id=trace_id).pk)
+    return {"spans": len(spans), "new_spans": new_count, "rejected": len(rejected),
+            "rejected_ids": rejected, "runs": runs}
+
+
+def _row(span: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "trace_id": span["trace_id"], "span_id": span["span_id"], "parent_span_id": span["parent_span_id"],
+        "name": span["name"][:500], "role": otlp.span_role(span), "start_ns": span["start_ns"],
+        "end_ns": span["end_ns"],
+        "data": {k: span[k] for k in ("status", "status_message", "attributes", "events", "resource", "scope")},
+    }
+
+
+def _span(row: TraceSpan) -> dict[str, Any]:
+    return {"trace_id": row.trace_id, "span_id": row.span_id, "parent_span_id": row.parent_span_id,
+            "name": row.name, "role": row.role, "start_ns": row.start_ns, "end_ns": row.end_ns, **row.data}
+
+
+def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
+    spans = [_span(r) for r in TraceSpan.objects.filter(context=context, trace_id=trace_id).order_by("start_ns")]
+    run = Run.objects.filter(context=context, client_id=f"otel:{trace_id}").first()
+    if run is None:
+        run, _ = logbook.run_create(
+            context=context, client_id=f"otel:{trace_id}", framework=otlp.framework(spans[0]),
+            metadata={"otel_trace_id": trace_id}, started_at=_when(spans[0]["start_ns"]),
+        )
+    TraceSpan.objects.filter(context=context, trace_id=trace_id, run__isnull=True).update(run=run)
+    done = set(Step.objects.filter(run=run).values_list("client_id", flat=True))
+    items, root = _steps(spans)
+    items = [i for i in items if i["client_id"] not in done]
+    for i in range(0, len(items), STEP_CHUNK):
+        logbook.steps_append(run=run, items=items[i : i + STEP_CHUNK])
+    if items:
+        logbook.steps_order_by_start(run=run)
+    # The root ends last, but a retried batch may bring steps after it: then finish again.
+    if root is not None and (run.status == RunStatus.RUNNING or items):
+        task = otlp.run_task(root) if root["role"] == otlp.AGENT else None
+        logbook.run_update(
+            run=run, task=task, agent_name=otlp.run_agent_name(root) if root["role"] == otlp.AGENT else None,
+            system_prompt=otlp.system_prompt([s for s in spans if s["role"] == otlp.LLM]),
+            started_at=_when(root["start_ns"]),
+        )
+        outcome = otlp.run_outcome(root)
+        if Step.objects.filter(run=run, total_tokens__isnull=False).exists():
+            # The steps' own usage, as for any other run (smolagents' AGENT span leaves the
+            # planning calls out of its totals).
+            outcome.update(input_tokens=None, output_tokens=None, total_tokens=None)
+        run = logbook.run_finish(run=run, finished_at=_when(root["end_ns"]), **outcome)
+    return run
+
+
+def _steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The logbook items the kept spans of one trace make so far, and its root span if it came."""
+    by_id = {s["span_id"]: s for s in spans}
+    children: dict[str, list[dict]] = defaultdict(list)
+    for s in spans:
+        children[s["parent_span_id"]].append(s)
+
+    def descendants(span_id: str) -> list[dict]:
+        out, stack = [], list(children.get(span_id, []))
+        while stack:
+            s = stack.pop()
+            out.append(s)
+            stack.extend(children.get(s["span_id"], []))
+        return out
+
+    def inside_step(span: dict) -> bool:
+        parent = by_id.get(span["parent_span_id"])
+        while parent is not None:
+            if parent["role"] == otlp.STEP:
+                return True
+            parent = by_id.get(parent["parent_span_id"])
+        return False
+
+    items = []
+    steps = [s for s in spans if s["role"] == otlp.STEP and not inside_step(s)]
+    for step in steps:
+        inner = descendants(step["span_id"])
+        items.append(otlp.action_step(
+            step, llms=[s for s in inner if s["role"] == otlp.LLM], tools=[s for s in inner if s["role"] == otlp.TOOL],
+        ))
+    root = next((s for s in spans if not s["parent_span_id"]), None)
+    if root is None or root["role"] == otlp.STEP:
+        return items, root
+    if root["role"] in (otlp.LLM, otlp.TOOL):
+        # A lone model or tool call is a one-step run.
+        items.append(otlp.flat_step(root, [s for s in descendants(root["span_id"]) if s["role"] == otlp.TOOL]))
+        return items, root
+    if root["role"] == otlp.AGENT:
+        items.append(otlp.task_step(root))
+    loose = [s for s in children.get(root["span_id"], []) if s["role"] in (otlp.LLM, otlp.TOOL)]
+    llms = [s for s in loose if s["role"] == otlp.LLM]
+    if steps:
+        # smolagents: planning calls the model outside any step.
+        items.extend(otlp.planning_step(s) for s in llms)
+        return items, root
+    # GenAI-style: model calls and tool executions side by side; each tool joins the call before it.
+    anchors: list[tuple[dict, list[dict]]] = []
+    for s in loose:
+        if s["role"] == otlp.LLM or not anchors:
+            anchors.append((s, []))
+        if s["role"] == otlp.TOOL:
+            anchors[-1][1].append(s)
+    items.extend(otlp.flat_step(anchor, tools) for anchor, tools in anchors)
+    return items, root
