@@ -19,6 +19,7 @@ from memory_app.models import (
     Run,
     Step,
     ToolCall,
+    TraceSpan,
 )
 
 
@@ -180,3 +181,15 @@ class AuditEventAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(TraceSpan)
+class TraceSpanAdmin(admin.ModelAdmin):
+    list_display = ["id", "trace_id", "span_id", "parent_span_id", "name", "role", "context_id", "run_id", "received_at"]
+    list_filter = ["role"]
+    search_fields = ["trace_id", "span_id", "name"]
+    raw_id_fields = ["context", "run"]
+    show_full_result_count = False
+
+    def has_change_permission(self, request, obj=None):
+        return False  # spans are kept as received
