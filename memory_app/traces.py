@@ -25,7 +25,7 @@ from django.db import transaction
 
 from memory_app import auth, logbook
 from memory_app.interop import otlp
-from memory_app.models import ApiKey, Context, Run, RunStatus, Step, TraceSpan
+from memory_app.models import ApiKey, Context, Run, RunStatus, Step, TraceSpan, keys_digest
 
 STEP_CHUNK = 200
 
@@ -44,11 +44,18 @@ def traces_ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]
     Returns `{"spans", "new_spans", "rejected", "rejected_ids", "runs"}`; `rejected` counts spans
     sent again with different content (the first version is kept).
     """
-    groups: dict[str, tuple[dict, list[dict]]] = {}
+    by_trace: dict[str, list[dict]] = defaultdict(list)
     for span in spans:
-        keys = otlp.context_keys(span)
-        digest = repr(sorted((str(k), repr(v)) for k, v in keys.items()))
-        groups.setdefault(digest, (keys, []))[1].append(span)
+        by_trace[span["trace_id"]].append(span)
+    # A trace stays in the context its first spans went to (later spans may lack a session id).
+    known = dict(
+        TraceSpan.objects.filter(trace_id__in=list(by_trace), context__in=auth.visible_contexts(key))
+        .values_list("trace_id", "context__keys").distinct()
+    )
+    groups: dict[str, tuple[dict, list[dict]]] = {}
+    for trace_id, trace_spans in by_trace.items():
+        keys = known.get(trace_id) or otlp.context_keys(trace_spans)
+        groups.setdefault(keys_digest(keys), (keys, []))[1].extend(trace_spans)
     for keys, _ in groups.values():
         if not auth.keys_allowed(key, keys):
             raise KeysNotAllowed(

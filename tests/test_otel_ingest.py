@@ -309,3 +309,84 @@ def test_an_ingested_run_opens_in_the_logbook_and_as_a_transcript(writer, tool_r
     assert transcript.status_code == 200, transcript.content
     texts = [m["content"][0]["text"] for m in transcript.json()]
     assert "Observation:\nSunny in Paris, 22C" in texts
+
+
+def genai_trace():
+    """A GenAI-conventions trace (no OpenInference): invoke_agent with chat and execute_tool
+    spans side by side, one tool failing, made with the OpenTelemetry SDK."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    def messages(role, *parts):
+        return json.dumps([{"role": role, "parts": list(parts)}])
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "genai-app"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("my.genai.app")
+    ask = messages("user", {"type": "text", "content": "Weather in Paris?"})
+    with tracer.start_as_current_span("invoke_agent weather", attributes={
+        "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "weather",
+        "gen_ai.conversation.id": "conv-7", "gen_ai.input.messages": ask,
+    }) as root:
+        with tracer.start_as_current_span("chat", attributes={
+            "gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 30, "gen_ai.usage.output_tokens": 5,
+            "gen_ai.input.messages": ask,
+            "gen_ai.output.messages": messages(
+                "assistant",
+                {"type": "tool_call", "id": "c1", "name": "get_weather", "arguments": {"location": "Paris"}},
+                {"type": "tool_call", "id": "c2", "name": "get_time", "arguments": {"city": "Paris"}},
+            ),
+        }):
+            pass
+        with tracer.start_as_current_span("execute_tool get_weather", attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather", "gen_ai.tool.call.id": "c1",
+            "gen_ai.tool.call.arguments": '{"location": "Paris"}', "gen_ai.tool.call.result": "Sunny",
+        }):
+            pass
+        try:
+            with tracer.start_as_current_span("execute_tool get_time", attributes={
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_time", "gen_ai.tool.call.id": "c2",
+            }):
+                raise TimeoutError("clock service timed out")
+        except TimeoutError:
+            pass
+        with tracer.start_as_current_span("chat", attributes={
+            "gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 40, "gen_ai.usage.output_tokens": 6,
+            "gen_ai.output.messages": messages("assistant", {"type": "text", "content": "It is sunny."}),
+        }):
+            pass
+        root.set_attribute("gen_ai.output.messages", messages("assistant", {"type": "text", "content": "It is sunny."}))
+    return exporter.get_finished_spans()
+
+
+def test_genai_convention_trace_becomes_a_run(writer):
+    assert post(writer, protobuf_body(genai_trace())).status_code == 200
+    run = stored_run()
+    assert run.context.keys == {"service": "genai-app", "session": "conv-7"}
+    assert (run.task, run.agent_name, run.framework, run.status) == ("Weather in Paris?", "weather", "opentelemetry", "success")
+    assert run.final_answer == "It is sunny."
+    assert (run.input_tokens, run.output_tokens, run.total_tokens) == (70, 11, 81)
+    task, first, second = run.steps.order_by("position")
+    assert task.kind == "task" and task.task == "Weather in Paris?"
+    assert (first.kind, first.input_tokens, first.observations) == ("action", 30, "Sunny")
+    assert (first.error_type, first.error_message) == ("TimeoutError", "clock service timed out")
+    calls = [(c.call_id, c.name, c.arguments, c.output, c.success) for c in first.tool_calls.order_by("position")]
+    assert calls == [("c1", "get_weather", {"location": "Paris"}, "Sunny", True),
+                     ("c2", "get_time", {"city": "Paris"}, None, False)]
+    assert first.model_input_messages == [{"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]}]
+    assert (second.model_output, second.error_type, second.tool_calls.count()) == ("It is sunny.", None, 0)
+    assert run.error_count == 1
+
+
+def test_a_trace_stays_in_the_context_of_its_first_spans(writer):
+    """The session id rides on the root only; the root comes last, in its own request."""
+    spans = genai_trace()
+    assert post(writer, protobuf_body(spans[:-1])).status_code == 200
+    assert post(writer, protobuf_body(spans[-1:])).status_code == 200
+    run = stored_run()
+    assert run.context.keys == {"service": "genai-app"}
+    assert run.status == "success" and run.step_count == 3
+    assert Context.objects.count() == 1

@@ -73,13 +73,13 @@ def decode_request(body: bytes, *, content_type: str) -> list[dict[str, Any]]:
     elif content_type == JSON:
         try:
             data = json.loads(body, parse_constant=_reject_constant)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:
             raise TraceFormatError(f"body is not JSON: {exc}") from None
         if not isinstance(data, dict):
             raise TraceFormatError("body must be a JSON object {resourceSpans: [...]}")
         try:
             json_format.ParseDict(_ids_hex_to_base64(data), request)
-        except (json_format.ParseError, TypeError, ValueError, AttributeError) as exc:
+        except (json_format.ParseError, TypeError, ValueError, AttributeError, RecursionError) as exc:
             raise TraceFormatError(f"body is not an OTLP/JSON ExportTraceServiceRequest: {exc}") from None
     else:
         raise TraceFormatError(f"unsupported content type {content_type!r}")
@@ -217,24 +217,28 @@ def span_role(span: dict[str, Any]) -> str:
     return _GENAI_ROLES.get(attrs.get("gen_ai.operation.name"), OTHER)
 
 
-def context_keys(span: dict[str, Any]) -> dict[str, Any]:
-    """The context a span belongs to.
+def context_keys(spans: list[dict[str, Any]]) -> dict[str, Any]:
+    """The context the spans of one trace belong to.
 
-    `agentmemory.context.<key>` attributes, on the resource (OTEL_RESOURCE_ATTRIBUTES) or on the
-    span (span wins), give the keys. Without any: `{"service": service.name}` plus
-    `{"session": ...}` from `session.id` (OpenInference) or `gen_ai.conversation.id` (GenAI).
+    `agentmemory.context.<key>` attributes, on the resource (OTEL_RESOURCE_ATTRIBUTES) or on any
+    span of the trace (span wins), give the keys. Without any: `{"service": service.name}` plus
+    `{"session": ...}` from `session.id` (OpenInference) or `gen_ai.conversation.id` (GenAI) of
+    the first span that has one.
     """
     keys: dict[str, Any] = {}
-    for attrs in (span["resource"], span["attributes"]):
-        for name, value in attrs.items():
-            if name.startswith(CONTEXT_PREFIX) and len(name) > len(CONTEXT_PREFIX):
-                keys[name[len(CONTEXT_PREFIX):]] = value
+    for span in spans:
+        for attrs in (span["resource"], span["attributes"]):
+            for name, value in attrs.items():
+                if name.startswith(CONTEXT_PREFIX) and len(name) > len(CONTEXT_PREFIX):
+                    keys[name[len(CONTEXT_PREFIX):]] = value
     if keys:
         return keys
-    keys["service"] = span["resource"].get("service.name") or "unknown_service"
-    session = span["attributes"].get("session.id") or span["attributes"].get("gen_ai.conversation.id")
-    if session:
-        keys["session"] = session
+    keys["service"] = spans[0]["resource"].get("service.name") or "unknown_service"
+    for span in spans:
+        session = span["attributes"].get("session.id") or span["attributes"].get("gen_ai.conversation.id")
+        if session:
+            keys["session"] = session
+            break
     return keys
 
 
@@ -378,7 +382,7 @@ def _error(span: dict[str, Any]) -> tuple[str, str] | None:
         if event["name"] == "agent.step_recovery":
             return str(attrs.get("type") or "AgentError"), str(attrs.get("message") or "")
     if span["status"] == "error":
-        return span["attributes"].get("error.type") or "Error", span["status_message"]
+        return str(span["attributes"].get("error.type") or "Error"), span["status_message"]
     return None
 
 
