@@ -62,6 +62,10 @@ def test_quick_benchmark_exits_cleanly_and_writes_the_markdown_table(quick_run):
     assert "| ingest (API) | single append" in text
     assert "semantic recall@10" in text
     assert "| storage | messages with 384-d vectors, per 100,000 messages" in text
+    # Batches with inline vectors, through the write path, the API and real HTTP (the scenario
+    # fails, and the rows are missing, unless every vector sent was stored).
+    for area in ("domain", "API", "HTTP"):
+        assert f"| ingest ({area}) | batch of 100 messages with 384-d vectors" in text
 
 
 def test_every_target_row_says_met_or_missed(quick_run):

@@ -45,6 +45,12 @@ def _examples(*examples: dict) -> ConfigDict:
     return ConfigDict(json_schema_extra={"examples": list(examples)})
 
 
+class BulkIn(BaseModel):
+    """Bodies that arrive by the thousand (messages, steps): plain pydantic models. ninja's
+    `Schema` wraps every object in a root validator made for reading ORM objects, which cost
+    about a third of a 1,000-message batch's validation."""
+
+
 # --- contexts ------------------------------------------------------------------------------------
 
 
@@ -172,7 +178,7 @@ MESSAGE_WITH_VECTOR_EXAMPLE = {
 }
 
 
-class MessageIn(Schema):
+class MessageIn(BulkIn):
     model_config = _examples(
         MESSAGE_IN_EXAMPLE,
         {
@@ -214,7 +220,7 @@ class MessageIn(Schema):
         return item
 
 
-class MessageBatchIn(Schema):
+class MessageBatchIn(BulkIn):
     model_config = _examples(
         {"messages": [MESSAGE_IN_EXAMPLE]}, {"messages": [MESSAGE_WITH_VECTOR_EXAMPLE]}
     )
@@ -398,7 +404,7 @@ class RunPage(Schema):
     next_cursor: int | None
 
 
-class ToolCallIn(Schema):
+class ToolCallIn(BulkIn):
     call_id: Short(200) = ""
     name: Annotated[Short(200), Field(min_length=1)]
     arguments: JsonValue = None
@@ -407,7 +413,7 @@ class ToolCallIn(Schema):
     duration: Seconds | None = None
 
 
-class StepIn(Schema):
+class StepIn(BulkIn):
     client_id: ClientId | None = None
     kind: Kind
     step_number: Int32 | None = None
@@ -454,7 +460,7 @@ STEP_IN_EXAMPLE = {
 }
 
 
-class StepsIn(Schema):
+class StepsIn(BulkIn):
     model_config = _examples({"steps": [STEP_IN_EXAMPLE]})
     steps: list[StepIn] = Field(min_length=1, max_length=MAX_BATCH)
 

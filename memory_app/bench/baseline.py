@@ -170,6 +170,30 @@ def append_loop(context_id: int, texts: list[str]) -> None:
         )
 
 
+def append_loop_with_vectors(context_id: int, texts: list[str], model: str, vectors) -> None:
+    """One ORM INSERT per message and one per vector (autocommit)."""
+    last = Message.objects.filter(context_id=context_id).aggregate(s=Max("seq"))["s"] or 0
+    tokenizer = tokens.default_tokenizer_name()
+    for i, (text, vector) in enumerate(zip(texts, vectors, strict=True), start=1):
+        [count] = tokens.count_tokens([text], tokenizer=tokenizer)
+        message = Message.objects.create(
+            context_id=context_id,
+            seq=last + i,
+            role="user" if i % 2 else "assistant",
+            text=text,
+            token_count=count,
+            tokenizer=tokenizer,
+        )
+        Embedding.objects.create(
+            message=message,
+            context_id=context_id,
+            model=model,
+            dimensions=len(vector),
+            vector=vector,
+            attempts=1,
+        )
+
+
 def steps_loop(run_id: int, steps: list[dict]) -> None:
     """One ORM INSERT per step and per tool call."""
     last = Step.objects.filter(run_id=run_id).aggregate(p=Max("position"))["p"] or 0

@@ -252,7 +252,14 @@ class Command(BaseCommand):
         web = Client()
         web.force_login(user)
         bench = scenarios.Bench(
-            data=data, report=report, api=api, web=web, log=self.log, samples=samples, quick=quick
+            data=data,
+            report=report,
+            api=api,
+            web=web,
+            log=self.log,
+            samples=samples,
+            quick=quick,
+            api_secret=issued.secret,
         )
         only = [a.strip() for a in only.split(",") if a.strip()]
         for name, fn in AREAS.items():
