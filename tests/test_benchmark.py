@@ -133,3 +133,62 @@ def test_the_benchmark_refuses_the_sites_own_database():
     own = connections["default"].settings_dict["NAME"]
     with pytest.raises(database.BenchDatabaseError):
         database.switch_to(own)
+
+
+def test_peers_missing_is_a_clear_error(monkeypatch):
+    from memory_app.bench import peers
+
+    monkeypatch.setitem(sys.modules, "langchain_postgres", None)
+    with pytest.raises(peers.PeersMissing, match=r"agentmemory\[peers\]"):
+        peers.load()
+
+
+def _peers_installed() -> bool:
+    from memory_app.bench import peers
+
+    try:
+        peers.load()
+    except peers.PeersMissing:
+        return False
+    return True
+
+
+@pytest.mark.skipif(
+    not _peers_installed(), reason="the peers extra is absent (pip install 'agentmemory[peers]')"
+)
+def test_quick_peers_run_prints_ours_over_each_peer(tmp_path):
+    out = tmp_path / "peers.md"
+    db_name = f"{os.environ.get('AGENTMEMORY_TEST_DB_NAME', 'test_agentmemory')}_peers"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "benchmark",
+            "--quick",
+            "--only",
+            "peers",
+            "--db-name",
+            db_name,
+            "--output",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in out.read_text().splitlines()
+        if line.startswith("| peers |")
+    ]
+    peers_seen = {cells[1].split(" — vs ")[1] for cells in rows}
+    assert {
+        "langchain-postgres chat history",
+        "LangGraph PostgresStore",
+        "naive (ORM row by row)",
+    } <= peers_seen
+    # Every row has both figures and the ratio ours ÷ peer.
+    assert all(cells[2] and cells[3] and cells[4].endswith("×") for cells in rows), rows
+    assert "## Peers" in out.read_text()

@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from django.test import Client
 
-from memory_app.bench import database, scenarios
+from memory_app.bench import database, peers, scenarios
 from memory_app.bench.dataset import Dataset, Sizes, build
 from memory_app.bench.measure import Report, machine_lines, plain_table, table
 
@@ -37,6 +37,8 @@ AREAS = {
     "dashboard": scenarios.dashboard,
     "storage": scenarios.storage,
     "ingest": scenarios.ingest,
+    # Only with --peers (or --only peers): needs the `peers` extra.
+    "peers": peers.run,
 }
 
 
@@ -55,6 +57,12 @@ class Command(BaseCommand):
             action="store_true",
             help="issue 11's scale: 1,000,000 messages in one context, 1,200,000 vectors in the "
             "store (database agentmemory_bench_1m unless --db-name; built once, then reused)",
+        )
+        parser.add_argument(
+            "--peers",
+            action="store_true",
+            help="also run langchain-postgres chat history, LangGraph PostgresStore and the naive "
+            "baseline on the same data and print ours ÷ peer (needs agentmemory[peers])",
         )
         parser.add_argument(
             "--messages",
@@ -130,6 +138,12 @@ class Command(BaseCommand):
         unknown = {a.strip() for a in opts["only"].split(",") if a.strip()} - set(AREAS)
         if unknown:
             raise CommandError(f"unknown areas {sorted(unknown)}: choose from {', '.join(AREAS)}")
+        with_peers = opts["peers"] or "peers" in {a.strip() for a in opts["only"].split(",")}
+        if with_peers:
+            try:
+                peers.load()
+            except peers.PeersMissing as exc:
+                raise CommandError(str(exc)) from exc
         db_name = opts["db_name"] or (
             "agentmemory_bench_quick"
             if quick
@@ -157,7 +171,9 @@ class Command(BaseCommand):
             db_name, sizes, reuse=reuse, quick=quick, guard=scale and not opts["rebuild"]
         )
         try:
-            report = self._measure(data, samples=samples, quick=quick, only=opts["only"])
+            report = self._measure(
+                data, samples=samples, quick=quick, only=opts["only"], with_peers=with_peers
+            )
             text = self._markdown(report, data, samples=samples, db_name=db_name, quick=quick)
         finally:
             connection.close()
@@ -239,7 +255,9 @@ class Command(BaseCommand):
 
     # --- measurements -------------------------------------------------------------------------
 
-    def _measure(self, data: Dataset, *, samples: int, quick: bool, only: str = "") -> Report:
+    def _measure(
+        self, data: Dataset, *, samples: int, quick: bool, only: str = "", with_peers: bool = False
+    ) -> Report:
         from memory_app import auth
 
         report = Report()
@@ -263,7 +281,7 @@ class Command(BaseCommand):
         )
         only = [a.strip() for a in only.split(",") if a.strip()]
         for name, fn in AREAS.items():
-            if only and name not in only:
+            if (only and name not in only) or (name == "peers" and not with_peers):
                 continue
             self.log(f"measuring {name}")
             t = time.perf_counter()
