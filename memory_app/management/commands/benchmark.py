@@ -153,13 +153,7 @@ class Command(BaseCommand):
         )
         samples = opts["samples"] or (5 if quick else 50)
         output = opts["output"] or (
-            None
-            if quick
-            else str(
-                Path(settings.BASE_DIR)
-                / "docs"
-                / ("benchmarks-1m.md" if scale else "benchmarks.md")
-            )
+            None if quick else str(Path(settings.BASE_DIR) / "docs" / "benchmarks.md")
         )
         if quick:
             # Exercise the HNSW path on the tiny dataset too (the default threshold is 20,000).
