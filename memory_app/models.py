@@ -83,7 +83,8 @@ class Context(models.Model):
     run_count = models.IntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
-    last_activity_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # Indexed by context_activity_idx, which leads with it (a one-column index would repeat it).
+    last_activity_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [
@@ -102,7 +103,8 @@ class Context(models.Model):
 class Run(models.Model):
     """One execution of an agent inside a context."""
 
-    context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="runs")
+    # No index of its own: run_context_recent_idx leads with context.
+    context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="runs", db_index=False)
     client_id = models.CharField(max_length=200, null=True, blank=True)
     task = models.TextField(blank=True, default="")
     system_prompt = models.TextField(blank=True, default="")
@@ -145,7 +147,8 @@ class Step(models.Model):
     own dict verbatim so an export gives back exactly what was imported.
     """
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    # No index of its own: step_run_position_unique leads with run.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
     position = models.IntegerField()
     client_id = models.CharField(max_length=200, null=True, blank=True)
     kind = models.CharField(max_length=20, choices=StepKind.choices)
@@ -207,7 +210,8 @@ class Step(models.Model):
 class ToolCall(models.Model):
     """One tool invocation inside a step."""
 
-    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="tool_calls")
+    # No index of its own: toolcall_step_position_unique leads with step.
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="tool_calls", db_index=False)
     position = models.IntegerField()
     call_id = models.CharField(max_length=200, blank=True, default="")
     name = models.CharField(max_length=200)
@@ -231,7 +235,10 @@ class ToolCall(models.Model):
 class Message(models.Model):
     """One entry of a context's chat history, ordered by a per-context `seq`."""
 
-    context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="messages")
+    # Foreign keys without their own index: message_context_seq_unique leads with context; run
+    # and step are indexed where set only (message_run_idx, message_step_idx), as most messages
+    # belong to no run.
+    context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="messages", db_index=False)
     seq = models.BigIntegerField()
     client_id = models.CharField(max_length=200, null=True, blank=True)
     role = models.CharField(max_length=20, choices=MessageRole.choices)
@@ -245,8 +252,12 @@ class Message(models.Model):
     key_order = models.JSONField(
         null=True, blank=True, help_text="memory_app.interop.key_order skeleton of content/metadata"
     )
-    run = models.ForeignKey(Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="messages")
-    step = models.ForeignKey(Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="messages")
+    run = models.ForeignKey(
+        Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="messages", db_index=False
+    )
+    step = models.ForeignKey(
+        Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="messages", db_index=False
+    )
     token_count = models.IntegerField(default=0)
     tokenizer = models.CharField(max_length=50, blank=True, default="")
     # The client's own timestamp string, kept verbatim (AgentScope's is local time, no zone).
@@ -283,7 +294,16 @@ class Message(models.Model):
                 condition=Q(pruned_at__isnull=True),
                 name="message_live_recent_idx",
             ),
-            models.Index(fields=["run"], name="message_run_idx"),
+            # Composite's system message, however far back it lies (the last user message is
+            # found walking back message_live_recent_idx over the current turn, which composite
+            # reads anyway).
+            models.Index(
+                fields=["context", "seq"],
+                condition=Q(pruned_at__isnull=True, role="system"),
+                name="message_live_system_idx",
+            ),
+            models.Index(fields=["run"], condition=Q(run__isnull=False), name="message_run_idx"),
+            models.Index(fields=["step"], condition=Q(step__isnull=False), name="message_step_idx"),
             # token_window's skip policy reads on only rows that can still fit the budget.
             models.Index(
                 fields=["context", "token_count", "seq"],
