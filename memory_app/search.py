@@ -1,10 +1,12 @@
 """Search inside one context: PostgreSQL full-text, pgvector cosine, and their fusion.
 
 Within one context every mode returns min(k, n) results ranked as an exact scan would, whatever
-share of the table that context holds. Full-text search is exact by construction (the GIN index
-answers `@@` without loss). Vector search needs care: pgvector 0.6 has no iterative index scans
-and applies a WHERE filter *after* the HNSW scan, which yields at most `hnsw.ef_search` candidates
-store-wide, so a small context could get fewer than k hits, or none. Hence:
+share of the table that context holds. Full-text search finds every match (the GIN index answers
+`@@` without loss) but ranks the newest `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` of them only
+(see `keyword_ranking`), so that its cost does not grow with the context. Vector search needs
+care: pgvector 0.6 has no iterative index scans and applies a WHERE filter *after* the HNSW
+scan, which yields at most `hnsw.ef_search` candidates store-wide, so a small context could get
+fewer than k hits, or none. Hence:
 
 - a context with fewer than `AGENTMEMORY_SEARCH_EXACT_THRESHOLD` vectors of the model (counted
   on the (context, model) btree index) is scanned exactly: its rows are fetched first (a
@@ -30,6 +32,9 @@ Mode = Literal["auto", "keyword", "semantic", "hybrid"]
 MAX_QUERY_CHARS = 10_000
 # Reciprocal rank fusion constant (Cormack et al.): damps the weight of top ranks.
 RRF_K = 60
+# Keyword candidates are looked for in the latest KEYWORD_RECENT_SEQS seqs first, then in the
+# older ones through the GIN index (see _keyword_candidates).
+KEYWORD_RECENT_SEQS = 2_000
 
 
 class SemanticUnavailable(Invalid):
@@ -73,7 +78,7 @@ class SearchResult:
 
 def _any_terms_tsquery(query: str) -> str:
     """A tsquery text OR-ing the query's stemmed lexemes (for natural-language prompts, where
-    requiring every word would rarely match)."""
+    requiring every word would rarely match); empty when the query holds no lexeme."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT tsvector_to_array(to_tsvector(%s::regconfig, %s))", [FTS_CONFIG, query]
@@ -82,32 +87,96 @@ def _any_terms_tsquery(query: str) -> str:
     return " | ".join("'" + lx.replace("\\", "\\\\").replace("'", "''") + "'" for lx in lexemes)
 
 
+def _tsquery_text(query: str, match: str) -> str:
+    """The text of the tsquery for `query`: a web search (every word, "quoted phrases",
+    -exclusions, or) for `match="all"`, any of its words for `match="any"`. Empty when the query
+    holds no lexeme (only stop words or punctuation)."""
+    if match == "any":
+        return _any_terms_tsquery(query)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT q::text FROM websearch_to_tsquery(%s::regconfig, %s) q WHERE numnode(q) > 0",
+            [FTS_CONFIG, query],
+        )
+        row = cursor.fetchone()
+        return row[0] if row else ""
+
+
 def keyword_ranking(
-    *, context_id: int, query: str, limit: int, exclude_ids: Sequence[int] = (), match: str = "all"
+    *,
+    context_id: int,
+    query: str,
+    limit: int,
+    exclude_ids: Sequence[int] = (),
+    match: str = "all",
+    last_seq: int | None = None,
 ) -> list[tuple[int, float]]:
     """(message id, ts_rank) of live messages matching `query`, best first, ties newest first.
 
     `match="all"` reads the query as a web search (websearch_to_tsquery: every word, "quoted
     phrases", -exclusions, or); `match="any"` matches any of its words, ranked by how many.
+
+    Only the newest `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` matches of the context are ranked
+    (every match when fewer match, so small contexts are ranked exactly): ranking reads each
+    candidate row, and an any-word query can match a fifth of a million-message context.
+    `last_seq` is the context's counter (read when not given). See `_keyword_candidates`.
     """
-    if match == "any":
-        tsq_text = _any_terms_tsquery(query)
-        if not tsq_text:
-            return []
-        tsquery_sql, param = "to_tsquery('simple', %s)", tsq_text
-    else:
-        tsquery_sql, param = f"websearch_to_tsquery('{FTS_CONFIG}', %s)", query
-    sql = f"""
-        SELECT m.id, ts_rank(m.search_vector, q.query) AS score
-        FROM memory_app_message m, {tsquery_sql} AS q(query)
-        WHERE m.context_id = %s AND m.pruned_at IS NULL AND m.search_vector @@ q.query
-          AND NOT (m.id = ANY(%s))
-        ORDER BY score DESC, m.seq DESC
-        LIMIT %s
-    """  # noqa: S608 - only constants are interpolated
+    tsquery = _tsquery_text(query, match)
+    if not tsquery:
+        return []
+    if last_seq is None:
+        last_seq = (
+            Context.objects.filter(pk=context_id).values_list("last_seq", flat=True).first() or 0
+        )
+    found = _keyword_candidates(
+        context_id=context_id,
+        tsquery=tsquery,
+        last_seq=last_seq,
+        candidates=max(settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES, limit),
+        exclude_ids=list(exclude_ids),
+    )
+    found.sort(key=lambda row: (-row[2], -row[1]))
+    return [(mid, score) for mid, _, score in found[:limit]]
+
+
+def _keyword_candidates(
+    *, context_id: int, tsquery: str, last_seq: int, candidates: int, exclude_ids: list[int]
+) -> list[tuple[int, int, float]]:
+    """(id, seq, ts_rank) of the newest `candidates` live matches, in two passes whose cost
+    follows the candidates, not the context's size.
+
+    1. The latest KEYWORD_RECENT_SEQS seqs, walked back on the recent-messages index until
+       enough match: frequent words (the usual case for natural-language prompts) stop early.
+       The match is written as a call of `ts_match_vq` (the function behind `@@`) so the planner
+       does not take the GIN index here: on a frequent word its posting list is far longer than
+       the walk.
+    2. If too few matched there, the words are rare in the recent history: the older seqs,
+       newest first, where the planner takes the GIN index for rare words (and walks on for
+       words that are frequent further back, stopping at the candidates it still needs).
+    """
+    params = {"context": context_id, "q": tsquery, "exclude": exclude_ids}
+    recent = """
+        SELECT m.id, m.seq, ts_rank(m.search_vector, %(q)s::tsquery)
+        FROM memory_app_message m
+        WHERE m.context_id = %(context)s AND m.pruned_at IS NULL AND m.seq > %(after)s
+          AND ts_match_vq(m.search_vector, %(q)s::tsquery) AND NOT (m.id = ANY(%(exclude)s))
+        ORDER BY m.seq DESC LIMIT %(need)s
+    """
+    older = """
+        SELECT m.id, m.seq, ts_rank(m.search_vector, %(q)s::tsquery)
+        FROM memory_app_message m
+        WHERE m.context_id = %(context)s AND m.pruned_at IS NULL AND m.seq <= %(upto)s
+          AND m.search_vector @@ %(q)s::tsquery AND NOT (m.id = ANY(%(exclude)s))
+        ORDER BY m.seq DESC LIMIT %(need)s
+    """
+    upto = max(last_seq - KEYWORD_RECENT_SEQS, 0)
     with connection.cursor() as cursor:
-        cursor.execute(sql, [param, context_id, list(exclude_ids), limit])
-        return [(row[0], float(row[1])) for row in cursor.fetchall()]
+        cursor.execute(recent, {**params, "after": upto, "need": candidates})
+        found = cursor.fetchall()
+        if len(found) < candidates and upto > 0:
+            cursor.execute(older, {**params, "upto": upto, "need": candidates - len(found)})
+            found += cursor.fetchall()
+    return [(mid, seq, float(score)) for mid, seq, score in found]
 
 
 # --- semantic ---------------------------------------------------------------------------------
@@ -262,6 +331,7 @@ def search_messages(
     if match not in (None, "all", "any"):
         raise Invalid("match must be 'all' or 'any'")
     notes: list[str] = []
+    asked_auto = mode == "auto"
     if mode == "auto":
         available = query_vector is not None or embeddings.get_provider() is not None
         mode = "hybrid" if available else "keyword"
@@ -278,7 +348,8 @@ def search_messages(
             query=query,
             limit=fetch,
             exclude_ids=exclude_ids,
-            match=match or ("all" if mode == "keyword" else "any"),
+            match=match or ("all" if mode == "keyword" and not asked_auto else "any"),
+            last_seq=context.last_seq,
         )
     if mode in ("semantic", "hybrid"):
         try:

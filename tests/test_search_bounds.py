@@ -1,0 +1,238 @@
+"""Keyword search ranks a bounded set of candidates, and the big-context reads go through indexes.
+
+Issue 11: an any-word query can match a fifth of a million-message context, and ranking every
+match read every matching row; composite's system-message lookup walked the context back to its
+first message. Here the reads are checked on their plans (EXPLAIN ANALYZE on a context of a few
+thousand rows): no sequential scan, and the rows they touch do not grow with the context.
+Issue 14.7: a natural-language query in `auto` mode ranks any-word matches (the dashboard's
+playground found nothing for "weather in Kyoto" when no message held both words).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from memory_app import logbook, search, selectors
+from memory_app.models import Message
+from tests.builders import make_context, make_user
+
+pytestmark = pytest.mark.django_db
+
+KYOTO = [
+    ("user", "Lunch plans for the team"),
+    ("assistant", "Kyoto temples are quiet at dawn"),
+    ("user", "The weather in Kyoto is mild today, and the weather will hold"),
+    ("assistant", "Severe weather alerts for the coast"),
+    ("user", "Nothing to add"),
+]
+
+
+@pytest.fixture
+def kyoto(settings):
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    context = make_context()
+    result = logbook.messages_append(
+        context=context, items=[{"role": r, "text": t} for r, t in KYOTO]
+    )
+    context.refresh_from_db()
+    return context, [m.pk for m in result.messages]
+
+
+def test_auto_without_vectors_ranks_any_word_matches(kyoto):
+    context, ids = kyoto
+    result = search.search_messages(context=context, query="weather in Kyoto", k=5, mode="auto")
+    assert result.mode == "keyword"
+    # Both words first; then the one-word matches, the two-"weather" message above "Kyoto" once.
+    assert [h.message.pk for h in result.hits] == [ids[2], ids[3], ids[1]]
+    # Asked for keyword mode, the query still reads as a web search (every word).
+    strict = search.search_messages(context=context, query="weather in Kyoto", k=5, mode="keyword")
+    assert [h.message.pk for h in strict.hits] == [ids[2]]
+
+
+def test_playground_search_for_weather_in_kyoto_ranks_any_word_matches(kyoto):
+    context, ids = kyoto
+    client = Client()
+    client.force_login(make_user(role="viewer"))
+    response = client.get(
+        reverse("playground", args=[context.pk]),
+        {"selector": "search", "query": "weather in Kyoto", "k": "5", "mode": "auto"},
+    )
+    assert response.status_code == 200
+    [side] = response.context["sides"]
+    assert not side.error
+    items = side.selection.items
+    assert sorted(i.message.pk for i in items) == sorted([ids[1], ids[2], ids[3]])
+    assert next(i for i in items if i.message.pk == ids[2]).reason.startswith("search: rank 1 ")
+    assert "Kyoto temples" in response.content.decode()
+    # The same body through the API gives the same messages (the playground's "Copy curl").
+    body = json.loads(side.snippets["curl"].split("-d ", 1)[1].strip("'"))
+    spec = selectors.SearchSpec(query=body["query"], k=body["k"], mode=body["mode"])
+    assert selectors.select(context=context, spec=spec).ids == side.selection.ids
+
+
+# --- the bounded candidate set -----------------------------------------------------------------
+
+
+def _ranked_by_ts_rank(context, tsquery: str, ids: list[int]) -> list[int]:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT id FROM memory_app_message WHERE id = ANY(%s) "
+            "ORDER BY ts_rank(search_vector, %s::tsquery) DESC, seq DESC",
+            [ids, tsquery],
+        )
+        return [r[0] for r in cur.fetchall()]
+
+
+def test_keyword_ranks_the_newest_matches_when_more_match_than_the_candidates(settings, monkeypatch):
+    settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 20
+    monkeypatch.setattr(search, "KEYWORD_RECENT_SEQS", 8)
+    context = make_context()
+    # The oldest message is the best match (four times "alpha"); 60 newer ones hold it once or
+    # twice, every third not at all.
+    items = [{"role": "user", "text": "alpha alpha alpha alpha"}]
+    for i in range(90):
+        items.append({"role": "user", "text": "filler words" if i % 3 == 2 else "alpha " * (1 + i % 2) + "x"})
+    messages = logbook.messages_append(context=context, items=items).messages
+    context.refresh_from_db()
+    matching = [m.pk for m in messages if "alpha" in m.text]
+    hits = search.keyword_ranking(context_id=context.pk, query="alpha", limit=10, last_seq=context.last_seq)
+    newest = matching[-20:]
+    assert [h for h, _ in hits] == _ranked_by_ts_rank(context, "'alpha'", newest)[:10]
+    assert messages[0].pk not in [h for h, _ in hits]
+    # With room for every match the oldest (and best) one leads: small contexts rank exactly.
+    settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 1000
+    hits = search.keyword_ranking(context_id=context.pk, query="alpha", limit=10)
+    assert hits[0][0] == messages[0].pk
+    assert [h for h, _ in hits] == _ranked_by_ts_rank(context, "'alpha'", matching)[:10]
+
+
+def test_a_rare_old_match_is_found_by_widening_the_window(settings, monkeypatch):
+    monkeypatch.setattr(search, "KEYWORD_RECENT_SEQS", 4)
+    context = make_context()
+    items = [{"role": "user", "text": "the one about Kyoto"}] + [
+        {"role": "assistant", "text": f"reply number {i}"} for i in range(200)
+    ]
+    first = logbook.messages_append(context=context, items=items).messages[0]
+    context.refresh_from_db()
+    result = search.search_messages(context=context, query="Kyoto trip", k=3, mode="auto")
+    assert [h.message.pk for h in result.hits] == [first.pk]
+
+
+def test_a_query_of_stop_words_only_matches_nothing_without_reading(kyoto):
+    context, _ = kyoto
+    with CaptureQueriesContext(connection) as queries:
+        assert search.keyword_ranking(context_id=context.pk, query="in the of", limit=5) == []
+        assert search.keyword_ranking(context_id=context.pk, query="- ! ,", limit=5, match="any") == []
+    assert not any("memory_app_message" in q["sql"] for q in queries.captured_queries)
+
+
+# --- plans on a context of a few thousand rows ------------------------------------------------
+
+
+def _plan_nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+def _message_scans(sql: str) -> list[dict]:
+    """The nodes of EXPLAIN ANALYZE reading memory_app_message for `sql` (a captured query)."""
+    with connection.cursor() as cur:
+        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+        plan = cur.fetchone()[0]
+    plan = plan[0]["Plan"] if isinstance(plan, list) else json.loads(plan)[0]["Plan"]
+    return [n for n in _plan_nodes(plan) if n.get("Relation Name") == "memory_app_message"]
+
+
+def _touched(node: dict) -> int:
+    """Heap rows a scan node read: those it returned and those its filters threw away."""
+    return (
+        node.get("Actual Rows", 0)
+        + node.get("Rows Removed by Filter", 0)
+        + node.get("Rows Removed by Index Recheck", 0)
+    )
+
+
+@pytest.fixture
+def big_context(settings):
+    """One context of 4,000 messages (a system prompt first, user / assistant after it) among
+    smaller ones, analysed: every third message holds "alpha", every 40th "kyoto"."""
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    for _ in range(8):
+        other = make_context()
+        logbook.messages_append(
+            context=other,
+            items=[{"role": "user", "text": f"alpha other {i}"} for i in range(250)],
+        )
+    context = make_context()
+    items = [{"role": "system", "text": "You are a helpful assistant."}]
+    for i in range(1, 4000):
+        words = ["note", str(i)]
+        if i % 3 == 0:
+            words.append("alpha")
+        if i % 40 == 0:
+            words.append("kyoto")
+        items.append({"role": "user" if i % 2 else "assistant", "text": " ".join(words)})
+    for start in range(0, len(items), 1000):
+        logbook.messages_append(context=context, items=items[start : start + 1000])
+    # The last user message: a long natural-language prompt whose words match most messages.
+    logbook.messages_append(
+        context=context,
+        items=[{"role": "user", "text": "any note about alpha or kyoto, please"}],
+    )
+    with connection.cursor() as cur:
+        # As autovacuum would have by now: new entries merged from the GIN pending list (the
+        # planner prices a long pending list, which holds the whole table here).
+        cur.execute("SELECT gin_clean_pending_list('message_fts_gin'::regclass)")
+        cur.execute("ANALYZE memory_app_message")
+    context.refresh_from_db()
+    return context
+
+
+def _reads_of(fn) -> list[str]:
+    with CaptureQueriesContext(connection) as queries:
+        fn()
+    return [q["sql"] for q in queries.captured_queries if "memory_app_message" in q["sql"]]
+
+
+@pytest.mark.parametrize(
+    ("query", "mode"), [("alpha", "keyword"), ("note alpha", "keyword"), ("kyoto weather", "auto")]
+)
+def test_keyword_reads_use_indexes_and_touch_only_the_candidates(
+    big_context, settings, monkeypatch, query, mode
+):
+    settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 100
+    monkeypatch.setattr(search, "KEYWORD_RECENT_SEQS", 400)
+    reads = _reads_of(
+        lambda: search.search_messages(context=big_context, query=query, k=10, mode=mode)
+    )
+    assert reads
+    for sql in reads:
+        scans = _message_scans(sql)
+        assert scans and not [n for n in scans if n["Node Type"] == "Seq Scan"], sql
+        # Ranking every match read 1,333 rows for "alpha", 4,000 for "note". Now: at most a
+        # window's rows (the first window of 400 seqs holds 133 "alpha"), or the few matches
+        # of a rare word once the window covers the whole context.
+        assert sum(_touched(n) for n in scans) <= 1000, sql
+
+
+def test_composite_reads_use_indexes_and_do_not_walk_the_context(big_context, settings):
+    settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 100
+    spec = selectors.CompositeSpec(search_k=3, search_mode="keyword")
+    selection = selectors.select(context=big_context, spec=spec)
+    system = Message.objects.get(context=big_context, seq=1)
+    assert selection.items[0].message.pk == system.pk
+    assert selection.items[-1].message.text.startswith("any note about")
+    reads = _reads_of(lambda: selectors.select(context=big_context, spec=spec))
+    for sql in reads:
+        scans = _message_scans(sql)
+        assert not [n for n in scans if n["Node Type"] == "Seq Scan"], sql
+        if "'system'" in sql:
+            # The system message is 4,000 messages back: one index entry, not a walk back to it.
+            assert sum(_touched(n) for n in scans) <= 2, sql
