@@ -59,6 +59,13 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # gzip for pages, fragments, JSON and static files (above WhiteNoise, which serves the static
+    # files from the installed packages as they are: /api/docs' 1.8 MB of Swagger UI goes out as
+    # ~0.45 MB). BREACH: a response that reflects input next to a secret could leak the secret
+    # through its compressed size. Django masks the CSRF token afresh in every response and this
+    # middleware pads each gzip stream with random bytes ("Heal the Breach"); the one other secret
+    # in a page, a new API key, is made once and never repeated. README "Compression".
+    "django.middleware.gzip.GZipMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # API bodies over MAX_REQUEST_BODY_BYTES answer 413 before anything reads them.
     "memory_app.api.limits.RequestBodyLimitMiddleware",
