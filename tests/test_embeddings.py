@@ -378,7 +378,7 @@ def test_keywords_are_recalled_by_meaning_too_when_vectors_exist(stand_in, setti
     def recall(*keywords, limit=1):
         return memories.memories_retrieve(context=context, keywords=list(keywords), limit=limit)
 
-    # "green coffee": no record holds both words (no text hit) but the tea one is nearest.
+    # "green beverage": no record holds both words (no text hit) but the tea one is nearest.
     [hit] = recall("green beverage")
     assert hit.record.content == "Ada drinks green tea"
     assert hit.reason == "keyword 'green beverage' (semantic #1)"
