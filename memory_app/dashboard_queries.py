@@ -201,8 +201,14 @@ class HistoryWindow:
         return self.messages[-1].seq if self.messages else None
 
 
+def messages_for_history() -> QuerySet[Message]:
+    """Messages as the history shows them: with the position of the step they belong to (for
+    the link to it), without the search vector."""
+    return Message.objects.defer("search_vector").annotate(step_position=F("step__position"))
+
+
 def _history_qs(context: Context, filters: HistoryFilters) -> QuerySet[Message]:
-    qs = Message.objects.filter(context=context).defer("search_vector")
+    qs = messages_for_history().filter(context=context)
     if not filters.show_pruned:
         qs = qs.filter(pruned_at__isnull=True)
     if filters.role:

@@ -85,6 +85,20 @@ def usd(value) -> str:
     return f"${value:,.2f}"
 
 
+FOLD_LINES = 30
+FOLD_CHARS = 4000
+PREVIEW_LINES = 8
+
+
+@register.filter
+def fold(text) -> dict:
+    """Whether a text is long enough to fold (a 400-line tool output), with its first lines."""
+    text = "" if text is None else str(text)
+    lines = text.count("\n") + 1
+    preview = "\n".join(text.split("\n", PREVIEW_LINES)[:PREVIEW_LINES])[:1000]
+    return {"long": lines > FOLD_LINES or len(text) > FOLD_CHARS, "lines": lines, "preview": preview}
+
+
 @register.filter
 def compact(value) -> str:
     """12345 -> 12.3k (token counts)."""

@@ -7,7 +7,7 @@ from django.views.decorators.http import require_POST
 
 from memory_app import dashboard_queries as dq
 from memory_app.logbook import Actor, NotFound, messages_set_pruned
-from memory_app.models import Context, Message, MessageRole
+from memory_app.models import Context, MessageRole
 from memory_app.roles import require
 from memory_app.views.common import bad_request, query_string, render_page, wants_fragment
 
@@ -96,7 +96,7 @@ def message_prune(request, context_id: int, message_id: int):
         )
     except NotFound as exc:
         raise Http404(str(exc)) from exc
-    message = Message.objects.defer("search_vector").get(pk=message_id)
+    message = dq.messages_for_history().get(pk=message_id)
     if not wants_fragment(request):
         return redirect(reverse("context", args=[context_obj.pk]) + f"?pruned=1&seq={message.seq}")
     return render_page(

@@ -17,6 +17,14 @@
 
   document.addEventListener("keydown", function (event) {
     if (event.ctrlKey || event.metaKey || event.altKey || isTyping(event.target)) return;
+    if (event.key === "?") {
+      var help = document.getElementById("shortcuts");
+      if (help && !help.open) {
+        event.preventDefault();
+        help.showModal();
+      }
+      return;
+    }
     var action = SHORTCUTS[event.key];
     if (!action) return;
     var link = document.querySelector('#logbook [data-shortcut="' + action + '"]');
@@ -33,6 +41,61 @@
       target.scrollIntoView({ block: "center" });
     }
   }
+
+  // A conversation opens where it is now: at its latest message (unless the address names
+  // one, #m-<seq> or ?seq=, or the page shows an earlier stretch).
+  function openAtLatest() {
+    var list = document.querySelector("[data-open-at=latest]");
+    if (!list || document.querySelector(".is-target")) return;
+    if (location.hash && document.getElementById(location.hash.slice(1))) return;
+    var messages = list.querySelectorAll("article.msg");
+    if (messages.length) messages[messages.length - 1].scrollIntoView({ block: "end" });
+  }
+
+  // Copy buttons: data-copy="<selector>" copies that element's text, data-copy-text its value.
+  function copyText(text, button) {
+    function done(ok) {
+      var label = button.dataset.label || button.textContent;
+      button.dataset.label = label;
+      button.textContent = ok ? "Copied" : "Select and copy";
+      setTimeout(function () { button.textContent = label; }, 1500);
+    }
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(function () { done(true); }, function () { done(false); });
+      return;
+    }
+    // Plain-HTTP deployments have no clipboard API: fall back to a selected textarea.
+    var area = document.createElement("textarea");
+    area.value = text;
+    area.setAttribute("readonly", "");
+    area.className = "copy-buffer";
+    document.body.appendChild(area);
+    area.select();
+    var ok = false;
+    try { ok = document.execCommand("copy"); } catch (e) { ok = false; }
+    document.body.removeChild(area);
+    done(ok);
+  }
+
+  document.addEventListener("click", function (event) {
+    var copy = event.target.closest("[data-copy], [data-copy-text]");
+    if (copy) {
+      if (copy.hasAttribute("data-copy-text")) {
+        copyText(copy.dataset.copyText, copy);
+      } else {
+        var source = document.querySelector(copy.dataset.copy);
+        // A folded text copies in full, without its preview and toggle.
+        var full = source && source.querySelector(".fold-full");
+        if (source) copyText((full || source).textContent, copy);
+      }
+      return;
+    }
+    var opener = event.target.closest("[data-open-dialog]");
+    if (opener) {
+      var dialog = document.getElementById(opener.dataset.openDialog);
+      if (dialog && !dialog.open) dialog.showModal();
+    }
+  });
 
   // Keep the current step visible in the step list (the list scrolls on its own on wide screens).
   function revealCurrentStep() {
@@ -52,6 +115,7 @@
   }
 
   document.addEventListener("DOMContentLoaded", settle);
+  document.addEventListener("DOMContentLoaded", openAtLatest);
   document.addEventListener("htmx:afterSettle", settle);
 
   // #flash shows errors the server sent there (HX-Retarget); answers htmx does not swap (a

@@ -142,7 +142,7 @@ def test_a_curator_prunes_a_message_and_sees_it_greyed(browser_page, demo):
     page.wait_for_selector("#m-120")
     page.click("#m-120 form.inline-action button")
     page.wait_for_selector("#m-120.pruned")
-    assert page.locator("#m-120 button").inner_text() == "Restore"
+    assert page.locator("#m-120 form.inline-action button").inner_text() == "Restore"
     # Hidden by default after a reload, back in view (greyed) with "show pruned".
     page.reload()
     assert page.locator("#m-120").count() == 0
