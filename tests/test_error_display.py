@@ -102,6 +102,9 @@ def test_an_edit_to_empty_text_is_refused_in_the_row_and_nothing_changes():
     assert client.post(url, {"text": ""}).status_code == 400
     message.refresh_from_db()
     assert message.text == "message 1" and not AuditEvent.objects.exists()
+    # Text blocks are only the text again: a message made of them cannot be emptied either.
+    Message.objects.filter(pk=message.pk).update(content=[{"type": "text", "text": "message 1"}])
+    assert client.post(url, {"text": " "}, **HTMX).status_code == 400
 
 
 def test_a_message_with_structured_content_may_have_empty_text():

@@ -28,6 +28,7 @@ from memory_app.logbook import (
     steps_set_pruned,
 )
 from memory_app.models import AuditEvent, Context, Message, MessageRole, Run, Step
+from memory_app.rendering import content_blocks
 from memory_app.roles import require
 from memory_app.views.common import bad_request, query_string, render_page, wants_fragment
 
@@ -155,9 +156,9 @@ def message_edit_view(request, context_id: int, message_id: int):
         if "\x00" in text or any("\x00" in t for t in tags):
             # PostgreSQL text cannot hold NUL: say so instead of failing in the database.
             return bad_request(request, dq.BadQuery("the text contains a NUL character"))
-        if not text.strip() and message.content is None:
-            # Blank text would leave an empty message in every transcript: pruning is the way
-            # to take one out (and it stays restorable).
+        if not text.strip() and not content_blocks(message.content):
+            # Blank text would leave an empty message in every transcript (unless it carries a
+            # tool call or result): pruning is the way to take one out, and it stays restorable.
             error = "the text cannot be empty: to take the message out, prune it instead"
             if not wants_fragment(request):
                 return bad_request(request, dq.BadQuery(error))
