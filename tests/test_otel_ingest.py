@@ -333,7 +333,7 @@ def genai_trace():
     }) as root:
         with tracer.start_as_current_span("chat", attributes={
             "gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 30, "gen_ai.usage.output_tokens": 5,
-            "gen_ai.input.messages": ask,
+            "gen_ai.request.model": "gpt-4o-mini", "gen_ai.input.messages": ask,
             "gen_ai.output.messages": messages(
                 "assistant",
                 {"type": "tool_call", "id": "c1", "name": "get_weather", "arguments": {"location": "Paris"}},
@@ -379,6 +379,8 @@ def test_genai_convention_trace_becomes_a_run(writer):
     assert first.model_input_messages == [{"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]}]
     assert (second.model_output, second.error_type, second.tool_calls.count()) == ("It is sunny.", None, 0)
     assert run.error_count == 1
+    # The model a chat span names is the step's (the logbook prices its tokens by it).
+    assert (first.model, second.model) == ("gpt-4o-mini", "")
 
 
 def test_a_trace_stays_in_the_context_of_its_first_spans(writer):

@@ -478,6 +478,19 @@ def action_step(step: dict[str, Any], *, llms: list[dict[str, Any]], tools: list
     return _action(step, llms=llms, tools=tools, observations=observations, error=_error(step))
 
 
+MODEL_NAME_KEYS = ("llm.model_name", "gen_ai.response.model", "gen_ai.request.model")
+
+
+def model_name(llms: list[dict[str, Any]]) -> str:
+    """The model of the step's last LLM call (the one that wrote its output), or ""."""
+    for span in reversed(llms):
+        for key in MODEL_NAME_KEYS:
+            value = span["attributes"].get(key)
+            if isinstance(value, str) and value:
+                return value[:200]
+    return ""
+
+
 def _action(step, *, llms, tools, observations, error) -> dict[str, Any]:
     llms = sorted(llms, key=lambda s: s["start_ns"])
     tools = sorted(tools, key=lambda s: s["start_ns"])
@@ -490,6 +503,7 @@ def _action(step, *, llms, tools, observations, error) -> dict[str, Any]:
         "step_number": int(match.group(1)) if match else None,
         **_timing(step),
         **_sum_usage(llms),
+        "model": model_name(llms),
         "model_input_messages": input_messages(llms[0]) if llms else None,
         "model_output_message": _model_output_message(last),
         "model_output": output_text(last) if last else None,
@@ -508,6 +522,7 @@ def planning_step(llm: dict[str, Any]) -> dict[str, Any]:
         "kind": "planning",
         **_timing(llm),
         **_sum_usage([llm]),
+        "model": model_name([llm]),
         "plan": output_text(llm),
         "model_input_messages": input_messages(llm),
         "model_output_message": _model_output_message(llm),
