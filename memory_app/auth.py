@@ -25,7 +25,8 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from memory_app.models import ApiKey, Context
+from memory_app.logbook import Forbidden, NotFound
+from memory_app.models import ApiKey, Context, Message, Run, Step
 
 KEY_PREFIX = "am_"
 SCOPES = ApiKey.SCOPES
@@ -122,6 +123,13 @@ def has_scope(key: ApiKey, scope: str) -> bool:
     return scope in key.scopes or "admin" in key.scopes
 
 
+def require_scope(key: ApiKey, scope: str) -> ApiKey:
+    """`key`, or Forbidden when it lacks `scope` ('read', 'write' or 'admin')."""
+    if not has_scope(key, scope):
+        raise Forbidden(f"this API key lacks the '{scope}' scope")
+    return key
+
+
 def visible_contexts(key: ApiKey, queryset: QuerySet | None = None) -> QuerySet:
     """Contexts the key may see (all of them for an unconfined key)."""
     queryset = Context.objects.all() if queryset is None else queryset
@@ -143,3 +151,44 @@ def keys_allowed(key: ApiKey, keys: dict[str, Any]) -> bool:
             "SELECT %s::jsonb @> %s::jsonb", [json.dumps(keys), json.dumps(key.context_keys)]
         )
         return bool(cursor.fetchone()[0])
+
+
+def require_keys_allowed(key: ApiKey, keys: dict[str, Any]) -> None:
+    """Forbidden when a context with `keys` would lie outside the key's confinement."""
+    if not keys_allowed(key, keys):
+        raise Forbidden(f"this API key may only use contexts whose keys contain {key.context_keys}")
+
+
+# --- one object by id, if the key may see it: unknown and foreign ids look alike (NotFound) ------
+
+
+def context_for_key(key: ApiKey, context_id: int, *, lock: bool = False) -> Context:
+    qs = visible_contexts(key).filter(pk=context_id)
+    if lock:
+        qs = qs.select_for_update()
+    context = qs.first()
+    if context is None:
+        raise NotFound(f"context {context_id} not found")
+    return context
+
+
+def run_for_key(key: ApiKey, run_id: int) -> Run:
+    run = Run.objects.filter(pk=run_id, context__in=visible_contexts(key)).first()
+    if run is None:
+        raise NotFound(f"run {run_id} not found")
+    return run
+
+
+def message_for_key(key: ApiKey, message_id: int) -> Message:
+    message = Message.objects.filter(pk=message_id, context__in=visible_contexts(key)).first()
+    if message is None:
+        raise NotFound(f"message {message_id} not found")
+    return message
+
+
+def step_for_key(key: ApiKey, step_id: int) -> Step:
+    visible = visible_contexts(key)
+    step = Step.objects.filter(pk=step_id, run__context__in=visible).select_related("run").first()
+    if step is None:
+        raise NotFound(f"step {step_id} not found")
+    return step

@@ -55,6 +55,10 @@ class Invalid(DomainError):
     pass
 
 
+class Forbidden(DomainError):
+    """The caller is known but may not do this (an API key's scope or confinement): 403."""
+
+
 @dataclass(frozen=True)
 class Actor:
     """Who does a write: an operator (user) or an agent (API key); named in every audit event."""

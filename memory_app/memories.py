@@ -30,10 +30,11 @@ from django.db.models import F, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from memory_app import embeddings, search
-from memory_app.logbook import Actor, Conflict, Invalid, NotFound, audit_record
+from memory_app import auth, embeddings, search
+from memory_app.logbook import Actor, Conflict, Forbidden, Invalid, NotFound, audit_record
 from memory_app.models import (
     FTS_CONFIG,
+    ApiKey,
     Context,
     MemoryKind,
     MemoryRecord,
@@ -85,6 +86,24 @@ def scope_of(record: MemoryRecord) -> Scope:
     if record.context_id is not None:
         return Scope(context=record.context)
     return Scope(keys=record.scope_keys)
+
+
+def scope_for_key(
+    key: ApiKey, *, context_id: int | None = None, scope_keys: dict[str, Any] | None = None
+) -> Scope:
+    """The scope an API key records into: a key subset (`scope_keys`, which must lie inside the
+    key's confinement and, with `context_id`, be a subset of that context's keys) or a context."""
+    if scope_keys is not None:
+        if not auth.keys_allowed(key, scope_keys):
+            raise Forbidden("scope_keys lie outside this API key's context keys")
+        if context_id is not None:
+            context = auth.context_for_key(key, context_id)
+            if not Scope(keys=scope_keys).covers(context):
+                raise Invalid("scope_keys must be a subset of the context's keys")
+        return Scope(keys=scope_keys)
+    if context_id is None:
+        raise Invalid("give context_id (context scope) or scope_keys (key subset scope)")
+    return Scope(context=auth.context_for_key(key, context_id))
 
 
 def content_hash(content: str) -> str:
@@ -402,6 +421,18 @@ def memory_get(*, pk: int) -> MemoryRecord:
     record = MemoryRecord.objects.select_related("context").filter(pk=pk).first()
     if record is None:
         raise NotFound(f"memory {pk} not found")
+    return record
+
+
+def memory_for_key(key: ApiKey, memory_id: int) -> MemoryRecord:
+    """The record if `key` may see its scope, else NotFound (unknown and foreign look alike)."""
+    record = memory_get(pk=memory_id)
+    if record.context_id is not None:
+        visible = auth.visible_contexts(key).filter(pk=record.context_id).exists()
+    else:
+        visible = auth.keys_allowed(key, record.scope_keys)
+    if not visible:
+        raise NotFound(f"memory {memory_id} not found")
     return record
 
 

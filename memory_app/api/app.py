@@ -13,7 +13,7 @@ from ninja.parser import Parser
 from ninja.renderers import JSONRenderer
 
 from memory_app.api import common
-from memory_app.logbook import Conflict, Invalid, NotFound
+from memory_app.logbook import Conflict, Forbidden, Invalid, NotFound
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,11 @@ api = NinjaAPI(
 @api.exception_handler(NotFound)
 def _not_found(request, exc):
     return api.create_response(request, {"detail": str(exc)}, status=404)
+
+
+@api.exception_handler(Forbidden)
+def _forbidden(request, exc):
+    return api.create_response(request, {"detail": str(exc)}, status=403)
 
 
 @api.exception_handler(Conflict)

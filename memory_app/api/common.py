@@ -57,10 +57,7 @@ def request_key(request: HttpRequest) -> ApiKey:
 
 def require_scope(request: HttpRequest, scope: str) -> ApiKey:
     """The request's key, or 403 when it lacks `scope` ('read', 'write' or 'admin')."""
-    key = request_key(request)
-    if not keys.has_scope(key, scope):
-        raise HttpError(403, f"this API key lacks the '{scope}' scope")
-    return key
+    return keys.require_scope(request_key(request), scope)
 
 
 def actor_for(request: HttpRequest) -> Actor:
@@ -77,37 +74,19 @@ def not_found(what: str, ident: Any) -> HttpError:
 
 def context_for(request: HttpRequest, context_id: int, *, lock: bool = False) -> Context:
     """The context if the request's key may see it, else 404 (unknown and foreign look alike)."""
-    qs = keys.visible_contexts(request_key(request)).filter(pk=context_id)
-    if lock:
-        qs = qs.select_for_update()
-    context = qs.first()
-    if context is None:
-        raise not_found("context", context_id)
-    return context
+    return keys.context_for_key(request_key(request), context_id, lock=lock)
 
 
 def run_for(request: HttpRequest, run_id: int) -> Run:
-    visible = keys.visible_contexts(request_key(request))
-    run = Run.objects.filter(pk=run_id, context__in=visible).first()
-    if run is None:
-        raise not_found("run", run_id)
-    return run
+    return keys.run_for_key(request_key(request), run_id)
 
 
 def message_for(request: HttpRequest, message_id: int) -> Message:
-    visible = keys.visible_contexts(request_key(request))
-    message = Message.objects.filter(pk=message_id, context__in=visible).first()
-    if message is None:
-        raise not_found("message", message_id)
-    return message
+    return keys.message_for_key(request_key(request), message_id)
 
 
 def step_for(request: HttpRequest, step_id: int) -> Step:
-    visible = keys.visible_contexts(request_key(request))
-    step = Step.objects.filter(pk=step_id, run__context__in=visible).select_related("run").first()
-    if step is None:
-        raise not_found("step", step_id)
-    return step
+    return keys.step_for_key(request_key(request), step_id)
 
 
 # --- field types: what PostgreSQL cannot store is rejected with 422, never a 500 -----------------

@@ -32,11 +32,7 @@ router = Router(tags=["contexts"])
 def context_get_or_create(request, body: ContextIn):
     """200 with the existing context for these keys, 201 when it was created now. A key
     confined to a key subset may only use keys that contain that subset (403 otherwise)."""
-    key = require_scope(request, "write")
-    if not auth.keys_allowed(key, body.keys):
-        raise HttpError(
-            403, f"this API key may only use contexts whose keys contain {key.context_keys}"
-        )
+    auth.require_keys_allowed(require_scope(request, "write"), body.keys)
     context, created = logbook.context_get_or_create(
         keys=body.keys, title=body.title, metadata=body.metadata
     )

@@ -11,10 +11,8 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Path, Router, Schema, Status
-from ninja.errors import HttpError
 from pydantic import ConfigDict, Field
 
-from memory_app import auth as keys
 from memory_app import memories
 from memory_app.api.common import (
     INT64_MAX,
@@ -27,13 +25,12 @@ from memory_app.api.common import (
     Vector,
     actor_for,
     context_for,
-    not_found,
     request_key,
     require_scope,
     responses,
 )
 from memory_app.api.schemas import _examples
-from memory_app.logbook import Invalid
+from memory_app.logbook import Actor
 from memory_app.models import MemoryRecord
 
 router = Router(tags=["memories"])
@@ -244,32 +241,8 @@ class MemoryNoteIn(Schema):
     note: Text | None = Field(None, max_length=2000)
 
 
-def _scope_for(request, body: MemoryRecordIn) -> memories.Scope:
-    if body.scope_keys is not None:
-        if not keys.keys_allowed(request_key(request), body.scope_keys):
-            raise HttpError(403, "scope_keys lie outside this API key's context keys")
-        if body.context_id is not None:
-            context = context_for(request, body.context_id)
-            if not memories.Scope(keys=body.scope_keys).covers(context):
-                raise Invalid("scope_keys must be a subset of the context's keys")
-        return memories.Scope(keys=body.scope_keys)
-    if body.context_id is None:
-        raise Invalid("give context_id (context scope) or scope_keys (key subset scope)")
-    return memories.Scope(context=context_for(request, body.context_id))
-
-
 def _memory_for(request, memory_id: int) -> MemoryRecord:
-    record = MemoryRecord.objects.select_related("context").filter(pk=memory_id).first()
-    if record is None:
-        raise not_found("memory", memory_id)
-    key = request_key(request)
-    if record.context_id is not None:
-        visible = keys.visible_contexts(key).filter(pk=record.context_id).exists()
-    else:
-        visible = keys.keys_allowed(key, record.scope_keys)
-    if not visible:
-        raise not_found("memory", memory_id)
-    return record
+    return memories.memory_for_key(request_key(request), memory_id)
 
 
 @router.post(
@@ -280,14 +253,18 @@ def _memory_for(request, memory_id: int) -> MemoryRecord:
 def memories_record(request, body: MemoryRecordIn):
     """201 when at least one record is new; content already in the scope returns the stored
     record (`created: false`), 200 when nothing was new."""
-    require_scope(request, "write")
-    scope = _scope_for(request, body)
-    items = body.to_items()
-    results = memories.memories_record(
-        scope=scope, items=items, actor=actor_for(request), thinking=body.thinking or ""
-    )
+    key = require_scope(request, "write")
+    results = record(key, body)
     status = 201 if any(r.created for r in results) else 200
     return Status(status, {"items": [{"memory": r.record, "created": r.created} for r in results]})
+
+
+def record(key, body: MemoryRecordIn) -> list[memories.Recorded]:
+    """Record what `body` says, in the scope it names, as `key` (REST and MCP call this)."""
+    scope = memories.scope_for_key(key, context_id=body.context_id, scope_keys=body.scope_keys)
+    return memories.memories_record(
+        scope=scope, items=body.to_items(), actor=Actor.for_key(key), thinking=body.thinking or ""
+    )
 
 
 @router.post(
@@ -300,7 +277,11 @@ def memories_retrieve(request, body: MemoryRetrieveIn):
     `keywords` answer up to `limit` records each (AgentScope's `retrieve_from_memory`); `query`
     answers up to `limit` by full-text and, with vectors, similarity."""
     require_scope(request, "read")
-    context = context_for(request, body.context_id)
+    return Status(200, retrieve_out(context_for(request, body.context_id), body))
+
+
+def retrieve_out(context, body: MemoryRetrieveIn) -> dict:
+    """What `context` recalls for `body`: the `MemoryRetrieveOut` dict (REST and MCP answer it)."""
     recalled = memories.memories_retrieve(
         context=context,
         keywords=body.keywords,
@@ -314,7 +295,7 @@ def memories_retrieve(request, body: MemoryRetrieveIn):
         MemoryRecordOut.from_orm(r.record).dict() | {"score": r.score, "reason": r.reason}
         for r in recalled
     ]
-    return Status(200, {"items": items})
+    return {"items": items}
 
 
 @router.get(

@@ -176,27 +176,30 @@ def select(request, context_id: ContextId, body: SelectIn):
     require_scope(request, "read")
     context = context_for(request, context_id)
     try:
+        return json_response(200, select_out(context, body))
+    except search.ProviderDown as exc:
+        raise HttpError(503, str(exc)) from exc
+
+
+def select_out(context, body: SelectIn) -> dict:
+    """Run the selector `body` names on `context`: the `SelectOut` dict (REST and MCP answer it)."""
+    try:
         selection = selectors.select(context=context, spec=body.to_spec())
     except tokens.UnknownTokenizer as exc:
         raise Invalid(str(exc)) from exc
-    except search.ProviderDown as exc:
-        raise HttpError(503, str(exc)) from exc
-    return json_response(
-        200,
-        {
-            "selector": selection.selector,
-            "items": [
-                {"message": message_out(i.message), "reason": i.reason, "tokens": i.tokens, "score": i.score}
-                for i in selection.items
-            ],
-            "count": selection.count,
-            "total_tokens": selection.total_tokens,
-            "max_tokens": selection.max_tokens,
-            "tokenizer": selection.tokenizer,
-            "scanned": selection.scanned,
-            "notes": selection.notes,
-        },
-    )
+    return {
+        "selector": selection.selector,
+        "items": [
+            {"message": message_out(i.message), "reason": i.reason, "tokens": i.tokens, "score": i.score}
+            for i in selection.items
+        ],
+        "count": selection.count,
+        "total_tokens": selection.total_tokens,
+        "max_tokens": selection.max_tokens,
+        "tokenizer": selection.tokenizer,
+        "scanned": selection.scanned,
+        "notes": selection.notes,
+    }
 
 
 class MessageVectorIn(Schema):
