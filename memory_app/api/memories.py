@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from ninja import Path, Router, Schema, Status
 from pydantic import ConfigDict, Field
 
-from memory_app import memories
+from memory_app import auth, memories
 from memory_app.api.common import (
     INT64_MAX,
     VECTOR_MODEL_DESCRIPTION,
@@ -24,7 +24,6 @@ from memory_app.api.common import (
     Text,
     Vector,
     actor_for,
-    context_for,
     request_key,
     require_scope,
     responses,
@@ -276,20 +275,20 @@ def memories_retrieve(request, body: MemoryRetrieveIn):
     """What a context recalls: its own records and those of every key subset its keys contain.
     `keywords` answer up to `limit` records each (AgentScope's `retrieve_from_memory`); `query`
     answers up to `limit` by full-text and, with vectors, similarity."""
-    require_scope(request, "read")
-    return Status(200, retrieve_out(context_for(request, body.context_id), body))
+    return Status(200, retrieve_out(require_scope(request, "read"), body))
 
 
-def retrieve_out(context, body: MemoryRetrieveIn) -> dict:
-    """What `context` recalls for `body`: the `MemoryRetrieveOut` dict (REST and MCP answer it)."""
+def retrieve_out(key, body: MemoryRetrieveIn) -> dict:
+    """What `body`'s context recalls, as `key` may see it: the `MemoryRetrieveOut` dict (REST
+    and MCP answer it)."""
     recalled = memories.memories_retrieve(
-        context=context,
+        context=auth.context_for_key(key, body.context_id),
         keywords=body.keywords,
         query=body.query,
         limit=body.limit,
         kinds=body.kinds,
         include_archived=body.include_archived,
-        confined_to=request_key(request).context_keys or None,
+        confined_to=key.context_keys or None,
     )
     items = [
         MemoryRecordOut.from_orm(r.record).dict() | {"score": r.score, "reason": r.reason}

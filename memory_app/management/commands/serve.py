@@ -109,7 +109,9 @@ class Command(BaseCommand):
             )
 
         cmd = [
-            sys.executable, "-m", "gunicorn", "agentmemory_site.wsgi:application",
+            # ASGI (uvicorn workers): Django, and the MCP server at /mcp (agentmemory_site/asgi.py).
+            sys.executable, "-m", "gunicorn", "agentmemory_site.asgi:application",
+            "--worker-class", "uvicorn_worker.UvicornWorker", "--preload",
             "--bind", f"{host}:{port}", "--workers", str(workers),
             "--access-logfile", "-", "--graceful-timeout", "10", "--timeout", "60",
         ]
