@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import DataError, IntegrityError, close_old_connections
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
 from mcp.server.auth.middleware.bearer_auth import (
@@ -165,6 +166,8 @@ server = FastMCP(
     streamable_http_path=PATH,
     stateless_http=True,
     json_response=True,
+    # 413 above the limit every other request has (AGENTMEMORY_MAX_BODY_BYTES).
+    max_request_body_size=settings.MAX_REQUEST_BODY_BYTES,
     # Hosts are checked against Django's ALLOWED_HOSTS in agentmemory_site.asgi, for the whole
     # site; a Bearer key (never a cookie) is what a rebinding page would lack anyway.
     transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),

@@ -13,9 +13,16 @@ def system_actor() -> Actor:
 @pytest.fixture(scope="session")
 def asgi_live_server(django_db_setup):
     """The whole site over real HTTP (uvicorn, ASGI), MCP included; see tests/asgi_server.py."""
+    from django.db import connections
+
     from agentmemory_site.asgi import application
     from tests.asgi_server import AsgiServer
 
+    # As under `make run` (agentmemory_site/asgi.py): each ASGI request runs on a thread of its
+    # own, whose connection must close with the request. Threads read this when they connect.
+    db = connections.settings["default"]
+    kept, db["CONN_MAX_AGE"] = db["CONN_MAX_AGE"], 0
     server = AsgiServer(application).start()
     yield server
     server.stop()
+    db["CONN_MAX_AGE"] = kept

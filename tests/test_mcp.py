@@ -11,7 +11,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from memory_app import auth, logbook
+from memory_app import auth, logbook, memories
 from memory_app.models import MemoryRecord, Message
 from tests.aio import run_coroutine
 from tests.builders import make_context, make_run
@@ -246,12 +246,9 @@ def test_another_tenants_ids_look_unknown(asgi_live_server):
     mine = make_context(keys={"tenant": "acme", "user": "ada"}, messages=2)
     theirs = make_context(keys={"tenant": "globex", "user": "bob"}, messages=2)
     their_run = make_run(context=theirs, steps=2)
-    their_memory = logbook.Actor.system("t")
-    from memory_app import memories
-
     memories.memories_record(
         scope=memories.Scope(keys={"tenant": "globex"}), items=[{"content": "globex secret"}],
-        actor=their_memory,
+        actor=logbook.Actor.system("test"),
     )
     acme = Session(asgi_live_server, _secret(context_keys={"tenant": "acme"}))
 
@@ -326,6 +323,22 @@ def test_wrong_argument_types_and_unknown_ids(mcp):
     assert "context_id" in mcp.error("list_runs", context_id="seven")
     assert "run_id" in mcp.error("read_run", run_id=0)
     assert "run 999999 not found" in mcp.error("read_run", run_id=999999)
+
+
+def test_a_body_over_the_limit_is_413_and_writes_nothing(asgi_live_server, settings):
+    context = make_context()
+    headers = {
+        "Authorization": f"Bearer {_secret()}",
+        "Accept": "application/json, text/event-stream",
+    }
+    text = "x" * (settings.MAX_REQUEST_BODY_BYTES + 1)
+    body = {
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "append_message", "arguments": {"context_id": context.pk, "role": "user", "text": text}},
+    }
+    response = httpx.post(asgi_live_server.url + "/mcp", json=body, headers=headers, timeout=60)
+    assert response.status_code == 413
+    assert not Message.objects.filter(context=context).exists()
 
 
 def test_a_host_outside_allowed_hosts_is_refused(asgi_live_server, settings):
