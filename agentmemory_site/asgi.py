@@ -11,9 +11,9 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentmemory_site.settings")
-# Under ASGI Django runs each request's sync code on a thread of its own, so a persistent
-# connection would never be reused, only left behind (Django's docs: disable them under ASGI).
-os.environ.setdefault("AGENTMEMORY_DB_CONN_MAX_AGE", "0")
+# Under ASGI Django runs each request's sync code on a thread of its own: connections come from
+# a pool the threads share (settings.py), not one persistent connection per thread.
+os.environ.setdefault("AGENTMEMORY_DB_POOL", "true")
 django_app = get_asgi_application()  # sets Django up before the MCP module imports models
 
 from django.conf import settings  # noqa: E402

@@ -120,6 +120,16 @@ if not DATABASES["default"]["HOST"] and "host" in DATABASES["default"].get("OPTI
 DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = int(
     os.environ.get("AGENTMEMORY_DB_CONNECT_TIMEOUT", "5")
 )
+# Under ASGI (what `make run` serves, agentmemory_site/asgi.py turns this on) Django runs each
+# request's sync code on a thread of its own: a per-thread persistent connection would never be
+# reused, so a worker's threads share a psycopg pool instead (Django requires CONN_MAX_AGE 0).
+if env_bool("AGENTMEMORY_DB_POOL"):
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": 1,
+        "max_size": int(os.environ.get("AGENTMEMORY_DB_POOL_SIZE", "10")),
+        "timeout": int(os.environ.get("AGENTMEMORY_DB_CONNECT_TIMEOUT", "5")),
+    }
 # Parallel test runs (several developers or tools on one embedded server) need distinct names.
 DATABASES["default"]["TEST"] = {
     "NAME": os.environ.get("AGENTMEMORY_TEST_DB_NAME", "test_agentmemory"),

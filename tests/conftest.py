@@ -13,10 +13,17 @@ def system_actor() -> Actor:
 @pytest.fixture(scope="session")
 def asgi_live_server(django_db_setup):
     """The whole site over real HTTP (uvicorn, ASGI), MCP included; see tests/asgi_server.py."""
+    import os
+
     from django.db import connections
 
-    from agentmemory_site.asgi import application
     from tests.asgi_server import AsgiServer
+
+    env = os.environ.copy()
+    from agentmemory_site.asgi import application  # sets serving defaults in os.environ
+
+    os.environ.clear()
+    os.environ.update(env)  # not for the processes later tests start
 
     # As under `make run` (agentmemory_site/asgi.py): each ASGI request runs on a thread of its
     # own, whose connection must close with the request. Threads read this when they connect.

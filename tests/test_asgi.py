@@ -16,10 +16,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_django_answers_beside_mcp(asgi_live_server):
-    assert httpx.get(asgi_live_server.url + "/healthz").status_code == 200
-    response = httpx.get(asgi_live_server.url + "/api/v1/contexts")
+    # Generous timeouts: the first requests load Django's URLconf and templates.
+    http = httpx.Client(base_url=asgi_live_server.url, timeout=60)
+    assert http.get("/healthz").status_code == 200
+    response = http.get("/api/v1/contexts")
     assert response.status_code == 401 and "missing API key" in response.json()["detail"]
-    assert httpx.get(asgi_live_server.url + "/accounts/login/").status_code == 200
+    assert http.get("/accounts/login/").status_code == 200
 
 
 def test_export_streams_line_by_line_under_asgi(asgi_live_server):
@@ -33,7 +35,7 @@ def test_export_streams_line_by_line_under_asgi(asgi_live_server):
         warnings.simplefilter("always")
         with httpx.stream(
             "GET", asgi_live_server.url + "/api/v1/export",
-            headers={"Authorization": f"Bearer {secret}"},
+            headers={"Authorization": f"Bearer {secret}"}, timeout=60,
         ) as response:
             assert response.status_code == 200
             assert response.headers["content-type"] == "application/x-ndjson"

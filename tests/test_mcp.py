@@ -207,7 +207,7 @@ def test_no_or_bad_key_is_401_before_any_mcp_message(asgi_live_server, header):
     if header is not None:
         headers["Authorization"] = header
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
-    response = httpx.post(asgi_live_server.url + "/mcp", json=body, headers=headers)
+    response = httpx.post(asgi_live_server.url + "/mcp", json=body, headers=headers, timeout=60)
     assert response.status_code == 401
     assert response.headers["www-authenticate"].startswith("Bearer ")
 
@@ -341,8 +341,8 @@ def test_a_body_over_the_limit_is_413_and_writes_nothing(asgi_live_server, setti
     assert not Message.objects.filter(context=context).exists()
 
 
-def test_a_host_outside_allowed_hosts_is_refused(asgi_live_server, settings):
+def test_a_host_outside_allowed_hosts_is_refused(asgi_live_server):
     response = httpx.post(
-        asgi_live_server.url + "/mcp", json={}, headers={"Host": "evil.example"}
+        asgi_live_server.url + "/mcp", json={}, headers={"Host": "evil.example"}, timeout=60
     )
     assert response.status_code == 400
