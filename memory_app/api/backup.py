@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 
-from asgiref.sync import sync_to_async
-from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 from ninja import Query, Router, Schema
 from ninja.errors import HttpError
@@ -26,25 +23,6 @@ BACKUP_EXAMPLE = (
     '"title":"Ada\'s chat","metadata":{}}\n'
 )
 JSONL = {"application/x-ndjson": {"schema": {"type": "string"}, "example": BACKUP_EXAMPLE}}
-
-
-def _streamed(request, lines: Iterator[str]) -> Iterator[str] | AsyncIterator[str]:
-    """Under ASGI Django reads a sync iterator to its end before sending a byte (the whole backup
-    in memory); there it gets an async one that pulls each line on the request's sync thread
-    (where the export's transaction and cursor live)."""
-    if not isinstance(request, ASGIRequest):
-        return lines
-    pull = sync_to_async(next, thread_sensitive=True)
-    done = object()
-
-    async def stream():
-        try:
-            while (line := await pull(lines, done)) is not done:
-                yield line
-        finally:
-            await sync_to_async(lines.close, thread_sensitive=True)()
-
-    return stream()
 
 
 @router.get(
@@ -74,7 +52,7 @@ def export(
     contexts = backup.contexts_matching(context_ids=context_id, keys=subset)
     contexts = contexts.filter(pk__in=auth.visible_contexts(key).values("pk"))
     response = StreamingHttpResponse(
-        _streamed(request, backup.export_lines(contexts=contexts, embeddings=embeddings)),
+        backup.export_lines(contexts=contexts, embeddings=embeddings),
         content_type="application/x-ndjson",
     )
     response["Content-Disposition"] = 'attachment; filename="agentmemory-backup.jsonl"'
