@@ -178,12 +178,25 @@ AGENTMEMORY_OPENAI_API_KEY = os.environ.get("AGENTMEMORY_OPENAI_API_KEY", "")
 AGENTMEMORY_OPENAI_TIMEOUT = float(os.environ.get("AGENTMEMORY_OPENAI_TIMEOUT", "30"))
 AGENTMEMORY_EMBEDDING_BATCH_SIZE = int(os.environ.get("AGENTMEMORY_EMBEDDING_BATCH_SIZE", "64"))
 AGENTMEMORY_LOCAL_MODEL_PATH = os.environ.get("AGENTMEMORY_LOCAL_MODEL_PATH", "")
-AGENTMEMORY_SEARCH_EXACT_THRESHOLD = int(os.environ.get("AGENTMEMORY_SEARCH_EXACT_THRESHOLD", "20000"))
+# Contexts with fewer messages are scanned exactly (faster than an index walk at that size).
+AGENTMEMORY_SEARCH_EXACT_THRESHOLD = int(os.environ.get("AGENTMEMORY_SEARCH_EXACT_THRESHOLD", "3000"))
+# hnsw.ef_search: a fixed number, or (unset/0) grown with the model's vector count by the steps
+# "vectors:ef,..." (README "Embeddings and search").
 # Keyword search ranks the newest N matches of a context (all of them when fewer match).
 AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = int(
     os.environ.get("AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES", "200")
 )
-AGENTMEMORY_HNSW_EF_SEARCH = int(os.environ.get("AGENTMEMORY_HNSW_EF_SEARCH", "200"))
+AGENTMEMORY_HNSW_EF_SEARCH = int(os.environ.get("AGENTMEMORY_HNSW_EF_SEARCH", "0") or 0)
+AGENTMEMORY_HNSW_EF_SEARCH_STEPS = sorted(
+    (int(size), int(ef))
+    for size, ef in (
+        step.split(":")
+        for step in os.environ.get(
+            "AGENTMEMORY_HNSW_EF_SEARCH_STEPS", "0:40,50000:100,250000:200,1000000:320"
+        ).split(",")
+        if step.strip()
+    )
+)
 AGENTMEMORY_HNSW_M = int(os.environ.get("AGENTMEMORY_HNSW_M", "16"))
 AGENTMEMORY_HNSW_EF_CONSTRUCTION = int(os.environ.get("AGENTMEMORY_HNSW_EF_CONSTRUCTION", "64"))
 

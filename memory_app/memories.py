@@ -24,8 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from django.conf import settings
 from django.contrib.postgres.search import SearchQuery, SearchRank
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
@@ -306,18 +307,30 @@ def _query_vectors(texts: Sequence[str]) -> tuple[list[list[float] | None], str 
         return [None] * len(texts), None
 
 
-def _semantic_hits(qs: QuerySet, vector: Sequence[float], model: str, fetch: int) -> list[tuple[int, float]]:
-    """(record id, cosine distance) of the records of `qs` nearest to `vector` under `model`."""
-    dims = int(len(vector))
-    ids = list(qs.values_list("pk", flat=True)[:10_000])
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT memory_record_id, vector::vector({dims}) <=> %s::vector({dims}) AS d "  # noqa: S608
-            f"FROM memory_app_embedding WHERE memory_record_id = ANY(%s) AND model = %s "
-            f"AND dimensions = {dims} AND vector IS NOT NULL ORDER BY d, memory_record_id LIMIT %s",
-            [search.vector_literal(vector), ids, model, fetch],
-        )
-        return [(row[0], float(row[1])) for row in cursor.fetchall()]
+def _semantic_hits(
+    qs: QuerySet, vector: Sequence[float], model: str, fetch: int
+) -> list[tuple[int, float]]:
+    """(record id, cosine distance) of the records of `qs` nearest to `vector` under `model`,
+    through search's vector path: an exact scan while few records are visible, the HNSW index's
+    iterative scan beyond."""
+    threshold = settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD
+    visible = qs.order_by().values("pk")
+    share = visible[:threshold].count()
+    if share == 0:
+        return []
+    subquery, params = visible.query.sql_with_params()
+    hits, _ = search.nearest_vectors(
+        model=model,
+        vector=vector,
+        limit=fetch,
+        item_column="memory_record_id",
+        join_sql="",
+        where_sql=f"e.memory_record_id IN ({subquery})",
+        params=params,
+        approximate=share >= threshold and len(vector) <= embeddings.HNSW_MAX_DIMENSIONS,
+        share=share,
+    )
+    return hits
 
 
 def _fused(

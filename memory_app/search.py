@@ -1,18 +1,18 @@
 """Search inside one context: PostgreSQL full-text, pgvector cosine, and their fusion.
 
-Within one context every mode returns min(k, n) results ranked as an exact scan would, whatever
-share of the table that context holds. Full-text search finds every match (the GIN index answers
-`@@` without loss) but ranks the newest `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` of them only
-(see `keyword_ranking`), so that its cost does not grow with the context. Vector search needs
-care: pgvector 0.6 has no iterative index scans and applies a WHERE filter *after* the HNSW
-scan, which yields at most `hnsw.ef_search` candidates store-wide, so a small context could get
-fewer than k hits, or none. Hence:
+Within one context every mode returns min(k, n) results, whatever share of the table that
+context holds. Full-text search finds every match (the GIN index answers `@@` without loss) but
+ranks the newest `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` of them only (see `keyword_ranking`),
+so that its cost does not grow with the context. Vector search:
 
-- a context with fewer than `AGENTMEMORY_SEARCH_EXACT_THRESHOLD` vectors of the model (counted
-  on the (context, model) btree index) is scanned exactly: its rows are fetched first (a
-  MATERIALIZED CTE keeps the planner from switching to the HNSW index) and sorted by distance;
-- a larger context uses the model's HNSW index with `hnsw.ef_search` raised for the query and an
-  over-fetch, then keeps its own rows; if that leaves fewer than k, it falls back to the exact scan.
+- a context with fewer than `AGENTMEMORY_SEARCH_EXACT_THRESHOLD` messages is scanned exactly
+  (its rows through the (context, model) btree index, the k nearest kept by a top-N sort): for a
+  few thousand rows that is faster than any index walk, and exactly ranked;
+- a larger context walks the model's HNSW index with pgvector's iterative scan (0.8), which goes
+  on until k of the context's rows are found however small its share of the store, with
+  `hnsw.ef_search` grown with the store's size (`AGENTMEMORY_HNSW_EF_SEARCH[_STEPS]`). The walk
+  itself returns k; only a context with far fewer vectors than messages (most not embedded)
+  can come back short, and then holds few vectors: those are scanned exactly ("hnsw+exact").
 """
 
 from __future__ import annotations
@@ -206,11 +206,11 @@ def semantic_ranking(
     context_size: int | None = None,
 ) -> tuple[list[tuple[int, float]], str]:
     """(message id, cosine distance) of the context's live messages nearest to `vector` under
-    `model`, nearest first, ties by id; and which path answered ("exact" or "hnsw").
+    `model`, nearest first, ties by id; and which path answered ("exact", "hnsw", or
+    "hnsw+exact" when the walk came back short).
 
     `context_size` (the context's message count, an upper bound on its vectors) spares the
     count of its vectors that otherwise decides between the exact scan and the index."""
-    dims = len(vector)
     threshold = settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD
     if context_size is None:
         with connection.cursor() as cursor:
@@ -222,58 +222,146 @@ def semantic_ranking(
             context_size = cursor.fetchone()[0]
         if context_size == 0:
             return [], "exact"
-    if context_size >= threshold and dims <= embeddings.HNSW_MAX_DIMENSIONS:
-        hits = _hnsw_ranking(
-            context_id=context_id, model=model, vector=vector, limit=limit, exclude_ids=exclude_ids
-        )
-        # Fewer than `limit` means the post-filter ate into the answer (or the context holds
-        # fewer vectors than its size says): the exact scan below is right in both cases.
-        if len(hits) >= limit:
-            return hits, "hnsw"
-    return _exact_ranking(
-        context_id=context_id, model=model, vector=vector, limit=limit, exclude_ids=exclude_ids
-    ), "exact"
+    approximate = context_size >= threshold and len(vector) <= embeddings.HNSW_MAX_DIMENSIONS
+    return nearest_vectors(
+        model=model,
+        vector=vector,
+        limit=limit,
+        item_column="message_id",
+        join_sql="JOIN memory_app_message m ON m.id = e.message_id",
+        # The context on both sides: the planner reaches the messages through its index
+        # rather than scanning the whole table for a hash join.
+        where_sql="e.context_id = %s AND m.context_id = %s AND m.pruned_at IS NULL"
+        " AND NOT (m.id = ANY(%s))",
+        params=[context_id, context_id, list(exclude_ids)],
+        approximate=approximate,
+        share=context_size,
+    )
 
 
-def _exact_ranking(*, context_id, model, vector, limit, exclude_ids) -> list[tuple[int, float]]:
+def nearest_vectors(
+    *,
+    model: str,
+    vector: Sequence[float],
+    limit: int,
+    item_column: str,
+    join_sql: str,
+    where_sql: str,
+    params: Sequence[Any],
+    approximate: bool,
+    share: int | None = None,
+) -> tuple[list[tuple[int, float]], str]:
+    """(item id, cosine distance) of the `model` vectors (alias `e`) nearest to `vector` among
+    those `where_sql` keeps, nearest first, ties by id; and the path that answered.
+
+    `approximate` walks the model's HNSW index with pgvector's iterative scan ("hnsw"): the walk
+    goes on until `limit` rows pass the filter, so a filter keeping a small share of the store
+    still gets `limit` rows (up to `hnsw.max_scan_tuples`, sized from `share`, the number of rows
+    the filter may keep). It comes back short only when the filter keeps far fewer vectors than
+    `share` says (messages not embedded yet): those few are then scanned exactly ("hnsw+exact").
+    Otherwise ("exact") every kept row is scanned and the `limit` nearest kept (a top-N sort in
+    memory: only `limit` rows are held, nothing spills to disk), exact and, for a few thousand
+    rows, faster than the index."""
     dims = int(len(vector))
-    sql = f"""
-        WITH candidates AS MATERIALIZED (
-            SELECT e.message_id, e.vector
-            FROM memory_app_embedding e JOIN memory_app_message m ON m.id = e.message_id
-            WHERE e.context_id = %s AND e.model = %s AND e.dimensions = {dims}
-              AND e.vector IS NOT NULL AND m.pruned_at IS NULL AND NOT (m.id = ANY(%s))
-        )
-        SELECT message_id, vector::vector({dims}) <=> %s::vector({dims}) AS distance
-        FROM candidates ORDER BY distance, message_id LIMIT %s
-    """  # noqa: S608 - dims is an int
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [context_id, model, list(exclude_ids), vector_literal(vector), limit])
-        return [(row[0], float(row[1])) for row in cursor.fetchall()]
-
-
-def _hnsw_ranking(*, context_id, model, vector, limit, exclude_ids) -> list[tuple[int, float]]:
-    """Approximate top-k through the model's HNSW index: the index scan yields up to
-    `hnsw.ef_search` store-wide candidates; the context's own are kept afterwards."""
-    dims = int(len(vector))
-    ef_search = max(settings.AGENTMEMORY_HNSW_EF_SEARCH, limit * 4)
-    ef_search = min(ef_search, 1000)  # pgvector's ceiling
-    sql = f"""
-        SELECT c.message_id, c.distance FROM (
-            SELECT e.message_id, e.context_id, e.vector::vector({dims}) <=> %s::vector({dims}) AS distance
-            FROM memory_app_embedding e
-            WHERE e.model = %s AND e.dimensions = {dims} AND e.vector IS NOT NULL
-            ORDER BY e.vector::vector({dims}) <=> %s::vector({dims})
-            LIMIT {ef_search}
-        ) c JOIN memory_app_message m ON m.id = c.message_id
-        WHERE c.context_id = %s AND m.pruned_at IS NULL AND NOT (m.id = ANY(%s))
-        ORDER BY c.distance, c.message_id LIMIT %s
-    """  # noqa: S608 - dims and ef_search are ints
     literal = vector_literal(vector)
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(f"SET LOCAL hnsw.ef_search = {ef_search}")
-        cursor.execute(sql, [literal, model, literal, context_id, list(exclude_ids), limit])
-        return [(row[0], float(row[1])) for row in cursor.fetchall()]
+    distance = f"e.vector::vector({dims}) <=> %s::vector({dims})"
+    rows = f"""
+        FROM memory_app_embedding e {join_sql}
+        WHERE e.model = %s AND e.dimensions = {dims} AND e.vector IS NOT NULL AND {where_sql}
+    """  # noqa: S608 - dims is an int; the fragments are the callers' constants
+    if approximate:
+        # Relaxed order lets the walk return rows slightly out of distance order (better recall
+        # per visited node); the materialized CTE sorts the `limit` rows it kept.
+        sql = f"""
+            WITH nearest AS MATERIALIZED (
+                SELECT e.{item_column} AS item_id, {distance} AS distance {rows}
+                ORDER BY {distance} LIMIT %s
+            )
+            SELECT item_id, distance FROM nearest ORDER BY distance, item_id
+        """  # noqa: S608
+        args = [literal, model, *params, literal, limit]
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(hnsw_settings_sql(model=model, dims=dims, limit=limit, share=share))
+            cursor.execute(sql, args)
+            hits = [(row[0], float(row[1])) for row in cursor.fetchall()]
+        if len(hits) == limit:
+            return hits, "hnsw"
+    # OFFSET 0 keeps the subquery apart, so the ORDER BY cannot be answered by the HNSW index.
+    sql = f"""
+        SELECT item_id, distance FROM (
+            SELECT e.{item_column} AS item_id, {distance} AS distance {rows} OFFSET 0
+        ) s ORDER BY distance, item_id LIMIT %s
+    """  # noqa: S608
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [literal, model, *params, limit])
+        hits = [(row[0], float(row[1])) for row in cursor.fetchall()]
+    return hits, "hnsw+exact" if approximate else "exact"
+
+
+# pgvector's defaults: hnsw.ef_search 40, hnsw.max_scan_tuples 20,000.
+MIN_SCAN_TUPLES = 20_000
+MAX_EF_SEARCH = 1000
+SCAN_WORK_MEM_MB = 64
+_store_sizes: dict[tuple[str, int], tuple[float, int]] = {}
+STORE_SIZE_TTL = 300.0
+
+
+def store_size(model: str, dims: int) -> int:
+    """How many vectors the model's HNSW index holds, from the planner's statistics (kept up to
+    date by autovacuum's ANALYZE), cached per process for a few minutes."""
+    import time
+
+    key = (model, dims)
+    now = time.monotonic()
+    cached = _store_sizes.get(key)
+    if cached and cached[0] > now:
+        return cached[1]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT greatest(coalesce((SELECT reltuples FROM pg_class WHERE relname = %s), -1),"
+            " (SELECT reltuples FROM pg_class WHERE relname = 'memory_app_embedding'), 0)::bigint",
+            [embeddings.index_name(model, dims)],
+        )
+        size = int(cursor.fetchone()[0])
+    _store_sizes[key] = (now + STORE_SIZE_TTL, size)
+    return size
+
+
+def ef_search_for(store: int, limit: int) -> int:
+    """hnsw.ef_search for a store of `store` vectors: `AGENTMEMORY_HNSW_EF_SEARCH` when set,
+    else grown with the store (a bigger graph needs a longer candidate list for the same recall);
+    never below twice the rows asked for."""
+    fixed = settings.AGENTMEMORY_HNSW_EF_SEARCH
+    if fixed:
+        base = fixed
+    else:
+        base = 40
+        for size, ef in settings.AGENTMEMORY_HNSW_EF_SEARCH_STEPS:
+            if store >= size:
+                base = ef
+    return max(1, min(max(base, 2 * limit), MAX_EF_SEARCH))
+
+
+def hnsw_settings_sql(*, model: str, dims: int, limit: int, share: int | None) -> str:
+    """SET LOCAL statements for one HNSW query (only ints, no parameters: one round trip)."""
+    store = store_size(model, dims)
+    ef = ef_search_for(store, limit)
+    # To find `limit` rows of a filter keeping `share` of `store` rows, the walk visits about
+    # limit * store / share rows; four times that, so a clustered filter still gets its rows.
+    share = max(share or store or 1, 1)
+    scan = max(MIN_SCAN_TUPLES, 4 * limit * max(store, share) // share)
+    # The walk also stops when the tuples it holds outgrow work_mem * hnsw.scan_mem_multiplier
+    # (each holds its vector): room for `scan` of them.
+    multiplier = max(1, -(-scan * (dims * 4 + 256) // (SCAN_WORK_MEM_MB << 20)))
+    return (
+        f"SET LOCAL hnsw.ef_search = {int(ef)}; "
+        "SET LOCAL hnsw.iterative_scan = relaxed_order; "
+        f"SET LOCAL hnsw.max_scan_tuples = {int(scan)}; "
+        f"SET LOCAL work_mem = '{SCAN_WORK_MEM_MB}MB'; "
+        f"SET LOCAL hnsw.scan_mem_multiplier = {int(min(multiplier, 1000))}; "
+        # The index is the plan asked for: a sort over the filter's rows is what it replaces.
+        "SET LOCAL enable_sort = off"
+    )
 
 
 # --- the entry point --------------------------------------------------------------------------

@@ -340,20 +340,39 @@ def test_real_minilm_ranks_the_paris_weather_first(settings):
 
 
 @pytest.mark.django_db
-def test_memory_records_are_embedded_and_recalled_by_similarity(stand_in, system_actor):
+@pytest.mark.parametrize("threshold", [20000, 1])  # exact scan; the HNSW index's iterative scan
+def test_memory_records_are_embedded_and_recalled_by_similarity(
+    stand_in, system_actor, settings, threshold
+):
     from memory_app import memories
 
+    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = threshold
     context, _ = logbook.context_get_or_create(keys={"user": "ada", "chat": "emb"})
     memories.memories_record(
         scope=memories.Scope(keys={"user": "ada"}),
         actor=system_actor,
         items=[{"content": "Ada drinks green tea"}, {"content": "Ada commutes by bike"}],
     )
-    assert embeddings.pending_count(model="toy-32") == 2
-    assert embeddings.embed_batch(provider=embeddings.get_provider()).embedded == 2
-    got = memories.memories_retrieve(context=context, query="green tea", limit=1)
+    # Nearer still, but another user's: never recalled for Ada.
+    memories.memories_record(
+        scope=memories.Scope(keys={"user": "bob"}),
+        actor=system_actor,
+        items=[{"content": "green tea"}],
+    )
+    assert embeddings.pending_count(model="toy-32") == 3
+    assert embeddings.embed_batch(provider=embeddings.get_provider()).embedded == 3
+    statements = []
+
+    def capture(execute, sql, params, many, ctx):
+        statements.append(sql)
+        return execute(sql, params, many, ctx)
+
+    with connection.execute_wrapper(capture):
+        got = memories.memories_retrieve(context=context, query="green tea", limit=1)
     assert [g.record.content for g in got] == ["Ada drinks green tea"]
     assert "semantic #1" in got[0].reason and "text #1" in got[0].reason
+    walked = any("hnsw.iterative_scan" in sql for sql in statements)
+    assert walked is (threshold == 1)
 
 
 @pytest.mark.django_db

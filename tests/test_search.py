@@ -1,15 +1,15 @@
 """Search inside one small context of a large store returns exactly what a brute-force ranking does.
 
 50,000 messages over 500 contexts plus one context of 20, each with a random 384-dimensional
-vector and the model's HNSW index present: pgvector filters after the index scan, so a naive
-`WHERE context_id = ... ORDER BY vector <=> q LIMIT k` would return fewer than k (often none).
+vector and the model's HNSW index present: an HNSW scan filtered afterwards would return fewer
+than k (often none) without pgvector's iterative scan.
 """
 
 import random
 
 import numpy as np
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import override_settings
 
 from memory_app import embeddings, logbook, search
@@ -164,24 +164,108 @@ def test_the_models_hnsw_index_is_present(store):
 
 
 @pytest.mark.parametrize("k", [1, 5, 20, 50])
-@pytest.mark.parametrize("threshold", [20000, 5])  # exact scan; HNSW path with its fallback
-def test_semantic_search_in_the_small_context_equals_brute_force(store, settings, k, threshold):
-    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = threshold
+def test_semantic_search_in_the_small_context_equals_brute_force(store, settings, k):
+    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 20000  # the exact scan
     small = store["small"]
     query = np.random.default_rng(k).normal(size=DIMS).tolist()
     result = search.search_messages(
         context=small, query="", k=k, mode="semantic", model=MODEL, query_vector=query
     )
     assert [h.message.pk for h in result.hits] == brute_force_semantic(small, query)[: min(k, 20)]
+    assert "vector scan: exact" in result.notes
+
+
+def _exact(context_id, query, limit, exclude_ids=()):
+    """The reference: search's exact scan."""
+    hits, path = search.nearest_vectors(
+        model=MODEL,
+        vector=query,
+        limit=limit,
+        item_column="message_id",
+        join_sql="JOIN memory_app_message m ON m.id = e.message_id",
+        where_sql="e.context_id = %s AND m.pruned_at IS NULL AND NOT (m.id = ANY(%s))",
+        params=[context_id, list(exclude_ids)],
+        approximate=False,
+    )
+    assert path == "exact"
+    return hits
+
+
+class CapturedVectorQueries:
+    """The vector statements search runs (SQL and parameters), to EXPLAIN them as run."""
+
+    def __init__(self):
+        self.statements = []
+
+    def __call__(self, execute, sql, params, many, context):
+        if "<=>" in sql:
+            self.statements.append((sql, params))
+        return execute(sql, params, many, context)
+
+
+def _plan(sql, params, settings_sql):
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(settings_sql)
+        cur.execute("EXPLAIN (COSTS OFF) " + sql, params)
+        return "\n".join(row[0] for row in cur.fetchall())
+
+
+@pytest.mark.parametrize("k", [5, 10])
+def test_iterative_scan_returns_exactly_k_from_a_context_that_is_a_tiny_share_of_the_store(
+    store, settings, k
+):
+    """20 of 50,020 vectors: the index's unfiltered candidate list (ef_search) holds none or a
+    few of them, but the iterative scan walks on until k of them are found."""
+    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 5  # the 20-message context takes the index
+    small = store["small"]
+    query = np.random.default_rng(100 + k).normal(size=DIMS).tolist()
+    captured = CapturedVectorQueries()
+    with connection.execute_wrapper(captured):
+        ids, path = search.semantic_ranking(
+            context_id=small.pk, model=MODEL, vector=query, limit=k, context_size=20
+        )
+    assert path == "hnsw" and len(ids) == k
+    assert {m.context_id for m in Message.objects.filter(pk__in=[i for i, _ in ids])} == {small.pk}
+    truth = dict(_exact(small.pk, query, 20))
+    distances = [d for _, d in ids]
+    assert distances == sorted(distances)
+    assert distances == pytest.approx([truth[i] for i, _ in ids], abs=1e-5)
+    # One statement answered (no exact fallback), and it walked the HNSW index.
+    [(sql, params)] = captured.statements
+    settings_sql = search.hnsw_settings_sql(model=MODEL, dims=DIMS, limit=k, share=20)
+    plan = _plan(sql, params, settings_sql)
+    assert f"Index Scan using {embeddings.index_name(MODEL, DIMS)}" in plan, plan
+    # Without the iterative scan the same statement finds fewer than k: the test means something.
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(settings_sql)
+        cur.execute("SET LOCAL hnsw.iterative_scan = off")
+        cur.execute(sql, params)
+        assert len(cur.fetchall()) < k
+
+
+def test_a_context_with_fewer_vectors_than_k_gets_them_all_exactly_ranked(store, settings):
+    """The walk cannot find 50 rows of a 20-row context: it comes back short, and the exact
+    scan of those 20 answers."""
+    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 5
+    small = store["small"]
+    small.message_count = 20  # (the fixture's COPY left the counter alone)
+    query = np.random.default_rng(9).normal(size=DIMS).tolist()
+    result = search.search_messages(
+        context=small, query="", k=50, mode="semantic", model=MODEL, query_vector=query
+    )
+    assert "vector scan: hnsw+exact" in result.notes
+    assert [h.message.pk for h in result.hits] == brute_force_semantic(small, query)
 
 
 def test_hnsw_path_on_a_large_context_returns_k_results_of_that_context(store, settings):
-    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = (
-        1000  # the 5,090-message context goes through HNSW
-    )
+    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 1000  # the 5,090-message context takes HNSW
     ctx = store["big"][0]
     query = np.random.default_rng(3).normal(size=DIMS).tolist()
-    ids, path = search.semantic_ranking(context_id=ctx.pk, model=MODEL, vector=query, limit=10)
+    captured = CapturedVectorQueries()
+    with connection.execute_wrapper(captured):
+        ids, path = search.semantic_ranking(
+            context_id=ctx.pk, model=MODEL, vector=query, limit=10, context_size=5090
+        )
     assert path == "hnsw" and len(ids) == 10
     assert set(
         Message.objects.filter(pk__in=[i for i, _ in ids]).values_list("context_id", flat=True)
@@ -189,12 +273,38 @@ def test_hnsw_path_on_a_large_context_returns_k_results_of_that_context(store, s
     # Approximate recall (random 384-d vectors are HNSW's hardest case), but ranked by true distance.
     distances = [d for _, d in ids]
     assert distances == sorted(distances)
-    exact = dict(
-        search._exact_ranking(
-            context_id=ctx.pk, model=MODEL, vector=query, limit=6000, exclude_ids=[]
-        )
-    )
+    exact = dict(_exact(ctx.pk, query, 6000))
     assert distances == pytest.approx([exact[i] for i, _ in ids], abs=1e-5)
+    # No exact scan on a large context: one statement, an HNSW walk, no sort of its rows.
+    [(sql, params)] = captured.statements
+    plan = _plan(
+        sql, params, search.hnsw_settings_sql(model=MODEL, dims=DIMS, limit=10, share=5090)
+    )
+    assert f"Index Scan using {embeddings.index_name(MODEL, DIMS)}" in plan, plan
+    assert "embedding_context_model_idx" not in plan and "Seq Scan" not in plan, plan
+    cte = plan.split("CTE Scan")[0]
+    assert "Sort" not in cte.split("CTE nearest")[1], plan
+
+
+def test_small_context_exact_scan_keeps_only_k_rows_in_memory(store, settings):
+    """The exact scan ranks with a top-N heap sort (k rows held), not a sort of every vector
+    spilled to a temporary file."""
+    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 20000
+    ctx = store["big"][0]
+    query = np.random.default_rng(4).normal(size=DIMS).tolist()
+    captured = CapturedVectorQueries()
+    with connection.execute_wrapper(captured):
+        ids, path = search.semantic_ranking(
+            context_id=ctx.pk, model=MODEL, vector=query, limit=10, context_size=5090
+        )
+    assert path == "exact" and len(ids) == 10
+    [(sql, params)] = captured.statements
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SET LOCAL work_mem = '1MB'")
+        cur.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + sql, params)
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    assert "top-N heapsort" in plan and "Disk" not in plan, plan
+    assert "embedding_hnsw" not in plan, plan
 
 
 @pytest.mark.parametrize("k", [1, 3, 10, 50])
@@ -253,7 +363,7 @@ def test_a_query_vector_of_the_wrong_dimension_is_invalid(store):
 
 def test_search_uses_the_context_size_to_pick_the_index_and_still_answers_k(store, settings):
     """A context at or above the exact-scan threshold goes through HNSW without counting its
-    vectors; a tiny context whose size says 'large' still gets min(k, n) from the fallback."""
+    vectors; a tiny context whose size says 'large' still gets min(k, n) from the iterative scan."""
     settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 1000
     big = store["big"][0]
     big.message_count = 5090
@@ -265,14 +375,11 @@ def test_search_uses_the_context_size_to_pick_the_index_and_still_answers_k(stor
     assert {h.message.context_id for h in result.hits} == {big.pk}
 
     small = store["small"]
-    small.message_count = 5000  # claims to be large: HNSW finds too few of its 20, exact answers
-    result = search.search_messages(
-        context=small, query="", k=15, mode="semantic", model=MODEL, query_vector=query
-    )
-    expected = [
-        mid
-        for mid, _ in search._exact_ranking(
-            context_id=small.pk, model=MODEL, vector=query, limit=15, exclude_ids=[]
+    small.message_count = 5000  # claims 5,000 messages, has 20 vectors: the walk comes back short
+    captured = CapturedVectorQueries()
+    with connection.execute_wrapper(captured):
+        result = search.search_messages(
+            context=small, query="", k=15, mode="semantic", model=MODEL, query_vector=query
         )
-    ]
-    assert [h.message.pk for h in result.hits] == expected
+    assert "vector scan: hnsw+exact" in result.notes and len(captured.statements) == 2
+    assert [h.message.pk for h in result.hits] == [mid for mid, _ in _exact(small.pk, query, 15)]

@@ -341,8 +341,9 @@ def _recall(b: Bench, label: str, cid: int) -> None:
     settings_text = (
         f"path {'/'.join(sorted(paths))}; HNSW m={settings.AGENTMEMORY_HNSW_M}, "
         f"ef_construction={settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION}, "
-        f"ef_search={max(settings.AGENTMEMORY_HNSW_EF_SEARCH, SEARCH_K * 4)}; "
-        f"exact scan below {settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD:,} vectors per context; {n_queries} queries"
+        f"ef_search={search.ef_search_for(search.store_size(b.data.model, b.data.sizes.dims), SEARCH_K)}, "
+        "iterative scan; "
+        f"exact scan below {settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD:,} messages per context; {n_queries} queries"
     )
     b.report.add(
         Row(

@@ -156,7 +156,7 @@ class Command(BaseCommand):
             None if quick else str(Path(settings.BASE_DIR) / "docs" / "benchmarks.md")
         )
         if quick:
-            # Exercise the HNSW path on the tiny dataset too (the default threshold is 20,000).
+            # Exercise the HNSW path on the tiny dataset too (the default threshold is 3,000).
             settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 500
 
         # The scale dataset takes most of an hour to build: reused unless --rebuild.
