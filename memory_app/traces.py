@@ -102,7 +102,8 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
     TraceSpan.objects.filter(context=context, trace_id=trace_id, run__isnull=True).update(run=run)
     done = set(Step.objects.filter(run=run).values_list("client_id", flat=True))
     items, root = _steps(spans)
-    items = [i for i in items if i["client_id"] not in done]
+    # In start order, so renumbering is needed only when a step starts before one already written.
+    items = sorted((i for i in items if i["client_id"] not in done), key=lambda i: i.get("start_time") or 0.0)
     for i in range(0, len(items), STEP_CHUNK):
         logbook.steps_append(run=run, items=items[i : i + STEP_CHUNK])
     if items:
@@ -154,6 +155,13 @@ def _steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str,
         items.append(otlp.action_step(
             step, llms=[s for s in inner if s["role"] == otlp.LLM], tools=[s for s in inner if s["role"] == otlp.TOOL],
         ))
+    # smolagents plans outside its steps: a model call beside a step (same parent) is a planning
+    # step, written as soon as that is known, so it shows while the run goes on.
+    step_parents = {s["parent_span_id"] for s in steps if s["parent_span_id"]}
+    items.extend(
+        otlp.planning_step(s) for s in spans
+        if s["role"] == otlp.LLM and s["parent_span_id"] in step_parents and not inside_step(s)
+    )
     root = next((s for s in spans if not s["parent_span_id"]), None)
     if root is None or root["role"] == otlp.STEP:
         return items, root
@@ -163,12 +171,9 @@ def _steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str,
         return items, root
     if root["role"] == otlp.AGENT:
         items.append(otlp.task_step(root))
-    loose = [s for s in children.get(root["span_id"], []) if s["role"] in (otlp.LLM, otlp.TOOL)]
-    llms = [s for s in loose if s["role"] == otlp.LLM]
     if steps:
-        # smolagents: planning calls the model outside any step.
-        items.extend(otlp.planning_step(s) for s in llms)
         return items, root
+    loose = [s for s in children.get(root["span_id"], []) if s["role"] in (otlp.LLM, otlp.TOOL)]
     # GenAI-style: model calls and tool executions side by side; each tool joins the call before it.
     anchors: list[tuple[dict, list[dict]]] = []
     for s in loose:
