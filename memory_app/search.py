@@ -17,6 +17,7 @@ so that its cost does not grow with the context. Vector search:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -329,16 +330,23 @@ def store_size(model: str, dims: int) -> int:
 
 def ef_search_for(store: int, limit: int) -> int:
     """hnsw.ef_search for a store of `store` vectors: `AGENTMEMORY_HNSW_EF_SEARCH` when set,
-    else grown with the store (a bigger graph needs a longer candidate list for the same recall);
-    never below twice the rows asked for."""
-    fixed = settings.AGENTMEMORY_HNSW_EF_SEARCH
-    if fixed:
-        base = fixed
-    else:
-        base = 40
-        for size, ef in settings.AGENTMEMORY_HNSW_EF_SEARCH_STEPS:
-            if store >= size:
-                base = ef
+    else grown with the store (a bigger graph needs a longer candidate list for the same recall)
+    along `AGENTMEMORY_HNSW_EF_SEARCH_STEPS`, log-linearly between two steps (the store size is
+    the planner's estimate: 999,963 and 1,000,000 must get about the same); never below twice
+    the rows asked for."""
+    base = settings.AGENTMEMORY_HNSW_EF_SEARCH
+    if not base:
+        steps = settings.AGENTMEMORY_HNSW_EF_SEARCH_STEPS or [(0, 40)]
+        base = steps[0][1]
+        for (size, ef), (next_size, next_ef) in zip(steps, steps[1:], strict=False):
+            if store >= next_size:
+                base = next_ef
+            elif store > size > 0:
+                share = math.log(store / size) / math.log(next_size / size)
+                base = round(ef + (next_ef - ef) * share)
+                break
+            else:
+                break
     return max(1, min(max(base, 2 * limit), MAX_EF_SEARCH))
 
 

@@ -383,3 +383,29 @@ def test_search_uses_the_context_size_to_pick_the_index_and_still_answers_k(stor
         )
     assert "vector scan: hnsw+exact" in result.notes and len(captured.statements) == 2
     assert [h.message.pk for h in result.hits] == [mid for mid, _ in _exact(small.pk, query, 15)]
+
+
+@pytest.mark.parametrize(
+    ("vectors", "limit", "expected"),
+    [
+        (0, 10, 40),
+        (10_000, 10, 40),
+        (50_000, 10, 100),
+        (999_963, 10, 320),
+        (1_000_000, 10, 320),
+        (5_000_000, 10, 320),
+        (1_000_000, 300, 600),
+        (111_803, 10, 150),
+    ],
+)
+def test_ef_search_grows_with_the_store_between_steps(settings, vectors, limit, expected):
+    settings.AGENTMEMORY_HNSW_EF_SEARCH = 0
+    settings.AGENTMEMORY_HNSW_EF_SEARCH_STEPS = [
+        (0, 40),
+        (50_000, 100),
+        (250_000, 200),
+        (1_000_000, 320),
+    ]
+    assert abs(search.ef_search_for(vectors, limit) - expected) <= 1
+    settings.AGENTMEMORY_HNSW_EF_SEARCH = 64
+    assert search.ef_search_for(vectors, 10) == 64
