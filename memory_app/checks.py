@@ -54,3 +54,17 @@ def check_pgvector(app_configs, databases=None, **kwargs):
         if problem:
             errors.append(checks.Error(f"{alias}: {problem}", id="memory_app.E001"))
     return errors
+
+
+@checks.register()
+def check_model_prices(app_configs, **kwargs):
+    """A malformed AGENTMEMORY_MODEL_PRICES stops startup with its reason, not a run page later."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from memory_app import pricing
+
+    try:
+        pricing.price_table()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="memory_app.E002")]
+    return []

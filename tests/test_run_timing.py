@@ -226,3 +226,12 @@ def test_the_api_takes_a_steps_model_and_cost_and_refuses_a_negative_one():
     bad = api.post(f"/api/v1/runs/{run['id']}/steps", {"steps": [{"kind": "action", "cost": -1}]})
     assert bad.status_code == 422
     assert Run.objects.get(pk=run["id"]).step_count == 1
+
+
+@override_settings(AGENTMEMORY_MODEL_PRICES='{"m": [1]}')
+def test_a_bad_price_table_fails_the_system_checks():
+    from memory_app.checks import check_model_prices
+
+    errors = check_model_prices(None)
+    assert [e.id for e in errors] == ["memory_app.E002"]
+    assert "AGENTMEMORY_MODEL_PRICES" in errors[0].msg
