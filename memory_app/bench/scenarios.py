@@ -11,6 +11,7 @@ import contextlib
 import gc
 import importlib
 import json
+import logging
 import threading
 import time
 import tracemalloc
@@ -791,6 +792,8 @@ def _ingest_vectors(
     )
 
     http_ctx = new_context("http")
+    # httpx logs every request at INFO: ten lines of noise in the benchmark's output.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     with _http_server() as url, MemoryClient(url, b.api_secret) as client:
         plain = [
             [
