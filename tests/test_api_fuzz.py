@@ -96,7 +96,9 @@ def world(django_db_blocker, keep_test_connection):
 @pytest.mark.parametrize("label", sorted(OPERATIONS))
 def test_api_answers_every_generated_request_as_documented(label, world):
     operation = OPERATIONS[label]
-    headers = {"Authorization": f"Bearer {world['secret']}"}
+    # schemathesis asks for gzip like requests does, but its WSGI transport does not inflate
+    # the answer before checking it against the schema; compression has its own tests.
+    headers = {"Authorization": f"Bearer {world['secret']}", "Accept-Encoding": "identity"}
 
     @given(case=operation.as_strategy())
     @settings(
