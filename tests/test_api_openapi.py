@@ -35,6 +35,21 @@ def test_schema_is_served_without_a_key():
     assert response.json()["paths"]
 
 
+def test_the_served_schema_has_no_duplicate_keys():
+    """JSON.parse keeps the last of two equal keys, but Swagger UI reads the schema as YAML and
+    stops at the first duplicate (an int 200 and a str "200" from `openapi_extra` both come out
+    as "200"), rendering no operation at all."""
+    import json
+
+    def refuse_duplicates(pairs):
+        keys = [key for key, _ in pairs]
+        duplicated = {key for key in keys if keys.count(key) > 1}
+        assert not duplicated, f"duplicated keys {duplicated} beside {keys}"
+        return dict(pairs)
+
+    json.loads(Client().get("/api/openapi.json").content, object_pairs_hook=refuse_duplicates)
+
+
 def test_every_operation_is_authenticated_and_documents_its_errors(schema):
     for path, method, op in operations(schema):
         assert op.get("security"), (method, path)

@@ -74,7 +74,7 @@ _PARTIAL = {"partialSuccess": {"rejectedSpans": "1", "errorMessage": "spans sent
                 },
             },
         },
-        "responses": {"200": {
+        "responses": {200: {
             "description": "ExportTraceServiceResponse in the request's encoding (empty on full success)",
             "content": {
                 otlp.PROTOBUF: {"schema": {"type": "string", "format": "binary"}, "example": ""},
