@@ -3,6 +3,9 @@
 from datetime import UTC, datetime
 
 from django import template
+from django.urls import reverse
+from django.utils.html import escape
+from django.utils.safestring import mark_safe
 
 from memory_app import rendering
 from memory_app.roles import user_can
@@ -144,3 +147,33 @@ def key_value(value) -> str:
     """A context key's value as the filter accepts it back: strings as they are, anything else
     as JSON (`true`, `42`, `null`), never Python's `True`/`None`."""
     return value if isinstance(value, str) else rendering.json_text(value)
+
+
+@register.simple_tag
+def timeline_bars(timeline, run_pk: int):
+    """The timeline's bars as SVG links, built here rather than in a template loop: up to 200
+    bars of a dozen numbers each took ~0.3 s through the template engine's per-value
+    localisation and one URL reversal per bar. Only numbers and our own text go in."""
+    placeholder = 987654321
+    url = reverse("run-step", args=[run_pk, placeholder])
+    height = timeline.height
+    base = timeline.tokens_base
+    parts = []
+    for bar in timeline.bars:
+        title = f"steps {bar.start}" + (f"–{bar.end}" if bar.end != bar.start else "") + ":"
+        if bar.offset is not None:
+            title += f" at +{seconds(bar.offset)},"
+        title += f" {seconds(bar.duration)}, {bar.tokens} tokens"
+        if bar.errors:
+            title += f", {bar.errors} error{'s' if bar.errors != 1 else ''}"
+        href = url.replace(str(placeholder), str(bar.start))
+        parts.append(
+            f'<a href="{escape(href)}" class="tl-bar{" has-error" if bar.errors else ""}">'
+            f"<title>{escape(title)}</title>"
+            f'<rect class="tl-hit" x="{bar.x}" y="0" width="{bar.width}" height="{height}"></rect>'
+            f'<rect class="tl-dur" x="{bar.x}" y="{bar.duration_y}" width="{bar.width}"'
+            f' height="{bar.duration_height}"></rect>'
+            f'<rect class="tl-tok" x="{bar.x}" y="{base}" width="{bar.width}"'
+            f' height="{bar.tokens_height}"></rect></a>'
+        )
+    return mark_safe("".join(parts))  # noqa: S308 - numbers and escaped text only
