@@ -4,11 +4,22 @@ from django.urls import include, path
 from memory_app.api.app import api
 from memory_app.health import healthz
 
+api_urls = api.urls  # built once: ninja registers its namespace when they are built
+
+
+def _api_view(url_name: str):
+    """The view of one Agent API operation (auth, limits and answers included)."""
+    return next(p.callback for p in api_urls[0] if getattr(p, "name", None) == url_name)
+
+
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     # Agent API: /api/v1/..., /api/openapi.json, /api/docs (see memory_app/api/__init__.py).
-    path("api/", api.urls),
+    path("api/", api_urls),
+    # OTLP/HTTP at its standard path: exporters given OTEL_EXPORTER_OTLP_ENDPOINT=<server> post to
+    # <server>/v1/traces. The same operation as POST /api/v1/traces.
+    path("v1/traces", _api_view("traces_export"), name="otlp-traces"),
     # Login and logout live in memory_app.urls (no e-mail password reset: nothing to send it with).
     path("", include("memory_app.urls")),
 ]

@@ -21,9 +21,9 @@ PROTO = "application/x-protobuf"
 KEYS = {"agentmemory.context.user": "ada", "agentmemory.context.app": "weather", "service.name": "weather-bot"}
 
 
-def post(client, body: bytes, content_type: str = PROTO, **headers):
+def post(client, body: bytes, content_type: str = PROTO, url: str = URL, **headers):
     extra = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in headers.items()}
-    return client.client.generic("POST", URL, body, content_type=content_type, **client._headers(), **extra)
+    return client.client.generic("POST", url, body, content_type=content_type, **client._headers(), **extra)
 
 
 @pytest.fixture
@@ -110,6 +110,25 @@ def test_code_agent_run_matches_the_agents_memory(writer, code_run):
     assert_run_matches_memory(run, agent, tool_calls=False)
     assert str(run.final_answer) == "1024"
     assert run.steps.get(is_final_answer=True).step_number == 2
+
+
+def test_the_standard_otlp_path_at_the_site_root_is_the_same_receiver(writer, tool_run, settings):
+    """OTEL_EXPORTER_OTLP_ENDPOINT=<server> makes exporters post to <server>/v1/traces."""
+    agent, spans = tool_run
+    body = protobuf_body(spans)
+    anonymous = make_key()
+    anonymous.secret = None
+    assert post(anonymous, body, url="/v1/traces").status_code == 401
+    assert post(make_key(scopes=("read",)), body, url="/v1/traces").status_code == 403
+    limit = settings.MAX_REQUEST_BODY_BYTES
+    settings.MAX_REQUEST_BODY_BYTES = len(body) - 1
+    assert post(writer, body, url="/v1/traces").status_code == 413
+    assert nothing_written()
+    settings.MAX_REQUEST_BODY_BYTES = limit
+    response = post(writer, body, url="/v1/traces")
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"] == PROTO
+    assert_run_matches_memory(stored_run(), agent, tool_calls=True)
 
 
 def test_gzip_body_is_accepted(writer, tool_run):

@@ -35,11 +35,21 @@ def check_run(agent):
     return run
 
 
-@pytest.mark.parametrize("compression", ["none", "gzip"])
-def test_otlp_http_exporter_configured_by_env_records_the_run(live_server, secret, monkeypatch, compression):
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{live_server.url}/api/v1/traces")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", f"Authorization=Bearer%20{secret}")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", compression)
+@pytest.mark.parametrize(
+    ("endpoint", "compression"),
+    [
+        # The standard variables: the exporter appends /v1/traces to the server's address.
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "{server}"}, "none"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "{server}/api/v1/traces"}, "gzip"),
+    ],
+)
+def test_otlp_http_exporter_configured_by_env_records_the_run(
+    live_server, secret, monkeypatch, endpoint, compression
+):
+    for name, value in endpoint.items():
+        monkeypatch.setenv(name, value.format(server=live_server.url))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"Authorization=Bearer%20{secret}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", compression)
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "agentmemory.context.user=ada,agentmemory.context.chat=42")
     # Small batches, so the run arrives in several requests as a long run would.
     processor = BatchSpanProcessor(OTLPSpanExporter(), max_export_batch_size=3, schedule_delay_millis=50)

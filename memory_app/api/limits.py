@@ -1,4 +1,5 @@
-"""Request-body limit for the API: 413 before a body over `MAX_REQUEST_BODY_BYTES` is read.
+"""Request-body limit for the API (`/api/`, and OTLP's `/v1/traces`): 413 before a body over
+`MAX_REQUEST_BODY_BYTES` is read.
 
 A declared Content-Length is checked without reading anything. A body streamed without a
 length (chunked transfer encoding) is read at most limit + 1 bytes: more than the limit is a
@@ -12,7 +13,8 @@ import io
 from django.conf import settings
 from django.http import JsonResponse
 
-API_PREFIX = "/api/"
+# The Agent API, and the OTLP receiver at its standard path (agentmemory_site/urls.py).
+API_PREFIXES = ("/api/", "/v1/")
 BODYLESS = {"GET", "HEAD", "OPTIONS", "TRACE"}
 
 
@@ -25,7 +27,7 @@ class RequestBodyLimitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        if request.path.startswith(API_PREFIX) and request.method not in BODYLESS:
+        if request.path.startswith(API_PREFIXES) and request.method not in BODYLESS:
             response = self._check(request)
             if response is not None:
                 return response

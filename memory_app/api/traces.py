@@ -1,4 +1,5 @@
-"""OTLP/HTTP trace receiver: `POST /api/v1/traces` (OTEL_EXPORTER_OTLP_ENDPOINT=<server>/api).
+"""OTLP/HTTP trace receiver: `POST /api/v1/traces`, also served at the standard `POST /v1/traces`
+(agentmemory_site/urls.py), so OTEL_EXPORTER_OTLP_ENDPOINT=<server> is all an exporter needs.
 
 Binary protobuf (`application/x-protobuf`, what the Python and most SDK exporters send) and the
 OTLP JSON encoding (`application/json`), optionally gzip- or deflate-compressed. Success answers

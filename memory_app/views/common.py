@@ -9,6 +9,7 @@ from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils.cache import patch_cache_control, patch_vary_headers
 
+from memory_app.api.limits import API_PREFIXES
 from memory_app.dashboard_queries import BadQuery
 
 
@@ -45,8 +46,8 @@ TITLES = {
 
 def error_response(request, status: int, message: str) -> HttpResponse:
     """The error page; under htmx only the message, retargeted to the page's `#flash` region
-    (a whole page swapped into a fragment would break the screen). /api/ answers JSON."""
-    if request.path.startswith("/api/"):
+    (a whole page swapped into a fragment would break the screen). /api/ and /v1/ answer JSON."""
+    if request.path.startswith(API_PREFIXES):
         return JsonResponse({"detail": message}, status=status)
     page = {"status": status, "title": TITLES.get(status, f"Error {status}"), "message": message}
     if wants_fragment(request):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from django.http import HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 
+from memory_app.api.limits import API_PREFIXES
 from memory_app.views.common import TITLES, error_response
 
 
@@ -46,7 +47,7 @@ def csrf_failure(request, reason=""):
 
 def server_error(request):
     """A page that needs neither the database nor the session: the error may come from them."""
-    if request.path.startswith("/api/"):
+    if request.path.startswith(API_PREFIXES):
         return JsonResponse({"detail": "internal server error"}, status=500)
     page = {"status": 500, "title": TITLES[500]}
     if request.headers.get("HX-Request") == "true":
