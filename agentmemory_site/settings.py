@@ -67,6 +67,8 @@ MIDDLEWARE = [
     # in a page, a new API key, is made once and never repeated. README "Compression".
     "django.middleware.gzip.GZipMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # The trace receiver's errors (this 413 too) as OTLP/HTTP requires: a google.rpc.Status body.
+    "memory_app.api.traces.OtlpErrorMiddleware",
     # API bodies over MAX_REQUEST_BODY_BYTES answer 413 before anything reads them.
     "memory_app.api.limits.RequestBodyLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -8,6 +8,7 @@ import json
 import random
 
 import pytest
+from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from memory_app.models import Context, Run, Step, ToolCall, TraceSpan
@@ -222,6 +223,19 @@ def test_default_context_keys_come_from_service_name_and_session(writer):
 # --- bad requests: clear 4xx, nothing written ---------------------------------------------------
 
 
+def error_message(response) -> str:
+    """The message of an error answer: OTLP/HTTP makes its body a google.rpc.Status, in the
+    request's encoding (protobuf for protobuf requests, its JSON mapping otherwise)."""
+    if response["Content-Type"] == PROTO:
+        status = Status.FromString(response.content)
+    else:
+        assert response["Content-Type"] == "application/json"
+        assert set(response.json()) == {"code", "message"}, response.json()
+        status = Status(**response.json())
+    assert status.code != 0 and int(response["Content-Length"]) == len(response.content)
+    return status.message
+
+
 def nothing_written():
     return not (Context.objects.exists() or Run.objects.exists() or TraceSpan.objects.exists())
 
@@ -240,7 +254,8 @@ def nothing_written():
 def test_malformed_bodies_are_refused(writer, body, content_type, status):
     response = post(writer, body, content_type)
     assert response.status_code == status, response.content
-    assert response.json()["detail"]
+    assert response["Content-Type"] == (PROTO if content_type == PROTO else "application/json")
+    assert error_message(response)
     assert nothing_written()
 
 
@@ -250,7 +265,7 @@ def test_a_nul_character_in_any_span_refuses_the_whole_request(writer, tool_run)
     request["resourceSpans"][0]["scopeSpans"][0]["spans"][-1]["name"] = "bad\u0000name"
     response = post(writer, json.dumps(request).encode(), "application/json")
     assert response.status_code == 400
-    assert "NUL" in response.json()["detail"]
+    assert "NUL" in error_message(response)
     assert nothing_written()
 
 
@@ -266,12 +281,14 @@ def test_oversized_and_gzip_bomb_bodies_are_413(writer, settings, tool_run):
     _, spans = tool_run
     body = protobuf_body(spans)
     settings.MAX_REQUEST_BODY_BYTES = len(body) - 1
-    assert post(writer, body).status_code == 413
+    response = post(writer, body)
+    assert response.status_code == 413
+    assert "over the limit" in error_message(response)  # answered by the body-limit middleware
     bomb = gzip.compress(body)
     assert len(bomb) < settings.MAX_REQUEST_BODY_BYTES
     response = post(writer, bomb, content_encoding="gzip")
     assert response.status_code == 413
-    assert "decompressed" in response.json()["detail"]
+    assert "decompressed" in error_message(response)
     assert post(writer, b"\x1f\x8b not gzip", content_encoding="gzip").status_code == 400
     assert post(writer, body[:100], content_encoding="br").status_code == 415
     assert nothing_written()
@@ -286,8 +303,12 @@ def test_missing_or_bad_key_is_401_and_read_only_key_is_403(tool_run):
     Context.objects.all().delete()
     anonymous = make_key()
     anonymous.secret = None
-    assert post(anonymous, body).status_code == 401
-    assert post(make_key(scopes=("read",)), body).status_code == 403
+    response = post(anonymous, body)
+    assert response.status_code == 401 and "missing API key" in error_message(response)
+    response = post(make_key(scopes=("read",)), body, url="/v1/traces")
+    assert response.status_code == 403 and "'write' scope" in error_message(response)
+    response = post(make_key(scopes=("read",)), json_body(spans), "application/json")
+    assert response.status_code == 403 and "'write' scope" in error_message(response)
     assert nothing_written()
 
 
@@ -296,7 +317,7 @@ def test_other_tenants_context_keys_are_403(tool_run):
     confined = make_key(context_keys={"user": "bob"})
     response = post(confined, protobuf_body(spans))
     assert response.status_code == 403
-    assert "bob" in response.json()["detail"]
+    assert "bob" in error_message(response)
     assert nothing_written()
 
 

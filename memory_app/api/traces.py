@@ -3,21 +3,25 @@
 
 Binary protobuf (`application/x-protobuf`, what the Python and most SDK exporters send) and the
 OTLP JSON encoding (`application/json`), optionally gzip- or deflate-compressed. Success answers
-an `ExportTraceServiceResponse` in the request's encoding; errors are this API's JSON
-`{"detail": ...}` with a status an exporter does not retry (400, 401, 403, 413, 415).
+an `ExportTraceServiceResponse` in the request's encoding. Errors have a status an exporter does
+not retry (400, 401, 403, 413, 415) and, as OTLP/HTTP requires of every 4xx/5xx answer, a
+`google.rpc.Status` body in the request's encoding (`OtlpErrorMiddleware` re-encodes the API's
+`{"detail": ...}`, so the message is the same).
 """
 
 from __future__ import annotations
 
+import json
 import zlib
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
-from ninja import Router
+from ninja import Router, Schema
 from ninja.errors import HttpError
+from pydantic import ConfigDict
 
 from memory_app import traces
-from memory_app.api.common import WRITE_ERRORS, require_scope, responses
+from memory_app.api.common import WRITE_ERRORS, require_scope
 from memory_app.interop import otlp
 
 router = Router(tags=["traces"])
@@ -45,12 +49,63 @@ def _body(request: HttpRequest) -> bytes:
     return data
 
 
+# Where the receiver answers (agentmemory_site/urls.py).
+OTLP_PATHS = frozenset({"/api/v1/traces", "/v1/traces"})
+
+
+class OtlpStatusOut(Schema):
+    """An error of the trace receiver: `google.rpc.Status` (protobuf for protobuf requests)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"code": 7, "message": "this API key lacks the 'write' scope"}]}
+    )
+
+    code: int
+    message: str
+
+
+class OtlpErrorMiddleware:
+    """Error answers of the trace receiver in OTLP's form: "the response body for all HTTP 4xx and
+    HTTP 5xx responses MUST be a Protobuf-encoded Status message", in the request's encoding
+    (OTLP/HTTP). Whatever answered the error (key check, body limit, the receiver itself), its
+    `{"detail": ...}` becomes the Status message; status code and headers stay."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if request.path not in OTLP_PATHS or response.status_code < 400 or response.streaming:
+            return response
+        body, content_type = otlp.encode_error(
+            content_type=(request.content_type or "").lower(),
+            status=response.status_code,
+            message=_error_message(response),
+        )
+        response.content = body
+        response["Content-Type"] = content_type
+        response["Content-Length"] = str(len(body))
+        return response
+
+
+def _error_message(response: HttpResponse) -> str:
+    if response.get("Content-Type", "").startswith("application/json"):
+        try:
+            detail = json.loads(response.content)["detail"]
+        except (ValueError, TypeError, KeyError):
+            pass
+        else:
+            return detail if isinstance(detail, str) else json.dumps(detail)
+    return response.reason_phrase
+
+
+_ERRORS = (*WRITE_ERRORS, 415)
 _PARTIAL = {"partialSuccess": {"rejectedSpans": "1", "errorMessage": "spans sent before with different content ..."}}
 
 
 @router.post(
     "/traces",
-    response=responses({200: None}, (*WRITE_ERRORS, 415)),
+    response={200: None, **dict.fromkeys(_ERRORS, OtlpStatusOut)},
     summary="Receive OpenTelemetry traces (OTLP/HTTP)",
     openapi_extra={
         "requestBody": {
@@ -75,13 +130,17 @@ _PARTIAL = {"partialSuccess": {"rejectedSpans": "1", "errorMessage": "spans sent
                 },
             },
         },
-        "responses": {200: {
-            "description": "ExportTraceServiceResponse in the request's encoding (empty on full success)",
-            "content": {
-                otlp.PROTOBUF: {"schema": {"type": "string", "format": "binary"}, "example": ""},
-                otlp.JSON: {"schema": {"type": "object"}, "examples": {"ok": {"value": {}}, "partial": {"value": _PARTIAL}}},
+        "responses": {
+            200: {
+                "description": "ExportTraceServiceResponse in the request's encoding (empty on full success)",
+                "content": {
+                    otlp.PROTOBUF: {"schema": {"type": "string", "format": "binary"}, "example": ""},
+                    otlp.JSON: {"schema": {"type": "object"}, "examples": {"ok": {"value": {}}, "partial": {"value": _PARTIAL}}},
+                },
             },
-        }},
+            **{code: {"content": {otlp.PROTOBUF: {"schema": {"type": "string", "format": "binary"}, "example": ""}}}
+               for code in _ERRORS},
+        },
     },
 )
 def traces_export(request: HttpRequest):

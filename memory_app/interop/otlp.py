@@ -33,6 +33,7 @@ from typing import Any
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
+from google.rpc.status_pb2 import Status as RpcStatus
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -103,6 +104,19 @@ def encode_response(*, content_type: str, rejected: int = 0, message: str = "") 
     if content_type == PROTOBUF:
         return response.SerializeToString()
     return json.dumps(json_format.MessageToDict(response)).encode()
+
+
+# google.rpc.Code for the HTTP statuses the receiver answers (OTLP clients only log it).
+_RPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 409: 10, 413: 8, 415: 3, 422: 3, 500: 13}
+
+
+def encode_error(*, content_type: str, status: int, message: str) -> tuple[bytes, str]:
+    """An error answer as OTLP/HTTP requires it: a `google.rpc.Status` in the request's encoding
+    (protobuf for protobuf requests, its JSON mapping otherwise). Returns (body, content type)."""
+    error = RpcStatus(code=_RPC_CODES.get(status, 2), message=message)  # 2: UNKNOWN
+    if content_type == PROTOBUF:
+        return error.SerializeToString(), PROTOBUF
+    return json.dumps(json_format.MessageToDict(error)).encode(), JSON
 
 
 def _reject_constant(name: str):
