@@ -25,8 +25,9 @@ SAMPLES = {
     "path": "x/y",
     "uuid": "00000000-0000-0000-0000-000000000000",
 }
-# Not dashboard pages: the probe, the agent API (bearer keys), static files and the login pages.
-EXCLUDED = re.compile(r"^/(healthz|api/|static/|accounts/login/|admin/login/)")
+# Not dashboard pages: the probe, the agent API and the OTLP receiver at its standard path
+# (bearer keys), static files and the login pages.
+EXCLUDED = re.compile(r"^/(healthz|api/|v1/traces$|static/|accounts/login/|admin/login/)")
 
 
 def _sample_route(pattern) -> str:
@@ -58,7 +59,7 @@ def test_url_walk_covers_dashboard_and_admin():
     urls = [u for u, _ in dashboard_urls()]
     assert "/" in urls and "/runs/1/steps/1/" in urls and "/contexts/1/messages/1/prune/" in urls
     assert any(u.startswith("/admin/memory_app/") for u in urls)
-    assert not any(u.startswith(("/healthz", "/api/")) for u in urls)
+    assert not any(u.startswith(("/healthz", "/api/", "/v1/")) for u in urls)
 
 
 def test_anonymous_is_sent_to_login_from_every_dashboard_url():
