@@ -99,6 +99,69 @@ def test_new_steps_appear_in_order_and_the_operator_keeps_their_place(browser_pa
     page.watch.assert_clean()
 
 
+def test_a_traced_run_keeps_the_operators_step_when_its_task_step_arrives_last(browser_page, live_server):
+    """OpenTelemetry spans stream in as smolagents ends them; the root span comes last and brings
+    the task step, which starts first and takes position 1: every step moves down one, under the
+    open page."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from memory_app.models import Run
+    from tests.otel_agents import protobuf_body, traced_run
+
+    make_user(role="viewer", username="watcher")
+    _, spans = traced_run("tool_calling", resource={"agentmemory.context.user": "ada"})
+    assert [s.name for s in spans][6:] == ["Step 2", "ScriptedModel.generate", "FinalAnswerTool", "Step 3",
+                                          "ToolCallingAgent.run"]
+    secret = auth.apikey_create(name="otel", scopes=["write"]).secret
+
+    def export(batch):
+        body = protobuf_body(batch)
+        ExportTraceServiceRequest.FromString(body)  # what an exporter sends
+        response = httpx.post(f"{live_server.url}/v1/traces", content=body, timeout=10, headers={
+            "Authorization": f"Bearer {secret}", "Content-Type": "application/x-protobuf"})
+        assert response.status_code == 200, response.content
+
+    export(spans[:7])  # the planning call, steps 1 and 2
+    run = Run.objects.get()
+    assert list(run.steps.order_by("position").values_list("kind", "step_number")) == [
+        ("planning", None), ("action", 1), ("action", 2)]
+
+    page = browser_page
+    login(page, "watcher", TEST_PASSWORD, next_path=f"/runs/{run.pk}/steps/2/")
+    page.wait_for_selector("#logbook[data-position='2']")
+    expect(page.locator("#run-live")).to_be_visible()
+    page.locator("details.lazy summary", has_text="What the model saw").click()
+    page.wait_for_selector("details.lazy[open] .chat .chat-msg")
+    seen = page.locator("details.lazy[open]").inner_text()
+    page.evaluate("window.scrollTo(0, 200)")
+    scroll_before = page.evaluate("window.scrollY")
+
+    export(spans[7:10])  # step 3 ends: it joins the end of the list
+    expect(page.locator("#step-item-4")).to_be_attached(timeout=8_000)
+    assert step_positions(page) == [1, 2, 3, 4]
+
+    export(spans[10:])  # the root: the task step takes position 1, the run is finished
+    page.wait_for_url(re.compile(rf"/runs/{run.pk}/steps/3/$"), timeout=8_000)
+    expect(page.locator("#run-status")).to_have_text("Success")
+    assert step_positions(page) == [1, 2, 3, 4, 5]
+    assert page.locator("#step-list li .kind").first.inner_text() == "Task"
+    # The same step, under its new number, with the details the operator opened.
+    assert page.locator("#step-list li.current .pos").inner_text() == "3"
+    assert page.locator(".step-detail h2").inner_text().startswith("Step 3")
+    assert "(step_number 1)" in page.locator(".step-detail h2").inner_text()
+    opened = page.locator("details.lazy[open]")
+    assert opened.count() == 1 and opened.inner_text() == seen
+    assert abs(page.evaluate("window.scrollY") - scroll_before) < 5
+    expect(page.locator("#run-live")).to_have_count(0)
+    # A detail opened now loads this step's (by id), not the one the old number named.
+    page.locator("details.lazy summary", has_text="Transcript after this step").click()
+    page.wait_for_selector("details.lazy[open] #transcript-3")
+    page.keyboard.press("j")
+    page.wait_for_selector("#logbook[data-position='4']")
+    assert "(step_number 2)" in page.locator(".step-detail h2").inner_text()
+    page.watch.assert_clean()
+
+
 def test_a_run_without_steps_shows_its_first_step_when_it_arrives(browser_page, api):
     make_user(role="viewer", username="watcher")
     context = post(api, "/contexts", {"keys": {"user": "ada", "chat": "empty"}})
