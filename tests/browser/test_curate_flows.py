@@ -18,7 +18,7 @@ from tests.builders import TEST_PASSWORD, make_context, make_run, make_user
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    pytest.mark.django_db(transaction=True),
 ]
 
 

@@ -13,7 +13,7 @@ from tests.builders import TEST_PASSWORD, make_user
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    pytest.mark.django_db(transaction=True),
 ]
 
 WIDTHS = (420, 375)  # the narrow window, and a common phone

@@ -19,7 +19,7 @@ from tests.builders import TEST_PASSWORD, make_context, make_user
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    pytest.mark.django_db(transaction=True),
 ]
 
 REPO = Path(__file__).resolve().parents[2]
