@@ -248,6 +248,11 @@ def test_create_a_key_use_it_revoke_it_and_the_api_refuses_it(browser_page, demo
     expect(revoke).to_be_hidden()  # asked for first
     page.click(f"#key-{key.pk} summary:has-text('Revoke')")
     screenshot(page, "keys-revoke-confirm")
+    # On a phone the confirmation is on screen, not off to the side inside a scrolling table.
+    page.set_viewport_size({"width": 390, "height": 844})
+    box = revoke.bounding_box()
+    assert box and 0 <= box["x"] and box["x"] + box["width"] <= 390, box
+    page.set_viewport_size({"width": 1280, "height": 860})
     assert ApiKey.objects.get(pk=key.pk).revoked_at is None
     revoke.click()
     expect(page.locator(f"#key-{key.pk} .badge")).to_contain_text("revoked")

@@ -79,6 +79,10 @@ def test_prune_selected_with_nothing_ticked_says_so_in_the_page(browser_page, pe
     expect(flash).to_contain_text("select at least one message")
     expect(page.locator("#curate-list article.curate-row")).to_have_count(3)  # page unchanged
     screenshot(page, "prune-nothing-selected")
+    # On a phone the message wraps under its title instead of shrinking to a letter a line.
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert flash.locator("[data-testid=error-message]").bounding_box()["width"] > 200
+    page.set_viewport_size({"width": 1280, "height": 860})
     page.click("#flash [data-dismiss=flash]")
     expect(flash).to_have_count(0)
     assert not AuditEvent.objects.exists()
@@ -107,6 +111,7 @@ def test_invalid_playground_numbers_are_explained_beside_the_form(browser_page, 
     login(page, "vera", TEST_PASSWORD, next_path=f"/contexts/{context.pk}/playground/")
     page.fill(".side-a input[name=k]", "0")
     expect(page.locator("#side-a [role=alert]")).to_contain_text("k must be an integer between 1 and 1000")
+    screenshot(page, "playground-error")
     page.fill(".side-a input[name=k]", "2")
     expect(page.locator("#side-a [data-testid=count]")).to_have_text("2")
 
@@ -121,6 +126,7 @@ def test_a_forbidden_htmx_action_is_explained_in_the_page(browser_page, people):
         f"/contexts/{context.pk}/curate/",
     )
     expect(page.locator("#flash [role=alert]")).to_contain_text("Your role does not allow this")
+    screenshot(page, "flash-403")
     expect(page.locator("#main")).not_to_contain_text("Not allowed")  # not swapped into the page
 
 
