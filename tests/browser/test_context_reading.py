@@ -53,7 +53,14 @@ def test_a_conversation_opens_at_its_latest_message_or_the_linked_one(browser_pa
     page.wait_for_selector("#m-120")
     assert in_viewport(page, "#m-120")
     assert not in_viewport(page, "#m-71")
-    screenshot(page, "context-latest", full_page=False)
+    screenshot(page, "context-latest", widths=("desktop",), full_page=False)
+    # A phone opens it at its latest message too (the page is much longer there).
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"{page.base_url}/contexts/{ctx.pk}/")  # a new visit (a reload keeps its scroll)
+    page.wait_for_selector("#m-120")
+    assert in_viewport(page, "#m-120") and not in_viewport(page, "#m-110")
+    screenshot(page, "context-latest", widths=("narrow",), full_page=False)
+    page.set_viewport_size({"width": 1280, "height": 860})
     # A link to a message opens at that message.
     page.goto(f"{page.base_url}/contexts/{ctx.pk}/?seq=40")
     page.wait_for_selector("#m-40.is-target")
@@ -81,7 +88,7 @@ def test_long_tool_output_is_folded_and_opens_on_demand(browser_page, conversati
     expect(tool.locator(".fold-full")).to_be_visible()
     expect(tool.locator(".fold-full")).to_contain_text("line 400: temperature reading 40.0C")
     assert tool.bounding_box()["height"] > 2000
-    screenshot(page, "context-fold", widths=("desktop",), full_page=False)
+    screenshot(page, "context-fold", full_page=False)
 
     # The message names its run and its step; the step link opens that step.
     answer = page.locator("#m-120")
