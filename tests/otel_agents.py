@@ -8,6 +8,7 @@ import contextlib
 import json
 
 import httpx
+import pytest
 import smolagents
 from google.protobuf import json_format
 from openinference.instrumentation.smolagents import SmolagentsInstrumentor
@@ -86,3 +87,47 @@ class JsonSpanExporter(SpanExporter):
 def expected_steps(agent) -> list[dict]:
     """The agent's own memory as logbook items, through the smolagents import's step mapping."""
     return [smol.step_to_logbook(s) for s in jsonable(agent.memory.get_full_steps())]
+
+
+def assert_run_matches_memory(run, agent, *, tool_calls: bool, keys: dict):
+    """The stored run against agent.memory: kinds, step numbers, tokens, errors, tool calls."""
+    expected = expected_steps(agent)
+    steps = list(run.steps.order_by("position"))
+    assert [s.kind for s in steps] == [e["kind"] for e in expected]
+    for step, want in zip(steps, expected, strict=True):
+        assert (step.input_tokens, step.output_tokens, step.total_tokens) == (
+            want["input_tokens"], want["output_tokens"], want["total_tokens"]), step.kind
+        if want["start_time"] is not None:  # a TaskStep has no timing
+            assert step.start_time == pytest.approx(want["start_time"], abs=0.5)
+        if step.kind == "task":
+            assert step.task == want["task"]
+        if step.kind != "action":
+            continue
+        assert step.step_number == want["step_number"]
+        assert (step.error_type, step.error_message) == (want["error_type"], want["error_message"])
+        assert step.observations == want["observations"]
+        assert step.model_output == want["model_output"]
+        assert step.is_final_answer == want["is_final_answer"]
+        if tool_calls:
+            got = [
+                {k: getattr(tc, k) for k in ("call_id", "name", "arguments", "output", "success")}
+                for tc in step.tool_calls.order_by("position")
+            ]
+            # smolagents drops the calls of a step whose tool raised (it sets memory_step.tool_calls
+            # after the loop); the trace still has it, kept as a failed call.
+            assert [c for c in got if c["success"]] == [
+                {k: c[k] for k in ("call_id", "name", "arguments", "output", "success")} for c in want["tool_calls"]
+            ]
+            if step.error_type == "AgentToolExecutionError":
+                assert [c for c in got if not c["success"]] == [
+                    {"call_id": "call_p1", "name": "get_population", "arguments": {"city": "Paris"},
+                     "output": None, "success": False}
+                ]
+    memory = agent.memory.steps
+    assert run.input_tokens == sum(s.token_usage.input_tokens for s in memory if getattr(s, "token_usage", None))
+    assert run.output_tokens == sum(s.token_usage.output_tokens for s in memory if getattr(s, "token_usage", None))
+    assert run.error_count == sum(1 for e in expected if e.get("error_type")) == 1
+    assert run.status == "success"
+    assert run.system_prompt == agent.memory.system_prompt.system_prompt
+    assert run.task == agent.task
+    assert run.context.keys == keys

@@ -13,13 +13,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from memory_app.models import Context, Run, Step, ToolCall, TraceSpan
 from tests.api_helpers import make_key
-from tests.otel_agents import expected_steps, json_body, protobuf_body, traced_run
+from tests.otel_agents import assert_run_matches_memory, json_body, protobuf_body, traced_run
 
 pytestmark = pytest.mark.django_db
 
 URL = "/api/v1/traces"
 PROTO = "application/x-protobuf"
 KEYS = {"agentmemory.context.user": "ada", "agentmemory.context.app": "weather", "service.name": "weather-bot"}
+CONTEXT = {"user": "ada", "app": "weather"}
 
 
 def post(client, body: bytes, content_type: str = PROTO, url: str = URL, **headers):
@@ -47,50 +48,6 @@ def stored_run() -> Run:
     return run
 
 
-def assert_run_matches_memory(run: Run, agent, *, tool_calls: bool):
-    """The stored run against agent.memory: kinds, step numbers, tokens, errors, tool calls."""
-    expected = expected_steps(agent)
-    steps = list(run.steps.order_by("position"))
-    assert [s.kind for s in steps] == [e["kind"] for e in expected]
-    for step, want in zip(steps, expected, strict=True):
-        assert (step.input_tokens, step.output_tokens, step.total_tokens) == (
-            want["input_tokens"], want["output_tokens"], want["total_tokens"]), step.kind
-        if want["start_time"] is not None:  # a TaskStep has no timing
-            assert step.start_time == pytest.approx(want["start_time"], abs=0.5)
-        if step.kind == "task":
-            assert step.task == want["task"]
-        if step.kind != "action":
-            continue
-        assert step.step_number == want["step_number"]
-        assert (step.error_type, step.error_message) == (want["error_type"], want["error_message"])
-        assert step.observations == want["observations"]
-        assert step.model_output == want["model_output"]
-        assert step.is_final_answer == want["is_final_answer"]
-        if tool_calls:
-            got = [
-                {k: getattr(tc, k) for k in ("call_id", "name", "arguments", "output", "success")}
-                for tc in ToolCall.objects.filter(step=step).order_by("position")
-            ]
-            # smolagents drops the calls of a step whose tool raised (it sets memory_step.tool_calls
-            # after the loop); the trace still has it, kept as a failed call.
-            assert [c for c in got if c["success"]] == [
-                {k: c[k] for k in ("call_id", "name", "arguments", "output", "success")} for c in want["tool_calls"]
-            ]
-            if step.error_type == "AgentToolExecutionError":
-                assert [c for c in got if not c["success"]] == [
-                    {"call_id": "call_p1", "name": "get_population", "arguments": {"city": "Paris"},
-                     "output": None, "success": False}
-                ]
-    memory = agent.memory.steps
-    assert run.input_tokens == sum(s.token_usage.input_tokens for s in memory if getattr(s, "token_usage", None))
-    assert run.output_tokens == sum(s.token_usage.output_tokens for s in memory if getattr(s, "token_usage", None))
-    assert run.error_count == sum(1 for e in expected if e.get("error_type")) == 1
-    assert run.status == "success"
-    assert run.system_prompt == agent.memory.system_prompt.system_prompt
-    assert run.task == agent.task
-    assert run.context.keys == {"user": "ada", "app": "weather"}
-
-
 @pytest.mark.parametrize("encoding", ["protobuf", "json"])
 def test_tool_calling_run_matches_the_agents_memory(writer, tool_run, encoding):
     agent, spans = tool_run
@@ -99,7 +56,7 @@ def test_tool_calling_run_matches_the_agents_memory(writer, tool_run, encoding):
     assert response.status_code == 200, response.content
     assert response["Content-Type"] == content_type
     run = stored_run()
-    assert_run_matches_memory(run, agent, tool_calls=True)
+    assert_run_matches_memory(run, agent, tool_calls=True, keys=CONTEXT)
     assert run.final_answer == "Sunny, 22C"
     assert run.framework == "smolagents" and run.agent_name == "ToolCallingAgent"
 
@@ -108,7 +65,7 @@ def test_code_agent_run_matches_the_agents_memory(writer, code_run):
     agent, spans = code_run
     assert post(writer, protobuf_body(spans)).status_code == 200
     run = stored_run()
-    assert_run_matches_memory(run, agent, tool_calls=False)
+    assert_run_matches_memory(run, agent, tool_calls=False, keys=CONTEXT)
     assert str(run.final_answer) == "1024"
     assert run.steps.get(is_final_answer=True).step_number == 2
 
@@ -129,7 +86,7 @@ def test_the_standard_otlp_path_at_the_site_root_is_the_same_receiver(writer, to
     response = post(writer, body, url="/v1/traces")
     assert response.status_code == 200, response.content
     assert response["Content-Type"] == PROTO
-    assert_run_matches_memory(stored_run(), agent, tool_calls=True)
+    assert_run_matches_memory(stored_run(), agent, tool_calls=True, keys=CONTEXT)
 
 
 def test_gzip_body_is_accepted(writer, tool_run):
@@ -170,7 +127,7 @@ def test_split_and_retried_batches_give_the_same_run(writer, tool_run, seed):
     run = stored_run()
     steps = list(run.steps.order_by("position"))
     assert [s.start_time for s in steps] == sorted(s.start_time for s in steps)
-    assert_run_matches_memory(run, agent, tool_calls=True)
+    assert_run_matches_memory(run, agent, tool_calls=True, keys=CONTEXT)
 
 
 def test_steps_end_up_in_start_order_when_the_root_comes_first(writer, tool_run):
@@ -197,7 +154,7 @@ def test_split_batches_in_export_order_show_steps_before_the_run_ends(writer, to
     assert post(writer, protobuf_body(by_end[first_step_done:])).status_code == 200
     run.refresh_from_db()
     assert run.status == "success"
-    assert_run_matches_memory(run, agent, tool_calls=True)
+    assert_run_matches_memory(run, agent, tool_calls=True, keys=CONTEXT)
 
 
 def test_a_changed_resent_span_is_reported_and_the_first_kept(writer, tool_run):
