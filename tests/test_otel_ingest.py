@@ -177,6 +177,18 @@ def test_default_context_keys_come_from_service_name_and_session(writer):
     assert stored_run().context.keys == {"service": "calc-bot"}
 
 
+def test_context_keys_on_span_attributes_join_the_resources_and_win(writer, tool_run):
+    _, spans = tool_run
+    request = json.loads(json_body(spans))
+    step = request["resourceSpans"][0]["scopeSpans"][0]["spans"][3]
+    step["attributes"] += [
+        {"key": "agentmemory.context.app", "value": {"stringValue": "calc"}},
+        {"key": "agentmemory.context.chat", "value": {"stringValue": "9"}},
+    ]
+    assert post(writer, json.dumps(request).encode(), "application/json").status_code == 200
+    assert stored_run().context.keys == {"user": "ada", "app": "calc", "chat": "9"}
+
+
 # --- bad requests: clear 4xx, nothing written ---------------------------------------------------
 
 

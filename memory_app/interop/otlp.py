@@ -240,11 +240,11 @@ def context_keys(spans: list[dict[str, Any]]) -> dict[str, Any]:
     the first span that has one.
     """
     keys: dict[str, Any] = {}
-    for span in spans:
-        for attrs in (span["resource"], span["attributes"]):
-            for name, value in attrs.items():
-                if name.startswith(CONTEXT_PREFIX) and len(name) > len(CONTEXT_PREFIX):
-                    keys[name[len(CONTEXT_PREFIX):]] = value
+    # Every span's resource first, then the spans' own attributes over them.
+    for attrs in [s["resource"] for s in spans] + [s["attributes"] for s in spans]:
+        for name, value in attrs.items():
+            if name.startswith(CONTEXT_PREFIX) and len(name) > len(CONTEXT_PREFIX):
+                keys[name[len(CONTEXT_PREFIX):]] = value
     if keys:
         return keys
     keys["service"] = spans[0]["resource"].get("service.name") or "unknown_service"
