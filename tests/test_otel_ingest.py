@@ -177,6 +177,19 @@ def test_default_context_keys_come_from_service_name_and_session(writer):
     assert stored_run().context.keys == {"service": "calc-bot"}
 
 
+def test_json_fields_unknown_to_this_otlp_version_are_ignored(writer, tool_run):
+    """OTLP/JSON receivers MUST ignore fields with unknown names (newer SDKs add fields)."""
+    agent, spans = tool_run
+    request = json.loads(json_body(spans))
+    request["someFutureField"] = {"x": 1}
+    request["resourceSpans"][0]["resource"]["entityRefs"] = [{"type": "service"}]
+    for span in request["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+        span["futureSpanField"] = 7
+    response = post(writer, json.dumps(request).encode(), "application/json")
+    assert response.status_code == 200, response.content
+    assert_run_matches_memory(stored_run(), agent, tool_calls=True, keys=CONTEXT)
+
+
 def test_context_keys_on_span_attributes_join_the_resources_and_win(writer, tool_run):
     _, spans = tool_run
     request = json.loads(json_body(spans))

@@ -79,7 +79,9 @@ def decode_request(body: bytes, *, content_type: str) -> list[dict[str, Any]]:
         if not isinstance(data, dict):
             raise TraceFormatError("body must be a JSON object {resourceSpans: [...]}")
         try:
-            json_format.ParseDict(_ids_hex_to_base64(data), request)
+            # "OTLP/JSON receivers MUST ignore message fields with unknown names" (a newer SDK's
+            # fields must not make its spans a 400).
+            json_format.ParseDict(_ids_hex_to_base64(data), request, ignore_unknown_fields=True)
         except (json_format.ParseError, TypeError, ValueError, AttributeError, RecursionError) as exc:
             raise TraceFormatError(f"body is not an OTLP/JSON ExportTraceServiceRequest: {exc}") from None
     else:
