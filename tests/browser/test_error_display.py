@@ -36,6 +36,10 @@ def test_a_bad_api_key_form_shows_the_reason_and_keeps_what_was_typed(browser_pa
     expect(alert).to_contain_text("must be a JSON object like")
     expect(page.locator("input[name=context_keys]")).to_have_value('{"tenant": ')
     screenshot(page, "keys-error")
+    # Each scope's box sits beside its name (not stretched across the field).
+    for label in page.locator("#keys-panel label.check").all():
+        box, whole = label.locator("input").bounding_box(), label.bounding_box()
+        assert box["width"] < 30 and box["x"] - whole["x"] < 5, (box, whole)
     page.fill("input[name=context_keys]", "")
     for box in page.locator("#keys-panel input[name=scopes]").all():
         box.uncheck()
