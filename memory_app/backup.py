@@ -32,6 +32,7 @@ from typing import Any
 from django.db import models, transaction
 from django.db.models import Q
 
+from memory_app import memories
 from memory_app.models import Context, Embedding, MemoryRecord, Message, Run, Step, ToolCall
 
 FORMAT = "agentmemory-backup"
@@ -101,9 +102,15 @@ def contexts_matching(*, context_ids: list[int] | None = None, keys: dict | None
 
 
 def export_records(
-    *, contexts: models.QuerySet | None = None, embeddings: bool = False, chunk_size: int = CHUNK
+    *, contexts: models.QuerySet | None = None, embeddings: bool = False, chunk_size: int = CHUNK,
+    confined_to: dict[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Yield the backup's records, one at a time, reading the database in chunks."""
+    """Yield the backup's records, one at a time, reading the database in chunks.
+
+    A context's memory records are its own and those of every key subset its keys contain (an
+    empty legacy subset too: a whole backup loses nothing). `confined_to`, a confined API key's
+    context keys, narrows them to what that key recalls (`memories.memories_visible`, archived
+    ones included), so a tenant's export holds no record its key may not read."""
     contexts = contexts if contexts is not None else Context.objects.order_by("pk")
     yield {"type": "header", "format": FORMAT, "version": VERSION, "embeddings": embeddings}
     exported_memories: set[int] = set()
@@ -130,7 +137,10 @@ def export_records(
                 if msg.step_id else None
             )
             yield record
-        scoped = MemoryRecord.objects.filter(Q(context=ctx) | Q(context__isnull=True, scope_keys__contained_by=ctx.keys))
+        if confined_to:
+            scoped = memories.memories_visible(context=ctx, include_archived=True, confined_to=confined_to)
+        else:
+            scoped = MemoryRecord.objects.filter(Q(context=ctx) | Q(context__isnull=True, scope_keys__contained_by=ctx.keys))
         for mem in scoped.order_by("pk").iterator(chunk_size=chunk_size):
             if mem.pk in exported_memories:
                 continue

@@ -354,3 +354,69 @@ def test_promote_and_merge_keep_provenance_and_an_audit(ada_chat, system_actor):
     assert event.before[str(other.record.pk)]["content"] == "Ada drinks tea"
     with pytest.raises(Invalid):
         memories.memory_promote(actor=system_actor, message=message, step=None, kind="opinion")
+
+
+def test_a_confined_key_exports_only_the_memories_it_may_recall(db):
+    """GET /export answers a confined read key's contexts: their memory records must be the ones
+    that key recalls, not every key subset the context's keys contain (an empty legacy subset and
+    the operator's record for {"user": "ada"} stayed in the backup; issue 13.5)."""
+    import json
+
+    from tests.api_helpers import make_key, new_context
+
+    admin = make_key(scopes=["read", "write", "admin"])
+    acme = make_key(scopes=["read", "write"], context_keys={"tenant": "acme"})
+    ctx = new_context(acme, {"tenant": "acme", "user": "ada"})
+    admin.post("/api/v1/memories", {"scope_keys": {"user": "ada"}, "content": "Ada's tea order"})
+    acme.post(
+        "/api/v1/memories",
+        {"scope_keys": {"tenant": "acme", "user": "ada"}, "content": "Ada's tea budget"},
+    )
+    acme.post("/api/v1/memories", {"context_id": ctx, "content": "This chat is about tea"})
+    MemoryRecord.objects.create(
+        scope_keys={}, scope_digest="legacy-empty", content="global instruction",
+        content_hash=memories.content_hash("global instruction"),
+    )
+
+    def exported(client):
+        response = client.get("/api/v1/export", {"context_id": ctx})
+        assert response.status_code == 200
+        lines = [json.loads(line) for line in b"".join(response.streaming_content).splitlines()]
+        return {r["content"] for r in lines if r["type"] == "memory"}
+
+    assert exported(acme) == {"Ada's tea budget", "This chat is about tea"}
+    # An unconfined key's backup stays whole (the legacy record included, invisible as it is).
+    assert exported(admin) == {
+        "Ada's tea order", "Ada's tea budget", "This chat is about tea", "global instruction"
+    }
+
+
+def test_a_confined_admin_key_cannot_import_memories_outside_its_confinement(db):
+    """The import takes a memory record's scope as written: a confined key could place a record in
+    another tenant's key subset (or the empty one) that POST /memories refuses it (403)."""
+    import json
+
+    from tests.api_helpers import make_key
+
+    acme = make_key(scopes=["read", "write", "admin"], context_keys={"tenant": "acme"})
+    header = {"type": "header", "format": "agentmemory-backup", "version": 1, "embeddings": False}
+
+    def memory(scope_keys, content):
+        return {
+            "type": "memory", "context": None, "scope_keys": scope_keys,
+            "scope_digest": memories.keys_digest(scope_keys), "content": content,
+            "content_hash": memories.content_hash(content), "kind": "fact",
+            "created_at": "2026-11-20T10:00:00+00:00", "updated_at": "2026-11-20T10:00:00+00:00",
+        }
+
+    def imported(*records):
+        body = "".join(json.dumps(r) + "\n" for r in (header, *records))
+        return acme.post("/api/v1/import", raw=body)
+
+    for scope in ({"user": "ada"}, {}, {"tenant": "beta", "user": "ada"}):
+        response = imported(memory({"tenant": "acme"}, "fine"), memory(scope, "planted"))
+        assert response.status_code == 403, (scope, response.content)
+        assert not MemoryRecord.objects.filter(content__in=["fine", "planted"]).exists()
+    response = imported(memory({"tenant": "acme", "user": "ada"}, "Ada's tea budget"))
+    assert response.status_code == 200, response.content
+    assert MemoryRecord.objects.get(content="Ada's tea budget").scope_keys == {"tenant": "acme", "user": "ada"}

@@ -52,7 +52,9 @@ def export(
     contexts = backup.contexts_matching(context_ids=context_id, keys=subset)
     contexts = contexts.filter(pk__in=auth.visible_contexts(key).values("pk"))
     response = StreamingHttpResponse(
-        backup.export_lines(contexts=contexts, embeddings=embeddings),
+        backup.export_lines(
+            contexts=contexts, embeddings=embeddings, confined_to=key.context_keys or None
+        ),
         content_type="application/x-ndjson",
     )
     response["Content-Disposition"] = 'attachment; filename="agentmemory-backup.jsonl"'
@@ -82,12 +84,20 @@ def import_(request):
 
     def confined(records):
         for record in records:
-            if isinstance(record, dict) and record.get("type") == "context":
-                if not auth.keys_allowed(key, record.get("keys") or {}):
-                    raise HttpError(
-                        403,
-                        f"this API key may only use contexts whose keys contain {key.context_keys}",
-                    )
+            kind = record.get("type") if isinstance(record, dict) else None
+            if kind == "context" and not auth.keys_allowed(key, record.get("keys") or {}):
+                raise HttpError(
+                    403,
+                    f"this API key may only use contexts whose keys contain {key.context_keys}",
+                )
+            # A key-subset memory is seen by every context containing its keys: as POST
+            # /memories, only a subset inside the key's confinement (never the empty one).
+            if kind == "memory" and not record.get("context"):
+                scope_keys = record.get("scope_keys")
+                if not isinstance(scope_keys, dict):
+                    raise HttpError(422, "a key-subset memory's scope_keys must be an object")
+                if not auth.keys_allowed(key, scope_keys):
+                    raise HttpError(403, "scope_keys lie outside this API key's context keys")
             yield record
 
     def records():
