@@ -173,14 +173,21 @@ def test_steps_renumbered_under_the_page_redraw_the_logbook_at_the_same_step(cli
     assert f"step={ids[2]}&amp;last={run.steps.get(position=4).pk}" in poller(html)
 
 
-def test_a_renumbering_after_the_step_on_screen_is_noticed_too(client):
-    run, ids = renumbered_run()
-    # The page shows the list up to step 3 and nothing moved at its position... but its last did.
-    response = live(client, run, after=3, position=3, tail=1, step=ids[2], last=ids[3])
-    assert response["HX-Replace-Url"] == f"/runs/{run.pk}/steps/3/"
+def test_a_late_step_after_the_step_on_screen_is_noticed_too(client):
+    run, _ = logbook.run_create(context=make_context(), task="Find the weather", agent_name="t")
+    logbook.steps_append(run=run, items=[action_step(n) for n in (1, 2, 4)])
+    ids = dict(run.steps.values_list("position", "pk"))
+    # Step 3 arrives late and goes between: the step on screen (1) stays, the page's last moves.
+    logbook.steps_append(run=run, items=[action_step(3)])
+    assert logbook.steps_order_by_start(run=run)
+    response = live(client, run, after=3, position=1, tail=1, step=ids[1], last=ids[3])
+    assert response["HX-Replace-Url"] == f"/runs/{run.pk}/steps/1/"
+    html = response.content.decode()
+    assert re.findall(r"\(step_number (\d)\)", html) == ["1"]
+    assert re.findall(r'<li id="step-item-(\d+)"', html) == ["1", "2", "3", "4"]
     # A page whose steps are where it saw them gets the usual answer.
     now = dict(run.steps.values_list("position", "pk"))
-    response = live(client, run, after=4, position=3, tail=1, step=now[3], last=now[4])
+    response = live(client, run, after=4, position=1, tail=1, step=now[1], last=now[4])
     assert "HX-Retarget" not in response and "step-item-" not in response.content.decode()
 
 
