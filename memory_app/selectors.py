@@ -431,8 +431,14 @@ def select_composite(*, context: Context, spec: CompositeSpec) -> Selection:
             )
     window = select(context=context, spec=spec.window)
     notes += window.notes
+    # A plain window takes the last messages whatever they are; the composite still never
+    # selects a status message (issue 13.6).
+    statuses = [item.message for item in window.items if is_status(item.message)]
+    if statuses:
+        notes.append(f"status messages left out of the window: {', '.join(f'#{m.seq}' for m in statuses)}")
     for item in window.items:
-        chosen.setdefault(item.message.pk, (item.message, item.reason, None))
+        if not is_status(item.message):
+            chosen.setdefault(item.message.pk, (item.message, item.reason, None))
 
     excluded = {m.pk for m in (system, last_user) if m is not None}
     middle = sorted((v for pk, v in chosen.items() if pk not in excluded), key=lambda v: v[0].seq)

@@ -291,6 +291,30 @@ def test_status_messages_of_any_role_are_never_selected(db):
     assert len([i for i in composite.items if i.reason.startswith("search hit")]) == 2
 
 
+@pytest.mark.parametrize(
+    "window",
+    [WindowSpec(k=4, semantics="plain"), TokenWindowSpec(max_tokens=1000, semantics="plain")],
+    ids=["plain window", "plain token window"],
+)
+def test_the_composite_never_selects_a_status_message_even_through_a_plain_window(db, window):
+    """A plain window takes the last messages whatever they are; the composite built on it still
+    leaves status messages out, as its search hits do (issue 13.6)."""
+    context, id_to_name = build(
+        {"test": "status-plain-window", "window": window.kind},
+        [
+            ("s", {"role": "system", "text": "You are a weather assistant"}),
+            ("u1", {"role": "user", "text": "weather in Lisbon"}),
+            ("a1", {"role": "assistant", "text": "sunny"}),
+            ("st1", {"role": "tool", "text": "weather tool running", "tags": ["status-message"]}),
+            ("st2", {"role": "agent", "text": "weather agent thinking"}),
+            ("u2", {"role": "user", "text": "weather tomorrow?"}),
+        ],
+    )
+    got = select(context=context, spec=CompositeSpec(window=window, search_mode="keyword"))
+    assert names(got, id_to_name) == ["s", "u1", "a1", "u2"]
+    assert any("status messages left out" in n for n in got.notes)
+
+
 def test_composite_window_and_search_overlap_is_listed_once(db):
     context, id_to_name = build(
         {"test": "composite-overlap"},
