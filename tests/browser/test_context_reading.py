@@ -7,7 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 from memory_app import logbook
-from tests.browser.conftest import login, screenshot
+from tests.browser.conftest import WIDTHS, login, screenshot
 from tests.builders import (
     TEST_PASSWORD,
     action_step,
@@ -83,12 +83,17 @@ def test_long_tool_output_is_folded_and_opens_on_demand(browser_page, conversati
     expect(tool.locator(".fold-show")).to_be_visible()
     expect(tool.locator(".fold-hide")).to_be_hidden()
     assert tool.bounding_box()["height"] < 400
+    for width in ("desktop", "narrow"):
+        page.set_viewport_size(dict(zip(("width", "height"), WIDTHS[width], strict=True)))
+        tool.evaluate("el => el.scrollIntoView({block: 'start'})")
+        screenshot(page, "context-fold", widths=(width,), full_page=False)
+    page.set_viewport_size(dict(zip(("width", "height"), WIDTHS["desktop"], strict=True)))
     expect(tool.locator(".fold-full")).to_be_hidden()
     tool.locator(".fold-toggle").click()
     expect(tool.locator(".fold-full")).to_be_visible()
     expect(tool.locator(".fold-full")).to_contain_text("line 400: temperature reading 40.0C")
     assert tool.bounding_box()["height"] > 2000
-    screenshot(page, "context-fold", full_page=False)
+    screenshot(page, "context-fold-open", widths=("desktop",), full_page=False)
 
     # The message names its run and its step; the step link opens that step.
     answer = page.locator("#m-120")
