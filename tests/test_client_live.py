@@ -463,3 +463,49 @@ def test_server_memory_marks_follow_in_memory_memory(client, ctx):
     served = run_coroutine(scenario(ServerMemory(client, ctx["id"])))
     assert json.loads(json.dumps(served)) == json.loads(json.dumps(reference))
     assert reference[-2] == [] and reference[-1] == "TypeError"
+
+
+def test_react_agent_uses_server_long_term_memory_in_its_default_mode(client, ctx):
+    """ReActAgent's default long_term_memory_mode is "both": besides the two tools it calls the
+    developer's `retrieve(msg)` before replying and `record(msgs)` after. The README's
+    `ReActAgent(..., long_term_memory=ServerLongTermMemory(...))` raised AttributeError on the
+    first reply; now what the server remembers reaches the prompt and the turn is remembered."""
+    from agentscope.agent import ReActAgent
+    from agentscope.formatter import OpenAIChatFormatter
+
+    from memory_app.client.agentscope import ServerLongTermMemory
+
+    client.record_memory(context_id=ctx["id"], content="Ada prefers green tea to coffee")
+    model = ScriptedChatModel([[TextBlock(type="text", text="Green tea, she told me so.")]])
+    agent = ReActAgent(
+        name="Friday",
+        sys_prompt="You are Ada's assistant.",
+        model=model,
+        formatter=OpenAIChatFormatter(),
+        memory=ServerMemory(client, ctx["id"]),
+        long_term_memory=ServerLongTermMemory(client, ctx["id"]),
+    )
+    agent.set_console_output_enabled(False)
+    reply = run_coroutine(agent(Msg("user", "Does Ada drink coffee?", "user")))
+    assert reply.get_text_content() == "Green tea, she told me so."
+    [(_, prompt)] = model.calls
+    recalled = [m for m in prompt if "<long_term_memory>" in str(m.get("content"))]
+    assert len(recalled) == 1 and "Ada prefers green tea to coffee" in str(recalled[0]["content"])
+    # The tools the agent is given say what they do (their docstrings are the descriptions).
+    tools = {t["function"]["name"]: t["function"] for t in agent.toolkit.get_json_schemas()}
+    assert "record important information" in tools["record_to_memory"]["description"]
+    assert tools["retrieve_from_memory"]["parameters"]["properties"]["keywords"]["description"]
+    # The turn was recorded: the question and the answer, not the recalled-memory message.
+    contents = [
+        i["content"]
+        for i in client.retrieve_memories(context_id=ctx["id"], query="Ada coffee tea", limit=10)["items"]
+    ]
+    assert sorted(contents) == sorted(
+        ["Ada prefers green tea to coffee", "Does Ada drink coffee?", "Green tea, she told me so."]
+    )
+    # Recording the same turn again adds nothing (the server knows the content).
+    run_coroutine(agent.long_term_memory.record([Msg("user", "Does Ada drink coffee?", "user"), None]))
+    again = client.retrieve_memories(context_id=ctx["id"], query="Ada coffee tea", limit=10)["items"]
+    assert len(again) == 3
+    with pytest.raises(TypeError):
+        run_coroutine(agent.long_term_memory.retrieve(["not a Msg"]))

@@ -138,15 +138,22 @@ class ServerMemory:
 
 
 class ServerLongTermMemory:
-    """AgentScope 1.x `LongTermMemoryBase` agent tools backed by `/api/v1/memories`.
+    """AgentScope 1.x `LongTermMemoryBase` backed by `/api/v1/memories`, for each
+    `long_term_memory_mode` of a `ReActAgent` ("both" by default).
 
-    `record_to_memory(thinking, content)` records every string of `content` in one request
-    (`contents` sharing `thinking`, all or nothing) into the context, or into the key subset
-    `scope_keys` when given (seen by every context containing those keys). `retrieve_from_memory
-    (keywords, limit)` asks for up to `limit` records *per keyword* (AgentScope's semantics since
-    1.0.9), one line per record. Like AgentScope's own implementations (Mem0LongTermMemory),
-    both are agent tools that answer a `ToolResponse` and report failures in its text rather than
-    raising into the agent's loop.
+    The agent's tools (agent_control): `record_to_memory(thinking, content)` records every string
+    of `content` in one request (`contents` sharing `thinking`, all or nothing) into the context,
+    or into the key subset `scope_keys` when given (seen by every context containing those keys).
+    `retrieve_from_memory(keywords, limit)` asks for up to `limit` records *per keyword*
+    (AgentScope's semantics since 1.0.9), one line per record. Like AgentScope's own
+    implementations (Mem0LongTermMemory), both answer a `ToolResponse` and report failures in its
+    text rather than raising into the agent's loop.
+
+    The developer's methods (static_control): `retrieve(msg, limit)` recalls up to `limit`
+    records per message by its text (the server's full-text and, with vectors, semantic recall),
+    one line per record; `record(msgs)` keeps each message's text as a record (the server
+    de-duplicates content already in the scope). The server does not summarise: a message
+    longer than a record may be, or the agent's own recalled-memory message, is left out.
     """
 
     def __init__(
@@ -163,6 +170,16 @@ class ServerLongTermMemory:
         self.scope_keys = scope_keys
 
     async def record_to_memory(self, thinking: str, content: list[str], **kw) -> Any:
+        """Use this function to record important information that you may need later. The
+        target content should be specific and concise, e.g. who, when, where, do what, why, how,
+        etc.
+
+        Args:
+            thinking (`str`):
+                Your thinking and reasoning about what to record.
+            content (`list[str]`):
+                The content to remember, which is a list of strings.
+        """
         try:
             answer = await asyncio.to_thread(
                 self.client.record_memory,
@@ -183,6 +200,15 @@ class ServerLongTermMemory:
         )
 
     async def retrieve_from_memory(self, keywords: list[str], limit: int = 5, **kw) -> Any:
+        """Retrieve the memory based on the given keywords.
+
+        Args:
+            keywords (`list[str]`):
+                The keywords to search for in the memory, which should be specific and concise,
+                e.g. the person's name, the date, the location, etc.
+            limit (`int`, optional):
+                The maximum number of memories to retrieve per keyword.
+        """
         try:
             answer = await asyncio.to_thread(
                 self.client.retrieve_memories,
@@ -193,6 +219,60 @@ class ServerLongTermMemory:
         except ApiError as exc:
             return _tool_response(f"Error retrieving memory: {exc}")
         return _tool_response("\n".join(item["content"] for item in answer["items"]))
+
+
+    async def record(self, msgs, **kw) -> None:
+        msgs = _msg_list(msgs, "The input messages must be a list of Msg objects.")
+        texts = [
+            text
+            for msg in msgs
+            if msg.name != RECALLED_NAME
+            and (text := (msg.get_text_content() or "").strip())
+            and len(text) <= MAX_RECORD_CHARS
+        ]
+        for i in range(0, len(texts), MAX_RECORD_ITEMS):
+            await asyncio.to_thread(
+                self.client.record_memory,
+                context_id=self.context_id,
+                scope_keys=self.scope_keys,
+                thinking="recorded from the conversation",
+                contents=texts[i : i + MAX_RECORD_ITEMS],
+                kind=self.kind,
+            )
+
+    async def retrieve(self, msg, limit: int = 5, **kw) -> str:
+        msgs = _msg_list(msg, "The input message must be a Msg or a list of Msg objects.")
+        lines: list[str] = []
+        for m in msgs:
+            query = (m.get_text_content() or "").strip()
+            if not query:
+                continue
+            answer = await asyncio.to_thread(
+                self.client.retrieve_memories, context_id=self.context_id, query=query, limit=limit
+            )
+            lines += [item["content"] for item in answer["items"] if item["content"] not in lines]
+        return "\n".join(lines)
+
+
+# The name ReActAgent gives the message holding what `retrieve` recalled (never recorded back).
+RECALLED_NAME = "long_term_memory"
+MAX_RECORD_CHARS = 20_000  # memories.MAX_CONTENT_CHARS
+MAX_RECORD_ITEMS = 200  # memories.MAX_ITEMS
+
+
+def _msg_list(msgs, error: str) -> list:
+    from agentscope.message import Msg
+
+    if msgs is None:
+        return []
+    if isinstance(msgs, Msg):
+        msgs = [msgs]
+    if not isinstance(msgs, list):
+        raise TypeError(error)
+    msgs = [m for m in msgs if m is not None]
+    if not all(isinstance(m, Msg) for m in msgs):
+        raise TypeError(error)
+    return msgs
 
 
 def _tool_response(text: str) -> Any:
