@@ -54,6 +54,7 @@ def _logbook_context(run: Run, position: int | None) -> dict:
     # The poll asks for steps after the last one the page holds (a step written between
     # reading the run and its steps is already in the list).
     shown = max([nav.last, *(s.position for s in window.steps)])
+    live = run.status == RunStatus.RUNNING
     return {
         "run": run,
         "step": step,
@@ -61,9 +62,10 @@ def _logbook_context(run: Run, position: int | None) -> dict:
         "window": window,
         "timeline": dq.run_timeline(run=run, position=position),
         "cost": dq.run_cost(run=run),
-        "live": run.status == RunStatus.RUNNING,
+        "live": live,
         "shown": shown,
-        "seen": {"step": step.pk, "last": _step_id(run, shown)},
+        # What the poll names the page's steps by (only a running run's page polls).
+        "seen": {"step": step.pk, "last": _step_id(run, shown) if live else None},
         "tail": not window.has_later,
     }
 
