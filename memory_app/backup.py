@@ -24,7 +24,7 @@ Timestamps and counters are restored verbatim.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -33,7 +33,17 @@ from django.db import models, transaction
 from django.db.models import Q
 
 from memory_app import memories
-from memory_app.models import Context, Embedding, MemoryRecord, Message, Run, Step, ToolCall
+from memory_app.logbook import Forbidden
+from memory_app.models import (
+    Context,
+    Embedding,
+    MemoryRecord,
+    Message,
+    Run,
+    Step,
+    ToolCall,
+    keys_digest,
+)
 
 FORMAT = "agentmemory-backup"
 VERSION = 1
@@ -194,7 +204,8 @@ class ImportResult:
 
 
 class _Importer:
-    def __init__(self) -> None:
+    def __init__(self, allowed: Callable[[dict[str, Any]], bool] | None = None) -> None:
+        self.allowed = allowed  # may this import write into a context with these keys?
         self.result = ImportResult()
         self.contexts: dict[str, int] = {}  # digest -> target pk
         self.pending: list[dict] = []
@@ -203,10 +214,11 @@ class _Importer:
     # references ------------------------------------------------------------------------------
     def context_id(self, digest: str) -> int:
         if digest not in self.contexts:
-            pk = Context.objects.filter(keys_digest=digest).values_list("pk", flat=True).first()
-            if pk is None:
+            found = Context.objects.filter(keys_digest=digest).values_list("pk", "keys").first()
+            if found is None:
                 raise BackupFormatError(f"context {digest[:12]}… is referenced before it is defined")
-            self.contexts[digest] = pk
+            self._check_allowed(found[1])
+            self.contexts[digest] = found[0]
         return self.contexts[digest]
 
     def run_id(self, context_pk: int, ref: dict | None) -> int | None:
@@ -218,6 +230,10 @@ class _Importer:
         else:
             qs = qs.filter(client_id__isnull=True, created_at=datetime.fromisoformat(ref["created_at"]))
         return qs.values_list("pk", flat=True).first()
+
+    def _check_allowed(self, keys: dict[str, Any]) -> None:
+        if self.allowed is not None and not self.allowed(keys):
+            raise Forbidden("this import may not write into a context with these keys")
 
     # records ---------------------------------------------------------------------------------
     def feed(self, record: dict[str, Any]) -> None:
@@ -255,6 +271,13 @@ class _Importer:
 
     def _import_context(self, records):
         for rec in records:
+            # Contexts are found by digest: one that is not its keys' would reach another context.
+            keys = rec.get("keys")
+            if not isinstance(keys, dict) or keys_digest(keys) != rec.get("digest") or rec.get(
+                "keys_digest", rec.get("digest")
+            ) != rec.get("digest"):
+                raise BackupFormatError("a context's digest must be the digest of its keys")
+            self._check_allowed(keys)
             existing = Context.objects.filter(keys_digest=rec["digest"]).values_list("pk", flat=True).first()
             if existing is not None:
                 self.contexts[rec["digest"]] = existing
@@ -384,9 +407,13 @@ class _Importer:
         self.result.count("embeddings", len(rows), 0)
 
 
-def import_records(records: Iterable[dict[str, Any]]) -> ImportResult:
-    """Import backup records (see module docstring); idempotent."""
-    importer = _Importer()
+def import_records(
+    records: Iterable[dict[str, Any]], *, allowed: Callable[[dict[str, Any]], bool] | None = None
+) -> ImportResult:
+    """Import backup records (see module docstring); idempotent. `allowed(keys)` says whether
+    the import may write into a context with those keys (a confined API key's check); a line
+    for any other context, defined in the file or already stored, raises `Forbidden`."""
+    importer = _Importer(allowed)
     saw_header = False
     for record in records:
         if not isinstance(record, dict):

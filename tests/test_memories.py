@@ -420,3 +420,53 @@ def test_a_confined_admin_key_cannot_import_memories_outside_its_confinement(db)
     response = imported(memory({"tenant": "acme", "user": "ada"}, "Ada's tea budget"))
     assert response.status_code == 200, response.content
     assert MemoryRecord.objects.get(content="Ada's tea budget").scope_keys == {"tenant": "acme", "user": "ada"}
+
+
+def test_a_confined_admin_key_cannot_import_into_another_tenants_context(db):
+    """Backup lines name their context by digest: a line may refer to a context already stored
+    instead of one defined in the file, and a context line's digest was taken as written. Either
+    way a key confined to acme wrote into beta's context; now both answer 403 / 422 and write
+    nothing."""
+    import json
+
+    from memory_app.models import keys_digest
+    from tests.api_helpers import make_key, new_context
+
+    admin = make_key(scopes=["read", "write", "admin"])
+    beta_ctx = Context.objects.get(pk=new_context(admin, {"tenant": "beta", "user": "bo"}))
+    acme = make_key(scopes=["read", "write", "admin"], context_keys={"tenant": "acme"})
+    header = {"type": "header", "format": "agentmemory-backup", "version": 1, "embeddings": False}
+    stamp = {"created_at": "2026-11-20T10:00:00+00:00", "updated_at": "2026-11-20T10:00:00+00:00"}
+    acme_keys = {"tenant": "acme", "user": "ann"}
+    message = {
+        "type": "message", "context": beta_ctx.keys_digest, "seq": 99, "role": "user",
+        "text": "planted", "content": None, "tags": [], "metadata": {}, **stamp,
+    }
+    memory = {
+        "type": "memory", "context": beta_ctx.keys_digest, "scope_keys": beta_ctx.keys,
+        "scope_digest": keys_digest({"__context__": beta_ctx.keys_digest}), "content": "planted",
+        "content_hash": memories.content_hash("planted"), "kind": "fact", **stamp,
+    }
+    disguised = {  # acme's keys, beta's digest: looked up by digest, it is beta's context
+        "type": "context", "digest": beta_ctx.keys_digest, "keys": acme_keys,
+        "keys_digest": beta_ctx.keys_digest, "title": "", "metadata": {}, **stamp,
+    }
+
+    def imported(*records):
+        return acme.post("/api/v1/import", raw="".join(json.dumps(r) + "\n" for r in (header, *records)))
+
+    assert imported(message).status_code == 403
+    assert imported(memory).status_code == 403
+    assert imported(disguised, {**message, "seq": 98}).status_code == 422
+    assert not beta_ctx.messages.exists()
+    assert not MemoryRecord.objects.filter(content="planted").exists()
+    assert not Context.objects.filter(keys=acme_keys).exists()
+    assert not Context.objects.filter(keys_digest=keys_digest(acme_keys)).exists()
+    # A backup of acme's own context still goes back in (as it is stored: all skipped).
+    own = new_context(acme, acme_keys)
+    acme.post(f"/api/v1/contexts/{own}/messages", {"role": "user", "text": "hello"})
+    acme.post("/api/v1/memories", {"context_id": own, "content": "Ann likes maps"})
+    backup_lines = b"".join(acme.get("/api/v1/export", {"context_id": own}).streaming_content)
+    response = acme.post("/api/v1/import", raw=backup_lines.decode())
+    assert response.status_code == 200, response.content
+    assert response.json()["skipped"] == {"contexts": 1, "messages": 1, "memories": 1}
