@@ -165,3 +165,48 @@ def test_swapped_types_never_give_a_server_error(name):
 
     check()
     assert 422 in seen  # the swaps did reach the checks
+
+
+def _backup_lines(api):
+    """A real backup of one context: a run with a step and a tool call, a message of that run,
+    a context memory from that message and a key-subset memory."""
+    from tests.api_helpers import new_context
+
+    cid = new_context(api, {"test": "backup-fuzz"})
+    run = api.post(f"/api/v1/contexts/{cid}/runs", {"task": "t", "client_id": "r"}).json()
+    step = {"kind": "action", "step_number": 1, "tool_calls": [{"name": "f", "arguments": {"a": 1}}]}
+    assert api.post(f"/api/v1/runs/{run['id']}/steps", {"steps": [step]}).status_code == 201
+    message = api.post(
+        f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": "hello", "run_id": run["id"]}
+    ).json()
+    api.post("/api/v1/memories", {"context_id": cid, "content": "Ann likes maps", "source_message_id": message["id"]})
+    api.post("/api/v1/memories", {"scope_keys": {"test": "backup-fuzz"}, "content": "a subset memory"})
+    body = b"".join(api.get("/api/v1/export", {"context_id": cid}).streaming_content)
+    return [json.loads(line) for line in body.splitlines()]
+
+
+@pytest.mark.slow
+def test_backup_import_with_every_field_swapped_for_every_type_is_a_json_answer():
+    """POST /import is an import endpoint too: a string for a number (a seq, a timestamp, a
+    position) reached the database as an HTML 500, a negative one as a 409 'retry'."""
+    from memory_app.models import Context
+
+    api = make_key(scopes=["read", "write", "admin"])
+    lines = _backup_lines(api)
+    assert [line["type"] for line in lines] == [
+        "header", "context", "run", "step", "message", "memory", "memory"
+    ]
+    failures, seen = [], set()
+    for i, line in enumerate(lines[1:], start=1):
+        for path in paths(line):
+            for value in SWEEP:
+                Context.objects.all().delete()  # a fresh store: nothing is skipped as known
+                body = [*lines[:i], replaced(line, [(path, value)]), *lines[i + 1 :]]
+                response = api.post("/api/v1/import", raw="".join(json.dumps(r) + "\n" for r in body))
+                seen.add(response.status_code)
+                if response.status_code not in {200, 403, 422} or not response[
+                    "Content-Type"
+                ].startswith("application/json"):
+                    failures.append((line["type"], path, value, response.status_code, response.content[:200]))
+    assert failures == []
+    assert {200, 422} <= seen

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+from django.db import IntegrityError
 from django.http import StreamingHttpResponse
 from ninja import Query, Router, Schema
 from ninja.errors import HttpError
+from psycopg.errors import CheckViolation, NotNullViolation
 
 from memory_app import auth, backup
 from memory_app.api.common import WRITE_ERRORS, Id, require_scope, responses
@@ -117,4 +119,10 @@ def import_(request):
         )
     except backup.BackupFormatError as exc:
         raise HttpError(422, str(exc)) from exc
+    except IntegrityError as exc:
+        # A value a table's check or not-null constraint refuses (a negative seq, say) is the
+        # file's fault, not a concurrent write to retry: the chunk holding it was rolled back.
+        if isinstance(exc.__cause__, CheckViolation | NotNullViolation):
+            raise HttpError(422, f"a value cannot be stored: {exc.__cause__.diag.message_primary}") from exc
+        raise
     return {"created": result.created, "skipped": result.skipped}
