@@ -14,6 +14,8 @@ Providers (settings `AGENTMEMORY_EMBEDDING_PROVIDER`):
 
 Each model's vectors live in their own rows (`Embedding.model`), with a partial HNSW expression
 index per model (`ensure_model_index`), so two models coexist while a store moves between them.
+The index holds the vectors at half precision (`halfvec`): half the pages of a full-precision
+graph for the same recall, so a large store's index stays in memory; rows keep full precision.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ LOCAL_DIMENSIONS = 384
 DEFAULT_OPENAI_MODEL = "text-embedding-3-small"
 # HNSW indexes on the `vector` type take at most 2,000 dimensions; wider models are scanned exactly.
 HNSW_MAX_DIMENSIONS = 2000
+# The largest magnitude a half-precision float (the HNSW index's `halfvec`) holds.
+HALFVEC_MAX = 65504.0
 BACKOFF_BASE_SECONDS = 2.0
 BACKOFF_MAX_SECONDS = 600.0
 
@@ -376,6 +380,11 @@ def client_vectors(items: Sequence[dict], *, label: str) -> list[ClientVector | 
             raise DimensionMismatch(f"{where}: a vector is a flat list of 1 to 16,000 numbers")
         if not np.isfinite(values).all():
             raise Invalid(f"{where}: the vector holds NaN or infinite values")
+        if np.abs(values).max() > HALFVEC_MAX:
+            raise Invalid(
+                f"{where}: the vector holds a value beyond ±65,504, which its index (half "
+                "precision) cannot hold; embeddings are normally within ±1"
+            )
         expected = batch_dims.get(model) or model_dimensions(model)
         if expected is not None and len(values) != expected:
             raise DimensionMismatch(
@@ -460,7 +469,28 @@ def ensure_vector_indexes(vectors: Sequence[ClientVector | None]) -> None:
 
 
 def index_name(model: str, dimensions: int) -> str:
-    return f"embedding_hnsw_{hashlib.sha1(model.encode()).hexdigest()[:12]}_{dimensions}"  # noqa: S324
+    """`embedding_hnswh_…`: the h (halfvec) tells it from the full-precision indexes before
+    migration 0010, named `embedding_hnsw_…`."""
+    return f"embedding_hnswh_{hashlib.sha1(model.encode()).hexdigest()[:12]}_{dimensions}"  # noqa: S324
+
+
+def index_sql(*, model: str, dimensions: int, concurrently: bool):
+    """CREATE INDEX for a model's partial HNSW index (cosine, on `vector::halfvec(D)`)."""
+    from psycopg import sql
+
+    return sql.SQL(
+        "CREATE INDEX {concurrently} IF NOT EXISTS {name} ON memory_app_embedding "
+        "USING hnsw ((vector::halfvec({dims})) halfvec_cosine_ops) "
+        "WITH (m = {m}, ef_construction = {efc}) "
+        "WHERE model = {model} AND dimensions = {dims}"
+    ).format(
+        concurrently=sql.SQL("CONCURRENTLY" if concurrently else ""),
+        name=sql.Identifier(index_name(model, dimensions)),
+        dims=sql.Literal(int(dimensions)),
+        m=sql.Literal(int(settings.AGENTMEMORY_HNSW_M)),
+        efc=sql.Literal(int(settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION)),
+        model=sql.Literal(model),
+    )
 
 
 _ensured: set[tuple[str, int]] = set()
@@ -469,8 +499,8 @@ _ensured: set[tuple[str, int]] = set()
 def ensure_model_index(*, model: str, dimensions: int) -> bool:
     """Create the partial HNSW expression index for one model (cosine), once.
 
-    `vector` has no fixed dimensions (models differ), so the index is on `vector::vector(D)`
-    restricted to the model's rows; searches use the same expression and predicate so the planner
+    `vector` has no fixed dimensions (models differ), so the index is on `vector::halfvec(D)`
+    (at half precision) restricted to the model's rows; searches use the same expression and predicate so the planner
     can pick it. Built CONCURRENTLY outside a transaction so writes go on meanwhile; an advisory
     lock keeps two workers from building it at the same time. Returns False when the model is too
     wide for an HNSW index (it is then always scanned exactly).
@@ -482,28 +512,19 @@ def ensure_model_index(*, model: str, dimensions: int) -> bool:
             "model %s has %d dimensions: no HNSW index, exact scans only", model, dimensions
         )
         return False
-    from psycopg import sql
-
     name = index_name(model, dimensions)
     connection.ensure_connection()
-    statement = (
-        sql.SQL(
-            "CREATE INDEX {concurrently} IF NOT EXISTS {name} ON memory_app_embedding "
-            "USING hnsw ((vector::vector({dims})) vector_cosine_ops) WITH (m = {m}, ef_construction = {efc}) "
-            "WHERE model = {model} AND dimensions = {dims}"
-        )
-        .format(
-            concurrently=sql.SQL("" if connection.in_atomic_block else "CONCURRENTLY"),
-            name=sql.Identifier(name),
-            dims=sql.Literal(int(dimensions)),
-            m=sql.Literal(int(settings.AGENTMEMORY_HNSW_M)),
-            efc=sql.Literal(int(settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION)),
-            model=sql.Literal(model),
-        )
-        .as_string(connection.connection)
-    )
+    statement = index_sql(
+        model=model, dimensions=dimensions, concurrently=not connection.in_atomic_block
+    ).as_string(connection.connection)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_lock(hashtext(%s))", [name])
+        # Never wait for the lock: a CREATE INDEX CONCURRENTLY in the session holding it waits
+        # for every running transaction to end, this one (blocked on the lock) included, which
+        # PostgreSQL ends as a deadlock. The other session is building the same index; searches
+        # scan exactly until it is there, and the next call here checks again.
+        cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [name])
+        if not cursor.fetchone()[0]:
+            return True
         try:
             if connection.in_atomic_block:
                 # Inside a transaction PostgreSQL refuses CREATE INDEX while deferred foreign-key

@@ -266,6 +266,9 @@ def nearest_vectors(
     dims = int(len(vector))
     literal = vector_literal(vector)
     distance = f"e.vector::vector({dims}) <=> %s::vector({dims})"
+    # The walk orders by the index's expression (half precision); the rows it keeps are then
+    # ranked by their full-precision distance.
+    walk_distance = f"e.vector::halfvec({dims}) <=> %s::halfvec({dims})"
     rows = f"""
         FROM memory_app_embedding e {join_sql}
         WHERE e.model = %s AND e.dimensions = {dims} AND e.vector IS NOT NULL AND {where_sql}
@@ -276,7 +279,7 @@ def nearest_vectors(
         sql = f"""
             WITH nearest AS MATERIALIZED (
                 SELECT e.{item_column} AS item_id, {distance} AS distance {rows}
-                ORDER BY {distance} LIMIT %s
+                ORDER BY {walk_distance} LIMIT %s
             )
             SELECT item_id, distance FROM nearest ORDER BY distance, item_id
         """  # noqa: S608

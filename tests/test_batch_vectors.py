@@ -289,3 +289,63 @@ def test_domain_append_with_vectors_writes_no_pending_rows(api):
     )
     found = [mid for mid, _ in hits]
     assert found[0] == ids[77] and set(found[1:]) == {ids[76], ids[78]}
+
+
+def test_a_value_beyond_half_precision_is_422_on_every_vector_path(api):
+    """The HNSW index holds vectors at half precision: a value beyond ±65,504 cannot go in, so it
+    is refused before anything is written instead of failing inside the database."""
+    cid = new_context(api, {"test": "inline-halfvec"})
+    items = [
+        {"role": "user", "text": "fine", "vector": [0.5, 0.5, 0.5], "vector_model": "inline-3"},
+        {"role": "user", "text": "big", "vector": [70000.0, 0, 1], "vector_model": "inline-3"},
+    ]
+    bad = api.post(BATCH.format(cid=cid), {"messages": items})
+    assert bad.status_code == 422, bad.content
+    assert "messages[1]" in bad.json()["detail"] and "65,504" in bad.json()["detail"]
+    assert not Message.objects.filter(context_id=cid).exists()
+    assert not Embedding.objects.filter(model="inline-3").exists()
+    [message] = api.post(BATCH.format(cid=cid), {"messages": items[:1]}).json()["messages"]
+    search_body = {"selector": "search", "mode": "semantic", "model": "inline-3", "k": 1}
+    query = api.post(
+        f"/api/v1/contexts/{cid}/select", search_body | {"query_vector": [-70000.0, 0, 0]}
+    )
+    assert query.status_code == 422 and "65,504" in query.json()["detail"]
+    edge = api.post(
+        f"/api/v1/contexts/{cid}/select", search_body | {"query_vector": [65504.0, 0, 0]}
+    )
+    assert edge.status_code == 200 and edge.json()["items"][0]["message"]["id"] == message["id"]
+
+
+def test_the_halfvec_migration_replaces_a_full_precision_index(api):
+    """Migration 0010 drops the pre-0010 `vector` HNSW indexes and builds each model's halfvec
+    index, which semantic search then walks."""
+    from importlib import import_module
+    from types import SimpleNamespace
+
+    migration = import_module("memory_app.migrations.0010_halfvec_hnsw")
+    cid = new_context(api, {"test": "inline-migrate"})
+    api.post(
+        BATCH.format(cid=cid),
+        {
+            "messages": [
+                {"role": "user", "text": f"m{i}", "vector": angle(i), "vector_model": "inline-3"}
+                for i in range(5)
+            ]
+        },
+    )
+    new = embeddings.index_name("inline-3", 3)
+    old = new.replace("embedding_hnswh_", "embedding_hnsw_")
+    with connection.cursor() as cur:
+        cur.execute(f'DROP INDEX "{new}"')
+        cur.execute(
+            f'CREATE INDEX "{old}" ON memory_app_embedding USING hnsw '
+            "((vector::vector(3)) vector_cosine_ops) WHERE model = 'inline-3' AND dimensions = 3"
+        )
+    migration.to_halfvec(None, SimpleNamespace(connection=connection))
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE indexname LIKE 'embedding%%hnsw%%'"
+            " AND indexdef LIKE '%%inline-3%%'"
+        )
+        indexes = dict(cur.fetchall())
+    assert list(indexes) == [new] and "halfvec_cosine_ops" in indexes[new]

@@ -160,7 +160,8 @@ def test_the_models_hnsw_index_is_present(store):
             [embeddings.index_name(MODEL, DIMS)],
         )
         definition = cur.fetchone()[0]
-    assert "USING hnsw" in definition and f"vector({DIMS})" in definition and MODEL in definition
+    assert "USING hnsw" in definition and f"halfvec({DIMS})) halfvec_cosine_ops" in definition
+    assert MODEL in definition
 
 
 @pytest.mark.parametrize("k", [1, 5, 20, 50])
