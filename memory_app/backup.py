@@ -350,7 +350,7 @@ class _Importer:
 
     def _check_allowed(self, keys: dict[str, Any]) -> None:
         if self.allowed is not None and not self.allowed(keys):
-            raise Forbidden("this import may not write into a context with these keys")
+            raise Forbidden(f"this import may not write outside its permitted context keys: {keys}")
 
     # records ---------------------------------------------------------------------------------
     def feed(self, record: dict[str, Any]) -> None:
@@ -362,6 +362,13 @@ class _Importer:
         if kind not in ("context", "run", "step", "message", "memory", "embedding"):
             raise BackupFormatError(f"unknown record type {kind!r}")
         check_record(kind, record)
+        # Confinement, before the line joins a chunk: a context's keys, and the subset a
+        # key-subset memory is seen from (every context containing it; never the empty one for a
+        # confined key). Contexts only named by digest are checked where they resolve.
+        if kind == "context":
+            self._check_allowed(record.get("keys") or {})
+        elif kind == "memory" and not record.get("context"):
+            self._check_allowed(record.get("scope_keys") or {})
         if kind != self.pending_type or len(self.pending) >= CHUNK:
             self.flush()
             self.pending_type = kind
@@ -396,7 +403,6 @@ class _Importer:
                 "keys_digest", rec.get("digest")
             ) != rec.get("digest"):
                 raise BackupFormatError("a context's digest must be the digest of its keys")
-            self._check_allowed(keys)
             existing = Context.objects.filter(keys_digest=rec["digest"]).values_list("pk", flat=True).first()
             if existing is not None:
                 self.contexts[rec["digest"]] = existing

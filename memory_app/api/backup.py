@@ -84,24 +84,6 @@ class BackupImportOut(Schema):
 def import_(request):
     key = require_scope(request, "admin")
 
-    def confined(records):
-        for record in records:
-            kind = record.get("type") if isinstance(record, dict) else None
-            if kind == "context" and not auth.keys_allowed(key, record.get("keys") or {}):
-                raise HttpError(
-                    403,
-                    f"this API key may only use contexts whose keys contain {key.context_keys}",
-                )
-            # A key-subset memory is seen by every context containing its keys: as POST
-            # /memories, only a subset inside the key's confinement (never the empty one).
-            if kind == "memory" and not record.get("context"):
-                scope_keys = record.get("scope_keys")
-                if not isinstance(scope_keys, dict):
-                    raise HttpError(422, "a key-subset memory's scope_keys must be an object")
-                if not auth.keys_allowed(key, scope_keys):
-                    raise HttpError(403, "scope_keys lie outside this API key's context keys")
-            yield record
-
     def records():
         for number, line in enumerate(iter(request.readline, b""), start=1):
             if not line.strip():
@@ -113,8 +95,8 @@ def import_(request):
 
     try:
         result = backup.import_records(
-            confined(records()),
-            # Lines name contexts by digest, stored ones too: each is checked where it resolves.
+            records(),
+            # A confined key writes only inside its context keys (contexts and key-subset memories).
             allowed=(lambda keys: auth.keys_allowed(key, keys)) if key.context_keys else None,
         )
     except backup.BackupFormatError as exc:
