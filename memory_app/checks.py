@@ -68,3 +68,26 @@ def check_model_prices(app_configs, **kwargs):
     except ImproperlyConfigured as exc:
         return [checks.Error(str(exc), id="memory_app.E002")]
     return []
+
+
+@checks.register(checks.Tags.database)
+def check_hnsw_parameters(app_configs, databases=None, **kwargs):
+    """An index built before AGENTMEMORY_HNSW_M / _EF_CONSTRUCTION changed keeps its old graph:
+    say so, and how to rebuild it, instead of leaving the change silently without effect."""
+    from memory_app import embeddings
+
+    warnings = []
+    for alias in databases or ():
+        for index in embeddings.built_indexes(using=alias):
+            if index.stale:
+                m, efc = index.configured
+                warnings.append(
+                    checks.Warning(
+                        f"{alias}: the HNSW index of {index.describe()} was built with other "
+                        f"parameters than the settings ask for (m={m}, ef_construction={efc})",
+                        hint="run `python manage.py hnsw_rebuild` (searches keep using the old "
+                        "index until the new one is ready)",
+                        id="memory_app.W001",
+                    )
+                )
+    return warnings

@@ -24,6 +24,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -474,8 +475,9 @@ def index_name(model: str, dimensions: int) -> str:
     return f"embedding_hnswh_{hashlib.sha1(model.encode()).hexdigest()[:12]}_{dimensions}"  # noqa: S324
 
 
-def index_sql(*, model: str, dimensions: int, concurrently: bool):
-    """CREATE INDEX for a model's partial HNSW index (cosine, on `vector::halfvec(D)`)."""
+def index_sql(*, model: str, dimensions: int, concurrently: bool, name: str | None = None):
+    """CREATE INDEX for a model's partial HNSW index (cosine, on `vector::halfvec(D)`), built
+    with the configured m and ef_construction; `name` other than the model's is for a rebuild."""
     from psycopg import sql
 
     return sql.SQL(
@@ -485,7 +487,7 @@ def index_sql(*, model: str, dimensions: int, concurrently: bool):
         "WHERE model = {model} AND dimensions = {dims}"
     ).format(
         concurrently=sql.SQL("CONCURRENTLY" if concurrently else ""),
-        name=sql.Identifier(index_name(model, dimensions)),
+        name=sql.Identifier(name or index_name(model, dimensions)),
         dims=sql.Literal(int(dimensions)),
         m=sql.Literal(int(settings.AGENTMEMORY_HNSW_M)),
         efc=sql.Literal(int(settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION)),
@@ -538,6 +540,109 @@ def ensure_model_index(*, model: str, dimensions: int) -> bool:
             cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [name])
     _ensured.add((model, dimensions))
     return True
+
+
+# pgvector's own values for an index built without them.
+PGVECTOR_DEFAULT_M, PGVECTOR_DEFAULT_EF_CONSTRUCTION = 16, 64
+_PREDICATE_MODEL = re.compile(r"\(model\)::text = '((?:[^']|'')*)'::text")
+_PREDICATE_DIMS = re.compile(r"\(dimensions = (\d+)\)")
+
+
+@dataclass(frozen=True)
+class BuiltIndex:
+    """A model's HNSW index as it stands in the database, with the parameters it was built with
+    (changing AGENTMEMORY_HNSW_M / _EF_CONSTRUCTION affects new indexes only)."""
+
+    name: str
+    model: str
+    dimensions: int
+    m: int
+    ef_construction: int
+
+    @property
+    def configured(self) -> tuple[int, int]:
+        return settings.AGENTMEMORY_HNSW_M, settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION
+
+    @property
+    def stale(self) -> bool:
+        """Built with other parameters than the settings ask for."""
+        return (self.m, self.ef_construction) != self.configured
+
+    def describe(self) -> str:
+        return f"model {self.model!r} ({self.dimensions}-d): m={self.m}, ef_construction={self.ef_construction}"
+
+
+def built_indexes(using=None) -> list[BuiltIndex]:
+    """Every model's valid HNSW index: its model and dimensions read from its predicate, its m and
+    ef_construction from its storage options. Empty before the first migration."""
+    from django.db import connections
+
+    conn = connections[using] if using else connection
+    with conn.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname, coalesce(c.reloptions, '{}'), pg_get_expr(i.indpred, i.indrelid)"
+            " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+            " WHERE i.indrelid = to_regclass('memory_app_embedding') AND i.indisvalid"
+            r" AND c.relname LIKE 'embedding\_hnswh\_%' AND c.relname NOT LIKE '%\_rebuild'"
+            " ORDER BY c.relname"
+        )
+        rows = cursor.fetchall()
+    found = []
+    for name, options, predicate in rows:
+        model, dims = _PREDICATE_MODEL.search(predicate or ""), _PREDICATE_DIMS.search(predicate or "")
+        if not (model and dims):
+            continue
+        params = dict(option.split("=", 1) for option in options)
+        found.append(
+            BuiltIndex(
+                name=name,
+                model=model.group(1).replace("''", "'"),
+                dimensions=int(dims.group(1)),
+                m=int(params.get("m", PGVECTOR_DEFAULT_M)),
+                ef_construction=int(params.get("ef_construction", PGVECTOR_DEFAULT_EF_CONSTRUCTION)),
+            )
+        )
+    return found
+
+
+class IndexBusy(Exception):
+    """Another session is building this index."""
+
+
+def rebuild_model_index(index: BuiltIndex) -> BuiltIndex:
+    """Rebuild a model's HNSW index with the configured m and ef_construction, without a pause:
+    the new graph is built CONCURRENTLY under another name while the old one serves searches,
+    then the old one is dropped (CONCURRENTLY) and the new one takes its name. Outside a
+    transaction only. A rebuild that was interrupted leaves an invalid `…_rebuild` index, which
+    the next one drops first."""
+    if connection.in_atomic_block:
+        raise RuntimeError("an HNSW index is rebuilt CONCURRENTLY, outside a transaction")
+    from psycopg import sql
+
+    temporary = f"{index.name}_rebuild"
+    connection.ensure_connection()
+    statement = index_sql(
+        model=index.model, dimensions=index.dimensions, concurrently=True, name=temporary
+    ).as_string(connection.connection)
+    with connection.cursor() as cursor:
+        # The same lock as ensure_model_index: never two builds of one model's index at once.
+        cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [index.name])
+        if not cursor.fetchone()[0]:
+            raise IndexBusy(f"the index of model {index.model!r} is being built by another session")
+        try:
+            drop = sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}")
+            cursor.execute(drop.format(sql.Identifier(temporary)).as_string(connection.connection))
+            cursor.execute(statement)
+            cursor.execute(drop.format(sql.Identifier(index.name)).as_string(connection.connection))
+            cursor.execute(
+                sql.SQL("ALTER INDEX {} RENAME TO {}")
+                .format(sql.Identifier(temporary), sql.Identifier(index.name))
+                .as_string(connection.connection)
+            )
+        finally:
+            cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [index.name])
+    [rebuilt] = [i for i in built_indexes() if i.name == index.name]
+    return rebuilt
 
 
 # --- the worker ---------------------------------------------------------------------------------

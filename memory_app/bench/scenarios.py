@@ -23,6 +23,7 @@ from django.conf import settings
 from django.test import Client
 from django.urls import NoReverseMatch, Resolver404, resolve, reverse
 
+from memory_app import embeddings
 from memory_app.bench import baseline
 from memory_app.bench.dataset import Dataset, Generator
 from memory_app.bench.measure import (
@@ -339,9 +340,15 @@ def _recall(b: Bench, label: str, cid: int) -> None:
         exact = set(ids[np.argsort(-(matrix @ (v / np.linalg.norm(v))))[:SEARCH_K]].tolist())
         total += len(exact & {mid for mid, _ in hits}) / SEARCH_K
     value = total / n_queries
+    # The index as built (the settings shape new indexes only; see `manage.py hnsw_rebuild`).
+    [index] = [
+        i
+        for i in embeddings.built_indexes()
+        if (i.model, i.dimensions) == (b.data.model, b.data.sizes.dims)
+    ]
     settings_text = (
-        f"path {'/'.join(sorted(paths))}; HNSW m={settings.AGENTMEMORY_HNSW_M}, "
-        f"ef_construction={settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION}, "
+        f"path {'/'.join(sorted(paths))}; HNSW m={index.m}, "
+        f"ef_construction={index.ef_construction}, "
         f"ef_search={search.ef_search_for(search.store_size(b.data.model, b.data.sizes.dims), SEARCH_K)}, "
         "iterative scan; "
         f"exact scan below {settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD:,} messages per context; {n_queries} queries"
