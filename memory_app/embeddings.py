@@ -573,8 +573,9 @@ class BuiltIndex:
 
 
 def built_indexes(using=None) -> list[BuiltIndex]:
-    """Every model's valid HNSW index: its model and dimensions read from its predicate, its m and
-    ef_construction from its storage options. Empty before the first migration."""
+    """Every model's valid HNSW index (whatever its name): its model and dimensions read from its
+    predicate, its m and ef_construction from its storage options. Empty before the first
+    migration."""
     from django.db import connections
 
     conn = connections[using] if using else connection
@@ -582,9 +583,9 @@ def built_indexes(using=None) -> list[BuiltIndex]:
         cursor.execute(
             "SELECT c.relname, coalesce(c.reloptions, '{}'), pg_get_expr(i.indpred, i.indrelid)"
             " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+            " JOIN pg_am a ON a.oid = c.relam AND a.amname = 'hnsw'"
             " WHERE i.indrelid = to_regclass('memory_app_embedding') AND i.indisvalid"
-            r" AND c.relname LIKE 'embedding\_hnswh\_%' AND c.relname NOT LIKE '%\_rebuild'"
-            " ORDER BY c.relname"
+            r" AND c.relname NOT LIKE '%\_rebuild' ORDER BY c.relname"
         )
         rows = cursor.fetchall()
     found = []

@@ -341,14 +341,13 @@ def _recall(b: Bench, label: str, cid: int) -> None:
         total += len(exact & {mid for mid, _ in hits}) / SEARCH_K
     value = total / n_queries
     # The index as built (the settings shape new indexes only; see `manage.py hnsw_rebuild`).
-    [index] = [
-        i
+    built = [
+        f"m={i.m}, ef_construction={i.ef_construction}"
         for i in embeddings.built_indexes()
         if (i.model, i.dimensions) == (b.data.model, b.data.sizes.dims)
     ]
     settings_text = (
-        f"path {'/'.join(sorted(paths))}; HNSW m={index.m}, "
-        f"ef_construction={index.ef_construction}, "
+        f"path {'/'.join(sorted(paths))}; HNSW {' / '.join(built) or 'index not found'}, "
         f"ef_search={search.ef_search_for(search.store_size(b.data.model, b.data.sizes.dims), SEARCH_K)}, "
         "iterative scan; "
         f"exact scan below {settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD:,} messages per context; {n_queries} queries"
