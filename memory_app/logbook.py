@@ -8,10 +8,12 @@ differ when it is not.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Max, Min, Sum
 from django.db.models.functions import Coalesce
@@ -266,11 +268,18 @@ _COPY_COLUMNS = (
 )
 
 
+def _json_text(value: Any) -> str:
+    """A JSON column's value as COPY text: orjson (a tenth of psycopg's per-row `json.dumps`),
+    the standard library for what orjson cannot write exactly (integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(value)
+
+
 def _copy_messages(rows: list[Message]) -> None:
     """Insert new messages with one COPY; ids are drawn from the table's sequence first so the
     objects come back with their primary keys, as bulk_create would give them."""
-    from psycopg.types.json import Jsonb
-
     table = Message._meta.db_table
     now = timezone.now()
     with connection.cursor() as cursor:
@@ -286,9 +295,9 @@ def _copy_messages(rows: list[Message]) -> None:
             for r in rows:
                 copy.write_row((
                     r.pk, r.context_id, r.seq, r.client_id, r.role, r.name, r.text,
-                    None if r.content is None else Jsonb(r.content), list(r.tags), Jsonb(r.metadata),
+                    None if r.content is None else _json_text(r.content), list(r.tags), _json_text(r.metadata),
                     r.run_id, r.step_id, r.token_count, r.tokenizer, r.source_timestamp, now, now, r.pruned_by,
-                    None if r.key_order is None else Jsonb(r.key_order),
+                    None if r.key_order is None else _json_text(r.key_order),
                 ))
 
 

@@ -1,11 +1,14 @@
 """Error statuses of the Agent API: 400, 401, 413, 422; always JSON {"detail": ...}, never a 500."""
 
 import io
+import json
+import re
 
 import pytest
 from django.test import Client, override_settings
 
 from memory_app import auth
+from memory_app.api import common
 from tests.api_helpers import ApiClient, make_key, new_context
 
 pytestmark = pytest.mark.django_db
@@ -154,3 +157,61 @@ def test_ids_that_are_not_bigints_are_422_or_404_never_500(api, path):
 @pytest.mark.parametrize("after", ["-1", str(2**63), "x"])
 def test_cursor_out_of_range_is_422(api, cid, after):
     assert api.get(f"/api/v1/contexts/{cid}/messages", {"after": after}).status_code == 422
+
+
+# --- the fast JSON path (orjson) answers exactly as the strict standard-library parser ----------
+
+
+@pytest.mark.parametrize(
+    "number", ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1.7976931348623159e308"]
+)
+def test_non_finite_numbers_in_a_vector_batch_are_400(api, cid, number):
+    vector = ", ".join(["0.25"] * 383 + [number])
+    raw = '{"messages": [{"role": "user", "text": "x", "vector": [' + vector + "]}]}"
+    response = api.post(f"/api/v1/contexts/{cid}/messages/batch", raw=raw)
+    assert response.status_code == 400
+    assert api.get(f"/api/v1/contexts/{cid}/messages").json()["items"] == []
+
+
+def test_integers_beyond_64_bits_keep_every_digit(api, cid):
+    big = "123456789012345678901234567890"
+    raw = '{"role": "user", "text": "x", "metadata": {"big": ' + big + ', "neg": -' + big + "}}"
+    response = api.post(f"/api/v1/contexts/{cid}/messages", raw=raw)
+    assert response.status_code == 201, response.content
+    assert response.json()["metadata"] == {"big": int(big), "neg": -int(big)}
+    stored = api.get(f"/api/v1/messages/{response.json()['id']}").json()
+    assert stored["metadata"] == {"big": int(big), "neg": -int(big)}
+
+
+def test_rendering_keeps_text_and_the_datetime_format(api, cid):
+    text = "naïve café — 日本語 😀 \\\" </script>"
+    created = api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": text}).json()
+    assert created["text"] == text
+    # ninja's encoder format: milliseconds and Z, whichever encoder wrote it.
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{3})?Z", created["created_at"])
+    listed = api.get(f"/api/v1/contexts/{cid}/messages").json()["items"][0]
+    assert listed["created_at"] == created["created_at"]
+    assert listed["text"] == text
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        b'{"a": 1, "a": 2}',
+        b'[1.5e308, -0.0, 0.1, 1E5, 5e-324, 18446744073709551615, -9223372036854775808]',
+        b'["\\u0000", "\\ud83d\\ude00", "\xc3\xa9"]',
+        b'\xef\xbb\xbf{"bom": true}',
+        b'{"n": 12345678901234567890123}',
+        b'  [ ]  ',
+    ],
+)
+def test_fast_parser_agrees_with_the_standard_library(doc):
+    assert common.json_loads(doc) == json.loads(doc)
+
+
+@pytest.mark.parametrize(
+    "doc", [b"NaN", b"[Infinity]", b"[-1e400]", b'["a\x00b"]', b"[01]", b"", b'{"a" 1}']
+)
+def test_fast_parser_refuses_what_the_strict_parser_refuses(doc):
+    with pytest.raises(ValueError):
+        common.json_loads(doc)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 
 from django.db import DataError, IntegrityError
 from django.http import HttpRequest
@@ -18,26 +16,16 @@ from memory_app.logbook import Conflict, Forbidden, Invalid, NotFound
 logger = logging.getLogger(__name__)
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text} is out of range")
-    return value
-
-
 class StrictJSONParser(Parser):
     """RFC 8259 JSON only: NaN/Infinity (which Python accepts and PostgreSQL rejects) are a 400."""
 
     def parse_body(self, request: HttpRequest):
-        return json.loads(request.body, parse_constant=_reject_constant, parse_float=_finite_float)
+        return common.json_loads(request.body)
 
 
 class StrictJSONRenderer(JSONRenderer):
-    json_dumps_params = {"allow_nan": False}
+    def render(self, request, data, *, response_status):
+        return common.json_dumps(data)
 
 
 api = NinjaAPI(

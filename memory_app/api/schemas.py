@@ -8,13 +8,11 @@ through imports or the dashboard.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from django.http import HttpResponse
 from ninja import Schema
-from ninja.responses import NinjaJSONEncoder
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from memory_app.api.common import (
@@ -28,6 +26,7 @@ from memory_app.api.common import (
     Text,
     Vector,
     _check_json,
+    json_dumps,
 )
 from memory_app.logbook import MAX_BATCH
 from memory_app.models import MessageRole, RunStatus, StepKind
@@ -597,7 +596,4 @@ def message_out(message) -> dict[str, Any]:
 
 def json_response(status: int, data: Any):
     """`data` rendered as the API's renderer would (ninja's encoder, no NaN)."""
-    return HttpResponse(
-        json.dumps(data, cls=NinjaJSONEncoder, allow_nan=False), status=status,
-        content_type="application/json; charset=utf-8",
-    )
+    return HttpResponse(json_dumps(data), status=status, content_type="application/json; charset=utf-8")

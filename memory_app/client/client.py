@@ -1,4 +1,4 @@
-"""A typed Python client for the agentmemory Agent API. Pure Python (httpx), no Django.
+"""A typed Python client for the agentmemory Agent API: httpx and orjson, no Django.
 
     from memory_app.client import MemoryClient
     mc = MemoryClient("http://localhost:8000", api_key="am_...")
@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
+import orjson
 
 RETRY_STATUSES = {502, 503, 504}
 
@@ -57,11 +58,30 @@ def _without_none(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None}
 
 
-def _plain_vector(vector: Any) -> list[float] | None:
-    """A vector as JSON can carry it (numpy arrays and other sequences become lists)."""
+def _plain_vector(vector: Any) -> Any:
+    """A vector as the encoder can write it: a numpy array stays an array (orjson writes its
+    numbers straight from the buffer, several times faster than from a list of Python floats);
+    other sequences become lists of floats."""
     if vector is None:
         return None
+    if type(vector).__module__ == "numpy":
+        return vector
     return vector.tolist() if hasattr(vector, "tolist") else [float(x) for x in vector]
+
+
+def _as_list(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _encode(body: Any) -> bytes:
+    """A request body as JSON: orjson (numpy arrays and scalars included); the standard library
+    for what orjson refuses (integers beyond 64 bits, arrays it cannot read in place)."""
+    try:
+        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    except orjson.JSONEncodeError:
+        return json.dumps(body, default=_as_list).encode()
 
 
 def _with_vector(item: dict[str, Any], vector: Any, vector_model: str | None) -> dict[str, Any]:
@@ -104,9 +124,12 @@ class MemoryClient:
     def request(self, method: str, path: str, *, json_body: Any = None, params: dict | None = None,
                 content: Any = None, raw: bool = False) -> Any:
         params = {k: v for k, v in (params or {}).items() if v is not None}
+        headers = None
+        if json_body is not None:
+            content, headers = _encode(json_body), {"Content-Type": "application/json"}
         for attempt in range(self.retries + 1):
             try:
-                response = self._http.request(method, path.lstrip("/"), json=json_body, params=params, content=content)
+                response = self._http.request(method, path.lstrip("/"), params=params, content=content, headers=headers)
             except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.TimeoutException) as exc:
                 if attempt == self.retries:
                     raise ServerUnreachable(
