@@ -15,7 +15,8 @@ from typing import Any
 
 import orjson
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Max, Min, Sum
+from django.db.models import BooleanField, F, Max, Min, Sum
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -212,8 +213,14 @@ def messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer:
 
 def _append_once(*, context, items, prepared, counts, vectors, client_ids, tokenizer) -> AppendResult:
     with transaction.atomic():
+        # `= ANY(array)`: one parameter instead of an IN list of up to 1,000 that Django compiles
+        # and psycopg merges into the text (~7 ms of a 1,000-message batch).
         existing = {
-            m.client_id: m for m in Message.objects.filter(context=context, client_id__in=client_ids)
+            m.client_id: m
+            for m in Message.objects.filter(
+                RawSQL("client_id = ANY(%s)", [client_ids], output_field=BooleanField()),  # noqa: S611 - constant SQL
+                context=context,
+            )
         } if client_ids else {}
         results: list[Message | None] = []
         created_flags: list[bool] = []
@@ -231,7 +238,7 @@ def _append_once(*, context, items, prepared, counts, vectors, client_ids, token
                 results.append(stored)
                 created_flags.append(False)
                 continue
-            row = Message(context_id=context.pk, client_id=cid or None, token_count=count, tokenizer=tokenizer, **data)
+            row = _new_message(context_id=context.pk, client_id=cid or None, token_count=count, tokenizer=tokenizer, **data)
             new_rows.append(row)
             new_vectors.append(vector)
             results.append(row)
@@ -256,6 +263,18 @@ def _append_once(*, context, items, prepared, counts, vectors, client_ids, token
                 Message.objects.bulk_create(new_rows)
             _after_messages_created(new_rows, new_vectors)
     return AppendResult(messages=results, created=created_flags)
+
+
+_MESSAGE_COLUMNS = [(f.attname, f) for f in Message._meta.concrete_fields]
+_MESSAGE_ATTNAMES = frozenset(a for a, _ in _MESSAGE_COLUMNS)
+
+
+def _new_message(**values: Any) -> Message:
+    """`Message(**values)` built positionally, as `Model.from_db` builds rows: Django's keyword
+    path (a default and a descriptor per field) cost ~15 ms of a 1,000-message batch."""
+    if unknown := values.keys() - _MESSAGE_ATTNAMES:
+        raise TypeError(f"Message has no field {sorted(unknown)[0]!r}")
+    return Message(*[values[a] if a in values else f.get_default() for a, f in _MESSAGE_COLUMNS])
 
 
 # From this many rows on, COPY beats a multi-row INSERT: psycopg merges every parameter of an
