@@ -215,3 +215,16 @@ def test_fast_parser_agrees_with_the_standard_library(doc):
 def test_fast_parser_refuses_what_the_strict_parser_refuses(doc):
     with pytest.raises(ValueError):
         common.json_loads(doc)
+
+
+def test_fast_renderer_writes_what_ninjas_encoder_writes():
+    from datetime import UTC, datetime, timedelta, timezone
+    from decimal import Decimal
+
+    from ninja.responses import NinjaJSONEncoder
+
+    a = datetime(2026, 11, 23, 7, 0, 0, 123456, tzinfo=UTC)
+    b = a.astimezone(timezone(timedelta(hours=2)))  # equal to `a`, written differently
+    data = {"x": [a, a, b, a, a.date(), Decimal("1.10")], "t": "é\u2028<", "n": 2**70}
+    for value in (data, {"x": [a, b, a, b]}):
+        assert json.loads(common.json_dumps(value)) == json.loads(json.dumps(value, cls=NinjaJSONEncoder))
