@@ -201,6 +201,14 @@ AGENTMEMORY_HNSW_EF_SEARCH_STEPS = sorted(
 )
 AGENTMEMORY_HNSW_M = int(os.environ.get("AGENTMEMORY_HNSW_M", "16"))
 AGENTMEMORY_HNSW_EF_CONSTRUCTION = int(os.environ.get("AGENTMEMORY_HNSW_EF_CONSTRUCTION", "64"))
+# A batch holding at least this many client vectors is stored without inserting them into the
+# HNSW graph (COPY speed); the indexer adds them in the background and searches scan them
+# exactly meanwhile (README "Embeddings and search"). 0 defers every batch.
+AGENTMEMORY_INDEX_DEFER_MIN = int(os.environ.get("AGENTMEMORY_INDEX_DEFER_MIN", "64"))
+# Each web/API process drains that backlog in a daemon thread woken after a deferred batch;
+# off, only `manage.py embed_worker` / `manage.py index_pending` drain it.
+AGENTMEMORY_INDEXER_THREAD = env_bool("AGENTMEMORY_INDEXER_THREAD", True)
+AGENTMEMORY_INDEXER_BATCH = int(os.environ.get("AGENTMEMORY_INDEXER_BATCH", "1000"))
 
 # What the run logbook prices a step at when the agent reports no cost: USD per million input
 # and output tokens, by model name (a dated name such as gpt-4o-2024-08-06 takes the price of its

@@ -407,6 +407,7 @@ VECTOR_COPY_COLUMNS = (
     "last_error",
     "created_at",
     "embedded_at",
+    "indexed",
 )
 _VECTOR_COPY_TYPES = [
     "int8",
@@ -419,6 +420,7 @@ _VECTOR_COPY_TYPES = [
     "text",
     "timestamptz",
     "timestamptz",
+    "bool",
 ]
 
 
@@ -427,9 +429,15 @@ def vectors_copy(
 ) -> None:
     """Store checked client vectors with one binary COPY: rows of (message_id, memory_record_id,
     context_id, vector), for items that have no row of that model yet (new items). Call inside
-    the transaction that created the items; `ensure_vector_indexes` after it."""
+    the transaction that created the items; `ensure_vector_indexes` after it.
+
+    A batch of at least `AGENTMEMORY_INDEX_DEFER_MIN` vectors is written `indexed = false`: the
+    COPY then skips the HNSW graph (inserting each vector into it was most of the batch's cost)
+    and the indexer adds them once the transaction commits (`wake_indexer`). Searches scan such
+    rows exactly until then. Smaller batches go into the graph at once."""
     if not rows:
         return
+    deferred = len(rows) >= settings.AGENTMEMORY_INDEX_DEFER_MIN
     from pgvector.psycopg.vector import register_vector_info
     from psycopg.types import TypeInfo
 
@@ -457,10 +465,13 @@ def vectors_copy(
                         "",
                         now,
                         now,
+                        not deferred,
                     )
                 )
     for _, _, _, v in rows:
         _known_dimensions.setdefault(v.model, len(v.values))
+    if deferred:
+        transaction.on_commit(wake_indexer)
 
 
 def ensure_vector_indexes(vectors: Sequence[ClientVector | None]) -> None:
@@ -469,22 +480,34 @@ def ensure_vector_indexes(vectors: Sequence[ClientVector | None]) -> None:
         ensure_model_index(model=model, dimensions=dims)
 
 
-def index_name(model: str, dimensions: int) -> str:
-    """`embedding_hnswh_…`: the h (halfvec) tells it from the full-precision indexes before
-    migration 0010, named `embedding_hnsw_…`."""
-    return f"embedding_hnswh_{hashlib.sha1(model.encode()).hexdigest()[:12]}_{dimensions}"  # noqa: S324
+INDEX_PREFIX = "embedding_hnswi_"
 
 
-def index_sql(*, model: str, dimensions: int, concurrently: bool, name: str | None = None):
-    """CREATE INDEX for a model's partial HNSW index (cosine, on `vector::halfvec(D)`), built
-    with the configured m and ef_construction; `name` other than the model's is for a rebuild."""
+def index_name(model: str, dimensions: int, *, prefix: str = INDEX_PREFIX) -> str:
+    """`embedding_hnswi_…`: the i (indexed rows only, migration 0011) tells it from the earlier
+    indexes of every row, `embedding_hnswh_…` (halfvec, 0010) and `embedding_hnsw_…`."""
+    return f"{prefix}{hashlib.sha1(model.encode()).hexdigest()[:12]}_{dimensions}"  # noqa: S324
+
+
+def index_sql(
+    *,
+    model: str,
+    dimensions: int,
+    concurrently: bool,
+    name: str | None = None,
+    indexed_only: bool = True,
+):
+    """CREATE INDEX for a model's partial HNSW index (cosine, on `vector::halfvec(D)`) of its
+    rows that are `indexed` (not waiting for the indexer), built with the configured m and
+    ef_construction; `name` other than the model's is for a rebuild. `indexed_only=False` is
+    migration 0010's index, before the column existed."""
     from psycopg import sql
 
     return sql.SQL(
         "CREATE INDEX {concurrently} IF NOT EXISTS {name} ON memory_app_embedding "
         "USING hnsw ((vector::halfvec({dims})) halfvec_cosine_ops) "
         "WITH (m = {m}, ef_construction = {efc}) "
-        "WHERE model = {model} AND dimensions = {dims}"
+        "WHERE model = {model} AND dimensions = {dims}" + (" AND indexed" if indexed_only else "")
     ).format(
         concurrently=sql.SQL("CONCURRENTLY" if concurrently else ""),
         name=sql.Identifier(name or index_name(model, dimensions)),
@@ -655,6 +678,7 @@ class BatchResult:
     embedded: int = 0
     failed: int = 0
     error: str = ""
+    indexed: int = 0
 
 
 def backoff(attempts: int, *, base: float = BACKOFF_BASE_SECONDS) -> timedelta:
@@ -729,6 +753,117 @@ def pending_count(*, model: str | None = None, context_id: int | None = None) ->
     return qs.count()
 
 
+# --- the indexer: deferred HNSW insertion ------------------------------------------------------
+
+
+def unindexed_count(*, model: str | None = None, context_id: int | None = None) -> int:
+    """Vectors stored but not yet in their model's HNSW graph (searches scan them exactly)."""
+    qs = Embedding.objects.filter(indexed=False)
+    if model:
+        qs = qs.filter(model=model)
+    if context_id:
+        qs = qs.filter(context_id=context_id)
+    return qs.count()
+
+
+def index_batch(*, batch_size: int | None = None) -> int:
+    """Insert up to `batch_size` waiting vectors into their HNSW graph, oldest first, in one
+    committed transaction; returns how many. The rows are claimed with FOR UPDATE SKIP LOCKED,
+    so indexers in several processes share the backlog and never take a row twice. Setting
+    `indexed` makes PostgreSQL write a new row version, which the partial index now takes: that
+    is the graph insertion the batch's COPY skipped."""
+    size = batch_size or settings.AGENTMEMORY_INDEXER_BATCH
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE memory_app_embedding SET indexed = true WHERE id IN ("
+            " SELECT id FROM memory_app_embedding WHERE NOT indexed"
+            " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)",
+            [size],
+        )
+        return cursor.rowcount
+
+
+def index_pending(
+    *, batch_size: int | None = None, stop: threading.Event | None = None, max_batches: int | None = None
+) -> int:
+    """Drain the backlog batch by batch (each committed) until it is empty; returns rows indexed."""
+    total = batches = 0
+    while not (stop and stop.is_set()) and (max_batches is None or batches < max_batches):
+        done = index_batch(batch_size=batch_size)
+        total += done
+        batches += 1
+        if not done:
+            break
+    return total
+
+
+class _Indexer:
+    """The per-process daemon thread that drains the backlog after a deferred batch commits.
+
+    Woken by `wake()` (an on_commit hook); it drains on its own database connection (Django's
+    connections are per thread), closes it when the backlog is empty, then sleeps until woken
+    again, so an idle process holds no extra connection. Under gunicorn each worker process gets
+    its own thread (started lazily, after the fork). A failure is logged and retried after a
+    pause: the rows stay `indexed = false`, searchable, until a drain succeeds."""
+
+    RETRY_SECONDS = 5.0
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def wake(self) -> None:
+        if not settings.AGENTMEMORY_INDEXER_THREAD:
+            return
+        with self._lock:
+            self._idle.clear()
+            self._wake.set()
+            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(
+                    target=self._run, name="agentmemory-indexer", daemon=True
+                )
+                self._thread.start()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """True once the thread has drained what it was woken for and closed its connection."""
+        return self._idle.wait(timeout)
+
+    def _run(self) -> None:
+        from django.db import connections
+
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            try:
+                done = index_pending()
+                if done:
+                    log.info("indexer: %d deferred vectors inserted into their HNSW graph", done)
+            except Exception:
+                log.exception("indexer: draining the backlog failed; retrying")
+                connections.close_all()
+                time.sleep(self.RETRY_SECONDS)
+                self._wake.set()
+                continue
+            finally:
+                if not self._wake.is_set():
+                    connections.close_all()
+            with self._lock:
+                if not self._wake.is_set():
+                    self._idle.set()
+
+
+indexer = _Indexer()
+
+
+def wake_indexer() -> None:
+    indexer.wake()
+
+
 def run_worker(
     *,
     provider: EmbeddingProvider,
@@ -747,6 +882,13 @@ def run_worker(
         if max_batches is not None and batches >= max_batches:
             break
         res = embed_batch(provider=provider, batch_size=batch_size, backoff_base=backoff_base)
+        # The deferred HNSW insertions too, one batch per turn (several workers share them).
+        indexed = 0
+        try:
+            indexed = index_batch()
+        except Exception:
+            log.exception("indexer: inserting deferred vectors failed; retrying")
+        totals.indexed += indexed
         batches += 1 if res.claimed else 0
         totals.claimed += res.claimed
         totals.embedded += res.embedded
@@ -763,7 +905,7 @@ def run_worker(
                 provider.describe(),
                 totals.embedded,
             )
-        if not res.claimed or res.failed:
+        if (not res.claimed and not indexed) or res.failed:
             if once:
                 break
             time.sleep(idle_sleep)

@@ -1,4 +1,6 @@
-"""`/healthz`: 200 when the database answers, 503 when it does not."""
+"""`/healthz`: 200 when the database answers, 503 when it does not. `vectors_unindexed` is the
+indexer's backlog: vectors stored by a large batch, searchable (scanned exactly) but not yet in
+their HNSW graph; it should fall back to 0 within seconds of a batch."""
 
 from django.db import DatabaseError, connection
 from django.http import JsonResponse
@@ -11,10 +13,13 @@ from django.views.decorators.http import require_GET
 def healthz(request):
     try:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+            cursor.execute(
+                "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector'),"
+                " (SELECT count(*) FROM memory_app_embedding WHERE NOT indexed)"
+            )
             row = cursor.fetchone()
     except DatabaseError as exc:
         # A dead connection stays dead in this worker; drop it so the next probe reconnects.
         connection.close_if_unusable_or_obsolete()
         return JsonResponse({"status": "error", "database": "unavailable", "detail": str(exc).strip()[:200]}, status=503)
-    return JsonResponse({"status": "ok", "database": "ok", "pgvector": row[0] if row else None})
+    return JsonResponse({"status": "ok", "database": "ok", "pgvector": row[0], "vectors_unindexed": row[1]})

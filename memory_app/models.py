@@ -382,6 +382,10 @@ class Embedding(models.Model):
     A row with `vector` NULL is pending: the embed worker claims it with FOR UPDATE SKIP LOCKED.
     The HNSW index for a model is a partial expression index created when the model is first
     used (`memory_app.embeddings.ensure_model_index`), because vector dimensions differ by model.
+    Only rows with `indexed` true are in that index: a large batch of client vectors is written
+    with `indexed` false (COPY speed, no graph insertion) and the indexer
+    (`memory_app.embeddings.index_pending`) adds them later; searches scan those rows exactly
+    meanwhile, so none is ever unsearchable.
     """
 
     message = models.ForeignKey(
@@ -400,6 +404,9 @@ class Embedding(models.Model):
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     embedded_at = models.DateTimeField(null=True, blank=True)
+    # False while the row waits for the indexer (deferred batch insertion into the HNSW graph).
+    # The database default covers the raw INSERTs (reembed_enqueue) as well.
+    indexed = models.BooleanField(default=True, db_default=True)
 
     class Meta:
         constraints = [
@@ -422,6 +429,10 @@ class Embedding(models.Model):
                 fields=["next_attempt_at", "id"], condition=Q(vector__isnull=True), name="embedding_pending_idx"
             ),
             models.Index(fields=["context", "model"], name="embedding_context_model_idx"),
+            # The indexer's backlog and the searches' exact scan of it: empty in the steady state.
+            models.Index(
+                fields=["model", "context"], condition=Q(indexed=False), name="embedding_unindexed"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -13,6 +13,8 @@ so that its cost does not grow with the context. Vector search:
   `hnsw.ef_search` grown with the store's size (`AGENTMEMORY_HNSW_EF_SEARCH[_STEPS]`). The walk
   itself returns k; only a context with far fewer vectors than messages (most not embedded)
   can come back short, and then holds few vectors: those are scanned exactly ("hnsw+exact").
+  Vectors of a large batch that wait for the indexer (not yet in the graph) are scanned exactly
+  beside the walk and merged by distance ("hnsw+pending"), so a stored vector is found at once.
 """
 
 from __future__ import annotations
@@ -208,7 +210,8 @@ def semantic_ranking(
 ) -> tuple[list[tuple[int, float]], str]:
     """(message id, cosine distance) of the context's live messages nearest to `vector` under
     `model`, nearest first, ties by id; and which path answered ("exact", "hnsw", or
-    "hnsw+exact" when the walk came back short).
+    "hnsw+exact" when the walk came back short, "hnsw+pending" when vectors waiting for the
+    indexer were merged in).
 
     `context_size` (the context's message count, an upper bound on its vectors) spares the
     count of its vectors that otherwise decides between the exact scan and the index."""
@@ -259,7 +262,9 @@ def nearest_vectors(
     goes on until `limit` rows pass the filter, so a filter keeping a small share of the store
     still gets `limit` rows (up to `hnsw.max_scan_tuples`, sized from `share`, the number of rows
     the filter may keep). It comes back short only when the filter keeps far fewer vectors than
-    `share` says (messages not embedded yet): those few are then scanned exactly ("hnsw+exact").
+    `share` says (messages not embedded yet, or most of the vectors still waiting for the
+    indexer): those few are then scanned exactly ("hnsw+exact"). Vectors waiting for the indexer
+    are scanned exactly beside the walk and merged by distance ("hnsw+pending" when any was).
     Otherwise ("exact") every kept row is scanned and the `limit` nearest kept (a top-N sort in
     memory: only `limit` rows are held, nothing spills to disk), exact and, for a few thousand
     rows, faster than the index."""
@@ -275,21 +280,30 @@ def nearest_vectors(
     """  # noqa: S608 - dims is an int; the fragments are the callers' constants
     if approximate:
         # Relaxed order lets the walk return rows slightly out of distance order (better recall
-        # per visited node); the materialized CTE sorts the `limit` rows it kept.
+        # per visited node); the materialized CTE sorts the `limit` rows it kept. The walk
+        # covers the rows in the graph (`e.indexed`, the index's predicate); rows of a deferred
+        # batch still waiting for the indexer are scanned exactly (through their small partial
+        # index) and merged by distance, so they are found at once.
         sql = f"""
             WITH nearest AS MATERIALIZED (
-                SELECT e.{item_column} AS item_id, {distance} AS distance {rows}
+                SELECT e.{item_column} AS item_id, {distance} AS distance {rows} AND e.indexed
                 ORDER BY {walk_distance} LIMIT %s
+            ), waiting AS MATERIALIZED (
+                SELECT e.{item_column} AS item_id, {distance} AS distance {rows} AND NOT e.indexed
+                ORDER BY distance, item_id LIMIT %s
             )
-            SELECT item_id, distance FROM nearest ORDER BY distance, item_id
+            SELECT item_id, distance, false FROM nearest
+            UNION ALL SELECT item_id, distance, true FROM waiting
         """  # noqa: S608
-        args = [literal, model, *params, literal, limit]
+        args = [literal, model, *params, literal, limit, literal, model, *params, limit]
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(hnsw_settings_sql(model=model, dims=dims, limit=limit, share=share))
             cursor.execute(sql, args)
-            hits = [(row[0], float(row[1])) for row in cursor.fetchall()]
-        if len(hits) == limit:
-            return hits, "hnsw"
+            found = cursor.fetchall()
+        hits = sorted(((row[0], float(row[1])) for row in found), key=lambda hit: (hit[1], hit[0]))
+        walked = sum(1 for row in found if not row[2])
+        if walked == limit:
+            return hits[:limit], "hnsw" if len(found) == walked else "hnsw+pending"
     # OFFSET 0 keeps the subquery apart, so the ORDER BY cannot be answered by the HNSW index.
     sql = f"""
         SELECT item_id, distance FROM (

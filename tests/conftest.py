@@ -5,6 +5,13 @@ import pytest
 from memory_app.logbook import Actor
 
 
+@pytest.fixture(autouse=True)
+def _no_indexer_thread(settings):
+    """Deferred vectors stay waiting unless a test drains them (or turns the thread on and waits
+    for it): a background connection must not outlive a transactional test."""
+    settings.AGENTMEMORY_INDEXER_THREAD = False
+
+
 @pytest.fixture
 def system_actor() -> Actor:
     return Actor.system("test")

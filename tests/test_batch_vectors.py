@@ -333,10 +333,10 @@ def test_the_halfvec_migration_replaces_a_full_precision_index(api):
             ]
         },
     )
-    new = embeddings.index_name("inline-3", 3)
-    old = new.replace("embedding_hnswh_", "embedding_hnsw_")
+    new = embeddings.index_name("inline-3", 3, prefix="embedding_hnswh_")
+    old = embeddings.index_name("inline-3", 3, prefix="embedding_hnsw_")
     with connection.cursor() as cur:
-        cur.execute(f'DROP INDEX "{new}"')
+        cur.execute(f'DROP INDEX "{embeddings.index_name("inline-3", 3)}"')
         cur.execute(
             f'CREATE INDEX "{old}" ON memory_app_embedding USING hnsw '
             "((vector::vector(3)) vector_cosine_ops) WHERE model = 'inline-3' AND dimensions = 3"
@@ -349,3 +349,17 @@ def test_the_halfvec_migration_replaces_a_full_precision_index(api):
         )
         indexes = dict(cur.fetchall())
     assert list(indexes) == [new] and "halfvec_cosine_ops" in indexes[new]
+    # Migration 0011 then builds the index of indexed rows only and drops 0010's; no row is lost
+    # and the deferred ones are still found.
+    later = import_module("memory_app.migrations.0011_deferred_hnsw")
+    count = Embedding.objects.filter(model="inline-3").count()
+    later.rebuild_with_predicate(None, SimpleNamespace(connection=connection))
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE indexname LIKE 'embedding%%hnsw%%'"
+            " AND indexdef LIKE '%%inline-3%%'"
+        )
+        indexes = dict(cur.fetchall())
+    current = embeddings.index_name("inline-3", 3)
+    assert list(indexes) == [current] and indexes[current].endswith("AND indexed)")
+    assert Embedding.objects.filter(model="inline-3").count() == count

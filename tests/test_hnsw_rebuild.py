@@ -24,7 +24,7 @@ def vector(i: int) -> list[float]:
 def index_options() -> dict[str, str]:
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT c.relname, c.reloptions FROM pg_class c WHERE c.relname LIKE 'embedding\\_hnswh\\_%%'"
+            "SELECT c.relname, c.reloptions FROM pg_class c WHERE c.relname LIKE 'embedding\\_hnswi\\_%%'"
             " AND c.relname IN (%s, %s)",
             [embeddings.index_name(MODEL, 4), embeddings.index_name(MODEL, 4) + "_rebuild"],
         )
@@ -44,6 +44,7 @@ def stored(settings):
             for i in range(200)
         ],
     )
+    embeddings.index_pending()  # a batch this size is deferred: the graph is what is tested here
     yield context, [m.pk for m in result.messages]
     embeddings._ensured.discard((MODEL, 4))
     context.delete()
@@ -85,7 +86,7 @@ def test_a_parameter_change_is_reported_then_rebuilt_concurrently(stored, settin
         literal = search.vector_literal(vector(77))
         cur.execute("SET LOCAL enable_seqscan = off")  # a 200-row table: the index if usable
         cur.execute(
-            "EXPLAIN SELECT id FROM memory_app_embedding e WHERE e.model = %s AND e.dimensions = 4"
+            "EXPLAIN SELECT id FROM memory_app_embedding e WHERE e.model = %s AND e.dimensions = 4 AND e.indexed"
             " ORDER BY e.vector::halfvec(4) <=> %s::halfvec(4) LIMIT 3",
             [MODEL, literal],
         )

@@ -283,8 +283,16 @@ def test_hnsw_path_on_a_large_context_returns_k_results_of_that_context(store, s
     )
     assert f"Index Scan using {embeddings.index_name(MODEL, DIMS)}" in plan, plan
     assert "embedding_context_model_idx" not in plan and "Seq Scan" not in plan, plan
-    cte = plan.split("CTE Scan")[0]
-    assert "Sort" not in cte.split("CTE nearest")[1], plan
+    # The walk is the index of indexed rows (its predicate ends with `AND indexed`) and sorts
+    # nothing; the rows still waiting for the indexer come from their small partial index.
+    walk, waiting = plan.split("CTE Scan")[0].split("CTE nearest")[1].split("CTE waiting")
+    assert "Sort" not in walk, plan
+    assert "embedding_unindexed" in waiting and "Seq Scan" not in waiting, plan
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = %s", [embeddings.index_name(MODEL, DIMS)]
+        )
+        assert cur.fetchone()[0].endswith("AND indexed)")
 
 
 def test_small_context_exact_scan_keeps_only_k_rows_in_memory(store, settings):

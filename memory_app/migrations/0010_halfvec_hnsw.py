@@ -21,7 +21,14 @@ def to_halfvec(apps, schema_editor):
             [embeddings.HNSW_MAX_DIMENSIONS],
         )
         for model, dims in cursor.fetchall():
-            statement = embeddings.index_sql(model=model, dimensions=dims, concurrently=concurrently)
+            # 0010's index as it was: every row of the model (0011 adds `AND indexed`).
+            statement = embeddings.index_sql(
+                model=model,
+                dimensions=dims,
+                concurrently=concurrently,
+                name=embeddings.index_name(model, dims, prefix="embedding_hnswh_"),
+                indexed_only=False,
+            )
             cursor.execute(statement.as_string(schema_editor.connection.connection))
         # The old indexes go once the new ones serve.
         cursor.execute(

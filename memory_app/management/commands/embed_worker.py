@@ -2,6 +2,7 @@
 
 Run as many as you like, on any machines: each batch is claimed with FOR UPDATE SKIP LOCKED, so
 no item is embedded twice; a provider failure postpones the batch with exponential backoff.
+Each turn also inserts a batch of deferred vectors into their HNSW graph (see index_pending).
 `--provider/--model/--base-url` embed another model's queue (e.g. during `reembed`).
 """
 
@@ -58,7 +59,7 @@ class Command(BaseCommand):
             stop=stop,
         )
         self.stdout.write(
-            f"done: {totals.embedded} embedded, {totals.failed} postponed"
+            f"done: {totals.embedded} embedded, {totals.failed} postponed, {totals.indexed} indexed"
             + (f" (last error: {totals.error})" if totals.error else "")
             + f", {embeddings.pending_count(model=provider.model)} pending"
         )

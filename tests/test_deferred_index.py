@@ -1,0 +1,173 @@
+"""Vectors of a large batch are stored at COPY speed and inserted into the HNSW graph later by
+the indexer; searches scan the waiting ones exactly, so every stored vector is found at once."""
+
+from __future__ import annotations
+
+import math
+
+import psycopg
+import pytest
+from django.db import connection
+
+from memory_app import embeddings, logbook, search
+from memory_app.models import Embedding, Message
+
+MODEL = "defer-4"
+
+
+def vector(i: int) -> list[float]:
+    a = i / 25
+    return [math.cos(a), math.sin(a), 0.3 * math.cos(5 * a), 0.2]
+
+
+def append(context, start: int, count: int) -> list[int]:
+    result = logbook.messages_append(
+        context=context,
+        items=[
+            {"role": "user", "text": f"t{i}", "vector": vector(i), "vector_model": MODEL}
+            for i in range(start, start + count)
+        ],
+    )
+    return [m.pk for m in result.messages]
+
+
+def exact(context, query, k):
+    rows = Embedding.objects.filter(context=context, model=MODEL).values_list("message_id", "vector")
+
+    def cosine(v):
+        dot = sum(a * b for a, b in zip(v, query, strict=True))
+        return 1 - dot / (math.dist(v, [0] * 4) * math.dist(query, [0] * 4))
+
+    return [mid for mid, _ in sorted(((mid, cosine(list(v))) for mid, v in rows), key=lambda r: (r[1], r[0]))][:k]
+
+
+@pytest.fixture
+def defer(settings):
+    settings.AGENTMEMORY_INDEX_DEFER_MIN = 8
+    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 10  # the walk, not the small-context scan
+    embeddings._ensured.discard((MODEL, 4))
+    yield settings
+    embeddings._ensured.discard((MODEL, 4))
+
+
+@pytest.mark.django_db
+def test_a_deferred_batch_is_searchable_at_once_then_indexed(defer):
+    context, _ = logbook.context_get_or_create(keys={"test": "defer-search"})
+    indexed_ids = [pk for start in range(0, 140, 7) for pk in append(context, start, 7)]
+    assert not Embedding.objects.filter(message_id__in=indexed_ids, indexed=False).exists()
+    # A batch of exactly the threshold is deferred: stored, not in the graph.
+    waiting = append(context, 140, 8)
+    assert set(Embedding.objects.filter(indexed=False).values_list("message_id", flat=True)) == set(waiting)
+    assert embeddings.unindexed_count(model=MODEL, context_id=context.pk) == 8
+    context.refresh_from_db()
+    query = vector(144)  # nearest to the waiting rows
+    first = search.search_messages(
+        context=context, query="", k=5, mode="semantic", model=MODEL, query_vector=query
+    )
+    assert "vector scan: hnsw+pending" in first.notes
+    assert [h.message.pk for h in first.hits] == exact(context, query, 5)
+    assert {h.message.pk for h in first.hits} <= set(waiting)
+    # Exact k over both sides when the nearest mix indexed and waiting rows.
+    ids, path = search.semantic_ranking(
+        context_id=context.pk, model=MODEL, vector=vector(139), limit=12, context_size=148
+    )
+    assert path == "hnsw+pending" and [i for i, _ in ids] == exact(context, vector(139), 12)
+    assert set(i for i, _ in ids) & set(waiting) and set(i for i, _ in ids) & set(indexed_ids)
+
+    assert embeddings.index_pending(batch_size=3) == 8
+    assert embeddings.unindexed_count() == 0
+    again = search.search_messages(
+        context=context, query="", k=5, mode="semantic", model=MODEL, query_vector=query
+    )
+    assert "vector scan: hnsw" in again.notes
+    assert [h.message.pk for h in again.hits] == [h.message.pk for h in first.hits]
+
+
+@pytest.mark.django_db
+def test_a_batch_below_the_threshold_goes_into_the_graph_at_once(defer):
+    context, _ = logbook.context_get_or_create(keys={"test": "defer-small"})
+    ids = append(context, 0, 7)
+    assert Embedding.objects.filter(message_id__in=ids, indexed=True).count() == 7
+    assert embeddings.index_pending() == 0
+
+
+@pytest.mark.django_db
+def test_deleting_a_message_whose_vector_waits(defer):
+    context, _ = logbook.context_get_or_create(keys={"test": "defer-delete"})
+    ids = append(context, 0, 10)
+    Message.objects.filter(pk=ids[0]).delete()
+    assert embeddings.unindexed_count(context_id=context.pk) == 9
+    assert embeddings.index_pending() == 9
+    assert not Embedding.objects.filter(message_id=ids[0]).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_indexers_never_take_the_same_rows(defer):
+    context, _ = logbook.context_get_or_create(keys={"test": "defer-skip-locked"})
+    try:
+        append(context, 0, 20)
+        locked = list(
+            Embedding.objects.filter(context=context, indexed=False).order_by("id").values_list("id", flat=True)[:5]
+        )
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        with psycopg.connect(**params) as other:
+            # The other indexer holds its batch (uncommitted): this one skips it, without waiting.
+            other.execute(
+                "SELECT id FROM memory_app_embedding WHERE id = ANY(%s) FOR UPDATE SKIP LOCKED", [locked]
+            )
+            assert embeddings.index_pending() == 15
+            assert set(Embedding.objects.filter(indexed=False).values_list("id", flat=True)) == set(locked)
+        assert embeddings.index_pending() == 5
+    finally:
+        context.delete()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_indexer_thread_drains_after_the_batch_commits(defer):
+    defer.AGENTMEMORY_INDEXER_THREAD = True
+    context, _ = logbook.context_get_or_create(keys={"test": "defer-thread"})
+    try:
+        append(context, 0, 30)
+        assert embeddings.indexer.wait_idle(60)
+        assert embeddings.unindexed_count() == 0
+        assert Embedding.objects.filter(context=context, indexed=True).count() == 30
+    finally:
+        context.delete()
+
+
+@pytest.mark.django_db
+def test_health_and_the_command_show_the_backlog(defer, client):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    context, _ = logbook.context_get_or_create(keys={"test": "defer-health"})
+    append(context, 0, 9)
+    assert client.get("/healthz").json()["vectors_unindexed"] == 9
+    out = StringIO()
+    call_command("index_pending", "--batch-size", "4", stdout=out)
+    assert "9 vectors waiting" in out.getvalue() and "done: 9 indexed, 0 waiting" in out.getvalue()
+    assert client.get("/healthz").json()["vectors_unindexed"] == 0
+
+
+@pytest.mark.django_db
+def test_memories_recorded_with_a_deferred_batch_are_recalled_at_once(defer, system_actor):
+    from memory_app import memories
+    from memory_app.memories import Scope
+
+    context, _ = logbook.context_get_or_create(keys={"test": "defer-memories"})
+    items = [{"content": f"fact {i}", "vector": vector(i), "vector_model": MODEL} for i in range(40)]
+    for start in range(0, 40, 5):  # small batches: in the graph at once
+        memories.memories_record(scope=Scope(context=context), items=items[start : start + 5], actor=system_actor)
+    late = memories.memories_record(
+        scope=Scope(context=context),
+        items=[{"content": f"late {i}", "vector": vector(100 + i), "vector_model": MODEL} for i in range(8)],
+        actor=system_actor,
+    )
+    assert embeddings.unindexed_count(model=MODEL) == 8
+    qs = memories.memories_visible(context=context)
+    hits = memories._semantic_hits(qs, vector(102), MODEL, 3)
+    assert [rid for rid, _ in hits][0] == late[2].record.pk
+    assert {rid for rid, _ in hits} <= {r.record.pk for r in late}
