@@ -85,6 +85,7 @@ def test_a_parameter_change_is_reported_then_rebuilt_concurrently(stored, settin
     with transaction.atomic(), connection.cursor() as cur:
         literal = search.vector_literal(vector(77))
         cur.execute("SET LOCAL enable_seqscan = off")  # a 200-row table: the index if usable
+        cur.execute("SET LOCAL enable_sort = off")  # as searches do: the walk, not a sort
         cur.execute(
             "EXPLAIN SELECT id FROM memory_app_embedding e WHERE e.model = %s AND e.dimensions = 4 AND e.indexed"
             " ORDER BY e.vector::halfvec(4) <=> %s::halfvec(4) LIMIT 3",

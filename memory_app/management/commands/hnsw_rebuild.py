@@ -50,6 +50,9 @@ class Command(BaseCommand):
         todo = [i for i in indexes if opts["all"] or i.stale]
         for index in indexes:
             state = "to rebuild" if index in todo else "up to date"
+            waiting = embeddings.unindexed_count(model=index.model)
+            if waiting:  # a deferred batch's vectors, not yet in this graph (see index_pending)
+                state += f", {waiting} vectors waiting for the indexer"
             self.stdout.write(f"  {index.describe()} — {state}")
         if opts["check"]:
             if todo:
