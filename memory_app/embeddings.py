@@ -565,6 +565,38 @@ def ensure_model_index(*, model: str, dimensions: int) -> bool:
     return True
 
 
+def replace_model_indexes(db, *, prefix: str, indexed_only: bool, retired: Sequence[str]) -> None:
+    """For the migrations that change the index definition: build every model's HNSW index
+    (named with `prefix`), then drop the indexes named with a `retired` prefix once the new ones
+    serve. Outside a transaction (a non-atomic migration) both are CONCURRENTLY, so the store
+    stays readable and writable meanwhile."""
+    concurrently = not db.in_atomic_block
+    drop = "DROP INDEX CONCURRENTLY" if concurrently else "DROP INDEX"
+    with db.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT model, dimensions FROM memory_app_embedding"
+            " WHERE vector IS NOT NULL AND dimensions BETWEEN 1 AND %s",
+            [HNSW_MAX_DIMENSIONS],
+        )
+        for model, dims in cursor.fetchall():
+            statement = index_sql(
+                model=model,
+                dimensions=dims,
+                concurrently=concurrently,
+                name=index_name(model, dims, prefix=prefix),
+                indexed_only=indexed_only,
+            )
+            cursor.execute(statement.as_string(db.connection))
+        for old in retired:
+            cursor.execute(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'memory_app_embedding'"
+                " AND indexname LIKE %s",
+                [old.replace("_", r"\_") + "%"],
+            )
+            for (name,) in cursor.fetchall():
+                cursor.execute(f'{drop} IF EXISTS "{name}"')
+
+
 # pgvector's own values for an index built without them.
 PGVECTOR_DEFAULT_M, PGVECTOR_DEFAULT_EF_CONSTRUCTION = 16, 64
 _PREDICATE_MODEL = re.compile(r"\(model\)::text = '((?:[^']|'')*)'::text")
@@ -745,7 +777,10 @@ def embed_batch(
 
 
 def pending_count(*, model: str | None = None, context_id: int | None = None) -> int:
-    qs = Embedding.objects.filter(vector__isnull=True)
+    return _count(Embedding.objects.filter(vector__isnull=True), model=model, context_id=context_id)
+
+
+def _count(qs, *, model: str | None, context_id: int | None) -> int:
     if model:
         qs = qs.filter(model=model)
     if context_id:
@@ -758,12 +793,7 @@ def pending_count(*, model: str | None = None, context_id: int | None = None) ->
 
 def unindexed_count(*, model: str | None = None, context_id: int | None = None) -> int:
     """Vectors stored but not yet in their model's HNSW graph (searches scan them exactly)."""
-    qs = Embedding.objects.filter(indexed=False)
-    if model:
-        qs = qs.filter(model=model)
-    if context_id:
-        qs = qs.filter(context_id=context_id)
-    return qs.count()
+    return _count(Embedding.objects.filter(indexed=False), model=model, context_id=context_id)
 
 
 def index_batch(*, batch_size: int | None = None) -> int:

@@ -316,6 +316,16 @@ def test_a_value_beyond_half_precision_is_422_on_every_vector_path(api):
     assert edge.status_code == 200 and edge.json()["items"][0]["message"]["id"] == message["id"]
 
 
+def _inline_indexes() -> dict[str, str]:
+    """The HNSW indexes of model inline-3: name → definition."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE indexname LIKE 'embedding%%hnsw%%'"
+            " AND indexdef LIKE '%%inline-3%%'"
+        )
+        return dict(cur.fetchall())
+
+
 def test_the_halfvec_migration_replaces_a_full_precision_index(api):
     """Migration 0010 drops the pre-0010 `vector` HNSW indexes and builds each model's halfvec
     index, which semantic search then walks."""
@@ -342,24 +352,14 @@ def test_the_halfvec_migration_replaces_a_full_precision_index(api):
             "((vector::vector(3)) vector_cosine_ops) WHERE model = 'inline-3' AND dimensions = 3"
         )
     migration.to_halfvec(None, SimpleNamespace(connection=connection))
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE indexname LIKE 'embedding%%hnsw%%'"
-            " AND indexdef LIKE '%%inline-3%%'"
-        )
-        indexes = dict(cur.fetchall())
+    indexes = _inline_indexes()
     assert list(indexes) == [new] and "halfvec_cosine_ops" in indexes[new]
     # Migration 0011 then builds the index of indexed rows only and drops 0010's; no row is lost
     # and the deferred ones are still found.
     later = import_module("memory_app.migrations.0011_deferred_hnsw")
     count = Embedding.objects.filter(model="inline-3").count()
     later.rebuild_with_predicate(None, SimpleNamespace(connection=connection))
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE indexname LIKE 'embedding%%hnsw%%'"
-            " AND indexdef LIKE '%%inline-3%%'"
-        )
-        indexes = dict(cur.fetchall())
+    indexes = _inline_indexes()
     current = embeddings.index_name("inline-3", 3)
     assert list(indexes) == [current] and indexes[current].endswith("AND indexed)")
     assert Embedding.objects.filter(model="inline-3").count() == count

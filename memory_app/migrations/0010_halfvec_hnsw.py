@@ -10,33 +10,13 @@ from django.db import migrations
 def to_halfvec(apps, schema_editor):
     from memory_app import embeddings
 
-    # Outside a transaction (this migration is not atomic) the indexes are dropped and built
-    # CONCURRENTLY, so the store stays readable and writable meanwhile.
-    concurrently = not schema_editor.connection.in_atomic_block
-    drop = "DROP INDEX CONCURRENTLY" if concurrently else "DROP INDEX"
-    with schema_editor.connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT DISTINCT model, dimensions FROM memory_app_embedding"
-            " WHERE vector IS NOT NULL AND dimensions BETWEEN 1 AND %s",
-            [embeddings.HNSW_MAX_DIMENSIONS],
-        )
-        for model, dims in cursor.fetchall():
-            # 0010's index as it was: every row of the model (0011 adds `AND indexed`).
-            statement = embeddings.index_sql(
-                model=model,
-                dimensions=dims,
-                concurrently=concurrently,
-                name=embeddings.index_name(model, dims, prefix="embedding_hnswh_"),
-                indexed_only=False,
-            )
-            cursor.execute(statement.as_string(schema_editor.connection.connection))
-        # The old indexes go once the new ones serve.
-        cursor.execute(
-            "SELECT indexname FROM pg_indexes WHERE tablename = 'memory_app_embedding'"
-            r" AND indexname LIKE 'embedding\_hnsw\_%'"
-        )
-        for (name,) in cursor.fetchall():
-            cursor.execute(f'{drop} IF EXISTS "{name}"')
+    # 0010's index as it was: every row of the model (0011 adds `AND indexed`).
+    embeddings.replace_model_indexes(
+        schema_editor.connection,
+        prefix="embedding_hnswh_",
+        indexed_only=False,
+        retired=["embedding_hnsw_"],
+    )
 
 
 def drop_halfvec(apps, schema_editor):

@@ -12,23 +12,12 @@ from django.db import migrations, models
 def rebuild_with_predicate(apps, schema_editor):
     from memory_app import embeddings
 
-    concurrently = not schema_editor.connection.in_atomic_block
-    drop = "DROP INDEX CONCURRENTLY" if concurrently else "DROP INDEX"
-    with schema_editor.connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT DISTINCT model, dimensions FROM memory_app_embedding"
-            " WHERE vector IS NOT NULL AND dimensions BETWEEN 1 AND %s",
-            [embeddings.HNSW_MAX_DIMENSIONS],
-        )
-        for model, dims in cursor.fetchall():
-            statement = embeddings.index_sql(model=model, dimensions=dims, concurrently=concurrently)
-            cursor.execute(statement.as_string(schema_editor.connection.connection))
-        cursor.execute(
-            "SELECT indexname FROM pg_indexes WHERE tablename = 'memory_app_embedding'"
-            r" AND (indexname LIKE 'embedding\_hnswh\_%' OR indexname LIKE 'embedding\_hnsw\_%')"
-        )
-        for (name,) in cursor.fetchall():
-            cursor.execute(f'{drop} IF EXISTS "{name}"')
+    embeddings.replace_model_indexes(
+        schema_editor.connection,
+        prefix="embedding_hnswi_",
+        indexed_only=True,
+        retired=["embedding_hnswh_", "embedding_hnsw_"],
+    )
 
 
 def back_to_halfvec(apps, schema_editor):
