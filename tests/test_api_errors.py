@@ -184,7 +184,7 @@ def test_integers_beyond_64_bits_keep_every_digit(api, cid):
 
 
 def test_rendering_keeps_text_and_the_datetime_format(api, cid):
-    text = "naïve café — 日本語 😀 \\\" </script>"
+    text = 'naïve café — 日本語 😀 \\" </script>'
     created = api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": text}).json()
     assert created["text"] == text
     # ninja's encoder format: milliseconds and Z, whichever encoder wrote it.
@@ -198,15 +198,32 @@ def test_rendering_keeps_text_and_the_datetime_format(api, cid):
     "doc",
     [
         b'{"a": 1, "a": 2}',
-        b'[1.5e308, -0.0, 0.1, 1E5, 5e-324, 18446744073709551615, -9223372036854775808]',
+        b"[1.5e308, -0.0, 0.1, 1E5, 5e-324, 18446744073709551615, -9223372036854775808]",
         b'["\\u0000", "\\ud83d\\ude00", "\xc3\xa9"]',
         b'\xef\xbb\xbf{"bom": true}',
         b'{"n": 12345678901234567890123}',
-        b'  [ ]  ',
+        b"[-12345678901234567890, 123456789012345678901.5]",
+        b"[0.00012345678901234567891, 1e-000000000000000000001, 1.5e+00000000000000000000300]",
+        b"  [ ]  ",
     ],
 )
 def test_fast_parser_agrees_with_the_standard_library(doc):
     assert common.json_loads(doc) == json.loads(doc)
+
+
+def test_a_vector_of_small_numbers_is_parsed_by_the_fast_parser(monkeypatch):
+    """Small values write long digit runs (0.00012345678901234567): only an integer of 20+
+    digits needs the exact parser, so a vector body must not fall back to it (10x slower)."""
+    body = json.dumps({"query_vector": [1.2345678901234567e-4, -3.2e-7, 0.5] * 128}).encode()
+    assert re.search(rb"\d{20}", body)  # the run that used to send it to the slow parser
+
+    def slow(*args, **kwargs):
+        raise AssertionError("the exact parser ran")
+
+    monkeypatch.setattr(common.json, "loads", slow)
+    assert common.json_loads(body) == {"query_vector": [1.2345678901234567e-4, -3.2e-7, 0.5] * 128}
+    with pytest.raises(AssertionError):
+        common.json_loads(b'{"n": 123456789012345678901}')
 
 
 @pytest.mark.parametrize(
@@ -227,4 +244,6 @@ def test_fast_renderer_writes_what_ninjas_encoder_writes():
     b = a.astimezone(timezone(timedelta(hours=2)))  # equal to `a`, written differently
     data = {"x": [a, a, b, a, a.date(), Decimal("1.10")], "t": "é\u2028<", "n": 2**70}
     for value in (data, {"x": [a, b, a, b]}):
-        assert json.loads(common.json_dumps(value)) == json.loads(json.dumps(value, cls=NinjaJSONEncoder))
+        assert json.loads(common.json_dumps(value)) == json.loads(
+            json.dumps(value, cls=NinjaJSONEncoder)
+        )

@@ -100,9 +100,11 @@ def step_for(request: HttpRequest, step_id: int) -> Step:
 # orjson refuses what the strict parser refuses (NaN/Infinity literals, numbers that overflow a
 # double, raw control characters), so the fallback only runs on input orjson cannot represent
 # exactly: lone surrogates (kept so the field checks answer 422 as before), a byte-order mark,
-# integers beyond 64 bits (orjson would round them to floats; 20 digits in a row sends the body
-# to the exact parser) and every malformed body (so the 400's message is unchanged).
-_LONG_DIGITS = re.compile(rb"\d{20}")
+# integers beyond 64 bits (orjson would round them to floats; 20 digits in a row that are not a
+# fraction's or an exponent's send the body to the exact parser) and every malformed body (so
+# the 400's message is unchanged). A fraction is excluded because small numbers write long runs:
+# 0.00012345678901234567 is one float, and vectors hold many of them.
+_LONG_DIGITS = re.compile(rb"(?<![\d.eE])(?<![eE][+-])\d{20}")
 
 
 def _reject_constant(name: str):
