@@ -192,3 +192,43 @@ def test_quick_peers_run_prints_ours_over_each_peer(tmp_path):
     # Every row has both figures and the ratio ours ÷ peer.
     assert all(cells[2] and cells[3] and cells[4].endswith("×") for cells in rows), rows
     assert "## Peers" in out.read_text()
+
+
+def _local_intrinsic_dimension(vectors: np.ndarray, *, k: int = 20, queries: int = 500) -> float:
+    """Levina-Bickel MLE of the local intrinsic dimension over `k` neighbours (unit vectors)."""
+    rng = np.random.default_rng(0)
+    sample = vectors[rng.choice(len(vectors), queries, replace=False)]
+    dist = np.sqrt(np.maximum(2 - 2 * sample @ vectors.T, 0))
+    dist.sort(axis=1)
+    near = np.maximum(dist[:, 1 : k + 1], 1e-9)  # column 0 is the query itself
+    return float(np.mean(-1 / np.mean(np.log(near[:, :-1] / near[:, -1:]), axis=1)))
+
+
+def test_benchmark_vectors_spread_like_real_embeddings_where_a_large_context_searches():
+    """Within one subtopic (where a big context's nearest neighbours lie) the default vectors have
+    the local intrinsic dimension of real MiniLM sentence vectors (≈ 20); the isotropic stress
+    vectors (`--local-dims 0`) are near-equidistant points of a far higher dimension."""
+    from memory_app.bench.dataset import Generator
+
+    def one_subtopic(local_dims: int) -> np.ndarray:
+        gen = Generator(Sizes(local_dims=local_dims))
+        vectors = gen.vectors(np.zeros(3000, dtype=int), np.zeros(3000, dtype=int))
+        assert vectors.shape == (3000, 384)
+        assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+        return vectors
+
+    assert 15 <= _local_intrinsic_dimension(one_subtopic(Sizes().local_dims)) <= 26
+    assert _local_intrinsic_dimension(one_subtopic(0)) > 60
+
+
+def test_a_dataset_built_before_the_spread_existed_is_not_reused_as_todays():
+    from memory_app.bench.dataset import Dataset
+
+    stored = Dataset(
+        sizes=Sizes(), largest_context_id=1, small_context_id=2, long_run_id=1, transcript_run_id=2
+    ).to_json()
+    older = stored.replace(f', "local_dims": {Sizes().local_dims}', "")
+    assert older != stored
+    assert Dataset.from_json(stored).sizes == Sizes()
+    assert Dataset.from_json(older).sizes.local_dims == 0
+    assert Dataset.from_json(older).sizes != Sizes()

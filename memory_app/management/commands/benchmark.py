@@ -81,6 +81,14 @@ class Command(BaseCommand):
             help=f"steps of the longest run (default {d.max_steps:,})",
         )
         parser.add_argument(
+            "--local-dims",
+            type=int,
+            default=None,
+            help=f"directions of each subtopic's vector spread (default {d.local_dims}, calibrated "
+            "on real sentence embeddings); 0: isotropic noise in every dimension, the stress-case "
+            "vectors of the reports before 2026-11-23",
+        )
+        parser.add_argument(
             "--samples",
             type=int,
             default=None,
@@ -130,7 +138,9 @@ class Command(BaseCommand):
             raise CommandError("--quick and --scale exclude each other")
         base = Sizes.quick() if quick else Sizes.scale() if scale else Sizes()
         overrides = {
-            k: opts[k] for k in ("messages", "contexts", "runs", "max_steps") if opts[k] is not None
+            k: opts[k]
+            for k in ("messages", "contexts", "runs", "max_steps", "local_dims")
+            if opts[k] is not None
         }
         sizes = Sizes(**{**base.as_dict(), **overrides})
         if sizes.max_steps < sizes.transcript_steps:
@@ -306,7 +316,14 @@ class Command(BaseCommand):
             + (" (quick mode: CI smoke check, figures mean nothing)" if quick else ""),
             f"- Dataset (own database `{db_name}`): {s.messages:,} messages over {s.contexts:,} contexts "
             f"(largest {data.largest_context_id and _count(data)}), {s.runs:,} runs (longest {s.max_steps:,} steps), "
-            f"{s.dims}-dimension vectors for every message (model `{data.model}`), psycopg {psycopg.__version__}",
+            f"{s.dims}-dimension vectors for every message (model `{data.model}`; "
+            + (
+                f"spread along {s.local_dims} directions per subtopic, local intrinsic dimension "
+                "near real sentence embeddings'"
+                if s.local_dims
+                else "isotropic noise in every dimension: the stress case"
+            )
+            + f"), psycopg {psycopg.__version__}",
             f"- Latencies: p50 / p95 over {samples} timed calls after a warm-up (baseline: fewer calls); "
             "server time is the time until the response is complete, through Django's full WSGI stack "
             "in-process (`django.test.Client`) with a real API key or a logged-in user.",
