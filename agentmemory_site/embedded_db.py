@@ -32,12 +32,64 @@ def embedded_database_url(data_dir: Path) -> str:
     data_dir.mkdir(parents=True, exist_ok=True)
     check_data_folder(data_dir)
     pgserver = _package(data_dir)
-    forget_dead_holders(pgserver.PostgresServer, data_dir / "pgdata")
+    pgdata = data_dir / "pgdata"
+    forget_dead_holders(pgserver.PostgresServer, pgdata)
+    started = pgdata.resolve() in pgserver.PostgresServer._instances
     server = pgserver.get_server(
-        data_dir / "pgdata", cleanup_mode="stop", postgres_version=POSTGRES_VERSION
+        pgdata, cleanup_mode="stop", postgres_version=POSTGRES_VERSION, start=False
     )
+    if not started:
+        with pgserver.PostgresServer._lock:
+            server.ensure_pgdata_inited()
+            write_server_settings(pgdata)
+        server.start()
     _ensure_database(server.get_uri("postgres"))
     return server.get_uri(DATABASE_NAME)
+
+
+SETTINGS_FILE = "agentmemory.conf"
+_INCLUDE = f"include_if_exists = '{SETTINGS_FILE}'"
+
+
+def server_settings(total_memory: int | None = None) -> dict[str, str]:
+    """The embedded server's memory settings, sized from the machine as an operator would size
+    them (PostgreSQL's own defaults assume 128 MB of shared buffers whatever the machine):
+    shared_buffers a quarter of the memory (between 128 MB and 8 GB), the planner's
+    effective_cache_size half of it. AGENTMEMORY_PG_SHARED_BUFFERS and
+    AGENTMEMORY_PG_EFFECTIVE_CACHE_SIZE (PostgreSQL units: '2GB') override them.
+
+    A searched vector index must stay in shared buffers: an HNSW walk reads thousands of index
+    pages, each a copy from the operating system's cache when it is not (at a million vectors
+    the index is ~1.2 GB)."""
+    if total_memory is None:
+        import psutil
+
+        total_memory = psutil.virtual_memory().total
+    mb = total_memory // (1024 * 1024)
+    shared = min(max(mb // 4, 128), 8192)
+    return {
+        "shared_buffers": os.environ.get("AGENTMEMORY_PG_SHARED_BUFFERS") or f"{shared}MB",
+        "effective_cache_size": os.environ.get("AGENTMEMORY_PG_EFFECTIVE_CACHE_SIZE")
+        or f"{max(mb // 2, 512)}MB",
+    }
+
+
+def write_server_settings(pgdata: Path) -> None:
+    """Write `server_settings()` to pgdata/agentmemory.conf, included from postgresql.conf; read
+    when the server starts (a server already running keeps its values until it restarts)."""
+    values = server_settings()
+    for name, value in values.items():
+        if not value.replace(" ", "").isalnum():
+            raise ValueError(f"{name} {value!r} is not a PostgreSQL size such as '2GB'")
+    (pgdata / SETTINGS_FILE).write_text(
+        "# Written by agentmemory at each start of its embedded server (embedded_db.server_settings);\n"
+        "# set AGENTMEMORY_PG_SHARED_BUFFERS / AGENTMEMORY_PG_EFFECTIVE_CACHE_SIZE to change it.\n"
+        + "".join(f"{name} = '{value}'\n" for name, value in values.items())
+    )
+    conf = pgdata / "postgresql.conf"
+    text = conf.read_text()
+    if _INCLUDE not in text.splitlines():
+        conf.write_text(text + ("" if text.endswith("\n") else "\n") + _INCLUDE + "\n")
 
 
 def check_data_folder(data_dir: Path) -> None:
@@ -184,7 +236,9 @@ def _ensure_database(admin_url: str) -> None:
     from psycopg import sql
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE_NAME]).fetchone()
+        exists = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE_NAME]
+        ).fetchone()
         if not exists:
             try:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE_NAME)))
@@ -215,7 +269,9 @@ def main(argv: list[str]) -> int:
     except OldDataFolder as exc:
         print(exc, file=sys.stderr)
         return 1
-    print(f"upgraded {data_dir / 'pgdata'} to PostgreSQL {POSTGRES_VERSION}; old folder kept: {old}")
+    print(
+        f"upgraded {data_dir / 'pgdata'} to PostgreSQL {POSTGRES_VERSION}; old folder kept: {old}"
+    )
     return 0
 
 

@@ -3,6 +3,7 @@ earlier PostgreSQL 16 server (a clear stop, never a silent loss; the documented 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -175,3 +176,69 @@ def test_pgvector_older_than_08_is_refused_with_the_fix():
     assert "needs pgvector >= 0.8" in pgvector_problem(None, "0.7.4")
     assert "no pgvector extension" in pgvector_problem(None, None)
     assert "needs pgvector >= 0.8" in pgvector_problem("0.5.1", None)
+
+
+SIZED_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, warnings
+    warnings.simplefilter("ignore")
+    from pathlib import Path
+    import psycopg
+    from agentmemory_site.embedded_db import embedded_database_url, server_settings
+    url = embedded_database_url(Path(sys.argv[1]))
+    with psycopg.connect(url) as conn:
+        got = [conn.execute(f"SELECT pg_size_bytes(current_setting('{name}'))").fetchone()[0]
+               for name in ("shared_buffers", "effective_cache_size")]
+        want = [conn.execute("SELECT pg_size_bytes(%s)", [value]).fetchone()[0]
+                for value in server_settings().values()]
+    print("SIZES " + json.dumps([got, want]))
+    """
+)
+
+
+def _sized(data_dir: Path, **env: str) -> tuple[list[int], list[int]]:
+    out = subprocess.run(
+        [sys.executable, "-c", SIZED_SCRIPT, str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        cwd=ROOT,
+        env={**{k: v for k, v in os.environ.items() if k != "DATABASE_URL"}, **env},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("SIZES"))
+    got, want = json.loads(line.removeprefix("SIZES "))
+    return got, want
+
+
+def test_embedded_server_is_sized_for_the_machine_and_follows_the_settings():
+    """PostgreSQL's defaults (128 MB of shared buffers) would leave a searched HNSW index in the
+    operating system's cache: the embedded server sizes itself at each start."""
+    from agentmemory_site.embedded_db import server_settings
+
+    assert server_settings(24 * 1024**3) == {
+        "shared_buffers": "6144MB",
+        "effective_cache_size": "12288MB",
+    }
+    assert server_settings(256 * 1024**2)["shared_buffers"] == "128MB"
+    assert server_settings(256 * 1024**3)["shared_buffers"] == "8192MB"
+
+    base = Path(tempfile.mkdtemp(prefix="agentmemory-sized-"))
+    os.chmod(base, 0o755)  # the server runs as its own system user under root
+    try:
+        got, want = _sized(base / "var")
+        assert got == want and got[0] > 128 * 1024**2
+        conf = (base / "var" / "pgdata" / "postgresql.conf").read_text()
+        assert conf.count("include_if_exists = 'agentmemory.conf'") == 1
+        # A restart takes the operator's values; the include line is not added twice.
+        got, want = _sized(
+            base / "var",
+            AGENTMEMORY_PG_SHARED_BUFFERS="200MB",
+            AGENTMEMORY_PG_EFFECTIVE_CACHE_SIZE="1GB",
+        )
+        assert got == want == [200 * 1024**2, 1024**3]
+        conf = (base / "var" / "pgdata" / "postgresql.conf").read_text()
+        assert conf.count("include_if_exists = 'agentmemory.conf'") == 1
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
