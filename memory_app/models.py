@@ -388,14 +388,19 @@ class Embedding(models.Model):
     meanwhile, so none is ever unsearchable.
     """
 
+    # No single-column indexes on the three keys: the unique (message, model) and (memory_record,
+    # model) indexes and (context, model) lead with them and serve their lookups and cascades.
     message = models.ForeignKey(
-        Message, on_delete=models.CASCADE, null=True, blank=True, related_name="embeddings"
+        Message, on_delete=models.CASCADE, null=True, blank=True, related_name="embeddings", db_index=False
     )
     memory_record = models.ForeignKey(
-        MemoryRecord, on_delete=models.CASCADE, null=True, blank=True, related_name="embeddings"
+        MemoryRecord, on_delete=models.CASCADE, null=True, blank=True, related_name="embeddings",
+        db_index=False,
     )
     # Denormalised so a semantic search can filter one context without a join.
-    context = models.ForeignKey(Context, on_delete=models.CASCADE, null=True, blank=True, related_name="+")
+    context = models.ForeignKey(
+        Context, on_delete=models.CASCADE, null=True, blank=True, related_name="+", db_index=False
+    )
     model = models.CharField(max_length=200)
     dimensions = models.IntegerField(null=True, blank=True)
     vector = VectorField(null=True, blank=True)

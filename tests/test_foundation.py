@@ -130,6 +130,23 @@ def test_full_text_and_vector_infrastructure_exists():
     assert any("seq DESC" in d and "pruned_at IS NULL" in d for d in defs)
 
 
+@pytest.mark.django_db
+def test_embedding_keys_are_indexed_once_each():
+    """message, memory_record and context each lead exactly one index of the embedding table (a
+    single-column index beside a composite that leads with the column is storage for nothing)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT a.attname, count(*) FROM pg_index x
+            JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = x.indkey[0]
+            WHERE x.indrelid = 'memory_app_embedding'::regclass
+            GROUP BY a.attname
+            """
+        )
+        leading = dict(cursor.fetchall())
+    assert leading["message_id"] == leading["memory_record_id"] == leading["context_id"] == 1
+
+
 def test_migrations_apply_from_zero_on_an_empty_database():
     name = f"am_migrate_{os.getpid()}"
     with psycopg.connect(_url_for("postgres"), autocommit=True) as admin:
