@@ -194,13 +194,15 @@ AGENTMEMORY_HNSW_EF_SEARCH_STEPS = sorted(
     for size, ef in (
         step.split(":")
         for step in os.environ.get(
-            "AGENTMEMORY_HNSW_EF_SEARCH_STEPS", "0:40,50000:100,250000:200,1000000:320"
+            "AGENTMEMORY_HNSW_EF_SEARCH_STEPS", "0:40,100000:64,1000000:100"
         ).split(",")
         if step.strip()
     )
 )
 AGENTMEMORY_HNSW_M = int(os.environ.get("AGENTMEMORY_HNSW_M", "16"))
-AGENTMEMORY_HNSW_EF_CONSTRUCTION = int(os.environ.get("AGENTMEMORY_HNSW_EF_CONSTRUCTION", "64"))
+# 128, not pgvector's 64: a filtered walk (one context of a large store) finds the context's
+# nearest vectors far more often in the better-connected graph (docs/benchmarks-1m.md).
+AGENTMEMORY_HNSW_EF_CONSTRUCTION = int(os.environ.get("AGENTMEMORY_HNSW_EF_CONSTRUCTION", "128"))
 # A batch holding at least this many client vectors is stored without inserting them into the
 # HNSW graph (COPY speed); the indexer adds them in the background and searches scan them
 # exactly meanwhile (README "Embeddings and search"). 0 defers every batch.

@@ -345,12 +345,18 @@ def store_size(model: str, dims: int) -> int:
     return size
 
 
-def ef_search_for(store: int, limit: int) -> int:
+def ef_search_for(store: int, limit: int, share: int | None = None) -> int:
     """hnsw.ef_search for a store of `store` vectors: `AGENTMEMORY_HNSW_EF_SEARCH` when set,
     else grown with the store (a bigger graph needs a longer candidate list for the same recall)
     along `AGENTMEMORY_HNSW_EF_SEARCH_STEPS`, log-linearly between two steps (the store size is
     the planner's estimate: 999,963 and 1,000,000 must get about the same); never below twice
-    the rows asked for."""
+    the rows asked for.
+
+    `share`: how many of the store's vectors the search's filter keeps (one context's). The
+    iterative scan finds `limit` of them however few they are, but the further the walk goes
+    past its first candidate list the likelier it is to step over some of the nearest: a filter
+    keeping a small share gets a longer list, by the square root of store / share (a context of
+    30,000 vectors in a store of 1,200,000: 6.3 times), up to MAX_EF_SEARCH."""
     base = settings.AGENTMEMORY_HNSW_EF_SEARCH
     if not base:
         steps = settings.AGENTMEMORY_HNSW_EF_SEARCH_STEPS or [(0, 40)]
@@ -359,18 +365,20 @@ def ef_search_for(store: int, limit: int) -> int:
             if store >= next_size:
                 base = next_ef
             elif store > size > 0:
-                share = math.log(store / size) / math.log(next_size / size)
-                base = round(ef + (next_ef - ef) * share)
+                step = math.log(store / size) / math.log(next_size / size)
+                base = round(ef + (next_ef - ef) * step)
                 break
             else:
                 break
+        if share and 0 < share < store:
+            base = math.ceil(base * math.sqrt(store / share))
     return max(1, min(max(base, 2 * limit), MAX_EF_SEARCH))
 
 
 def hnsw_settings_sql(*, model: str, dims: int, limit: int, share: int | None) -> str:
     """SET LOCAL statements for one HNSW query (only ints, no parameters: one round trip)."""
     store = store_size(model, dims)
-    ef = ef_search_for(store, limit)
+    ef = ef_search_for(store, limit, share)
     # To find `limit` rows of a filter keeping `share` of `store` rows, the walk visits about
     # limit * store / share rows; four times that, so a clustered filter still gets its rows.
     share = max(share or store or 1, 1)

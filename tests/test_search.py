@@ -418,3 +418,18 @@ def test_ef_search_grows_with_the_store_between_steps(settings, vectors, limit, 
     assert abs(search.ef_search_for(vectors, limit) - expected) <= 1
     settings.AGENTMEMORY_HNSW_EF_SEARCH = 64
     assert search.ef_search_for(vectors, 10) == 64
+
+
+def test_ef_search_grows_for_a_context_that_is_a_small_share_of_the_store(settings):
+    """A filtered walk gets a longer candidate list the smaller the filter's share (square root
+    of store / share), never above the cap; a fixed AGENTMEMORY_HNSW_EF_SEARCH stays fixed."""
+    settings.AGENTMEMORY_HNSW_EF_SEARCH = 0
+    settings.AGENTMEMORY_HNSW_EF_SEARCH_STEPS = [(0, 40), (100_000, 64), (1_000_000, 100)]
+    store = 1_200_000
+    assert search.ef_search_for(store, 10) == 100
+    assert search.ef_search_for(store, 10, store) == 100  # the whole store: no filter to pay for
+    assert search.ef_search_for(store, 10, 1_000_000) == 110
+    assert search.ef_search_for(store, 10, 30_000) == 633
+    assert search.ef_search_for(store, 10, 300) == search.MAX_EF_SEARCH
+    settings.AGENTMEMORY_HNSW_EF_SEARCH = 64
+    assert search.ef_search_for(store, 10, 30_000) == 64

@@ -346,9 +346,11 @@ def _recall(b: Bench, label: str, cid: int) -> None:
         for i in embeddings.built_indexes()
         if (i.model, i.dimensions) == (b.data.model, b.data.sizes.dims)
     ]
+    store = search.store_size(b.data.model, b.data.sizes.dims)
+    share = Context.objects.get(pk=cid).message_count
     settings_text = (
         f"path {'/'.join(sorted(paths))}; HNSW {' / '.join(built) or 'index not found'}, "
-        f"ef_search={search.ef_search_for(search.store_size(b.data.model, b.data.sizes.dims), SEARCH_K)}, "
+        f"ef_search={search.ef_search_for(store, SEARCH_K, share)} (store {store:,}, context {share:,}), "
         "iterative scan; "
         f"exact scan below {settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD:,} messages per context; {n_queries} queries"
     )
