@@ -270,10 +270,13 @@ def nearest_vectors(
     rows, faster than the index."""
     dims = int(len(vector))
     literal = vector_literal(vector)
-    distance = f"e.vector::vector({dims}) <=> %s::vector({dims})"
+    # The query vector is written once (384 numbers of text, parsed once by the server) and
+    # referenced from each part; an uncorrelated subquery is a parameter the index scan takes.
+    query_cte = f"q AS MATERIALIZED (SELECT %s::vector({dims}) AS v)"
+    distance = f"e.vector::vector({dims}) <=> (SELECT v FROM q)"  # noqa: S608 - dims is an int
     # The walk orders by the index's expression (half precision); the rows it keeps are then
     # ranked by their full-precision distance.
-    walk_distance = f"e.vector::halfvec({dims}) <=> %s::halfvec({dims})"
+    walk_distance = f"e.vector::halfvec({dims}) <=> (SELECT v::halfvec({dims}) FROM q)"  # noqa: S608
     rows = f"""
         FROM memory_app_embedding e {join_sql}
         WHERE e.model = %s AND e.dimensions = {dims} AND e.vector IS NOT NULL AND {where_sql}
@@ -285,7 +288,7 @@ def nearest_vectors(
         # batch still waiting for the indexer are scanned exactly (through their small partial
         # index) and merged by distance, so they are found at once.
         sql = f"""
-            WITH nearest AS MATERIALIZED (
+            WITH {query_cte}, nearest AS MATERIALIZED (
                 SELECT e.{item_column} AS item_id, {distance} AS distance {rows} AND e.indexed
                 ORDER BY {walk_distance} LIMIT %s
             ), waiting AS MATERIALIZED (
@@ -295,7 +298,7 @@ def nearest_vectors(
             SELECT item_id, distance, false FROM nearest
             UNION ALL SELECT item_id, distance, true FROM waiting
         """  # noqa: S608
-        args = [literal, model, *params, literal, limit, literal, model, *params, limit]
+        args = [literal, model, *params, limit, model, *params, limit]
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(hnsw_settings_sql(model=model, dims=dims, limit=limit, share=share))
             cursor.execute(sql, args)
@@ -306,6 +309,7 @@ def nearest_vectors(
             return hits[:limit], "hnsw" if len(found) == walked else "hnsw+pending"
     # OFFSET 0 keeps the subquery apart, so the ORDER BY cannot be answered by the HNSW index.
     sql = f"""
+        WITH {query_cte}
         SELECT item_id, distance FROM (
             SELECT e.{item_column} AS item_id, {distance} AS distance {rows} OFFSET 0
         ) s ORDER BY distance, item_id LIMIT %s
@@ -510,7 +514,8 @@ def search_messages(
             ),
         )
     order = order[:k]
-    messages = Message.objects.in_bulk([mid for mid, _ in order])
+    # The stored tsvector (half of a row) is not part of a hit.
+    messages = Message.objects.defer("search_vector").in_bulk([mid for mid, _ in order])
     hits = []
     for rank, (mid, score) in enumerate(order, start=1):
         hits.append(

@@ -285,7 +285,7 @@ def test_hnsw_path_on_a_large_context_returns_k_results_of_that_context(store, s
     assert "embedding_context_model_idx" not in plan and "Seq Scan" not in plan, plan
     # The walk is the index of indexed rows (its predicate ends with `AND indexed`) and sorts
     # nothing; the rows still waiting for the indexer come from their small partial index.
-    walk, waiting = plan.split("CTE Scan")[0].split("CTE nearest")[1].split("CTE waiting")
+    walk, waiting = plan.split("CTE Scan on nearest")[0].split("CTE nearest")[1].split("CTE waiting")
     assert "Sort" not in walk, plan
     assert "embedding_unindexed" in waiting and "Seq Scan" not in waiting, plan
     with connection.cursor() as cur:
