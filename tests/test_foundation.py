@@ -15,7 +15,7 @@ import pytest
 from django.conf import settings
 from django.db import IntegrityError, connection, connections, transaction
 
-from memory_app import logbook
+from memory_app import logbook, tokens
 from memory_app.models import Context, Message, Run, Step, keys_digest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -362,3 +362,46 @@ def test_concurrent_appends_of_the_same_client_id_store_one_message_and_leave_no
     assert seqs == list(range(1, rounds + 1))
     context.refresh_from_db()
     assert (context.last_seq, context.message_count) == (rounds, rounds)
+
+
+@pytest.mark.django_db
+def test_a_large_batch_counts_each_new_message_once_and_keeps_the_context_total(monkeypatch):
+    """COPY batches count tokens inside the COPY stream, chunk by chunk; repeats of stored
+    client ids are not counted at all, and the context's total is the sum of the stored rows."""
+    context, _ = logbook.context_get_or_create(keys={"u": "copy-counts"})
+    n = logbook.COPY_CHUNK * 2 + 7  # several chunks and a partial one
+    items = [
+        {
+            "client_id": f"k{i}",
+            "role": "user",
+            "text": " ".join(["word"] * (i % 13 + 1)),
+            "content": [{"type": "tool_use", "id": f"t{i}", "name": "f", "input": {}}]
+            if i % 4 == 0
+            else None,
+        }
+        for i in range(n)
+    ]
+    logbook.messages_append(context=context, items=items[:40])
+    encoding = tokens.get_encoding()
+    counted: list[str] = []
+
+    class Spy:
+        def encode_ordinary(self, text):
+            counted.append(text)
+            return encoding.encode_ordinary(text)
+
+    monkeypatch.setattr(tokens, "get_encoding", lambda name=None: Spy())
+    result = logbook.messages_append(context=context, items=items)
+    assert result.created == [False] * 40 + [True] * (n - 40)
+    assert len(counted) == n - 40  # only the new ones
+    expected = [
+        len(encoding.encode_ordinary(tokens.token_text(i["text"], i["content"]))) for i in items
+    ]
+    stored = list(
+        Message.objects.filter(context=context)
+        .order_by("seq")
+        .values_list("token_count", flat=True)
+    )
+    assert stored == expected == [m.token_count for m in result.messages]
+    context.refresh_from_db()
+    assert (context.message_count, context.last_seq, context.token_count) == (n, n, sum(expected))
