@@ -8,7 +8,11 @@ differ when it is not.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -171,6 +175,36 @@ class AppendResult:
         return any(self.created)
 
 
+_gc_lock = threading.Lock()
+_gc_pauses = 0
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside the block (nested and concurrent uses count).
+
+    A 1,000-message batch allocates ~13,000 container objects (parsed items, rows, echo) that
+    live until its response is written: about 20 young collections ran during it and moved
+    them to the oldest generation, so every few batches a full collection walked the whole
+    heap (80-95 ms, ≈ 15 ms a batch on average). Paused, they are freed by reference counting
+    when the request ends and never promoted; cycles made meanwhile wait for the next
+    collection. Only time changes, never what is stored or answered."""
+    global _gc_pauses, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
+
+
 def messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer: str | None = None) -> AppendResult:
     """Append messages to a context, all or nothing.
 
@@ -178,6 +212,13 @@ def messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer:
     source_timestamp and an optional client_id. Seqs are allocated under the context's row lock,
     so they are gap-free and strictly increasing whatever the number of concurrent writers.
     """
+    if len(items) < COPY_THRESHOLD:
+        return _messages_append(context=context, items=items, tokenizer=tokenizer)
+    with gc_paused():
+        return _messages_append(context=context, items=items, tokenizer=tokenizer)
+
+
+def _messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer: str | None) -> AppendResult:
     if not items:
         return AppendResult(messages=[])
     if len(items) > MAX_BATCH:

@@ -405,3 +405,36 @@ def test_a_large_batch_counts_each_new_message_once_and_keeps_the_context_total(
     assert stored == expected == [m.token_count for m in result.messages]
     context.refresh_from_db()
     assert (context.message_count, context.last_seq, context.token_count) == (n, n, sum(expected))
+
+
+@pytest.mark.django_db
+def test_a_large_batch_runs_without_cyclic_gc_and_restores_it(monkeypatch):
+    """Large batches pause the cyclic collector (logbook.gc_paused): their ~13 objects per
+    message would otherwise be promoted to the oldest generation and trigger full collections.
+    It is back on afterwards, also after a failure, and stays off if it was off."""
+    import gc
+
+    context, _ = logbook.context_get_or_create(keys={"u": "gc-paused"})
+    encoding = tokens.get_encoding()
+    seen: list[bool] = []
+
+    class Spy:
+        def encode_ordinary(self, text):
+            seen.append(gc.isenabled())
+            return encoding.encode_ordinary(text)
+
+    monkeypatch.setattr(tokens, "get_encoding", lambda name=None: Spy())
+    items = [{"role": "user", "text": f"m{i}"} for i in range(logbook.COPY_THRESHOLD)]
+    assert gc.isenabled()
+    logbook.messages_append(context=context, items=items)
+    assert seen and not any(seen) and gc.isenabled()
+    with pytest.raises(logbook.Invalid):
+        logbook.messages_append(context=context, items=[*items, {"role": "user", "vector": [1.0]}])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with logbook.gc_paused(), logbook.gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
