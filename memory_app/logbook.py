@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,8 +21,10 @@ from typing import Any
 import orjson
 from django.db import IntegrityError, connection, transaction
 from django.db.models import BooleanField, F, Max, Min, Sum
+from django.db.models.base import ModelState
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
+from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
 from memory_app import tokens
@@ -329,6 +332,30 @@ def _new_message(**values: Any) -> Message:
     return Message(*[values[a] if a in values else f.get_default() for a, f in _MESSAGE_COLUMNS])
 
 
+def _message_factory():
+    """What `_new_message` builds, for a batch: when nothing listens to the model's pre_init /
+    post_init signals, the instance's `__dict__` is filled directly (what `Model.__init__`'s
+    per-field setattr leaves there for a new instance: no related object is cached yet), in a
+    third of the time (≈ 4 against 12 µs a row)."""
+    if pre_init.has_listeners(Message) or post_init.has_listeners(Message):
+        return _new_message
+    new, state, defaults = Message.__new__, ModelState, _MESSAGE_COLUMNS
+
+    def build(**values: Any) -> Message:
+        if unknown := values.keys() - _MESSAGE_ATTNAMES:
+            raise TypeError(f"Message has no field {sorted(unknown)[0]!r}")
+        row = new(Message)
+        row._state = state()
+        fields = row.__dict__
+        fields.update(values)
+        for attname, f in defaults:
+            if attname not in fields:
+                fields[attname] = f.get_default()
+        return row
+
+    return build
+
+
 # From this many rows on, COPY beats a multi-row INSERT: psycopg merges every parameter of an
 # INSERT into its text (19 per message) and Django compiles it, ~200 ms for 1,000 messages.
 COPY_THRESHOLD = 50
@@ -351,6 +378,44 @@ def _json_text(value: Any) -> str:
         return json.dumps(value)
 
 
+# COPY's text format: one line per row, columns separated by tabs, NULL as \N; a backslash,
+# newline, carriage return or tab inside a value is written as a backslash escape.
+_COPY_SPECIAL = re.compile(r"[\\\n\r\t]")
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+_COPY_NULL = "\\N"
+
+
+def _copy_text(value: str) -> str:
+    return value.translate(_COPY_ESCAPES) if _COPY_SPECIAL.search(value) else value
+
+
+def _copy_array(values: list[str]) -> str:
+    """A text[] value as COPY text: an array literal with every element quoted."""
+    if not values:
+        return "{}"
+    quoted = ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+    return _copy_text("{" + quoted + "}")
+
+
+def _copy_line(values: tuple) -> str:
+    """One row in COPY text format (written here rather than by psycopg's per-value dumpers,
+    ≈ 4 against 11 µs a row): `int`, `str`, `list[str]` (text[]) or None; JSON and timestamps
+    come as their text already."""
+    out = []
+    for v in values:
+        if v is None:
+            out.append(_COPY_NULL)
+        elif type(v) is str:
+            out.append(_copy_text(v))
+        elif type(v) is int:
+            out.append(str(v))
+        elif type(v) is list:
+            out.append(_copy_array(v))
+        else:
+            raise TypeError(f"cannot write {type(v).__name__} to COPY text")
+    return "\t".join(out) + "\n"
+
+
 def _copy_messages(
     *, context_id: int, specs: list[tuple[str | None, dict[str, Any]]], first_seq: int, tokenizer: str
 ) -> list[Message]:
@@ -367,8 +432,10 @@ def _copy_messages(
     CPU than it overlapped)."""
     table = Message._meta.db_table
     now = timezone.now()
+    stamp = now.isoformat()
     encode = tokens.get_encoding(tokenizer).encode_ordinary
     token_text = tokens.token_text
+    build = _message_factory()
     rows: list[Message] = []
     with connection.cursor() as cursor:
         cursor.execute(
@@ -381,19 +448,21 @@ def _copy_messages(
             for lo in range(0, len(specs), COPY_CHUNK):
                 chunk = specs[lo:lo + COPY_CHUNK]
                 counts = [len(encode(token_text(d["text"], d["content"]))) for _, d in chunk]
+                lines = []
                 for offset, ((cid, d), count) in enumerate(zip(chunk, counts, strict=True), start=lo):
                     pk, seq = ids[offset], first_seq + offset
-                    r = _new_message(
+                    r = build(
                         id=pk, context_id=context_id, client_id=cid, seq=seq, tokenizer=tokenizer,
                         token_count=count, created_at=now, updated_at=now, **d,
                     )
                     rows.append(r)
-                    copy.write_row((
+                    lines.append(_copy_line((
                         pk, context_id, seq, cid, r.role, r.name, r.text,
                         None if r.content is None else _json_text(r.content), list(r.tags),
                         _json_text(r.metadata), r.run_id, r.step_id, count, tokenizer, r.source_timestamp,
-                        now, now, r.pruned_by, None if r.key_order is None else _json_text(r.key_order),
-                    ))
+                        stamp, stamp, r.pruned_by, None if r.key_order is None else _json_text(r.key_order),
+                    )))
+                copy.write("".join(lines))
     return rows
 
 

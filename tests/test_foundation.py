@@ -438,3 +438,52 @@ def test_a_large_batch_runs_without_cyclic_gc_and_restores_it(monkeypatch):
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@pytest.mark.django_db
+def test_the_copy_path_stores_awkward_values_as_the_insert_path_does():
+    """The COPY path writes its own text format (escapes, NULLs, array literals): every awkward
+    value must come back exactly as the INSERT path (small batches) stores it."""
+    awkward = [
+        "tab\there",
+        "new\nline and\r\ncrlf",
+        "back\\slash \\N \\t \\\\",
+        'quote " and {brace}, comma',
+        "NULL",
+        "",
+        " spaced ",
+        "naïve 日本語 😀",
+    ]
+
+    def items(prefix: str) -> list[dict]:
+        return [
+            {
+                "client_id": f"{prefix}{i}\t{awkward[i % len(awkward)]}",
+                "role": "user",
+                "name": awkward[(i + 1) % len(awkward)],
+                "text": awkward[i % len(awkward)],
+                "content": [{"type": "tool_use", "input": {"s": awkward[i % len(awkward)]}}],
+                "tags": [awkward[i % len(awkward)], awkward[(i + 3) % len(awkward)]],
+                "metadata": {awkward[(i + 2) % len(awkward)]: awkward[i % len(awkward)]},
+                "source_timestamp": awkward[(i + 4) % len(awkward)][:64],
+            }
+            for i in range(logbook.COPY_THRESHOLD + 5)
+        ]
+
+    fields = ("role", "name", "text", "content", "tags", "metadata", "source_timestamp")
+    copied, _ = logbook.context_get_or_create(keys={"u": "awkward-copy"})
+    inserted, _ = logbook.context_get_or_create(keys={"u": "awkward-insert"})
+    big = items("c")
+    logbook.messages_append(context=copied, items=big)
+    small = items("i")
+    for lo in range(0, len(small), logbook.COPY_THRESHOLD - 1):
+        logbook.messages_append(context=inserted, items=small[lo : lo + logbook.COPY_THRESHOLD - 1])
+
+    def stored(context):
+        return [
+            (m.client_id[1:], m.token_count, *(getattr(m, f) for f in fields))
+            for m in Message.objects.filter(context=context).order_by("seq")
+        ]
+
+    assert stored(copied) == stored(inserted)
+    assert [s[2:] for s in stored(copied)] == [tuple(i[f] for f in fields) for i in big]
