@@ -389,18 +389,23 @@ def _copy_text(value: str) -> str:
     return value.translate(_COPY_ESCAPES) if _COPY_SPECIAL.search(value) else value
 
 
-def _copy_array(values: list[str]) -> str:
-    """A text[] value as COPY text: an array literal with every element quoted."""
+def _copy_array(values: list) -> str:
+    """A text[] value as COPY text: an array literal with every element quoted (None is a NULL
+    element, anything else its `str`, as Django's ArrayField of CharField writes it)."""
     if not values:
         return "{}"
-    quoted = ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+    quoted = ",".join(
+        "NULL" if v is None else '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+        for v in values
+    )
     return _copy_text("{" + quoted + "}")
 
 
 def _copy_line(values: tuple) -> str:
     """One row in COPY text format (written here rather than by psycopg's per-value dumpers,
-    ≈ 4 against 11 µs a row): `int`, `str`, `list[str]` (text[]) or None; JSON and timestamps
-    come as their text already."""
+    ≈ 4 against 11 µs a row): None, `int`, a list (text[]), anything else as its `str` (as
+    Django's CharField and TextField write it: a TextChoices member is its value); JSON and
+    timestamps come as their text already."""
     out = []
     for v in values:
         if v is None:
@@ -412,7 +417,7 @@ def _copy_line(values: tuple) -> str:
         elif type(v) is list:
             out.append(_copy_array(v))
         else:
-            raise TypeError(f"cannot write {type(v).__name__} to COPY text")
+            out.append(_copy_text(str(v)))
     return "\t".join(out) + "\n"
 
 

@@ -487,3 +487,36 @@ def test_the_copy_path_stores_awkward_values_as_the_insert_path_does():
 
     assert stored(copied) == stored(inserted)
     assert [s[2:] for s in stored(copied)] == [tuple(i[f] for f in fields) for i in big]
+
+
+@pytest.mark.django_db
+def test_the_copy_path_writes_other_python_types_as_the_insert_path_does():
+    """Domain callers may pass a TextChoices role, non-string names or tags, or None inside
+    tags: COPY text is written as Django's CharField / ArrayField would write it."""
+    from memory_app.models import MessageRole
+
+    def items(prefix: str, n: int) -> list[dict]:
+        return [
+            {
+                "client_id": f"{prefix}{i}",
+                "role": MessageRole.ASSISTANT,
+                "name": 7,
+                "text": "typed",
+                "tags": [1, None, "x", 2.5],
+            }
+            for i in range(n)
+        ]
+
+    copied, _ = logbook.context_get_or_create(keys={"u": "typed-copy"})
+    inserted, _ = logbook.context_get_or_create(keys={"u": "typed-insert"})
+    logbook.messages_append(context=copied, items=items("c", logbook.COPY_THRESHOLD))
+    logbook.messages_append(context=inserted, items=items("i", 2))
+
+    def stored(context):
+        return {
+            (m.role, m.name, m.text, tuple(m.tags)) for m in Message.objects.filter(context=context)
+        }
+
+    assert (
+        stored(copied) == stored(inserted) == {("assistant", "7", "typed", ("1", None, "x", "2.5"))}
+    )
