@@ -71,6 +71,8 @@ MIDDLEWARE = [
     "memory_app.api.traces.OtlpErrorMiddleware",
     # API bodies over MAX_REQUEST_BODY_BYTES answer 413 before anything reads them.
     "memory_app.api.limits.RequestBodyLimitMiddleware",
+    # Large API bodies are parsed and answered with the cyclic GC paused (see there).
+    "memory_app.api.limits.BulkBodyGcMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

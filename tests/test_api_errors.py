@@ -211,19 +211,30 @@ def test_fast_parser_agrees_with_the_standard_library(doc):
     assert common.json_loads(doc) == json.loads(doc)
 
 
-def test_a_vector_of_small_numbers_is_parsed_by_the_fast_parser(monkeypatch):
-    """Small values write long digit runs (0.00012345678901234567): only an integer of 20+
-    digits needs the exact parser, so a vector body must not fall back to it (10x slower)."""
-    body = json.dumps({"query_vector": [1.2345678901234567e-4, -3.2e-7, 0.5] * 128}).encode()
-    assert re.search(rb"\d{20}", body)  # the run that used to send it to the slow parser
+@pytest.mark.parametrize(
+    "doc",
+    [
+        b"12345678901234567890",
+        b"[-12345678901234567890]",
+        b'{"f": 0.000123456789012345678901, "n": 123456789012345678901234}',
+        b'{"e": 1e-000000000000000000001, "s": "id-12345678901234567890"}',
+    ],
+)
+def test_long_integers_after_long_fractions_still_go_to_the_exact_parser(doc):
+    expected = json.loads(doc)
+    assert common.json_loads(doc) == expected
+    assert repr(common.json_loads(doc)) == repr(expected)  # ints stay ints, not rounded floats
 
-    def slow(*args, **kwargs):
-        raise AssertionError("the exact parser ran")
 
-    monkeypatch.setattr(common.json, "loads", slow)
-    assert common.json_loads(body) == {"query_vector": [1.2345678901234567e-4, -3.2e-7, 0.5] * 128}
-    with pytest.raises(AssertionError):
-        common.json_loads(b'{"n": 123456789012345678901}')
+def test_long_fractions_stay_on_the_fast_parser(monkeypatch):
+    # Python's json writes 20 digits in a row for every value in [1e-4, 1e-3): a vector body
+    # holds hundreds of them, and each used to send the whole body to the exact parser.
+    doc = json.dumps(
+        {"vector": [0.00012345678901234567, -0.000987654321098765, 0.5], "n": 2**63 - 1}
+    ).encode()
+    expected = json.loads(doc)
+    monkeypatch.setattr(common.json, "loads", lambda *a, **k: pytest.fail("exact parser used"))
+    assert common.json_loads(doc) == expected
 
 
 @pytest.mark.parametrize(

@@ -236,3 +236,30 @@ def test_invalid_message_is_422_and_stores_nothing(api, cid, body):
     assert response.status_code == 422, response.content
     assert "detail" in response.json()
     assert Message.objects.count() == 0
+
+
+def test_a_large_body_is_parsed_and_answered_with_the_cyclic_gc_paused(api, cid, monkeypatch):
+    """limits.BulkBodyGcMiddleware: from GC_PAUSE_MIN_BODY bytes on, parsing, the write and the
+    echo run without cyclic collections (their objects are never promoted to the oldest
+    generation); small bodies are untouched and the collector is back on afterwards."""
+    import gc
+
+    from memory_app.api import app as api_app
+    from memory_app.api import limits
+
+    seen: list[bool] = []
+    parse = api_app.common.json_loads
+
+    def spy(body):
+        seen.append(gc.isenabled())
+        return parse(body)
+
+    monkeypatch.setattr(api_app.common, "json_loads", spy)
+    text = "x" * 200
+    n = limits.GC_PAUSE_MIN_BODY // 200 + 1
+    big = api.post(url(cid, "/batch"), {"messages": [{"role": "user", "text": text}] * n})
+    assert big.status_code == 201, big.content
+    small = api.post(url(cid, "/batch"), {"messages": [{"role": "user", "text": text}]})
+    assert small.status_code == 201, small.content
+    assert seen == [False, True]
+    assert gc.isenabled()

@@ -15,7 +15,7 @@ import pytest
 from django.conf import settings
 from django.db import IntegrityError, connection, connections, transaction
 
-from memory_app import logbook
+from memory_app import logbook, tokens
 from memory_app.models import Context, Message, Run, Step, keys_digest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -379,3 +379,161 @@ def test_concurrent_appends_of_the_same_client_id_store_one_message_and_leave_no
     assert seqs == list(range(1, rounds + 1))
     context.refresh_from_db()
     assert (context.last_seq, context.message_count) == (rounds, rounds)
+
+
+@pytest.mark.django_db
+def test_a_large_batch_counts_each_new_message_once_and_keeps_the_context_total(monkeypatch):
+    """COPY batches count tokens inside the COPY stream, chunk by chunk; repeats of stored
+    client ids are not counted at all, and the context's total is the sum of the stored rows."""
+    context, _ = logbook.context_get_or_create(keys={"u": "copy-counts"})
+    n = logbook.COPY_CHUNK * 2 + 7  # several chunks and a partial one
+    items = [
+        {
+            "client_id": f"k{i}",
+            "role": "user",
+            "text": " ".join(["word"] * (i % 13 + 1)),
+            "content": [{"type": "tool_use", "id": f"t{i}", "name": "f", "input": {}}]
+            if i % 4 == 0
+            else None,
+        }
+        for i in range(n)
+    ]
+    logbook.messages_append(context=context, items=items[:40])
+    encoding = tokens.get_encoding()
+    counted: list[str] = []
+
+    class Spy:
+        def encode_ordinary(self, text):
+            counted.append(text)
+            return encoding.encode_ordinary(text)
+
+    monkeypatch.setattr(tokens, "get_encoding", lambda name=None: Spy())
+    result = logbook.messages_append(context=context, items=items)
+    assert result.created == [False] * 40 + [True] * (n - 40)
+    assert len(counted) == n - 40  # only the new ones
+    expected = [
+        len(encoding.encode_ordinary(tokens.token_text(i["text"], i["content"]))) for i in items
+    ]
+    stored = list(
+        Message.objects.filter(context=context)
+        .order_by("seq")
+        .values_list("token_count", flat=True)
+    )
+    assert stored == expected == [m.token_count for m in result.messages]
+    context.refresh_from_db()
+    assert (context.message_count, context.last_seq, context.token_count) == (n, n, sum(expected))
+
+
+@pytest.mark.django_db
+def test_a_large_batch_runs_without_cyclic_gc_and_restores_it(monkeypatch):
+    """Large batches pause the cyclic collector (logbook.gc_paused): their ~13 objects per
+    message would otherwise be promoted to the oldest generation and trigger full collections.
+    It is back on afterwards, also after a failure, and stays off if it was off."""
+    import gc
+
+    context, _ = logbook.context_get_or_create(keys={"u": "gc-paused"})
+    encoding = tokens.get_encoding()
+    seen: list[bool] = []
+
+    class Spy:
+        def encode_ordinary(self, text):
+            seen.append(gc.isenabled())
+            return encoding.encode_ordinary(text)
+
+    monkeypatch.setattr(tokens, "get_encoding", lambda name=None: Spy())
+    items = [{"role": "user", "text": f"m{i}"} for i in range(logbook.COPY_THRESHOLD)]
+    assert gc.isenabled()
+    logbook.messages_append(context=context, items=items)
+    assert seen and not any(seen) and gc.isenabled()
+    with pytest.raises(logbook.Invalid):
+        logbook.messages_append(context=context, items=[*items, {"role": "user", "vector": [1.0]}])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with logbook.gc_paused(), logbook.gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+@pytest.mark.django_db
+def test_the_copy_path_stores_awkward_values_as_the_insert_path_does():
+    """The COPY path writes its own text format (escapes, NULLs, array literals): every awkward
+    value must come back exactly as the INSERT path (small batches) stores it."""
+    awkward = [
+        "tab\there",
+        "new\nline and\r\ncrlf",
+        "back\\slash \\N \\t \\\\",
+        'quote " and {brace}, comma',
+        "NULL",
+        "",
+        " spaced ",
+        "naïve 日本語 😀",
+    ]
+
+    def items(prefix: str) -> list[dict]:
+        return [
+            {
+                "client_id": f"{prefix}{i}\t{awkward[i % len(awkward)]}",
+                "role": "user",
+                "name": awkward[(i + 1) % len(awkward)],
+                "text": awkward[i % len(awkward)],
+                "content": [{"type": "tool_use", "input": {"s": awkward[i % len(awkward)]}}],
+                "tags": [awkward[i % len(awkward)], awkward[(i + 3) % len(awkward)]],
+                "metadata": {awkward[(i + 2) % len(awkward)]: awkward[i % len(awkward)]},
+                "source_timestamp": awkward[(i + 4) % len(awkward)][:64],
+            }
+            for i in range(logbook.COPY_THRESHOLD + 5)
+        ]
+
+    fields = ("role", "name", "text", "content", "tags", "metadata", "source_timestamp")
+    copied, _ = logbook.context_get_or_create(keys={"u": "awkward-copy"})
+    inserted, _ = logbook.context_get_or_create(keys={"u": "awkward-insert"})
+    big = items("c")
+    logbook.messages_append(context=copied, items=big)
+    small = items("i")
+    for lo in range(0, len(small), logbook.COPY_THRESHOLD - 1):
+        logbook.messages_append(context=inserted, items=small[lo : lo + logbook.COPY_THRESHOLD - 1])
+
+    def stored(context):
+        return [
+            (m.client_id[1:], m.token_count, *(getattr(m, f) for f in fields))
+            for m in Message.objects.filter(context=context).order_by("seq")
+        ]
+
+    assert stored(copied) == stored(inserted)
+    assert [s[2:] for s in stored(copied)] == [tuple(i[f] for f in fields) for i in big]
+
+
+@pytest.mark.django_db
+def test_the_copy_path_writes_other_python_types_as_the_insert_path_does():
+    """Domain callers may pass a TextChoices role, non-string names or tags, or None inside
+    tags: COPY text is written as Django's CharField / ArrayField would write it."""
+    from memory_app.models import MessageRole
+
+    def items(prefix: str, n: int) -> list[dict]:
+        return [
+            {
+                "client_id": f"{prefix}{i}",
+                "role": MessageRole.ASSISTANT,
+                "name": 7,
+                "text": "typed",
+                "tags": [1, None, "x", 2.5],
+            }
+            for i in range(n)
+        ]
+
+    copied, _ = logbook.context_get_or_create(keys={"u": "typed-copy"})
+    inserted, _ = logbook.context_get_or_create(keys={"u": "typed-insert"})
+    logbook.messages_append(context=copied, items=items("c", logbook.COPY_THRESHOLD))
+    logbook.messages_append(context=inserted, items=items("i", 2))
+
+    def stored(context):
+        return {
+            (m.role, m.name, m.text, tuple(m.tags)) for m in Message.objects.filter(context=context)
+        }
+
+    assert (
+        stored(copied) == stored(inserted) == {("assistant", "7", "typed", ("1", None, "x", "2.5"))}
+    )

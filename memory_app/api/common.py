@@ -100,11 +100,30 @@ def step_for(request: HttpRequest, step_id: int) -> Step:
 # orjson refuses what the strict parser refuses (NaN/Infinity literals, numbers that overflow a
 # double, raw control characters), so the fallback only runs on input orjson cannot represent
 # exactly: lone surrogates (kept so the field checks answer 422 as before), a byte-order mark,
-# integers beyond 64 bits (orjson would round them to floats; 20 digits in a row that are not a
-# fraction's or an exponent's send the body to the exact parser) and every malformed body (so
-# the 400's message is unchanged). A fraction is excluded because small numbers write long runs:
-# 0.00012345678901234567 is one float, and vectors hold many of them.
-_LONG_DIGITS = re.compile(rb"(?<![\d.eE])(?<![eE][+-])\d{20}")
+# integers beyond 64 bits (orjson would round them to floats; 20 digits in a row that do not
+# follow a decimal point send the body to the exact parser) and every malformed body (so the
+# 400's message is unchanged).
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_TWENTY_DIGITS = b"0" * 20
+_DIGIT_RUN = re.compile(rb"[0-9]*")
+
+
+def _may_hold_long_integer(body: bytes) -> bool:
+    """True when `body` holds 20 digits in a row anywhere but after a decimal point.
+
+    Fraction digits are left out: they make a float whichever parser reads them, and a vector
+    written by Python's `json` puts 20 in a row in every value between 1e-4 and 1e-3
+    (`0.00012345678901234567`), which sent ~1,300 of a 1,000 × 384 body's numbers, and so the
+    whole body, to the exact parser (a tenth of orjson's speed). One pass of `bytes.translate`
+    and `find` instead of a regular expression: ≈ 0.2 ms against 3 ms for 300 KB of text.
+    """
+    masked = body.translate(_DIGITS_AS_ZERO)
+    at = masked.find(_TWENTY_DIGITS)
+    while at != -1:
+        if at == 0 or masked[at - 1] != ord("."):
+            return True
+        at = masked.find(_TWENTY_DIGITS, _DIGIT_RUN.match(body, at).end())
+    return False
 
 
 def _reject_constant(name: str):
@@ -120,7 +139,7 @@ def _finite_float(text: str) -> float:
 
 def json_loads(body: bytes) -> Any:
     """A request body as Python values: RFC 8259 only (NaN, Infinity, 1e400 are refused)."""
-    if not _LONG_DIGITS.search(body):
+    if not _may_hold_long_integer(body):
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
