@@ -54,7 +54,8 @@ _INCLUDE = f"include_if_exists = '{SETTINGS_FILE}'"
 def server_settings(total_memory: int | None = None) -> dict[str, str]:
     """The embedded server's memory settings, sized from the machine as an operator would size
     them (PostgreSQL's own defaults assume 128 MB of shared buffers whatever the machine):
-    shared_buffers a quarter of the memory (between 128 MB and 8 GB), the planner's
+    shared_buffers a quarter of the memory (the container's limit when lower; between 128 MB
+    and 8 GB), the planner's
     effective_cache_size half of it. AGENTMEMORY_PG_SHARED_BUFFERS and
     AGENTMEMORY_PG_EFFECTIVE_CACHE_SIZE (PostgreSQL units: '2GB') override them.
 
@@ -64,7 +65,7 @@ def server_settings(total_memory: int | None = None) -> dict[str, str]:
     if total_memory is None:
         import psutil
 
-        total_memory = psutil.virtual_memory().total
+        total_memory = min(psutil.virtual_memory().total, _cgroup_memory_limit() or 1 << 62)
     mb = total_memory // (1024 * 1024)
     shared = min(max(mb // 4, 128), 8192)
     return {
@@ -74,6 +75,32 @@ def server_settings(total_memory: int | None = None) -> dict[str, str]:
     }
 
 
+def _cgroup_memory_limit() -> int | None:
+    """The container's memory limit (cgroup v2, else v1), or None: inside a container the
+    machine's memory is the host's, and buffers sized from it would get the server killed."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:
+            return int(text)
+    return None
+
+
+def _write_atomically(path: Path, text: str, *, like: Path) -> None:
+    """Replace `path` with `text`, owned and readable as `like` is (under root the server runs
+    as a system user of its own, which must read it), so a crash mid-write never leaves a
+    truncated file behind."""
+    info = like.stat()
+    staging = path.with_name(path.name + ".agentmemory-tmp")
+    staging.write_text(text)
+    staging.chmod(info.st_mode & 0o777 if like.is_file() else 0o644)
+    if os.geteuid() == 0:
+        os.chown(staging, info.st_uid, info.st_gid)
+    os.replace(staging, path)
+
+
 def write_server_settings(pgdata: Path) -> None:
     """Write `server_settings()` to pgdata/agentmemory.conf, included from postgresql.conf; read
     when the server starts (a server already running keeps its values until it restarts)."""
@@ -81,15 +108,19 @@ def write_server_settings(pgdata: Path) -> None:
     for name, value in values.items():
         if not value.replace(" ", "").isalnum():
             raise ValueError(f"{name} {value!r} is not a PostgreSQL size such as '2GB'")
-    (pgdata / SETTINGS_FILE).write_text(
+    conf = pgdata / "postgresql.conf"
+    _write_atomically(
+        pgdata / SETTINGS_FILE,
         "# Written by agentmemory at each start of its embedded server (embedded_db.server_settings);\n"
         "# set AGENTMEMORY_PG_SHARED_BUFFERS / AGENTMEMORY_PG_EFFECTIVE_CACHE_SIZE to change it.\n"
-        + "".join(f"{name} = '{value}'\n" for name, value in values.items())
+        + "".join(f"{name} = '{value}'\n" for name, value in values.items()),
+        like=conf,
     )
-    conf = pgdata / "postgresql.conf"
     text = conf.read_text()
     if _INCLUDE not in text.splitlines():
-        conf.write_text(text + ("" if text.endswith("\n") else "\n") + _INCLUDE + "\n")
+        _write_atomically(
+            conf, text + ("" if text.endswith("\n") else "\n") + _INCLUDE + "\n", like=conf
+        )
 
 
 def check_data_folder(data_dir: Path) -> None:

@@ -13,12 +13,14 @@ import gc
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+import psycopg
 from django.db import IntegrityError, connection, transaction
 from django.db.models import BooleanField, F, Max, Min, Sum
 from django.db.models.base import ModelState
@@ -181,6 +183,10 @@ class AppendResult:
 _gc_lock = threading.Lock()
 _gc_pauses = 0
 _gc_was_enabled = False
+_gc_paused_since = 0.0
+# Overlapping pauses (batch writers back to back on several threads) must not keep collection
+# off for good: a pause that ends after this long with others still running collects once.
+GC_PAUSE_MAX_SECONDS = 5.0
 
 
 @contextlib.contextmanager
@@ -193,10 +199,11 @@ def gc_paused() -> Iterator[None]:
     heap (80-95 ms, ≈ 15 ms a batch on average). Paused, they are freed by reference counting
     when the request ends and never promoted; cycles made meanwhile wait for the next
     collection. Only time changes, never what is stored or answered."""
-    global _gc_pauses, _gc_was_enabled
+    global _gc_pauses, _gc_was_enabled, _gc_paused_since
     with _gc_lock:
         if _gc_pauses == 0:
             _gc_was_enabled = gc.isenabled()
+            _gc_paused_since = time.monotonic()
             gc.disable()
         _gc_pauses += 1
     try:
@@ -204,8 +211,12 @@ def gc_paused() -> Iterator[None]:
     finally:
         with _gc_lock:
             _gc_pauses -= 1
-            if _gc_pauses == 0 and _gc_was_enabled:
-                gc.enable()
+            if _gc_pauses == 0:
+                if _gc_was_enabled:
+                    gc.enable()
+            elif _gc_was_enabled and time.monotonic() - _gc_paused_since > GC_PAUSE_MAX_SECONDS:
+                gc.collect()
+                _gc_paused_since = time.monotonic()
 
 
 def messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer: str | None = None) -> AppendResult:
@@ -449,7 +460,7 @@ def _copy_messages(
         )
         ids = [pk for (pk,) in cursor.fetchall()]
         columns = ", ".join(_COPY_COLUMNS)
-        with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:  # noqa: S608 - constants
+        with _copy_errors_as_django(), cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:  # noqa: S608 - constants
             for lo in range(0, len(specs), COPY_CHUNK):
                 chunk = specs[lo:lo + COPY_CHUNK]
                 counts = [len(encode(token_text(d["text"], d["content"]))) for _, d in chunk]
@@ -469,6 +480,17 @@ def _copy_messages(
                     )))
                 copy.write("".join(lines))
     return rows
+
+
+@contextlib.contextmanager
+def _copy_errors_as_django() -> Iterator[None]:
+    """A COPY runs on psycopg's own cursor, whose errors Django does not translate: a client id
+    stored by a concurrent writer between our check and our COPY must still be Django's
+    IntegrityError (messages_append retries on it; elsewhere the API's 409)."""
+    try:
+        yield
+    except psycopg.errors.IntegrityError as exc:
+        raise IntegrityError(str(exc)) from exc
 
 
 def _check_links(*, context: Context, items: list[dict[str, Any]]) -> None:

@@ -457,6 +457,60 @@ def test_a_large_batch_runs_without_cyclic_gc_and_restores_it(monkeypatch):
         gc.enable()
 
 
+def test_overlapping_gc_pauses_still_collect_now_and_then(monkeypatch):
+    """Batch writers back to back on several threads keep some pause open all the time: a pause
+    ending after GC_PAUSE_MAX_SECONDS with others still open runs one collection, so cyclic
+    garbage cannot pile up for as long as the load lasts."""
+    import gc
+
+    collections: list[int] = []
+    monkeypatch.setattr(gc, "collect", lambda *a: collections.append(1) or 0)
+    monkeypatch.setattr(logbook, "GC_PAUSE_MAX_SECONDS", 0.0)
+    assert gc.isenabled()
+    outer = logbook.gc_paused()
+    outer.__enter__()
+    try:
+        for _ in range(3):  # each inner pause ends while the outer one is still open
+            with logbook.gc_paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()
+    finally:
+        outer.__exit__(None, None, None)
+    assert len(collections) == 3 and gc.isenabled()
+    monkeypatch.setattr(logbook, "GC_PAUSE_MAX_SECONDS", 3600.0)
+    with logbook.gc_paused(), logbook.gc_paused():
+        pass
+    assert len(collections) == 3  # short overlaps collect nothing extra
+
+
+@pytest.mark.django_db
+def test_a_client_id_stored_between_the_check_and_the_copy_is_retried_not_a_500(monkeypatch):
+    """A concurrent writer stores one of the batch's client ids after our lookup: the COPY's
+    unique violation (psycopg's, not Django's) must reach messages_append's retry, which then
+    finds the stored message instead of failing the request."""
+    from django.db.models.expressions import RawSQL
+
+    context, _ = logbook.context_get_or_create(keys={"u": "copy-race"})
+    items = [{"role": "user", "text": f"m{i}", "client_id": f"c{i}"} for i in range(60)]
+    first = logbook.messages_append(context=context, items=items[:1])
+    calls: list[str] = []
+
+    def racing_lookup(sql, params, **kwargs):
+        calls.append(sql)
+        # The first lookup misses what is stored, as it would while the other writer commits.
+        if len(calls) == 1:
+            return RawSQL("false", [], **kwargs)  # noqa: S611 - constant SQL
+        return RawSQL(sql, params, **kwargs)  # noqa: S611 - the product's own SQL
+
+    monkeypatch.setattr(logbook, "RawSQL", racing_lookup)
+    result = logbook.messages_append(context=context, items=items)
+    assert len(calls) == 2
+    assert result.created == [False] + [True] * 59
+    assert result.messages[0].pk == first.messages[0].pk
+    context.refresh_from_db()
+    assert context.message_count == 60 and context.last_seq == 60
+
+
 @pytest.mark.django_db
 def test_the_copy_path_stores_awkward_values_as_the_insert_path_does():
     """The COPY path writes its own text format (escapes, NULLs, array literals): every awkward
