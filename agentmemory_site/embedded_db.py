@@ -55,8 +55,7 @@ def server_settings(total_memory: int | None = None) -> dict[str, str]:
     """The embedded server's memory settings, sized from the machine as an operator would size
     them (PostgreSQL's own defaults assume 128 MB of shared buffers whatever the machine):
     shared_buffers a quarter of the memory (the container's limit when lower; between 128 MB
-    and 8 GB), the planner's
-    effective_cache_size half of it. AGENTMEMORY_PG_SHARED_BUFFERS and
+    and 8 GB), the planner's effective_cache_size half of it. AGENTMEMORY_PG_SHARED_BUFFERS and
     AGENTMEMORY_PG_EFFECTIVE_CACHE_SIZE (PostgreSQL units: '2GB') override them.
 
     A searched vector index must stay in shared buffers: an HNSW walk reads thousands of index

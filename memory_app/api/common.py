@@ -100,9 +100,8 @@ def step_for(request: HttpRequest, step_id: int) -> Step:
 # orjson refuses what the strict parser refuses (NaN/Infinity literals, numbers that overflow a
 # double, raw control characters), so the fallback only runs on input orjson cannot represent
 # exactly: lone surrogates (kept so the field checks answer 422 as before), a byte-order mark,
-# integers beyond 64 bits (orjson would round them to floats; 19 digits in a row that do not
-# follow a decimal point send the body to the exact parser) and every malformed body (so the
-# 400's message is unchanged).
+# integers beyond 64 bits (orjson would round them to floats; see `_may_hold_long_integer`) and
+# every malformed body (so the 400's message is unchanged).
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 # orjson keeps integers from -2**63 to 2**64 - 1: 20 digits are beyond them, and so are 19
 # after a minus sign (-9223372036854775809 would come back as a rounded float).
