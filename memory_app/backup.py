@@ -33,7 +33,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models, transaction
 from django.db.models import Q
 
-from memory_app import memories
+from memory_app import embeddings, fulltext, memories
 from memory_app.logbook import Forbidden
 from memory_app.models import (
     Context,
@@ -66,7 +66,9 @@ def _plain_fields(model: type[models.Model], *, skip: tuple[str, ...] = ()) -> l
     ]
 
 
-CONTEXT_FIELDS = _plain_fields(Context)
+# search_seq describes this database's full-text side table, not the context: an imported
+# context starts at 0 and the indexer parses its messages (memory_app.fulltext).
+CONTEXT_FIELDS = _plain_fields(Context, skip=("search_seq",))
 RUN_FIELDS = _plain_fields(Run)
 STEP_FIELDS = _plain_fields(Step)
 TOOL_CALL_FIELDS = _plain_fields(ToolCall)
@@ -490,6 +492,11 @@ class _Importer:
                 rows.append(msg)
             self._insert(Message, rows, ["created_at", "updated_at"])
             self.result.count("messages", len(rows), 0)
+            if rows:
+                # Seqs below the context's search_seq (a merge into an existing context) are
+                # matched from their text until the indexer has parsed them.
+                fulltext.reindex_from(ctx_pk, min(r.seq for r in rows))
+                transaction.on_commit(embeddings.wake_indexer)
 
     def _import_memory(self, records):
         rows = []

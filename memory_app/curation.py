@@ -124,7 +124,7 @@ def bulk_prune_preview(*, context: Context, flt: PruneFilter, sample: int = PREV
     upto = Context.objects.filter(pk=context.pk).values_list("last_seq", flat=True).get()
     qs = _matching(context, flt).filter(seq__lte=upto)
     totals = qs.aggregate(n=Count("id"), t=Sum("token_count"))
-    rows = list(qs.defer("search_vector").order_by("seq")[:sample])
+    rows = list(qs.order_by("seq")[:sample])
     return BulkPreview(count=totals["n"], tokens=totals["t"] or 0, sample=rows, upto_seq=upto)
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.contrib.postgres.search import SearchQuery
-from django.db.models import Count, F, Max, Min, Q, QuerySet, Sum
+from django.contrib.postgres.search import SearchQuery, SearchVector
+from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Sum
 
 from memory_app import pricing, transcripts
 from memory_app.logbook import STEP_SPAN
@@ -25,6 +25,7 @@ from memory_app.models import (
     Context,
     Message,
     MessageRole,
+    MessageSearch,
     Run,
     Step,
     ToolCall,
@@ -203,8 +204,8 @@ class HistoryWindow:
 
 def messages_for_history() -> QuerySet[Message]:
     """Messages as the history shows them: with the position of the step they belong to (for
-    the link to it), without the search vector."""
-    return Message.objects.defer("search_vector").annotate(step_position=F("step__position"))
+    the link to it)."""
+    return Message.objects.annotate(step_position=F("step__position"))
 
 
 def _history_qs(context: Context, filters: HistoryFilters) -> QuerySet[Message]:
@@ -216,8 +217,18 @@ def _history_qs(context: Context, filters: HistoryFilters) -> QuerySet[Message]:
     if filters.tag:
         qs = qs.filter(tags__contains=[filters.tag])
     if filters.text:
-        qs = qs.filter(
-            search_vector=SearchQuery(filters.text, config=FTS_CONFIG, search_type="websearch")
+        query = SearchQuery(filters.text, config=FTS_CONFIG, search_type="websearch")
+        # The stored vector (GIN) of live messages up to the context's search_seq; the text
+        # itself after it, where the indexer may not have been yet, and of pruned messages,
+        # which have no stored vector (memory_app.fulltext).
+        indexed = Exists(
+            MessageSearch.objects.filter(
+                context_id=OuterRef("context_id"), seq=OuterRef("seq"), search_vector=query
+            )
+        )
+        parsed = Q(seq__gt=context.search_seq) | Q(pruned_at__isnull=False)
+        qs = qs.annotate(text_vector=SearchVector("text", config=FTS_CONFIG)).filter(
+            indexed | (parsed & Q(text_vector=query))
         )
     return qs
 

@@ -38,6 +38,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from memory_app import fulltext
 from memory_app.logbook import Invalid
 from memory_app.models import Embedding, MemoryRecord, Message
 
@@ -828,7 +829,9 @@ def index_pending(
 
 
 class _Indexer:
-    """The per-process daemon thread that drains the backlog after a deferred batch commits.
+    """The per-process daemon thread that drains the backlogs after a deferred batch commits:
+    vectors waiting for their HNSW graph, then messages waiting for their full-text vector
+    (`memory_app.fulltext`).
 
     Woken by `wake()` (an on_commit hook); it drains on its own database connection (Django's
     connections are per thread), closes it when the backlog is empty, then sleeps until woken
@@ -873,6 +876,9 @@ class _Indexer:
                 done = index_pending()
                 if done:
                     log.info("indexer: %d deferred vectors inserted into their HNSW graph", done)
+                parsed = fulltext.index_pending()
+                if parsed:
+                    log.info("indexer: %d messages' full-text vectors written", parsed)
             except Exception:
                 log.exception("indexer: draining the backlog failed; retrying")
                 connections.close_all()
@@ -916,8 +922,10 @@ def run_worker(
         indexed = 0
         try:
             indexed = index_batch()
+            # And the messages waiting for their full-text vector, one context's batch a turn.
+            indexed += fulltext.index_batch() or 0
         except Exception:
-            log.exception("indexer: inserting deferred vectors failed; retrying")
+            log.exception("indexer: deferred vectors or full-text vectors failed; retrying")
         totals.indexed += indexed
         batches += 1 if res.claimed else 0
         totals.claimed += res.claimed

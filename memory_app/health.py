@@ -1,6 +1,8 @@
 """`/healthz`: 200 when the database answers, 503 when it does not. `vectors_unindexed` is the
 indexer's backlog: vectors stored by a large batch, searchable (scanned exactly) but not yet in
-their HNSW graph; it should fall back to 0 within seconds of a batch."""
+their HNSW graph; `fulltext_pending` the messages of large batches whose full-text vectors the
+indexer has not written yet (matched from their text meanwhile). Both should fall back to 0
+within seconds of a batch."""
 
 from django.db import DatabaseError, connection
 from django.http import JsonResponse
@@ -15,11 +17,18 @@ def healthz(request):
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector'),"
-                " (SELECT count(*) FROM memory_app_embedding WHERE NOT indexed)"
+                " (SELECT count(*) FROM memory_app_embedding WHERE NOT indexed),"
+                " (SELECT coalesce(sum(last_seq - search_seq), 0) FROM memory_app_context"
+                " WHERE search_seq < last_seq)"
             )
             row = cursor.fetchone()
     except DatabaseError as exc:
         # A dead connection stays dead in this worker; drop it so the next probe reconnects.
         connection.close_if_unusable_or_obsolete()
         return JsonResponse({"status": "error", "database": "unavailable", "detail": str(exc).strip()[:200]}, status=503)
-    return JsonResponse({"status": "ok", "database": "ok", "pgvector": row[0], "vectors_unindexed": row[1]})
+    return JsonResponse(
+        {
+            "status": "ok", "database": "ok", "pgvector": row[0], "vectors_unindexed": row[1],
+            "fulltext_pending": int(row[2]),
+        }
+    )

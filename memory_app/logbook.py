@@ -29,7 +29,7 @@ from django.db.models.functions import Coalesce
 from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
-from memory_app import tokens
+from memory_app import fulltext, tokens
 from memory_app.models import (
     ApiKey,
     AuditEvent,
@@ -301,15 +301,18 @@ def _append_once(*, context, items, prepared, vectors, client_ids, tokenizer) ->
                 [tokens.token_text(d["text"], d["content"]) for _, d in specs], tokenizer=tokenizer
             )
             # One statement takes the context's row lock and allocates the seqs: concurrent
-            # appenders queue here, so seqs are gap-free and strictly increasing.
+            # appenders queue here, so seqs are gap-free and strictly increasing. A small batch
+            # to a context whose full-text vectors are caught up writes its own (below) and
+            # moves search_seq along; a large one leaves them to the indexer (memory_app.fulltext).
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"UPDATE {Context._meta.db_table} SET last_seq = last_seq + %s, "  # noqa: S608 - constant
+                    "search_seq = CASE WHEN %s AND search_seq = last_seq THEN last_seq + %s ELSE search_seq END, "
                     "message_count = message_count + %s, token_count = token_count + %s, "
-                    "last_activity_at = %s WHERE id = %s RETURNING last_seq",
-                    [len(new), len(new), sum(counts or ()), timezone.now(), context.pk],
+                    "last_activity_at = %s WHERE id = %s RETURNING last_seq, search_seq",
+                    [len(new), not copy, len(new), len(new), sum(counts or ()), timezone.now(), context.pk],
                 )
-                (last,) = cursor.fetchone()
+                last, searched = cursor.fetchone()
             first = last - len(new) + 1
             if copy:
                 new_rows = _copy_messages(context_id=context.pk, specs=specs, first_seq=first, tokenizer=tokenizer)
@@ -327,8 +330,18 @@ def _append_once(*, context, items, prepared, vectors, client_ids, tokenizer) ->
                 Message.objects.bulk_create(new_rows)
             for n, row in zip(new, new_rows, strict=True):
                 results[n] = row
+            if searched == last:
+                fulltext.index_messages(context.pk, first, last)
+            else:
+                transaction.on_commit(_wake_indexer)
             _after_messages_created(new_rows, [vectors[n] for n in new])
     return AppendResult(messages=results, created=created_flags)
+
+
+def _wake_indexer() -> None:
+    from memory_app import embeddings
+
+    embeddings.wake_indexer()
 
 
 _MESSAGE_COLUMNS = [(f.attname, f) for f in Message._meta.concrete_fields]
@@ -444,7 +457,7 @@ def _copy_messages(
 
     Tokens are counted and rows built chunk by chunk while the COPY is open: psycopg sends the
     rows every 32 KB, so PostgreSQL (another process, on another core) parses a chunk and
-    computes its `search_vector` while Python counts the next one, instead of waiting for all
+    stores it while Python counts the next one, instead of waiting for all
     of Python's work first (tiktoken was a fifth of a 1,000-message batch, the server's side of
     the COPY about a third). Chunks rather than rows: tiktoken's tables and Python's objects
     each stay in the CPU's caches for a run of rows (interleaving them row by row cost more

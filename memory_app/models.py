@@ -14,7 +14,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from pgvector.django import VectorField
 
 # Full-text configuration: `simple` would not stem; `english` ranks "weathers" with "weather".
@@ -77,6 +77,9 @@ class Context(models.Model):
     # Allocation counter for message seq: incremented under the row lock, so seq is gap-free
     # and strictly increasing however many writers append at once.
     last_seq = models.BigIntegerField(default=0)
+    # Messages up to this seq have their full-text vector in MessageSearch; later ones are
+    # matched from their text until the indexer catches up (`memory_app.fulltext`).
+    search_seq = models.BigIntegerField(default=0, db_default=0)
     # Counters kept by the write path so lists never count millions of rows per page.
     message_count = models.IntegerField(default=0)
     token_count = models.BigIntegerField(default=0)
@@ -94,6 +97,10 @@ class Context(models.Model):
         indexes = [
             GinIndex(fields=["keys"], name="context_keys_gin", opclasses=["jsonb_path_ops"]),
             models.Index(fields=["-last_activity_at", "-id"], name="context_activity_idx"),
+            # The full-text indexer's worklist: contexts with messages past their search_seq.
+            models.Index(
+                fields=["id"], condition=Q(search_seq__lt=F("last_seq")), name="context_search_behind_idx"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -207,6 +214,7 @@ class Step(models.Model):
         return self.pruned_at is not None
 
 
+
 class ToolCall(models.Model):
     """One tool invocation inside a step."""
 
@@ -266,11 +274,7 @@ class Message(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     pruned_at = models.DateTimeField(null=True, blank=True)
     pruned_by = models.CharField(max_length=200, blank=True, default="")
-    search_vector = models.GeneratedField(
-        expression=SearchVector("text", config=FTS_CONFIG),
-        output_field=SearchVectorField(),
-        db_persist=True,
-    )
+    # The full-text vector lives in MessageSearch, computed off the write path.
 
     class Meta:
         ordering = ["context", "seq"]
@@ -286,7 +290,6 @@ class Message(models.Model):
             _choices_check("role", MessageRole, "message_role_valid"),
         ]
         indexes = [
-            GinIndex(fields=["search_vector"], name="message_fts_gin"),
             GinIndex(fields=["tags"], name="message_tags_gin"),
             # The agent's hot read: a context's latest live messages.
             models.Index(
@@ -326,6 +329,35 @@ class Message(models.Model):
     @property
     def is_pruned(self) -> bool:
         return self.pruned_at is not None
+
+
+
+class MessageSearch(models.Model):
+    """The full-text vector (`to_tsvector(FTS_CONFIG, text)`) of a live message, kept beside the
+    message rather than in it, so that storing a message does not wait for its text to be parsed.
+
+    Keyed like the message's own natural key, (context, seq): keyword search walks a context's
+    vectors newest first on this primary key, or takes the GIN index for rare words, without
+    touching the messages, and joins them only for the few candidates it ranks.
+
+    Small appends write their vectors in their own transaction; a large batch leaves them to the
+    indexer (`memory_app.fulltext`), and keyword search matches those messages from their text
+    meanwhile: every message past its context's `search_seq` is read exactly, none is ever
+    unsearchable. Database triggers (migration 0013) keep it in step with the messages, whoever
+    writes them: an edited text is parsed again, a pruned or deleted message takes its vector
+    along, a restored one gets it back.
+    """
+
+    pk = models.CompositePrimaryKey("context_id", "seq")
+    context_id = models.BigIntegerField()
+    seq = models.BigIntegerField()
+    search_vector = SearchVectorField()
+
+    class Meta:
+        indexes = [GinIndex(fields=["search_vector"], name="message_search_gin")]
+
+    def __str__(self) -> str:
+        return f"context {self.context_id} #{self.seq}"
 
 
 class MemoryRecord(models.Model):

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from django.conf import settings
 from django.db import connection, transaction
 
-from memory_app import embeddings
+from memory_app import embeddings, fulltext
 from memory_app.logbook import DomainError, Invalid
 from memory_app.models import FTS_CONFIG, Context, Message
 
@@ -113,6 +113,7 @@ def keyword_ranking(
     exclude_ids: Sequence[int] = (),
     match: str = "all",
     last_seq: int | None = None,
+    search_seq: int | None = None,
 ) -> list[tuple[int, float]]:
     """(message id, ts_rank) of live messages matching `query`, best first, ties newest first.
 
@@ -122,19 +123,21 @@ def keyword_ranking(
     Only the newest `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` matches of the context are ranked
     (every match when fewer match, so small contexts are ranked exactly): ranking reads each
     candidate row, and an any-word query can match a fifth of a million-message context.
-    `last_seq` is the context's counter (read when not given). See `_keyword_candidates`.
+    `last_seq` and `search_seq` are the context's counters (read when not given; an older
+    `search_seq` is always safe). See `_keyword_candidates`.
     """
     tsquery = _tsquery_text(query, match)
     if not tsquery:
         return []
-    if last_seq is None:
-        last_seq = (
-            Context.objects.filter(pk=context_id).values_list("last_seq", flat=True).first() or 0
+    if last_seq is None or search_seq is None:
+        last_seq, search_seq = (
+            Context.objects.filter(pk=context_id).values_list("last_seq", "search_seq").first() or (0, 0)
         )
     found = _keyword_candidates(
         context_id=context_id,
         tsquery=tsquery,
         last_seq=last_seq,
+        search_seq=search_seq,
         candidates=max(settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES, limit),
         exclude_ids=list(exclude_ids),
     )
@@ -143,42 +146,86 @@ def keyword_ranking(
 
 
 def _keyword_candidates(
-    *, context_id: int, tsquery: str, last_seq: int, candidates: int, exclude_ids: list[int]
+    *, context_id: int, tsquery: str, last_seq: int, search_seq: int, candidates: int, exclude_ids: list[int]
 ) -> list[tuple[int, int, float]]:
-    """(id, seq, ts_rank) of the newest `candidates` live matches, in two passes whose cost
-    follows the candidates, not the context's size.
+    """(id, seq, ts_rank) of the newest `candidates` live matches, newest seqs first, in passes
+    whose cost follows the candidates, not the context's size.
 
-    1. The latest KEYWORD_RECENT_SEQS seqs, walked back on the recent-messages index until
+    Up to the context's `search_seq` the vectors are read from MessageSearch (live messages
+    only, keyed by (context, seq)); after it, where the indexer has not been yet, each message's
+    text is parsed (a large batch just stored: its size is read until the indexer catches up,
+    as deferred vectors are scanned). In seq order, newest first:
+
+    1. Messages past `search_seq` in the latest KEYWORD_RECENT_SEQS seqs (none, usually: small
+       appends write their vectors at once).
+    2. The vectors of the latest KEYWORD_RECENT_SEQS seqs, walked back on the primary key until
        enough match: frequent words (the usual case for natural-language prompts) stop early.
-       The match is written as a call of `ts_match_vq` (the function behind `@@`) so the planner
-       does not take the GIN index here: on a frequent word its posting list is far longer than
-       the walk.
-    2. If too few matched there, the words are rare in the recent history: the older seqs,
-       newest first, where the planner takes the GIN index for rare words (and walks on for
-       words that are frequent further back, stopping at the candidates it still needs).
+       The match is written as a call of `ts_match_vq` (the function behind `@@`) so the
+       planner does not take the GIN index here: on a frequent word its posting list is far
+       longer than the walk.
+    3. Older messages past `search_seq` (a backlog deeper than the recent seqs).
+    4. The older vectors, newest first, where the planner takes the GIN index for rare words
+       (and walks on for words that are frequent further back, stopping at the candidates it
+       still needs).
+    Each pass looks up the ids of the messages it found only (message_context_seq_unique).
     """
-    params = {"context": context_id, "q": tsquery, "exclude": exclude_ids}
-    recent = """
-        SELECT m.id, m.seq, ts_rank(m.search_vector, %(q)s::tsquery)
-        FROM memory_app_message m
-        WHERE m.context_id = %(context)s AND m.pruned_at IS NULL AND m.seq > %(after)s
-          AND ts_match_vq(m.search_vector, %(q)s::tsquery) AND NOT (m.id = ANY(%(exclude)s))
-        ORDER BY m.seq DESC LIMIT %(need)s
-    """
-    older = """
-        SELECT m.id, m.seq, ts_rank(m.search_vector, %(q)s::tsquery)
-        FROM memory_app_message m
-        WHERE m.context_id = %(context)s AND m.pruned_at IS NULL AND m.seq <= %(upto)s
-          AND m.search_vector @@ %(q)s::tsquery AND NOT (m.id = ANY(%(exclude)s))
-        ORDER BY m.seq DESC LIMIT %(need)s
-    """
-    upto = max(last_seq - KEYWORD_RECENT_SEQS, 0)
+    def parsed(after: str, upto: str) -> str:
+        return f"""
+            SELECT m.id, m.seq, ts_rank(to_tsvector(%(config)s::regconfig, m.text), %(q)s::tsquery)
+            FROM memory_app_message m
+            WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
+              AND m.seq > %({after})s AND m.seq <= %({upto})s
+              AND to_tsvector(%(config)s::regconfig, m.text) @@ %(q)s::tsquery
+              AND NOT (m.id = ANY(%(exclude)s))
+            ORDER BY m.seq DESC LIMIT %(need)s
+        """  # noqa: S608 - constant SQL
+
+    def stored(after: str, upto: str, match: str) -> str:
+        # The message's id is looked up for each candidate (a subplan on
+        # message_context_seq_unique), never by joining the context's messages.
+        return f"""
+            SELECT c.id, c.seq, c.rank FROM (
+                SELECT (SELECT m.id FROM memory_app_message m
+                        WHERE m.context_id = %(context)s AND m.seq = s.seq) AS id,
+                       s.seq, ts_rank(s.search_vector, %(q)s::tsquery) AS rank
+                FROM {fulltext.TABLE} s
+                WHERE s.context_id = %(context)s AND s.seq > %({after})s AND s.seq <= %({upto})s
+                  AND {match}
+                ORDER BY s.seq DESC LIMIT %(need)s + cardinality(%(exclude)s::bigint[])
+            ) c
+            WHERE NOT (c.id = ANY(%(exclude)s))
+            ORDER BY c.seq DESC LIMIT %(need)s
+        """  # noqa: S608 - constant SQL
+
+    older = max(last_seq - KEYWORD_RECENT_SEQS, 0)
+    bounds = {
+        "older": older,
+        "searched": search_seq,
+        "searched_older": min(search_seq, older),
+        "unsearched_recent": max(search_seq, older),
+        # No upper bound on the newest pass: messages appended since `last_seq` was read.
+        "newest": 2**62,
+    }
+    # Passes 1 and 2 in one statement (every row of the first is newer than the second's).
+    recent = (
+        f"({parsed('unsearched_recent', 'newest')}) UNION ALL"
+        f" ({stored('older', 'searched', 'ts_match_vq(s.search_vector, %(q)s::tsquery)')})"
+        " ORDER BY 2 DESC LIMIT %(need)s"
+    )
+    passes = [
+        (recent, True),
+        (parsed("searched_older", "older"), search_seq < older),
+        (stored("zero", "searched_older", "s.search_vector @@ %(q)s::tsquery"), min(search_seq, older) > 0),
+    ]
+    params = {"context": context_id, "q": tsquery, "exclude": exclude_ids, "config": FTS_CONFIG, "zero": 0, **bounds}
+    found: list = []
     with connection.cursor() as cursor:
-        cursor.execute(recent, {**params, "after": upto, "need": candidates})
-        found = cursor.fetchall()
-        if len(found) < candidates and upto > 0:
-            cursor.execute(older, {**params, "upto": upto, "need": candidates - len(found)})
-            found += cursor.fetchall()
+        for sql, needed in passes:
+            if len(found) >= candidates:
+                break
+            if needed:
+                cursor.execute(sql, {**params, "need": candidates - len(found)})
+                found += cursor.fetchall()
     return [(mid, seq, float(score)) for mid, seq, score in found]
 
 
@@ -475,6 +522,7 @@ def search_messages(
             exclude_ids=exclude_ids,
             match=match or ("all" if mode == "keyword" and not asked_auto else "any"),
             last_seq=context.last_seq,
+            search_seq=context.search_seq,
         )
     if mode in ("semantic", "hybrid"):
         try:
@@ -514,8 +562,7 @@ def search_messages(
             ),
         )
     order = order[:k]
-    # The stored tsvector (half of a row) is not part of a hit.
-    messages = Message.objects.defer("search_vector").in_bulk([mid for mid, _ in order])
+    messages = Message.objects.in_bulk([mid for mid, _ in order])
     hits = []
     for rank, (mid, score) in enumerate(order, start=1):
         hits.append(

@@ -63,7 +63,8 @@ def _memory(ctx, content, *, scope=None, source=None):
 def _fields(obj, skip=()):
     data = {}
     for f in obj._meta.concrete_fields:
-        if f.primary_key or f.name in skip or f.name == "search_vector":
+        # search_seq is this database's full-text progress, not part of the context.
+        if f.primary_key or f.name in skip or f.name in ("search_vector", "search_seq"):
             continue
         value = getattr(obj, f.attname)
         data[f.name] = value.tolist() if hasattr(value, "tolist") else value

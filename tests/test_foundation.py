@@ -15,8 +15,8 @@ import pytest
 from django.conf import settings
 from django.db import IntegrityError, connection, connections, transaction
 
-from memory_app import logbook, tokens
-from memory_app.models import Context, Message, Run, Step, keys_digest
+from memory_app import fulltext, logbook, search, tokens
+from memory_app.models import Context, Message, MessageSearch, Run, Step, keys_digest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,10 +123,10 @@ def test_full_text_and_vector_infrastructure_exists():
         cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
         assert cursor.fetchone() is not None
         cursor.execute(
-            "SELECT indexdef FROM pg_indexes WHERE indexname IN ('message_fts_gin', 'message_live_recent_idx')"
+            "SELECT indexdef FROM pg_indexes WHERE indexname IN ('message_search_gin', 'message_live_recent_idx')"
         )
         defs = sorted(row[0] for row in cursor.fetchall())
-    assert any("USING gin (search_vector)" in d for d in defs)
+    assert any("memory_app_messagesearch USING gin (search_vector)" in d for d in defs)
     assert any("seq DESC" in d and "pruned_at IS NULL" in d for d in defs)
 
 
@@ -338,11 +338,21 @@ def test_a_large_batch_is_stored_field_for_field_and_searchable():
             item["source_timestamp"],
         )
         assert m.created_at is not None and m.token_count > 0
+    # Searchable at once (matched from its text: a large batch leaves its full-text vectors to
+    # the indexer), and the same through the stored vectors once the indexer has run.
+    context.refresh_from_db()
+    assert context.search_seq == 0
+    [(found, score)] = search.keyword_ranking(context_id=context.pk, query="zebras", limit=5)
+    assert stored["c7"].pk == found
+    assert fulltext.index_pending() == len(items)
+    context.refresh_from_db()
+    assert context.search_seq == context.last_seq == len(items)
     assert list(
-        Message.objects.filter(context=context, search_vector="zebras").values_list(
-            "client_id", flat=True
-        )
-    ) == ["c7"]
+        MessageSearch.objects.filter(context_id=context.pk, search_vector="zebras").values_list("seq", flat=True)
+    ) == [stored["c7"].seq]
+    assert search.keyword_ranking(context_id=context.pk, query="zebras", limit=5) == [
+        (found, pytest.approx(score))
+    ]
     again = logbook.messages_append(context=context, items=items)
     assert not any(again.created)
 

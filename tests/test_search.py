@@ -144,8 +144,8 @@ def brute_force_keyword(context, query):
     """Every message of the context, ranked in Python on ts_rank computed row by row."""
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT id, seq, ts_rank(search_vector, websearch_to_tsquery('english', %s)), "
-            "search_vector @@ websearch_to_tsquery('english', %s) "
+            "SELECT id, seq, ts_rank(to_tsvector('english', text), websearch_to_tsquery('english', %s)), "
+            "to_tsvector('english', text) @@ websearch_to_tsquery('english', %s) "
             "FROM memory_app_message WHERE context_id = %s AND pruned_at IS NULL",
             [query, query, context.pk],
         )

@@ -18,7 +18,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from memory_app import logbook, search, selectors
+from memory_app import fulltext, logbook, search, selectors
 from memory_app.models import Message
 from tests.builders import make_context, make_user
 
@@ -83,7 +83,7 @@ def _ranked_by_ts_rank(context, tsquery: str, ids: list[int]) -> list[int]:
     with connection.cursor() as cur:
         cur.execute(
             "SELECT id FROM memory_app_message WHERE id = ANY(%s) "
-            "ORDER BY ts_rank(search_vector, %s::tsquery) DESC, seq DESC",
+            "ORDER BY ts_rank(to_tsvector('english', text), %s::tsquery) DESC, seq DESC",
             [ids, tsquery],
         )
         return [r[0] for r in cur.fetchall()]
@@ -142,12 +142,14 @@ def _plan_nodes(plan: dict):
 
 
 def _message_scans(sql: str) -> list[dict]:
-    """The nodes of EXPLAIN ANALYZE reading memory_app_message for `sql` (a captured query)."""
+    """The nodes of EXPLAIN ANALYZE reading memory_app_message, or the full-text vectors beside
+    it (memory_app_messagesearch), for `sql` (a captured query)."""
     with connection.cursor() as cur:
         cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
         plan = cur.fetchone()[0]
     plan = plan[0]["Plan"] if isinstance(plan, list) else json.loads(plan)[0]["Plan"]
-    return [n for n in _plan_nodes(plan) if n.get("Relation Name") == "memory_app_message"]
+    tables = ("memory_app_message", "memory_app_messagesearch")
+    return [n for n in _plan_nodes(plan) if n.get("Relation Name") in tables]
 
 
 def _touched(node: dict) -> int:
@@ -186,11 +188,14 @@ def big_context(settings):
         context=context,
         items=[{"role": "user", "text": "any note about alpha or kyoto, please"}],
     )
+    # As the indexer would have by now: the batches' full-text vectors written.
+    fulltext.index_pending()
     with connection.cursor() as cur:
         # As autovacuum would have by now: new entries merged from the GIN pending list (the
         # planner prices a long pending list, which holds the whole table here).
-        cur.execute("SELECT gin_clean_pending_list('message_fts_gin'::regclass)")
+        cur.execute("SELECT gin_clean_pending_list('message_search_gin'::regclass)")
         cur.execute("ANALYZE memory_app_message")
+        cur.execute("ANALYZE memory_app_messagesearch")
     context.refresh_from_db()
     return context
 

@@ -28,7 +28,7 @@ import numpy as np
 from django.db import connection, transaction
 
 from memory_app import embeddings, tokens
-from memory_app.models import keys_digest
+from memory_app.models import FTS_CONFIG, keys_digest
 
 BENCH_MODEL = "bench-minilm-384"
 N_TOPICS = 40
@@ -361,6 +361,7 @@ EMBEDDING_TYPES = [
 CHUNK = 100_000
 LOADED_TABLES = (
     "memory_app_message",
+    "memory_app_messagesearch",
     "memory_app_step",
     "memory_app_toolcall",
     "memory_app_embedding",
@@ -614,6 +615,15 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print, chunk: int = CHUN
     timings["runs, steps, tool calls (COPY)"] = time.perf_counter() - t_runs
     log(f"  runs: {len(per_run):,}, steps: {step_id:,}, tool calls: {call_id:,}")
 
+    t_fts = time.perf_counter()
+    with connection.cursor() as cursor:
+        # The steady state: the indexer has parsed every message (memory_app.fulltext).
+        cursor.execute(
+            "INSERT INTO memory_app_messagesearch (message_id, search_vector)"
+            " SELECT id, to_tsvector(%s::regconfig, text) FROM memory_app_message",
+            [FTS_CONFIG],
+        )
+    timings["full-text vectors (to_tsvector)"] = time.perf_counter() - t_fts
     t_idx = time.perf_counter()
     with connection.cursor() as cursor:
         _raise_maintenance_work_mem(cursor, "1GB")
@@ -694,7 +704,7 @@ def _set_counters(cursor) -> None:
     """The counters the write path keeps, computed from the rows (so they are consistent)."""
     cursor.execute(
         """
-        UPDATE memory_app_context c SET last_seq = s.last_seq, message_count = s.n,
+        UPDATE memory_app_context c SET last_seq = s.last_seq, search_seq = s.last_seq, message_count = s.n,
             token_count = s.tokens, last_activity_at = s.last_at, updated_at = s.last_at
         FROM (SELECT context_id, max(seq) AS last_seq, count(*) AS n, sum(token_count) AS tokens,
                      max(created_at) AS last_at

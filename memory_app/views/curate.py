@@ -66,7 +66,7 @@ def _recent_undoable(context: Context, limit: int = 5) -> list[AuditEvent]:
 def _history_state(request, context: Context) -> dict:
     view = "pruned" if request.GET.get("view") == "pruned" else "live"
     before = dq.parse_int(request.GET.get("before"), name="before", minimum=1)
-    qs = Message.objects.filter(context=context).defer("search_vector")
+    qs = Message.objects.filter(context=context)
     qs = qs.filter(pruned_at__isnull=view == "live")
     if before is not None:
         qs = qs.filter(seq__lt=before)
@@ -145,7 +145,7 @@ def message_edit_view(request, context_id: int, message_id: int):
     """GET: the row as an edit form; POST: save text and tags (previous version in the audit)."""
     context = get_object_or_404(Context, pk=context_id)
     message = get_object_or_404(
-        Message.objects.defer("search_vector"), pk=message_id, context=context
+        Message.objects, pk=message_id, context=context
     )
     page = {"ctx": context, "m": message, "editing": True}
     if request.method == "POST":
@@ -182,7 +182,7 @@ def message_row(request, context_id: int, message_id: int):
     """The row in view mode (the edit form's Cancel)."""
     context = get_object_or_404(Context, pk=context_id)
     message = get_object_or_404(
-        Message.objects.defer("search_vector"), pk=message_id, context=context
+        Message.objects, pk=message_id, context=context
     )
     if not wants_fragment(request):
         return redirect(reverse("curate-history", args=[context.pk]) + f"?before={message.seq + 1}")

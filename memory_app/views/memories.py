@@ -161,7 +161,7 @@ def _promoted(request, record, created: bool, target_id: str):
 @require_POST
 def promote_message(request, message_id: int):
     message = get_object_or_404(
-        Message.objects.select_related("context").defer("search_vector"), pk=message_id
+        Message.objects.select_related("context"), pk=message_id
     )
     try:
         record, created = memories.memory_promote(

@@ -1,4 +1,5 @@
-"""Insert deferred vectors into their HNSW graph: `manage.py index_pending [--batch-size N]`.
+"""Insert deferred vectors into their HNSW graph and write the full-text vectors of messages
+stored in large batches: `manage.py index_pending [--batch-size N]`.
 
 A batch of at least AGENTMEMORY_INDEX_DEFER_MIN client vectors is stored without the graph
 insertion; each web process's indexer thread and `embed_worker` drain that backlog. This command
@@ -10,11 +11,11 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from memory_app import embeddings
+from memory_app import embeddings, fulltext
 
 
 class Command(BaseCommand):
-    help = "Insert the vectors waiting for their HNSW index (deferred batches), then stop."
+    help = "Insert the vectors waiting for their HNSW index and the full-text vectors waiting for the indexer, then stop."
 
     def add_arguments(self, parser):
         parser.add_argument("--batch-size", type=int, default=None, help="rows per transaction")
@@ -23,3 +24,6 @@ class Command(BaseCommand):
         self.stdout.write(f"{embeddings.unindexed_count()} vectors waiting for their index")
         done = embeddings.index_pending(batch_size=opts["batch_size"])
         self.stdout.write(f"done: {done} indexed, {embeddings.unindexed_count()} waiting")
+        self.stdout.write(f"{fulltext.pending_count()} messages waiting for their full-text vector")
+        parsed = fulltext.index_pending(batch_size=opts["batch_size"])
+        self.stdout.write(f"done: {parsed} written, {fulltext.pending_count()} waiting")

@@ -1,0 +1,103 @@
+"""Messages' full-text vectors, off the write path (`MessageSearch`, `Context.search_seq`).
+
+Parsing text into a tsvector was a third of PostgreSQL's work for a batch of messages. A large
+batch (COPY) is therefore stored without it; the indexer fills `memory_app_messagesearch` after
+the commit, one context at a time in seq order, and moves the context's `search_seq` on. Small
+appends to a context that is caught up write their vectors in their own transaction (a chat
+turn is searchable by index at once and the indexer has nothing to do).
+
+What a search may rely on, for every context:
+- a live message with `seq <= search_seq` has its vector in MessageSearch, current with its text,
+  and a pruned one has none (migration 0013's triggers parse an edited text again, drop the
+  vector of a pruned or deleted message and write it back for a restored one);
+- a message with `seq > search_seq` may not: searches match it from its text, so it is found the
+  moment its batch commits, only more slowly until the indexer catches up.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from memory_app.models import FTS_CONFIG
+
+log = logging.getLogger(__name__)
+
+TABLE = "memory_app_messagesearch"
+
+
+def index_messages(context_id: int, first_seq: int, last_seq: int) -> None:
+    """Write the vectors of messages just stored, seqs `first_seq..last_seq` of one context (in
+    the caller's transaction, which holds the context's row)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {TABLE} (context_id, seq, search_vector)"  # noqa: S608 - constants
+            " SELECT context_id, seq, to_tsvector(%s::regconfig, text) FROM memory_app_message"
+            " WHERE context_id = %s AND seq BETWEEN %s AND %s AND pruned_at IS NULL",
+            [FTS_CONFIG, context_id, first_seq, last_seq],
+        )
+
+
+def index_batch(*, batch_size: int | None = None) -> int | None:
+    """Parse the next up to `batch_size` seqs of one context that is behind, in one committed
+    transaction; returns the messages written, or None when no context is behind.
+
+    The context's row is locked while it is filled (SKIP LOCKED: a context being appended to is
+    left for the next round): an appender waits for it, so the messages read here are every one
+    up to the `last_seq` read with the lock, and `search_seq` never passes a message that has no
+    vector."""
+    size = batch_size or settings.AGENTMEMORY_INDEXER_BATCH
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, search_seq, last_seq FROM memory_app_context WHERE search_seq < last_seq"
+            " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED"
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        context_id, done, last = row
+        upto = min(last, done + size)
+        cursor.execute(
+            f"INSERT INTO {TABLE} (context_id, seq, search_vector)"  # noqa: S608 - constants
+            " SELECT context_id, seq, to_tsvector(%s::regconfig, text) FROM memory_app_message"
+            " WHERE context_id = %s AND seq > %s AND seq <= %s AND pruned_at IS NULL"
+            " ON CONFLICT (context_id, seq) DO UPDATE SET search_vector = EXCLUDED.search_vector",
+            [FTS_CONFIG, context_id, done, upto],
+        )
+        written = cursor.rowcount
+        cursor.execute("UPDATE memory_app_context SET search_seq = %s WHERE id = %s", [upto, context_id])
+    return written
+
+
+def index_pending(*, batch_size: int | None = None, max_batches: int | None = None) -> int:
+    """Fill every context that is behind (each batch committed); returns messages written.
+    Contexts locked by a writer meanwhile are skipped: the writer wakes the indexer again."""
+    total = batches = 0
+    while max_batches is None or batches < max_batches:
+        written = index_batch(batch_size=batch_size)
+        if written is None:
+            break
+        total += written
+        batches += 1
+    return total
+
+
+def pending_count() -> int:
+    """Messages waiting for their vector, over all contexts."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(sum(last_seq - search_seq), 0) FROM memory_app_context WHERE search_seq < last_seq"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def reindex_from(context_id: int, seq: int) -> None:
+    """Messages from `seq` on were written below the context's `search_seq` (an import into an
+    existing context): move it back so they are matched from their text until re-indexed."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE memory_app_context SET search_seq = LEAST(search_seq, %s) WHERE id = %s",
+            [max(seq - 1, 0), context_id],
+        )
