@@ -291,15 +291,10 @@ class Message(models.Model):
         ]
         indexes = [
             GinIndex(fields=["tags"], name="message_tags_gin"),
-            # The agent's hot read: a context's latest live messages.
-            models.Index(
-                fields=["context", "-seq"],
-                condition=Q(pruned_at__isnull=True),
-                name="message_live_recent_idx",
-            ),
-            # Composite's system message, however far back it lies (the last user message is
-            # found walking back message_live_recent_idx over the current turn, which composite
-            # reads anyway).
+            # The agent's hot read, a context's latest live messages, walks message_context_seq_unique
+            # backwards (pruned rows are few and skipped at the heap). Composite's system message,
+            # however far back it lies, has its own index (the last user message is found walking
+            # back over the current turn, which composite reads anyway).
             models.Index(
                 fields=["context", "seq"],
                 condition=Q(pruned_at__isnull=True, role="system"),

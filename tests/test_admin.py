@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.urls import reverse
 
 from memory_app import logbook
-from memory_app.models import AuditEvent, Message, Step
+from memory_app.models import AuditEvent, Message, MessageSearch, Step
 
 
 @pytest.fixture
@@ -31,14 +31,22 @@ def history():
     return context, result.messages, run, steps.steps
 
 
+# Derived data, not edited by hand: the full-text vectors follow their messages (triggers).
+NOT_IN_ADMIN = {MessageSearch}
+
+
+def admin_models():
+    return set(apps.get_app_config("memory_app").get_models()) - NOT_IN_ADMIN
+
+
 def test_every_model_is_registered_in_the_admin():
-    models = set(apps.get_app_config("memory_app").get_models())
-    assert models <= set(admin.site._registry)
+    assert admin_models() <= set(admin.site._registry)
+    assert not NOT_IN_ADMIN & set(admin.site._registry)
 
 
 @pytest.mark.django_db
 def test_every_admin_changelist_and_change_page_renders(superuser_client, history):
-    for model in apps.get_app_config("memory_app").get_models():
+    for model in admin_models():
         opts = model._meta
         url = reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
         assert superuser_client.get(url).status_code == 200, url

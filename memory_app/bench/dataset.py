@@ -619,8 +619,9 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print, chunk: int = CHUN
     with connection.cursor() as cursor:
         # The steady state: the indexer has parsed every message (memory_app.fulltext).
         cursor.execute(
-            "INSERT INTO memory_app_messagesearch (message_id, search_vector)"
-            " SELECT id, to_tsvector(%s::regconfig, text) FROM memory_app_message",
+            "INSERT INTO memory_app_messagesearch (context_id, seq, search_vector)"
+            " SELECT context_id, seq, to_tsvector(%s::regconfig, text) FROM memory_app_message"
+            " WHERE pruned_at IS NULL ORDER BY context_id, seq",
             [FTS_CONFIG],
         )
     timings["full-text vectors (to_tsvector)"] = time.perf_counter() - t_fts
