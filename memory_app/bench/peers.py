@@ -275,10 +275,13 @@ def _per_100k(conn, tables: list[str], items: int) -> Amount:
 def _ours_per_100k() -> Amount:
     from django.db import connection
 
+    from memory_app.bench.scenarios import STORED_TABLES
+
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pg_total_relation_size('memory_app_message') + "
-            "pg_total_relation_size('memory_app_embedding'), (SELECT count(*) FROM memory_app_message)"
+            "SELECT (SELECT sum(pg_total_relation_size(t::regclass)) FROM unnest(%s::text[]) t),"
+            " (SELECT count(*) FROM memory_app_message)",
+            [list(STORED_TABLES)],
         )
         size, count = cursor.fetchone()
     return Amount(size * 100_000 / max(count, 1) / 1e6, "MB")

@@ -929,7 +929,8 @@ __all__ = ["Bench", "BenchError", "Latency"]
 
 # --- storage ----------------------------------------------------------------------------------------
 
-STORED_TABLES = ("memory_app_message", "memory_app_embedding")
+# Every table a stored message occupies: the message, its full-text vector, its vectors.
+STORED_TABLES = ("memory_app_message", "memory_app_messagesearch", "memory_app_embedding")
 
 
 def storage(b: Bench) -> None:
