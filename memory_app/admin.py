@@ -74,7 +74,12 @@ def restore_selected(modeladmin, request, queryset):
 class ContextAdmin(admin.ModelAdmin):
     list_display = ["id", "title", "keys", "message_count", "run_count", "token_count", "last_activity_at"]
     search_fields = ["title", "keys_digest"]
-    readonly_fields = ["keys_digest", "last_seq", "message_count", "token_count", "run_count", "created_at", "updated_at"]
+    # The counters and search_seq are the write path's (search_seq: up to where the full-text
+    # vectors are stored; set by hand above that, messages would drop out of keyword search).
+    readonly_fields = [
+        "keys_digest", "last_seq", "search_seq", "message_count", "token_count", "run_count", "created_at",
+        "updated_at",
+    ]
     date_hierarchy = "last_activity_at"
     list_per_page = 50
 
@@ -84,8 +89,11 @@ class MessageAdmin(admin.ModelAdmin):
     list_display = ["id", "context_id", "seq", "role", "name", "short_text", "token_count", "created_at", "pruned_at"]
     list_filter = [PrunedFilter, "role"]
     search_fields = ["text", "client_id", "name"]
-    raw_id_fields = ["context", "run", "step"]
-    readonly_fields = ["seq", "token_count", "tokenizer", "created_at", "updated_at", "pruned_at", "pruned_by"]
+    raw_id_fields = ["run", "step"]
+    # A message stays in its context at its seq (its full-text vector is keyed by them).
+    readonly_fields = [
+        "context", "seq", "token_count", "tokenizer", "created_at", "updated_at", "pruned_at", "pruned_by",
+    ]
     actions = [prune_selected, restore_selected]
     list_per_page = 100
     show_full_result_count = False

@@ -21,6 +21,7 @@ from memory_app.logbook import (
     Invalid,
     NotFound,
     audit_record,
+    lock_contexts,
     message_edit,
     messages_set_pruned,
     steps_set_pruned,
@@ -139,6 +140,7 @@ def bulk_prune_apply(
     if flt.is_empty:
         raise Invalid("a bulk prune needs at least one filter")
     with transaction.atomic():
+        lock_contexts([context.pk])
         ids = list(
             _matching(context, flt).filter(seq__lte=upto_seq).select_for_update()
             .order_by("seq").values_list("pk", flat=True)
@@ -222,7 +224,7 @@ def _undo_messages(*, event: AuditEvent, actor: Actor, note: str) -> AuditEvent 
         raise NotFound("every message of this event was purged")
     pruned = event.action == "restore"  # undoing a restore prunes again
     last = None
-    for context_id, ids in by_context.items():
+    for context_id, ids in sorted(by_context.items()):  # contexts locked in id order
         _, ev = messages_set_pruned(context=Context.objects.get(pk=context_id), ids=ids,
                                     pruned=pruned, actor=actor, note=note)
         last = ev or last
@@ -282,6 +284,7 @@ def pruned_purge(
     events: list[AuditEvent] = []
     with transaction.atomic():
         messages, steps = _purgeable(older_than, context)
+        lock_contexts(messages.values_list("context_id", flat=True).distinct())
         rows = list(messages.select_for_update().values_list("pk", "context_id", "token_count"))
         step_rows = list(steps.select_for_update().values_list("pk", "run_id", "run__context_id"))
         when = {"older_than": older_than.isoformat()}

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.postgres.search import SearchQuery, SearchVector
-from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Sum
+from django.db.models import Count, F, Max, Min, Q, QuerySet, Sum
 
 from memory_app import pricing, transcripts
 from memory_app.logbook import STEP_SPAN
@@ -221,14 +221,10 @@ def _history_qs(context: Context, filters: HistoryFilters) -> QuerySet[Message]:
         # The stored vector (GIN) of live messages up to the context's search_seq; the text
         # itself after it, where the indexer may not have been yet, and of pruned messages,
         # which have no stored vector (memory_app.fulltext).
-        indexed = Exists(
-            MessageSearch.objects.filter(
-                context_id=OuterRef("context_id"), seq=OuterRef("seq"), search_vector=query
-            )
-        )
+        indexed = MessageSearch.objects.filter(context_id=context.pk, search_vector=query).values("seq")
         parsed = Q(seq__gt=context.search_seq) | Q(pruned_at__isnull=False)
-        qs = qs.annotate(text_vector=SearchVector("text", config=FTS_CONFIG)).filter(
-            indexed | (parsed & Q(text_vector=query))
+        qs = qs.alias(text_vector=SearchVector("text", config=FTS_CONFIG)).filter(
+            Q(seq__in=indexed) | (parsed & Q(text_vector=query))
         )
     return qs
 

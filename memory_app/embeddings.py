@@ -712,6 +712,7 @@ class BatchResult:
     failed: int = 0
     error: str = ""
     indexed: int = 0
+    parsed: int = 0  # messages whose full-text vectors were written
 
 
 def backoff(attempts: int, *, base: float = BACKOFF_BASE_SECONDS) -> timedelta:
@@ -840,6 +841,8 @@ class _Indexer:
     pause: the rows stay `indexed = false`, searchable, until a drain succeeds."""
 
     RETRY_SECONDS = 5.0
+    # A context being written to is skipped (SKIP LOCKED): looked at again this much later.
+    BUSY_SECONDS = 1.0
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -879,6 +882,10 @@ class _Indexer:
                 parsed = fulltext.index_pending()
                 if parsed:
                     log.info("indexer: %d messages' full-text vectors written", parsed)
+                if fulltext.pending_count():
+                    # Contexts locked by writers that do not wake the indexer (edits, prunes).
+                    time.sleep(self.BUSY_SECONDS)
+                    self._wake.set()
             except Exception:
                 log.exception("indexer: draining the backlog failed; retrying")
                 connections.close_all()
@@ -919,14 +926,16 @@ def run_worker(
             break
         res = embed_batch(provider=provider, batch_size=batch_size, backoff_base=backoff_base)
         # The deferred HNSW insertions too, one batch per turn (several workers share them).
-        indexed = 0
+        indexed, parsed = 0, None
         try:
             indexed = index_batch()
-            # And the messages waiting for their full-text vector, one context's batch a turn.
-            indexed += fulltext.index_batch() or 0
+            # And the messages waiting for their full-text vector, one context's batch a turn
+            # (None: no context behind; 0 can still be progress, over a range of pruned messages).
+            parsed = fulltext.index_batch()
         except Exception:
             log.exception("indexer: deferred vectors or full-text vectors failed; retrying")
         totals.indexed += indexed
+        totals.parsed += parsed or 0
         batches += 1 if res.claimed else 0
         totals.claimed += res.claimed
         totals.embedded += res.embedded
@@ -943,7 +952,7 @@ def run_worker(
                 provider.describe(),
                 totals.embedded,
             )
-        if (not res.claimed and not indexed) or res.failed:
+        if (not res.claimed and not indexed and parsed is None) or res.failed:
             if once:
                 break
             time.sleep(idle_sleep)

@@ -35,7 +35,8 @@ def index_messages(context_id: int, first_seq: int, last_seq: int) -> None:
         cursor.execute(
             f"INSERT INTO {TABLE} (context_id, seq, search_vector)"  # noqa: S608 - constants
             " SELECT context_id, seq, to_tsvector(%s::regconfig, text) FROM memory_app_message"
-            " WHERE context_id = %s AND seq BETWEEN %s AND %s AND pruned_at IS NULL",
+            " WHERE context_id = %s AND seq BETWEEN %s AND %s AND pruned_at IS NULL"
+            " ON CONFLICT (context_id, seq) DO UPDATE SET search_vector = EXCLUDED.search_vector",
             [FTS_CONFIG, context_id, first_seq, last_seq],
         )
 
@@ -47,12 +48,13 @@ def index_batch(*, batch_size: int | None = None) -> int | None:
     The context's row is locked while it is filled (SKIP LOCKED: a context being appended to is
     left for the next round): an appender waits for it, so the messages read here are every one
     up to the `last_seq` read with the lock, and `search_seq` never passes a message that has no
-    vector."""
+    vector. FOR NO KEY UPDATE, as appenders and the triggers take it: rows that only reference
+    the context (runs, audit events) are not held up."""
     size = batch_size or settings.AGENTMEMORY_INDEXER_BATCH
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             "SELECT id, search_seq, last_seq FROM memory_app_context WHERE search_seq < last_seq"
-            " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED"
+            " ORDER BY id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED"
         )
         row = cursor.fetchone()
         if row is None:

@@ -338,6 +338,23 @@ def _append_once(*, context, items, prepared, vectors, client_ids, tokenizer) ->
     return AppendResult(messages=results, created=created_flags)
 
 
+def lock_contexts(ids) -> None:
+    """Take the row locks of these contexts (in id order) before any of their messages' rows.
+
+    Writers that change a message's text, pruned state or existence fire migration 0013's
+    triggers, which lock the message's context row (the full-text indexer holds it while it
+    writes a context's vectors). Locking the context first keeps one order, context then
+    message, with appenders and AgentScope's state import, which lock it first too: two
+    writers never each hold what the other waits for."""
+    ids = sorted({int(i) for i in ids})
+    if ids:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM {Context._meta.db_table} WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE",  # noqa: S608
+                [ids],
+            )
+
+
 def _wake_indexer() -> None:
     from memory_app import embeddings
 
@@ -545,6 +562,7 @@ def message_edit(
     if _holds_nul(text) or _holds_nul(tags) or _holds_nul(metadata):
         raise Invalid("text, tags and metadata cannot hold NUL characters (PostgreSQL cannot store them)")
     with transaction.atomic():
+        lock_contexts([message.context_id])
         message = Message.objects.select_for_update().get(pk=message.pk)
         before = {"text": message.text, "tags": message.tags, "metadata": message.metadata}
         update_fields = ["updated_at"]
@@ -637,6 +655,8 @@ def steps_set_pruned(
 def _set_pruned(*, model, scope, ids, pruned, actor, context_id, note):
     ids = list(dict.fromkeys(int(i) for i in ids))
     with transaction.atomic():
+        if model is Message:
+            lock_contexts([context_id])
         rows = list(model.objects.select_for_update().filter(pk__in=ids, **scope).values_list("pk", "pruned_at"))
         if len(rows) != len(ids):
             missing = sorted(set(ids) - {pk for pk, _ in rows})

@@ -18,6 +18,8 @@ from django.db.models import F, Q
 from pgvector.django import VectorField
 
 # Full-text configuration: `simple` would not stem; `english` ranks "weathers" with "weather".
+# Migration 0013's triggers parse with it too: changing it needs a migration that replaces them
+# and re-parses MessageSearch.
 FTS_CONFIG = "english"
 
 
@@ -291,10 +293,17 @@ class Message(models.Model):
         ]
         indexes = [
             GinIndex(fields=["tags"], name="message_tags_gin"),
-            # The agent's hot read, a context's latest live messages, walks message_context_seq_unique
-            # backwards (pruned rows are few and skipped at the heap). Composite's system message,
-            # however far back it lies, has its own index (the last user message is found walking
-            # back over the current turn, which composite reads anyway).
+            # The agent's hot read: a context's latest live messages. Not message_context_seq_unique
+            # walked backwards: a history pruned as a whole (AgentScope's clear()) would be read
+            # row by row to find the live ones.
+            models.Index(
+                fields=["context", "-seq"],
+                condition=Q(pruned_at__isnull=True),
+                name="message_live_recent_idx",
+            ),
+            # Composite's system message, however far back it lies (the last user message is
+            # found walking back message_live_recent_idx over the current turn, which composite
+            # reads anyway).
             models.Index(
                 fields=["context", "seq"],
                 condition=Q(pruned_at__isnull=True, role="system"),

@@ -193,7 +193,7 @@ def _keyword_candidates(
                   AND {match}
                 ORDER BY s.seq DESC LIMIT %(need)s + cardinality(%(exclude)s::bigint[])
             ) c
-            WHERE NOT (c.id = ANY(%(exclude)s))
+            WHERE c.id IS NOT NULL AND NOT (c.id = ANY(%(exclude)s))
             ORDER BY c.seq DESC LIMIT %(need)s
         """  # noqa: S608 - constant SQL
 
@@ -204,7 +204,7 @@ def _keyword_candidates(
         "searched_older": min(search_seq, older),
         "unsearched_recent": max(search_seq, older),
         # No upper bound on the newest pass: messages appended since `last_seq` was read.
-        "newest": 2**62,
+        "newest": 2**63 - 1,
     }
     # Passes 1 and 2 in one statement (every row of the first is newer than the second's).
     recent = (

@@ -123,11 +123,11 @@ def test_full_text_and_vector_infrastructure_exists():
         cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
         assert cursor.fetchone() is not None
         cursor.execute(
-            "SELECT indexdef FROM pg_indexes WHERE indexname IN ('message_search_gin', 'message_context_seq_unique')"
+            "SELECT indexdef FROM pg_indexes WHERE indexname IN ('message_search_gin', 'message_live_recent_idx')"
         )
         defs = sorted(row[0] for row in cursor.fetchall())
     assert any("memory_app_messagesearch USING gin (search_vector)" in d for d in defs)
-    assert any("UNIQUE INDEX" in d and "(context_id, seq)" in d for d in defs)
+    assert any("seq DESC" in d and "pruned_at IS NULL" in d for d in defs)
 
 
 @pytest.mark.django_db

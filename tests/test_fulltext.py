@@ -194,7 +194,7 @@ def test_healthz_and_the_command_show_the_backlog(client):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_indexer_skips_a_context_being_appended_to_and_the_thread_drains_after_commit(settings):
+def test_the_indexer_skips_a_context_being_written_to_and_comes_back_for_it(settings):
     settings.AGENTMEMORY_INDEXER_THREAD = False
     busy = make_context()
     idle = make_context()
@@ -208,12 +208,14 @@ def test_the_indexer_skips_a_context_being_appended_to_and_the_thread_drains_aft
             busy.refresh_from_db()
             idle.refresh_from_db()
             assert busy.search_seq == 0 and idle.search_seq == 60
-        # The next batch commits and wakes the thread, which drains both batches of `busy`.
-        settings.AGENTMEMORY_INDEXER_THREAD = True
-        batch(busy, texts(60))
-        assert embeddings.indexer.wait_idle(60)
+            # The thread, woken now (as a batch's commit wakes it), finds the context still held.
+            settings.AGENTMEMORY_INDEXER_THREAD = True
+            embeddings.wake_indexer()
+            assert not embeddings.indexer.wait_idle(1.5)
+        # Released (by a writer that wakes nobody): the thread looks again and drains it.
+        assert embeddings.indexer.wait_idle(30)
         busy.refresh_from_db()
-        assert busy.search_seq == busy.last_seq == 120 and fulltext.pending_count() == 0
+        assert busy.search_seq == busy.last_seq == 60 and fulltext.pending_count() == 0
     finally:
         busy.delete()
         idle.delete()
@@ -274,3 +276,46 @@ def test_the_bulk_prune_preview_and_history_do_not_need_vectors():
     batch(context, texts(60))
     preview = curation.bulk_prune_preview(context=context, flt=curation.PruneFilter(text="number 1"))
     assert preview.count == 11
+
+
+def test_a_message_moved_by_hand_takes_its_vector_along():
+    """No domain path moves a message; an UPDATE by hand (or the admin, before it was read-only)
+    must not leave a vector at the old key that names no message."""
+    source, target = make_context(), make_context()
+    [m] = logbook.messages_append(context=source, items=[{"role": "user", "text": "zebra"}]).messages
+    with connection.cursor() as cur:
+        cur.execute("UPDATE memory_app_message SET context_id = %s, seq = 7 WHERE id = %s", [target.pk, m.pk])
+    m.refresh_from_db()
+    assert not stored_vectors(source) and has_vector(m, "zebra")
+    target.refresh_from_db()
+    assert found(target, "zebra") == [m.pk] and found(source, "zebra") == []
+
+
+def test_the_embed_worker_turn_moves_past_a_range_of_pruned_messages(system_actor):
+    class NothingToEmbed(embeddings.EmbeddingProvider):
+        kind, model = "test", "nothing-pending"
+
+    context = make_context()
+    stored = batch(context, texts(60))
+    logbook.messages_set_pruned(context=context, ids=[m.pk for m in stored], pruned=True, actor=system_actor)
+    # A turn that writes nothing (every message of the range is pruned) still moves the context,
+    # and `once` goes on while a context is behind.
+    totals = embeddings.run_worker(provider=NothingToEmbed(), once=True)
+    context.refresh_from_db()
+    assert context.search_seq == 60 and totals.parsed == 0 and fulltext.pending_count() == 0
+
+
+def test_the_admin_cannot_move_a_message_or_set_search_seq(admin_client):
+    context, other = make_context(), make_context()
+    [m] = logbook.messages_append(context=context, items=[{"role": "user", "text": "zebra"}]).messages
+    page = admin_client.get(reverse("admin:memory_app_message_change", args=[m.pk])).content.decode()
+    assert 'name="context"' not in page
+    admin_client.post(
+        reverse("admin:memory_app_message_change", args=[m.pk]),
+        {"context": other.pk, "role": "user", "name": "", "text": "zebra", "tags": "", "metadata": "{}",
+         "source_timestamp": "", "client_id": ""},
+    )
+    m.refresh_from_db()
+    assert m.context_id == context.pk
+    page = admin_client.get(reverse("admin:memory_app_context_change", args=[context.pk])).content.decode()
+    assert 'name="search_seq"' not in page

@@ -16,7 +16,7 @@ import uuid
 
 import numpy as np
 
-from memory_app import embeddings
+from memory_app import embeddings, fulltext
 from memory_app.bench import baseline
 from memory_app.bench.measure import Amount, Rate, Row, time_each
 
@@ -94,8 +94,9 @@ def run(b, *, window_k: int = 20, search_k: int = 10) -> None:
     }
     # LangGraph inserts each vector into its index as it is put; large batches of ours wait for
     # the indexer (its catch-up is the ingest area's own row) and are scanned exactly meanwhile.
-    # The searches compare the steady state: after the indexer caught up.
+    # The searches compare the steady state: after the indexer caught up (vectors and full text).
     embeddings.index_pending()
+    fulltext.index_pending()
     ours |= {
         "window": time_each(
             [
@@ -279,7 +280,7 @@ def _ours_per_100k() -> Amount:
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT (SELECT sum(pg_total_relation_size(t::regclass)) FROM unnest(%s::text[]) t),"
+            "SELECT (SELECT sum(pg_total_relation_size(t::regclass))::bigint FROM unnest(%s::text[]) t),"
             " (SELECT count(*) FROM memory_app_message)",
             [list(STORED_TABLES)],
         )

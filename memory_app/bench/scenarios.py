@@ -661,7 +661,31 @@ def ingest(b: Bench) -> None:
         )
     finally:
         settings.AGENTMEMORY_INDEXER_THREAD = threaded
+    if threaded:
+        _ingest_sustained(b, bodies, stamp, batch=batch, batches=batches)
     _ingest_steps(b, texts, cid=cid, naive_ctx=naive_ctx)
+
+
+def _ingest_sustained(b: Bench, bodies: list[str], stamp: int, *, batch: int, batches: int) -> None:
+    """The same text batches with the indexer thread running beside them, timed until the last
+    message has its full-text vector: the rate a steady stream of batches is stored and indexed
+    at, the two sharing the machine."""
+    context = b.post(f"{API}/contexts", {"keys": {"bench": "ingest-sustained", "at": str(stamp)}}).json()
+    t = time.perf_counter()
+    for body in bodies:
+        b.post_raw(f"{API}/contexts/{context['id']}/messages/batch", body)
+    if not embeddings.indexer.wait_idle(120) or fulltext.pending_count():
+        raise BenchError("the indexer thread did not write the batches' full-text vectors")
+    b.report.add(
+        Row(
+            "ingest (API)",
+            f"batch of {batch:,} messages ({batches} batches), until every full-text vector is written",
+            Rate(batch * batches / (time.perf_counter() - t)),
+            None,
+            note="the indexer thread running beside the batches",
+        ),
+        b.log,
+    )
 
 
 def _ingest_batches(

@@ -8,12 +8,15 @@ tells searches up to where the vectors exist (later messages are matched from th
 The existing vectors of live messages are copied, not recomputed, and every context starts
 caught up. Triggers keep the side table in step with any writer, ORM or SQL:
 - an UPDATE of a live message's text parses it again; pruning a message deletes its vector and
-  restoring it writes it back (each after locking the context row, which the indexer holds
-  while it fills a context: the two never race on one message);
+  restoring it writes it back; a message moved to another context or seq takes it along (each
+  after locking the context row, which the indexer holds while it fills a context: the two
+  never race on one message; the domain's writers lock the context before the message, see
+  `logbook.lock_contexts`);
 - a DELETE of messages deletes their vectors (statement-level: one join for a whole purge).
 
-The space the dropped column held in existing rows is reused by new rows; `VACUUM FULL
-memory_app_message` returns it at once (it locks the table while it rewrites it).
+Writes to messages wait while it runs (about 20 s per million messages here). The space the
+dropped column held stays in the existing rows until they are rewritten: `VACUUM FULL
+memory_app_message` returns it (it locks the table while it rewrites it).
 """
 
 import django.contrib.postgres.indexes
@@ -23,6 +26,9 @@ from django.db import migrations, models
 FTS_CONFIG = "english"  # memory_app.models.FTS_CONFIG when this migration was written
 
 FORWARD_SQL = f"""
+-- Writers wait (readers do not) until the copy and the triggers are in place: a prune or an
+-- edit committed between the two would leave a stale vector.
+LOCK TABLE memory_app_message IN SHARE ROW EXCLUSIVE MODE;
 INSERT INTO memory_app_messagesearch (context_id, seq, search_vector)
     SELECT context_id, seq, search_vector FROM memory_app_message WHERE pruned_at IS NULL
     ORDER BY context_id, seq;
@@ -30,8 +36,17 @@ UPDATE memory_app_context SET search_seq = last_seq WHERE search_seq <> last_seq
 
 CREATE FUNCTION memory_app_message_search_update() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM 1 FROM memory_app_context WHERE id = NEW.context_id FOR NO KEY UPDATE;
-    IF NEW.pruned_at IS NOT NULL THEN
+    PERFORM 1 FROM memory_app_context WHERE id IN (OLD.context_id, NEW.context_id)
+        ORDER BY id FOR NO KEY UPDATE;
+    IF (OLD.context_id, OLD.seq) IS DISTINCT FROM (NEW.context_id, NEW.seq) THEN
+        -- Moved (no domain path does; a hand-made UPDATE might): the vector follows the key.
+        DELETE FROM memory_app_messagesearch WHERE context_id = OLD.context_id AND seq = OLD.seq;
+        IF NEW.pruned_at IS NULL THEN
+            INSERT INTO memory_app_messagesearch (context_id, seq, search_vector)
+                VALUES (NEW.context_id, NEW.seq, to_tsvector('{FTS_CONFIG}', NEW.text))
+                ON CONFLICT (context_id, seq) DO UPDATE SET search_vector = EXCLUDED.search_vector;
+        END IF;
+    ELSIF NEW.pruned_at IS NOT NULL THEN
         DELETE FROM memory_app_messagesearch WHERE context_id = NEW.context_id AND seq = NEW.seq;
     ELSIF OLD.pruned_at IS NOT NULL THEN
         INSERT INTO memory_app_messagesearch (context_id, seq, search_vector)
@@ -43,9 +58,10 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER message_search_update AFTER UPDATE OF text, pruned_at ON memory_app_message
-    FOR EACH ROW WHEN (
+CREATE TRIGGER message_search_update AFTER UPDATE OF text, pruned_at, context_id, seq
+    ON memory_app_message FOR EACH ROW WHEN (
         OLD.text IS DISTINCT FROM NEW.text OR (OLD.pruned_at IS NULL) <> (NEW.pruned_at IS NULL)
+        OR OLD.context_id <> NEW.context_id OR OLD.seq <> NEW.seq
     )
     EXECUTE FUNCTION memory_app_message_search_update();
 

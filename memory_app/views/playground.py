@@ -161,7 +161,10 @@ def _run(request, context: Context, name: str, params: dict) -> Side:
 @require("view")
 @require_GET
 def playground(request, context_id: int):
-    context = get_object_or_404(Context.objects.only("id", "title", "keys"), pk=context_id)
+    # The counters too: a search reads last_seq, search_seq and message_count.
+    context = get_object_or_404(
+        Context.objects.only("id", "title", "keys", "last_seq", "search_seq", "message_count"), pk=context_id
+    )
     a_params = {k: request.GET.get(k, v) for k, v in DEFAULTS.items()}
     compare = request.GET.get("compare") == "1"
     sides = [_run(request, context, "A", a_params)]

@@ -59,7 +59,8 @@ class Command(BaseCommand):
             stop=stop,
         )
         self.stdout.write(
-            f"done: {totals.embedded} embedded, {totals.failed} postponed, {totals.indexed} indexed"
+            f"done: {totals.embedded} embedded, {totals.failed} postponed, {totals.indexed} indexed,"
+            f" {totals.parsed} full-text written"
             + (f" (last error: {totals.error})" if totals.error else "")
             + f", {embeddings.pending_count(model=provider.model)} pending"
         )
