@@ -842,7 +842,7 @@ class _Indexer:
 
     RETRY_SECONDS = 5.0
     # A context being written to is skipped (SKIP LOCKED): looked at again this much later.
-    BUSY_SECONDS = 1.0
+    BUSY_SECONDS = 0.1
 
     def __init__(self):
         self._lock = threading.Lock()

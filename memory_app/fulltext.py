@@ -28,17 +28,23 @@ log = logging.getLogger(__name__)
 TABLE = "memory_app_messagesearch"
 
 
+def _write_range(cursor, context_id: int, after: int, upto: int) -> int:
+    """Parse and store the vectors of the context's live messages with after < seq <= upto."""
+    cursor.execute(
+        f"INSERT INTO {TABLE} (context_id, seq, search_vector)"  # noqa: S608 - constants
+        " SELECT context_id, seq, to_tsvector(%s::regconfig, text) FROM memory_app_message"
+        " WHERE context_id = %s AND seq > %s AND seq <= %s AND pruned_at IS NULL"
+        " ON CONFLICT (context_id, seq) DO UPDATE SET search_vector = EXCLUDED.search_vector",
+        [FTS_CONFIG, context_id, after, upto],
+    )
+    return cursor.rowcount
+
+
 def index_messages(context_id: int, first_seq: int, last_seq: int) -> None:
     """Write the vectors of messages just stored, seqs `first_seq..last_seq` of one context (in
     the caller's transaction, which holds the context's row)."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {TABLE} (context_id, seq, search_vector)"  # noqa: S608 - constants
-            " SELECT context_id, seq, to_tsvector(%s::regconfig, text) FROM memory_app_message"
-            " WHERE context_id = %s AND seq BETWEEN %s AND %s AND pruned_at IS NULL"
-            " ON CONFLICT (context_id, seq) DO UPDATE SET search_vector = EXCLUDED.search_vector",
-            [FTS_CONFIG, context_id, first_seq, last_seq],
-        )
+        _write_range(cursor, context_id, first_seq - 1, last_seq)
 
 
 def index_batch(*, batch_size: int | None = None) -> int | None:
@@ -61,21 +67,15 @@ def index_batch(*, batch_size: int | None = None) -> int | None:
             return None
         context_id, done, last = row
         upto = min(last, done + size)
-        cursor.execute(
-            f"INSERT INTO {TABLE} (context_id, seq, search_vector)"  # noqa: S608 - constants
-            " SELECT context_id, seq, to_tsvector(%s::regconfig, text) FROM memory_app_message"
-            " WHERE context_id = %s AND seq > %s AND seq <= %s AND pruned_at IS NULL"
-            " ON CONFLICT (context_id, seq) DO UPDATE SET search_vector = EXCLUDED.search_vector",
-            [FTS_CONFIG, context_id, done, upto],
-        )
-        written = cursor.rowcount
+        written = _write_range(cursor, context_id, done, upto)
         cursor.execute("UPDATE memory_app_context SET search_seq = %s WHERE id = %s", [upto, context_id])
     return written
 
 
 def index_pending(*, batch_size: int | None = None, max_batches: int | None = None) -> int:
     """Fill every context that is behind (each batch committed); returns messages written.
-    Contexts locked by a writer meanwhile are skipped: the writer wakes the indexer again."""
+    Contexts locked by a writer meanwhile are skipped (the indexer thread looks again a second
+    later; `embed_worker` at its next turn)."""
     total = batches = 0
     while max_batches is None or batches < max_batches:
         written = index_batch(batch_size=batch_size)
