@@ -26,6 +26,10 @@ from memory_app.models import FTS_CONFIG
 log = logging.getLogger(__name__)
 
 TABLE = "memory_app_messagesearch"
+# Messages waiting for their vector, over all contexts (also read by /healthz).
+PENDING_SQL = (
+    "SELECT coalesce(sum(last_seq - search_seq), 0) FROM memory_app_context WHERE search_seq < last_seq"
+)
 
 
 def _write_range(cursor, context_id: int, after: int, upto: int) -> int:
@@ -89,9 +93,7 @@ def index_pending(*, batch_size: int | None = None, max_batches: int | None = No
 def pending_count() -> int:
     """Messages waiting for their vector, over all contexts."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT coalesce(sum(last_seq - search_seq), 0) FROM memory_app_context WHERE search_seq < last_seq"
-        )
+        cursor.execute(PENDING_SQL)
         return int(cursor.fetchone()[0])
 
 

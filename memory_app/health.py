@@ -9,6 +9,8 @@ from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from memory_app import fulltext
+
 
 @never_cache
 @require_GET
@@ -16,10 +18,9 @@ def healthz(request):
     try:
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector'),"
+                "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector'),"  # noqa: S608 - constants
                 " (SELECT count(*) FROM memory_app_embedding WHERE NOT indexed),"
-                " (SELECT coalesce(sum(last_seq - search_seq), 0) FROM memory_app_context"
-                " WHERE search_seq < last_seq)"
+                f" ({fulltext.PENDING_SQL})"
             )
             row = cursor.fetchone()
     except DatabaseError as exc:

@@ -169,18 +169,19 @@ def _keyword_candidates(
        still needs).
     Each pass looks up the ids of the messages it found only (message_context_seq_unique).
     """
-    def parsed(after: str, upto: str) -> str:
+    # Seq bounds are ints written into the text; the rest are parameters.
+    def parsed(after: int, upto: int) -> str:
         return f"""
             SELECT m.id, m.seq, ts_rank(to_tsvector(%(config)s::regconfig, m.text), %(q)s::tsquery)
             FROM memory_app_message m
             WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
-              AND m.seq > %({after})s AND m.seq <= %({upto})s
+              AND m.seq > {int(after)} AND m.seq <= {int(upto)}
               AND to_tsvector(%(config)s::regconfig, m.text) @@ %(q)s::tsquery
               AND NOT (m.id = ANY(%(exclude)s))
             ORDER BY m.seq DESC LIMIT %(need)s
         """  # noqa: S608 - constant SQL
 
-    def stored(after: str, upto: str, match: str) -> str:
+    def stored(after: int, upto: int, match: str) -> str:
         # The message's id is looked up for each candidate (a subplan on
         # message_context_seq_unique), never by joining the context's messages.
         return f"""
@@ -189,7 +190,7 @@ def _keyword_candidates(
                         WHERE m.context_id = %(context)s AND m.seq = s.seq) AS id,
                        s.seq, ts_rank(s.search_vector, %(q)s::tsquery) AS rank
                 FROM {fulltext.TABLE} s
-                WHERE s.context_id = %(context)s AND s.seq > %({after})s AND s.seq <= %({upto})s
+                WHERE s.context_id = %(context)s AND s.seq > {int(after)} AND s.seq <= {int(upto)}
                   AND {match}
                 ORDER BY s.seq DESC LIMIT %(need)s + cardinality(%(exclude)s::bigint[])
             ) c
@@ -198,32 +199,24 @@ def _keyword_candidates(
         """  # noqa: S608 - constant SQL
 
     older = max(last_seq - KEYWORD_RECENT_SEQS, 0)
-    bounds = {
-        "older": older,
-        "searched": search_seq,
-        "searched_older": min(search_seq, older),
-        "unsearched_recent": max(search_seq, older),
-        # No upper bound on the newest pass: messages appended since `last_seq` was read.
-        "newest": 2**63 - 1,
-    }
-    # Passes 1 and 2 in one statement (every row of the first is newer than the second's).
-    recent = (
-        f"({parsed('unsearched_recent', 'newest')}) UNION ALL"
-        f" ({stored('older', 'searched', 'ts_match_vq(s.search_vector, %(q)s::tsquery)')})"
-        " ORDER BY 2 DESC LIMIT %(need)s"
-    )
+    searched_older = min(search_seq, older)
+    # No upper bound on the newest pass: messages appended since `last_seq` was read.
+    newest = 2**63 - 1
     passes = [
-        (recent, True),
-        (parsed("searched_older", "older"), search_seq < older),
-        (stored("zero", "searched_older", "s.search_vector @@ %(q)s::tsquery"), min(search_seq, older) > 0),
+        # 1 and 2 in one statement (every row of the first is newer than the second's).
+        f"({parsed(max(search_seq, older), newest)}) UNION ALL"
+        f" ({stored(older, search_seq, 'ts_match_vq(s.search_vector, %(q)s::tsquery)')})"
+        " ORDER BY 2 DESC LIMIT %(need)s",
+        parsed(searched_older, older) if search_seq < older else None,
+        stored(0, searched_older, "s.search_vector @@ %(q)s::tsquery") if searched_older > 0 else None,
     ]
-    params = {"context": context_id, "q": tsquery, "exclude": exclude_ids, "config": FTS_CONFIG, "zero": 0, **bounds}
+    params = {"context": context_id, "q": tsquery, "exclude": exclude_ids, "config": FTS_CONFIG}
     found: list = []
     with connection.cursor() as cursor:
-        for sql, needed in passes:
+        for sql in passes:
             if len(found) >= candidates:
                 break
-            if needed:
+            if sql:
                 cursor.execute(sql, {**params, "need": candidates - len(found)})
                 found += cursor.fetchall()
     return [(mid, seq, float(score)) for mid, seq, score in found]

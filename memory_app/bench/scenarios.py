@@ -656,14 +656,52 @@ def ingest(b: Bench) -> None:
         for body in bodies:
             b.post_raw(f"{API}/contexts/{cid}/messages/batch", body)
         ours_rate = Rate(batch * batches / (time.perf_counter() - t))
-        _ingest_batches(
-            b, gen, texts, stamp, naive_ctx=naive_ctx, batch=batch, batches=batches, ours_rate=ours_rate
+        t = time.perf_counter()
+        baseline.append_loop(naive_ctx.pk, texts[:batch])
+        naive_rate = Rate(batch / (time.perf_counter() - t))
+        b.report.add(
+            Row(
+                "ingest (API)",
+                f"batch of {batch:,} messages ({batches} batches)",
+                ours_rate,
+                naive_rate,
+                Target(">=", 10000, "≥ 10,000 msg/s"),
+            ),
+            b.log,
+        )
+        _ingest_vectors(b, gen, texts, stamp, batch=batch, batches=batches)
+        # Every batch above left its messages' full-text vectors to the indexer.
+        waiting = fulltext.pending_count()
+        _catch_up(
+            b,
+            f"full-text catch-up after the batches above: {waiting:,} messages waiting for their "
+            "full-text vectors, until none",
+            drain=fulltext.index_pending,
+            left=fulltext.pending_count,
+            waiting=waiting,
+            unit="msg/s",
+            note=f"one indexer (fulltext.index_pending, batches of {settings.AGENTMEMORY_INDEXER_BATCH:,} "
+            "seqs); keyword search parses waiting messages' text meanwhile",
         )
     finally:
         settings.AGENTMEMORY_INDEXER_THREAD = threaded
     if threaded:
         _ingest_sustained(b, bodies, stamp, batch=batch, batches=batches)
     _ingest_steps(b, texts, cid=cid, naive_ctx=naive_ctx)
+
+
+def _catch_up(b: Bench, label: str, *, drain, left, waiting: int, unit: str, note: str) -> None:
+    """How long one indexer takes to bring a backlog of `waiting` items to none (`drain()`
+    until `left()` is 0), as a rate: the work a large batch leaves for after its request."""
+    t = time.perf_counter()
+    drain()
+    elapsed = time.perf_counter() - t
+    if left():
+        raise BenchError(f"the indexer left work waiting: {label}")
+    b.report.add(
+        Row("ingest (indexer)", label, Rate(waiting / elapsed if elapsed else 0.0, unit), note=note),
+        b.log,
+    )
 
 
 def _ingest_sustained(b: Bench, bodies: list[str], stamp: int, *, batch: int, batches: int) -> None:
@@ -683,49 +721,6 @@ def _ingest_sustained(b: Bench, bodies: list[str], stamp: int, *, batch: int, ba
             Rate(batch * batches / (time.perf_counter() - t)),
             None,
             note="the indexer thread running beside the batches",
-        ),
-        b.log,
-    )
-
-
-def _ingest_batches(
-    b: Bench, gen: Generator, texts: list[str], stamp: int, *, naive_ctx: Context, batch: int, batches: int,
-    ours_rate: Rate,
-) -> None:
-    """The text-only batches' row (measured by the caller), the batches with vectors, and the
-    indexer's catch-up on the full-text vectors they all left to it."""
-    t = time.perf_counter()
-    baseline.append_loop(naive_ctx.pk, texts[:batch])
-    naive_rate = Rate(batch / (time.perf_counter() - t))
-    b.report.add(
-        Row(
-            "ingest (API)",
-            f"batch of {batch:,} messages ({batches} batches)",
-            ours_rate,
-            naive_rate,
-            Target(">=", 10000, "≥ 10,000 msg/s"),
-        ),
-        b.log,
-    )
-
-    _ingest_vectors(b, gen, texts, stamp, batch=batch, batches=batches)
-    # Every batch above left its messages' full-text vectors to the indexer: how long one
-    # indexer takes to write them all, in messages per second.
-    waiting = fulltext.pending_count()
-    t = time.perf_counter()
-    fulltext.index_pending()
-    elapsed = time.perf_counter() - t
-    if fulltext.pending_count():
-        raise BenchError("the indexer left messages without their full-text vectors")
-    b.report.add(
-        Row(
-            "ingest (indexer)",
-            f"full-text catch-up after the batches above: {waiting:,} messages waiting for their "
-            "full-text vectors, until none",
-            Rate(waiting / elapsed if elapsed else 0.0),
-            note="one indexer (fulltext.index_pending, batches of "
-            f"{settings.AGENTMEMORY_INDEXER_BATCH:,} seqs); keyword search parses waiting "
-            "messages' text meanwhile",
         ),
         b.log,
     )
@@ -900,21 +895,16 @@ def _ingest_vectors(
     # alone): how long one indexer takes to bring that backlog to 0, in vectors per second.
     contexts = [domain_ctx.pk, api_ctx.pk, http_ctx.pk]
     waiting = embeddings.unindexed_count(model=model)
-    t = time.perf_counter()
-    embeddings.index_pending()
-    elapsed = time.perf_counter() - t
-    if embeddings.unindexed_count(model=model):
-        raise BenchError("the indexer left vectors waiting")
-    b.report.add(
-        Row(
-            "ingest (indexer)",
-            f"catch-up after the batches above: {waiting:,} of their {3 * n:,} vectors waiting "
-            "for the HNSW graph, until none",
-            Rate(waiting / elapsed if elapsed else 0.0, "vectors/s"),
-            note="one indexer (embeddings.index_pending, batches of "
-            f"{settings.AGENTMEMORY_INDEXER_BATCH:,}); searches scan waiting vectors exactly meanwhile",
-        ),
-        b.log,
+    _catch_up(
+        b,
+        f"catch-up after the batches above: {waiting:,} of their {3 * n:,} vectors waiting "
+        "for the HNSW graph, until none",
+        drain=embeddings.index_pending,
+        left=lambda: embeddings.unindexed_count(model=model),
+        waiting=waiting,
+        unit="vectors/s",
+        note="one indexer (embeddings.index_pending, batches of "
+        f"{settings.AGENTMEMORY_INDEXER_BATCH:,}); searches scan waiting vectors exactly meanwhile",
     )
     stored = Embedding.objects.filter(
         context_id__in=contexts, model=model, vector__isnull=False

@@ -144,9 +144,7 @@ def curate_set_pruned(request, context_id: int):
 def message_edit_view(request, context_id: int, message_id: int):
     """GET: the row as an edit form; POST: save text and tags (previous version in the audit)."""
     context = get_object_or_404(Context, pk=context_id)
-    message = get_object_or_404(
-        Message.objects, pk=message_id, context=context
-    )
+    message = get_object_or_404(Message, pk=message_id, context=context)
     page = {"ctx": context, "m": message, "editing": True}
     if request.method == "POST":
         text = request.POST.get("text", "")
@@ -181,9 +179,7 @@ def message_edit_view(request, context_id: int, message_id: int):
 def message_row(request, context_id: int, message_id: int):
     """The row in view mode (the edit form's Cancel)."""
     context = get_object_or_404(Context, pk=context_id)
-    message = get_object_or_404(
-        Message.objects, pk=message_id, context=context
-    )
+    message = get_object_or_404(Message, pk=message_id, context=context)
     if not wants_fragment(request):
         return redirect(reverse("curate-history", args=[context.pk]) + f"?before={message.seq + 1}")
     return render_page(

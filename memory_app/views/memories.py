@@ -160,9 +160,7 @@ def _promoted(request, record, created: bool, target_id: str):
 @require("memories")
 @require_POST
 def promote_message(request, message_id: int):
-    message = get_object_or_404(
-        Message.objects.select_related("context"), pk=message_id
-    )
+    message = get_object_or_404(Message.objects.select_related("context"), pk=message_id)
     try:
         record, created = memories.memory_promote(
             actor=Actor.for_user(request.user),
