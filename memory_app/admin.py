@@ -14,6 +14,7 @@ from memory_app.models import (
     AuditEvent,
     Context,
     Embedding,
+    EmbeddingRetry,
     MemoryRecord,
     Message,
     Run,
@@ -161,11 +162,20 @@ class MemoryRecordAdmin(admin.ModelAdmin):
 
 @admin.register(Embedding)
 class EmbeddingAdmin(admin.ModelAdmin):
-    list_display = ["id", "model", "dimensions", "message_id", "memory_record_id", "attempts", "embedded_at"]
-    list_filter = ["model", ("embedded_at", admin.EmptyFieldListFilter)]
+    list_display = ["id", "model", "dimensions", "message_id", "memory_record_id", "indexed"]
+    list_filter = ["model", "indexed"]
     raw_id_fields = ["message", "memory_record", "context"]
     exclude = ["vector"]
     show_full_result_count = False
+
+
+@admin.register(EmbeddingRetry)
+class EmbeddingRetryAdmin(admin.ModelAdmin):
+    """Items whose provider call failed: the operator's view of a failing embedding provider."""
+
+    list_display = ["embedding_id", "attempts", "next_attempt_at", "last_error"]
+    raw_id_fields = ["embedding"]
+    ordering = ["next_attempt_at"]
 
 
 @admin.register(ApiKey)

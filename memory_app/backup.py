@@ -74,7 +74,8 @@ STEP_FIELDS = _plain_fields(Step)
 TOOL_CALL_FIELDS = _plain_fields(ToolCall)
 MESSAGE_FIELDS = _plain_fields(Message)
 MEMORY_FIELDS = _plain_fields(MemoryRecord)
-EMBEDDING_FIELDS = _plain_fields(Embedding, skip=("vector",))
+# `indexed` describes this database's HNSW graph, not the vector: imported rows go into it.
+EMBEDDING_FIELDS = _plain_fields(Embedding, skip=("vector", "indexed"))
 
 
 def _dump(obj: models.Model, fields: list[models.Field]) -> dict[str, Any]:
@@ -535,7 +536,7 @@ class _Importer:
                 self.result.count("embeddings", 0, 1)
                 continue
             rows.append(emb)
-        self._insert(Embedding, rows, ["created_at"])
+        self._insert(Embedding, rows, [])
         self.result.count("embeddings", len(rows), 0)
 
 

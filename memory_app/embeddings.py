@@ -4,7 +4,7 @@ Writes never wait for a provider: they only enqueue pending `Embedding` rows (ve
 `manage.py embed_worker` fills in (`embed_batch` below). Several workers may run at once on any
 number of machines: each claims its batch with `SELECT ... FOR UPDATE SKIP LOCKED`, so no item is
 embedded twice, and a provider failure only postpones the batch (exponential backoff kept in
-`attempts` / `next_attempt_at`).
+an `EmbeddingRetry` row beside each failed item).
 
 Providers (settings `AGENTMEMORY_EMBEDDING_PROVIDER`):
 - `none`   keyword search only;
@@ -35,12 +35,11 @@ import httpx
 import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from memory_app import fulltext
 from memory_app.logbook import Invalid
-from memory_app.models import Embedding, MemoryRecord, Message
+from memory_app.models import Embedding, EmbeddingRetry, MemoryRecord, Message
 
 log = logging.getLogger("memory_app.embeddings")
 
@@ -265,7 +264,8 @@ def enqueue_memory_records(records: list[MemoryRecord], *, model: str | None = N
 
 
 def _stale(qs) -> None:
-    qs.update(vector=None, embedded_at=None, attempts=0, next_attempt_at=None, last_error="")
+    EmbeddingRetry.objects.filter(embedding__in=qs).delete()
+    qs.update(vector=None)
 
 
 def requeue_message(message: Message) -> None:
@@ -329,9 +329,9 @@ def vector_put(
         row, _ = Embedding.objects.select_for_update().get_or_create(
             **item, model=model, defaults={"context_id": context_id}
         )
-        row.vector, row.dimensions, row.embedded_at = values, len(values), timezone.now()
-        row.attempts, row.next_attempt_at, row.last_error = 0, None, ""
+        row.vector, row.dimensions = values, len(values)
         row.save()
+        EmbeddingRetry.objects.filter(embedding=row).delete()
     _known_dimensions.setdefault(model, len(values))
     ensure_model_index(model=model, dimensions=len(values))
     return row
@@ -404,25 +404,9 @@ VECTOR_COPY_COLUMNS = (
     "model",
     "dimensions",
     "vector",
-    "attempts",
-    "last_error",
-    "created_at",
-    "embedded_at",
     "indexed",
 )
-_VECTOR_COPY_TYPES = [
-    "int8",
-    "int8",
-    "int8",
-    "text",
-    "int4",
-    "vector",
-    "int4",
-    "text",
-    "timestamptz",
-    "timestamptz",
-    "bool",
-]
+_VECTOR_COPY_TYPES = ["int8", "int8", "int8", "text", "int4", "vector", "bool"]
 
 
 def vectors_copy(
@@ -442,7 +426,6 @@ def vectors_copy(
     from pgvector.psycopg.vector import register_vector_info
     from psycopg.types import TypeInfo
 
-    now = timezone.now()
     connection.ensure_connection()
     with connection.cursor() as wrapper:
         cursor = wrapper.cursor
@@ -455,19 +438,7 @@ def vectors_copy(
             copy.set_types(_VECTOR_COPY_TYPES)
             for message_id, memory_id, context_id, v in rows:
                 copy.write_row(
-                    (
-                        message_id,
-                        memory_id,
-                        context_id,
-                        v.model,
-                        len(v.values),
-                        v.values,
-                        1,
-                        "",
-                        now,
-                        now,
-                        not deferred,
-                    )
+                    (message_id, memory_id, context_id, v.model, len(v.values), v.values, not deferred)
                 )
     for _, _, _, v in rows:
         _known_dimensions.setdefault(v.model, len(v.values))
@@ -729,8 +700,9 @@ def embed_batch(
     """Claim up to `batch_size` due pending rows of the provider's model and fill them in.
 
     The rows stay locked (FOR UPDATE SKIP LOCKED) until their vectors are written, so another
-    worker skips them: every item is embedded once. On a provider failure the rows get
-    `attempts + 1` and a `next_attempt_at` that doubles each time.
+    worker skips them: every item is embedded once. On a provider failure each row's
+    `EmbeddingRetry` gets `attempts + 1` and a `next_attempt_at` that doubles each time; a row
+    is not claimed again before then. Oldest first.
     """
     batch_size = batch_size or settings.AGENTMEMORY_EMBEDDING_BATCH_SIZE
     now = now or timezone.now()
@@ -739,9 +711,9 @@ def embed_batch(
         rows = list(
             Embedding.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(vector__isnull=True, model=provider.model)
-            .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
+            .exclude(retry__next_attempt_at__gt=now)
             .select_related("message", "memory_record")
-            .order_by("next_attempt_at", "id")[:batch_size]
+            .order_by("id")[:batch_size]
         )
         result.claimed = len(rows)
         if not rows:
@@ -755,27 +727,42 @@ def embed_batch(
                     f"provider answered vectors of other than {expected} dimensions"
                 )
         except ProviderError as exc:
-            for r in rows:
-                r.attempts += 1
-                r.next_attempt_at = now + backoff(r.attempts, base=backoff_base)
-                r.last_error = str(exc)[:2000]
-            Embedding.objects.bulk_update(rows, ["attempts", "next_attempt_at", "last_error"])
+            _postpone(rows, error=str(exc), now=now, backoff_base=backoff_base)
             result.failed, result.error = len(rows), str(exc)
             return result
-        stamp = timezone.now()
         for r, v in zip(rows, vectors, strict=True):
-            r.vector, r.dimensions, r.embedded_at = v, len(v), stamp
-            r.attempts += 1
-            r.next_attempt_at, r.last_error = None, ""
-        Embedding.objects.bulk_update(
-            rows,
-            ["vector", "dimensions", "embedded_at", "attempts", "next_attempt_at", "last_error"],
-        )
+            r.vector, r.dimensions = v, len(v)
+        Embedding.objects.bulk_update(rows, ["vector", "dimensions"])
+        EmbeddingRetry.objects.filter(embedding__in=rows).delete()
         result.embedded = len(rows)
     dims = len(vectors[0])
     _known_dimensions.setdefault(provider.model, dims)
     ensure_model_index(model=provider.model, dimensions=dims)
     return result
+
+
+def _postpone(rows: list[Embedding], *, error: str, now: datetime, backoff_base: float) -> None:
+    """Count a failed attempt on each claimed row and set when it is due again."""
+    tried = dict(
+        EmbeddingRetry.objects.filter(embedding__in=rows).values_list("embedding_id", "attempts")
+    )
+    retries = []
+    for r in rows:
+        attempts = tried.get(r.pk, 0) + 1
+        retries.append(
+            EmbeddingRetry(
+                embedding=r,
+                attempts=attempts,
+                next_attempt_at=now + backoff(attempts, base=backoff_base),
+                last_error=error[:2000],
+            )
+        )
+    EmbeddingRetry.objects.bulk_create(
+        retries,
+        update_conflicts=True,
+        unique_fields=["embedding"],
+        update_fields=["attempts", "next_attempt_at", "last_error"],
+    )
 
 
 def pending_count(*, model: str | None = None, context_id: int | None = None) -> int:
@@ -967,8 +954,8 @@ def reembed_enqueue(*, model: str, context_id: int | None = None) -> int:
         params = [model] + ([context_id] if context_id else [])
         cursor.execute(
             f"""
-            INSERT INTO memory_app_embedding (message_id, context_id, model, attempts, last_error, created_at)
-            SELECT m.id, m.context_id, %s, 0, '', now() FROM memory_app_message m
+            INSERT INTO memory_app_embedding (message_id, context_id, model)
+            SELECT m.id, m.context_id, %s FROM memory_app_message m
             WHERE m.text <> '' {context_filter}
             ON CONFLICT DO NOTHING
             """,  # noqa: S608 - the only interpolation is a constant filter
@@ -978,8 +965,8 @@ def reembed_enqueue(*, model: str, context_id: int | None = None) -> int:
         context_filter = "AND r.context_id = %s" if context_id else ""
         cursor.execute(
             f"""
-            INSERT INTO memory_app_embedding (memory_record_id, context_id, model, attempts, last_error, created_at)
-            SELECT r.id, r.context_id, %s, 0, '', now() FROM memory_app_memoryrecord r
+            INSERT INTO memory_app_embedding (memory_record_id, context_id, model)
+            SELECT r.id, r.context_id, %s FROM memory_app_memoryrecord r
             WHERE r.content <> '' {context_filter}
             ON CONFLICT DO NOTHING
             """,  # noqa: S608

@@ -415,13 +415,18 @@ class MemoryRecord(models.Model):
 class Embedding(models.Model):
     """A vector for one item under one model; several models coexist (one HNSW index per model).
 
-    A row with `vector` NULL is pending: the embed worker claims it with FOR UPDATE SKIP LOCKED.
+    A row with `vector` NULL is pending: the embed worker claims it with FOR UPDATE SKIP LOCKED;
+    a provider failure is kept beside it in `EmbeddingRetry` until it succeeds.
     The HNSW index for a model is a partial expression index created when the model is first
     used (`memory_app.embeddings.ensure_model_index`), because vector dimensions differ by model.
     Only rows with `indexed` true are in that index: a large batch of client vectors is written
     with `indexed` false (COPY speed, no graph insertion) and the indexer
     (`memory_app.embeddings.index_pending`) adds them later; searches scan those rows exactly
     meanwhile, so none is ever unsearchable.
+
+    The row holds eight columns and nothing else (migration 0015): a 384-d row is then 1,617
+    bytes with a 24-byte header, so five fit a page where four did (a ninth column, or any
+    column wider, puts it back to four).
     """
 
     # No single-column indexes on the three keys: the unique (message, model) and (memory_record,
@@ -440,11 +445,6 @@ class Embedding(models.Model):
     model = models.CharField(max_length=200)
     dimensions = models.IntegerField(null=True, blank=True)
     vector = VectorField(null=True, blank=True)
-    attempts = models.IntegerField(default=0)
-    next_attempt_at = models.DateTimeField(null=True, blank=True)
-    last_error = models.TextField(blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
-    embedded_at = models.DateTimeField(null=True, blank=True)
     # False while the row waits for the indexer (deferred batch insertion into the HNSW graph).
     # The database default covers the raw INSERTs (reembed_enqueue) as well.
     indexed = models.BooleanField(default=True, db_default=True)
@@ -466,9 +466,7 @@ class Embedding(models.Model):
             ),
         ]
         indexes = [
-            models.Index(
-                fields=["next_attempt_at", "id"], condition=Q(vector__isnull=True), name="embedding_pending_idx"
-            ),
+            models.Index(fields=["model", "id"], condition=Q(vector__isnull=True), name="embedding_pending_idx"),
             models.Index(fields=["context", "model"], name="embedding_context_model_idx"),
             # The indexer's backlog and the searches' exact scan of it: empty in the steady state.
             models.Index(
@@ -479,6 +477,24 @@ class Embedding(models.Model):
     def __str__(self) -> str:
         item = f"message {self.message_id}" if self.message_id else f"memory {self.memory_record_id}"
         return f"{item} under {self.model}" + ("" if self.vector is not None else " (pending)")
+
+
+class EmbeddingRetry(models.Model):
+    """A pending vector whose provider call failed: how often, why, and when it is due again.
+
+    Only failed items have a row (deleted once the vector is written or the item's text changes):
+    the queue's bookkeeping stays off the embedding rows, which a store holds by the million.
+    """
+
+    embedding = models.OneToOneField(
+        Embedding, on_delete=models.CASCADE, primary_key=True, related_name="retry"
+    )
+    attempts = models.IntegerField()
+    next_attempt_at = models.DateTimeField()
+    last_error = models.TextField(blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"embedding {self.embedding_id}: {self.attempts} attempts, next {self.next_attempt_at}"
 
 
 class ApiKey(models.Model):

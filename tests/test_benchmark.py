@@ -235,15 +235,16 @@ def test_a_dataset_built_before_the_spread_existed_is_not_reused_as_todays():
 
 
 def test_the_storage_row_counts_every_table_a_message_occupies():
-    """The message's own row, its full-text vector (MessageSearch) and its embeddings."""
+    """The message's own row, its full-text vector (MessageSearch), its embeddings and their
+    retries."""
     from django.apps import apps
 
     from memory_app.bench.scenarios import STORED_TABLES
-    from memory_app.models import Embedding, Message
+    from memory_app.models import Embedding, EmbeddingRetry, Message
 
     holding = {
         m._meta.db_table
         for m in apps.get_app_config("memory_app").get_models()
-        if m in (Message, Embedding) or m._meta.db_table.startswith("memory_app_message")
+        if m in (Message, Embedding, EmbeddingRetry) or m._meta.db_table.startswith("memory_app_message")
     }
     assert holding == set(STORED_TABLES)

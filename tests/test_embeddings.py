@@ -22,7 +22,7 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from memory_app import embeddings, logbook, search
-from memory_app.models import Embedding, Message
+from memory_app.models import Embedding, EmbeddingRetry, Message
 
 DIMS = 32
 
@@ -117,21 +117,28 @@ def test_openai_provider_outage_never_fails_a_write_and_recovers(stand_in):
     assert (result.failed, result.embedded) == (3, 0) and "503" in result.error
     row = Embedding.objects.filter(context=context).first()
     assert (
-        row.attempts == 1
+        row.retry.attempts == 1
         and row.vector is None
-        and row.next_attempt_at > timezone.now()
-        and "503" in row.last_error
+        and row.retry.next_attempt_at > timezone.now()
+        and "503" in row.retry.last_error
     )
     # Still down: more writes succeed; a retry before next_attempt_at does not hammer the provider.
     append(context, "Rain expected in London")
     assert embeddings.embed_batch(provider=provider).claimed == 1  # only the new, due row
-    assert Embedding.objects.get(message__text="Rain expected in London").attempts == 1
+    assert Embedding.objects.get(message__text="Rain expected in London").retry.attempts == 1
+    # Due again and still down: the attempt is counted and the wait doubles.
+    first_wait = row.retry.next_attempt_at - timezone.now()
+    soon = timezone.now() + timedelta(minutes=1)
+    assert embeddings.embed_batch(provider=provider, now=soon).failed == 4
+    row.retry.refresh_from_db()
+    assert row.retry.attempts == 2 and row.retry.next_attempt_at - soon > first_wait
 
     stand_in.down = False
     later = timezone.now() + timedelta(hours=1)
     result = embeddings.embed_batch(provider=provider, now=later)
     assert result.embedded == 4
     assert not Embedding.objects.filter(context=context, vector__isnull=True).exists()
+    assert not EmbeddingRetry.objects.filter(embedding__context=context).exists()  # done with
     assert set(Embedding.objects.filter(context=context).values_list("dimensions", flat=True)) == {
         DIMS
     }
@@ -186,7 +193,8 @@ def test_two_workers_embed_2000_items_exactly_once(stand_in):
     assert all(t.embedded > 0 for t in totals), "both workers took part"
     assert embeddings.pending_count(model="toy-32") == 0
     assert len(stand_in.calls) == 2000 and set(stand_in.calls.values()) == {1}  # each item once
-    assert Embedding.objects.filter(context=context, attempts=1).count() == 2000
+    assert Embedding.objects.filter(context=context, vector__isnull=False).count() == 2000
+    assert not EmbeddingRetry.objects.exists()  # no attempt failed, so none was kept
 
 
 @pytest.mark.django_db
@@ -202,10 +210,19 @@ def test_embed_worker_command_processes_the_queue(stand_in):
 def test_editing_a_message_requeues_its_vectors(stand_in, system_actor):
     context, _ = logbook.context_get_or_create(keys={"test": "edit"})
     [m] = append(context, "old text")
-    embeddings.embed_batch(provider=embeddings.get_provider())
+    provider = embeddings.get_provider()
+    embeddings.embed_batch(provider=provider)
     logbook.message_edit(message=m, actor=system_actor, text="new text")
     row = Embedding.objects.get(message=m)
-    assert row.vector is None and row.attempts == 0
+    assert row.vector is None
+    # An item that failed and then changes its text starts afresh: due at once.
+    stand_in.down = True
+    assert embeddings.embed_batch(provider=provider).failed == 1
+    assert EmbeddingRetry.objects.get(embedding=row).attempts == 1
+    logbook.message_edit(message=m, actor=system_actor, text="newest text")
+    assert not EmbeddingRetry.objects.filter(embedding=row).exists()
+    stand_in.down = False
+    assert embeddings.embed_batch(provider=provider).embedded == 1  # no backoff left to wait
 
 
 @pytest.mark.django_db

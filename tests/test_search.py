@@ -98,19 +98,9 @@ def store(django_db_setup, django_db_blocker):
             _copy_rows(
                 cur.cursor,
                 "memory_app_embedding",
-                [
-                    "message_id",
-                    "context_id",
-                    "model",
-                    "dimensions",
-                    "vector",
-                    "attempts",
-                    "last_error",
-                    "created_at",
-                    "embedded_at",
-                ],
+                ["message_id", "context_id", "model", "dimensions", "vector"],
                 (
-                    (mid, cid, MODEL, DIMS, _vector_text(v), 1, "", "now", "now")
+                    (mid, cid, MODEL, DIMS, _vector_text(v))
                     for (mid, cid), v in zip(ids, vectors, strict=True)
                 ),
             )

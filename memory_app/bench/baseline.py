@@ -190,7 +190,6 @@ def append_loop_with_vectors(context_id: int, texts: list[str], model: str, vect
             model=model,
             dimensions=len(vector),
             vector=vector,
-            attempts=1,
         )
 
 

@@ -335,28 +335,8 @@ CONTEXT_COLUMNS = (
     "updated_at",
     "last_activity_at",
 )
-EMBEDDING_COLUMNS = (
-    "message_id",
-    "context_id",
-    "model",
-    "dimensions",
-    "vector",
-    "attempts",
-    "last_error",
-    "created_at",
-    "embedded_at",
-)
-EMBEDDING_TYPES = [
-    "int8",
-    "int8",
-    "text",
-    "int4",
-    "vector",
-    "int4",
-    "text",
-    "timestamptz",
-    "timestamptz",
-]
+EMBEDDING_COLUMNS = ("message_id", "context_id", "model", "dimensions", "vector")
+EMBEDDING_TYPES = ["int8", "int8", "text", "int4", "vector"]
 # Messages generated, counted and loaded at a time (bounds the builder's memory).
 CHUNK = 100_000
 LOADED_TABLES = (
@@ -501,7 +481,7 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print, chunk: int = CHUN
                 copy.set_types(EMBEDDING_TYPES)
                 for i in range(hi - lo):
                     copy.write_row(
-                        (base_id + i + 1, cid, BENCH_MODEL, sizes.dims, vectors[i], 1, "", now, now)
+                        (base_id + i + 1, cid, BENCH_MODEL, sizes.dims, vectors[i])
                     )
             vec_seconds += time.perf_counter() - tv
             if count > chunk:

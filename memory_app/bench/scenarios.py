@@ -943,8 +943,14 @@ __all__ = ["Bench", "BenchError", "Latency"]
 
 # --- storage ----------------------------------------------------------------------------------------
 
-# Every table a stored message occupies: the message, its full-text vector, its vectors.
-STORED_TABLES = ("memory_app_message", "memory_app_messagesearch", "memory_app_embedding")
+# Every table a stored message occupies: the message, its full-text vector, its vectors and
+# (while its provider fails) its vectors' retries.
+STORED_TABLES = (
+    "memory_app_message",
+    "memory_app_messagesearch",
+    "memory_app_embedding",
+    "memory_app_embeddingretry",
+)
 
 
 def storage(b: Bench) -> None:

@@ -1,0 +1,145 @@
+"""Five 384-d embedding rows to a page instead of four (issue 11.4: storage per 100k messages).
+
+A row held thirteen columns: the queue's bookkeeping (`attempts`, `next_attempt_at`,
+`last_error`) and two timestamps beside the vector. With more than eight columns the tuple header
+is 32 bytes, and the row (1,649 bytes) left four to a page. The bookkeeping moves to
+`EmbeddingRetry`, which holds a row only for an item whose provider call failed; the timestamps
+go (nothing read them). Eight columns make the row 1,617 bytes with a 24-byte header: five to a
+page, about 41 MB less per 100,000 vectors.
+
+Dropping the columns in place would not do it: PostgreSQL keeps a dropped column in every
+tuple's column count, so the header would stay 32 bytes. The table is rebuilt instead: the old
+one is renamed, the new one created from the model, the rows copied in id order, the pending
+failures copied into `EmbeddingRetry`, and every model's HNSW index built again on the new
+table. Searches and writes of vectors wait while it runs (the HNSW build is most of it: about
+16 min per million 384-d vectors on 2 cores; a larger `maintenance_work_mem` shortens it).
+Reversible: going back adds the columns again (a failed item gets its attempts back).
+"""
+
+import django.db.models.deletion
+from django.db import migrations, models
+
+COLUMNS = "id, message_id, memory_record_id, context_id, model, dimensions, vector, indexed"
+
+
+def rebuild_table(apps, schema_editor):
+    from memory_app import embeddings
+
+    embedding = apps.get_model("memory_app", "Embedding")
+    with schema_editor.connection.cursor() as cursor:
+        # Index and sequence names are schema-wide: the old table's are renamed or dropped
+        # before the new table takes them (its secondary indexes are rebuilt below).
+        cursor.execute(
+            "SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid"
+            " WHERE x.indrelid = 'memory_app_embedding'::regclass AND NOT x.indisprimary"
+        )
+        for (name,) in cursor.fetchall():
+            cursor.execute(f'DROP INDEX "{name}"')
+        cursor.execute("SELECT pg_get_serial_sequence('memory_app_embedding', 'id')")
+        (sequence,) = cursor.fetchone()
+        cursor.execute("ALTER TABLE memory_app_embedding RENAME TO memory_app_embedding_old")
+        cursor.execute(
+            "ALTER TABLE memory_app_embedding_old"
+            " RENAME CONSTRAINT memory_app_embedding_pkey TO memory_app_embedding_old_pkey"
+        )
+        cursor.execute(f"ALTER SEQUENCE {sequence} RENAME TO memory_app_embedding_old_id_seq")
+    # The new table with its primary key; its foreign keys and other indexes are created at the
+    # end of the migration (Django defers them), after the copy.
+    schema_editor.create_model(embedding)
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute("ALTER INDEX memory_app_embedding_pkey SET (fillfactor = 100)")  # as 0014
+        cursor.execute(
+            f"INSERT INTO memory_app_embedding ({COLUMNS})"  # noqa: S608 - constants
+            f" SELECT {COLUMNS} FROM memory_app_embedding_old ORDER BY id"
+        )
+        cursor.execute(
+            "SELECT setval(pg_get_serial_sequence('memory_app_embedding', 'id'),"
+            " coalesce((SELECT max(id) FROM memory_app_embedding), 0) + 1, false)"
+        )
+        cursor.execute("ANALYZE memory_app_embedding")
+    embeddings.replace_model_indexes(
+        schema_editor.connection, prefix=embeddings.INDEX_PREFIX, indexed_only=True, retired=[]
+    )
+
+
+def pending_index_back(apps, schema_editor):
+    """Back to 0014's pending index (the columns come back in the step after this one)."""
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute("DROP INDEX embedding_pending_idx")
+        cursor.execute(
+            "CREATE INDEX embedding_pending_idx ON memory_app_embedding (next_attempt_at, id)"
+            " WHERE vector IS NULL"
+        )
+
+
+COPY_RETRIES = """
+INSERT INTO memory_app_embeddingretry (embedding_id, attempts, next_attempt_at, last_error)
+    SELECT id, attempts, coalesce(next_attempt_at, now()), last_error
+    FROM memory_app_embedding_old WHERE vector IS NULL AND attempts > 0;
+DROP TABLE memory_app_embedding_old;
+"""
+# Backwards: the columns again (at the end of the row: going back gives up the space saved).
+COLUMNS_BACK = """
+ALTER TABLE memory_app_embedding
+    ADD COLUMN attempts integer NOT NULL DEFAULT 0,
+    ADD COLUMN next_attempt_at timestamp with time zone NULL,
+    ADD COLUMN last_error text NOT NULL DEFAULT '',
+    ADD COLUMN created_at timestamp with time zone NOT NULL DEFAULT now(),
+    ADD COLUMN embedded_at timestamp with time zone NULL;
+UPDATE memory_app_embedding e
+    SET attempts = r.attempts, next_attempt_at = r.next_attempt_at, last_error = r.last_error
+    FROM memory_app_embeddingretry r WHERE r.embedding_id = e.id;
+UPDATE memory_app_embedding SET embedded_at = created_at WHERE vector IS NOT NULL;
+ALTER TABLE memory_app_embedding
+    ALTER COLUMN attempts DROP DEFAULT,
+    ALTER COLUMN last_error DROP DEFAULT,
+    ALTER COLUMN created_at DROP DEFAULT;
+"""
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("memory_app", "0014_append_only_pkeys"),
+    ]
+
+    operations = [
+        # The model loses the columns here; the table itself is rebuilt by the next operation.
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.RemoveIndex(model_name="embedding", name="embedding_pending_idx"),
+                migrations.RemoveField(model_name="embedding", name="attempts"),
+                migrations.RemoveField(model_name="embedding", name="created_at"),
+                migrations.RemoveField(model_name="embedding", name="embedded_at"),
+                migrations.RemoveField(model_name="embedding", name="last_error"),
+                migrations.RemoveField(model_name="embedding", name="next_attempt_at"),
+                migrations.AddIndex(
+                    model_name="embedding",
+                    index=models.Index(
+                        condition=models.Q(("vector__isnull", True)),
+                        fields=["model", "id"],
+                        name="embedding_pending_idx",
+                    ),
+                ),
+            ],
+        ),
+        migrations.RunPython(rebuild_table, pending_index_back),
+        migrations.CreateModel(
+            name="EmbeddingRetry",
+            fields=[
+                (
+                    "embedding",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="retry",
+                        serialize=False,
+                        to="memory_app.embedding",
+                    ),
+                ),
+                ("attempts", models.IntegerField()),
+                ("next_attempt_at", models.DateTimeField()),
+                ("last_error", models.TextField(blank=True, default="")),
+            ],
+        ),
+        migrations.RunSQL(COPY_RETRIES, COLUMNS_BACK),
+    ]

@@ -1,0 +1,177 @@
+"""Migration 0015: embedding rows lose their queue columns and five 384-d rows fit a page."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import psycopg
+import pytest
+from django.db import connection
+
+from memory_app import logbook
+from memory_app.models import Embedding
+
+from .test_foundation import ROOT, _url_for
+
+# Run in its own process on its own database: it migrates back and forth, which the test
+# database shared by the other tests must never see.
+ROUND_TRIP_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    import django
+    os.environ["DJANGO_SETTINGS_MODULE"] = "agentmemory_site.settings"
+    django.setup()
+    from datetime import timedelta
+    import numpy as np
+    from django.core.management import call_command
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+    from django.utils import timezone
+
+    BEFORE = ("memory_app", "0014_append_only_pkeys")
+    call_command("migrate", "memory_app", BEFORE[1], verbosity=0)
+    old = MigrationExecutor(connection).loader.project_state(BEFORE).apps
+    Context, Message, Embedding = (
+        old.get_model("memory_app", name) for name in ("Context", "Message", "Embedding")
+    )
+    context = Context.objects.create(keys={"test": "layout"}, keys_digest="0" * 64)
+    vectors = np.random.default_rng(7).normal(size=(60, 384)).astype(np.float32)
+    for seq, vector in enumerate(vectors, start=1):
+        message = Message.objects.create(context=context, seq=seq, role="user", text=f"m{seq}")
+        Embedding.objects.create(
+            message=message, context=context, model="layout-384", dimensions=384,
+            vector=vector.tolist(), attempts=1, embedded_at=timezone.now(),
+        )
+    waiting = Message.objects.create(context=context, seq=61, role="user", text="waiting")
+    due = timezone.now() + timedelta(minutes=5)
+    pending = Embedding.objects.create(
+        message=waiting, context=context, model="layout-384", attempts=3, next_attempt_at=due,
+        last_error="HTTP 503 from the provider",
+    )
+
+    from memory_app import embeddings
+    embeddings.ensure_model_index(model="layout-384", dimensions=384)
+
+    def per_page():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT max(n) FROM (SELECT count(*) AS n FROM memory_app_embedding"
+                " WHERE vector IS NOT NULL GROUP BY (ctid::text::point)[0]) pages"
+            )
+            return cursor.fetchone()[0]
+
+    def rows():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id, message_id, context_id, model, dimensions, indexed,"
+                " md5(vector::text)"
+                " FROM memory_app_embedding ORDER BY id"
+            )
+            return cursor.fetchall()
+
+    def shape():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_attribute WHERE attrelid = 'memory_app_embedding'::regclass"
+                " AND attnum > 0 AND NOT attisdropped"
+            )
+            columns = cursor.fetchone()[0]
+            cursor.execute(
+                "SELECT indexname, indexdef FROM pg_indexes"
+                " WHERE tablename = 'memory_app_embedding' ORDER BY 1"
+            )
+            indexes = dict(cursor.fetchall())
+            cursor.execute(
+                "SELECT count(*) FROM pg_constraint"
+                " WHERE conrelid = 'memory_app_embedding'::regclass AND contype = 'f'"
+            )
+            foreign_keys = cursor.fetchone()[0]
+        return {"columns": columns, "indexes": indexes, "foreign_keys": foreign_keys}
+
+    out = {"before": {"per_page": per_page(), "rows": rows(), **shape()}}
+    call_command("migrate", "memory_app", verbosity=0)
+    from memory_app.models import Embedding as Lean, EmbeddingRetry
+    retry = EmbeddingRetry.objects.get(embedding_id=pending.pk)
+    out["after"] = {
+        "per_page": per_page(), "rows": rows(), **shape(),
+        "retry": [retry.attempts, retry.next_attempt_at == due, retry.last_error],
+    }
+    added = Lean.objects.create(message_id=waiting.pk, context_id=context.pk, model="other-3")
+    out["after"]["added_id"] = added.pk
+    added.delete()
+    call_command("migrate", "memory_app", BEFORE[1], verbosity=0)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT attempts, next_attempt_at = %s, last_error FROM memory_app_embedding"
+            " WHERE id = %s", [due, pending.pk]
+        )
+        back = list(cursor.fetchone())
+    out["back"] = {"rows": rows(), "pending": back, **shape()}
+    call_command("migrate", "memory_app", verbosity=0)
+    out["again"] = {"rows": rows(), "per_page": per_page()}
+    print(json.dumps(out, default=str))
+    """
+)
+
+
+def test_the_rebuild_keeps_every_row_and_fits_five_rows_a_page():
+    name = f"am_layout_{os.getpid()}"
+    with psycopg.connect(_url_for("postgres"), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        env = {**os.environ, "DATABASE_URL": _url_for(name)}
+        done = subprocess.run(
+            [sys.executable, "-c", ROUND_TRIP_SCRIPT],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        with psycopg.connect(_url_for("postgres"), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    before, after, back, again = out["before"], out["after"], out["back"], out["again"]
+    assert before["columns"] == 13 and after["columns"] == 8
+    assert (before["per_page"], after["per_page"], again["per_page"]) == (4, 5, 5)
+    # Every row, id, reference and vector is kept.
+    assert after["rows"] == before["rows"] == back["rows"] == again["rows"]
+    assert len(after["rows"]) == 61
+    assert after["retry"] == [3, True, "HTTP 503 from the provider"]
+    assert after["added_id"] > max(row[0] for row in before["rows"])  # the id sequence goes on
+    assert after["foreign_keys"] == before["foreign_keys"] == 3
+    assert set(after["indexes"]) == set(before["indexes"])  # same names, HNSW included
+    assert any("hnsw" in d and "layout-384" in d for d in after["indexes"].values())
+    assert "(model, id) WHERE (vector IS NULL)" in after["indexes"]["embedding_pending_idx"]
+    assert "(next_attempt_at, id)" in back["indexes"]["embedding_pending_idx"]
+    assert back["pending"] == [3, True, "HTTP 503 from the provider"]
+    assert back["columns"] == 13
+
+
+@pytest.mark.django_db
+def test_vectors_stored_today_fit_five_a_page():
+    """A column added to Embedding later would quietly put the store back to four rows a page."""
+    context, _ = logbook.context_get_or_create(keys={"test": "five-a-page"})
+    messages = logbook.messages_append(
+        context=context, items=[{"role": "user", "text": f"m{i}"} for i in range(20)]
+    ).messages
+    vectors = np.random.default_rng(3).normal(size=(20, 384)).astype(np.float32)
+    Embedding.objects.bulk_create(
+        Embedding(message=m, context=context, model="page-384", dimensions=384, vector=v)
+        for m, v in zip(messages, vectors, strict=True)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT max(n) FROM (SELECT count(*) AS n FROM memory_app_embedding"
+            " WHERE model = 'page-384' GROUP BY (ctid::text::point)[0]) pages"
+        )
+        assert cursor.fetchone()[0] == 5
