@@ -18,7 +18,9 @@ by its keys digest, a run by its client id (or its creation instant when it has 
 
 Import (`import_lines`) reads the same lines in chunks and writes each chunk with bulk inserts;
 a row whose natural key is already stored is left as it is, so importing twice changes nothing.
-Timestamps and counters are restored verbatim.
+Timestamps and counters are restored verbatim. Into a context already stored here (a merge), the
+messages and runs imported add to its counters and its `last_seq` rises to the highest seq
+imported, so the agent's next append follows them.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from typing import Any
 
 from django.contrib.postgres.fields import ArrayField
 from django.db import models, transaction
-from django.db.models import Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Greatest
 
-from memory_app import embeddings, fulltext, memories
+from memory_app import embeddings, fulltext, logbook, memories
 from memory_app.logbook import Forbidden
 from memory_app.models import (
     Context,
@@ -328,6 +331,8 @@ class _Importer:
         self.allowed = allowed  # may this import write into a context with these keys?
         self.result = ImportResult()
         self.contexts: dict[str, int] = {}  # digest -> target pk
+        # Contexts that were here before this import: what it adds to them moves their counters.
+        self.merged: set[int] = set()
         self.pending: list[dict] = []
         self.pending_type: str | None = None
 
@@ -339,6 +344,7 @@ class _Importer:
                 raise BackupFormatError(f"context {digest[:12]}… is referenced before it is defined")
             self._check_allowed(found[1])
             self.contexts[digest] = found[0]
+            self.merged.add(found[0])
         return self.contexts[digest]
 
     def run_id(self, context_pk: int, ref: dict | None) -> int | None:
@@ -409,6 +415,7 @@ class _Importer:
             existing = Context.objects.filter(keys_digest=rec["digest"]).values_list("pk", flat=True).first()
             if existing is not None:
                 self.contexts[rec["digest"]] = existing
+                self.merged.add(existing)
                 self.result.count("contexts", 0, 1)
                 continue
             ctx = Context(**_load(rec, CONTEXT_FIELDS))
@@ -425,6 +432,9 @@ class _Importer:
                 continue
             new.append(Run(context_id=ctx_pk, **_load(rec, RUN_FIELDS)))
         self._insert(Run, new, ["created_at", "updated_at"])
+        for ctx_pk in {r.context_id for r in new} & self.merged:
+            added = sum(1 for r in new if r.context_id == ctx_pk)
+            Context.objects.filter(pk=ctx_pk).update(run_count=F("run_count") + added)
         self.result.count("runs", len(new), 0)
 
     def _import_step(self, records):
@@ -468,6 +478,8 @@ class _Importer:
         by_ctx: dict[int, list[dict]] = {}
         for rec in records:
             by_ctx.setdefault(self.context_id(rec["context"]), []).append(rec)
+        # An agent appending meanwhile waits: its next seq is read after these are counted.
+        logbook.lock_contexts(by_ctx)
         for ctx_pk, recs in by_ctx.items():
             seqs = {r["seq"] for r in recs}
             existing = set(Message.objects.filter(context_id=ctx_pk, seq__in=seqs).values_list("seq", flat=True))
@@ -494,6 +506,13 @@ class _Importer:
             self._insert(Message, rows, ["created_at", "updated_at"])
             self.result.count("messages", len(rows), 0)
             if rows:
+                merged = ctx_pk in self.merged
+                Context.objects.filter(pk=ctx_pk).update(
+                    # The next append follows the highest seq stored, never one imported here.
+                    last_seq=Greatest("last_seq", Value(max(r.seq for r in rows))),
+                    message_count=F("message_count") + (len(rows) if merged else 0),
+                    token_count=F("token_count") + (sum(r.token_count for r in rows) if merged else 0),
+                )
                 # Seqs below the context's search_seq (a merge into an existing context) are
                 # matched from their text until the indexer has parsed them.
                 fulltext.reindex_from(ctx_pk, min(r.seq for r in rows))

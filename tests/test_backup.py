@@ -8,12 +8,13 @@ import tracemalloc
 import pytest
 from django.core.management import call_command
 
-from memory_app import backup, logbook
+from memory_app import backup, fulltext, logbook, search
 from memory_app.models import (
     Context,
     Embedding,
     MemoryRecord,
     Message,
+    MessageSearch,
     Run,
     Step,
     ToolCall,
@@ -164,3 +165,32 @@ def test_import_rejects_what_is_not_a_backup():
         backup.import_lines(["not json"])
     with pytest.raises(backup.BackupFormatError):
         backup.import_lines(['{"type": "header", "format": "agentmemory-backup", "version": 1}', '{"type": "bogus"}'])
+
+
+def test_importing_into_an_existing_context_moves_its_counters_on():
+    """A merge (the context exists here with part of the file's history): the imported messages
+    and runs count, and the next append follows the highest seq instead of colliding with it."""
+    keys = {"user": "ada", "chat": "merge"}
+    ctx, _ = logbook.context_get_or_create(keys=keys)
+    texts = [f"message {n} about the harbour" for n in range(5)]
+    logbook.messages_append(context=ctx, items=[{"role": "user", "text": t} for t in texts])
+    logbook.run_create(context=ctx, client_id="run-a", task="t")
+    lines = list(backup.export_lines(contexts=backup.contexts_matching(context_ids=[ctx.pk])))
+    _wipe()
+    # The same agent wrote its first two messages here too.
+    ctx, _ = logbook.context_get_or_create(keys=keys)
+    logbook.messages_append(context=ctx, items=[{"role": "user", "text": t} for t in texts[:2]])
+
+    result = backup.import_lines(lines)
+    assert (result.created["messages"], result.skipped["messages"], result.created["runs"]) == (3, 2, 1)
+    ctx.refresh_from_db()
+    stored = Message.objects.filter(context=ctx)
+    assert (ctx.last_seq, ctx.message_count, ctx.run_count) == (5, 5, 1)
+    assert ctx.token_count == sum(stored.values_list("token_count", flat=True))
+    [later] = logbook.messages_append(context=ctx, items=[{"role": "user", "text": "after"}]).messages
+    assert later.seq == 6
+    # Searchable at once (from their text), and the indexer writes their full-text vectors.
+    assert len(search.search_messages(context=ctx, query="harbour", k=10, mode="keyword").hits) == 5
+    fulltext.index_pending()
+    ctx.refresh_from_db()
+    assert ctx.search_seq == 6 and MessageSearch.objects.filter(context_id=ctx.pk).count() == 6
