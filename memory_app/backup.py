@@ -18,9 +18,9 @@ by its keys digest, a run by its client id (or its creation instant when it has 
 
 Import (`import_lines`) reads the same lines in chunks and writes each chunk with bulk inserts;
 a row whose natural key is already stored is left as it is, so importing twice changes nothing.
-Timestamps and counters are restored verbatim. Into a context already stored here (a merge), the
-messages and runs imported add to its counters and its `last_seq` rises to the highest seq
-imported, so the agent's next append follows them.
+Timestamps and counters are restored verbatim. Into a context already stored here (a merge), its
+`last_seq` rises to the highest seq imported, so the agent's next append follows them, and its
+message, token and run counts are counted again from its rows once the import is done.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from typing import Any
 
 from django.contrib.postgres.fields import ArrayField
 from django.db import models, transaction
-from django.db.models import F, Q, Value
-from django.db.models.functions import Greatest
+from django.db.models import Count, Q, Sum, Value
+from django.db.models.functions import Coalesce, Greatest
 
 from memory_app import embeddings, fulltext, logbook, memories
 from memory_app.logbook import Forbidden
@@ -331,8 +331,10 @@ class _Importer:
         self.allowed = allowed  # may this import write into a context with these keys?
         self.result = ImportResult()
         self.contexts: dict[str, int] = {}  # digest -> target pk
-        # Contexts that were here before this import: what it adds to them moves their counters.
+        # Contexts that were here before this import, and those of them it added to: their
+        # counters are counted again from their rows at the end (`recount`).
         self.merged: set[int] = set()
+        self.grown: set[int] = set()
         self.pending: list[dict] = []
         self.pending_type: str | None = None
 
@@ -432,9 +434,7 @@ class _Importer:
                 continue
             new.append(Run(context_id=ctx_pk, **_load(rec, RUN_FIELDS)))
         self._insert(Run, new, ["created_at", "updated_at"])
-        for ctx_pk in {r.context_id for r in new} & self.merged:
-            added = sum(1 for r in new if r.context_id == ctx_pk)
-            Context.objects.filter(pk=ctx_pk).update(run_count=F("run_count") + added)
+        self.grown |= {r.context_id for r in new} & self.merged
         self.result.count("runs", len(new), 0)
 
     def _import_step(self, records):
@@ -506,17 +506,32 @@ class _Importer:
             self._insert(Message, rows, ["created_at", "updated_at"])
             self.result.count("messages", len(rows), 0)
             if rows:
-                merged = ctx_pk in self.merged
+                # The next append follows the highest seq stored, never one imported here.
                 Context.objects.filter(pk=ctx_pk).update(
-                    # The next append follows the highest seq stored, never one imported here.
-                    last_seq=Greatest("last_seq", Value(max(r.seq for r in rows))),
-                    message_count=F("message_count") + (len(rows) if merged else 0),
-                    token_count=F("token_count") + (sum(r.token_count for r in rows) if merged else 0),
+                    last_seq=Greatest("last_seq", Value(max(r.seq for r in rows)))
                 )
+                if ctx_pk in self.merged:
+                    self.grown.add(ctx_pk)
                 # Seqs below the context's search_seq (a merge into an existing context) are
                 # matched from their text until the indexer has parsed them.
                 fulltext.reindex_from(ctx_pk, min(r.seq for r in rows))
                 transaction.on_commit(embeddings.wake_indexer)
+
+    def recount(self) -> None:
+        """The counters of the contexts this import added to, counted from their rows: an
+        import stopped half-way and run again finds the context it created the first time
+        (with the file's counters) already here, so adding to them would count twice."""
+        for ctx_pk in sorted(self.grown):
+            with transaction.atomic():
+                logbook.lock_contexts([ctx_pk])
+                messages = Message.objects.filter(context_id=ctx_pk).aggregate(
+                    n=Count("pk"), tokens=Coalesce(Sum("token_count"), 0)
+                )
+                Context.objects.filter(pk=ctx_pk).update(
+                    message_count=messages["n"],
+                    token_count=messages["tokens"],
+                    run_count=Run.objects.filter(context_id=ctx_pk).count(),
+                )
 
     def _import_memory(self, records):
         rows = []
@@ -583,6 +598,7 @@ def import_records(
     importer.flush()
     if not saw_header:
         raise BackupFormatError("empty backup")
+    importer.recount()
     return importer.result
 
 

@@ -264,8 +264,9 @@ def enqueue_memory_records(records: list[MemoryRecord], *, model: str | None = N
 
 
 def _stale(qs) -> None:
-    EmbeddingRetry.objects.filter(embedding__in=qs).delete()
+    # The embedding rows first, then their retries: the worker's order (no deadlock with it).
     qs.update(vector=None)
+    EmbeddingRetry.objects.filter(embedding__in=qs).delete()
 
 
 def requeue_message(message: Message) -> None:
@@ -715,6 +716,16 @@ def embed_batch(
             .select_related("message", "memory_record")
             .order_by("id")[:batch_size]
         )
+        # Read once the rows are locked, in a statement of its own: a failure another worker
+        # committed after this claim's snapshot (a new retry row; the embedding row unchanged,
+        # so the claim did not look at it again) shows here, and that item waits its turn.
+        tried = {
+            pk: (attempts, due)
+            for pk, attempts, due in EmbeddingRetry.objects.filter(embedding__in=rows).values_list(
+                "embedding_id", "attempts", "next_attempt_at"
+            )
+        }
+        rows = [r for r in rows if r.pk not in tried or tried[r.pk][1] <= now]
         result.claimed = len(rows)
         if not rows:
             return result
@@ -727,13 +738,20 @@ def embed_batch(
                     f"provider answered vectors of other than {expected} dimensions"
                 )
         except ProviderError as exc:
-            _postpone(rows, error=str(exc), now=now, backoff_base=backoff_base)
+            _postpone(
+                rows,
+                tried={pk: attempts for pk, (attempts, _) in tried.items()},
+                error=str(exc),
+                now=now,
+                backoff_base=backoff_base,
+            )
             result.failed, result.error = len(rows), str(exc)
             return result
         for r, v in zip(rows, vectors, strict=True):
             r.vector, r.dimensions = v, len(v)
         Embedding.objects.bulk_update(rows, ["vector", "dimensions"])
-        EmbeddingRetry.objects.filter(embedding__in=rows).delete()
+        if done_retrying := [r.pk for r in rows if r.pk in tried]:
+            EmbeddingRetry.objects.filter(embedding__in=done_retrying).delete()
         result.embedded = len(rows)
     dims = len(vectors[0])
     _known_dimensions.setdefault(provider.model, dims)
@@ -741,11 +759,11 @@ def embed_batch(
     return result
 
 
-def _postpone(rows: list[Embedding], *, error: str, now: datetime, backoff_base: float) -> None:
-    """Count a failed attempt on each claimed row and set when it is due again."""
-    tried = dict(
-        EmbeddingRetry.objects.filter(embedding__in=rows).values_list("embedding_id", "attempts")
-    )
+def _postpone(
+    rows: list[Embedding], *, tried: dict[int, int], error: str, now: datetime, backoff_base: float
+) -> None:
+    """Count a failed attempt on each claimed row (`tried`: attempts so far, read under the
+    rows' locks, which every writer of a retry holds) and set when it is due again."""
     retries = []
     for r in rows:
         attempts = tried.get(r.pk, 0) + 1

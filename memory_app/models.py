@@ -484,14 +484,26 @@ class EmbeddingRetry(models.Model):
 
     Only failed items have a row (deleted once the vector is written or the item's text changes):
     the queue's bookkeeping stays off the embedding rows, which a store holds by the million.
+
+    The foreign key cascades in the database (`ON DELETE CASCADE`, migration 0015), not in
+    Django: deleting embeddings (a context, a purge, `reembed --drop-old`) stays one DELETE
+    that never loads their vectors, and locks each embedding before its retry, the order the
+    worker takes them in.
     """
 
     embedding = models.OneToOneField(
-        Embedding, on_delete=models.CASCADE, primary_key=True, related_name="retry"
+        Embedding,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        primary_key=True,
+        related_name="retry",
     )
     attempts = models.IntegerField()
     next_attempt_at = models.DateTimeField()
     last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        verbose_name_plural = "embedding retries"
 
     def __str__(self) -> str:
         return f"embedding {self.embedding_id}: {self.attempts} attempts, next {self.next_attempt_at}"

@@ -194,3 +194,22 @@ def test_importing_into_an_existing_context_moves_its_counters_on():
     fulltext.index_pending()
     ctx.refresh_from_db()
     assert ctx.search_seq == 6 and MessageSearch.objects.filter(context_id=ctx.pk).count() == 6
+
+
+def test_an_import_run_again_after_it_stopped_counts_each_message_once():
+    keys = {"user": "ada", "chat": "resumed"}
+    ctx, _ = logbook.context_get_or_create(keys=keys)
+    logbook.messages_append(context=ctx, items=[{"role": "user", "text": f"m{n}"} for n in range(5)])
+    logbook.run_create(context=ctx, client_id="run-a", task="t")
+    lines = list(backup.export_lines(contexts=backup.contexts_matching(context_ids=[ctx.pk])))
+    _wipe()
+    # The first run stopped after two of the messages: the context it made has the file's counters.
+    kinds = [json.loads(line)["type"] for line in lines]
+    stop = [i for i, kind in enumerate(kinds) if kind == "message"][1] + 1
+    backup.import_lines(lines[:stop])
+    assert Message.objects.filter(context__keys_digest=keys_digest(keys)).count() == 2
+
+    backup.import_lines(lines)
+    ctx = Context.objects.get(keys_digest=keys_digest(keys))
+    assert (ctx.last_seq, ctx.message_count, ctx.run_count) == (5, 5, 1)
+    assert ctx.token_count == sum(Message.objects.filter(context=ctx).values_list("token_count", flat=True))

@@ -12,9 +12,11 @@ import numpy as np
 import psycopg
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from memory_app import logbook
-from memory_app.models import Embedding
+from memory_app.models import Context, Embedding, EmbeddingRetry
 
 from .test_foundation import ROOT, _url_for
 
@@ -97,8 +99,15 @@ ROUND_TRIP_SCRIPT = textwrap.dedent(
     call_command("migrate", "memory_app", verbosity=0)
     from memory_app.models import Embedding as Lean, EmbeddingRetry
     retry = EmbeddingRetry.objects.get(embedding_id=pending.pk)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT confdeltype, condeferrable, condeferred, confrelid::regclass::text"
+            " FROM pg_constraint WHERE conrelid = 'memory_app_embeddingretry'::regclass"
+            " AND contype = 'f'"
+        )
+        retry_fk = cursor.fetchall()
     out["after"] = {
-        "per_page": per_page(), "rows": rows(), **shape(),
+        "per_page": per_page(), "rows": rows(), **shape(), "retry_fk": retry_fk,
         "retry": [retry.attempts, retry.next_attempt_at == due, retry.last_error],
     }
     added = Lean.objects.create(message_id=waiting.pk, context_id=context.pk, model="other-3")
@@ -147,6 +156,8 @@ def test_the_rebuild_keeps_every_row_and_fits_five_rows_a_page():
     assert after["rows"] == before["rows"] == back["rows"] == again["rows"]
     assert len(after["rows"]) == 61
     assert after["retry"] == [3, True, "HTTP 503 from the provider"]
+    # Cascades in the database, deferrable like Django's keys, onto the new table.
+    assert after["retry_fk"] == [["c", True, True, "memory_app_embedding"]]
     assert after["added_id"] > max(row[0] for row in before["rows"])  # the id sequence goes on
     assert after["foreign_keys"] == before["foreign_keys"] == 3
     assert set(after["indexes"]) == set(before["indexes"])  # same names, HNSW included
@@ -175,3 +186,20 @@ def test_vectors_stored_today_fit_five_a_page():
             " WHERE model = 'page-384' GROUP BY (ctid::text::point)[0]) pages"
         )
         assert cursor.fetchone()[0] == 5
+
+
+@pytest.mark.django_db
+def test_deleting_a_context_drops_its_retries_without_loading_its_vectors():
+    context, _ = logbook.context_get_or_create(keys={"test": "retry-cascade"})
+    [m] = logbook.messages_append(context=context, items=[{"role": "user", "text": "x"}]).messages
+    row = Embedding.objects.create(message=m, context=context, model="cascade-3")
+    EmbeddingRetry.objects.create(
+        embedding=row, attempts=2, next_attempt_at=timezone.now(), last_error="HTTP 503"
+    )
+    with CaptureQueriesContext(connection) as queries:
+        Context.objects.filter(pk=context.pk).delete()
+    assert not EmbeddingRetry.objects.filter(embedding_id=row.pk).exists()
+    reads = [
+        q["sql"] for q in queries if q["sql"].startswith("SELECT") and "memory_app_embedding" in q["sql"]
+    ]
+    assert reads == []  # one DELETE of the embeddings, never a SELECT of their rows

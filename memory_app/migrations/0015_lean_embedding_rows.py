@@ -11,9 +11,11 @@ Dropping the columns in place would not do it: PostgreSQL keeps a dropped column
 tuple's column count, so the header would stay 32 bytes. The table is rebuilt instead: the old
 one is renamed, the new one created from the model, the rows copied in id order, the pending
 failures copied into `EmbeddingRetry`, and every model's HNSW index built again on the new
-table. Searches and writes of vectors wait while it runs (the HNSW build is most of it: about
-16 min per million 384-d vectors on 2 cores; a larger `maintenance_work_mem` shortens it).
-Reversible: going back adds the columns again (a failed item gets its attempts back).
+table (with the configured m and ef_construction). It takes its locks first, in one order:
+writes of messages, memories and contexts wait while it runs, searches of vectors too (the
+HNSW build is most of it: 11 min for 1,200,000 384-d vectors on 2 cores with
+`maintenance_work_mem` 4GB); stop the workers, or let them wait. Reversible: going back adds
+the columns again (a failed item gets its attempts back) without rewriting the rows.
 """
 
 import django.db.models.deletion
@@ -27,6 +29,14 @@ def rebuild_table(apps, schema_editor):
 
     embedding = apps.get_model("memory_app", "Embedding")
     with schema_editor.connection.cursor() as cursor:
+        # The foreign keys made at the end lock the tables they reference: locked here first,
+        # before the embeddings, so an appender queueing an embedding waits instead of holding
+        # one of them while it waits for the embeddings (a deadlock after the whole build).
+        cursor.execute(
+            "LOCK TABLE memory_app_message, memory_app_memoryrecord, memory_app_context"
+            " IN SHARE ROW EXCLUSIVE MODE"
+        )
+        cursor.execute("LOCK TABLE memory_app_embedding IN ACCESS EXCLUSIVE MODE")
         # Index and sequence names are schema-wide: the old table's are renamed or dropped
         # before the new table takes them (its secondary indexes are rebuilt below).
         cursor.execute(
@@ -73,27 +83,38 @@ def pending_index_back(apps, schema_editor):
 
 
 COPY_RETRIES = """
+-- Cascades in the database, not in Django (see EmbeddingRetry): deletes of embeddings stay fast.
+ALTER TABLE memory_app_embeddingretry ADD CONSTRAINT embeddingretry_embedding_fk
+    FOREIGN KEY (embedding_id) REFERENCES memory_app_embedding (id)
+    ON DELETE CASCADE DEFERRABLE INITIALLY DEFERRED;
 INSERT INTO memory_app_embeddingretry (embedding_id, attempts, next_attempt_at, last_error)
     SELECT id, attempts, coalesce(next_attempt_at, now()), last_error
     FROM memory_app_embedding_old WHERE vector IS NULL AND attempts > 0;
 DROP TABLE memory_app_embedding_old;
 """
-# Backwards: the columns again (at the end of the row: going back gives up the space saved).
+# Backwards: the columns again, at the end of the row (going back gives up the space saved).
+# Constant defaults are stored once in the catalogue, not written into each row: only the
+# pending rows are updated, once each (a second update of a row this transaction wrote would
+# queue deferred foreign-key checks, and PostgreSQL refuses the ALTER TABLE after it).
 COLUMNS_BACK = """
 ALTER TABLE memory_app_embedding
     ADD COLUMN attempts integer NOT NULL DEFAULT 0,
     ADD COLUMN next_attempt_at timestamp with time zone NULL,
     ADD COLUMN last_error text NOT NULL DEFAULT '',
     ADD COLUMN created_at timestamp with time zone NOT NULL DEFAULT now(),
-    ADD COLUMN embedded_at timestamp with time zone NULL;
-UPDATE memory_app_embedding e
-    SET attempts = r.attempts, next_attempt_at = r.next_attempt_at, last_error = r.last_error
-    FROM memory_app_embeddingretry r WHERE r.embedding_id = e.id;
-UPDATE memory_app_embedding SET embedded_at = created_at WHERE vector IS NOT NULL;
+    ADD COLUMN embedded_at timestamp with time zone NULL DEFAULT now();
+UPDATE memory_app_embedding e SET
+    embedded_at = NULL,
+    attempts = coalesce(r.attempts, 0),
+    next_attempt_at = r.next_attempt_at,
+    last_error = coalesce(r.last_error, '')
+    FROM memory_app_embedding p LEFT JOIN memory_app_embeddingretry r ON r.embedding_id = p.id
+    WHERE e.vector IS NULL AND p.id = e.id;
 ALTER TABLE memory_app_embedding
     ALTER COLUMN attempts DROP DEFAULT,
     ALTER COLUMN last_error DROP DEFAULT,
-    ALTER COLUMN created_at DROP DEFAULT;
+    ALTER COLUMN created_at DROP DEFAULT,
+    ALTER COLUMN embedded_at DROP DEFAULT;
 """
 
 
@@ -129,7 +150,8 @@ class Migration(migrations.Migration):
                 (
                     "embedding",
                     models.OneToOneField(
-                        on_delete=django.db.models.deletion.CASCADE,
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.DO_NOTHING,
                         primary_key=True,
                         related_name="retry",
                         serialize=False,
@@ -140,6 +162,7 @@ class Migration(migrations.Migration):
                 ("next_attempt_at", models.DateTimeField()),
                 ("last_error", models.TextField(blank=True, default="")),
             ],
+            options={"verbose_name_plural": "embedding retries"},
         ),
         migrations.RunSQL(COPY_RETRIES, COLUMNS_BACK),
     ]
