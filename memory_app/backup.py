@@ -478,7 +478,8 @@ class _Importer:
         by_ctx: dict[int, list[dict]] = {}
         for rec in records:
             by_ctx.setdefault(self.context_id(rec["context"]), []).append(rec)
-        # An agent appending meanwhile waits: its next seq is read after these are counted.
+        # An agent appending meanwhile waits: it reads its next seq once last_seq has risen past
+        # the seqs imported here.
         logbook.lock_contexts(by_ctx)
         for ctx_pk, recs in by_ctx.items():
             seqs = {r["seq"] for r in recs}

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
-import psycopg
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -18,7 +14,7 @@ from django.utils import timezone
 from memory_app import logbook
 from memory_app.models import Context, Embedding, EmbeddingRetry
 
-from .test_foundation import ROOT, _url_for
+from .test_foundation import run_on_a_new_database
 
 # Run in its own process on its own database: it migrates back and forth, which the test
 # database shared by the other tests must never see.
@@ -129,25 +125,9 @@ ROUND_TRIP_SCRIPT = textwrap.dedent(
 
 
 def test_the_rebuild_keeps_every_row_and_fits_five_rows_a_page():
-    name = f"am_layout_{os.getpid()}"
-    with psycopg.connect(_url_for("postgres"), autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        env = {**os.environ, "DATABASE_URL": _url_for(name)}
-        done = subprocess.run(
-            [sys.executable, "-c", ROUND_TRIP_SCRIPT],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+    with run_on_a_new_database("am_layout", ["-c", ROUND_TRIP_SCRIPT], timeout=300) as (done, _):
         assert done.returncode == 0, done.stderr[-3000:]
         out = json.loads(done.stdout.strip().splitlines()[-1])
-    finally:
-        with psycopg.connect(_url_for("postgres"), autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     before, after, back, again = out["before"], out["after"], out["back"], out["again"]
     assert before["columns"] == 13 and after["columns"] == 8

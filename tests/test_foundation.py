@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -147,31 +148,39 @@ def test_embedding_keys_are_indexed_once_each():
     assert leading["message_id"] == leading["memory_record_id"] == leading["context_id"] == 1
 
 
-def test_migrations_apply_from_zero_on_an_empty_database():
-    name = f"am_migrate_{os.getpid()}"
+@contextlib.contextmanager
+def run_on_a_new_database(prefix: str, args: list[str], *, timeout: float):
+    """Run `python args` in the project with DATABASE_URL naming a database of its own, made
+    for it and dropped afterwards; yields (the finished process, that database's URL)."""
+    name = f"{prefix}_{os.getpid()}"
     with psycopg.connect(_url_for("postgres"), autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
         admin.execute(f'CREATE DATABASE "{name}"')
     try:
-        env = {**os.environ, "DATABASE_URL": _url_for(name)}
-        out = subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--no-input"],
+        done = subprocess.run(
+            [sys.executable, *args],
             cwd=ROOT,
-            env=env,
+            env={**os.environ, "DATABASE_URL": _url_for(name)},
             capture_output=True,
             text=True,
-            timeout=180,
+            timeout=timeout,
         )
+        yield done, _url_for(name)
+    finally:
+        with psycopg.connect(_url_for("postgres"), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_migrations_apply_from_zero_on_an_empty_database():
+    migrate = ["manage.py", "migrate", "--no-input"]
+    with run_on_a_new_database("am_migrate", migrate, timeout=180) as (out, url):
         assert out.returncode == 0, out.stderr
         assert "memory_app.0001_initial... OK" in out.stdout
-        with psycopg.connect(_url_for(name)) as conn:
+        with psycopg.connect(url) as conn:
             assert conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone()
             assert (
                 conn.execute("SELECT to_regclass('memory_app_message')").fetchone()[0] is not None
             )
-    finally:
-        with psycopg.connect(_url_for("postgres"), autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.mark.django_db
