@@ -16,8 +16,10 @@ the size of a context. References use natural keys, never the source's primary k
 by its keys digest, a run by its client id (or its creation instant when it has none), a step by
 (run, position), a message by (context, seq), a memory record by (scope digest, content hash).
 
-Import (`import_lines`) reads the same lines in chunks and writes each chunk with bulk inserts;
-a row whose natural key is already stored is left as it is, so importing twice changes nothing.
+Import (`import_lines`) reads the same lines in chunks and writes each chunk with bulk inserts,
+all in one transaction: a file that fails half-way (a bad line, a context the key may not
+write) leaves nothing behind. A row whose natural key is already stored is left as it is, so
+importing twice changes nothing.
 Timestamps and counters are restored verbatim. Into a context already stored here (a merge), its
 `last_seq` rises to the highest seq imported, so the agent's next append follows them, and its
 message, token and run counts are counted again from its rows once the import is done.
@@ -519,9 +521,10 @@ class _Importer:
                 transaction.on_commit(embeddings.wake_indexer)
 
     def recount(self) -> None:
-        """The counters of the contexts this import added to, counted from their rows: an
-        import stopped half-way and run again finds the context it created the first time
-        (with the file's counters) already here, so adding to them would count twice."""
+        """The counters of the contexts this import added to, counted from their rows: after a
+        file cut short (the first lines of a backup) the full file finds the context the first
+        one created, with the full file's counters, already here: adding to them would count
+        twice."""
         for ctx_pk in sorted(self.grown):
             with transaction.atomic():
                 logbook.lock_contexts([ctx_pk])
@@ -582,24 +585,27 @@ def import_records(
     the import may write into a context with those keys (a confined API key's check); a line
     for any other context, defined in the file or already stored, raises `Forbidden`."""
     importer = _Importer(allowed)
-    saw_header = False
-    for record in records:
-        if not isinstance(record, dict):
-            raise BackupFormatError("each line must be a JSON object")
+    # All or nothing: a bad line (or a forbidden context) half-way through leaves nothing of
+    # the lines before it behind. The file is still read and written chunk by chunk.
+    with transaction.atomic():
+        saw_header = False
+        for record in records:
+            if not isinstance(record, dict):
+                raise BackupFormatError("each line must be a JSON object")
+            if not saw_header:
+                if record.get("type") != "header":
+                    raise BackupFormatError("the first line must be the backup header")
+                saw_header = True
+            if record.get("type") == "context":
+                importer.flush()
+            importer.feed(record)
+            if record.get("type") == "context":
+                importer.flush()
+                importer._current_context = importer.contexts[record["digest"]]
+        importer.flush()
         if not saw_header:
-            if record.get("type") != "header":
-                raise BackupFormatError("the first line must be the backup header")
-            saw_header = True
-        if record.get("type") == "context":
-            importer.flush()
-        importer.feed(record)
-        if record.get("type") == "context":
-            importer.flush()
-            importer._current_context = importer.contexts[record["digest"]]
-    importer.flush()
-    if not saw_header:
-        raise BackupFormatError("empty backup")
-    importer.recount()
+            raise BackupFormatError("empty backup")
+        importer.recount()
     return importer.result
 
 

@@ -196,14 +196,14 @@ def test_importing_into_an_existing_context_moves_its_counters_on():
     assert ctx.search_seq == 6 and MessageSearch.objects.filter(context_id=ctx.pk).count() == 6
 
 
-def test_an_import_run_again_after_it_stopped_counts_each_message_once():
+def test_a_backup_cut_short_then_imported_whole_counts_each_message_once():
     keys = {"user": "ada", "chat": "resumed"}
     ctx, _ = logbook.context_get_or_create(keys=keys)
     logbook.messages_append(context=ctx, items=[{"role": "user", "text": f"m{n}"} for n in range(5)])
     logbook.run_create(context=ctx, client_id="run-a", task="t")
     lines = list(backup.export_lines(contexts=backup.contexts_matching(context_ids=[ctx.pk])))
     _wipe()
-    # The first run stopped after two of the messages: the context it made has the file's counters.
+    # A copy cut after two of the messages: the context it makes has the whole file's counters.
     kinds = [json.loads(line)["type"] for line in lines]
     stop = [i for i, kind in enumerate(kinds) if kind == "message"][1] + 1
     backup.import_lines(lines[:stop])
@@ -213,3 +213,19 @@ def test_an_import_run_again_after_it_stopped_counts_each_message_once():
     ctx = Context.objects.get(keys_digest=keys_digest(keys))
     assert (ctx.last_seq, ctx.message_count, ctx.run_count) == (5, 5, 1)
     assert ctx.token_count == sum(Message.objects.filter(context=ctx).values_list("token_count", flat=True))
+
+
+def test_an_import_that_fails_half_way_writes_nothing():
+    """A bad line after good ones: the error names it, and the context, run and messages the
+    lines before it made are not left behind (a partial restore would look complete)."""
+    ctx, _ = logbook.context_get_or_create(keys={"user": "ada", "chat": "half"})
+    _fill(ctx, messages=30, runs=2)
+    lines = list(backup.export_lines(contexts=backup.contexts_matching(context_ids=[ctx.pk])))
+    _wipe()
+    bad = json.loads(lines[-1])
+    bad["seq"] = "seven"
+    with pytest.raises(backup.BackupFormatError, match="seq"):
+        backup.import_lines([*lines[:-1], json.dumps(bad)])
+    assert not Context.objects.exists() and not Message.objects.exists() and not Run.objects.exists()
+    backup.import_lines(lines)  # the good file goes in whole
+    assert Message.objects.count() == 30 and Run.objects.count() == 2

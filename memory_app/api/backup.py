@@ -103,7 +103,7 @@ def import_(request):
         raise HttpError(422, str(exc)) from exc
     except IntegrityError as exc:
         # A value a table's check or not-null constraint refuses (a negative seq, say) is the
-        # file's fault, not a concurrent write to retry: the chunk holding it was rolled back.
+        # file's fault, not a concurrent write to retry: the import was rolled back whole.
         if isinstance(exc.__cause__, CheckViolation | NotNullViolation):
             raise HttpError(422, f"a value cannot be stored: {exc.__cause__.diag.message_primary}") from exc
         raise
