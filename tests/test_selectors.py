@@ -9,6 +9,7 @@ import pytest
 
 from memory_app import logbook, selectors, tokens
 from memory_app.logbook import Invalid
+from memory_app.models import Message
 from memory_app.selectors import CompositeSpec, SearchSpec, TokenWindowSpec, WindowSpec, select
 
 STEAMSHIP_HISTORY = [
@@ -561,6 +562,13 @@ def test_skip_policy_on_a_long_history_selects_what_a_full_scan_selects(db, budg
     chosen = select(context=context, spec=TokenWindowSpec(max_tokens=budget, policy="skip"))
     assert sorted(item.message.pk for item in chosen.items) == _reference_skip(rows, budget)
     assert len(chosen.items) > 0
+    # The scan reads light rows; what it returns are the stored messages, whole.
+    stored = {m.pk: m for m in context.messages.all()}
+    for item in chosen.items:
+        assert isinstance(item.message, Message)
+        assert (item.message.text, item.message.created_at) == (
+            stored[item.message.pk].text, stored[item.message.pk].created_at
+        )
 
 
 def test_skip_policy_recounts_rows_stored_under_another_tokenizer_past_the_first_chunk(db):
