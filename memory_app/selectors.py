@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Literal
 
 from django.db.models import Q
@@ -183,18 +182,12 @@ def _not_status() -> Q:
 
 
 def _scan_backwards(
-    context: Context,
-    *,
-    before_seq: int | None = None,
-    narrow: Callable[[], Q] | None = None,
-    only: tuple[str, ...] | None = None,
+    context: Context, *, before_seq: int | None = None, narrow: Callable[[], Q] | None = None
 ) -> Iterator[Message]:
     """Live messages newest first, read in chunks so long histories are never loaded at once.
 
     `narrow`, when given, is asked before each chunk after the first for a filter on the rows
-    still worth reading (it may tighten as the caller consumes rows). `only` names the fields to
-    read: the rows are then plain objects with those attributes (and `pk`), not model instances,
-    which take several times longer to build.
+    still worth reading (it may tighten as the caller consumes rows).
     """
     cursor = before_seq
     size = FIRST_SCAN_CHUNK
@@ -204,11 +197,7 @@ def _scan_backwards(
             qs = qs.filter(seq__lt=cursor)
             if narrow is not None:
                 qs = qs.filter(narrow())
-        qs = qs.order_by("-seq")[:size]
-        if only is None:
-            chunk = list(qs)
-        else:
-            chunk = [SimpleNamespace(pk=row["id"], **row) for row in qs.values(*only)]
+        chunk = list(qs.order_by("-seq")[:size])
         yield from chunk
         if len(chunk) < size:
             return
@@ -341,16 +330,8 @@ def select_token_window(*, context: Context, spec: TokenWindowSpec) -> Selection
             fits = Q(token_count__lt=budget - used)
             return fits | Q(tokenizer__in=recount) if recount else fits
 
-        # Most rows a skip scan reads are passed over (a history of long messages: hundreds).
-        # It reads what the choice needs, and the chosen rows whole at the end: building a
-        # whole row (JSON, timestamps) was most of the selector's time.
-        light = ("id", "seq", "role", "tags", "token_count", "tokenizer")
-        light += ("text", "content") if recount else ()
-    else:
-        light = None
-
     skipped = 0
-    for m in _scan_backwards(context, narrow=narrow, only=light):
+    for m in _scan_backwards(context, narrow=narrow):
         if first:
             first = False
             if steamship and is_user(m):
@@ -378,9 +359,6 @@ def select_token_window(*, context: Context, spec: TokenWindowSpec) -> Selection
     if skipped > MAX_SKIP_NOTES:
         notes.append(f"... and {skipped - MAX_SKIP_NOTES} more skipped messages")
     picked.reverse()
-    if light is not None and picked:
-        whole = Message.objects.in_bulk([s.message.pk for s in picked])
-        picked = [Selected(whole[s.message.pk], s.reason, s.tokens) for s in picked]
     return Selection(
         selector="token_window",
         items=picked,
