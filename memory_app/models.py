@@ -216,7 +216,6 @@ class Step(models.Model):
         return self.pruned_at is not None
 
 
-
 class ToolCall(models.Model):
     """One tool invocation inside a step."""
 
@@ -333,7 +332,6 @@ class Message(models.Model):
     @property
     def is_pruned(self) -> bool:
         return self.pruned_at is not None
-
 
 
 class MessageSearch(models.Model):

@@ -274,15 +274,8 @@ def _per_100k(conn, tables: list[str], items: int) -> Amount:
 
 
 def _ours_per_100k() -> Amount:
-    from django.db import connection
+    from memory_app.bench.scenarios import stored_bytes
 
-    from memory_app.bench.scenarios import STORED_TABLES
-
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT (SELECT sum(pg_total_relation_size(t::regclass))::bigint FROM unnest(%s::text[]) t),"
-            " (SELECT count(*) FROM memory_app_message)",
-            [list(STORED_TABLES)],
-        )
-        size, count = cursor.fetchone()
+    count, parts = stored_bytes()
+    size = sum(table + indexes for _, table, indexes in parts)
     return Amount(size * 100_000 / max(count, 1) / 1e6, "MB")

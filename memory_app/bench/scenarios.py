@@ -953,9 +953,9 @@ STORED_TABLES = (
 )
 
 
-def storage(b: Bench) -> None:
-    """On-disk size of messages with their vectors (tables, TOAST and every index, the HNSW one
-    included), per 100,000 messages."""
+def stored_bytes() -> tuple[int, list[tuple[str, int, int]]]:
+    """The messages stored, and (table, table bytes with TOAST, index bytes) of each table they
+    occupy (`STORED_TABLES`)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -967,6 +967,13 @@ def storage(b: Bench) -> None:
                 "SELECT pg_table_size(%s::regclass), pg_indexes_size(%s::regclass)", [table, table]
             )
             parts.append((table, *cursor.fetchone()))
+    return messages, parts
+
+
+def storage(b: Bench) -> None:
+    """On-disk size of messages with their vectors (tables, TOAST and every index, the HNSW one
+    included), per 100,000 messages."""
+    messages, parts = stored_bytes()
     if not messages:
         b.report.skip("storage", "no messages", b.log)
         return
