@@ -20,9 +20,15 @@ Import (`import_lines`) reads the same lines in chunks and writes each chunk wit
 all in one transaction: a file that fails half-way (a bad line, a context the key may not
 write) leaves nothing behind. A row whose natural key is already stored is left as it is, so
 importing twice changes nothing.
-Timestamps and counters are restored verbatim. Into a context already stored here (a merge), its
-`last_seq` rises to the highest seq imported, so the agent's next append follows them, and its
-message, token and run counts are counted again from its rows once the import is done.
+Timestamps and agent-written values are restored verbatim; every value the server derives is
+derived again, never taken from the file: keys and scope digests, content hashes, token counts,
+vector dimensions, `recorded_by` (the importer), and the counters of every context and run the
+import writes into (counted from their rows once the import is done; a merged context's
+`last_seq` rises to the highest seq imported, so the agent's next append follows them).
+
+A confined importer (an API key with context keys) writes only inside its keys: a context line
+outside them is refused, and run, message and embedding lines reach only contexts the file itself
+defines, so a digest of another tenant's context fails exactly like an unknown one.
 """
 
 from __future__ import annotations
@@ -35,11 +41,11 @@ from typing import Any
 
 from django.contrib.postgres.fields import ArrayField
 from django.db import models, transaction
-from django.db.models import Count, Q, Sum, Value
+from django.db.models import Count, Max, Q, Sum, Value
 from django.db.models.functions import Coalesce, Greatest
 
-from memory_app import embeddings, fulltext, logbook, memories
-from memory_app.logbook import Forbidden
+from memory_app import embeddings, fulltext, logbook, memories, tokens
+from memory_app.logbook import Actor, Forbidden, audit_record
 from memory_app.models import (
     Context,
     Embedding,
@@ -146,7 +152,8 @@ def _check_fields(rec: dict[str, Any], fields: list[models.Field], what: str) ->
     for f in fields:
         if f.name not in rec:
             automatic = getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)
-            if not (f.null or f.has_default() or automatic):
+            # Digests and hashes (not editable) are derived on import, so a line may omit them.
+            if not (f.null or f.has_default() or automatic or not f.editable):
                 raise BackupFormatError(f"a {what} record needs {f.name}")
             continue
         why = _field_error(f, rec[f.name])
@@ -329,27 +336,42 @@ class ImportResult:
 
 
 class _Importer:
-    def __init__(self, allowed: Callable[[dict[str, Any]], bool] | None = None) -> None:
+    def __init__(
+        self, allowed: Callable[[dict[str, Any]], bool] | None = None, actor: Actor | None = None
+    ) -> None:
         self.allowed = allowed  # may this import write into a context with these keys?
+        self.actor = actor or Actor.system("import")
         self.result = ImportResult()
-        self.contexts: dict[str, int] = {}  # digest -> target pk
-        # Contexts that were here before this import, and those of them it added to: their
-        # counters are counted again from their rows at the end (`recount`).
+        self.contexts: dict[str, int] = {}  # digest -> target pk, for contexts this file defines
+        self.context_keys: dict[str, dict[str, Any]] = {}  # digest -> keys
+        # Contexts that were here before this import; every context and run the import wrote
+        # into has its counters counted again from its rows at the end (`recount`).
         self.merged: set[int] = set()
         self.grown: set[int] = set()
+        self.grown_runs: set[int] = set()
+        # The file's (scope_digest, content_hash) of each memory line -> the record it resolved
+        # to here (inside the importer's confinement), for the embedding lines that follow.
+        self.memories: dict[tuple[str, str], int] = {}
         self.pending: list[dict] = []
         self.pending_type: str | None = None
 
     # references ------------------------------------------------------------------------------
     def context_id(self, digest: str) -> int:
+        """A context this file defines. A digest of any other context, foreign or unknown, is
+        the same error, so the answer tells a confined importer nothing about other tenants."""
         if digest not in self.contexts:
-            found = Context.objects.filter(keys_digest=digest).values_list("pk", "keys").first()
-            if found is None:
-                raise BackupFormatError(f"context {digest[:12]}… is referenced before it is defined")
-            self._check_allowed(found[1])
-            self.contexts[digest] = found[0]
-            self.merged.add(found[0])
+            raise BackupFormatError(f"context {digest[:12]}… is referenced before it is defined")
         return self.contexts[digest]
+
+    def source_context_id(self, digest: str) -> int | None:
+        """The context of a memory's provenance: one this file defines, else a stored one the
+        importer may write into; None otherwise (the provenance is dropped, never an error)."""
+        if digest in self.contexts:
+            return self.contexts[digest]
+        found = Context.objects.filter(keys_digest=digest).values_list("pk", "keys").first()
+        if found is None or (self.allowed is not None and not self.allowed(found[1])):
+            return None
+        return found[0]
 
     def run_id(self, context_pk: int, ref: dict | None) -> int | None:
         if not ref:
@@ -377,7 +399,7 @@ class _Importer:
         check_record(kind, record)
         # Confinement, before the line joins a chunk: a context's keys, and the subset a
         # key-subset memory is seen from (every context containing it; never the empty one for a
-        # confined key). Contexts only named by digest are checked where they resolve.
+        # confined key). Other lines reach only the contexts this file defines.
         if kind == "context":
             self._check_allowed(record.get("keys") or {})
         elif kind == "memory" and not record.get("context"):
@@ -416,15 +438,20 @@ class _Importer:
                 "keys_digest", rec.get("digest")
             ) != rec.get("digest"):
                 raise BackupFormatError("a context's digest must be the digest of its keys")
+            self.context_keys[rec["digest"]] = keys
             existing = Context.objects.filter(keys_digest=rec["digest"]).values_list("pk", flat=True).first()
             if existing is not None:
                 self.contexts[rec["digest"]] = existing
                 self.merged.add(existing)
                 self.result.count("contexts", 0, 1)
                 continue
+            # Counters start from nothing and are counted from the rows imported (`recount`).
             ctx = Context(**_load(rec, CONTEXT_FIELDS))
+            ctx.keys_digest = keys_digest(keys)
+            ctx.last_seq = ctx.message_count = ctx.token_count = ctx.run_count = 0
             self._insert(Context, [ctx], ["created_at", "updated_at", "last_activity_at"])
             self.contexts[rec["digest"]] = ctx.pk
+            self.grown.add(ctx.pk)
             self.result.count("contexts", 1, 0)
 
     def _import_run(self, records):
@@ -434,9 +461,12 @@ class _Importer:
             if self.run_id(ctx_pk, rec["ref"]) is not None:
                 self.result.count("runs", 0, 1)
                 continue
-            new.append(Run(context_id=ctx_pk, **_load(rec, RUN_FIELDS)))
+            run = Run(context_id=ctx_pk, **_load(rec, RUN_FIELDS))
+            run.step_count = run.error_count = run.last_position = 0  # counted from its steps
+            new.append(run)
         self._insert(Run, new, ["created_at", "updated_at"])
-        self.grown |= {r.context_id for r in new} & self.merged
+        self.grown |= {r.context_id for r in new}
+        self.grown_runs |= {r.pk for r in new}
         self.result.count("runs", len(new), 0)
 
     def _import_step(self, records):
@@ -445,7 +475,7 @@ class _Importer:
         for rec in records:
             key = json.dumps(rec["run"], sort_keys=True)
             if key not in run_cache:
-                ctx_pk = self._context_of_run_ref(rec["run"])
+                ctx_pk = self._current_context
                 run_cache[key] = self.run_id(ctx_pk, rec["run"]) if ctx_pk else None
             run_pk = run_cache[key]
             if run_pk is None:
@@ -468,12 +498,10 @@ class _Importer:
             [ToolCall(step_id=s.pk, **_load(c, TOOL_CALL_FIELDS)) for s, cs in zip(rows, calls, strict=True) for c in cs],
             ["created_at"],
         )
+        self.grown_runs |= {s.run_id for s in rows}
         self.result.count("steps", len(rows), 0)
 
-    def _context_of_run_ref(self, ref) -> int | None:
-        # Steps follow their context's runs in the file, so the last context seen is theirs.
-        return self._current_context
-
+    # Steps follow their context's runs in the file, so the last context seen is theirs.
     _current_context: int | None = None
 
     def _import_message(self, records):
@@ -506,6 +534,7 @@ class _Importer:
                             "pk", flat=True).first()
                     msg.step_id = step_ids[key]
                 rows.append(msg)
+            _count_tokens(rows)
             self._insert(Message, rows, ["created_at", "updated_at"])
             self.result.count("messages", len(rows), 0)
             if rows:
@@ -513,62 +542,98 @@ class _Importer:
                 Context.objects.filter(pk=ctx_pk).update(
                     last_seq=Greatest("last_seq", Value(max(r.seq for r in rows)))
                 )
-                if ctx_pk in self.merged:
-                    self.grown.add(ctx_pk)
+                self.grown.add(ctx_pk)
                 # Seqs below the context's search_seq (a merge into an existing context) are
                 # matched from their text until the indexer has parsed them.
                 fulltext.reindex_from(ctx_pk, min(r.seq for r in rows))
                 transaction.on_commit(embeddings.wake_indexer)
 
     def recount(self) -> None:
-        """The counters of the contexts this import added to, counted from their rows: after a
-        file cut short (the first lines of a backup) the full file finds the context the first
-        one created, with the full file's counters, already here: adding to them would count
-        twice."""
+        """The counters of the contexts and runs this import wrote into, counted from their
+        rows, never taken from the file: after a file cut short (the first lines of a backup)
+        the full file finds the context the first one created already here, and a file's
+        counters may say anything."""
+        for run_pk in sorted(self.grown_runs):
+            steps = Step.objects.filter(run_id=run_pk).aggregate(
+                n=Count("pk"),
+                errors=Count("pk", filter=Q(error_type__isnull=False) & ~Q(error_type="")),
+                last=Coalesce(Max("position"), 0),
+            )
+            Run.objects.filter(pk=run_pk).update(
+                step_count=steps["n"], error_count=steps["errors"], last_position=steps["last"]
+            )
         for ctx_pk in sorted(self.grown):
             with transaction.atomic():
                 logbook.lock_contexts([ctx_pk])
                 messages = Message.objects.filter(context_id=ctx_pk).aggregate(
-                    n=Count("pk"), tokens=Coalesce(Sum("token_count"), 0)
+                    n=Count("pk"), tokens=Coalesce(Sum("token_count"), 0), last=Coalesce(Max("seq"), 0)
                 )
                 Context.objects.filter(pk=ctx_pk).update(
+                    last_seq=Greatest("last_seq", Value(messages["last"])),
                     message_count=messages["n"],
                     token_count=messages["tokens"],
                     run_count=Run.objects.filter(context_id=ctx_pk).count(),
                 )
 
+    def _memory_scope(self, rec: dict[str, Any]) -> memories.Scope:
+        """The scope a memory line lands in, from the context it names or its key subset."""
+        if rec.get("context"):
+            digest = rec["context"]
+            context = Context(pk=self.context_id(digest), keys=self.context_keys[digest], keys_digest=digest)
+            return memories.Scope(context=context)
+        return memories.Scope(keys=rec.get("scope_keys") or {})
+
     def _import_memory(self, records):
         rows = []
         for rec in records:
-            if MemoryRecord.objects.filter(scope_digest=rec["scope_digest"], content_hash=rec["content_hash"]).exists():
+            scope = self._memory_scope(rec)
+            mem = MemoryRecord(**_load(rec, MEMORY_FIELDS))
+            mem.context_id = scope.context.pk if scope.context is not None else None
+            mem.scope_keys = scope.scope_keys
+            mem.scope_digest = scope.digest
+            mem.content_hash = memories.content_hash(mem.content)
+            mem.recorded_by = self.actor.label
+            file_ref = (rec.get("scope_digest", mem.scope_digest), rec.get("content_hash", mem.content_hash))
+            found = MemoryRecord.objects.filter(
+                scope_digest=mem.scope_digest, content_hash=mem.content_hash
+            ).values_list("pk", flat=True).first()
+            if found is not None:
+                self.memories[file_ref] = found
                 self.result.count("memories", 0, 1)
                 continue
-            mem = MemoryRecord(**_load(rec, MEMORY_FIELDS))
-            mem.context_id = self.context_id(rec["context"]) if rec.get("context") else None
             if rec.get("source_message"):
                 src = rec["source_message"]
+                src_ctx = self.source_context_id(src["context"])
                 mem.source_message_id = Message.objects.filter(
-                    context_id=self.context_id(src["context"]), seq=src["seq"]).values_list("pk", flat=True).first()
+                    context_id=src_ctx, seq=src["seq"]).values_list("pk", flat=True).first() if src_ctx else None
             if rec.get("source_step") and mem.context_id:
                 run_pk = self.run_id(mem.context_id, rec["source_step"]["run"])
                 mem.source_step_id = Step.objects.filter(
                     run_id=run_pk, position=rec["source_step"]["position"]).values_list("pk", flat=True).first()
-            rows.append(mem)
-        self._insert(MemoryRecord, rows, ["created_at", "updated_at"])
-        self.result.count("memories", len(rows), 0)
+            rows.append((file_ref, mem))
+        # Two lines of one file with the same content in the same scope are one record.
+        unique = {(m.scope_digest, m.content_hash): m for _, m in rows}
+        self._insert(MemoryRecord, list(unique.values()), ["created_at", "updated_at"])
+        for file_ref, mem in rows:
+            self.memories[file_ref] = unique[(mem.scope_digest, mem.content_hash)].pk
+        self.result.count("memories", len(unique), len(rows) - len(unique))
 
     def _import_embedding(self, records):
         rows = []
         for rec in records:
             emb = Embedding(**_load(rec, EMBEDDING_FIELDS), vector=rec.get("vector"))
+            emb.dimensions = len(rec["vector"]) if rec.get("vector") is not None else None
             if rec["item"] == "message":
                 ctx_pk = self.context_id(rec["context"])
                 emb.message_id = Message.objects.filter(context_id=ctx_pk, seq=rec["seq"]).values_list("pk", flat=True).first()
                 emb.context_id = ctx_pk
                 exists = Embedding.objects.filter(message_id=emb.message_id, model=emb.model).exists()
             else:
-                emb.memory_record_id = MemoryRecord.objects.filter(
-                    scope_digest=rec["scope_digest"], content_hash=rec["content_hash"]).values_list("pk", flat=True).first()
+                # Only a memory a line of this file resolved to (inside the importer's
+                # confinement): a digest and hash of any other record attach nothing.
+                emb.memory_record_id = self.memories.get((rec["scope_digest"], rec["content_hash"]))
+                emb.context_id = MemoryRecord.objects.filter(pk=emb.memory_record_id).values_list(
+                    "context_id", flat=True).first()
                 exists = Embedding.objects.filter(memory_record_id=emb.memory_record_id, model=emb.model).exists()
             if exists or (emb.message_id is None and emb.memory_record_id is None):
                 self.result.count("embeddings", 0, 1)
@@ -577,14 +642,45 @@ class _Importer:
         self._insert(Embedding, rows, [])
         self.result.count("embeddings", len(rows), 0)
 
+    def audit(self) -> None:
+        touched = sorted(set(self.contexts.values()))
+        audit_record(
+            actor=self.actor,
+            action="import",
+            target_type="context",
+            target_ids=touched,
+            context_id=touched[0] if len(touched) == 1 else None,
+            after={"created": self.result.created, "skipped": self.result.skipped},
+        )
+
+
+def _count_tokens(rows: list[Message]) -> None:
+    """Token counts are the server's, counted under each message's tokenizer (the default when
+    the line names none); an unknown tokenizer is the file's error."""
+    by_tokenizer: dict[str, list[Message]] = {}
+    for msg in rows:
+        msg.tokenizer = msg.tokenizer or tokens.default_tokenizer_name()
+        by_tokenizer.setdefault(msg.tokenizer, []).append(msg)
+    for name, msgs in by_tokenizer.items():
+        try:
+            counts = tokens.count_tokens([tokens.token_text(m.text, m.content) for m in msgs], tokenizer=name)
+        except tokens.UnknownTokenizer as exc:
+            raise BackupFormatError(f"a message's tokenizer: {exc}") from exc
+        for msg, count in zip(msgs, counts, strict=True):
+            msg.token_count = count
+
 
 def import_records(
-    records: Iterable[dict[str, Any]], *, allowed: Callable[[dict[str, Any]], bool] | None = None
+    records: Iterable[dict[str, Any]],
+    *,
+    allowed: Callable[[dict[str, Any]], bool] | None = None,
+    actor: Actor | None = None,
 ) -> ImportResult:
     """Import backup records (see module docstring); idempotent. `allowed(keys)` says whether
-    the import may write into a context with those keys (a confined API key's check); a line
-    for any other context, defined in the file or already stored, raises `Forbidden`."""
-    importer = _Importer(allowed)
+    the import may write into a context with those keys (a confined API key's check); a context
+    line for any other context raises `Forbidden`. `actor` is audited as the importer and is the
+    `recorded_by` of the memories it creates."""
+    importer = _Importer(allowed, actor)
     # All or nothing: a bad line (or a forbidden context) half-way through leaves nothing of
     # the lines before it behind. The file is still read and written chunk by chunk.
     with transaction.atomic():
@@ -606,10 +702,11 @@ def import_records(
         if not saw_header:
             raise BackupFormatError("empty backup")
         importer.recount()
+        importer.audit()
     return importer.result
 
 
-def import_lines(lines: Iterable[str | bytes]) -> ImportResult:
+def import_lines(lines: Iterable[str | bytes], *, actor: Actor | None = None) -> ImportResult:
     def records():
         for number, line in enumerate(lines, start=1):
             if isinstance(line, bytes):
@@ -621,4 +718,4 @@ def import_lines(lines: Iterable[str | bytes]) -> ImportResult:
             except json.JSONDecodeError as exc:
                 raise BackupFormatError(f"line {number} is not JSON: {exc.msg}") from exc
 
-    return import_records(records())
+    return import_records(records(), actor=actor)

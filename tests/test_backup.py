@@ -1,6 +1,5 @@
 """Backup/restore: a 10,000-message, 100-run context restores field by field; export memory is flat."""
 
-import hashlib
 import io
 import json
 import tracemalloc
@@ -8,7 +7,7 @@ import tracemalloc
 import pytest
 from django.core.management import call_command
 
-from memory_app import backup, fulltext, logbook, search
+from memory_app import backup, fulltext, logbook, memories, search
 from memory_app.models import (
     Context,
     Embedding,
@@ -54,10 +53,11 @@ def _fill(ctx, *, messages: int, runs: int, start: int = 0):
 
 def _memory(ctx, content, *, scope=None, source=None):
     scope = scope if scope is not None else {}
+    where = memories.Scope(context=ctx) if scope == {} else memories.Scope(keys=scope)
     return MemoryRecord.objects.create(
-        context=ctx if scope == {} else None, scope_keys=scope, scope_digest=keys_digest(scope),
-        content=content, content_hash=hashlib.sha256(content.encode()).hexdigest(), keywords=["k"],
-        source_message=source,
+        context=ctx if scope == {} else None, scope_keys=where.scope_keys, scope_digest=where.digest,
+        content=content, content_hash=memories.content_hash(content), keywords=["k"],
+        source_message=source, recorded_by="key:agent",
     )
 
 
@@ -114,7 +114,7 @@ def test_context_with_10000_messages_and_100_runs_restores_field_by_field(tmp_pa
     _memory(None, "Every ada context: be brief", scope={"user": "ada"})
     Embedding.objects.filter(message__context=ctx).delete()
     Embedding.objects.create(message=source_msg, context=ctx, model="m3", dimensions=3, vector=[0.1, 0.2, 0.3])
-    Embedding.objects.create(memory_record=mem, model="m3", dimensions=3, vector=[1.0, 0.0, 0.5])
+    Embedding.objects.create(memory_record=mem, context=ctx, model="m3", dimensions=3, vector=[1.0, 0.0, 0.5])
 
     path = tmp_path / "backup.jsonl"
     call_command("export_memory", "--keys", json.dumps({"chat": "big"}), "--embeddings", "-o", str(path))
@@ -129,6 +129,9 @@ def test_context_with_10000_messages_and_100_runs_restores_field_by_field(tmp_pa
     out = io.StringIO()
     call_command("import_memory", str(path), stdout=out)
     after = snapshot()
+    # Who recorded a restored memory is the importer: the file's word for it is not trusted.
+    assert {m["recorded_by"] for m in after["memories"]} == {"manage.py import_memory"}
+    before["memories"] = [{**m, "recorded_by": "manage.py import_memory"} for m in before["memories"]]
     for kind in before:
         assert after[kind] == before[kind], kind
 

@@ -13,6 +13,7 @@ from psycopg.errors import CheckViolation, NotNullViolation
 from memory_app import auth, backup
 from memory_app.api.common import WRITE_ERRORS, Id, require_scope, responses
 from memory_app.api.schemas import _examples
+from memory_app.logbook import Actor
 
 router = Router(tags=["backup"])
 
@@ -98,6 +99,7 @@ def import_(request):
             records(),
             # A confined key writes only inside its context keys (contexts and key-subset memories).
             allowed=(lambda keys: auth.keys_allowed(key, keys)) if key.context_keys else None,
+            actor=Actor.for_key(key),
         )
     except backup.BackupFormatError as exc:
         raise HttpError(422, str(exc)) from exc

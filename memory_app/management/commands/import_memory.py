@@ -7,6 +7,9 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 
 from memory_app import backup
+from memory_app.logbook import Actor
+
+IMPORTER = Actor.system("manage.py import_memory")
 
 
 class Command(BaseCommand):
@@ -18,10 +21,10 @@ class Command(BaseCommand):
     def handle(self, *args, path, **options):
         try:
             if path == "-":
-                result = backup.import_lines(sys.stdin)
+                result = backup.import_lines(sys.stdin, actor=IMPORTER)
             else:
                 with open(path, encoding="utf-8") as fh:
-                    result = backup.import_lines(fh)
+                    result = backup.import_lines(fh, actor=IMPORTER)
         except (OSError, backup.BackupFormatError) as exc:
             raise CommandError(str(exc)) from exc
         for kind in sorted(set(result.created) | set(result.skipped)):

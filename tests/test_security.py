@@ -1,0 +1,172 @@
+"""Attacks a hostile tenant would try, end to end through the Agent API.
+
+Tenant A and tenant B each hold keys confined to their own context keys. B's admin key may import
+backups, but only into B's keys: nothing in a file B writes may reach, confirm or change A's data.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memory_app import memories
+from memory_app.models import AuditEvent, Context, Embedding, MemoryRecord, Message, Run, keys_digest
+from tests.api_helpers import make_key, new_context
+
+pytestmark = pytest.mark.django_db
+
+A_KEYS = {"tenant": "a", "chat": "1"}
+B_KEYS = {"tenant": "b", "chat": "1"}
+A_FACT = "Ada's card ends in 4242"
+HEADER = {"type": "header", "format": "agentmemory-backup", "version": 1, "embeddings": True}
+
+
+@pytest.fixture
+def tenants():
+    a = make_key(scopes=("read", "write"), context_keys={"tenant": "a"}, name="tenant-a")
+    b = make_key(scopes=("read", "write", "admin"), context_keys={"tenant": "b"}, name="tenant-b")
+    return a, b, new_context(a, A_KEYS), new_context(b, B_KEYS)
+
+
+def _import(client, lines):
+    body = "".join(json.dumps(line) + "\n" for line in lines)
+    return client.client.generic(
+        "POST", "/api/v1/import", body, content_type="application/x-ndjson", **client._headers()
+    )
+
+
+def _context_line(keys):
+    return {"type": "context", "digest": keys_digest(keys), "keys_digest": keys_digest(keys), "keys": keys}
+
+
+def _a_scope_digests(a_context_id):
+    a_context = Context.objects.get(pk=a_context_id)
+    return {
+        "context": memories.Scope(context=a_context).digest,
+        "subset": memories.Scope(keys={"tenant": "a"}).digest,
+    }
+
+
+def _memory_line(*, content, scope_digest, context=None, scope_keys=None):
+    return {
+        "type": "memory",
+        "context": context,
+        "scope_keys": scope_keys or {},
+        "scope_digest": scope_digest,
+        "content": content,
+        "content_hash": memories.content_hash(A_FACT),
+        "recorded_by": "user:admin",
+    }
+
+
+def test_an_import_cannot_plant_records_under_another_tenants_scope(tenants):
+    a, b, a_ctx, b_ctx = tenants
+    digests = _a_scope_digests(a_ctx)
+    lines = [
+        HEADER,
+        _context_line(B_KEYS),
+        # A memory of B's context, and one of B's key subset, each claiming A's scope digest and
+        # the hash of A's next fact.
+        _memory_line(content="planted", scope_digest=digests["context"], context=keys_digest(B_KEYS)),
+        _memory_line(content="planted too", scope_digest=digests["subset"], scope_keys={"tenant": "b"}),
+    ]
+    response = _import(b, lines)
+    assert response.status_code == 200, response.content
+    assert response.json()["created"]["memories"] == 2
+
+    # A's own facts are stored as A's, created now, in both of A's scopes.
+    for scope in ({"context_id": a_ctx}, {"scope_keys": {"tenant": "a"}}):
+        recorded = a.post("/api/v1/memories", {**scope, "content": A_FACT})
+        assert recorded.status_code == 201, recorded.content
+        [item] = recorded.json()["items"]
+        assert item["created"] is True and item["memory"]["content"] == A_FACT
+    # The planted records sit in B's scopes, as B's import recorded them.
+    planted = MemoryRecord.objects.filter(content__startswith="planted")
+    assert {m.scope_digest for m in planted} == {
+        memories.Scope(context=Context.objects.get(pk=b_ctx)).digest,
+        memories.Scope(keys={"tenant": "b"}).digest,
+    }
+    assert {m.recorded_by for m in planted} == {b.key.actor}
+    assert {m.content_hash for m in planted} == {
+        memories.content_hash("planted"), memories.content_hash("planted too")
+    }
+
+
+def test_an_import_cannot_confirm_another_tenants_facts(tenants):
+    a, b, a_ctx, _ = tenants
+    a.post("/api/v1/memories", {"context_id": a_ctx, "content": A_FACT})
+    a.post("/api/v1/memories", {"scope_keys": {"tenant": "a"}, "content": A_FACT})
+    digests = _a_scope_digests(a_ctx)
+    guesses = [
+        _memory_line(content=A_FACT, scope_digest=digests["context"], context=keys_digest(B_KEYS)),
+        _memory_line(content=A_FACT, scope_digest=digests["subset"], scope_keys={"tenant": "b"}),
+    ]
+    response = _import(b, [HEADER, _context_line(B_KEYS), *guesses])
+    # A right guess and a wrong one answer alike: each is a new record in B's own scope.
+    assert response.json()["created"]["memories"] == 2
+    assert response.json()["skipped"].get("memories", 0) == 0
+    assert MemoryRecord.objects.filter(content=A_FACT).count() == 4
+
+
+def test_an_import_cannot_attach_vectors_to_another_tenants_memories(tenants):
+    a, b, a_ctx, _ = tenants
+    a.post("/api/v1/memories", {"context_id": a_ctx, "content": A_FACT})
+    target = MemoryRecord.objects.get(content=A_FACT)
+    line = {
+        "type": "embedding", "item": "memory", "scope_digest": target.scope_digest,
+        "content_hash": target.content_hash, "model": "squat", "vector": [0.1, 0.2, 0.3],
+    }
+    response = _import(b, [HEADER, _context_line(B_KEYS), line])
+    assert response.status_code == 200, response.content
+    assert not Embedding.objects.filter(memory_record=target, model="squat").exists()
+
+
+def test_a_foreign_context_and_an_unknown_one_are_refused_alike(tenants):
+    _, b, _, _ = tenants
+    run = {"type": "run", "ref": {"client_id": "r", "created_at": "2026-01-01T00:00:00+00:00"},
+           "client_id": "r", "task": "t"}
+    foreign = _import(b, [HEADER, {**run, "context": keys_digest(A_KEYS)}])
+    unknown = _import(b, [HEADER, {**run, "context": keys_digest({"tenant": "nobody"})}])
+    assert foreign.status_code == unknown.status_code == 422
+    assert foreign.json()["detail"].replace(keys_digest(A_KEYS)[:12], "…") == unknown.json()[
+        "detail"
+    ].replace(keys_digest({"tenant": "nobody"})[:12], "…")
+    assert not Run.objects.exists()
+    # A context line outside B's keys is refused whether or not it exists here.
+    for keys in (A_KEYS, {"tenant": "a", "chat": "never"}):
+        assert _import(b, [HEADER, _context_line(keys)]).status_code == 403
+
+
+def test_derived_values_in_an_imported_file_are_recomputed(tenants):
+    _, b, _, _ = tenants
+    keys = {"tenant": "b", "chat": "restored"}
+    lies = {"last_seq": 900, "message_count": 5000, "token_count": 7, "run_count": 40}
+    lines = [
+        HEADER,
+        {**_context_line(keys), **lies},
+        {"type": "run", "context": keys_digest(keys), "client_id": "r1", "task": "t",
+         "ref": {"client_id": "r1", "created_at": "2026-01-01T00:00:00+00:00"},
+         "step_count": 77, "error_count": 9, "last_position": 12},
+        {"type": "step", "run": {"client_id": "r1", "created_at": "2026-01-01T00:00:00+00:00"},
+         "position": 1, "kind": "action", "error_type": "AgentError", "error_message": "boom"},
+        *({"type": "message", "context": keys_digest(keys), "seq": n, "role": "user",
+           "text": "three little words", "token_count": 999, "tokenizer": "cl100k_base"}
+          for n in (1, 2)),
+        {"type": "embedding", "item": "message", "context": keys_digest(keys), "seq": 1,
+         "model": "m3", "dimensions": 1536, "vector": [0.1, 0.2, 0.3]},
+    ]
+    response = _import(b, lines)
+    assert response.status_code == 200, response.content
+    ctx = Context.objects.get(keys_digest=keys_digest(keys))
+    tokens = list(Message.objects.filter(context=ctx).values_list("token_count", flat=True))
+    assert tokens == [3, 3]
+    assert (ctx.last_seq, ctx.message_count, ctx.token_count, ctx.run_count) == (2, 2, 6, 1)
+    run = Run.objects.get(context=ctx)
+    assert (run.step_count, run.error_count, run.last_position) == (1, 1, 1)
+    assert Embedding.objects.get(context=ctx).dimensions == 3
+    # Imports are audited, the importing key as the actor.
+    event = AuditEvent.objects.get(action="import")
+    assert event.actor == b.key.actor and event.api_key_id == b.key.pk
+    assert event.target_ids == [ctx.pk]
+    assert event.after["created"]["messages"] == 2
