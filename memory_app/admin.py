@@ -8,7 +8,7 @@ from collections import defaultdict
 from django.contrib import admin
 
 from memory_app import logbook
-from memory_app.logbook import Actor
+from memory_app.audit import Actor
 from memory_app.models import (
     ApiKey,
     AuditEvent,

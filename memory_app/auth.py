@@ -25,7 +25,7 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from memory_app.logbook import Forbidden, NotFound
+from memory_app.errors import Forbidden, NotFound
 from memory_app.models import ApiKey, Context, Message, Run, Step
 
 KEY_PREFIX = "am_"

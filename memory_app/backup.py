@@ -44,8 +44,9 @@ from django.db import models, transaction
 from django.db.models import Count, Max, Q, Sum, Value
 from django.db.models.functions import Coalesce, Greatest
 
-from memory_app import embeddings, fulltext, logbook, memories, tokens
-from memory_app.logbook import Actor, Forbidden, audit_record
+from memory_app import embeddings, errors, fulltext, logbook, memories, tokens
+from memory_app.audit import Actor, audit_record
+from memory_app.errors import BackupFormatError, Forbidden
 from memory_app.models import (
     Context,
     Embedding,
@@ -61,9 +62,6 @@ FORMAT = "agentmemory-backup"
 VERSION = 1
 CHUNK = 1000
 
-
-class BackupFormatError(ValueError):
-    """A line that is not part of an agentmemory backup."""
 
 
 # --- field handling -----------------------------------------------------------------------------
@@ -664,7 +662,7 @@ def _count_tokens(rows: list[Message]) -> None:
     for name, msgs in by_tokenizer.items():
         try:
             counts = tokens.count_tokens([tokens.token_text(m.text, m.content) for m in msgs], tokenizer=name)
-        except tokens.UnknownTokenizer as exc:
+        except errors.UnknownTokenizer as exc:
             raise BackupFormatError(f"a message's tokenizer: {exc}") from exc
         for msg, count in zip(msgs, counts, strict=True):
             msg.token_count = count

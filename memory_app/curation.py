@@ -15,17 +15,9 @@ from django.db import transaction
 from django.db.models import Count, F, Q, QuerySet, Sum
 from django.utils import timezone
 
-from memory_app.logbook import (
-    Actor,
-    Conflict,
-    Invalid,
-    NotFound,
-    audit_record,
-    lock_contexts,
-    message_edit,
-    messages_set_pruned,
-    steps_set_pruned,
-)
+from memory_app.audit import Actor, audit_record
+from memory_app.errors import Conflict, Invalid, NotFound
+from memory_app.logbook import lock_contexts, message_edit, messages_set_pruned, steps_set_pruned
 from memory_app.models import AuditEvent, Context, Message, MessageRole, Run, Step
 
 PREVIEW_SAMPLE = 50

@@ -38,7 +38,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from memory_app import fulltext
-from memory_app.logbook import Invalid
+from memory_app.errors import DimensionMismatch, Invalid, ProviderError, ProviderUnavailable
 from memory_app.models import Embedding, EmbeddingRetry, MemoryRecord, Message
 
 log = logging.getLogger("memory_app.embeddings")
@@ -54,16 +54,7 @@ BACKOFF_BASE_SECONDS = 2.0
 BACKOFF_MAX_SECONDS = 600.0
 
 
-class ProviderError(Exception):
-    """The provider could not embed this batch (down, timeout, bad answer); retried later."""
 
-
-class ProviderUnavailable(Invalid):
-    """No provider can produce vectors here (provider `none`, or the extra is not installed)."""
-
-
-class DimensionMismatch(Invalid):
-    """A vector's length differs from the dimensions its model already has."""
 
 
 # --- providers --------------------------------------------------------------------------------

@@ -15,9 +15,10 @@ from django.db import transaction
 from django.db.models import Q
 
 from memory_app import logbook
+from memory_app.audit import Actor
+from memory_app.errors import Invalid
 from memory_app.interop import agentscope as as_map
 from memory_app.interop import smolagents as smol
-from memory_app.logbook import Actor, Invalid
 from memory_app.models import Context, Message, Run, RunStatus, Step, ToolCall
 
 STEP_CHUNK = 200

@@ -30,8 +30,9 @@ from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
 from memory_app import fulltext, tokens
+from memory_app.audit import Actor, audit_record
+from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.models import (
-    ApiKey,
     AuditEvent,
     Context,
     Message,
@@ -44,77 +45,6 @@ from memory_app.models import (
 )
 
 MAX_BATCH = 1000
-
-
-# --- errors and actors ------------------------------------------------------------------------
-
-
-class DomainError(Exception):
-    """Base for errors the API and views map to HTTP statuses."""
-
-
-class NotFound(DomainError):
-    pass
-
-
-class Conflict(DomainError):
-    def __init__(self, message: str, differences: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.differences = differences or {}
-
-
-class Invalid(DomainError):
-    pass
-
-
-class Forbidden(DomainError):
-    """The caller is known but may not do this (an API key's scope or confinement): 403."""
-
-
-@dataclass(frozen=True)
-class Actor:
-    """Who does a write: an operator (user) or an agent (API key); named in every audit event."""
-
-    label: str
-    user: Any = None
-    api_key: ApiKey | None = None
-
-    @classmethod
-    def for_user(cls, user) -> Actor:
-        return cls(label=f"user:{user.get_username()}", user=user)
-
-    @classmethod
-    def for_key(cls, key: ApiKey) -> Actor:
-        return cls(label=key.actor, api_key=key)
-
-    @classmethod
-    def system(cls, name: str = "system") -> Actor:
-        return cls(label=name)
-
-
-def audit_record(
-    *,
-    actor: Actor,
-    action: str,
-    target_type: str,
-    target_ids: list[int],
-    context_id: int | None = None,
-    before: Any = None,
-    after: Any = None,
-    note: str = "",
-) -> AuditEvent:
-    return AuditEvent.objects.create(
-        actor=actor.label,
-        user=actor.user if actor.user is not None and actor.user.is_authenticated else None,
-        api_key=actor.api_key,
-        action=action,
-        target_type=target_type,
-        target_ids=list(target_ids),
-        context_id=context_id,
-        before=before,
-        after=after,
-        note=note,
-    )
 
 
 # --- contexts ---------------------------------------------------------------------------------
@@ -559,8 +489,11 @@ def message_edit(
     metadata: dict | None = None,
 ) -> Message:
     """Edit a message; the previous version is kept in the audit event."""
-    if _holds_nul(text) or _holds_nul(tags) or _holds_nul(metadata):
-        raise Invalid("text, tags and metadata cannot hold NUL characters (PostgreSQL cannot store them)")
+    if _unstorable(text) or _unstorable(tags) or _unstorable(metadata):
+        raise Invalid(
+            "text, tags and metadata cannot hold NUL characters or lone surrogates"
+            " (PostgreSQL stores UTF-8 text without NUL)"
+        )
     with transaction.atomic():
         lock_contexts([message.context_id])
         message = Message.objects.select_for_update().get(pk=message.pk)
@@ -598,7 +531,7 @@ def messages_retag(
 ) -> list[int]:
     """Set the tags of several messages of one context at once (AgentScope's marks); one audit
     event keeps every changed message's tags before and after. Answers the changed ids."""
-    if _holds_nul(list(tags_by_id.values())):
+    if _unstorable(list(tags_by_id.values())):
         raise Invalid("tags cannot hold NUL characters (PostgreSQL cannot store them)")
     with transaction.atomic():
         rows = list(
@@ -622,14 +555,23 @@ def messages_retag(
     return [r.pk for r in changed]
 
 
-def _holds_nul(value: Any) -> bool:
-    """True when a NUL character hides anywhere in a string, list or dict (keys included)."""
+def _unstorable(value: Any) -> bool:
+    """True when a NUL character or a lone surrogate (no UTF-8 form) hides anywhere in a string,
+    list or dict (keys included): PostgreSQL text can hold neither."""
     if isinstance(value, str):
-        return "\x00" in value
+        return "\x00" in value or not value.isascii() and _has_surrogate(value)
     if isinstance(value, dict):
-        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+        return any(_unstorable(k) or _unstorable(v) for k, v in value.items())
     if isinstance(value, list | tuple):
-        return any(_holds_nul(v) for v in value)
+        return any(_unstorable(v) for v in value)
+    return False
+
+
+def _has_surrogate(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
     return False
 
 

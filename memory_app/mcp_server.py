@@ -42,7 +42,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 
-from memory_app import auth, logbook, queries, search, tokens
+from memory_app import auth, errors, logbook, queries, search
 from memory_app.api.common import Id, JsonObject, Short, Text
 from memory_app.api.memories import (
     Keywords,
@@ -130,9 +130,9 @@ def _call(key: ApiKey, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     close_old_connections()
     try:
         return to_jsonable_python(fn(key, **kwargs))
-    except logbook.Conflict as exc:
+    except errors.Conflict as exc:
         raise ToolError(f"{exc} (differences: {exc.differences})") from exc
-    except (logbook.DomainError, tokens.UnknownTokenizer) as exc:
+    except (errors.DomainError, errors.UnknownTokenizer) as exc:
         raise ToolError(str(exc)) from exc
     except ValidationError as exc:
         raise ToolError(_message(exc)) from exc

@@ -31,8 +31,9 @@ from django.db.models import F, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from memory_app import auth, embeddings, search
-from memory_app.logbook import Actor, Conflict, Forbidden, Invalid, NotFound, audit_record
+from memory_app import auth, embeddings, errors, search
+from memory_app.audit import Actor, audit_record
+from memory_app.errors import Conflict, Forbidden, Invalid, NotFound
 from memory_app.models import (
     FTS_CONFIG,
     ApiKey,
@@ -303,7 +304,7 @@ def _query_vectors(texts: Sequence[str]) -> tuple[list[list[float] | None], str 
         return [None] * len(texts), None
     try:
         return list(provider.embed(list(texts))), provider.model
-    except embeddings.ProviderError:
+    except errors.ProviderError:
         return [None] * len(texts), None
 
 

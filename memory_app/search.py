@@ -27,8 +27,8 @@ from typing import Any, Literal
 from django.conf import settings
 from django.db import connection, transaction
 
-from memory_app import embeddings, fulltext
-from memory_app.logbook import DomainError, Invalid
+from memory_app import embeddings, errors, fulltext
+from memory_app.errors import Invalid, ProviderDown, SemanticUnavailable
 from memory_app.models import FTS_CONFIG, Context, Message
 
 Mode = Literal["auto", "keyword", "semantic", "hybrid"]
@@ -40,12 +40,6 @@ RRF_K = 60
 KEYWORD_RECENT_SEQS = 2_000
 
 
-class SemanticUnavailable(Invalid):
-    """Semantic search was asked for with no provider and no query vector."""
-
-
-class ProviderDown(DomainError):
-    """The configured provider could not embed the query right now (503 at the API)."""
 
 
 @dataclass(frozen=True)
@@ -464,7 +458,7 @@ def query_vector_for(
         )
     try:
         [vector] = provider.embed([query])
-    except embeddings.ProviderError as exc:
+    except errors.ProviderError as exc:
         raise ProviderDown(f"the embedding provider is unavailable: {exc}") from exc
     return vector, provider.model
 

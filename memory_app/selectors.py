@@ -25,7 +25,7 @@ from typing import Literal
 from django.db.models import Q
 
 from memory_app import tokens
-from memory_app.logbook import Invalid
+from memory_app.errors import Invalid
 from memory_app.models import Context, Message
 
 MAX_K = 1000
@@ -468,8 +468,8 @@ def select_composite(*, context: Context, spec: CompositeSpec) -> Selection:
 def select(*, context: Context, spec: SelectorSpec) -> Selection:
     """Run the selector `spec` describes on `context`.
 
-    Raises `Invalid` for bad parameters and `tokens.UnknownTokenizer` for a tokenizer this
-    server cannot load (both 422 at the API); `search.SemanticUnavailable` when semantic search is
+    Raises `Invalid` for bad parameters and `errors.UnknownTokenizer` for a tokenizer this
+    server cannot load (both 422 at the API); `errors.SemanticUnavailable` when semantic search is
     asked for with no embedding provider and no query vector.
     """
     if isinstance(spec, WindowSpec):

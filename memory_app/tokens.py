@@ -16,9 +16,7 @@ from typing import Any
 import tiktoken
 from django.conf import settings
 
-
-class UnknownTokenizer(ValueError):
-    """The tokenizer name is not one this server can load offline."""
+from memory_app.errors import UnknownTokenizer
 
 
 def _cache_dir() -> str | None:

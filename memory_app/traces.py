@@ -24,14 +24,12 @@ from typing import Any
 from django.db import transaction
 
 from memory_app import auth, logbook
+from memory_app.errors import KeysNotAllowed
 from memory_app.interop import otlp
 from memory_app.models import ApiKey, Context, Run, RunStatus, Step, TraceSpan, keys_digest
 
 STEP_CHUNK = 200
 
-
-class KeysNotAllowed(logbook.DomainError):
-    """Spans name a context outside the API key's confinement."""
 
 
 def _when(ns: int | None) -> datetime | None:

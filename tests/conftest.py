@@ -2,7 +2,7 @@
 
 import pytest
 
-from memory_app.logbook import Actor
+from memory_app.audit import Actor
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from memory_app import curation, memories
-from memory_app.logbook import Actor, message_edit, messages_set_pruned
+from memory_app.audit import Actor
+from memory_app.logbook import message_edit, messages_set_pruned
 from memory_app.models import AuditEvent, MemoryRecord, Message
 from memory_app.rendering import change_diff
 from tests.builders import make_context, make_user

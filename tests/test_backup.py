@@ -7,7 +7,7 @@ import tracemalloc
 import pytest
 from django.core.management import call_command
 
-from memory_app import backup, fulltext, logbook, memories, search
+from memory_app import backup, errors, fulltext, logbook, memories, search
 from memory_app.models import (
     Context,
     Embedding,
@@ -162,11 +162,11 @@ def test_export_memory_stays_flat_as_the_context_doubles():
 
 
 def test_import_rejects_what_is_not_a_backup():
-    with pytest.raises(backup.BackupFormatError):
+    with pytest.raises(errors.BackupFormatError):
         backup.import_lines(['{"type": "context"}'])
-    with pytest.raises(backup.BackupFormatError):
+    with pytest.raises(errors.BackupFormatError):
         backup.import_lines(["not json"])
-    with pytest.raises(backup.BackupFormatError):
+    with pytest.raises(errors.BackupFormatError):
         backup.import_lines(['{"type": "header", "format": "agentmemory-backup", "version": 1}', '{"type": "bogus"}'])
 
 
@@ -227,7 +227,7 @@ def test_an_import_that_fails_half_way_writes_nothing():
     _wipe()
     bad = json.loads(lines[-1])
     bad["seq"] = "seven"
-    with pytest.raises(backup.BackupFormatError, match="seq"):
+    with pytest.raises(errors.BackupFormatError, match="seq"):
         backup.import_lines([*lines[:-1], json.dumps(bad)])
     assert not Context.objects.exists() and not Message.objects.exists() and not Run.objects.exists()
     backup.import_lines(lines)  # the good file goes in whole

@@ -11,11 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memory_app import curation
+from memory_app.audit import Actor
 from memory_app.curation import PruneFilter
+from memory_app.errors import Conflict, Invalid
 from memory_app.logbook import (
-    Actor,
-    Conflict,
-    Invalid,
     context_get_or_create,
     message_edit,
     messages_append,
@@ -258,3 +257,13 @@ def test_no_sequence_of_curation_actions_loses_an_original_text(actions, roles):
     curation.pruned_purge(older_than=timezone.now(), confirmation=curation.PURGE_CONFIRMATION,
                           actor=ACTOR, context=ctx)
     assert set(Message.objects.filter(context=ctx).values_list("pk", flat=True)) == set(ids[2:])
+
+
+def test_an_edit_with_a_lone_surrogate_is_refused_and_changes_nothing():
+    ctx = make_context([("user", "kept as written", [])])
+    message = Message.objects.get(context=ctx)
+    with pytest.raises(Invalid, match="surrogate"):
+        message_edit(message=message, actor=ACTOR, text="half a pair \ud800")
+    message.refresh_from_db()
+    assert message.text == "kept as written"
+    assert not AuditEvent.objects.filter(context=ctx, action="edit").exists()

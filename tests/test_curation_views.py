@@ -8,7 +8,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from memory_app import memories
-from memory_app.logbook import Actor, message_edit, messages_set_pruned
+from memory_app.audit import Actor
+from memory_app.logbook import message_edit, messages_set_pruned
 from memory_app.models import ApiKey, AuditEvent, MemoryRecord, Message, Step
 from memory_app.urls_curation import urlpatterns
 from tests.builders import make_context, make_run, make_user

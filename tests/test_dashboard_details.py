@@ -11,8 +11,8 @@ from django.test import Client
 from django.urls import reverse
 
 from memory_app import selectors, tokens
+from memory_app.audit import Actor
 from memory_app.logbook import (
-    Actor,
     context_get_or_create,
     message_edit,
     messages_append,

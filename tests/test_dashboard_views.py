@@ -9,7 +9,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from memory_app import logbook
+from memory_app import audit, logbook
 from memory_app.models import Message
 from memory_app.rendering import render_markdown
 from tests.builders import add_messages, make_context, make_run, make_user
@@ -94,7 +94,7 @@ def test_history_jump_filters_and_pruned_toggle(client):
     ] == [201]
     pruned = Message.objects.get(context=ctx, seq=201)
     logbook.messages_set_pruned(
-        context=ctx, ids=[pruned.pk], pruned=True, actor=logbook.Actor.system()
+        context=ctx, ids=[pruned.pk], pruned=True, actor=audit.Actor.system()
     )
     assert 201 not in [m.seq for m in client.get(f"/contexts/{ctx.pk}/").context["window"].messages]
     html = client.get(f"/contexts/{ctx.pk}/", {"pruned": "1"}).content.decode()
@@ -145,7 +145,7 @@ def test_transcript_follows_smolagents_order_and_skips_pruned_steps(client):
     assert texts[3].startswith("Calling tools:\n[{'id': 'call_1', 'type': 'function'")
     assert texts[-1].startswith("Call id: call_2\nError:\nTool failed at step 3\nNow let's retry")
     step2 = run.steps.get(position=2)
-    logbook.steps_set_pruned(run=run, ids=[step2.pk], pruned=True, actor=logbook.Actor.system())
+    logbook.steps_set_pruned(run=run, ids=[step2.pk], pruned=True, actor=audit.Actor.system())
     response = client.get(f"/runs/{run.pk}/steps/3/transcript/")
     assert len(response.context["transcript"]) == len(texts) - 3
 

@@ -21,7 +21,7 @@ from django.core.management import call_command
 from django.db import connection, connections
 from django.utils import timezone
 
-from memory_app import embeddings, logbook, search
+from memory_app import embeddings, errors, logbook, search
 from memory_app.models import Embedding, EmbeddingRetry, Message
 
 DIMS = 32
@@ -160,7 +160,7 @@ def test_semantic_search_answers_503_class_error_when_the_provider_is_down(stand
     context, _ = logbook.context_get_or_create(keys={"test": "down-query"})
     append(context, "hello there")
     stand_in.down = True
-    with pytest.raises(search.ProviderDown):
+    with pytest.raises(errors.ProviderDown):
         search.search_messages(context=context, query="hello", mode="semantic")
     hybrid = search.search_messages(context=context, query="hello", mode="hybrid")
     assert [h.message.text for h in hybrid.hits] == ["hello there"]  # keyword half still answers
@@ -243,7 +243,7 @@ def test_client_vectors_fix_the_models_dimensions(settings):
     embeddings.vector_put(model="client-3", vector=[1, 0, 0], message=a)
     embeddings.vector_put(model="client-3", vector=[0, 1, 0], message=b)
     embeddings.vector_put(model="client-3", vector=[0.9, 0.1, 0], message=c)
-    with pytest.raises(embeddings.DimensionMismatch):
+    with pytest.raises(errors.DimensionMismatch):
         embeddings.vector_put(model="client-3", vector=[1, 0], message=a)
     hits = search.search_messages(
         context=context, query="", k=2, mode="semantic", model="client-3", query_vector=[1, 0, 0]

@@ -9,7 +9,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from memory_app import curation
-from memory_app.logbook import Actor, messages_set_pruned
+from memory_app.audit import Actor
+from memory_app.logbook import messages_set_pruned
 from memory_app.models import ApiKey, AuditEvent, Message
 from memory_app.views import errors
 from tests.builders import make_context, make_user

@@ -16,7 +16,7 @@ import pytest
 from django.conf import settings
 from django.db import IntegrityError, connection, connections, transaction
 
-from memory_app import fulltext, logbook, search, tokens
+from memory_app import errors, fulltext, logbook, search, tokens
 from memory_app.models import Context, Message, MessageSearch, Run, Step, keys_digest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -296,7 +296,7 @@ def test_editing_a_message_with_nul_characters_is_refused_and_changes_nothing(sy
         {"metadata": {"k\x00": "v"}},
         {"metadata": {"k": ["\x00"]}},
     ):
-        with pytest.raises(logbook.Invalid):
+        with pytest.raises(errors.Invalid):
             logbook.message_edit(message=message, actor=system_actor, **kwargs)
     message.refresh_from_db()
     assert (message.text, message.tags, message.metadata) == ("clean", [], {})
@@ -464,7 +464,7 @@ def test_a_large_batch_runs_without_cyclic_gc_and_restores_it(monkeypatch):
     assert gc.isenabled()
     logbook.messages_append(context=context, items=items)
     assert seen and not any(seen) and gc.isenabled()
-    with pytest.raises(logbook.Invalid):
+    with pytest.raises(errors.Invalid):
         logbook.messages_append(context=context, items=[*items, {"role": "user", "vector": [1.0]}])
     assert gc.isenabled()
     gc.disable()

@@ -6,7 +6,7 @@ import pytest
 from agentscope.memory import InMemoryMemory
 from agentscope.message import Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 
-from memory_app import framework_io, logbook, transcripts
+from memory_app import errors, framework_io, logbook, transcripts
 from memory_app.interop import agentkit
 from memory_app.models import Message
 from tests.aio import run_coroutine
@@ -138,7 +138,7 @@ def test_replace_prunes_what_the_new_state_drops(context, system_actor):
     ],
 )
 def test_bad_state_dicts_are_rejected(context, system_actor, bad):
-    with pytest.raises(logbook.Invalid):
+    with pytest.raises(errors.Invalid):
         framework_io.agentscope_state_import(context=context, state=bad, actor=system_actor)
 
 
@@ -185,7 +185,7 @@ def test_a_plain_id_added_after_its_lookalike_is_kept_and_deleted_alone(context,
 
 def test_an_id_too_long_to_store_escaped_is_invalid(context):
     long_id = "#" * 100  # 300 characters once escaped
-    with pytest.raises(logbook.Invalid):
+    with pytest.raises(errors.Invalid):
         framework_io.agentscope_add(
             context=context, msgs=[{"id": long_id, "name": "u", "role": "user", "content": "hi"}]
         )

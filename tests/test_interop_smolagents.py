@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from memory_app import framework_io, logbook, transcripts
+from memory_app import errors, framework_io, logbook, transcripts
 from memory_app.interop import smolagents as smol
 from memory_app.models import Step, ToolCall
 from tests.smol_agents import AGENTS, jsonable, messages_as_dicts, run_agent
@@ -73,7 +73,7 @@ def test_reimport_with_changed_step_is_a_conflict(context):
     _import(context, agent)
     steps = jsonable(agent.memory.get_full_steps())
     steps[2]["observations"] = "tampered"
-    with pytest.raises(logbook.Conflict):
+    with pytest.raises(errors.Conflict):
         framework_io.smolagents_run_import(context=context, steps=steps, client_id="r1",
                                            system_prompt=agent.memory.system_prompt.system_prompt)
 
@@ -127,7 +127,7 @@ def test_steps_written_without_payload_still_give_smolagents_shapes(context):
 
 @pytest.mark.parametrize("bad", [["not a dict"], [{"nothing": 1}], [{"step_number": 1, "tool_calls": [{"id": "x"}]}]])
 def test_malformed_steps_are_rejected_clearly(context, bad):
-    with pytest.raises(logbook.Invalid):
+    with pytest.raises(errors.Invalid):
         framework_io.smolagents_run_import(context=context, steps=bad, client_id="bad")
 
 
@@ -168,7 +168,7 @@ WRONG_TYPES = [
 @pytest.mark.parametrize(("path", "value"), WRONG_TYPES)
 def test_a_wrong_type_is_invalid_and_writes_nothing(context, path, value):
     steps = _swap(jsonable(run_agent("tool_calling").memory.get_full_steps()), path, value)
-    with pytest.raises(logbook.Invalid) as caught:
+    with pytest.raises(errors.Invalid) as caught:
         framework_io.smolagents_run_import(context=context, steps=steps, client_id="typed")
     assert str(path[-1]) in str(caught.value) or "tool call" in str(caught.value)
     assert not context.runs.exists() and not Step.objects.filter(run__context=context).exists()

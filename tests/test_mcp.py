@@ -11,7 +11,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from memory_app import auth, logbook, memories
+from memory_app import audit, auth, memories
 from memory_app.models import MemoryRecord, Message
 from tests.aio import run_coroutine
 from tests.builders import make_context, make_run
@@ -248,7 +248,7 @@ def test_another_tenants_ids_look_unknown(asgi_live_server):
     their_run = make_run(context=theirs, steps=2)
     memories.memories_record(
         scope=memories.Scope(keys={"tenant": "globex"}), items=[{"content": "globex secret"}],
-        actor=logbook.Actor.system("test"),
+        actor=audit.Actor.system("test"),
     )
     acme = Session(asgi_live_server, _secret(context_keys={"tenant": "acme"}))
 

@@ -3,7 +3,8 @@
 import pytest
 
 from memory_app import logbook, memories
-from memory_app.logbook import Actor, Conflict, Invalid, NotFound
+from memory_app.audit import Actor
+from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.memories import Scope
 from memory_app.models import AuditEvent, Context, MemoryRecord
 

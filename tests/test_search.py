@@ -12,7 +12,7 @@ import pytest
 from django.db import connection, transaction
 from django.test import override_settings
 
-from memory_app import embeddings, logbook, search
+from memory_app import embeddings, errors, logbook, search
 from memory_app.models import Context, Embedding, Message, keys_digest
 
 # Every test here, and so the module fixture, runs on the test database (pytest-django sets it
@@ -354,7 +354,7 @@ def test_hybrid_fuses_both_rankings_by_reciprocal_rank(store):
 
 
 def test_a_query_vector_of_the_wrong_dimension_is_invalid(store):
-    with pytest.raises(embeddings.DimensionMismatch):
+    with pytest.raises(errors.DimensionMismatch):
         search.search_messages(
             context=store["small"], query="", mode="semantic", model=MODEL, query_vector=[0.1] * 10
         )

@@ -11,7 +11,15 @@ import json
 import pytest
 
 from memory_app import memories
-from memory_app.models import AuditEvent, Context, Embedding, MemoryRecord, Message, Run, keys_digest
+from memory_app.models import (
+    AuditEvent,
+    Context,
+    Embedding,
+    MemoryRecord,
+    Message,
+    Run,
+    keys_digest,
+)
 from tests.api_helpers import make_key, new_context
 
 pytestmark = pytest.mark.django_db

@@ -7,8 +7,8 @@ stand-in (asserted below), so the verified token-window ids carry over unchanged
 
 import pytest
 
-from memory_app import logbook, selectors, tokens
-from memory_app.logbook import Invalid
+from memory_app import errors, logbook, selectors, tokens
+from memory_app.errors import Invalid
 from memory_app.models import Message
 from memory_app.selectors import CompositeSpec, SearchSpec, TokenWindowSpec, WindowSpec, select
 
@@ -179,7 +179,7 @@ def test_token_window_counts_on_the_fly_when_stored_counts_are_from_another_toke
 
 def test_unknown_tokenizer_is_refused(steamship):
     context, _ = steamship
-    with pytest.raises(tokens.UnknownTokenizer):
+    with pytest.raises(errors.UnknownTokenizer):
         select(context=context, spec=TokenWindowSpec(max_tokens=10, tokenizer="no-such-encoding"))
 
 
@@ -342,7 +342,7 @@ def test_search_selector_returns_hits_oldest_first_with_reasons(steamship):
 
 
 def test_semantic_search_without_provider_says_so(steamship, settings):
-    from memory_app.search import SemanticUnavailable
+    from memory_app.errors import SemanticUnavailable
 
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
     context, _ = steamship

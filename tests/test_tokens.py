@@ -2,7 +2,7 @@
 
 import pytest
 
-from memory_app import logbook, tokens
+from memory_app import errors, logbook, tokens
 
 
 def test_default_tokenizer_is_cl100k_base_loaded_offline():
@@ -19,7 +19,7 @@ def test_batch_counts_equal_one_by_one_counts():
 
 
 def test_unknown_tokenizer_is_refused_with_the_available_names():
-    with pytest.raises(tokens.UnknownTokenizer, match="cl100k_base"):
+    with pytest.raises(errors.UnknownTokenizer, match="cl100k_base"):
         tokens.count_tokens(["x"], tokenizer="klingon")
 
 

@@ -11,7 +11,7 @@ from ninja.parser import Parser
 from ninja.renderers import JSONRenderer
 
 from memory_app.api import common
-from memory_app.logbook import Conflict, Forbidden, Invalid, NotFound
+from memory_app.errors import Conflict, Forbidden, Invalid, NotFound
 
 logger = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from ninja import Query, Router, Schema
 from ninja.errors import HttpError
 from psycopg.errors import CheckViolation, NotNullViolation
 
-from memory_app import auth, backup
+from memory_app import auth, backup, errors
 from memory_app.api.common import WRITE_ERRORS, Id, require_scope, responses
 from memory_app.api.schemas import _examples
-from memory_app.logbook import Actor
+from memory_app.audit import Actor
 
 router = Router(tags=["backup"])
 
@@ -101,7 +101,7 @@ def import_(request):
             allowed=(lambda keys: auth.keys_allowed(key, keys)) if key.context_keys else None,
             actor=Actor.for_key(key),
         )
-    except backup.BackupFormatError as exc:
+    except errors.BackupFormatError as exc:
         raise HttpError(422, str(exc)) from exc
     except IntegrityError as exc:
         # A value a table's check or not-null constraint refuses (a negative seq, say) is the

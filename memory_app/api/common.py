@@ -21,7 +21,7 @@ from ninja.security import HttpBearer
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints
 
 from memory_app import auth as keys
-from memory_app.logbook import Actor
+from memory_app.audit import Actor
 from memory_app.models import ApiKey, Context, Message, Run, Step
 
 # PostgreSQL integer ranges: larger values would fail in the database, so they answer 422 here.

@@ -29,7 +29,8 @@ from memory_app.api.common import (
     responses,
 )
 from memory_app.api.schemas import _examples
-from memory_app.logbook import Actor, Invalid
+from memory_app.audit import Actor
+from memory_app.errors import Invalid
 from memory_app.models import MemoryRecord
 
 router = Router(tags=["memories"])

@@ -13,7 +13,7 @@ from ninja import Router, Schema, Status
 from ninja.errors import HttpError
 from pydantic import ConfigDict, Field
 
-from memory_app import embeddings, search, selectors, tokens
+from memory_app import embeddings, errors, search, selectors
 from memory_app.api.common import (
     WRITE_ERRORS,
     ContextId,
@@ -34,7 +34,7 @@ from memory_app.api.schemas import (
     json_response,
     message_out,
 )
-from memory_app.logbook import Invalid
+from memory_app.errors import Invalid
 
 router = Router(tags=["selectors"])
 
@@ -177,7 +177,7 @@ def select(request, context_id: ContextId, body: SelectIn):
     context = context_for(request, context_id)
     try:
         return json_response(200, select_out(context, body))
-    except search.ProviderDown as exc:
+    except errors.ProviderDown as exc:
         raise HttpError(503, str(exc)) from exc
 
 
@@ -185,7 +185,7 @@ def select_out(context, body: SelectIn) -> dict:
     """Run the selector `body` names on `context`: the `SelectOut` dict (REST and MCP answer it)."""
     try:
         selection = selectors.select(context=context, spec=body.to_spec())
-    except tokens.UnknownTokenizer as exc:
+    except errors.UnknownTokenizer as exc:
         raise Invalid(str(exc)) from exc
     return {
         "selector": selection.selector,

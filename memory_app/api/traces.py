@@ -20,7 +20,7 @@ from ninja import Router, Schema
 from ninja.errors import HttpError
 from pydantic import ConfigDict
 
-from memory_app import traces
+from memory_app import errors, traces
 from memory_app.api.common import WRITE_ERRORS, require_scope
 from memory_app.interop import otlp
 
@@ -157,7 +157,7 @@ def traces_export(request: HttpRequest):
         raise HttpError(400, str(exc)) from None
     try:
         result = traces.traces_ingest(key=key, spans=spans)
-    except traces.KeysNotAllowed as exc:
+    except errors.KeysNotAllowed as exc:
         raise HttpError(403, str(exc)) from None
     message = ""
     if result["rejected"]:

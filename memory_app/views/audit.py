@@ -13,7 +13,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from memory_app import curation
 from memory_app import dashboard_queries as dq
-from memory_app.logbook import Actor, Conflict, Invalid, NotFound
+from memory_app.audit import Actor
+from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.models import AuditEvent, Context, Message, Step
 from memory_app.roles import require
 from memory_app.views.common import bad_request, query_string, render_page, wants_fragment

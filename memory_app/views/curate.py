@@ -17,16 +17,10 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from memory_app import curation
 from memory_app import dashboard_queries as dq
+from memory_app.audit import Actor
 from memory_app.curation import PruneFilter
-from memory_app.logbook import (
-    Actor,
-    Conflict,
-    Invalid,
-    NotFound,
-    message_edit,
-    messages_set_pruned,
-    steps_set_pruned,
-)
+from memory_app.errors import Conflict, Invalid, NotFound
+from memory_app.logbook import message_edit, messages_set_pruned, steps_set_pruned
 from memory_app.models import AuditEvent, Context, Message, MessageRole, Run, Step
 from memory_app.rendering import content_blocks
 from memory_app.roles import require

@@ -11,7 +11,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from memory_app import dashboard_queries as dq
 from memory_app import memories
-from memory_app.logbook import Actor, Conflict, Invalid, NotFound
+from memory_app.audit import Actor
+from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.models import MemoryKind, MemoryRecord, Message, Step
 from memory_app.roles import require
 from memory_app.views.common import bad_request, render_page, wants_fragment

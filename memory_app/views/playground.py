@@ -15,8 +15,8 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from memory_app import selectors, tokens
-from memory_app.logbook import Invalid
+from memory_app import errors, selectors, tokens
+from memory_app.errors import Invalid
 from memory_app.models import Context
 from memory_app.roles import require
 from memory_app.selectors import CompositeSpec, SearchSpec, TokenWindowSpec, WindowSpec
@@ -153,7 +153,7 @@ def _run(request, context: Context, name: str, params: dict) -> Side:
         spec = spec_from_params(params)
         side.selection = selectors.select(context=context, spec=spec)
         side.snippets = _snippets(request, context, api_body(spec))
-    except (Invalid, tokens.UnknownTokenizer) as exc:
+    except (Invalid, errors.UnknownTokenizer) as exc:
         side.error = str(exc)
     return side
 

@@ -7,7 +7,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from memory_app import auth
-from memory_app.logbook import Actor, audit_record
+from memory_app.audit import Actor, audit_record
 from memory_app.models import ApiKey
 
 

@@ -14,7 +14,7 @@ import threading
 
 from django.core.management.base import BaseCommand, CommandError
 
-from memory_app import embeddings
+from memory_app import embeddings, errors
 
 log = logging.getLogger("memory_app.embeddings")
 
@@ -77,5 +77,5 @@ def provider_from_options(opts) -> embeddings.EmbeddingProvider:
     )
     try:
         return embeddings.build_provider(kind=kind, model=model, base_url=opts.get("base_url"))
-    except embeddings.ProviderUnavailable as exc:
+    except errors.ProviderUnavailable as exc:
         raise CommandError(str(exc)) from exc

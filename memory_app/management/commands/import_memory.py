@@ -6,8 +6,8 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from memory_app import backup
-from memory_app.logbook import Actor
+from memory_app import backup, errors
+from memory_app.audit import Actor
 
 IMPORTER = Actor.system("manage.py import_memory")
 
@@ -25,7 +25,7 @@ class Command(BaseCommand):
             else:
                 with open(path, encoding="utf-8") as fh:
                     result = backup.import_lines(fh, actor=IMPORTER)
-        except (OSError, backup.BackupFormatError) as exc:
+        except (OSError, errors.BackupFormatError) as exc:
             raise CommandError(str(exc)) from exc
         for kind in sorted(set(result.created) | set(result.skipped)):
             self.stdout.write(f"{kind}: {result.created.get(kind, 0)} created, {result.skipped.get(kind, 0)} already present")

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from memory_app import logbook, memories
-from memory_app.logbook import Actor
+from memory_app.audit import Actor
 from memory_app.models import Context, Message, RunStatus
 
 SEED = Actor.system("seed_demo")
