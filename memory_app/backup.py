@@ -44,7 +44,7 @@ from django.db import models, transaction
 from django.db.models import Count, Max, Q, Sum, Value
 from django.db.models.functions import Coalesce, Greatest
 
-from memory_app import embeddings, errors, fulltext, logbook, memories, tokens
+from memory_app import backlog, errors, fulltext, logbook, memories, tokens
 from memory_app.audit import Actor, audit_record
 from memory_app.errors import BackupFormatError, Forbidden
 from memory_app.models import (
@@ -544,7 +544,7 @@ class _Importer:
                 # Seqs below the context's search_seq (a merge into an existing context) are
                 # matched from their text until the indexer has parsed them.
                 fulltext.reindex_from(ctx_pk, min(r.seq for r in rows))
-                transaction.on_commit(embeddings.wake_indexer)
+                transaction.on_commit(backlog.wake_indexer)
 
     def recount(self) -> None:
         """The counters of the contexts and runs this import wrote into, counted from their

@@ -6,6 +6,8 @@ from __future__ import annotations
 from django.core import checks
 from django.db import connections
 
+from memory_app.embeddings import indexer
+
 # hnsw.iterative_scan (filtered HNSW searches that return k rows) arrived in pgvector 0.8.0.
 MIN_PGVECTOR = (0, 8)
 
@@ -74,11 +76,10 @@ def check_model_prices(app_configs, **kwargs):
 def check_hnsw_parameters(app_configs, databases=None, **kwargs):
     """An index built before AGENTMEMORY_HNSW_M / _EF_CONSTRUCTION changed keeps its old graph:
     say so, and how to rebuild it, instead of leaving the change silently without effect."""
-    from memory_app import embeddings
 
     warnings = []
     for alias in databases or ():
-        for index in embeddings.built_indexes(using=alias):
+        for index in indexer.built_indexes(using=alias):
             if index.stale:
                 m, efc = index.configured
                 warnings.append(

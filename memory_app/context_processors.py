@@ -1,6 +1,6 @@
 from django.conf import settings
 
-from memory_app.embeddings import describe_active
+from memory_app.embeddings.providers import describe_active
 
 
 def runtime(request):

@@ -29,8 +29,9 @@ from django.db.models.functions import Coalesce
 from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
-from memory_app import fulltext, tokens
+from memory_app import backlog, fulltext, tokens
 from memory_app.audit import Actor, audit_record
+from memory_app.embeddings import client_vectors, providers, queue
 from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.models import (
     AuditEvent,
@@ -170,10 +171,9 @@ def _messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer
     client_ids = [i.get("client_id") for i in items if i.get("client_id")]
     if len(set(client_ids)) != len(client_ids):
         raise Invalid("client ids repeat within the batch")
-    from memory_app import embeddings
 
     # Client vectors are checked before anything is written (a wrong dimension names the item).
-    vectors = embeddings.client_vectors(items, label="messages")
+    vectors = client_vectors.client_vectors(items, label="messages")
     tokenizer = tokenizer or tokens.default_tokenizer_name()
     tokens.get_encoding(tokenizer)  # an unknown tokenizer fails before any work
     prepared = [_message_defaults(i) for i in items]
@@ -189,7 +189,7 @@ def _messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer
         if "message_client_id_unique" not in str(exc):
             raise
         result = _append_once(**args)
-    embeddings.ensure_vector_indexes(vectors)
+    client_vectors.ensure_vector_indexes(vectors)
     return result
 
 
@@ -286,9 +286,8 @@ def lock_contexts(ids) -> None:
 
 
 def _wake_indexer() -> None:
-    from memory_app import embeddings
 
-    embeddings.wake_indexer()
+    backlog.wake_indexer()
 
 
 _MESSAGE_COLUMNS = [(f.attname, f) for f in Message._meta.concrete_fields]
@@ -472,14 +471,13 @@ def _check_links(*, context: Context, items: list[dict[str, Any]]) -> None:
 def _after_messages_created(rows: list[Message], vectors: list | None = None) -> None:
     """Work that follows every new message: client vectors stored (COPY), and the others queued
     for the configured model's worker."""
-    from memory_app import embeddings
 
     vectors = vectors or [None] * len(rows)
-    embeddings.vectors_copy(
+    client_vectors.vectors_copy(
         [(row.pk, None, row.context_id, v) for row, v in zip(rows, vectors, strict=True) if v is not None]
     )
-    active = embeddings.active_model_name()
-    embeddings.enqueue_messages(
+    active = providers.active_model_name()
+    queue.enqueue_messages(
         [row for row, v in zip(rows, vectors, strict=True) if v is None or v.model != active]
     )
 
@@ -520,9 +518,8 @@ def message_edit(
                 context_id=message.context_id, before=before, after=after,
             )
             if "text" in update_fields:
-                from memory_app import embeddings
 
-                embeddings.requeue_message(message)
+                queue.requeue_message(message)
     return message
 
 

@@ -31,8 +31,9 @@ from django.db.models import F, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from memory_app import auth, embeddings, errors, search
+from memory_app import auth, errors, search
 from memory_app.audit import Actor, audit_record
+from memory_app.embeddings import client_vectors, indexer, providers, queue
 from memory_app.errors import Conflict, Forbidden, Invalid, NotFound
 from memory_app.models import (
     FTS_CONFIG,
@@ -198,7 +199,7 @@ def _record(
         # tenant. A memory for one context takes that context's scope instead.
         raise Invalid("scope_keys must name at least one key (an empty set would reach every context)")
     # Client vectors are checked before anything is written (a wrong dimension names the item).
-    vectors = embeddings.client_vectors(items, label="items")
+    vectors = client_vectors.client_vectors(items, label="items")
     results: list[Recorded] = []
     with transaction.atomic():
         for item in items:
@@ -237,11 +238,11 @@ def _record(
             # New records keep the vectors sent with them (a repeat stores nothing); the rest
             # wait for the configured model's worker.
             fresh = [(r.record, v) for r, v in zip(results, vectors, strict=True) if r.created]
-            embeddings.vectors_copy(
+            client_vectors.vectors_copy(
                 [(None, rec.pk, rec.context_id, v) for rec, v in fresh if v is not None]
             )
-            active = embeddings.active_model_name()
-            embeddings.enqueue_memory_records(
+            active = providers.active_model_name()
+            queue.enqueue_memory_records(
                 [rec for rec, v in fresh if v is None or v.model != active]
             )
             audit_record(
@@ -253,7 +254,7 @@ def _record(
                 after=[{"id": r.pk, "content": r.content, "kind": r.kind} for r in new],
                 note=note,
             )
-    embeddings.ensure_vector_indexes(vectors)
+    client_vectors.ensure_vector_indexes(vectors)
     return results
 
 
@@ -299,7 +300,7 @@ def _keyword_hits(qs: QuerySet, keyword: str, limit: int) -> list[tuple[MemoryRe
 def _query_vectors(texts: Sequence[str]) -> tuple[list[list[float] | None], str | None]:
     """The provider's vectors for `texts` (one call) and its model; Nones when there is no
     provider or it is down (retrieval then stays full-text, as without vectors)."""
-    provider = embeddings.get_provider()
+    provider = providers.get_provider()
     if provider is None or not texts:
         return [None] * len(texts), None
     try:
@@ -328,7 +329,7 @@ def _semantic_hits(
         join_sql="",
         where_sql=f"e.memory_record_id IN ({subquery})",
         params=params,
-        approximate=share >= threshold and len(vector) <= embeddings.HNSW_MAX_DIMENSIONS,
+        approximate=share >= threshold and len(vector) <= indexer.HNSW_MAX_DIMENSIONS,
         share=share,
     )
     return hits
@@ -497,7 +498,7 @@ def memory_edit(
             note=note,
         )
         if before["content"] != after["content"]:
-            embeddings.requeue_memory_record(record)
+            queue.requeue_memory_record(record)
     return record
 
 

@@ -27,7 +27,8 @@ from typing import Any, Literal
 from django.conf import settings
 from django.db import connection, transaction
 
-from memory_app import embeddings, errors, fulltext
+from memory_app import errors, fulltext
+from memory_app.embeddings import client_vectors, indexer, providers
 from memory_app.errors import Invalid, ProviderDown, SemanticUnavailable
 from memory_app.models import FTS_CONFIG, Context, Message
 
@@ -260,7 +261,7 @@ def semantic_ranking(
             context_size = cursor.fetchone()[0]
         if context_size == 0:
             return [], "exact"
-    approximate = context_size >= threshold and len(vector) <= embeddings.HNSW_MAX_DIMENSIONS
+    approximate = context_size >= threshold and len(vector) <= indexer.HNSW_MAX_DIMENSIONS
     return nearest_vectors(
         model=model,
         vector=vector,
@@ -376,7 +377,7 @@ def store_size(model: str, dims: int) -> int:
         cursor.execute(
             "SELECT greatest(coalesce((SELECT reltuples FROM pg_class WHERE relname = %s), -1),"
             " (SELECT reltuples FROM pg_class WHERE relname = 'memory_app_embedding'), 0)::bigint",
-            [embeddings.index_name(model, dims)],
+            [indexer.index_name(model, dims)],
         )
         size = int(cursor.fetchone()[0])
     _store_sizes[key] = (now + STORE_SIZE_TTL, size)
@@ -445,8 +446,8 @@ def query_vector_for(
     if query_vector is not None:
         if not model:
             raise Invalid("a query_vector needs the name of the model it comes from")
-        return embeddings.check_vector(model=model, vector=query_vector), model
-    provider = embeddings.get_provider()
+        return client_vectors.check_vector(model=model, vector=query_vector), model
+    provider = providers.get_provider()
     if provider is None:
         raise SemanticUnavailable(
             "semantic search needs an embedding provider (AGENTMEMORY_EMBEDDING_PROVIDER is 'none') "
@@ -492,7 +493,7 @@ def search_messages(
     notes: list[str] = []
     asked_auto = mode == "auto"
     if mode == "auto":
-        available = query_vector is not None or embeddings.get_provider() is not None
+        available = query_vector is not None or providers.get_provider() is not None
         mode = "hybrid" if available else "keyword"
     if not query.strip() and query_vector is None:
         return SearchResult(hits=[], mode=mode, notes=["empty query"])

@@ -8,7 +8,8 @@ import math
 import pytest
 from django.db import connection
 
-from memory_app import embeddings, search
+from memory_app import search
+from memory_app.embeddings import client_vectors, indexer, queue
 from memory_app.models import Embedding, MemoryRecord, Message
 from tests.api_helpers import make_key, new_context
 
@@ -32,8 +33,8 @@ def api(settings):
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
     # Each test's transaction rolls back the indexes and rows the process caches remember.
     for model in ("inline-3", "inline-4", "conf-model"):
-        embeddings._known_dimensions.pop(model, None)
-    embeddings._ensured.clear()
+        client_vectors._known_dimensions.pop(model, None)
+    indexer._ensured.clear()
     return make_key(scopes=["read", "write"])
 
 
@@ -86,7 +87,7 @@ def test_batch_vectors_are_stored_with_the_messages_and_searchable(api, size):
     with connection.cursor() as cur:
         cur.execute(
             "SELECT 1 FROM pg_indexes WHERE indexname = %s",
-            [embeddings.index_name("inline-3", 3)],
+            [indexer.index_name("inline-3", 3)],
         )
         assert cur.fetchone() is not None
 
@@ -122,7 +123,7 @@ def test_a_wrong_dimension_is_422_naming_the_item_and_nothing_is_written(api):
 
 def test_a_new_models_first_vector_fixes_its_dimensions_within_the_batch(api):
     cid = new_context(api, {"test": "inline-mixed"})
-    embeddings._known_dimensions.pop("inline-new", None)
+    client_vectors._known_dimensions.pop("inline-new", None)
     bad = api.post(
         BATCH.format(cid=cid),
         {
@@ -201,7 +202,7 @@ def test_vectors_default_to_the_configured_model_and_only_the_rest_is_queued(api
     assert conf[b].vector is None  # pending for the worker
     assert conf[c].vector is None  # the configured model still needs its own vector
     assert Embedding.objects.get(message_id=c, model="inline-3").vector is not None
-    assert embeddings.pending_count(model="conf-model", context_id=cid) == 2
+    assert queue.pending_count(model="conf-model", context_id=cid) == 2
 
 
 def test_a_repeated_batch_stores_no_second_vector(api):
@@ -343,10 +344,10 @@ def test_the_halfvec_migration_replaces_a_full_precision_index(api):
             ]
         },
     )
-    new = embeddings.index_name("inline-3", 3, prefix="embedding_hnswh_")
-    old = embeddings.index_name("inline-3", 3, prefix="embedding_hnsw_")
+    new = indexer.index_name("inline-3", 3, prefix="embedding_hnswh_")
+    old = indexer.index_name("inline-3", 3, prefix="embedding_hnsw_")
     with connection.cursor() as cur:
-        cur.execute(f'DROP INDEX "{embeddings.index_name("inline-3", 3)}"')
+        cur.execute(f'DROP INDEX "{indexer.index_name("inline-3", 3)}"')
         cur.execute(
             f'CREATE INDEX "{old}" ON memory_app_embedding USING hnsw '
             "((vector::vector(3)) vector_cosine_ops) WHERE model = 'inline-3' AND dimensions = 3"
@@ -360,6 +361,6 @@ def test_the_halfvec_migration_replaces_a_full_precision_index(api):
     count = Embedding.objects.filter(model="inline-3").count()
     later.rebuild_with_predicate(None, SimpleNamespace(connection=connection))
     indexes = _inline_indexes()
-    current = embeddings.index_name("inline-3", 3)
+    current = indexer.index_name("inline-3", 3)
     assert list(indexes) == [current] and indexes[current].endswith("AND indexed)")
     assert Embedding.objects.filter(model="inline-3").count() == count

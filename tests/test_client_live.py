@@ -10,6 +10,7 @@ from memory_app import auth
 from memory_app.client import ApiError, MemoryClient, NotFoundError
 from memory_app.client.agentscope import ServerMemory
 from memory_app.client.smolagents import RunRecorder, import_run, load_steps
+from memory_app.embeddings import client_vectors
 from tests.aio import run_coroutine
 from tests.smol_agents import AGENTS, ScriptedModel, jsonable, messages_as_dicts, run_agent
 
@@ -264,11 +265,10 @@ def test_errors_carry_the_servers_detail(client, live_server):
 def test_client_sends_numpy_vectors_with_a_batch_and_with_memories(client, settings):
     import numpy as np
 
-    from memory_app import embeddings
     from memory_app.models import Embedding
 
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
-    embeddings._known_dimensions.pop("client-np", None)
+    client_vectors._known_dimensions.pop("client-np", None)
     ctx = client.context(keys={"test": "client-vectors"})
     vectors = np.eye(4, dtype=np.float32)[:3]
     answer = client.append_messages(

@@ -9,7 +9,8 @@ import psycopg
 import pytest
 from django.db import connection
 
-from memory_app import embeddings, logbook, search
+from memory_app import backlog, logbook, search
+from memory_app.embeddings import indexer, queue
 from memory_app.models import Embedding, Message
 
 MODEL = "defer-4"
@@ -45,9 +46,9 @@ def exact(context, query, k):
 def defer(settings):
     settings.AGENTMEMORY_INDEX_DEFER_MIN = 8
     settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 10  # the walk, not the small-context scan
-    embeddings._ensured.discard((MODEL, 4))
+    indexer._ensured.discard((MODEL, 4))
     yield settings
-    embeddings._ensured.discard((MODEL, 4))
+    indexer._ensured.discard((MODEL, 4))
 
 
 @pytest.mark.django_db
@@ -58,7 +59,7 @@ def test_a_deferred_batch_is_searchable_at_once_then_indexed(defer):
     # A batch of exactly the threshold is deferred: stored, not in the graph.
     waiting = append(context, 140, 8)
     assert set(Embedding.objects.filter(indexed=False).values_list("message_id", flat=True)) == set(waiting)
-    assert embeddings.unindexed_count(model=MODEL, context_id=context.pk) == 8
+    assert queue.unindexed_count(model=MODEL, context_id=context.pk) == 8
     context.refresh_from_db()
     query = vector(144)  # nearest to the waiting rows
     first = search.search_messages(
@@ -74,8 +75,8 @@ def test_a_deferred_batch_is_searchable_at_once_then_indexed(defer):
     assert path == "hnsw+pending" and [i for i, _ in ids] == exact(context, vector(139), 12)
     assert set(i for i, _ in ids) & set(waiting) and set(i for i, _ in ids) & set(indexed_ids)
 
-    assert embeddings.index_pending(batch_size=3) == 8
-    assert embeddings.unindexed_count() == 0
+    assert indexer.index_pending(batch_size=3) == 8
+    assert queue.unindexed_count() == 0
     again = search.search_messages(
         context=context, query="", k=5, mode="semantic", model=MODEL, query_vector=query
     )
@@ -88,7 +89,7 @@ def test_a_batch_below_the_threshold_goes_into_the_graph_at_once(defer):
     context, _ = logbook.context_get_or_create(keys={"test": "defer-small"})
     ids = append(context, 0, 7)
     assert Embedding.objects.filter(message_id__in=ids, indexed=True).count() == 7
-    assert embeddings.index_pending() == 0
+    assert indexer.index_pending() == 0
 
 
 @pytest.mark.django_db
@@ -96,8 +97,8 @@ def test_deleting_a_message_whose_vector_waits(defer):
     context, _ = logbook.context_get_or_create(keys={"test": "defer-delete"})
     ids = append(context, 0, 10)
     Message.objects.filter(pk=ids[0]).delete()
-    assert embeddings.unindexed_count(context_id=context.pk) == 9
-    assert embeddings.index_pending() == 9
+    assert queue.unindexed_count(context_id=context.pk) == 9
+    assert indexer.index_pending() == 9
     assert not Embedding.objects.filter(message_id=ids[0]).exists()
 
 
@@ -117,9 +118,9 @@ def test_two_indexers_never_take_the_same_rows(defer):
             other.execute(
                 "SELECT id FROM memory_app_embedding WHERE id = ANY(%s) FOR UPDATE SKIP LOCKED", [locked]
             )
-            assert embeddings.index_pending() == 15
+            assert indexer.index_pending() == 15
             assert set(Embedding.objects.filter(indexed=False).values_list("id", flat=True)) == set(locked)
-        assert embeddings.index_pending() == 5
+        assert indexer.index_pending() == 5
     finally:
         context.delete()
 
@@ -130,8 +131,8 @@ def test_the_indexer_thread_drains_after_the_batch_commits(defer):
     context, _ = logbook.context_get_or_create(keys={"test": "defer-thread"})
     try:
         append(context, 0, 30)
-        assert embeddings.indexer.wait_idle(60)
-        assert embeddings.unindexed_count() == 0
+        assert backlog.indexer.wait_idle(60)
+        assert queue.unindexed_count() == 0
         assert Embedding.objects.filter(context=context, indexed=True).count() == 30
     finally:
         context.delete()
@@ -166,7 +167,7 @@ def test_memories_recorded_with_a_deferred_batch_are_recalled_at_once(defer, sys
         items=[{"content": f"late {i}", "vector": vector(100 + i), "vector_model": MODEL} for i in range(8)],
         actor=system_actor,
     )
-    assert embeddings.unindexed_count(model=MODEL) == 8
+    assert queue.unindexed_count(model=MODEL) == 8
     qs = memories.memories_visible(context=context)
     hits = memories._semantic_hits(qs, vector(102), MODEL, 3)
     assert [rid for rid, _ in hits][0] == late[2].record.pk

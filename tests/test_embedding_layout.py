@@ -52,8 +52,8 @@ ROUND_TRIP_SCRIPT = textwrap.dedent(
         last_error="HTTP 503 from the provider",
     )
 
-    from memory_app import embeddings
-    embeddings.ensure_model_index(model="layout-384", dimensions=384)
+    from memory_app.embeddings import indexer
+    indexer.ensure_model_index(model="layout-384", dimensions=384)
 
     def per_page():
         with connection.cursor() as cursor:

@@ -21,7 +21,8 @@ from django.core.management import call_command
 from django.db import connection, connections
 from django.utils import timezone
 
-from memory_app import embeddings, errors, logbook, search
+from memory_app import errors, logbook, search
+from memory_app.embeddings import client_vectors, indexer, providers, queue, worker
 from memory_app.models import Embedding, EmbeddingRetry, Message
 
 DIMS = 32
@@ -90,10 +91,10 @@ def stand_in(settings):
     settings.AGENTMEMORY_EMBEDDING_MODEL = "toy-32"
     settings.AGENTMEMORY_OPENAI_BASE_URL = server.url
     settings.AGENTMEMORY_OPENAI_API_KEY = "sk-test"
-    embeddings._cached_provider.cache_clear()
+    providers._cached_provider.cache_clear()
     yield server
     server.close()
-    embeddings._cached_provider.cache_clear()
+    providers._cached_provider.cache_clear()
 
 
 def append(context, *texts, role="user"):
@@ -112,8 +113,8 @@ def test_openai_provider_outage_never_fails_a_write_and_recovers(stand_in):
         Embedding.objects.filter(context=context, model="toy-32", vector__isnull=True).count() == 3
     )
 
-    provider = embeddings.get_provider()
-    result = embeddings.embed_batch(provider=provider)
+    provider = providers.get_provider()
+    result = worker.embed_batch(provider=provider)
     assert (result.failed, result.embedded) == (3, 0) and "503" in result.error
     row = Embedding.objects.filter(context=context).first()
     assert (
@@ -124,18 +125,18 @@ def test_openai_provider_outage_never_fails_a_write_and_recovers(stand_in):
     )
     # Still down: more writes succeed; a retry before next_attempt_at does not hammer the provider.
     append(context, "Rain expected in London")
-    assert embeddings.embed_batch(provider=provider).claimed == 1  # only the new, due row
+    assert worker.embed_batch(provider=provider).claimed == 1  # only the new, due row
     assert Embedding.objects.get(message__text="Rain expected in London").retry.attempts == 1
     # Due again and still down: the attempt is counted and the wait doubles.
     first_wait = row.retry.next_attempt_at - timezone.now()
     soon = timezone.now() + timedelta(minutes=1)
-    assert embeddings.embed_batch(provider=provider, now=soon).failed == 4
+    assert worker.embed_batch(provider=provider, now=soon).failed == 4
     row.retry.refresh_from_db()
     assert row.retry.attempts == 2 and row.retry.next_attempt_at - soon > first_wait
 
     stand_in.down = False
     later = timezone.now() + timedelta(hours=1)
-    result = embeddings.embed_batch(provider=provider, now=later)
+    result = worker.embed_batch(provider=provider, now=later)
     assert result.embedded == 4
     assert not Embedding.objects.filter(context=context, vector__isnull=True).exists()
     assert not EmbeddingRetry.objects.filter(embedding__context=context).exists()  # done with
@@ -151,8 +152,8 @@ def test_openai_provider_outage_never_fails_a_write_and_recovers(stand_in):
 
 
 def test_backoff_doubles_up_to_a_ceiling():
-    assert [embeddings.backoff(n).total_seconds() for n in (1, 2, 3, 4)] == [2, 4, 8, 16]
-    assert embeddings.backoff(50).total_seconds() == embeddings.BACKOFF_MAX_SECONDS
+    assert [worker.backoff(n).total_seconds() for n in (1, 2, 3, 4)] == [2, 4, 8, 16]
+    assert worker.backoff(50).total_seconds() == worker.BACKOFF_MAX_SECONDS
 
 
 @pytest.mark.django_db
@@ -173,25 +174,25 @@ def test_two_workers_embed_2000_items_exactly_once(stand_in):
     texts = [f"item number {i} about topic {i % 17}" for i in range(2000)]
     for start in range(0, 2000, 1000):
         append(context, *texts[start : start + 1000])
-    assert embeddings.pending_count(model="toy-32") == 2000
+    assert queue.pending_count(model="toy-32") == 2000
 
     totals = []
 
-    def worker():
+    def work():
         try:
-            provider = embeddings.build_provider(kind="openai", model="toy-32")
-            totals.append(embeddings.run_worker(provider=provider, batch_size=25, once=True))
+            provider = providers.build_provider(kind="openai", model="toy-32")
+            totals.append(worker.run_worker(provider=provider, batch_size=25, once=True))
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=worker) for _ in range(2)]
+    threads = [threading.Thread(target=work) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert sum(t.embedded for t in totals) == 2000
     assert all(t.embedded > 0 for t in totals), "both workers took part"
-    assert embeddings.pending_count(model="toy-32") == 0
+    assert queue.pending_count(model="toy-32") == 0
     assert len(stand_in.calls) == 2000 and set(stand_in.calls.values()) == {1}  # each item once
     assert Embedding.objects.filter(context=context, vector__isnull=False).count() == 2000
     assert not EmbeddingRetry.objects.exists()  # no attempt failed, so none was kept
@@ -202,7 +203,7 @@ def test_embed_worker_command_processes_the_queue(stand_in):
     context, _ = logbook.context_get_or_create(keys={"test": "command"})
     append(context, "one", "two", "three")
     call_command("embed_worker", "--once", "--batch-size", "2", stdout=open(os.devnull, "w"))  # noqa: SIM115
-    assert embeddings.pending_count(model="toy-32") == 0
+    assert queue.pending_count(model="toy-32") == 0
     assert sum(stand_in.calls.values()) == 3
 
 
@@ -210,19 +211,19 @@ def test_embed_worker_command_processes_the_queue(stand_in):
 def test_editing_a_message_requeues_its_vectors(stand_in, system_actor):
     context, _ = logbook.context_get_or_create(keys={"test": "edit"})
     [m] = append(context, "old text")
-    provider = embeddings.get_provider()
-    embeddings.embed_batch(provider=provider)
+    provider = providers.get_provider()
+    worker.embed_batch(provider=provider)
     logbook.message_edit(message=m, actor=system_actor, text="new text")
     row = Embedding.objects.get(message=m)
     assert row.vector is None
     # An item that failed and then changes its text starts afresh: due at once.
     stand_in.down = True
-    assert embeddings.embed_batch(provider=provider).failed == 1
+    assert worker.embed_batch(provider=provider).failed == 1
     assert EmbeddingRetry.objects.get(embedding=row).attempts == 1
     logbook.message_edit(message=m, actor=system_actor, text="newest text")
     assert not EmbeddingRetry.objects.filter(embedding=row).exists()
     stand_in.down = False
-    assert embeddings.embed_batch(provider=provider).embedded == 1  # no backoff left to wait
+    assert worker.embed_batch(provider=provider).embedded == 1  # no backoff left to wait
 
 
 @pytest.mark.django_db
@@ -231,7 +232,7 @@ def test_no_provider_queues_nothing(settings):
     context, _ = logbook.context_get_or_create(keys={"test": "none"})
     append(context, "nothing to embed")
     assert not Embedding.objects.filter(context=context).exists()
-    assert embeddings.get_provider() is None
+    assert providers.get_provider() is None
 
 
 @pytest.mark.django_db
@@ -239,12 +240,12 @@ def test_client_vectors_fix_the_models_dimensions(settings):
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
     context, _ = logbook.context_get_or_create(keys={"test": "client-vectors"})
     a, b, c = append(context, "red apples", "green pears", "blue sky")
-    embeddings._known_dimensions.pop("client-3", None)
-    embeddings.vector_put(model="client-3", vector=[1, 0, 0], message=a)
-    embeddings.vector_put(model="client-3", vector=[0, 1, 0], message=b)
-    embeddings.vector_put(model="client-3", vector=[0.9, 0.1, 0], message=c)
+    client_vectors._known_dimensions.pop("client-3", None)
+    client_vectors.vector_put(model="client-3", vector=[1, 0, 0], message=a)
+    client_vectors.vector_put(model="client-3", vector=[0, 1, 0], message=b)
+    client_vectors.vector_put(model="client-3", vector=[0.9, 0.1, 0], message=c)
     with pytest.raises(errors.DimensionMismatch):
-        embeddings.vector_put(model="client-3", vector=[1, 0], message=a)
+        client_vectors.vector_put(model="client-3", vector=[1, 0], message=a)
     hits = search.search_messages(
         context=context, query="", k=2, mode="semantic", model="client-3", query_vector=[1, 0, 0]
     ).hits
@@ -252,7 +253,7 @@ def test_client_vectors_fix_the_models_dimensions(settings):
     with connection.cursor() as cur:
         cur.execute(
             "SELECT indexdef FROM pg_indexes WHERE indexname = %s",
-            [embeddings.index_name("client-3", 3)],
+            [indexer.index_name("client-3", 3)],
         )
         assert "hnsw" in cur.fetchone()[0]
 
@@ -266,7 +267,7 @@ def test_client_vector_endpoint_refuses_a_wrong_dimension_with_422(settings):
     api = make_key(scopes=["read", "write"])
     cid = new_context(api, {"test": "vector-api"})
     mid = api_append(api, cid, text="hello")["id"]
-    embeddings._known_dimensions.pop("client-api", None)
+    client_vectors._known_dimensions.pop("client-api", None)
     ok = api.post(
         f"/api/v1/messages/{mid}/embeddings",
         {"model": "client-api", "vector": [0.1, 0.2, 0.3, 0.4]},
@@ -292,10 +293,10 @@ def test_client_vector_endpoint_refuses_a_wrong_dimension_with_422(settings):
 def test_reembed_adds_the_new_model_while_the_old_keeps_serving(stand_in, settings):
     context, _ = logbook.context_get_or_create(keys={"test": "reembed"})
     append(context, "Sunny, 25C in Paris today", "Trains are late", "Pasta recipe")
-    embeddings.embed_batch(provider=embeddings.get_provider())
-    embeddings.reembed_enqueue(model="toy-32-v2", context_id=context.pk)
+    worker.embed_batch(provider=providers.get_provider())
+    queue.reembed_enqueue(model="toy-32-v2", context_id=context.pk)
     # The new model's rows are pending: searches still use toy-32, complete.
-    assert embeddings.model_coverage(model="toy-32-v2", context_id=context.pk) == (0, 3)
+    assert queue.model_coverage(model="toy-32-v2", context_id=context.pk) == (0, 3)
     hits = search.search_messages(context=context, query="Paris weather", k=1, mode="semantic").hits
     assert hits[0].message.text.startswith("Sunny")
     call_command(
@@ -308,10 +309,10 @@ def test_reembed_adds_the_new_model_while_the_old_keeps_serving(stand_in, settin
         str(context.pk),
         stdout=open(os.devnull, "w"),
     )  # noqa: SIM115
-    assert embeddings.model_coverage(model="toy-32-v2", context_id=context.pk) == (3, 3)
-    assert embeddings.model_coverage(model="toy-32", context_id=context.pk) == (3, 3)
+    assert queue.model_coverage(model="toy-32-v2", context_id=context.pk) == (3, 3)
+    assert queue.model_coverage(model="toy-32", context_id=context.pk) == (3, 3)
     settings.AGENTMEMORY_EMBEDDING_MODEL = "toy-32-v2"
-    embeddings._cached_provider.cache_clear()
+    providers._cached_provider.cache_clear()
     hits = search.search_messages(context=context, query="Paris weather", k=1, mode="semantic")
     assert hits.model == "toy-32-v2" and hits.hits[0].message.text.startswith("Sunny")
     call_command("reembed", "--drop-old", "toy-32", stdout=open(os.devnull, "w"))  # noqa: SIM115
@@ -331,7 +332,7 @@ MINILM_INSTALLED = importlib.util.find_spec("sentence_transformers") is not None
 def test_real_minilm_ranks_the_paris_weather_first(settings):
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "local"
     settings.AGENTMEMORY_EMBEDDING_MODEL = ""
-    embeddings._cached_provider.cache_clear()
+    providers._cached_provider.cache_clear()
     context, _ = logbook.context_get_or_create(keys={"test": "minilm"})
     append(
         context,
@@ -341,9 +342,9 @@ def test_real_minilm_ranks_the_paris_weather_first(settings):
         "Remember to renew the car insurance",
         "The new Python release speeds up startup",
     )
-    provider = embeddings.get_provider()
+    provider = providers.get_provider()
     assert provider.model == "all-MiniLM-L6-v2"
-    result = embeddings.embed_batch(provider=provider)
+    result = worker.embed_batch(provider=provider)
     assert result.embedded == 5
     assert Message.objects.filter(context=context).count() == 5
     assert set(Embedding.objects.filter(context=context).values_list("dimensions", flat=True)) == {
@@ -353,7 +354,7 @@ def test_real_minilm_ranks_the_paris_weather_first(settings):
         context=context, query="what is the weather in Paris", k=5, mode="semantic"
     ).hits
     assert hits[0].message.text == "Sunny, 25C in Paris today"
-    embeddings._cached_provider.cache_clear()
+    providers._cached_provider.cache_clear()
 
 
 @pytest.mark.django_db
@@ -376,8 +377,8 @@ def test_memory_records_are_embedded_and_recalled_by_similarity(
         actor=system_actor,
         items=[{"content": "green tea"}],
     )
-    assert embeddings.pending_count(model="toy-32") == 3
-    assert embeddings.embed_batch(provider=embeddings.get_provider()).embedded == 3
+    assert queue.pending_count(model="toy-32") == 3
+    assert worker.embed_batch(provider=providers.get_provider()).embedded == 3
     statements = []
 
     def capture(execute, sql, params, many, ctx):
@@ -409,7 +410,7 @@ def test_keywords_are_recalled_by_meaning_too_when_vectors_exist(stand_in, setti
             {"content": "The quarterly report is due on Friday"},
         ],
     )
-    assert embeddings.embed_batch(provider=embeddings.get_provider()).embedded == 3
+    assert worker.embed_batch(provider=providers.get_provider()).embedded == 3
 
     def recall(*keywords, limit=1):
         return memories.memories_retrieve(context=context, keywords=list(keywords), limit=limit)
@@ -423,5 +424,5 @@ def test_keywords_are_recalled_by_meaning_too_when_vectors_exist(stand_in, setti
     assert got[0].record.content == "Ada commutes by bike" and got[0].score > 1
     # Without vectors the same keyword finds nothing: text alone cannot.
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
-    embeddings._cached_provider.cache_clear()
+    providers._cached_provider.cache_clear()
     assert recall("green beverage") == []

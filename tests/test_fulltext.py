@@ -12,7 +12,16 @@ from django.db import connection, connections
 from django.test import Client
 from django.urls import reverse
 
-from memory_app import backup, curation, dashboard_queries, embeddings, fulltext, logbook, search
+from memory_app import (
+    backlog,
+    backup,
+    curation,
+    dashboard_queries,
+    fulltext,
+    logbook,
+    search,
+)
+from memory_app.embeddings import providers, worker
 from memory_app.models import Context, Message, MessageSearch
 from tests.builders import make_context, make_user
 
@@ -210,10 +219,10 @@ def test_the_indexer_skips_a_context_being_written_to_and_comes_back_for_it(sett
             assert busy.search_seq == 0 and idle.search_seq == 60
             # The thread, woken now (as a batch's commit wakes it), finds the context still held.
             settings.AGENTMEMORY_INDEXER_THREAD = True
-            embeddings.wake_indexer()
-            assert not embeddings.indexer.wait_idle(1.5)
+            backlog.wake_indexer()
+            assert not backlog.indexer.wait_idle(1.5)
         # Released (by a writer that wakes nobody): the thread looks again and drains it.
-        assert embeddings.indexer.wait_idle(30)
+        assert backlog.indexer.wait_idle(30)
         busy.refresh_from_db()
         assert busy.search_seq == busy.last_seq == 60 and fulltext.pending_count() == 0
     finally:
@@ -292,7 +301,7 @@ def test_a_message_moved_by_hand_takes_its_vector_along():
 
 
 def test_the_embed_worker_turn_moves_past_a_range_of_pruned_messages(system_actor):
-    class NothingToEmbed(embeddings.EmbeddingProvider):
+    class NothingToEmbed(providers.EmbeddingProvider):
         kind, model = "test", "nothing-pending"
 
     context = make_context()
@@ -300,7 +309,7 @@ def test_the_embed_worker_turn_moves_past_a_range_of_pruned_messages(system_acto
     logbook.messages_set_pruned(context=context, ids=[m.pk for m in stored], pruned=True, actor=system_actor)
     # A turn that writes nothing (every message of the range is pruned) still moves the context,
     # and `once` goes on while a context is behind.
-    totals = embeddings.run_worker(provider=NothingToEmbed(), once=True)
+    totals = worker.run_worker(provider=NothingToEmbed(), once=True)
     context.refresh_from_db()
     assert context.search_seq == 60 and totals.parsed == 0 and fulltext.pending_count() == 0
 

@@ -10,8 +10,9 @@ from django.core import checks
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 
-from memory_app import embeddings, logbook, search
+from memory_app import logbook, search
 from memory_app.checks import check_hnsw_parameters
+from memory_app.embeddings import indexer
 
 MODEL = "rebuild-4"
 
@@ -26,7 +27,7 @@ def index_options() -> dict[str, str]:
         cur.execute(
             "SELECT c.relname, c.reloptions FROM pg_class c WHERE c.relname LIKE 'embedding\\_hnswi\\_%%'"
             " AND c.relname IN (%s, %s)",
-            [embeddings.index_name(MODEL, 4), embeddings.index_name(MODEL, 4) + "_rebuild"],
+            [indexer.index_name(MODEL, 4), indexer.index_name(MODEL, 4) + "_rebuild"],
         )
         return {name: sorted(options or []) for name, options in cur.fetchall()}
 
@@ -35,7 +36,7 @@ def index_options() -> dict[str, str]:
 def stored(settings):
     settings.AGENTMEMORY_HNSW_M, settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION = 8, 24
     settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 50
-    embeddings._ensured.discard((MODEL, 4))
+    indexer._ensured.discard((MODEL, 4))
     context, _ = logbook.context_get_or_create(keys={"test": "hnsw-rebuild"})
     result = logbook.messages_append(
         context=context,
@@ -44,20 +45,20 @@ def stored(settings):
             for i in range(200)
         ],
     )
-    embeddings.index_pending()  # a batch this size is deferred: the graph is what is tested here
+    indexer.index_pending()  # a batch this size is deferred: the graph is what is tested here
     yield context, [m.pk for m in result.messages]
-    embeddings._ensured.discard((MODEL, 4))
+    indexer._ensured.discard((MODEL, 4))
     context.delete()
     with connection.cursor() as cur:
-        cur.execute(f'DROP INDEX IF EXISTS "{embeddings.index_name(MODEL, 4)}"')
+        cur.execute(f'DROP INDEX IF EXISTS "{indexer.index_name(MODEL, 4)}"')
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_parameter_change_is_reported_then_rebuilt_concurrently(stored, settings, capsys):
     context, ids = stored
-    name = embeddings.index_name(MODEL, 4)
+    name = indexer.index_name(MODEL, 4)
     assert index_options() == {name: ["ef_construction=24", "m=8"]}
-    [built] = [i for i in embeddings.built_indexes() if i.model == MODEL]
+    [built] = [i for i in indexer.built_indexes() if i.model == MODEL]
     assert (built.dimensions, built.m, built.ef_construction, built.stale) == (4, 8, 24, False)
     assert not [w for w in check_hnsw_parameters(None, databases=["default"]) if MODEL in w.msg]
 
@@ -97,17 +98,17 @@ def test_a_parameter_change_is_reported_then_rebuilt_concurrently(stored, settin
 
 @pytest.mark.django_db(transaction=True)
 def test_an_interrupted_rebuild_is_cleaned_up_and_a_busy_one_refused(stored, settings):
-    name = embeddings.index_name(MODEL, 4)
-    [built] = [i for i in embeddings.built_indexes() if i.model == MODEL]
+    name = indexer.index_name(MODEL, 4)
+    [built] = [i for i in indexer.built_indexes() if i.model == MODEL]
     # What a rebuild killed after its build leaves: a second index under the temporary name.
     with connection.cursor() as cur:
         cur.execute(
             f'CREATE INDEX "{name}_rebuild" ON memory_app_embedding USING hnsw '
             f"((vector::halfvec(4)) halfvec_cosine_ops) WHERE model = '{MODEL}' AND dimensions = 4"
         )
-    assert [i.name for i in embeddings.built_indexes() if i.model == MODEL] == [name]
+    assert [i.name for i in indexer.built_indexes() if i.model == MODEL] == [name]
     settings.AGENTMEMORY_HNSW_M = 10
-    rebuilt = embeddings.rebuild_model_index(built)
+    rebuilt = indexer.rebuild_model_index(built)
     assert (rebuilt.name, rebuilt.m) == (name, 10)
     assert list(index_options()) == [name]
 

@@ -12,7 +12,8 @@ import pytest
 from django.db import connection, transaction
 from django.test import override_settings
 
-from memory_app import embeddings, errors, logbook, search
+from memory_app import errors, logbook, search
+from memory_app.embeddings import indexer
 from memory_app.models import Context, Embedding, Message, keys_digest
 
 # Every test here, and so the module fixture, runs on the test database (pytest-django sets it
@@ -106,13 +107,13 @@ def store(django_db_setup, django_db_blocker):
             )
             cur.execute("ANALYZE memory_app_message")
             cur.execute("ANALYZE memory_app_embedding")
-        embeddings._ensured.discard((MODEL, DIMS))
+        indexer._ensured.discard((MODEL, DIMS))
         with connection.cursor() as cur:
             # A bigger build memory keeps the graph in RAM (the default 64MB spills and crawls).
             cur.execute("SET maintenance_work_mem = '256MB'")
         # A lighter graph than production's keeps the build to seconds on a busy CI machine.
         with override_settings(AGENTMEMORY_HNSW_M=8, AGENTMEMORY_HNSW_EF_CONSTRUCTION=24):
-            assert embeddings.ensure_model_index(model=MODEL, dimensions=DIMS)
+            assert indexer.ensure_model_index(model=MODEL, dimensions=DIMS)
         texts = dict(Message.objects.filter(context=small).values_list("pk", "text"))
         yield {"small": small, "texts": texts, "big": big}
         Context.objects.filter(pk__in=[c.pk for c in big] + [small.pk]).delete()
@@ -147,7 +148,7 @@ def test_the_models_hnsw_index_is_present(store):
     with connection.cursor() as cur:
         cur.execute(
             "SELECT indexdef FROM pg_indexes WHERE indexname = %s",
-            [embeddings.index_name(MODEL, DIMS)],
+            [indexer.index_name(MODEL, DIMS)],
         )
         definition = cur.fetchone()[0]
     assert "USING hnsw" in definition and f"halfvec({DIMS})) halfvec_cosine_ops" in definition
@@ -225,7 +226,7 @@ def test_iterative_scan_returns_exactly_k_from_a_context_that_is_a_tiny_share_of
     [(sql, params)] = captured.statements
     settings_sql = search.hnsw_settings_sql(model=MODEL, dims=DIMS, limit=k, share=20)
     plan = _plan(sql, params, settings_sql)
-    assert f"Index Scan using {embeddings.index_name(MODEL, DIMS)}" in plan, plan
+    assert f"Index Scan using {indexer.index_name(MODEL, DIMS)}" in plan, plan
     # Without the iterative scan the same statement finds fewer than k: the test means something.
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(settings_sql)
@@ -271,7 +272,7 @@ def test_hnsw_path_on_a_large_context_returns_k_results_of_that_context(store, s
     plan = _plan(
         sql, params, search.hnsw_settings_sql(model=MODEL, dims=DIMS, limit=10, share=5090)
     )
-    assert f"Index Scan using {embeddings.index_name(MODEL, DIMS)}" in plan, plan
+    assert f"Index Scan using {indexer.index_name(MODEL, DIMS)}" in plan, plan
     assert "embedding_context_model_idx" not in plan and "Seq Scan" not in plan, plan
     # The walk is the index of indexed rows (its predicate ends with `AND indexed`) and sorts
     # nothing; the rows still waiting for the indexer come from their small partial index.
@@ -280,7 +281,7 @@ def test_hnsw_path_on_a_large_context_returns_k_results_of_that_context(store, s
     assert "embedding_unindexed" in waiting and "Seq Scan" not in waiting, plan
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT indexdef FROM pg_indexes WHERE indexname = %s", [embeddings.index_name(MODEL, DIMS)]
+            "SELECT indexdef FROM pg_indexes WHERE indexname = %s", [indexer.index_name(MODEL, DIMS)]
         )
         assert cur.fetchone()[0].endswith("AND indexed)")
 

@@ -13,7 +13,7 @@ from ninja import Router, Schema, Status
 from ninja.errors import HttpError
 from pydantic import ConfigDict, Field
 
-from memory_app import embeddings, errors, search, selectors
+from memory_app import errors, search, selectors
 from memory_app.api.common import (
     WRITE_ERRORS,
     ContextId,
@@ -34,6 +34,7 @@ from memory_app.api.schemas import (
     json_response,
     message_out,
 )
+from memory_app.embeddings import client_vectors
 from memory_app.errors import Invalid
 
 router = Router(tags=["selectors"])
@@ -228,5 +229,5 @@ def message_vector_put(request, message_id: MessageId, body: MessageVectorIn):
     dimensions (a vector of another length is a 422). Replaces an earlier vector of that model."""
     require_scope(request, "write")
     message = message_for(request, message_id)
-    row = embeddings.vector_put(model=body.model, vector=body.vector, message=message)
+    row = client_vectors.vector_put(model=body.model, vector=body.vector, message=message)
     return Status(200, {"message_id": message.pk, "model": row.model, "dimensions": row.dimensions})

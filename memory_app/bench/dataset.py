@@ -27,7 +27,8 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 from django.db import connection, transaction
 
-from memory_app import embeddings, tokens
+from memory_app import tokens
+from memory_app.embeddings import indexer
 from memory_app.models import FTS_CONFIG, keys_digest
 
 BENCH_MODEL = "bench-minilm-384"
@@ -630,7 +631,7 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print, chunk: int = CHUN
     # In a transaction the index is built in one pass with parallel workers (CONCURRENTLY
     # would scan the table twice; nothing else writes to this database meanwhile).
     with transaction.atomic():
-        embeddings.ensure_model_index(model=BENCH_MODEL, dimensions=sizes.dims)
+        indexer.ensure_model_index(model=BENCH_MODEL, dimensions=sizes.dims)
     timings[f"HNSW index (m={_hnsw_m()}, ef_construction={_hnsw_efc()})"] = (
         time.perf_counter() - t_hnsw
     )

@@ -16,9 +16,10 @@ import uuid
 
 import numpy as np
 
-from memory_app import embeddings, fulltext
+from memory_app import fulltext
 from memory_app.bench import baseline
 from memory_app.bench.measure import Amount, Rate, Row, time_each
+from memory_app.embeddings import indexer
 
 LC_TABLE = "peer_langchain_history"
 LG_TABLES = ("store_vectors", "store", "vector_migrations", "store_migrations")
@@ -95,7 +96,7 @@ def run(b, *, window_k: int = 20, search_k: int = 10) -> None:
     # LangGraph inserts each vector into its index as it is put; large batches of ours wait for
     # the indexer (its catch-up is the ingest area's own row) and are scanned exactly meanwhile.
     # The searches compare the steady state: after the indexer caught up (vectors and full text).
-    embeddings.index_pending()
+    indexer.index_pending()
     fulltext.index_pending()
     ours |= {
         "window": time_each(

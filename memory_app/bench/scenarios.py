@@ -23,7 +23,7 @@ from django.conf import settings
 from django.test import Client
 from django.urls import NoReverseMatch, Resolver404, resolve, reverse
 
-from memory_app import embeddings, fulltext
+from memory_app import backlog, fulltext
 from memory_app.bench import baseline
 from memory_app.bench.dataset import Dataset, Generator
 from memory_app.bench.measure import (
@@ -36,6 +36,7 @@ from memory_app.bench.measure import (
     time_calls,
     time_each,
 )
+from memory_app.embeddings import indexer, queue
 from memory_app.models import Context, Embedding, Message, Run
 
 API = "/api/v1"
@@ -343,7 +344,7 @@ def _recall(b: Bench, label: str, cid: int) -> None:
     # The index as built (the settings shape new indexes only; see `manage.py hnsw_rebuild`).
     built = [
         f"m={i.m}, ef_construction={i.ef_construction}"
-        for i in embeddings.built_indexes()
+        for i in indexer.built_indexes()
         if (i.model, i.dimensions) == (b.data.model, b.data.sizes.dims)
     ]
     store = search.store_size(b.data.model, b.data.sizes.dims)
@@ -712,7 +713,7 @@ def _ingest_sustained(b: Bench, bodies: list[str], stamp: int, *, batch: int, ba
     t = time.perf_counter()
     for body in bodies:
         b.post_raw(f"{API}/contexts/{context['id']}/messages/batch", body)
-    if not embeddings.indexer.wait_idle(120) or fulltext.pending_count():
+    if not backlog.indexer.wait_idle(120) or fulltext.pending_count():
         raise BenchError("the indexer thread did not write the batches' full-text vectors")
     b.report.add(
         Row(
@@ -894,16 +895,16 @@ def _ingest_vectors(
     # insertion (the indexer thread was held back above, so the rows measure the write path
     # alone): how long one indexer takes to bring that backlog to 0, in vectors per second.
     contexts = [domain_ctx.pk, api_ctx.pk, http_ctx.pk]
-    waiting = embeddings.unindexed_count(model=model)
+    waiting = queue.unindexed_count(model=model)
     _catch_up(
         b,
         f"catch-up after the batches above: {waiting:,} of their {3 * n:,} vectors waiting "
         "for the HNSW graph, until none",
-        drain=embeddings.index_pending,
-        left=lambda: embeddings.unindexed_count(model=model),
+        drain=indexer.index_pending,
+        left=lambda: queue.unindexed_count(model=model),
         waiting=waiting,
         unit="vectors/s",
-        note="one indexer (embeddings.index_pending, batches of "
+        note="one indexer (indexer.index_pending, batches of "
         f"{settings.AGENTMEMORY_INDEXER_BATCH:,}); searches scan waiting vectors exactly meanwhile",
     )
     stored = Embedding.objects.filter(

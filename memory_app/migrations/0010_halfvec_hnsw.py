@@ -8,10 +8,10 @@ from django.db import migrations
 
 
 def to_halfvec(apps, schema_editor):
-    from memory_app import embeddings
+    from memory_app.embeddings import indexer
 
     # 0010's index as it was: every row of the model (0011 adds `AND indexed`).
-    embeddings.replace_model_indexes(
+    indexer.replace_model_indexes(
         schema_editor.connection,
         prefix="embedding_hnswh_",
         indexed_only=False,

@@ -1,5 +1,5 @@
 # Vectors of a large batch are stored first and inserted into their model's HNSW graph later
-# (`Embedding.indexed`, see memory_app.embeddings.index_batch): each model's index now holds the
+# (`Embedding.indexed`, see memory_app.embeddings.indexer.index_batch): each model's index now holds the
 # `indexed` rows only (embedding_hnswh_… becomes embedding_hnswi_… with `AND indexed` in its
 # predicate), and a small partial btree finds the rows still waiting. The new index is built
 # CONCURRENTLY before the old one is dropped, so searches walk a graph throughout; this takes as
@@ -10,9 +10,9 @@ from django.db import migrations, models
 
 
 def rebuild_with_predicate(apps, schema_editor):
-    from memory_app import embeddings
+    from memory_app.embeddings import indexer
 
-    embeddings.replace_model_indexes(
+    indexer.replace_model_indexes(
         schema_editor.connection,
         prefix="embedding_hnswi_",
         indexed_only=True,

@@ -25,7 +25,7 @@ COLUMNS = "id, message_id, memory_record_id, context_id, model, dimensions, vect
 
 
 def rebuild_table(apps, schema_editor):
-    from memory_app import embeddings
+    from memory_app.embeddings import indexer
 
     embedding = apps.get_model("memory_app", "Embedding")
     with schema_editor.connection.cursor() as cursor:
@@ -67,8 +67,8 @@ def rebuild_table(apps, schema_editor):
             " coalesce((SELECT max(id) FROM memory_app_embedding), 0) + 1, false)"
         )
         cursor.execute("ANALYZE memory_app_embedding")
-    embeddings.replace_model_indexes(
-        schema_editor.connection, prefix=embeddings.INDEX_PREFIX, indexed_only=True, retired=[]
+    indexer.replace_model_indexes(
+        schema_editor.connection, prefix=indexer.INDEX_PREFIX, indexed_only=True, retired=[]
     )
 
 

@@ -14,7 +14,8 @@ import threading
 
 from django.core.management.base import BaseCommand, CommandError
 
-from memory_app import embeddings, errors
+from memory_app import errors
+from memory_app.embeddings import providers, queue, worker
 
 log = logging.getLogger("memory_app.embeddings")
 
@@ -48,9 +49,9 @@ class Command(BaseCommand):
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: stop.set())
         self.stdout.write(
-            f"embedding with {provider.describe()}: {embeddings.pending_count(model=provider.model)} pending"
+            f"embedding with {provider.describe()}: {queue.pending_count(model=provider.model)} pending"
         )
-        totals = embeddings.run_worker(
+        totals = worker.run_worker(
             provider=provider,
             batch_size=opts["batch_size"],
             once=opts["once"],
@@ -62,20 +63,20 @@ class Command(BaseCommand):
             f"done: {totals.embedded} embedded, {totals.failed} postponed, {totals.indexed} indexed,"
             f" {totals.parsed} full-text written"
             + (f" (last error: {totals.error})" if totals.error else "")
-            + f", {embeddings.pending_count(model=provider.model)} pending"
+            + f", {queue.pending_count(model=provider.model)} pending"
         )
 
 
-def provider_from_options(opts) -> embeddings.EmbeddingProvider:
-    kind = opts.get("provider") or embeddings.provider_kind()
+def provider_from_options(opts) -> providers.EmbeddingProvider:
+    kind = opts.get("provider") or providers.provider_kind()
     if kind == "none":
         raise CommandError(
             "no embedding provider configured: set AGENTMEMORY_EMBEDDING_PROVIDER or pass --provider"
         )
     model = opts.get("model") or (
-        embeddings.active_model_name() if kind == embeddings.provider_kind() else None
+        providers.active_model_name() if kind == providers.provider_kind() else None
     )
     try:
-        return embeddings.build_provider(kind=kind, model=model, base_url=opts.get("base_url"))
+        return providers.build_provider(kind=kind, model=model, base_url=opts.get("base_url"))
     except errors.ProviderUnavailable as exc:
         raise CommandError(str(exc)) from exc

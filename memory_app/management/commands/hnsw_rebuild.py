@@ -16,7 +16,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
-from memory_app import embeddings
+from memory_app.embeddings import indexer, queue
 
 
 class Command(BaseCommand):
@@ -37,7 +37,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts):
-        indexes = embeddings.built_indexes()
+        indexes = indexer.built_indexes()
         if opts["model"]:
             indexes = [i for i in indexes if i.model == opts["model"]]
             if not indexes:
@@ -50,7 +50,7 @@ class Command(BaseCommand):
         todo = [i for i in indexes if opts["all"] or i.stale]
         for index in indexes:
             state = "to rebuild" if index in todo else "up to date"
-            waiting = embeddings.unindexed_count(model=index.model)
+            waiting = queue.unindexed_count(model=index.model)
             if waiting:  # a deferred batch's vectors, not yet in this graph (see index_pending)
                 state += f", {waiting} vectors waiting for the indexer"
             self.stdout.write(f"  {index.describe()} — {state}")
@@ -64,8 +64,8 @@ class Command(BaseCommand):
             self.stdout.write(f"Rebuilding the index of {index.describe()} CONCURRENTLY…")
             started = time.monotonic()
             try:
-                rebuilt = embeddings.rebuild_model_index(index)
-            except embeddings.IndexBusy as exc:
+                rebuilt = indexer.rebuild_model_index(index)
+            except indexer.IndexBusy as exc:
                 raise CommandError(f"{exc}; try again when it is done") from exc
             self.stdout.write(
                 self.style.SUCCESS(

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from memory_app import embeddings, fulltext
+from memory_app import fulltext
+from memory_app.embeddings import indexer, queue
 
 
 class Command(BaseCommand):
@@ -21,9 +22,9 @@ class Command(BaseCommand):
         parser.add_argument("--batch-size", type=int, default=None, help="rows per transaction")
 
     def handle(self, *args, **opts):
-        self.stdout.write(f"{embeddings.unindexed_count()} vectors waiting for their index")
-        done = embeddings.index_pending(batch_size=opts["batch_size"])
-        self.stdout.write(f"done: {done} indexed, {embeddings.unindexed_count()} waiting")
+        self.stdout.write(f"{queue.unindexed_count()} vectors waiting for their index")
+        done = indexer.index_pending(batch_size=opts["batch_size"])
+        self.stdout.write(f"done: {done} indexed, {queue.unindexed_count()} waiting")
         self.stdout.write(f"{fulltext.pending_count()} messages waiting for their full-text vector")
         parsed = fulltext.index_pending(batch_size=opts["batch_size"])
         self.stdout.write(f"done: {parsed} written, {fulltext.pending_count()} waiting")

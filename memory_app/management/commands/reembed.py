@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from memory_app import embeddings
+from memory_app.embeddings import providers, queue, worker
 from memory_app.management.commands.embed_worker import provider_from_options
 from memory_app.models import Context, Embedding
 
@@ -36,7 +36,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         if opts["drop_old"]:
-            if opts["drop_old"] == embeddings.active_model_name():
+            if opts["drop_old"] == providers.active_model_name():
                 raise CommandError(
                     "refusing to drop the model searches use now (AGENTMEMORY_EMBEDDING_MODEL)"
                 )
@@ -49,13 +49,13 @@ class Command(BaseCommand):
         if opts["context"] and not Context.objects.filter(pk=opts["context"]).exists():
             raise CommandError(f"context {opts['context']} not found")
         provider = provider_from_options(opts)
-        queued = embeddings.reembed_enqueue(model=provider.model, context_id=opts["context"])
+        queued = queue.reembed_enqueue(model=provider.model, context_id=opts["context"])
         self.stdout.write(f"queued {queued} items for {provider.model}")
         if not opts["queue_only"]:
-            totals = embeddings.run_worker(
+            totals = worker.run_worker(
                 provider=provider, batch_size=opts["batch_size"], once=True
             )
             self.stdout.write(f"embedded {totals.embedded}, postponed {totals.failed}")
-        done, total = embeddings.model_coverage(model=provider.model, context_id=opts["context"])
+        done, total = queue.model_coverage(model=provider.model, context_id=opts["context"])
         state = "complete" if done == total else "incomplete"
         self.stdout.write(f"{provider.model}: {done}/{total} embedded ({state})")

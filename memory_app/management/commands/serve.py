@@ -22,7 +22,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from memory_app import embeddings
+from memory_app import backlog
 from memory_app.models import Context
 
 
@@ -105,7 +105,7 @@ class Command(BaseCommand):
         # What the last run left to the indexers (deferred vectors, full-text vectors of large
         # batches): drained by this process's indexer thread while gunicorn starts. The web
         # workers' own threads only wake when a batch of theirs commits.
-        embeddings.wake_indexer()
+        backlog.wake_indexer()
 
         if port_in_use(host, port):
             raise CommandError(

@@ -1,0 +1,197 @@
+"""Vectors sent by clients: checked against their model's dimensions, then stored (one row, or
+a binary COPY for a batch)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from django.conf import settings
+from django.db import connection, transaction
+
+from memory_app.backlog import wake_indexer
+from memory_app.embeddings.indexer import ensure_model_index
+from memory_app.embeddings.providers import LOCAL_DIMENSIONS, active_model_name, get_provider
+from memory_app.errors import DimensionMismatch, Invalid
+from memory_app.models import Embedding, EmbeddingRetry, MemoryRecord, Message
+
+# The largest magnitude a half-precision float (the HNSW index's `halfvec`) holds.
+HALFVEC_MAX = 65504.0
+
+
+_known_dimensions: dict[str, int] = {}
+
+
+def remember_dimensions(model: str, dimensions: int) -> None:
+    """The dimensions a model's first stored vector fixed (a cache of `model_dimensions`)."""
+    _known_dimensions.setdefault(model, dimensions)
+
+
+def model_dimensions(model: str) -> int | None:
+    """Dimensions a model's stored vectors have (None when it has none yet)."""
+    if model in _known_dimensions:
+        return _known_dimensions[model]
+    dims = (
+        Embedding.objects.filter(model=model, dimensions__isnull=False)
+        .values_list("dimensions", flat=True)
+        .first()
+    )
+    if dims is None:
+        provider = get_provider()
+        if provider is not None and provider.model == model and provider.kind == "local":
+            dims = LOCAL_DIMENSIONS
+    if dims is not None:
+        _known_dimensions[model] = dims
+    return dims
+
+
+def check_vector(*, model: str, vector: Sequence[float]) -> list[float]:
+    """One client vector checked against its model's dimensions (see `client_vectors`)."""
+    if not model or len(model) > 200:
+        raise Invalid("model must be a non-empty name of at most 200 characters")
+    [checked] = client_vectors(
+        [{"vector": vector, "vector_model": model, "where": "vector"}], label=""
+    )
+    return checked.values.tolist()
+
+
+def vector_put(
+    *,
+    model: str,
+    vector: Sequence[float],
+    message: Message | None = None,
+    memory_record: MemoryRecord | None = None,
+) -> Embedding:
+    """Store a client-computed vector for one item under `model` (replacing an earlier one)."""
+    values = check_vector(model=model, vector=vector)
+    if (message is None) == (memory_record is None):
+        raise Invalid("a vector belongs to exactly one message or memory record")
+    item = {"message": message} if message is not None else {"memory_record": memory_record}
+    context_id = (message or memory_record).context_id
+    with transaction.atomic():
+        row, _ = Embedding.objects.select_for_update().get_or_create(
+            **item, model=model, defaults={"context_id": context_id}
+        )
+        row.vector, row.dimensions = values, len(values)
+        row.save()
+        EmbeddingRetry.objects.filter(embedding=row).delete()
+    _known_dimensions.setdefault(model, len(values))
+    ensure_model_index(model=model, dimensions=len(values))
+    return row
+
+
+@dataclass(frozen=True)
+class ClientVector:
+    """A checked client vector for one item of a batch, ready for `vectors_copy`."""
+
+    model: str
+    values: np.ndarray  # float32, one dimension
+
+
+def client_vectors(items: Sequence[dict], *, label: str) -> list[ClientVector | None]:
+    """Check the `vector` / `vector_model` of every item of a batch before anything is written.
+
+    The model is the item's `vector_model`, else the configured one (a vector with neither is
+    refused). Every vector of a model must have that model's dimensions (the stored ones, or the
+    first of the batch); a failure names the item (its `where`, else `label[i]`). Returns one
+    entry per item.
+    """
+    out: list[ClientVector | None] = []
+    batch_dims: dict[str, int] = {}
+    active = None
+    for n, item in enumerate(items):
+        where = item.get("where") or f"{label}[{n}]"
+        vector, model = item.get("vector"), item.get("vector_model")
+        if vector is None:
+            if model:
+                raise Invalid(f"{where}: vector_model given without a vector")
+            out.append(None)
+            continue
+        if not model:
+            active = active or active_model_name()
+            if active is None:
+                raise Invalid(
+                    f"{where}: give vector_model (no embedding provider is configured, "
+                    "so the vector's model cannot be implied)"
+                )
+            model = active
+        if len(model) > 200:
+            raise Invalid(f"{where}: vector_model is longer than 200 characters")
+        try:
+            values = np.asarray(vector, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise Invalid(f"{where}: the vector must be a list of numbers") from exc
+        if values.ndim != 1 or not 1 <= len(values) <= 16000:
+            raise DimensionMismatch(f"{where}: a vector is a flat list of 1 to 16,000 numbers")
+        if not np.isfinite(values).all():
+            raise Invalid(f"{where}: the vector holds NaN or infinite values")
+        if np.abs(values).max() > HALFVEC_MAX:
+            raise Invalid(
+                f"{where}: the vector holds a value beyond ±65,504, which its index (half "
+                "precision) cannot hold; embeddings are normally within ±1"
+            )
+        expected = batch_dims.get(model) or model_dimensions(model)
+        if expected is not None and len(values) != expected:
+            raise DimensionMismatch(
+                f"{where}: model {model!r} has {expected} dimensions, this vector has {len(values)}"
+            )
+        batch_dims[model] = len(values)
+        out.append(ClientVector(model, values))
+    return out
+
+
+VECTOR_COPY_COLUMNS = (
+    "message_id",
+    "memory_record_id",
+    "context_id",
+    "model",
+    "dimensions",
+    "vector",
+    "indexed",
+)
+
+
+_VECTOR_COPY_TYPES = ["int8", "int8", "int8", "text", "int4", "vector", "bool"]
+
+
+def vectors_copy(
+    rows: Sequence[tuple[int | None, int | None, int | None, ClientVector]],
+) -> None:
+    """Store checked client vectors with one binary COPY: rows of (message_id, memory_record_id,
+    context_id, vector), for items that have no row of that model yet (new items). Call inside
+    the transaction that created the items; `ensure_vector_indexes` after it.
+
+    A batch of at least `AGENTMEMORY_INDEX_DEFER_MIN` vectors is written `indexed = false`: the
+    COPY then skips the HNSW graph (inserting each vector into it was most of the batch's cost)
+    and the indexer adds them once the transaction commits (`wake_indexer`). Searches scan such
+    rows exactly until then. Smaller batches go into the graph at once."""
+    if not rows:
+        return
+    deferred = len(rows) >= settings.AGENTMEMORY_INDEX_DEFER_MIN
+    from pgvector.psycopg.vector import register_vector_info
+    from psycopg.types import TypeInfo
+
+    connection.ensure_connection()
+    with connection.cursor() as wrapper:
+        cursor = wrapper.cursor
+        # pgvector's binary dumper on this cursor only: the ORM keeps its own conversions.
+        register_vector_info(cursor, TypeInfo.fetch(cursor.connection, "vector"))
+        columns = ", ".join(VECTOR_COPY_COLUMNS)
+        with cursor.copy(
+            f"COPY {Embedding._meta.db_table} ({columns}) FROM STDIN WITH (FORMAT BINARY)"  # noqa: S608 - constants
+        ) as copy:
+            copy.set_types(_VECTOR_COPY_TYPES)
+            for message_id, memory_id, context_id, v in rows:
+                copy.write_row(
+                    (message_id, memory_id, context_id, v.model, len(v.values), v.values, not deferred)
+                )
+    for _, _, _, v in rows:
+        _known_dimensions.setdefault(v.model, len(v.values))
+    if deferred:
+        transaction.on_commit(wake_indexer)
+
+def ensure_vector_indexes(vectors: Sequence[ClientVector | None]) -> None:
+    """The HNSW index of every model among `vectors` (once per process and model)."""
+    for model, dims in {(v.model, len(v.values)) for v in vectors if v is not None}:
+        ensure_model_index(model=model, dimensions=dims)

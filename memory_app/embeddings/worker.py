@@ -1,0 +1,188 @@
+"""The embed worker: claims due pending rows (FOR UPDATE SKIP LOCKED, so several workers on
+several machines never embed an item twice), fills them from the provider, and postpones a
+failed batch with exponential backoff (an `EmbeddingRetry` row beside each failed item)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from memory_app import fulltext
+from memory_app.embeddings.client_vectors import model_dimensions, remember_dimensions
+from memory_app.embeddings.indexer import ensure_model_index, index_batch
+from memory_app.embeddings.providers import EmbeddingProvider
+from memory_app.errors import ProviderError
+from memory_app.models import Embedding, EmbeddingRetry
+
+log = logging.getLogger(__name__)
+
+
+BACKOFF_BASE_SECONDS = 2.0
+
+
+BACKOFF_MAX_SECONDS = 600.0
+
+
+@dataclass
+class BatchResult:
+    claimed: int = 0
+    embedded: int = 0
+    failed: int = 0
+    error: str = ""
+    indexed: int = 0
+    parsed: int = 0  # messages whose full-text vectors were written
+
+
+def backoff(attempts: int, *, base: float = BACKOFF_BASE_SECONDS) -> timedelta:
+    return timedelta(seconds=min(base * (2 ** max(attempts - 1, 0)), BACKOFF_MAX_SECONDS))
+
+
+def embed_batch(
+    *,
+    provider: EmbeddingProvider,
+    batch_size: int | None = None,
+    now: datetime | None = None,
+    backoff_base: float = BACKOFF_BASE_SECONDS,
+) -> BatchResult:
+    """Claim up to `batch_size` due pending rows of the provider's model and fill them in.
+
+    The rows stay locked (FOR UPDATE SKIP LOCKED) until their vectors are written, so another
+    worker skips them: every item is embedded once. On a provider failure each row's
+    `EmbeddingRetry` gets `attempts + 1` and a `next_attempt_at` that doubles each time; a row
+    is not claimed again before then. Oldest first.
+    """
+    batch_size = batch_size or settings.AGENTMEMORY_EMBEDDING_BATCH_SIZE
+    now = now or timezone.now()
+    result = BatchResult()
+    with transaction.atomic():
+        rows = list(
+            Embedding.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(vector__isnull=True, model=provider.model)
+            .exclude(retry__next_attempt_at__gt=now)
+            .select_related("message", "memory_record")
+            .order_by("id")[:batch_size]
+        )
+        # Read once the rows are locked, in a statement of its own: a failure another worker
+        # committed after this claim's snapshot (a new retry row; the embedding row unchanged,
+        # so the claim did not look at it again) shows here, and that item waits its turn.
+        tried = {
+            pk: (attempts, due)
+            for pk, attempts, due in EmbeddingRetry.objects.filter(embedding__in=rows).values_list(
+                "embedding_id", "attempts", "next_attempt_at"
+            )
+        }
+        rows = [r for r in rows if r.pk not in tried or tried[r.pk][1] <= now]
+        result.claimed = len(rows)
+        if not rows:
+            return result
+        texts = [r.message.text if r.message_id else r.memory_record.content for r in rows]
+        try:
+            vectors = provider.embed(texts)
+            expected = model_dimensions(provider.model)
+            if expected is not None and any(len(v) != expected for v in vectors):
+                raise ProviderError(
+                    f"provider answered vectors of other than {expected} dimensions"
+                )
+        except ProviderError as exc:
+            _postpone(
+                rows,
+                tried={pk: attempts for pk, (attempts, _) in tried.items()},
+                error=str(exc),
+                now=now,
+                backoff_base=backoff_base,
+            )
+            result.failed, result.error = len(rows), str(exc)
+            return result
+        for r, v in zip(rows, vectors, strict=True):
+            r.vector, r.dimensions = v, len(v)
+        Embedding.objects.bulk_update(rows, ["vector", "dimensions"])
+        if done_retrying := [r.pk for r in rows if r.pk in tried]:
+            EmbeddingRetry.objects.filter(embedding__in=done_retrying).delete()
+        result.embedded = len(rows)
+    dims = len(vectors[0])
+    remember_dimensions(provider.model, dims)
+    ensure_model_index(model=provider.model, dimensions=dims)
+    return result
+
+
+def _postpone(
+    rows: list[Embedding], *, tried: dict[int, int], error: str, now: datetime, backoff_base: float
+) -> None:
+    """Count a failed attempt on each claimed row (`tried`: attempts so far, read under the
+    rows' locks, which every writer of a retry holds) and set when it is due again."""
+    retries = []
+    for r in rows:
+        attempts = tried.get(r.pk, 0) + 1
+        retries.append(
+            EmbeddingRetry(
+                embedding=r,
+                attempts=attempts,
+                next_attempt_at=now + backoff(attempts, base=backoff_base),
+                last_error=error[:2000],
+            )
+        )
+    EmbeddingRetry.objects.bulk_create(
+        retries,
+        update_conflicts=True,
+        unique_fields=["embedding"],
+        update_fields=["attempts", "next_attempt_at", "last_error"],
+    )
+
+
+def run_worker(
+    *,
+    provider: EmbeddingProvider,
+    batch_size: int | None = None,
+    once: bool = False,
+    max_batches: int | None = None,
+    idle_sleep: float = 2.0,
+    backoff_base: float = BACKOFF_BASE_SECONDS,
+    stop: threading.Event | None = None,
+) -> BatchResult:
+    """Loop over `embed_batch`; `once` stops when nothing is due (tests, cron), otherwise it
+    sleeps when idle and after failures. Returns the totals."""
+    totals = BatchResult()
+    batches = 0
+    while not (stop and stop.is_set()):
+        if max_batches is not None and batches >= max_batches:
+            break
+        res = embed_batch(provider=provider, batch_size=batch_size, backoff_base=backoff_base)
+        # The deferred HNSW insertions too, one batch per turn (several workers share them).
+        indexed, parsed = 0, None
+        try:
+            indexed = index_batch()
+            # And the messages waiting for their full-text vector, one context's batch a turn
+            # (None: no context behind; 0 can still be progress, over a range of pruned messages).
+            parsed = fulltext.index_batch()
+        except Exception:
+            log.exception("indexer: deferred vectors or full-text vectors failed; retrying")
+        totals.indexed += indexed
+        totals.parsed += parsed or 0
+        batches += 1 if res.claimed else 0
+        totals.claimed += res.claimed
+        totals.embedded += res.embedded
+        totals.failed += res.failed
+        if res.failed:
+            totals.error = res.error
+            log.warning(
+                "embedding batch of %d failed (%s): retrying with backoff", res.failed, res.error
+            )
+        elif res.embedded:
+            log.info(
+                "embedded %d items with %s (%d so far)",
+                res.embedded,
+                provider.describe(),
+                totals.embedded,
+            )
+        if (not res.claimed and not indexed and parsed is None) or res.failed:
+            if once:
+                break
+            time.sleep(idle_sleep)
+    return totals
