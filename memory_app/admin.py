@@ -7,7 +7,6 @@ from collections import defaultdict
 
 from django.contrib import admin
 
-from memory_app import logbook
 from memory_app.audit import Actor
 from memory_app.models import (
     ApiKey,
@@ -22,6 +21,7 @@ from memory_app.models import (
     ToolCall,
     TraceSpan,
 )
+from memory_app.services.curation import messages_set_pruned, steps_set_pruned
 
 
 class PrunedFilter(admin.SimpleListFilter):
@@ -48,14 +48,14 @@ def _set_pruned(modeladmin, request, queryset, *, prune: bool):
         for pk, context_id in queryset.values_list("pk", "context_id"):
             groups[context_id].append(pk)
         for context in Context.objects.filter(pk__in=groups):
-            ids, _ = logbook.messages_set_pruned(context=context, ids=groups[context.pk], pruned=prune, actor=actor, note="via admin")
+            ids, _ = messages_set_pruned(context=context, ids=groups[context.pk], pruned=prune, actor=actor, note="via admin")
             changed += len(ids)
     else:
         groups = defaultdict(list)
         for pk, run_id in queryset.values_list("pk", "run_id"):
             groups[run_id].append(pk)
         for run in Run.objects.filter(pk__in=groups):
-            ids, _ = logbook.steps_set_pruned(run=run, ids=groups[run.pk], pruned=prune, actor=actor, note="via admin")
+            ids, _ = steps_set_pruned(run=run, ids=groups[run.pk], pruned=prune, actor=actor, note="via admin")
             changed += len(ids)
     noun = queryset.model._meta.verbose_name_plural
     modeladmin.message_user(request, f"{'Pruned' if prune else 'Restored'} {changed} {noun}.")

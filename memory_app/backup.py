@@ -44,8 +44,9 @@ from django.db import models, transaction
 from django.db.models import Count, Max, Q, Sum, Value
 from django.db.models.functions import Coalesce, Greatest
 
-from memory_app import backlog, errors, fulltext, logbook, memories, tokens
+from memory_app import backlog, errors, fulltext, memories, tokens
 from memory_app.audit import Actor, audit_record
+from memory_app.db import lock_contexts
 from memory_app.errors import BackupFormatError, Forbidden
 from memory_app.models import (
     Context,
@@ -508,7 +509,7 @@ class _Importer:
             by_ctx.setdefault(self.context_id(rec["context"]), []).append(rec)
         # An agent appending meanwhile waits: it reads its next seq once last_seq has risen past
         # the seqs imported here.
-        logbook.lock_contexts(by_ctx)
+        lock_contexts(by_ctx)
         for ctx_pk, recs in by_ctx.items():
             seqs = {r["seq"] for r in recs}
             existing = set(Message.objects.filter(context_id=ctx_pk, seq__in=seqs).values_list("seq", flat=True))
@@ -562,7 +563,7 @@ class _Importer:
             )
         for ctx_pk in sorted(self.grown):
             with transaction.atomic():
-                logbook.lock_contexts([ctx_pk])
+                lock_contexts([ctx_pk])
                 messages = Message.objects.filter(context_id=ctx_pk).aggregate(
                     n=Count("pk"), tokens=Coalesce(Sum("token_count"), 0), last=Coalesce(Max("seq"), 0)
                 )

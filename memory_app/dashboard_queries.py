@@ -19,7 +19,6 @@ from django.contrib.postgres.search import SearchQuery, SearchVector
 from django.db.models import Count, F, Max, Min, Q, QuerySet, Sum
 
 from memory_app import pricing, transcripts
-from memory_app.logbook import STEP_SPAN
 from memory_app.models import (
     FTS_CONFIG,
     Context,
@@ -30,6 +29,7 @@ from memory_app.models import (
     Step,
     ToolCall,
 )
+from memory_app.queries import STEP_SPAN
 
 PAGE_SIZE = 50
 RUNS_PAGE_SIZE = 20

@@ -61,3 +61,7 @@ class UnknownTokenizer(ValueError):
 
 class BackupFormatError(ValueError):
     """A line that is not part of an agentmemory backup."""
+
+
+def differences(stored: dict[str, Any], sent: dict[str, Any]) -> dict[str, Any]:
+    return {k: {"stored": stored[k], "sent": sent[k]} for k in sent if stored.get(k) != sent[k]}

@@ -1,7 +1,7 @@
 """Framework memory in and out of the database: smolagents runs, AgentScope working memory.
 
 The mappings themselves are pure (`memory_app.interop.*`); this module applies them through the
-write path (`memory_app.logbook`), so client ids, seq allocation, token counts and audit behave
+write path (`memory_app.services`), so client ids, seq allocation, token counts and audit behave
 exactly as for any other write. Every import is idempotent: the same payload twice writes
 nothing the second time.
 """
@@ -14,12 +14,14 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
-from memory_app import logbook
 from memory_app.audit import Actor
 from memory_app.errors import Invalid
 from memory_app.interop import agentscope as as_map
 from memory_app.interop import smolagents as smol
 from memory_app.models import Context, Message, Run, RunStatus, Step, ToolCall
+from memory_app.services.curation import messages_set_pruned
+from memory_app.services.messages import MAX_BATCH, messages_append, messages_retag
+from memory_app.services.runs import STEP_FIELDS, run_create, run_finish, steps_append
 
 STEP_CHUNK = 200
 
@@ -55,7 +57,7 @@ def smolagents_run_import(
         datetime.fromtimestamp(t, tz=UTC) if t is not None else None for t in (start, end)
     )
     with transaction.atomic():
-        run, created = logbook.run_create(
+        run, created = run_create(
             context=context, client_id=client_id, task=task if task is not None else summary["task"],
             system_prompt=system_prompt or "", agent_name=agent_name, framework=smol.FRAMEWORK,
             metadata=metadata, started_at=started_at,
@@ -65,10 +67,10 @@ def smolagents_run_import(
         if not created and not client_id:
             raise Invalid("re-importing needs the run's client_id")
         for i in range(0, len(items), STEP_CHUNK):
-            logbook.steps_append(run=run, items=items[i : i + STEP_CHUNK])
+            steps_append(run=run, items=items[i : i + STEP_CHUNK])
         run.refresh_from_db()
         if run.status == RunStatus.RUNNING:
-            run = logbook.run_finish(
+            run = run_finish(
                 run=run, status=status or summary["status"],
                 final_answer=final_answer if final_answer is not None else summary["final_answer"],
                 finished_at=finished_at,
@@ -81,7 +83,7 @@ def smolagents_steps_append(*, run: Run, steps: list[dict[str, Any]], start_inde
     if start_index < 1:
         raise Invalid("start_index counts from 1")
     prefix = run.client_id or f"run-{run.pk}"
-    result = logbook.steps_append(run=run, items=_map_steps(steps, start=start_index, prefix=prefix))
+    result = steps_append(run=run, items=_map_steps(steps, start=start_index, prefix=prefix))
     return result.steps
 
 
@@ -96,7 +98,7 @@ def smolagents_run_export(*, run: Run, include_pruned: bool = False) -> dict[str
         calls.setdefault(tc["step_id"], []).append(tc)
     out = []
     for s in steps:
-        columns = {f: getattr(s, f) for f in logbook.STEP_FIELDS}
+        columns = {f: getattr(s, f) for f in STEP_FIELDS}
         out.append(smol.step_from_stored(payload=s.payload, columns=columns, tool_calls=calls.get(s.pk, [])))
     return {
         "system_prompt": run.system_prompt,
@@ -195,7 +197,7 @@ def agentscope_add(
                 live_ids = {mid for _, mid, _ in _stored_copies(_live(context), [m["id"] for m in msgs])}
                 msgs = [m for m in msgs if m["id"] not in live_ids]
             items = _items_for(context, [(m, marks) for m in msgs])
-            return logbook.messages_append(context=context, items=items).messages if items else []
+            return messages_append(context=context, items=items).messages if items else []
     except as_map.StateFormatError as exc:
         raise Invalid(str(exc)) from exc
 
@@ -205,7 +207,7 @@ def agentscope_delete(*, context: Context, msg_ids: list[str], actor: Actor) -> 
     ids = [pk for pk, _, _ in _stored_copies(_live(context), list(msg_ids))]
     if not ids:
         return 0
-    changed, _ = logbook.messages_set_pruned(context=context, ids=ids, pruned=True, actor=actor, note="agentscope delete")
+    changed, _ = messages_set_pruned(context=context, ids=ids, pruned=True, actor=actor, note="agentscope delete")
     return len(changed)
 
 
@@ -216,7 +218,7 @@ def agentscope_delete_by_mark(*, context: Context, marks: list[str], actor: Acto
     ids = list(_live(context).filter(tags__overlap=list(marks)).values_list("pk", flat=True))
     if not ids:
         return 0
-    changed, _ = logbook.messages_set_pruned(
+    changed, _ = messages_set_pruned(
         context=context, ids=ids, pruned=True, actor=actor, note="agentscope delete_by_mark"
     )
     return len(changed)
@@ -250,7 +252,7 @@ def agentscope_update_marks(
                 tags.append(new_mark)
                 count += 1
         tags_by_id[pk] = tags
-    logbook.messages_retag(
+    messages_retag(
         context=context, tags_by_id=tags_by_id, actor=actor, note="agentscope update_messages_mark"
     )
     return count
@@ -260,7 +262,7 @@ def agentscope_clear(*, context: Context, actor: Actor) -> int:
     ids = list(_live(context).values_list("pk", flat=True))
     if not ids:
         return 0
-    changed, _ = logbook.messages_set_pruned(context=context, ids=ids, pruned=True, actor=actor, note="agentscope clear")
+    changed, _ = messages_set_pruned(context=context, ids=ids, pruned=True, actor=actor, note="agentscope clear")
     return len(changed)
 
 
@@ -300,7 +302,7 @@ def agentscope_state_import(
                 keep += 1
             drop = [r.pk for r in live[keep:]]
             if drop:
-                changed, _ = logbook.messages_set_pruned(
+                changed, _ = messages_set_pruned(
                     context=context, ids=drop, pruned=True, actor=actor, note="agentscope load_state_dict"
                 )
                 pruned = len(changed)
@@ -309,8 +311,8 @@ def agentscope_state_import(
             except as_map.StateFormatError as exc:
                 raise Invalid(str(exc)) from exc
         created = 0
-        for i in range(0, len(items), logbook.MAX_BATCH):
-            result = logbook.messages_append(context=context, items=items[i : i + logbook.MAX_BATCH])
+        for i in range(0, len(items), MAX_BATCH):
+            result = messages_append(context=context, items=items[i : i + MAX_BATCH])
             created += sum(result.created)
         if summary is not None or replace:
             agentscope_set_summary(context=context, summary=summary or "")

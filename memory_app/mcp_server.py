@@ -6,7 +6,7 @@ key's scope does not allow answers a tool error naming the scope; ids outside th
 keys answer "not found", as unknown ids do.
 
 The tools are thin: they validate their arguments with the REST API's input schemas and call the
-domain functions the routers call (auth, logbook, search, selectors, memories, queries), so an
+domain functions the routers call (auth, services, search, selectors, memories, queries), so an
 answer has the REST shape. Django's ORM is synchronous: each tool runs its body in Django's
 thread-sensitive executor, between `close_old_connections()` calls as a Django request does.
 
@@ -42,7 +42,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 
-from memory_app import auth, errors, logbook, queries, search
+from memory_app import auth, errors, queries, search
 from memory_app.api.common import Id, JsonObject, Short, Text
 from memory_app.api.memories import (
     Keywords,
@@ -64,6 +64,8 @@ from memory_app.api.schemas import (
 )
 from memory_app.api.selectors import SelectIn, select_out
 from memory_app.models import ApiKey
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.messages import messages_append
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +183,7 @@ ContextIdArg = Annotated[int, Field(ge=1, le=2**63 - 1, description="the context
 
 def _open_context(key, *, keys, title):
     auth.require_keys_allowed(key, keys)
-    context, created = logbook.context_get_or_create(keys=keys, title=title)
+    context, created = context_get_or_create(keys=keys, title=title)
     return {"context": ContextOut.from_orm(context).dict(), "created": created}
 
 
@@ -206,7 +208,7 @@ async def open_context(
 def _append(key, **fields):
     context = auth.context_for_key(key, fields.pop("context_id"))
     item = MessageIn(**fields).to_item()
-    result = logbook.messages_append(context=context, items=[item])
+    result = messages_append(context=context, items=[item])
     return {"message": message_out(result.messages[0]), "created": result.any_created}
 
 

@@ -1,7 +1,7 @@
 """The domain: contexts, messages, runs, steps, tool calls, memory records, embeddings, audit, keys.
 
 Integrity lives in the database (constraints and indexes below), not in `save()` overrides.
-Writes go through `memory_app.logbook`; reads through `memory_app.queries`.
+Writes go through `memory_app.services`; reads through `memory_app.queries`.
 """
 
 from __future__ import annotations
@@ -575,7 +575,7 @@ class TraceSpan(models.Model):
 
     Spans of one trace arrive in several requests, children before their parents (an exporter
     sends a span when it ends). Keeping them lets a later request build a step from spans an
-    earlier one brought; the steps themselves are written through `memory_app.logbook`.
+    earlier one brought; the steps themselves are written through `memory_app.services.runs`.
     """
 
     context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="+")

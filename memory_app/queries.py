@@ -8,9 +8,12 @@ Each list function returns a `Page` with `has_more` and the `next_cursor` to pas
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import F, Max, Min, Prefetch, QuerySet
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from memory_app.models import Context, Message, Run, Step, ToolCall
 
@@ -122,3 +125,24 @@ def steps_by_ids(*, ids: list[int]) -> list[Step]:
     """Steps in the order of `ids`, each with its tool calls (one query for all, not one each)."""
     by_id = {s.pk: s for s in _with_tool_calls(Step.objects.filter(pk__in=ids))}
     return [by_id[i] for i in ids]
+
+
+# The steps' own timing span (Unix seconds on the agent's clock); a step with a start and a
+# duration but no end still counts to its start + duration.
+STEP_SPAN = {
+    "first_start": Min("start_time"),
+    "last_end": Max(Coalesce("end_time", F("start_time") + F("duration"), "start_time")),
+}
+
+
+def run_span(*, started_at, finished_at, first_start, last_end, created_at):
+    """(start, end) of a run: the agent's stated times, else its steps' span, else the server's."""
+    if started_at is None:
+        started_at = _from_epoch(first_start) or created_at or timezone.now()
+    if finished_at is None:
+        finished_at = _from_epoch(last_end) or timezone.now()
+    return started_at, max(finished_at, started_at)
+
+
+def _from_epoch(value: float | None):
+    return datetime.fromtimestamp(value, tz=UTC) if value is not None else None

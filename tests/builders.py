@@ -7,9 +7,11 @@ from typing import Any
 
 from django.contrib.auth.models import Group, User
 
-from memory_app import logbook
 from memory_app.models import Context, Run
 from memory_app.roles import sync_role_groups
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.messages import messages_append
+from memory_app.services.runs import run_create, run_finish, steps_append
 
 _counter = itertools.count(1)
 TEST_PASSWORD = "pw-for-tests-1"  # noqa: S105 - test users only
@@ -32,7 +34,7 @@ def make_context(
     *, keys: dict[str, Any] | None = None, title: str = "", messages: int = 0, **message_fields
 ) -> Context:
     """A context with `messages` simple alternating user/assistant messages."""
-    context, _ = logbook.context_get_or_create(
+    context, _ = context_get_or_create(
         keys=keys or {"test": f"ctx{next(_counter)}"}, title=title
     )
     if messages:
@@ -55,7 +57,7 @@ def add_messages(
             }
             for i in range(size)
         ]
-        logbook.messages_append(context=context, items=items)
+        messages_append(context=context, items=items)
         done += size
 
 
@@ -101,7 +103,7 @@ def make_run(
     **step_overrides,
 ) -> Run:
     """A finished run: a task step, then `steps - 1` action steps; errors at the given positions."""
-    run, _ = logbook.run_create(
+    run, _ = run_create(
         context=context,
         task=task,
         system_prompt="You are a careful agent.",
@@ -117,5 +119,5 @@ def make_run(
             )
         items.append(action_step(position - 1, **extra))
     for start in range(0, len(items), batch):
-        logbook.steps_append(run=run, items=items[start : start + batch])
-    return logbook.run_finish(run=run, status=status)
+        steps_append(run=run, items=items[start : start + batch])
+    return run_finish(run=run, status=status)

@@ -5,8 +5,11 @@ from django.apps import apps
 from django.contrib import admin
 from django.urls import reverse
 
-from memory_app import logbook
 from memory_app.models import AuditEvent, Message, MessageSearch, Step
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.curation import messages_set_pruned
+from memory_app.services.messages import messages_append
+from memory_app.services.runs import run_create, steps_append
 
 
 @pytest.fixture
@@ -18,13 +21,13 @@ def superuser_client(client, django_user_model):
 
 @pytest.fixture
 def history():
-    context, _ = logbook.context_get_or_create(keys={"user": "ada"})
-    result = logbook.messages_append(
+    context, _ = context_get_or_create(keys={"user": "ada"})
+    result = messages_append(
         context=context,
         items=[{"role": "user", "text": "keep me"}, {"role": "assistant", "text": "prune me"}],
     )
-    run, _ = logbook.run_create(context=context, task="t")
-    steps = logbook.steps_append(
+    run, _ = run_create(context=context, task="t")
+    steps = steps_append(
         run=run,
         items=[{"kind": "task", "task": "t"}, {"kind": "action", "step_number": 1, "tool_calls": [{"name": "search", "arguments": {"q": "x"}}]}],
     )
@@ -61,7 +64,7 @@ def test_every_admin_changelist_and_change_page_renders(superuser_client, histor
 def test_pruned_messages_are_listed_and_restorable_in_the_admin(superuser_client, history, system_actor):
     context, messages, _, _ = history
     pruned = messages[1]
-    logbook.messages_set_pruned(context=context, ids=[pruned.pk], pruned=True, actor=system_actor)
+    messages_set_pruned(context=context, ids=[pruned.pk], pruned=True, actor=system_actor)
     url = reverse("admin:memory_app_message_changelist")
     listing = superuser_client.get(url, {"pruned": "yes"}).content.decode()
     assert "prune me" in listing and "keep me" not in listing

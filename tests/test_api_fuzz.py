@@ -18,6 +18,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from memory_app import auth
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.messages import messages_append
+from memory_app.services.runs import run_create, steps_append
 
 CHECKS = [
     not_a_server_error,
@@ -71,15 +74,13 @@ def keep_test_connection():
 def world(django_db_blocker, keep_test_connection):
     """A key and one of each resource; the ids are swapped into generated paths."""
     with django_db_blocker.unblock():
-        from memory_app import logbook
-
         issued = auth.apikey_create(name="fuzz", scopes=["admin"])
-        context, _ = logbook.context_get_or_create(keys={"fuzz": "world"})
-        [message] = logbook.messages_append(
+        context, _ = context_get_or_create(keys={"fuzz": "world"})
+        [message] = messages_append(
             context=context, items=[{"role": "user", "text": "hi"}]
         ).messages
-        run, _ = logbook.run_create(context=context, task="t")
-        [step] = logbook.steps_append(run=run, items=[{"kind": "action"}]).steps
+        run, _ = run_create(context=context, task="t")
+        [step] = steps_append(run=run, items=[{"kind": "action"}]).steps
     return {
         "secret": issued.secret,
         "ids": {

@@ -10,11 +10,13 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from memory_app import curation, memories
+from memory_app import memories
 from memory_app.audit import Actor
-from memory_app.logbook import message_edit, messages_set_pruned
 from memory_app.models import AuditEvent, MemoryRecord, Message
 from memory_app.rendering import change_diff
+from memory_app.services import curation
+from memory_app.services.curation import messages_set_pruned
+from memory_app.services.messages import message_edit
 from tests.builders import make_context, make_user
 
 pytestmark = pytest.mark.django_db

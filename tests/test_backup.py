@@ -7,7 +7,7 @@ import tracemalloc
 import pytest
 from django.core.management import call_command
 
-from memory_app import backup, errors, fulltext, logbook, memories, search
+from memory_app import backup, errors, fulltext, memories, search
 from memory_app.models import (
     Context,
     Embedding,
@@ -19,6 +19,9 @@ from memory_app.models import (
     ToolCall,
     keys_digest,
 )
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.messages import messages_append
+from memory_app.services.runs import run_create, run_finish, steps_append
 
 pytestmark = pytest.mark.django_db
 
@@ -26,16 +29,16 @@ pytestmark = pytest.mark.django_db
 def _fill(ctx, *, messages: int, runs: int, start: int = 0):
     run_rows = []
     for r in range(runs):
-        run, _ = logbook.run_create(context=ctx, client_id=f"run-{r}" if r % 2 else None, task=f"task {r}",
+        run, _ = run_create(context=ctx, client_id=f"run-{r}" if r % 2 else None, task=f"task {r}",
                                     system_prompt="sys", framework="smolagents", metadata={"r": r})
-        logbook.steps_append(run=run, items=[
+        steps_append(run=run, items=[
             {"kind": "task", "task": f"task {r}", "payload": {"task": f"task {r}", "task_images": None}},
             {"kind": "action", "step_number": 1, "observations": "obs", "error_type": "AgentError" if r % 3 else None,
              "error_message": "boom" if r % 3 else None, "start_time": 1.5, "end_time": 2.25, "input_tokens": 10,
              "output_tokens": 3, "payload": {"step_number": 1, "nested": {"b": 1, "a": [1, 2]}},
              "tool_calls": [{"call_id": f"c{r}", "name": "search", "arguments": {"q": r}, "output": "x", "success": True}]},
         ])
-        logbook.run_finish(run=run, status="success", final_answer={"answer": r})
+        run_finish(run=run, status="success", final_answer={"answer": r})
         run_rows.append(run)
     step = run_rows[0].steps.get(position=2) if run_rows else None
     for i in range(start, start + messages, 1000):
@@ -47,7 +50,7 @@ def _fill(ctx, *, messages: int, runs: int, start: int = 0):
              "step_id": step.pk if step and n == 8 else None}
             for n in range(i, min(i + 1000, start + messages))
         ]
-        logbook.messages_append(context=ctx, items=items)
+        messages_append(context=ctx, items=items)
     return run_rows
 
 
@@ -106,8 +109,8 @@ def _wipe():
 
 @pytest.mark.slow
 def test_context_with_10000_messages_and_100_runs_restores_field_by_field(tmp_path):
-    ctx, _ = logbook.context_get_or_create(keys={"user": "ada", "chat": "big"}, title="Big one")
-    logbook.context_get_or_create(keys={"user": "bob"})  # not exported
+    ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "big"}, title="Big one")
+    context_get_or_create(keys={"user": "bob"})  # not exported
     _fill(ctx, messages=10_000, runs=100)
     source_msg = Message.objects.get(context=ctx, seq=42)
     mem = _memory(ctx, "Ada prefers metric units", source=source_msg)
@@ -141,7 +144,7 @@ def test_context_with_10000_messages_and_100_runs_restores_field_by_field(tmp_pa
 
 
 def test_export_memory_stays_flat_as_the_context_doubles():
-    ctx, _ = logbook.context_get_or_create(keys={"user": "ada", "chat": "grow"})
+    ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "grow"})
     _fill(ctx, messages=3000, runs=5)
 
     def peak():
@@ -174,15 +177,15 @@ def test_importing_into_an_existing_context_moves_its_counters_on():
     """A merge (the context exists here with part of the file's history): the imported messages
     and runs count, and the next append follows the highest seq instead of colliding with it."""
     keys = {"user": "ada", "chat": "merge"}
-    ctx, _ = logbook.context_get_or_create(keys=keys)
+    ctx, _ = context_get_or_create(keys=keys)
     texts = [f"message {n} about the harbour" for n in range(5)]
-    logbook.messages_append(context=ctx, items=[{"role": "user", "text": t} for t in texts])
-    logbook.run_create(context=ctx, client_id="run-a", task="t")
+    messages_append(context=ctx, items=[{"role": "user", "text": t} for t in texts])
+    run_create(context=ctx, client_id="run-a", task="t")
     lines = list(backup.export_lines(contexts=backup.contexts_matching(context_ids=[ctx.pk])))
     _wipe()
     # The same agent wrote its first two messages here too.
-    ctx, _ = logbook.context_get_or_create(keys=keys)
-    logbook.messages_append(context=ctx, items=[{"role": "user", "text": t} for t in texts[:2]])
+    ctx, _ = context_get_or_create(keys=keys)
+    messages_append(context=ctx, items=[{"role": "user", "text": t} for t in texts[:2]])
 
     result = backup.import_lines(lines)
     assert (result.created["messages"], result.skipped["messages"], result.created["runs"]) == (3, 2, 1)
@@ -190,7 +193,7 @@ def test_importing_into_an_existing_context_moves_its_counters_on():
     stored = Message.objects.filter(context=ctx)
     assert (ctx.last_seq, ctx.message_count, ctx.run_count) == (5, 5, 1)
     assert ctx.token_count == sum(stored.values_list("token_count", flat=True))
-    [later] = logbook.messages_append(context=ctx, items=[{"role": "user", "text": "after"}]).messages
+    [later] = messages_append(context=ctx, items=[{"role": "user", "text": "after"}]).messages
     assert later.seq == 6
     # Searchable at once (from their text), and the indexer writes their full-text vectors.
     assert len(search.search_messages(context=ctx, query="harbour", k=10, mode="keyword").hits) == 5
@@ -201,9 +204,9 @@ def test_importing_into_an_existing_context_moves_its_counters_on():
 
 def test_a_backup_cut_short_then_imported_whole_counts_each_message_once():
     keys = {"user": "ada", "chat": "resumed"}
-    ctx, _ = logbook.context_get_or_create(keys=keys)
-    logbook.messages_append(context=ctx, items=[{"role": "user", "text": f"m{n}"} for n in range(5)])
-    logbook.run_create(context=ctx, client_id="run-a", task="t")
+    ctx, _ = context_get_or_create(keys=keys)
+    messages_append(context=ctx, items=[{"role": "user", "text": f"m{n}"} for n in range(5)])
+    run_create(context=ctx, client_id="run-a", task="t")
     lines = list(backup.export_lines(contexts=backup.contexts_matching(context_ids=[ctx.pk])))
     _wipe()
     # A copy cut after two of the messages: the context it makes has the whole file's counters.
@@ -221,7 +224,7 @@ def test_a_backup_cut_short_then_imported_whole_counts_each_message_once():
 def test_an_import_that_fails_half_way_writes_nothing():
     """A bad line after good ones: the error names it, and the context, run and messages the
     lines before it made are not left behind (a partial restore would look complete)."""
-    ctx, _ = logbook.context_get_or_create(keys={"user": "ada", "chat": "half"})
+    ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "half"})
     _fill(ctx, messages=30, runs=2)
     lines = list(backup.export_lines(contexts=backup.contexts_matching(context_ids=[ctx.pk])))
     _wipe()

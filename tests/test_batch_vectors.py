@@ -11,6 +11,8 @@ from django.db import connection
 from memory_app import search
 from memory_app.embeddings import client_vectors, indexer, queue
 from memory_app.models import Embedding, MemoryRecord, Message
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.messages import messages_append
 from tests.api_helpers import make_key, new_context
 
 pytestmark = pytest.mark.django_db
@@ -273,10 +275,8 @@ def test_memories_record_vectors_inline_and_name_a_wrong_item(api):
 
 
 def test_domain_append_with_vectors_writes_no_pending_rows(api):
-    from memory_app import logbook
-
-    context, _ = logbook.context_get_or_create(keys={"test": "inline-domain"})
-    result = logbook.messages_append(
+    context, _ = context_get_or_create(keys={"test": "inline-domain"})
+    result = messages_append(
         context=context,
         items=[
             {"role": "user", "text": f"t{i}", "vector": angle(i), "vector_model": "inline-3"}

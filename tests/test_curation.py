@@ -10,20 +10,14 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memory_app import curation
 from memory_app.audit import Actor
-from memory_app.curation import PruneFilter
 from memory_app.errors import Conflict, Invalid
-from memory_app.logbook import (
-    context_get_or_create,
-    message_edit,
-    messages_append,
-    messages_set_pruned,
-    run_create,
-    steps_append,
-    steps_set_pruned,
-)
 from memory_app.models import AuditEvent, Context, Message, Step
+from memory_app.services import curation
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.curation import PruneFilter, messages_set_pruned, steps_set_pruned
+from memory_app.services.messages import message_edit, messages_append
+from memory_app.services.runs import run_create, steps_append
 
 pytestmark = pytest.mark.django_db
 

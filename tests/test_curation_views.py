@@ -9,8 +9,9 @@ from django.utils import timezone
 
 from memory_app import memories
 from memory_app.audit import Actor
-from memory_app.logbook import message_edit, messages_set_pruned
 from memory_app.models import ApiKey, AuditEvent, MemoryRecord, Message, Step
+from memory_app.services.curation import messages_set_pruned
+from memory_app.services.messages import message_edit
 from memory_app.urls_curation import urlpatterns
 from tests.builders import make_context, make_run, make_user
 
@@ -216,7 +217,7 @@ def test_admin_purge_needs_the_typed_confirmation(world):
     assert 'data-testid="purge-messages">1<' in preview
     refused = admin.post(reverse("purge"), {"older_than": when, "context": ctx.pk, "confirmation": "ok"})
     assert refused.status_code == 400 and Message.objects.filter(pk=m.pk).exists()
-    from memory_app.curation import PURGE_CONFIRMATION
+    from memory_app.services.curation import PURGE_CONFIRMATION
 
     done = admin.post(reverse("purge"), {"older_than": when, "context": ctx.pk, "confirmation": PURGE_CONFIRMATION})
     assert done.status_code == 200 and not Message.objects.filter(pk=m.pk).exists()

@@ -12,14 +12,11 @@ from django.urls import reverse
 
 from memory_app import selectors, tokens
 from memory_app.audit import Actor
-from memory_app.logbook import (
-    context_get_or_create,
-    message_edit,
-    messages_append,
-    messages_set_pruned,
-)
 from memory_app.models import Context, Message
 from memory_app.selectors import TokenWindowSpec
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.curation import messages_set_pruned
+from memory_app.services.messages import message_edit, messages_append
 from tests.builders import make_context, make_user
 
 pytestmark = pytest.mark.django_db

@@ -9,9 +9,11 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from memory_app import audit, logbook
+from memory_app import audit
 from memory_app.models import Message
 from memory_app.rendering import render_markdown
+from memory_app.services.curation import messages_set_pruned, steps_set_pruned
+from memory_app.services.messages import messages_append
 from tests.builders import add_messages, make_context, make_run, make_user
 
 pytestmark = pytest.mark.django_db
@@ -78,7 +80,7 @@ def test_history_jump_filters_and_pruned_toggle(client):
     ctx = make_context(messages=200)
     window = client.get(f"/contexts/{ctx.pk}/", {"seq": 100}).context["window"]
     assert window.messages[0].seq == 75 and window.messages[-1].seq == 124 and window.has_later
-    logbook.messages_append(
+    messages_append(
         context=ctx, items=[{"role": "tool", "text": "weather lookups", "tags": ["w"]}]
     )
     assert [
@@ -93,7 +95,7 @@ def test_history_jump_filters_and_pruned_toggle(client):
         for m in client.get(f"/contexts/{ctx.pk}/", {"q": "lookup"}).context["window"].messages
     ] == [201]
     pruned = Message.objects.get(context=ctx, seq=201)
-    logbook.messages_set_pruned(
+    messages_set_pruned(
         context=ctx, ids=[pruned.pk], pruned=True, actor=audit.Actor.system()
     )
     assert 201 not in [m.seq for m in client.get(f"/contexts/{ctx.pk}/").context["window"].messages]
@@ -145,7 +147,7 @@ def test_transcript_follows_smolagents_order_and_skips_pruned_steps(client):
     assert texts[3].startswith("Calling tools:\n[{'id': 'call_1', 'type': 'function'")
     assert texts[-1].startswith("Call id: call_2\nError:\nTool failed at step 3\nNow let's retry")
     step2 = run.steps.get(position=2)
-    logbook.steps_set_pruned(run=run, ids=[step2.pk], pruned=True, actor=audit.Actor.system())
+    steps_set_pruned(run=run, ids=[step2.pk], pruned=True, actor=audit.Actor.system())
     response = client.get(f"/runs/{run.pk}/steps/3/transcript/")
     assert len(response.context["transcript"]) == len(texts) - 3
 

@@ -9,9 +9,11 @@ import psycopg
 import pytest
 from django.db import connection
 
-from memory_app import backlog, logbook, search
+from memory_app import backlog, search
 from memory_app.embeddings import indexer, queue
 from memory_app.models import Embedding, Message
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.messages import messages_append
 
 MODEL = "defer-4"
 
@@ -22,7 +24,7 @@ def vector(i: int) -> list[float]:
 
 
 def append(context, start: int, count: int) -> list[int]:
-    result = logbook.messages_append(
+    result = messages_append(
         context=context,
         items=[
             {"role": "user", "text": f"t{i}", "vector": vector(i), "vector_model": MODEL}
@@ -53,7 +55,7 @@ def defer(settings):
 
 @pytest.mark.django_db
 def test_a_deferred_batch_is_searchable_at_once_then_indexed(defer):
-    context, _ = logbook.context_get_or_create(keys={"test": "defer-search"})
+    context, _ = context_get_or_create(keys={"test": "defer-search"})
     indexed_ids = [pk for start in range(0, 140, 7) for pk in append(context, start, 7)]
     assert not Embedding.objects.filter(message_id__in=indexed_ids, indexed=False).exists()
     # A batch of exactly the threshold is deferred: stored, not in the graph.
@@ -86,7 +88,7 @@ def test_a_deferred_batch_is_searchable_at_once_then_indexed(defer):
 
 @pytest.mark.django_db
 def test_a_batch_below_the_threshold_goes_into_the_graph_at_once(defer):
-    context, _ = logbook.context_get_or_create(keys={"test": "defer-small"})
+    context, _ = context_get_or_create(keys={"test": "defer-small"})
     ids = append(context, 0, 7)
     assert Embedding.objects.filter(message_id__in=ids, indexed=True).count() == 7
     assert indexer.index_pending() == 0
@@ -94,7 +96,7 @@ def test_a_batch_below_the_threshold_goes_into_the_graph_at_once(defer):
 
 @pytest.mark.django_db
 def test_deleting_a_message_whose_vector_waits(defer):
-    context, _ = logbook.context_get_or_create(keys={"test": "defer-delete"})
+    context, _ = context_get_or_create(keys={"test": "defer-delete"})
     ids = append(context, 0, 10)
     Message.objects.filter(pk=ids[0]).delete()
     assert queue.unindexed_count(context_id=context.pk) == 9
@@ -104,7 +106,7 @@ def test_deleting_a_message_whose_vector_waits(defer):
 
 @pytest.mark.django_db(transaction=True)
 def test_two_indexers_never_take_the_same_rows(defer):
-    context, _ = logbook.context_get_or_create(keys={"test": "defer-skip-locked"})
+    context, _ = context_get_or_create(keys={"test": "defer-skip-locked"})
     try:
         append(context, 0, 20)
         locked = list(
@@ -128,7 +130,7 @@ def test_two_indexers_never_take_the_same_rows(defer):
 @pytest.mark.django_db(transaction=True)
 def test_the_indexer_thread_drains_after_the_batch_commits(defer):
     defer.AGENTMEMORY_INDEXER_THREAD = True
-    context, _ = logbook.context_get_or_create(keys={"test": "defer-thread"})
+    context, _ = context_get_or_create(keys={"test": "defer-thread"})
     try:
         append(context, 0, 30)
         assert backlog.indexer.wait_idle(60)
@@ -144,7 +146,7 @@ def test_health_and_the_command_show_the_backlog(defer, client):
 
     from django.core.management import call_command
 
-    context, _ = logbook.context_get_or_create(keys={"test": "defer-health"})
+    context, _ = context_get_or_create(keys={"test": "defer-health"})
     append(context, 0, 9)
     assert client.get("/healthz").json()["vectors_unindexed"] == 9
     out = StringIO()
@@ -158,7 +160,7 @@ def test_memories_recorded_with_a_deferred_batch_are_recalled_at_once(defer, sys
     from memory_app import memories
     from memory_app.memories import Scope
 
-    context, _ = logbook.context_get_or_create(keys={"test": "defer-memories"})
+    context, _ = context_get_or_create(keys={"test": "defer-memories"})
     items = [{"content": f"fact {i}", "vector": vector(i), "vector_model": MODEL} for i in range(40)]
     for start in range(0, 40, 5):  # small batches: in the graph at once
         memories.memories_record(scope=Scope(context=context), items=items[start : start + 5], actor=system_actor)

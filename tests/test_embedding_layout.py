@@ -11,8 +11,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from memory_app import logbook
 from memory_app.models import Context, Embedding, EmbeddingRetry
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.messages import messages_append
 
 from .test_foundation import run_on_a_new_database
 
@@ -151,8 +152,8 @@ def test_the_rebuild_keeps_every_row_and_fits_five_rows_a_page():
 @pytest.mark.django_db
 def test_vectors_stored_today_fit_five_a_page():
     """A column added to Embedding later would quietly put the store back to four rows a page."""
-    context, _ = logbook.context_get_or_create(keys={"test": "five-a-page"})
-    messages = logbook.messages_append(
+    context, _ = context_get_or_create(keys={"test": "five-a-page"})
+    messages = messages_append(
         context=context, items=[{"role": "user", "text": f"m{i}"} for i in range(20)]
     ).messages
     vectors = np.random.default_rng(3).normal(size=(20, 384)).astype(np.float32)
@@ -170,8 +171,8 @@ def test_vectors_stored_today_fit_five_a_page():
 
 @pytest.mark.django_db
 def test_deleting_a_context_drops_its_retries_without_loading_its_vectors():
-    context, _ = logbook.context_get_or_create(keys={"test": "retry-cascade"})
-    [m] = logbook.messages_append(context=context, items=[{"role": "user", "text": "x"}]).messages
+    context, _ = context_get_or_create(keys={"test": "retry-cascade"})
+    [m] = messages_append(context=context, items=[{"role": "user", "text": "x"}]).messages
     row = Embedding.objects.create(message=m, context=context, model="cascade-3")
     EmbeddingRetry.objects.create(
         embedding=row, attempts=2, next_attempt_at=timezone.now(), last_error="HTTP 503"

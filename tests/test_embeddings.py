@@ -21,9 +21,11 @@ from django.core.management import call_command
 from django.db import connection, connections
 from django.utils import timezone
 
-from memory_app import errors, logbook, search
+from memory_app import errors, search
 from memory_app.embeddings import client_vectors, indexer, providers, queue, worker
 from memory_app.models import Embedding, EmbeddingRetry, Message
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.messages import message_edit, messages_append
 
 DIMS = 32
 
@@ -98,14 +100,14 @@ def stand_in(settings):
 
 
 def append(context, *texts, role="user"):
-    return logbook.messages_append(
+    return messages_append(
         context=context, items=[{"role": role, "text": t} for t in texts]
     ).messages
 
 
 @pytest.mark.django_db
 def test_openai_provider_outage_never_fails_a_write_and_recovers(stand_in):
-    context, _ = logbook.context_get_or_create(keys={"test": "outage"})
+    context, _ = context_get_or_create(keys={"test": "outage"})
     stand_in.down = True
     messages = append(context, "Sunny, 25C in Paris today", "The train leaves at noon", "Buy milk")
     assert all(m.pk for m in messages)  # stored at once
@@ -158,7 +160,7 @@ def test_backoff_doubles_up_to_a_ceiling():
 
 @pytest.mark.django_db
 def test_semantic_search_answers_503_class_error_when_the_provider_is_down(stand_in):
-    context, _ = logbook.context_get_or_create(keys={"test": "down-query"})
+    context, _ = context_get_or_create(keys={"test": "down-query"})
     append(context, "hello there")
     stand_in.down = True
     with pytest.raises(errors.ProviderDown):
@@ -170,7 +172,7 @@ def test_semantic_search_answers_503_class_error_when_the_provider_is_down(stand
 
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_embed_2000_items_exactly_once(stand_in):
-    context, _ = logbook.context_get_or_create(keys={"test": "workers"})
+    context, _ = context_get_or_create(keys={"test": "workers"})
     texts = [f"item number {i} about topic {i % 17}" for i in range(2000)]
     for start in range(0, 2000, 1000):
         append(context, *texts[start : start + 1000])
@@ -200,7 +202,7 @@ def test_two_workers_embed_2000_items_exactly_once(stand_in):
 
 @pytest.mark.django_db
 def test_embed_worker_command_processes_the_queue(stand_in):
-    context, _ = logbook.context_get_or_create(keys={"test": "command"})
+    context, _ = context_get_or_create(keys={"test": "command"})
     append(context, "one", "two", "three")
     call_command("embed_worker", "--once", "--batch-size", "2", stdout=open(os.devnull, "w"))  # noqa: SIM115
     assert queue.pending_count(model="toy-32") == 0
@@ -209,18 +211,18 @@ def test_embed_worker_command_processes_the_queue(stand_in):
 
 @pytest.mark.django_db
 def test_editing_a_message_requeues_its_vectors(stand_in, system_actor):
-    context, _ = logbook.context_get_or_create(keys={"test": "edit"})
+    context, _ = context_get_or_create(keys={"test": "edit"})
     [m] = append(context, "old text")
     provider = providers.get_provider()
     worker.embed_batch(provider=provider)
-    logbook.message_edit(message=m, actor=system_actor, text="new text")
+    message_edit(message=m, actor=system_actor, text="new text")
     row = Embedding.objects.get(message=m)
     assert row.vector is None
     # An item that failed and then changes its text starts afresh: due at once.
     stand_in.down = True
     assert worker.embed_batch(provider=provider).failed == 1
     assert EmbeddingRetry.objects.get(embedding=row).attempts == 1
-    logbook.message_edit(message=m, actor=system_actor, text="newest text")
+    message_edit(message=m, actor=system_actor, text="newest text")
     assert not EmbeddingRetry.objects.filter(embedding=row).exists()
     stand_in.down = False
     assert worker.embed_batch(provider=provider).embedded == 1  # no backoff left to wait
@@ -229,7 +231,7 @@ def test_editing_a_message_requeues_its_vectors(stand_in, system_actor):
 @pytest.mark.django_db
 def test_no_provider_queues_nothing(settings):
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
-    context, _ = logbook.context_get_or_create(keys={"test": "none"})
+    context, _ = context_get_or_create(keys={"test": "none"})
     append(context, "nothing to embed")
     assert not Embedding.objects.filter(context=context).exists()
     assert providers.get_provider() is None
@@ -238,7 +240,7 @@ def test_no_provider_queues_nothing(settings):
 @pytest.mark.django_db
 def test_client_vectors_fix_the_models_dimensions(settings):
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
-    context, _ = logbook.context_get_or_create(keys={"test": "client-vectors"})
+    context, _ = context_get_or_create(keys={"test": "client-vectors"})
     a, b, c = append(context, "red apples", "green pears", "blue sky")
     client_vectors._known_dimensions.pop("client-3", None)
     client_vectors.vector_put(model="client-3", vector=[1, 0, 0], message=a)
@@ -291,7 +293,7 @@ def test_client_vector_endpoint_refuses_a_wrong_dimension_with_422(settings):
 
 @pytest.mark.django_db
 def test_reembed_adds_the_new_model_while_the_old_keeps_serving(stand_in, settings):
-    context, _ = logbook.context_get_or_create(keys={"test": "reembed"})
+    context, _ = context_get_or_create(keys={"test": "reembed"})
     append(context, "Sunny, 25C in Paris today", "Trains are late", "Pasta recipe")
     worker.embed_batch(provider=providers.get_provider())
     queue.reembed_enqueue(model="toy-32-v2", context_id=context.pk)
@@ -333,7 +335,7 @@ def test_real_minilm_ranks_the_paris_weather_first(settings):
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "local"
     settings.AGENTMEMORY_EMBEDDING_MODEL = ""
     providers._cached_provider.cache_clear()
-    context, _ = logbook.context_get_or_create(keys={"test": "minilm"})
+    context, _ = context_get_or_create(keys={"test": "minilm"})
     append(
         context,
         "The quarterly report is due on Friday",
@@ -365,7 +367,7 @@ def test_memory_records_are_embedded_and_recalled_by_similarity(
     from memory_app import memories
 
     settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = threshold
-    context, _ = logbook.context_get_or_create(keys={"user": "ada", "chat": "emb"})
+    context, _ = context_get_or_create(keys={"user": "ada", "chat": "emb"})
     memories.memories_record(
         scope=memories.Scope(keys={"user": "ada"}),
         actor=system_actor,
@@ -400,7 +402,7 @@ def test_keywords_are_recalled_by_meaning_too_when_vectors_exist(stand_in, setti
     exact keyword tag still comes first (issue 13.7)."""
     from memory_app import memories
 
-    context, _ = logbook.context_get_or_create(keys={"user": "ada", "chat": "kw"})
+    context, _ = context_get_or_create(keys={"user": "ada", "chat": "kw"})
     memories.memories_record(
         scope=memories.Scope(keys={"user": "ada"}),
         actor=system_actor,

@@ -8,10 +8,10 @@ from django.test import Client, RequestFactory
 from django.urls import reverse
 from django.utils import timezone
 
-from memory_app import curation
 from memory_app.audit import Actor
-from memory_app.logbook import messages_set_pruned
 from memory_app.models import ApiKey, AuditEvent, Message
+from memory_app.services import curation
+from memory_app.services.curation import messages_set_pruned
 from memory_app.views import errors
 from tests.builders import make_context, make_user
 
@@ -110,7 +110,7 @@ def test_an_edit_to_empty_text_is_refused_in_the_row_and_nothing_changes():
 
 def test_a_message_with_structured_content_may_have_empty_text():
     context = make_context(messages=0)
-    from memory_app.logbook import messages_append
+    from memory_app.services.messages import messages_append
 
     [message] = messages_append(
         context=context,

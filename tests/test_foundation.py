@@ -16,8 +16,13 @@ import pytest
 from django.conf import settings
 from django.db import IntegrityError, connection, connections, transaction
 
-from memory_app import errors, fulltext, logbook, search, tokens
+from memory_app import db, errors, fulltext, search, tokens
+from memory_app.db import gc_paused
 from memory_app.models import Context, Message, MessageSearch, Run, Step, keys_digest
+from memory_app.services import messages as message_service
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.messages import COPY_CHUNK, COPY_THRESHOLD, message_edit, messages_append
+from memory_app.services.runs import run_create
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,8 +38,8 @@ def _url_for(dbname: str) -> str:
 
 @pytest.mark.django_db
 def test_context_keys_are_order_insensitive():
-    first, created = logbook.context_get_or_create(keys={"user": "ada", "chat": "42"})
-    second, created_again = logbook.context_get_or_create(keys={"chat": "42", "user": "ada"})
+    first, created = context_get_or_create(keys={"user": "ada", "chat": "42"})
+    second, created_again = context_get_or_create(keys={"chat": "42", "user": "ada"})
     assert created and not created_again
     assert first.pk == second.pk
     assert keys_digest({"a": 1, "b": {"x": 1, "y": 2}}) == keys_digest(
@@ -60,7 +65,7 @@ def test_concurrent_get_or_create_makes_one_row():
     def worker():
         try:
             barrier.wait()
-            context, _ = logbook.context_get_or_create(
+            context, _ = context_get_or_create(
                 keys=dict(reversed(list(keys.items()))) if ids else keys
             )
             ids.append(context.pk)
@@ -81,17 +86,17 @@ def test_concurrent_get_or_create_makes_one_row():
 
 @pytest.mark.django_db
 def test_message_seq_is_unique_per_context_in_the_database():
-    context, _ = logbook.context_get_or_create(keys={"u": "1"})
+    context, _ = context_get_or_create(keys={"u": "1"})
     Message.objects.create(context=context, seq=1, role="user", text="a")
     with pytest.raises(IntegrityError), transaction.atomic():
         Message.objects.create(context=context, seq=1, role="user", text="b")
-    other, _ = logbook.context_get_or_create(keys={"u": "2"})
+    other, _ = context_get_or_create(keys={"u": "2"})
     Message.objects.create(context=other, seq=1, role="user", text="same seq, other context")
 
 
 @pytest.mark.django_db
 def test_step_position_is_unique_per_run_in_the_database():
-    context, _ = logbook.context_get_or_create(keys={"u": "1"})
+    context, _ = context_get_or_create(keys={"u": "1"})
     run = Run.objects.create(context=context)
     Step.objects.create(run=run, position=1, kind="task")
     with pytest.raises(IntegrityError), transaction.atomic():
@@ -100,15 +105,15 @@ def test_step_position_is_unique_per_run_in_the_database():
 
 @pytest.mark.django_db
 def test_unknown_message_role_is_refused_by_the_database():
-    context, _ = logbook.context_get_or_create(keys={"u": "1"})
+    context, _ = context_get_or_create(keys={"u": "1"})
     with pytest.raises(IntegrityError), transaction.atomic():
         Message.objects.create(context=context, seq=1, role="wizard", text="x")
 
 
 @pytest.mark.django_db
 def test_appended_messages_get_consecutive_seqs_and_token_counts():
-    context, _ = logbook.context_get_or_create(keys={"u": "1"})
-    result = logbook.messages_append(
+    context, _ = context_get_or_create(keys={"u": "1"})
+    result = messages_append(
         context=context,
         items=[{"role": "user", "text": "hello world"}, {"role": "assistant", "text": "hi"}],
     )
@@ -206,9 +211,10 @@ SECOND_SERVER_SCRIPT = textwrap.dedent(
     from django.core.management import call_command
     from django.test import Client
     call_command("migrate", verbosity=0)
-    from memory_app import logbook
-    ctx, _ = logbook.context_get_or_create(keys={"where": "second"})
-    logbook.messages_append(context=ctx, items=[{"role": "user", "text": "stored on the second server"}])
+    from memory_app.services.contexts import context_get_or_create
+    from memory_app.services.messages import messages_append
+    ctx, _ = context_get_or_create(keys={"where": "second"})
+    messages_append(context=ctx, items=[{"role": "user", "text": "stored on the second server"}])
     from memory_app.models import Message
     result = {
         "embedded": settings.EMBEDDED_DATABASE,
@@ -286,8 +292,8 @@ def test_no_tracked_file_holds_a_secret():
 
 @pytest.mark.django_db
 def test_editing_a_message_with_nul_characters_is_refused_and_changes_nothing(system_actor):
-    context, _ = logbook.context_get_or_create(keys={"u": "nul"})
-    [message] = logbook.messages_append(
+    context, _ = context_get_or_create(keys={"u": "nul"})
+    [message] = messages_append(
         context=context, items=[{"role": "user", "text": "clean"}]
     ).messages
     for kwargs in (
@@ -297,7 +303,7 @@ def test_editing_a_message_with_nul_characters_is_refused_and_changes_nothing(sy
         {"metadata": {"k": ["\x00"]}},
     ):
         with pytest.raises(errors.Invalid):
-            logbook.message_edit(message=message, actor=system_actor, **kwargs)
+            message_edit(message=message, actor=system_actor, **kwargs)
     message.refresh_from_db()
     assert (message.text, message.tags, message.metadata) == ("clean", [], {})
 
@@ -305,8 +311,8 @@ def test_editing_a_message_with_nul_characters_is_refused_and_changes_nothing(sy
 @pytest.mark.django_db
 def test_a_large_batch_is_stored_field_for_field_and_searchable():
     """Batches from COPY_THRESHOLD rows on take the COPY path: same rows as the INSERT path."""
-    context, _ = logbook.context_get_or_create(keys={"u": "copy"})
-    run, _ = logbook.run_create(context=context, task="t")
+    context, _ = context_get_or_create(keys={"u": "copy"})
+    run, _ = run_create(context=context, task="t")
     items = [
         {
             "client_id": f"c{i}",
@@ -319,9 +325,9 @@ def test_a_large_batch_is_stored_field_for_field_and_searchable():
             "run_id": run.pk if i % 5 == 0 else None,
             "source_timestamp": "2026-11-21 21:42:34.560",
         }
-        for i in range(logbook.COPY_THRESHOLD + 10)
+        for i in range(COPY_THRESHOLD + 10)
     ]
-    result = logbook.messages_append(context=context, items=items)
+    result = messages_append(context=context, items=items)
     assert all(result.created) and all(m.pk for m in result.messages)
     stored = {m.client_id: m for m in Message.objects.filter(context=context)}
     for i, item in enumerate(items):
@@ -362,13 +368,13 @@ def test_a_large_batch_is_stored_field_for_field_and_searchable():
     assert search.keyword_ranking(context_id=context.pk, query="zebras", limit=5) == [
         (found, pytest.approx(score))
     ]
-    again = logbook.messages_append(context=context, items=items)
+    again = messages_append(context=context, items=items)
     assert not any(again.created)
 
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_appends_of_the_same_client_id_store_one_message_and_leave_no_gap():
-    context, _ = logbook.context_get_or_create(keys={"u": "same-id-race"})
+    context, _ = context_get_or_create(keys={"u": "same-id-race"})
     rounds = 15
     errors: list[BaseException] = []
     seen: list[tuple[int, int]] = []
@@ -376,7 +382,7 @@ def test_concurrent_appends_of_the_same_client_id_store_one_message_and_leave_no
     def worker(barrier: threading.Barrier, cid: str):
         try:
             barrier.wait()
-            [m] = logbook.messages_append(
+            [m] = messages_append(
                 context=context, items=[{"client_id": cid, "role": "user", "text": f"hello {cid}"}]
             ).messages
             seen.append((m.pk, m.seq))
@@ -404,8 +410,8 @@ def test_concurrent_appends_of_the_same_client_id_store_one_message_and_leave_no
 def test_a_large_batch_counts_each_new_message_once_and_keeps_the_context_total(monkeypatch):
     """COPY batches count tokens inside the COPY stream, chunk by chunk; repeats of stored
     client ids are not counted at all, and the context's total is the sum of the stored rows."""
-    context, _ = logbook.context_get_or_create(keys={"u": "copy-counts"})
-    n = logbook.COPY_CHUNK * 2 + 7  # several chunks and a partial one
+    context, _ = context_get_or_create(keys={"u": "copy-counts"})
+    n = COPY_CHUNK * 2 + 7  # several chunks and a partial one
     items = [
         {
             "client_id": f"k{i}",
@@ -417,7 +423,7 @@ def test_a_large_batch_counts_each_new_message_once_and_keeps_the_context_total(
         }
         for i in range(n)
     ]
-    logbook.messages_append(context=context, items=items[:40])
+    messages_append(context=context, items=items[:40])
     encoding = tokens.get_encoding()
     counted: list[str] = []
 
@@ -427,7 +433,7 @@ def test_a_large_batch_counts_each_new_message_once_and_keeps_the_context_total(
             return encoding.encode_ordinary(text)
 
     monkeypatch.setattr(tokens, "get_encoding", lambda name=None: Spy())
-    result = logbook.messages_append(context=context, items=items)
+    result = messages_append(context=context, items=items)
     assert result.created == [False] * 40 + [True] * (n - 40)
     assert len(counted) == n - 40  # only the new ones
     expected = [
@@ -445,12 +451,12 @@ def test_a_large_batch_counts_each_new_message_once_and_keeps_the_context_total(
 
 @pytest.mark.django_db
 def test_a_large_batch_runs_without_cyclic_gc_and_restores_it(monkeypatch):
-    """Large batches pause the cyclic collector (logbook.gc_paused): their ~13 objects per
+    """Large batches pause the cyclic collector (gc_paused): their ~13 objects per
     message would otherwise be promoted to the oldest generation and trigger full collections.
     It is back on afterwards, also after a failure, and stays off if it was off."""
     import gc
 
-    context, _ = logbook.context_get_or_create(keys={"u": "gc-paused"})
+    context, _ = context_get_or_create(keys={"u": "gc-paused"})
     encoding = tokens.get_encoding()
     seen: list[bool] = []
 
@@ -460,16 +466,16 @@ def test_a_large_batch_runs_without_cyclic_gc_and_restores_it(monkeypatch):
             return encoding.encode_ordinary(text)
 
     monkeypatch.setattr(tokens, "get_encoding", lambda name=None: Spy())
-    items = [{"role": "user", "text": f"m{i}"} for i in range(logbook.COPY_THRESHOLD)]
+    items = [{"role": "user", "text": f"m{i}"} for i in range(COPY_THRESHOLD)]
     assert gc.isenabled()
-    logbook.messages_append(context=context, items=items)
+    messages_append(context=context, items=items)
     assert seen and not any(seen) and gc.isenabled()
     with pytest.raises(errors.Invalid):
-        logbook.messages_append(context=context, items=[*items, {"role": "user", "vector": [1.0]}])
+        messages_append(context=context, items=[*items, {"role": "user", "vector": [1.0]}])
     assert gc.isenabled()
     gc.disable()
     try:
-        with logbook.gc_paused(), logbook.gc_paused():
+        with gc_paused(), gc_paused():
             assert not gc.isenabled()
         assert not gc.isenabled()
     finally:
@@ -484,20 +490,20 @@ def test_overlapping_gc_pauses_still_collect_now_and_then(monkeypatch):
 
     collections: list[int] = []
     monkeypatch.setattr(gc, "collect", lambda *a: collections.append(1) or 0)
-    monkeypatch.setattr(logbook, "GC_PAUSE_MAX_SECONDS", 0.0)
+    monkeypatch.setattr(db, "GC_PAUSE_MAX_SECONDS", 0.0)
     assert gc.isenabled()
-    outer = logbook.gc_paused()
+    outer = gc_paused()
     outer.__enter__()
     try:
         for _ in range(3):  # each inner pause ends while the outer one is still open
-            with logbook.gc_paused():
+            with gc_paused():
                 assert not gc.isenabled()
             assert not gc.isenabled()
     finally:
         outer.__exit__(None, None, None)
     assert len(collections) == 3 and gc.isenabled()
-    monkeypatch.setattr(logbook, "GC_PAUSE_MAX_SECONDS", 3600.0)
-    with logbook.gc_paused(), logbook.gc_paused():
+    monkeypatch.setattr(db, "GC_PAUSE_MAX_SECONDS", 3600.0)
+    with gc_paused(), gc_paused():
         pass
     assert len(collections) == 3  # short overlaps collect nothing extra
 
@@ -509,9 +515,9 @@ def test_a_client_id_stored_between_the_check_and_the_copy_is_retried_not_a_500(
     finds the stored message instead of failing the request."""
     from django.db.models.expressions import RawSQL
 
-    context, _ = logbook.context_get_or_create(keys={"u": "copy-race"})
+    context, _ = context_get_or_create(keys={"u": "copy-race"})
     items = [{"role": "user", "text": f"m{i}", "client_id": f"c{i}"} for i in range(60)]
-    first = logbook.messages_append(context=context, items=items[:1])
+    first = messages_append(context=context, items=items[:1])
     calls: list[str] = []
 
     def racing_lookup(sql, params, **kwargs):
@@ -521,8 +527,8 @@ def test_a_client_id_stored_between_the_check_and_the_copy_is_retried_not_a_500(
             return RawSQL("false", [], **kwargs)  # noqa: S611 - constant SQL
         return RawSQL(sql, params, **kwargs)  # noqa: S611 - the product's own SQL
 
-    monkeypatch.setattr(logbook, "RawSQL", racing_lookup)
-    result = logbook.messages_append(context=context, items=items)
+    monkeypatch.setattr(message_service, "RawSQL", racing_lookup)
+    result = messages_append(context=context, items=items)
     assert len(calls) == 2
     assert result.created == [False] + [True] * 59
     assert result.messages[0].pk == first.messages[0].pk
@@ -557,17 +563,17 @@ def test_the_copy_path_stores_awkward_values_as_the_insert_path_does():
                 "metadata": {awkward[(i + 2) % len(awkward)]: awkward[i % len(awkward)]},
                 "source_timestamp": awkward[(i + 4) % len(awkward)][:64],
             }
-            for i in range(logbook.COPY_THRESHOLD + 5)
+            for i in range(COPY_THRESHOLD + 5)
         ]
 
     fields = ("role", "name", "text", "content", "tags", "metadata", "source_timestamp")
-    copied, _ = logbook.context_get_or_create(keys={"u": "awkward-copy"})
-    inserted, _ = logbook.context_get_or_create(keys={"u": "awkward-insert"})
+    copied, _ = context_get_or_create(keys={"u": "awkward-copy"})
+    inserted, _ = context_get_or_create(keys={"u": "awkward-insert"})
     big = items("c")
-    logbook.messages_append(context=copied, items=big)
+    messages_append(context=copied, items=big)
     small = items("i")
-    for lo in range(0, len(small), logbook.COPY_THRESHOLD - 1):
-        logbook.messages_append(context=inserted, items=small[lo : lo + logbook.COPY_THRESHOLD - 1])
+    for lo in range(0, len(small), COPY_THRESHOLD - 1):
+        messages_append(context=inserted, items=small[lo : lo + COPY_THRESHOLD - 1])
 
     def stored(context):
         return [
@@ -597,10 +603,10 @@ def test_the_copy_path_writes_other_python_types_as_the_insert_path_does():
             for i in range(n)
         ]
 
-    copied, _ = logbook.context_get_or_create(keys={"u": "typed-copy"})
-    inserted, _ = logbook.context_get_or_create(keys={"u": "typed-insert"})
-    logbook.messages_append(context=copied, items=items("c", logbook.COPY_THRESHOLD))
-    logbook.messages_append(context=inserted, items=items("i", 2))
+    copied, _ = context_get_or_create(keys={"u": "typed-copy"})
+    inserted, _ = context_get_or_create(keys={"u": "typed-insert"})
+    messages_append(context=copied, items=items("c", COPY_THRESHOLD))
+    messages_append(context=inserted, items=items("i", 2))
 
     def stored(context):
         return {

@@ -12,25 +12,20 @@ from django.db import connection, connections
 from django.test import Client
 from django.urls import reverse
 
-from memory_app import (
-    backlog,
-    backup,
-    curation,
-    dashboard_queries,
-    fulltext,
-    logbook,
-    search,
-)
+from memory_app import backlog, backup, dashboard_queries, fulltext, search
 from memory_app.embeddings import providers, worker
 from memory_app.models import Context, Message, MessageSearch
+from memory_app.services import curation
+from memory_app.services.curation import messages_set_pruned
+from memory_app.services.messages import COPY_THRESHOLD, message_edit, messages_append
 from tests.builders import make_context, make_user
 
 pytestmark = pytest.mark.django_db
 
 
 def batch(context, texts):
-    assert len(texts) >= logbook.COPY_THRESHOLD
-    return logbook.messages_append(context=context, items=[{"role": "user", "text": t} for t in texts]).messages
+    assert len(texts) >= COPY_THRESHOLD
+    return messages_append(context=context, items=[{"role": "user", "text": t} for t in texts]).messages
 
 
 def texts(n, special=None):
@@ -68,7 +63,7 @@ def test_a_small_append_to_a_caught_up_context_writes_its_vectors_at_once():
     context = make_context(messages=3)
     context.refresh_from_db()
     assert context.search_seq == context.last_seq == 3
-    [m] = logbook.messages_append(context=context, items=[{"role": "user", "text": "Kyoto temples"}]).messages
+    [m] = messages_append(context=context, items=[{"role": "user", "text": "Kyoto temples"}]).messages
     context.refresh_from_db()
     assert context.search_seq == 4
     assert has_vector(m, "temple")
@@ -100,7 +95,7 @@ def test_a_backlog_older_than_the_recent_window_is_read_exactly(monkeypatch):
     monkeypatch.setattr(search, "KEYWORD_RECENT_SEQS", 10)
     context = make_context(messages=5)
     first = batch(context, texts(100, {3: "a lone zebra"}))
-    logbook.messages_append(context=context, items=[{"role": "user", "text": "recent"}] * 1)
+    messages_append(context=context, items=[{"role": "user", "text": "recent"}] * 1)
     batch(context, texts(60))
     context.refresh_from_db()
     assert context.search_seq == 5
@@ -113,7 +108,7 @@ def test_a_backlog_older_than_the_recent_window_is_read_exactly(monkeypatch):
 def test_appends_behind_a_backlog_are_left_to_the_indexer():
     context = make_context()
     batch(context, texts(60))
-    [m] = logbook.messages_append(context=context, items=[{"role": "user", "text": "zebra crossing"}]).messages
+    [m] = messages_append(context=context, items=[{"role": "user", "text": "zebra crossing"}]).messages
     context.refresh_from_db()
     assert context.search_seq == 0 and not stored_vectors(context)
     assert found(context, "zebra") == [m.pk]
@@ -123,10 +118,10 @@ def test_appends_behind_a_backlog_are_left_to_the_indexer():
 
 def test_an_edited_text_is_parsed_again_and_a_deleted_message_takes_its_vector(system_actor):
     context = make_context()
-    [m, other] = logbook.messages_append(
+    [m, other] = messages_append(
         context=context, items=[{"role": "user", "text": "about zebras"}, {"role": "user", "text": "x"}]
     ).messages
-    logbook.message_edit(message=m, actor=system_actor, text="about giraffes")
+    message_edit(message=m, actor=system_actor, text="about giraffes")
     assert found(context, "zebra") == [] and found(context, "giraffe") == [m.pk]
     assert has_vector(m, "giraffe")
     # Any writer, not only the domain's: the trigger is the database's.
@@ -142,15 +137,15 @@ def test_an_edited_text_is_parsed_again_and_a_deleted_message_takes_its_vector(s
 def test_pruned_messages_are_not_found_either_way_and_come_back_restored(system_actor):
     context = make_context()
     stored = batch(context, texts(60, {7: "zebra one", 8: "zebra two"}))
-    logbook.messages_set_pruned(context=context, ids=[stored[7].pk], pruned=True, actor=system_actor)
+    messages_set_pruned(context=context, ids=[stored[7].pk], pruned=True, actor=system_actor)
     assert found(context, "zebra") == [stored[8].pk]
     fulltext.index_pending()
     # The indexer writes no vector for a pruned message; pruning takes a stored one away.
     assert not has_vector(stored[7], "zebra") and has_vector(stored[8], "zebra")
     assert found(context, "zebra") == [stored[8].pk]
-    logbook.messages_set_pruned(context=context, ids=[stored[8].pk], pruned=True, actor=system_actor)
+    messages_set_pruned(context=context, ids=[stored[8].pk], pruned=True, actor=system_actor)
     assert not has_vector(stored[8], "zebra") and found(context, "zebra") == []
-    logbook.messages_set_pruned(context=context, ids=[stored[7].pk, stored[8].pk], pruned=False, actor=system_actor)
+    messages_set_pruned(context=context, ids=[stored[7].pk, stored[8].pk], pruned=False, actor=system_actor)
     assert has_vector(stored[7], "zebra") and has_vector(stored[8], "zebra")
     assert found(context, "zebra") == truth(context, "zebra") == [stored[8].pk, stored[7].pk]
 
@@ -291,7 +286,7 @@ def test_a_message_moved_by_hand_takes_its_vector_along():
     """No domain path moves a message; an UPDATE by hand (or the admin, before it was read-only)
     must not leave a vector at the old key that names no message."""
     source, target = make_context(), make_context()
-    [m] = logbook.messages_append(context=source, items=[{"role": "user", "text": "zebra"}]).messages
+    [m] = messages_append(context=source, items=[{"role": "user", "text": "zebra"}]).messages
     with connection.cursor() as cur:
         cur.execute("UPDATE memory_app_message SET context_id = %s, seq = 7 WHERE id = %s", [target.pk, m.pk])
     m.refresh_from_db()
@@ -306,7 +301,7 @@ def test_the_embed_worker_turn_moves_past_a_range_of_pruned_messages(system_acto
 
     context = make_context()
     stored = batch(context, texts(60))
-    logbook.messages_set_pruned(context=context, ids=[m.pk for m in stored], pruned=True, actor=system_actor)
+    messages_set_pruned(context=context, ids=[m.pk for m in stored], pruned=True, actor=system_actor)
     # A turn that writes nothing (every message of the range is pruned) still moves the context,
     # and `once` goes on while a context is behind.
     totals = worker.run_worker(provider=NothingToEmbed(), once=True)
@@ -316,7 +311,7 @@ def test_the_embed_worker_turn_moves_past_a_range_of_pruned_messages(system_acto
 
 def test_the_admin_cannot_move_a_message_or_set_search_seq(admin_client):
     context, other = make_context(), make_context()
-    [m] = logbook.messages_append(context=context, items=[{"role": "user", "text": "zebra"}]).messages
+    [m] = messages_append(context=context, items=[{"role": "user", "text": "zebra"}]).messages
     page = admin_client.get(reverse("admin:memory_app_message_change", args=[m.pk])).content.decode()
     assert 'name="context"' not in page
     admin_client.post(

@@ -10,9 +10,11 @@ from django.core import checks
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 
-from memory_app import logbook, search
+from memory_app import search
 from memory_app.checks import check_hnsw_parameters
 from memory_app.embeddings import indexer
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.messages import messages_append
 
 MODEL = "rebuild-4"
 
@@ -37,8 +39,8 @@ def stored(settings):
     settings.AGENTMEMORY_HNSW_M, settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION = 8, 24
     settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 50
     indexer._ensured.discard((MODEL, 4))
-    context, _ = logbook.context_get_or_create(keys={"test": "hnsw-rebuild"})
-    result = logbook.messages_append(
+    context, _ = context_get_or_create(keys={"test": "hnsw-rebuild"})
+    result = messages_append(
         context=context,
         items=[
             {"role": "user", "text": f"t{i}", "vector": vector(i), "vector_model": MODEL}

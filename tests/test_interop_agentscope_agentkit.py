@@ -6,9 +6,12 @@ import pytest
 from agentscope.memory import InMemoryMemory
 from agentscope.message import Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 
-from memory_app import errors, framework_io, logbook, transcripts
+from memory_app import errors, framework_io, transcripts
 from memory_app.interop import agentkit
 from memory_app.models import Message
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.messages import messages_append
+from memory_app.services.runs import run_create, steps_append
 from tests.aio import run_coroutine
 
 pytestmark = pytest.mark.django_db
@@ -62,7 +65,7 @@ def real_memory_state():
 
 @pytest.fixture
 def context():
-    ctx, _ = logbook.context_get_or_create(keys={"user": "ada", "test": "agentscope"})
+    ctx, _ = context_get_or_create(keys={"user": "ada", "test": "agentscope"})
     return ctx
 
 
@@ -211,10 +214,10 @@ EXPECTED_B_QUERY = (
 
 
 def _zeppelin_context():
-    ctx, _ = logbook.context_get_or_create(keys={"test": "agentkit"})
+    ctx, _ = context_get_or_create(keys={"test": "agentkit"})
     ctx.metadata = {"user_settings": {"data": {"theme": "dark"}, "version": 3}}
     ctx.save()
-    logbook.messages_append(
+    messages_append(
         context=ctx,
         items=[
             {"role": "user", "text": "Which Led Zeppelin albums are in the store?"},
@@ -233,8 +236,8 @@ def test_tool_input_matches_agentkit_json_and_query_exactly():
 
 def test_tool_input_with_run_tool_outputs_matches_agentkit():
     ctx = _zeppelin_context()
-    run, _ = logbook.run_create(context=ctx, task="sales")
-    logbook.steps_append(
+    run, _ = run_create(context=ctx, task="sales")
+    steps_append(
         run=run,
         items=[
             {

@@ -10,6 +10,8 @@ from agentscope.message import Msg, TextBlock, ToolUseBlock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.runs import run_create
 from tests.aio import run_coroutine
 from tests.api_helpers import make_key
 from tests.smol_agents import jsonable, run_agent
@@ -106,14 +108,12 @@ def _target(name):
     """The key, a function giving the URL on a new context (and run) for each request, so no
     request is answered from an earlier one's stored rows (an idempotent repeat writes nothing
     and would hide a value the database refuses), the body and the allowed statuses."""
-    from memory_app import logbook
-
     template, body, allowed = ENDPOINTS[name]
     api = make_key(scopes=["read", "write"])
 
     def url():
-        context, _ = logbook.context_get_or_create(keys={"test": "interop-fuzz", "n": next(_fresh)})
-        run, _ = logbook.run_create(context=context, client_id="live", task="live")
+        context, _ = context_get_or_create(keys={"test": "interop-fuzz", "n": next(_fresh)})
+        run, _ = run_create(context=context, client_id="live", task="live")
         return template.format(context=context.pk, run=run.pk)
 
     return api, url, body, allowed

@@ -5,9 +5,12 @@ import json
 
 import pytest
 
-from memory_app import errors, framework_io, logbook, transcripts
+from memory_app import errors, framework_io, transcripts
 from memory_app.interop import smolagents as smol
 from memory_app.models import Step, ToolCall
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.curation import steps_set_pruned
+from memory_app.services.runs import run_create, steps_append
 from tests.smol_agents import AGENTS, jsonable, messages_as_dicts, run_agent
 
 pytestmark = pytest.mark.django_db
@@ -17,7 +20,7 @@ KINDS = list(AGENTS)
 
 @pytest.fixture
 def context():
-    ctx, _ = logbook.context_get_or_create(keys={"user": "ada", "test": "smol"})
+    ctx, _ = context_get_or_create(keys={"user": "ada", "test": "smol"})
     return ctx
 
 
@@ -99,7 +102,7 @@ def test_pruned_steps_are_left_out_of_the_transcript(context, system_actor, summ
     agent = run_agent("code")
     run = _import(context, agent)
     failed = run.steps.get(error_type__isnull=False)
-    logbook.steps_set_pruned(run=run, ids=[failed.pk], pruned=True, actor=system_actor)
+    steps_set_pruned(run=run, ids=[failed.pk], pruned=True, actor=system_actor)
     trimmed = copy.copy(agent)
     trimmed.memory = copy.copy(agent.memory)
     trimmed.memory.steps = [s for s in agent.memory.steps if getattr(s, "error", None) is None]
@@ -112,11 +115,11 @@ def test_steps_written_without_payload_still_give_smolagents_shapes(context):
     """A run streamed through the generic steps API (no payload) exports and transcribes too."""
     agent = run_agent("code")
     full = jsonable(agent.memory.get_full_steps())
-    run, _ = logbook.run_create(context=context, client_id="bare", system_prompt="sys")
+    run, _ = run_create(context=context, client_id="bare", system_prompt="sys")
     items = [smol.step_to_logbook(s) for s in full]
     for item in items:
         item["payload"] = None
-    logbook.steps_append(run=run, items=items)
+    steps_append(run=run, items=items)
     exported = framework_io.smolagents_run_export(run=run)["steps"]
     assert exported[2]["error"] == full[2]["error"]
     assert exported[2]["tool_calls"] == full[2]["tool_calls"]

@@ -13,8 +13,9 @@ from agentscope.message import Msg, TextBlock, ToolUseBlock
 from agentscope.model import ChatModelBase, ChatResponse
 from agentscope.tool import Toolkit
 
-from memory_app import auth, logbook
+from memory_app import auth
 from memory_app.models import Message
+from memory_app.services.messages import messages_append
 from tests.aio import run_coroutine
 from tests.builders import make_context
 
@@ -63,7 +64,7 @@ class ScriptedModel(ChatModelBase):
 
 def test_a_react_agent_searches_the_memory_through_agentscopes_mcp_client(asgi_live_server):
     context = make_context(keys={"user": "ada"})
-    logbook.messages_append(
+    messages_append(
         context=context,
         items=[
             {"role": "user", "text": "What's the weather in Lyon?"},

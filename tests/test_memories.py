@@ -2,21 +2,23 @@
 
 import pytest
 
-from memory_app import logbook, memories
+from memory_app import memories
 from memory_app.audit import Actor
 from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.memories import Scope
 from memory_app.models import AuditEvent, Context, MemoryRecord
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.messages import messages_append
 
 
 @pytest.fixture
 def ada_chat(db):
-    return logbook.context_get_or_create(keys={"user": "ada", "chat": "7"})[0]
+    return context_get_or_create(keys={"user": "ada", "chat": "7"})[0]
 
 
 @pytest.fixture
 def bob(db):
-    return logbook.context_get_or_create(keys={"user": "bob"})[0]
+    return context_get_or_create(keys={"user": "bob"})[0]
 
 
 def record(scope, actor, *contents, **extra):
@@ -35,7 +37,7 @@ def test_key_subset_scope_is_inherited_by_contexts_containing_it(ada_chat, bob, 
 
 
 def test_context_scope_is_seen_only_by_that_context(ada_chat, system_actor):
-    other_chat = logbook.context_get_or_create(keys={"user": "ada", "chat": "8"})[0]
+    other_chat = context_get_or_create(keys={"user": "ada", "chat": "8"})[0]
     record(Scope(context=ada_chat), system_actor, "Chat 7 is about the Lisbon trip")
     assert len(memories.memories_retrieve(context=ada_chat, keywords=["Lisbon"])) == 1
     assert memories.memories_retrieve(context=other_chat, keywords=["Lisbon"]) == []
@@ -130,10 +132,10 @@ def test_editing_into_existing_content_of_the_scope_conflicts(ada_chat, system_a
 
 
 def test_provenance_must_come_from_the_scope(ada_chat, bob, system_actor):
-    [mine] = logbook.messages_append(
+    [mine] = messages_append(
         context=ada_chat, items=[{"role": "user", "text": "I love tea"}]
     ).messages
-    [theirs] = logbook.messages_append(
+    [theirs] = messages_append(
         context=bob, items=[{"role": "user", "text": "secret"}]
     ).messages
     [r] = record(
@@ -306,7 +308,7 @@ def test_dashboard_promote_and_api_record_of_the_same_content_in_one_scope_are_o
     api = make_key(scopes=["read", "write"], context_keys={"user": "ada"})
     chat = new_context(api, {"user": "ada", "chat": "7"})
     context = Context.objects.get(pk=chat)
-    first, second = logbook.messages_append(
+    first, second = messages_append(
         context=context,
         items=[
             {"role": "user", "text": "I take my coffee black"},
@@ -337,7 +339,7 @@ def test_dashboard_promote_and_api_record_of_the_same_content_in_one_scope_are_o
 
 
 def test_promote_and_merge_keep_provenance_and_an_audit(ada_chat, system_actor):
-    [message] = logbook.messages_append(
+    [message] = messages_append(
         context=ada_chat, items=[{"role": "user", "text": "Ada likes tea"}]
     ).messages
     promoted = memories.memory_promote(actor=system_actor, message=message, kind="preference")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from memory_app import logbook
+from memory_app.services.messages import messages_append
 from tests.builders import make_context, make_run, make_user
 
 pytestmark = pytest.mark.django_db
@@ -31,7 +31,7 @@ def test_a_message_links_to_its_run_and_its_step(client):
     ctx = make_context()
     run = make_run(context=ctx, steps=3)
     step = run.steps.get(position=3)
-    logbook.messages_append(
+    messages_append(
         context=ctx, items=[{"role": "assistant", "text": "done", "run_id": run.pk, "step_id": step.pk}]
     )
     html = client.get(f"/contexts/{ctx.pk}/").content.decode()
@@ -49,7 +49,7 @@ def test_a_message_links_to_its_run_and_its_step(client):
 
 def test_long_texts_fold_to_an_escaped_preview_and_short_ones_do_not(client):
     ctx = make_context()
-    logbook.messages_append(
+    messages_append(
         context=ctx,
         items=[
             {"role": "tool", "text": LONG},

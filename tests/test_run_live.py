@@ -7,8 +7,8 @@ import re
 import pytest
 from django.test import Client
 
-from memory_app import logbook
 from memory_app.models import RunStatus
+from memory_app.services.runs import run_create, run_finish, steps_append, steps_order_by_start
 from tests.builders import action_step, make_context, make_user
 
 pytestmark = pytest.mark.django_db
@@ -24,11 +24,11 @@ def client():
 
 
 def running_run(steps: int):
-    run, _ = logbook.run_create(context=make_context(), task="Find the weather", agent_name="t")
+    run, _ = run_create(context=make_context(), task="Find the weather", agent_name="t")
     items = [{"kind": "task", "task": "Find the weather"}]
     items += [action_step(n) for n in range(1, steps)]
     if items[:steps]:
-        logbook.steps_append(run=run, items=items[:steps])
+        steps_append(run=run, items=items[:steps])
     return run
 
 
@@ -51,13 +51,13 @@ def test_a_running_runs_page_polls_from_its_last_step(client):
 
 def test_a_finished_runs_page_does_not_poll(client):
     run = running_run(3)
-    logbook.run_finish(run=run, status="success")
+    run_finish(run=run, status="success")
     assert poller(client.get(f"/runs/{run.pk}/steps/2/").content.decode()) is None
 
 
 def test_poll_appends_new_steps_in_order_and_refreshes_header_and_stepper(client):
     run = running_run(3)
-    logbook.steps_append(
+    steps_append(
         run=run,
         items=[action_step(3), action_step(4, error_type="ToolError", error_message="boom")],
     )
@@ -84,8 +84,8 @@ def test_poll_with_nothing_new_sends_no_steps(client):
 
 def test_poll_stops_once_the_run_is_finished(client):
     run = running_run(3)
-    logbook.steps_append(run=run, items=[action_step(3)])
-    logbook.run_finish(run=run, status=RunStatus.FAILED)
+    steps_append(run=run, items=[action_step(3)])
+    run_finish(run=run, status=RunStatus.FAILED)
     html = live(client, run, after=3, position=1, tail=1).content.decode()
     assert poller(html) is None
     assert "step-item-4" in html and 'id="run-status" class="badge status-failed"' in html
@@ -93,7 +93,7 @@ def test_poll_stops_once_the_run_is_finished(client):
 
 def test_poll_of_a_list_that_does_not_reach_the_end_updates_only_the_last_step_link(client):
     run = running_run(40)
-    logbook.steps_append(run=run, items=[action_step(40)])
+    steps_append(run=run, items=[action_step(40)])
     html = live(client, run, after=40, position=1, tail=0).content.decode()
     assert "step-item-" not in html
     assert re.search(r'<li id="step-list-later" class="more" hx-swap-oob="true">', html)
@@ -107,7 +107,7 @@ def test_a_run_without_steps_polls_then_shows_its_first_step(client):
     assert 'hx-target="#logbook"' in poller(page.content.decode())
     html = live(client, run).content.decode()
     assert "This run has no steps yet." in html and poller(html)
-    logbook.steps_append(run=run, items=[{"kind": "task", "task": "Find the weather"}])
+    steps_append(run=run, items=[{"kind": "task", "task": "Find the weather"}])
     response = live(client, run)
     html = response.content.decode()
     assert '<section id="logbook" class="logbook" data-position="1"' in html
@@ -116,7 +116,7 @@ def test_a_run_without_steps_polls_then_shows_its_first_step(client):
 
 def test_a_failed_run_without_steps_shows_no_poller(client):
     run = running_run(0)
-    logbook.run_finish(run=run, status="failed")
+    run_finish(run=run, status="failed")
     html = client.get(f"/runs/{run.pk}/").content.decode()
     assert "This run has no steps yet." in html and poller(html) is None
 
@@ -138,11 +138,11 @@ def test_poll_needs_a_login():
 def renumbered_run():
     """A traced run as trace ingest writes it: action steps first, then its task step, which
     starts first and so takes position 1 (the root span ends last)."""
-    run, _ = logbook.run_create(context=make_context(), task="Find the weather", agent_name="t")
-    logbook.steps_append(run=run, items=[action_step(n) for n in (1, 2, 3)])
+    run, _ = run_create(context=make_context(), task="Find the weather", agent_name="t")
+    steps_append(run=run, items=[action_step(n) for n in (1, 2, 3)])
     ids = dict(run.steps.values_list("position", "pk"))
-    logbook.steps_append(run=run, items=[{"kind": "task", "task": "Find the weather", "start_time": 1_699_999_999.0}])
-    assert logbook.steps_order_by_start(run=run)
+    steps_append(run=run, items=[{"kind": "task", "task": "Find the weather", "start_time": 1_699_999_999.0}])
+    assert steps_order_by_start(run=run)
     return run, ids
 
 
@@ -151,7 +151,7 @@ def test_a_page_of_a_running_run_names_the_steps_it_holds(client):
     ids = dict(run.steps.values_list("position", "pk"))
     tag = poller(client.get(f"/runs/{run.pk}/steps/2/").content.decode())
     assert f"after=3&amp;position=2&amp;tail=1&amp;step={ids[2]}&amp;last={ids[3]}" in tag
-    logbook.steps_append(run=run, items=[action_step(3)])
+    steps_append(run=run, items=[action_step(3)])
     html = live(client, run, after=3, position=2, tail=1, step=ids[2], last=ids[3]).content.decode()
     new = run.steps.get(position=4).pk
     assert "step-item-4" in html and f"after=4&amp;position=2&amp;tail=1&amp;step={ids[2]}&amp;last={new}" in poller(html)
@@ -174,12 +174,12 @@ def test_steps_renumbered_under_the_page_redraw_the_logbook_at_the_same_step(cli
 
 
 def test_a_late_step_after_the_step_on_screen_is_noticed_too(client):
-    run, _ = logbook.run_create(context=make_context(), task="Find the weather", agent_name="t")
-    logbook.steps_append(run=run, items=[action_step(n) for n in (1, 2, 4)])
+    run, _ = run_create(context=make_context(), task="Find the weather", agent_name="t")
+    steps_append(run=run, items=[action_step(n) for n in (1, 2, 4)])
     ids = dict(run.steps.values_list("position", "pk"))
     # Step 3 arrives late and goes between: the step on screen (1) stays, the page's last moves.
-    logbook.steps_append(run=run, items=[action_step(3)])
-    assert logbook.steps_order_by_start(run=run)
+    steps_append(run=run, items=[action_step(3)])
+    assert steps_order_by_start(run=run)
     response = live(client, run, after=3, position=1, tail=1, step=ids[1], last=ids[3])
     assert response["HX-Replace-Url"] == f"/runs/{run.pk}/steps/1/"
     html = response.content.decode()

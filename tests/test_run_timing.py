@@ -12,8 +12,9 @@ from django.db import connection
 from django.test import Client, override_settings
 
 from memory_app import dashboard_queries as dq
-from memory_app import framework_io, logbook, pricing
+from memory_app import framework_io, pricing
 from memory_app.models import Run
+from memory_app.services.runs import run_create, run_finish, steps_append
 from tests.api_helpers import make_key, new_context
 from tests.builders import action_step, make_context, make_user
 
@@ -33,9 +34,9 @@ def timed_steps(*spans: tuple[float, float], **extra) -> list[dict]:
 
 
 def finished_run(items: list[dict], *, metadata: dict | None = None, **finish) -> Run:
-    run, _ = logbook.run_create(context=make_context(), task="t", metadata=metadata)
-    logbook.steps_append(run=run, items=items)
-    return logbook.run_finish(run=run, status="success", **finish)
+    run, _ = run_create(context=make_context(), task="t", metadata=metadata)
+    steps_append(run=run, items=items)
+    return run_finish(run=run, status="success", **finish)
 
 
 def test_a_run_written_at_once_lasts_as_long_as_its_steps():
@@ -73,9 +74,9 @@ def test_an_imported_smolagents_run_lasts_as_long_as_its_steps():
 
 def test_times_the_agent_gives_win_over_its_steps():
     start = datetime(2025, 1, 1, 10, 0, tzinfo=UTC)
-    run, _ = logbook.run_create(context=make_context(), task="t", started_at=start)
-    logbook.steps_append(run=run, items=timed_steps((0, 1)))
-    run = logbook.run_finish(run=run, status="success", finished_at=start + timedelta(seconds=90))
+    run, _ = run_create(context=make_context(), task="t", started_at=start)
+    steps_append(run=run, items=timed_steps((0, 1)))
+    run = run_finish(run=run, status="success", finished_at=start + timedelta(seconds=90))
     assert (run.started_at, run.duration) == (start, 90.0)
 
 
@@ -208,8 +209,8 @@ def test_run_page_says_unknown_cost_with_a_dash(client):
 
 
 def test_a_running_runs_header_counts_so_far(client):
-    run, _ = logbook.run_create(context=make_context(), task="t")
-    logbook.steps_append(run=run, items=timed_steps((0, 2), (5, 1)))
+    run, _ = run_create(context=make_context(), task="t")
+    steps_append(run=run, items=timed_steps((0, 2), (5, 1)))
     html = client.get(f"/runs/{run.pk}/steps/1/").content.decode()
     assert stat(html, "Duration") == "6.0 s so far"
     assert stat(html, "Tokens").endswith("so far")

@@ -12,9 +12,11 @@ import pytest
 from django.db import connection, transaction
 from django.test import override_settings
 
-from memory_app import errors, logbook, search
+from memory_app import errors, search
 from memory_app.embeddings import indexer
 from memory_app.models import Context, Embedding, Message, keys_digest
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.curation import messages_set_pruned
 
 # Every test here, and so the module fixture, runs on the test database (pytest-django sets it
 # up only for sessions holding a django_db test).
@@ -49,7 +51,7 @@ def store(django_db_setup, django_db_blocker):
             for i in range(500)
         ]
         Context.objects.bulk_create(big)
-        small, _ = logbook.context_get_or_create(keys={"bulk": "small"})
+        small, _ = context_get_or_create(keys={"bulk": "small"})
         rows = []
         # One context holds 5,090 messages (a tenth of the store), the 499 others 90 each: 50,000.
         for ctx in big:
@@ -321,7 +323,7 @@ def test_keyword_search_in_the_small_context_equals_brute_force(store, k, query)
 def test_search_excludes_pruned_messages(store, system_actor):
     small = store["small"]
     top = search.search_messages(context=small, query="alpha", k=3, mode="keyword").hits[0].message
-    logbook.messages_set_pruned(context=small, ids=[top.pk], pruned=True, actor=system_actor)
+    messages_set_pruned(context=small, ids=[top.pk], pruned=True, actor=system_actor)
     assert top.pk not in [
         h.message.pk
         for h in search.search_messages(context=small, query="alpha", k=50, mode="keyword").hits

@@ -18,8 +18,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from memory_app import fulltext, logbook, search, selectors
+from memory_app import fulltext, search, selectors
 from memory_app.models import Message
+from memory_app.services.messages import messages_append
 from tests.builders import make_context, make_user
 
 pytestmark = pytest.mark.django_db
@@ -37,7 +38,7 @@ KYOTO = [
 def kyoto(settings):
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
     context = make_context()
-    result = logbook.messages_append(
+    result = messages_append(
         context=context, items=[{"role": r, "text": t} for r, t in KYOTO]
     )
     context.refresh_from_db()
@@ -98,7 +99,7 @@ def test_keyword_ranks_the_newest_matches_when_more_match_than_the_candidates(se
     items = [{"role": "user", "text": "alpha alpha alpha alpha"}]
     for i in range(90):
         items.append({"role": "user", "text": "filler words" if i % 3 == 2 else "alpha " * (1 + i % 2) + "x"})
-    messages = logbook.messages_append(context=context, items=items).messages
+    messages = messages_append(context=context, items=items).messages
     context.refresh_from_db()
     matching = [m.pk for m in messages if "alpha" in m.text]
     hits = search.keyword_ranking(context_id=context.pk, query="alpha", limit=10, last_seq=context.last_seq)
@@ -118,7 +119,7 @@ def test_a_rare_old_match_is_found_by_widening_the_window(settings, monkeypatch)
     items = [{"role": "user", "text": "the one about Kyoto"}] + [
         {"role": "assistant", "text": f"reply number {i}"} for i in range(200)
     ]
-    first = logbook.messages_append(context=context, items=items).messages[0]
+    first = messages_append(context=context, items=items).messages[0]
     context.refresh_from_db()
     result = search.search_messages(context=context, query="Kyoto trip", k=3, mode="auto")
     assert [h.message.pk for h in result.hits] == [first.pk]
@@ -168,7 +169,7 @@ def big_context(settings):
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
     for _ in range(8):
         other = make_context()
-        logbook.messages_append(
+        messages_append(
             context=other,
             items=[{"role": "user", "text": f"alpha other {i}"} for i in range(250)],
         )
@@ -182,9 +183,9 @@ def big_context(settings):
             words.append("kyoto")
         items.append({"role": "user" if i % 2 else "assistant", "text": " ".join(words)})
     for start in range(0, len(items), 1000):
-        logbook.messages_append(context=context, items=items[start : start + 1000])
+        messages_append(context=context, items=items[start : start + 1000])
     # The last user message: a long natural-language prompt whose words match most messages.
-    logbook.messages_append(
+    messages_append(
         context=context,
         items=[{"role": "user", "text": "any note about alpha or kyoto, please"}],
     )

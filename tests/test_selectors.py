@@ -7,10 +7,13 @@ stand-in (asserted below), so the verified token-window ids carry over unchanged
 
 import pytest
 
-from memory_app import errors, logbook, selectors, tokens
+from memory_app import errors, selectors, tokens
 from memory_app.errors import Invalid
 from memory_app.models import Message
 from memory_app.selectors import CompositeSpec, SearchSpec, TokenWindowSpec, WindowSpec, select
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.curation import messages_set_pruned
+from memory_app.services.messages import messages_append
 
 STEAMSHIP_HISTORY = [
     ("b0", {"role": "system", "text": "You are helpful"}),
@@ -33,8 +36,8 @@ STEAMSHIP_HISTORY = [
 
 
 def build(keys, items):
-    context, _ = logbook.context_get_or_create(keys=keys)
-    result = logbook.messages_append(
+    context, _ = context_get_or_create(keys=keys)
+    result = messages_append(
         context=context, items=[dict(i, client_id=cid) for cid, i in items]
     )
     return context, {m.pk: m.client_id for m in result.messages}
@@ -89,7 +92,7 @@ def test_steamship_window_never_examines_the_oldest_message(db):
 
 
 def test_empty_history_selects_nothing(db):
-    context, _ = logbook.context_get_or_create(keys={"test": "empty"})
+    context, _ = context_get_or_create(keys={"test": "empty"})
     for spec in (
         WindowSpec(k=3),
         WindowSpec(k=3, semantics="steamship"),
@@ -202,7 +205,7 @@ def test_bad_parameters_are_invalid(steamship, spec):
 def test_pruned_messages_never_appear(steamship, system_actor):
     context, id_to_name = steamship
     by_name = {v: k for k, v in id_to_name.items()}
-    logbook.messages_set_pruned(
+    messages_set_pruned(
         context=context, ids=[by_name["b6"], by_name["b2"]], pruned=True, actor=system_actor
     )
     specs = [
@@ -517,7 +520,7 @@ def test_random_histories_select_what_steamship_selects(history, k, max_tokens, 
     context, id_to_name = build({"test": "random", "n": next(_counter)}, items)
     pruned = [pk for pk, name in id_to_name.items() if history[int(name[1:])][2]]
     if pruned:
-        logbook.messages_set_pruned(context=context, ids=pruned, pruned=True, actor=system_actor)
+        messages_set_pruned(context=context, ids=pruned, pruned=True, actor=system_actor)
     from memory_app.models import Message
 
     counts = dict(Message.objects.filter(context=context).values_list("client_id", "token_count"))
@@ -552,9 +555,9 @@ def _reference_skip(rows, budget):
 @pytest.mark.parametrize("budget", [40, 200, 1000])
 def test_skip_policy_on_a_long_history_selects_what_a_full_scan_selects(db, budget):
     """The skip scan reads on only rows that can still fit; the choice must be a full scan's."""
-    context, _ = logbook.context_get_or_create(keys={"long": "skip"})
+    context, _ = context_get_or_create(keys={"long": "skip"})
     sizes = [(i * 37) % 23 + (150 if i % 7 == 0 else 0) for i in range(400)]
-    logbook.messages_append(
+    messages_append(
         context=context,
         items=[{"role": "user" if i % 2 else "assistant", "text": " word" * n} for i, n in enumerate(sizes)],
     )
@@ -574,9 +577,9 @@ def test_skip_policy_on_a_long_history_selects_what_a_full_scan_selects(db, budg
 def test_skip_policy_recounts_rows_stored_under_another_tokenizer_past_the_first_chunk(db):
     """A row whose stored count is another tokenizer's (here inflated) is recounted, even
     when the scan narrows to rows whose stored count fits."""
-    context, _ = logbook.context_get_or_create(keys={"long": "recount"})
-    logbook.messages_append(context=context, items=[{"role": "user", "text": "tiny"}])
-    logbook.messages_append(
+    context, _ = context_get_or_create(keys={"long": "recount"})
+    messages_append(context=context, items=[{"role": "user", "text": "tiny"}])
+    messages_append(
         context=context, items=[{"role": "assistant", "text": " word" * 30} for _ in range(120)]
     )
     old = context.messages.get(seq=1)

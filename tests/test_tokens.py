@@ -2,7 +2,9 @@
 
 import pytest
 
-from memory_app import errors, logbook, tokens
+from memory_app import errors, tokens
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.messages import messages_append
 
 
 def test_default_tokenizer_is_cl100k_base_loaded_offline():
@@ -33,9 +35,9 @@ def test_other_encodings_are_offered_when_their_files_are_cached(monkeypatch, tm
 
 @pytest.mark.django_db
 def test_counts_are_stored_at_write_time_and_summed_on_the_context():
-    context, _ = logbook.context_get_or_create(keys={"test": "tokens"})
+    context, _ = context_get_or_create(keys={"test": "tokens"})
     texts = ["hello world", "It is sunny", ""]
-    messages = logbook.messages_append(
+    messages = messages_append(
         context=context, items=[{"role": "user", "text": t} for t in texts]
     ).messages
     assert [m.token_count for m in messages] == [2, 3, 0]
@@ -48,8 +50,8 @@ def test_counts_are_stored_at_write_time_and_summed_on_the_context():
 def test_message_counts_use_stored_values_only_for_the_same_tokenizer():
     from memory_app.models import Message
 
-    context, _ = logbook.context_get_or_create(keys={"test": "tokens-other"})
-    logbook.messages_append(context=context, items=[{"role": "user", "text": "hello world"}])
+    context, _ = context_get_or_create(keys={"test": "tokens-other"})
+    messages_append(context=context, items=[{"role": "user", "text": "hello world"}])
     Message.objects.filter(context=context).update(token_count=99)
     stored = list(Message.objects.filter(context=context))
     assert tokens.message_token_counts(stored) == [99]  # stored count, same tokenizer

@@ -8,7 +8,7 @@ from ninja import Query, Router, Status
 from ninja.errors import HttpError
 from pydantic import TypeAdapter, ValidationError
 
-from memory_app import auth, logbook, queries
+from memory_app import auth, queries
 from memory_app.api.common import (
     INT64_MAX,
     WRITE_ERRORS,
@@ -20,6 +20,7 @@ from memory_app.api.common import (
     responses,
 )
 from memory_app.api.schemas import ContextIn, ContextOut, ContextPage, ContextUpdateIn
+from memory_app.services import contexts as contexts_service
 
 router = Router(tags=["contexts"])
 
@@ -33,7 +34,7 @@ def context_get_or_create(request, body: ContextIn):
     """200 with the existing context for these keys, 201 when it was created now. A key
     confined to a key subset may only use keys that contain that subset (403 otherwise)."""
     auth.require_keys_allowed(require_scope(request, "write"), body.keys)
-    context, created = logbook.context_get_or_create(
+    context, created = contexts_service.context_get_or_create(
         keys=body.keys, title=body.title, metadata=body.metadata
     )
     return Status(201 if created else 200, context)
@@ -89,7 +90,7 @@ def context_update(request, context_id: ContextId, body: ContextUpdateIn):
     context = context_for(request, context_id)
     return Status(
         200,
-        logbook.context_update(
+        contexts_service.context_update(
             context=context, title=body.title, metadata=body.metadata, actor=actor_for(request)
         ),
     )

@@ -71,7 +71,7 @@ GC_PAUSE_MIN_BODY = 64 * 1024
 
 class BulkBodyGcMiddleware:
     """API writes with a large body (a batch of messages, steps or vectors) run with the cyclic
-    GC paused from parsing to response (`logbook.gc_paused`): the tens of thousands of objects
+    GC paused from parsing to response (`memory_app.db.gc_paused`): the tens of thousands of objects
     a 1,000-item body becomes live for the whole request, and young collections during it
     moved them to the oldest generation, where each few batches cost a full collection of the
     heap (80-95 ms). Paused, they are freed by reference counting when the request ends."""
@@ -86,8 +86,8 @@ class BulkBodyGcMiddleware:
             except ValueError:
                 length = 0
             if length >= GC_PAUSE_MIN_BODY:
-                from memory_app import logbook
+                from memory_app.db import gc_paused
 
-                with logbook.gc_paused():
+                with gc_paused():
                     return self.get_response(request)
         return self.get_response(request)

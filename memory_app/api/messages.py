@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ninja import Query, Router, Status
 
-from memory_app import logbook, queries
+from memory_app import queries
 from memory_app.api.common import (
     INT64_MAX,
     WRITE_ERRORS,
@@ -29,15 +29,17 @@ from memory_app.api.schemas import (
     json_response,
     message_out,
 )
+from memory_app.services import curation as curation_service
+from memory_app.services import messages as messages_service
 
 router = Router(tags=["messages"])
 
 
-def _append(request, context_id: int, items: list[MessageIn]) -> logbook.AppendResult:
+def _append(request, context_id: int, items: list[MessageIn]) -> messages_service.AppendResult:
     require_scope(request, "write")
     context = context_for(request, context_id)
     # Links to runs or steps of another context are a NotFound (404) from the write path.
-    return logbook.messages_append(context=context, items=[m.to_item() for m in items])
+    return messages_service.messages_append(context=context, items=[m.to_item() for m in items])
 
 
 @router.post(
@@ -112,7 +114,7 @@ def message_edit(request, message_id: MessageId, body: MessageEditIn):
     message = message_for(request, message_id)
     return Status(
         200,
-        logbook.message_edit(
+        messages_service.message_edit(
             message=message,
             actor=actor_for(request),
             text=body.text,
@@ -125,7 +127,7 @@ def message_edit(request, message_id: MessageId, body: MessageEditIn):
 def _set_pruned(request, context_id: int, ids: list[int], note: str, pruned: bool) -> dict:
     require_scope(request, "write")
     context = context_for(request, context_id)
-    changed, event = logbook.messages_set_pruned(
+    changed, event = curation_service.messages_set_pruned(
         context=context, ids=ids, pruned=pruned, actor=actor_for(request), note=note
     )
     return {"changed": changed, "audit_event_id": event.pk if event else None}

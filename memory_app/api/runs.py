@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ninja import Query, Router, Status
 
-from memory_app import logbook, queries
+from memory_app import queries
 from memory_app.api.common import (
     INT64_MAX,
     WRITE_ERRORS,
@@ -29,6 +29,7 @@ from memory_app.api.schemas import (
     StepsAppendOut,
     StepsIn,
 )
+from memory_app.services import runs as runs_service
 
 router = Router(tags=["runs"])
 
@@ -43,7 +44,7 @@ STEPS_PAGE = 100
 def run_create(request, context_id: ContextId, body: RunIn):
     require_scope(request, "write")
     context = context_for(request, context_id)
-    run, created = logbook.run_create(context=context, **body.model_dump())
+    run, created = runs_service.run_create(context=context, **body.model_dump())
     return Status(201 if created else 200, run)
 
 
@@ -99,7 +100,7 @@ def steps_append(request, run_id: RunId, body: StepsIn):
     returned as stored (200 when all are repeats); different content is a 409."""
     require_scope(request, "write")
     run = run_for(request, run_id)
-    result = logbook.steps_append(run=run, items=[s.to_item() for s in body.steps])
+    result = runs_service.steps_append(run=run, items=[s.to_item() for s in body.steps])
     steps = queries.steps_by_ids(ids=[s.pk for s in result.steps])
     return Status(201 if result.any_created else 200, {"steps": steps, "created": result.created})
 
@@ -111,7 +112,7 @@ def run_finish(request, run_id: RunId, body: RunFinishIn):
     """Sets status, final answer and token totals (summed over the steps when not given)."""
     require_scope(request, "write")
     run = run_for(request, run_id)
-    return Status(200, logbook.run_finish(run=run, **body.model_dump()))
+    return Status(200, runs_service.run_finish(run=run, **body.model_dump()))
 
 
 @router.get(

@@ -28,8 +28,8 @@ from memory_app.api.common import (
     _check_json,
     json_dumps,
 )
-from memory_app.logbook import MAX_BATCH
 from memory_app.models import MessageRole, RunStatus, StepKind
+from memory_app.services.messages import MAX_BATCH
 
 ClientId = Short(200)
 Role = Literal[tuple(MessageRole.values)]  # type: ignore[valid-type]

@@ -20,9 +20,10 @@ from ninja import Router, Schema
 from ninja.errors import HttpError
 from pydantic import ConfigDict
 
-from memory_app import errors, traces
+from memory_app import errors
 from memory_app.api.common import WRITE_ERRORS, require_scope
 from memory_app.interop import otlp
+from memory_app.services import traces
 
 router = Router(tags=["traces"])
 

@@ -38,6 +38,8 @@ from memory_app.bench.measure import (
 )
 from memory_app.embeddings import indexer, queue
 from memory_app.models import Context, Embedding, Message, Run
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.messages import messages_append
 
 API = "/api/v1"
 
@@ -795,7 +797,6 @@ def _ingest_vectors(
     """Batches that carry their vectors (issue 11.3): through the write path in-process, through
     the API in-process (WSGI), and over HTTP with the product's client; against one ORM INSERT
     per message and per vector."""
-    from memory_app import logbook
     from memory_app.client import MemoryClient
 
     model, n = b.data.model, batch * batches
@@ -814,7 +815,7 @@ def _ingest_vectors(
         ]
 
     def new_context(kind: str) -> Context:
-        context, _ = logbook.context_get_or_create(
+        context, _ = context_get_or_create(
             keys={"bench": f"ingest-vectors-{kind}", "at": str(stamp)}
         )
         return context
@@ -831,11 +832,11 @@ def _ingest_vectors(
     payloads = [items(i, as_lists=False) for i in range(batches)]
     t = time.perf_counter()
     for p in payloads:
-        logbook.messages_append(context=domain_ctx, items=p)
+        messages_append(context=domain_ctx, items=p)
     b.report.add(
         Row(
             "ingest (domain)",
-            f"{label}, logbook.messages_append",
+            f"{label}, messages_append",
             Rate(n / (time.perf_counter() - t)),
             naive,
             Target(">=", 5000, "≥ 5,000 msg/s"),

@@ -18,8 +18,6 @@ from memory_app.models import Embedding, EmbeddingRetry, MemoryRecord, Message
 
 # The largest magnitude a half-precision float (the HNSW index's `halfvec`) holds.
 HALFVEC_MAX = 65504.0
-
-
 _known_dimensions: dict[str, int] = {}
 
 

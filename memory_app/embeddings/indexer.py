@@ -15,8 +15,6 @@ from django.conf import settings
 from django.db import connection, transaction
 
 log = logging.getLogger(__name__)
-
-
 # HNSW indexes on the `vector` type take at most 2,000 dimensions; wider models are scanned exactly.
 HNSW_MAX_DIMENSIONS = 2000
 
@@ -141,11 +139,7 @@ def replace_model_indexes(db, *, prefix: str, indexed_only: bool, retired: Seque
 
 # pgvector's own values for an index built without them.
 PGVECTOR_DEFAULT_M, PGVECTOR_DEFAULT_EF_CONSTRUCTION = 16, 64
-
-
 _PREDICATE_MODEL = re.compile(r"\(model\)::text = '((?:[^']|'')*)'::text")
-
-
 _PREDICATE_DIMS = re.compile(r"\(dimensions = (\d+)\)")
 
 

@@ -14,11 +14,7 @@ from django.conf import settings
 from memory_app.errors import ProviderError, ProviderUnavailable
 
 LOCAL_MODEL_NAME = "all-MiniLM-L6-v2"
-
-
 LOCAL_DIMENSIONS = 384
-
-
 DEFAULT_OPENAI_MODEL = "text-embedding-3-small"
 
 

@@ -22,11 +22,7 @@ from memory_app.errors import ProviderError
 from memory_app.models import Embedding, EmbeddingRetry
 
 log = logging.getLogger(__name__)
-
-
 BACKOFF_BASE_SECONDS = 2.0
-
-
 BACKOFF_MAX_SECONDS = 600.0
 
 

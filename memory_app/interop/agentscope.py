@@ -103,7 +103,7 @@ def validate_msg(msg: Any) -> dict[str, Any]:
 
 
 def msg_to_message(msg: dict[str, Any], marks: list[str] | None = None, *, client_id: str | None = None) -> dict:
-    """A `Msg.to_dict()` (+ marks) -> the item `logbook.messages_append` takes."""
+    """A `Msg.to_dict()` (+ marks) -> the item `messages_append` takes."""
     validate_msg(msg)
     marks = list(marks or [])
     if not all(isinstance(m, str) for m in marks):

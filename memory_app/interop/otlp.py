@@ -9,7 +9,7 @@ Two halves, both without Django:
    (`openinference.span.kind` AGENT / CHAIN / LLM / TOOL, `llm.token_count.*`, `tool.name`,
    `input.value` / `output.value`, exception events) or the OpenTelemetry GenAI conventions
    (`gen_ai.operation.name`, `gen_ai.usage.*`, `gen_ai.tool.*`) and build the items
-   `logbook.steps_append` takes.
+   `steps_append` takes.
 
 How a trace becomes a run (one trace = one run):
 - the root span (no parent) is the run: an AGENT / `invoke_agent` root gives the task, the

@@ -1,6 +1,6 @@
 """smolagents <-> logbook: pure mappings between `AgentMemory.get_full_steps()` dicts and steps.
 
-A step dict is mapped to the keyword dict `logbook.steps_append` takes (normalised columns for
+A step dict is mapped to the keyword dict `steps_append` takes (normalised columns for
 the dashboard and the transcripts, tool calls as rows) and kept verbatim in `Step.payload`, so an
 export gives back exactly the dict that was imported.
 
@@ -118,7 +118,7 @@ def _bool(value: Any, name: str) -> bool:
 
 
 def step_to_logbook(step: dict[str, Any], *, client_id: str | None = None) -> dict[str, Any]:
-    """A smolagents step dict -> the item `logbook.steps_append` takes (incl. tool calls)."""
+    """A smolagents step dict -> the item `steps_append` takes (incl. tool calls)."""
     kind = step_kind(step)
     payload = {k: v for k, v in step.items() if k != RESERVED_KEY}
     start, end, duration = _timing(step.get("timing"))

@@ -11,12 +11,12 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
-from memory_app import curation
 from memory_app import dashboard_queries as dq
 from memory_app.audit import Actor
 from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.models import AuditEvent, Context, Message, Step
 from memory_app.roles import require
+from memory_app.services import curation
 from memory_app.views.common import bad_request, query_string, render_page, wants_fragment
 
 PAGE = 50

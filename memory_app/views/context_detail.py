@@ -8,9 +8,9 @@ from django.views.decorators.http import require_POST
 from memory_app import dashboard_queries as dq
 from memory_app.audit import Actor
 from memory_app.errors import NotFound
-from memory_app.logbook import messages_set_pruned
 from memory_app.models import Context, MessageRole
 from memory_app.roles import require
+from memory_app.services.curation import messages_set_pruned
 from memory_app.views.common import bad_request, query_string, render_page, wants_fragment
 
 

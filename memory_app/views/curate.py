@@ -15,15 +15,15 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from memory_app import curation
 from memory_app import dashboard_queries as dq
 from memory_app.audit import Actor
-from memory_app.curation import PruneFilter
 from memory_app.errors import Conflict, Invalid, NotFound
-from memory_app.logbook import message_edit, messages_set_pruned, steps_set_pruned
 from memory_app.models import AuditEvent, Context, Message, MessageRole, Run, Step
 from memory_app.rendering import content_blocks
 from memory_app.roles import require
+from memory_app.services import curation
+from memory_app.services.curation import PruneFilter, messages_set_pruned, steps_set_pruned
+from memory_app.services.messages import message_edit
 from memory_app.views.common import bad_request, query_string, render_page, wants_fragment
 
 PAGE = 50

@@ -7,11 +7,11 @@ import json
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_http_methods, require_POST
 
-from memory_app import curation
 from memory_app.audit import Actor
 from memory_app.errors import Invalid
 from memory_app.models import ApiKey
 from memory_app.roles import require
+from memory_app.services import curation
 from memory_app.views.common import render_page, wants_fragment
 
 

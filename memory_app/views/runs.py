@@ -18,9 +18,9 @@ from django.views.decorators.http import require_POST
 
 from memory_app import dashboard_queries as dq
 from memory_app.audit import Actor
-from memory_app.logbook import steps_set_pruned
 from memory_app.models import Run, RunStatus, Step
 from memory_app.roles import require
+from memory_app.services.curation import steps_set_pruned
 from memory_app.views.common import bad_request, private, render_page, wants_fragment
 
 

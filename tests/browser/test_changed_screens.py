@@ -10,8 +10,9 @@ from playwright.sync_api import expect
 
 from memory_app import memories
 from memory_app.audit import Actor
-from memory_app.logbook import message_edit, messages_append, messages_set_pruned
 from memory_app.models import AuditEvent, Message
+from memory_app.services.curation import messages_set_pruned
+from memory_app.services.messages import message_edit, messages_append
 from tests.browser.conftest import login, screenshot
 from tests.builders import TEST_PASSWORD, make_context, make_user
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from memory_app import logbook
+from memory_app.services.messages import messages_append
+from memory_app.services.runs import run_create, steps_append
 from tests.browser.conftest import WIDTHS, login, screenshot
 from tests.builders import (
     TEST_PASSWORD,
@@ -28,7 +29,7 @@ def conversation():
     ctx = make_context(keys={"user": "ada", "chat": "long"}, title="A long conversation", messages=118)
     run = make_run(context=ctx, steps=3, observations=LONG_OUTPUT)
     step = run.steps.get(position=2)
-    logbook.messages_append(
+    messages_append(
         context=ctx,
         items=[
             {"role": "tool", "name": "get_weather", "text": LONG_OUTPUT, "run_id": run.pk, "step_id": step.pk},
@@ -186,8 +187,8 @@ def test_htmx_requests_show_a_loading_indicator(browser_page, conversation):
 
 def test_a_live_runs_poll_does_not_flash_the_loading_bar(browser_page):
     make_user(role="viewer", username="watcher")
-    run, _ = logbook.run_create(context=make_context(), task="t")
-    logbook.steps_append(run=run, items=[{"kind": "task", "task": "t"}, action_step(1)])
+    run, _ = run_create(context=make_context(), task="t")
+    steps_append(run=run, items=[{"kind": "task", "task": "t"}, action_step(1)])
     add_messages(context=run.context, count=1)
     page = browser_page
     login(page, "watcher", TEST_PASSWORD, next_path=f"/runs/{run.pk}/steps/1/")

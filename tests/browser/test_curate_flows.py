@@ -11,8 +11,8 @@ from playwright.sync_api import expect
 
 from memory_app import selectors
 from memory_app.audit import Actor
-from memory_app.logbook import message_edit
 from memory_app.models import ApiKey, AuditEvent, MemoryRecord, Message
+from memory_app.services.messages import message_edit
 from memory_app.views.playground import api_body, spec_from_params
 from tests.browser.conftest import login, screenshot
 from tests.builders import TEST_PASSWORD, make_context, make_run, make_user

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from memory_app import logbook
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.messages import messages_append
+from memory_app.services.runs import run_create, run_finish, steps_append
 from tests.browser.conftest import login, screenshot
 from tests.builders import TEST_PASSWORD, action_step, make_user
 
@@ -27,12 +29,12 @@ MARKDOWN = (
 @pytest.fixture
 def hostile():
     make_user(role="curator", username="ops")
-    context, _ = logbook.context_get_or_create(
+    context, _ = context_get_or_create(
         keys={"user": SCRIPT, "chat": IMG, "link": JS_URL},
         title=f"Hostile {SCRIPT}",
         metadata={"note": ALL},
     )
-    logbook.messages_append(
+    messages_append(
         context=context,
         items=[
             {
@@ -45,7 +47,7 @@ def hostile():
             {"role": "assistant", "text": MARKDOWN, "content": [{"type": "text", "text": SCRIPT}]},
         ],
     )
-    run, _ = logbook.run_create(
+    run, _ = run_create(
         context=context, task=f"Task {SCRIPT}", system_prompt=IMG, agent_name=SCRIPT
     )
     step = action_step(
@@ -71,8 +73,8 @@ def hostile():
             "output": ALL,
         },
     ]
-    logbook.steps_append(run=run, items=[{"kind": "task", "task": SCRIPT}, step])
-    logbook.run_finish(run=run, status="failed", final_answer={"answer": ALL})
+    steps_append(run=run, items=[{"kind": "task", "task": SCRIPT}, step])
+    run_finish(run=run, status="failed", final_answer={"answer": ALL})
     return {"context": context, "run": run}
 
 

@@ -7,10 +7,10 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from memory_app import curation
 from memory_app.audit import Actor
-from memory_app.logbook import messages_set_pruned
 from memory_app.models import ApiKey, AuditEvent, Message
+from memory_app.services import curation
+from memory_app.services.curation import messages_set_pruned
 from tests.browser.conftest import login, screenshot
 from tests.builders import TEST_PASSWORD, make_context, make_user
 

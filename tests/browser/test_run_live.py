@@ -10,6 +10,7 @@ import pytest
 from playwright.sync_api import expect
 
 from memory_app import auth
+from memory_app.services.runs import run_create, run_finish, steps_append
 from tests.browser.conftest import login, screenshot
 from tests.builders import TEST_PASSWORD, action_step, make_user
 
@@ -178,11 +179,10 @@ def test_a_run_without_steps_shows_its_first_step_when_it_arrives(browser_page, 
 
 
 def test_run_page_shows_steps_on_the_runs_clock_with_model_and_cost(browser_page):
-    from memory_app import logbook
     from tests.builders import make_context
 
     make_user(role="viewer", username="watcher")
-    run, _ = logbook.run_create(
+    run, _ = run_create(
         context=make_context(title="Timing"), task="Find the weather in Paris",
         metadata={"model": "gpt-4o"},
     )
@@ -190,8 +190,8 @@ def test_run_page_shows_steps_on_the_runs_clock_with_model_and_cost(browser_page
     items = [{"kind": "task", "task": "Find the weather in Paris"}]
     for number, (offset, seconds) in enumerate([(0, 2.5), (3, 10.0), (14, 360.0)], start=1):
         items.append(action_step(number, start_time=start + offset, end_time=start + offset + seconds))
-    logbook.steps_append(run=run, items=items)
-    logbook.run_finish(run=run, status="success", final_answer="Sunny")
+    steps_append(run=run, items=items)
+    run_finish(run=run, status="success", final_answer="Sunny")
 
     page = browser_page
     login(page, "watcher", TEST_PASSWORD, next_path=f"/runs/{run.pk}/steps/4/")

@@ -16,9 +16,13 @@ import time
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from memory_app import logbook, memories
+from memory_app import memories
 from memory_app.audit import Actor
 from memory_app.models import Context, Message, RunStatus
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.curation import messages_set_pruned
+from memory_app.services.messages import message_edit, messages_append
+from memory_app.services.runs import run_create, run_finish, steps_append
 
 SEED = Actor.system("seed_demo")
 
@@ -111,27 +115,27 @@ class Command(BaseCommand):
         if Context.objects.filter(keys__demo=True).exists():
             self.stdout.write("demo data already present")
             return
-        context, _ = logbook.context_get_or_create(
+        context, _ = context_get_or_create(
             keys={"demo": True, "user": "ada", "chat": "trip-planning"}, title="Ada plans a trip"
         )
-        logbook.messages_append(context=context, items=_conversation())
+        messages_append(context=context, items=_conversation())
         now = time.time() - 3600
         for task_steps, status, answer, agent, framework in [
             (_steps_ok(now), RunStatus.SUCCESS, "Sunny, 22C: pack light clothes and sunglasses.", "Atlas", "smolagents"),
             (_steps_with_error(now + 600), RunStatus.SUCCESS, "Oslo: Rain, 9C; Kyoto: Cloudy, 18C", "Atlas-code", "smolagents"),
         ]:
-            run, _ = logbook.run_create(
+            run, _ = run_create(
                 context=context, task=task_steps[0]["task"], agent_name=agent, framework=framework,
                 system_prompt="You are an expert assistant who can solve any task using tools.",
             )
-            logbook.steps_append(run=run, items=task_steps)
-            logbook.run_finish(run=run, status=status, final_answer=answer)
-        run, _ = logbook.run_create(context=context, task="Find a hotel in Lisbon under 150 EUR.", agent_name="Atlas", framework="smolagents")
-        logbook.steps_append(run=run, items=[{"kind": "task", "task": "Find a hotel in Lisbon under 150 EUR."}])
+            steps_append(run=run, items=task_steps)
+            run_finish(run=run, status=status, final_answer=answer)
+        run, _ = run_create(context=context, task="Find a hotel in Lisbon under 150 EUR.", agent_name="Atlas", framework="smolagents")
+        steps_append(run=run, items=[{"kind": "task", "task": "Find a hotel in Lisbon under 150 EUR."}])
 
         for user, chat, text in [("bob", "1", "Remind me to renew my passport."), ("ada", "support", "My booking code is ZX81.")]:
-            ctx, _ = logbook.context_get_or_create(keys={"demo": True, "user": user, "chat": chat})
-            logbook.messages_append(context=ctx, items=[
+            ctx, _ = context_get_or_create(keys={"demo": True, "user": user, "chat": chat})
+            messages_append(context=ctx, items=[
                 {"role": "user", "name": user, "text": text},
                 {"role": "assistant", "name": "Atlas", "text": "Noted."},
             ])
@@ -142,7 +146,7 @@ class Command(BaseCommand):
 
     def _tool_conversation(self) -> Context:
         """AgentScope-style turns: content blocks with tool_use / tool_result next to the text."""
-        ctx, _ = logbook.context_get_or_create(
+        ctx, _ = context_get_or_create(
             keys={"demo": True, "user": "ada", "chat": "kyoto", "framework": "agentscope"},
             title="Ada checks Kyoto (tool calls)",
         )
@@ -155,7 +159,7 @@ class Command(BaseCommand):
         call2 = {"type": "tool_use", "id": "call_k2", "name": "hourly_forecast", "input": {"city": "Kyoto", "days": 17}}
         result2 = {"type": "tool_result", "id": "call_k2", "name": "hourly_forecast", "output": forecast}
         text = "Cloudy at 18C for now; take an umbrella on Thursday."
-        logbook.messages_append(context=ctx, items=[
+        messages_append(context=ctx, items=[
             {"role": "system", "name": "system", "text": "You are Friday, a helpful assistant with weather tools."},
             {"role": "user", "name": "ada", "text": "What's the weather in Kyoto this week?",
              "content": [{"type": "text", "text": "What's the weather in Kyoto this week?"}]},
@@ -173,11 +177,11 @@ class Command(BaseCommand):
 
     def _support_chat(self) -> None:
         """A support chat an operator has curated: an edited message and a pruned one."""
-        ctx, _ = logbook.context_get_or_create(
+        ctx, _ = context_get_or_create(
             keys={"demo": True, "tenant": "acme", "user": "carol", "chat": "ticket-4711"},
             title="Carol's refund request",
         )
-        rows = logbook.messages_append(context=ctx, items=[
+        rows = messages_append(context=ctx, items=[
             {"role": "user", "name": "carol", "text": "Hi, I was charged twice for order A-1043."},
             {"role": "assistant", "name": "Helper", "text": "Sorry about that! Let me look.\nI can see two charges of 49 EUR on 12 March."},
             {"role": "user", "name": "carol", "text": "My card number is 4111 1111 1111 1111 if you need it."},
@@ -185,9 +189,9 @@ class Command(BaseCommand):
             {"role": "user", "name": "carol", "text": "Thanks!", "tags": ["resolved"]},
         ]).messages
         # The card number leaves every transcript (restorable from the audit log)...
-        logbook.messages_set_pruned(context=ctx, ids=[rows[2].pk], pruned=True, actor=SEED, note="card number")
+        messages_set_pruned(context=ctx, ids=[rows[2].pk], pruned=True, actor=SEED, note="card number")
         # ...and the answer is corrected: the audit keeps the old text beside the new one.
-        logbook.message_edit(
+        message_edit(
             message=rows[3], actor=SEED,
             text="No need for the card number. I have refunded one charge of 49 EUR.\nIt reaches your account in 3 to 5 days.",
         )

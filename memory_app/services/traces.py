@@ -12,7 +12,7 @@ it, whichever request brought them:
   are written when the root span arrives, which an exporter sends last;
 - steps are renumbered by start time, whatever order the requests came in.
 
-Every write goes through `memory_app.logbook`.
+Every write goes through the run and context services (`memory_app.services`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,18 @@ from typing import Any
 
 from django.db import transaction
 
-from memory_app import auth, logbook
-from memory_app.errors import KeysNotAllowed
+from memory_app import auth
+from memory_app.errors import Invalid, KeysNotAllowed
 from memory_app.interop import otlp
 from memory_app.models import ApiKey, Context, Run, RunStatus, Step, TraceSpan, keys_digest
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.runs import (
+    run_create,
+    run_finish,
+    run_update,
+    steps_append,
+    steps_order_by_start,
+)
 
 STEP_CHUNK = 200
 
@@ -63,10 +71,10 @@ def traces_ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]
     new_count, rejected, runs = 0, [], []
     with transaction.atomic():
         for keys, group in groups.values():
-            context, _ = logbook.context_get_or_create(keys=keys)
+            context, _ = context_get_or_create(keys=keys)
             # One writer per context at a time: two requests of one trace must not both create its run.
             context = Context.objects.select_for_update().get(pk=context.pk)
-            new, differing = logbook.trace_spans_record(context=context, spans=[_row(s) for s in group])
+            new, differing = trace_spans_record(context=context, spans=[_row(s) for s in group])
             new_count += len(new)
             rejected += differing
             for trace_id in sorted({row.trace_id for row in new}):
@@ -93,7 +101,7 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
     spans = [_span(r) for r in TraceSpan.objects.filter(context=context, trace_id=trace_id).order_by("start_ns")]
     run = Run.objects.filter(context=context, client_id=f"otel:{trace_id}").first()
     if run is None:
-        run, _ = logbook.run_create(
+        run, _ = run_create(
             context=context, client_id=f"otel:{trace_id}", framework=otlp.framework(spans[0]),
             metadata={"otel_trace_id": trace_id}, started_at=_when(spans[0]["start_ns"]),
         )
@@ -103,13 +111,13 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
     # In start order, so renumbering is needed only when a step starts before one already written.
     items = sorted((i for i in items if i["client_id"] not in done), key=lambda i: i.get("start_time") or 0.0)
     for i in range(0, len(items), STEP_CHUNK):
-        logbook.steps_append(run=run, items=items[i : i + STEP_CHUNK])
+        steps_append(run=run, items=items[i : i + STEP_CHUNK])
     if items:
-        logbook.steps_order_by_start(run=run)
+        steps_order_by_start(run=run)
     # The root ends last, but a retried batch may bring steps after it: then finish again.
     if root is not None and (run.status == RunStatus.RUNNING or items):
         task = otlp.run_task(root) if root["role"] == otlp.AGENT else None
-        logbook.run_update(
+        run_update(
             run=run, task=task, agent_name=otlp.run_agent_name(root) if root["role"] == otlp.AGENT else None,
             system_prompt=otlp.system_prompt([s for s in spans if s["role"] == otlp.LLM]),
             started_at=_when(root["start_ns"]),
@@ -119,7 +127,7 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
             # The steps' own usage, as for any other run (smolagents' AGENT span leaves the
             # planning calls out of its totals).
             outcome.update(input_tokens=None, output_tokens=None, total_tokens=None)
-        run = logbook.run_finish(run=run, finished_at=_when(root["end_ns"]), **outcome)
+        run = run_finish(run=run, finished_at=_when(root["end_ns"]), **outcome)
     return run
 
 
@@ -181,3 +189,33 @@ def _steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str,
             anchors[-1][1].append(s)
     items.extend(otlp.flat_step(anchor, tools) for anchor, tools in anchors)
     return items, root
+
+
+SPAN_FIELDS = ("parent_span_id", "name", "role", "start_ns", "end_ns", "data")
+
+
+def trace_spans_record(*, context: Context, spans: list[dict[str, Any]]) -> tuple[list[TraceSpan], list[str]]:
+    """Keep received spans; a span id already kept is not written again.
+
+    Returns the new rows and the ids of re-sent spans whose content differs from the kept one
+    (the kept one wins: a span does not change once it has ended).
+    """
+    ids = {(s["trace_id"], s["span_id"]) for s in spans}
+    if len(ids) != len(spans):
+        raise Invalid("a span id repeats within the request")
+    with transaction.atomic():
+        stored = {}
+        for trace_id in {s["trace_id"] for s in spans}:
+            wanted = [s["span_id"] for s in spans if s["trace_id"] == trace_id]
+            for row in TraceSpan.objects.filter(context=context, trace_id=trace_id, span_id__in=wanted):
+                stored[(row.trace_id, row.span_id)] = row
+        new, differing = [], []
+        for s in spans:
+            row = stored.get((s["trace_id"], s["span_id"]))
+            if row is None:
+                new.append(TraceSpan(context=context, trace_id=s["trace_id"], span_id=s["span_id"],
+                                     **{k: s[k] for k in SPAN_FIELDS}))
+            elif any(getattr(row, k) != s[k] for k in SPAN_FIELDS):
+                differing.append(s["span_id"])
+        TraceSpan.objects.bulk_create(new)
+    return new, differing

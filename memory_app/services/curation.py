@@ -1,8 +1,9 @@
-"""Curation writes beyond single prune/edit: bulk prune by filter, undo from the audit, purge.
+"""Curation writes: prune and restore (a soft delete), bulk prune by filter, undo from the audit,
+purge.
 
 Every change here is reversible through the audit trail except `pruned_purge`, which is the one
-irreversible action (admin only, typed confirmation, audited). Single-item prune/restore/edit
-live in `memory_app.logbook`; this module composes them.
+irreversible action (admin only, typed confirmation, audited). Edits of a message's text live
+with the other message writes (`memory_app.services.messages`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from django.db.models import Count, F, Q, QuerySet, Sum
 from django.utils import timezone
 
 from memory_app.audit import Actor, audit_record
+from memory_app.db import lock_contexts
 from memory_app.errors import Conflict, Invalid, NotFound
-from memory_app.logbook import lock_contexts, message_edit, messages_set_pruned, steps_set_pruned
 from memory_app.models import AuditEvent, Context, Message, MessageRole, Run, Step
+from memory_app.services.messages import message_edit
 
 PREVIEW_SAMPLE = 50
 MAX_TEXT_FILTER = 500
@@ -372,3 +374,45 @@ def apikey_withdraw(*, key, actor: Actor):
 
 # Long-term memory curation (promote, edit, archive, merge, list) lives in memory_app.memories,
 # the one implementation the API uses too.
+
+
+def messages_set_pruned(
+    *, context: Context, ids: list[int], pruned: bool, actor: Actor, note: str = ""
+) -> tuple[list[int], AuditEvent | None]:
+    """Prune (soft delete) or restore messages of one context; one audit event lists the ids.
+
+    Ids not in the context raise NotFound (nothing changes); ids already in the wanted state are
+    left alone and not listed.
+    """
+    return _set_pruned(model=Message, scope={"context": context}, ids=ids, pruned=pruned, actor=actor,
+                       context_id=context.pk, note=note)
+
+
+def steps_set_pruned(
+    *, run: Run, ids: list[int], pruned: bool, actor: Actor, note: str = ""
+) -> tuple[list[int], AuditEvent | None]:
+    return _set_pruned(model=Step, scope={"run": run}, ids=ids, pruned=pruned, actor=actor,
+                       context_id=run.context_id, note=note)
+
+
+def _set_pruned(*, model, scope, ids, pruned, actor, context_id, note):
+    ids = list(dict.fromkeys(int(i) for i in ids))
+    with transaction.atomic():
+        if model is Message:
+            lock_contexts([context_id])
+        rows = list(model.objects.select_for_update().filter(pk__in=ids, **scope).values_list("pk", "pruned_at"))
+        if len(rows) != len(ids):
+            missing = sorted(set(ids) - {pk for pk, _ in rows})
+            raise NotFound(f"{model._meta.model_name} {missing[0]} not found")
+        changing = sorted(pk for pk, at in rows if (at is None) == pruned)
+        if not changing:
+            return [], None
+        if pruned:
+            model.objects.filter(pk__in=changing).update(pruned_at=timezone.now(), pruned_by=actor.label)
+        else:
+            model.objects.filter(pk__in=changing).update(pruned_at=None, pruned_by="")
+        event = audit_record(
+            actor=actor, action="prune" if pruned else "restore", target_type=model._meta.model_name,
+            target_ids=changing, context_id=context_id, note=note,
+        )
+    return changing, event

@@ -1,0 +1,400 @@
+"""Writes of messages: append (one, or a batch through COPY), edit and retag.
+
+Every function is keyword-only, runs in one transaction, and either does all its work or none
+of it. Idempotency: a message carrying a client id that is already stored returns the stored
+row and writes nothing when the content is the same, and raises `Conflict` naming the fields
+that differ when it is not."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import BooleanField, F
+from django.db.models.base import ModelState
+from django.db.models.expressions import RawSQL
+from django.db.models.signals import post_init, pre_init
+from django.utils import timezone
+
+from memory_app import backlog, fulltext, tokens
+from memory_app.audit import Actor, audit_record
+from memory_app.db import copy_errors_as_django, copy_line, gc_paused, json_text, lock_contexts
+from memory_app.embeddings import client_vectors, providers, queue
+from memory_app.errors import Conflict, Invalid, NotFound, differences
+from memory_app.models import (
+    Context,
+    Message,
+    Run,
+    Step,
+)
+
+MAX_BATCH = 1000
+MESSAGE_FIELDS = ("role", "name", "text", "content", "tags", "metadata", "run_id", "step_id", "source_timestamp")
+
+
+def _message_defaults(item: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "role": item["role"],
+        "name": item.get("name") or "",
+        "text": item.get("text") or "",
+        "content": item.get("content"),
+        "tags": list(item.get("tags") or []),
+        "metadata": item.get("metadata") or {},
+        "run_id": item.get("run_id"),
+        "step_id": item.get("step_id"),
+        "source_timestamp": item.get("source_timestamp") or "",
+        # Not in MESSAGE_FIELDS: a repeat that differs only in key order is the same message.
+        "key_order": item.get("key_order"),
+    }
+
+
+@dataclass
+class AppendResult:
+    messages: list[Message]
+    created: list[bool] = field(default_factory=list)
+
+    @property
+    def any_created(self) -> bool:
+        return any(self.created)
+
+
+def messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer: str | None = None) -> AppendResult:
+    """Append messages to a context, all or nothing.
+
+    `items` are dicts with role, name, text, content, tags, metadata, run_id, step_id,
+    source_timestamp and an optional client_id. Seqs are allocated under the context's row lock,
+    so they are gap-free and strictly increasing whatever the number of concurrent writers.
+    """
+    if len(items) < COPY_THRESHOLD:
+        return _messages_append(context=context, items=items, tokenizer=tokenizer)
+    with gc_paused():
+        return _messages_append(context=context, items=items, tokenizer=tokenizer)
+
+
+def _messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer: str | None) -> AppendResult:
+    if not items:
+        return AppendResult(messages=[])
+    if len(items) > MAX_BATCH:
+        raise Invalid(f"at most {MAX_BATCH} messages per request, got {len(items)}")
+    client_ids = [i.get("client_id") for i in items if i.get("client_id")]
+    if len(set(client_ids)) != len(client_ids):
+        raise Invalid("client ids repeat within the batch")
+
+    # Client vectors are checked before anything is written (a wrong dimension names the item).
+    vectors = client_vectors.client_vectors(items, label="messages")
+    tokenizer = tokenizer or tokens.default_tokenizer_name()
+    tokens.get_encoding(tokenizer)  # an unknown tokenizer fails before any work
+    prepared = [_message_defaults(i) for i in items]
+    _check_links(context=context, items=prepared)
+
+    args = {"context": context, "items": items, "prepared": prepared, "vectors": vectors,
+            "client_ids": client_ids, "tokenizer": tokenizer}
+    try:
+        result = _append_once(**args)
+    except IntegrityError as exc:
+        # A concurrent writer stored one of our client ids between our check and our insert;
+        # everything rolled back (seqs included). Once more: the check now finds it.
+        if "message_client_id_unique" not in str(exc):
+            raise
+        result = _append_once(**args)
+    client_vectors.ensure_vector_indexes(vectors)
+    return result
+
+
+def _append_once(*, context, items, prepared, vectors, client_ids, tokenizer) -> AppendResult:
+    with transaction.atomic():
+        # `= ANY(array)`: one parameter instead of an IN list of up to 1,000 that Django compiles
+        # and psycopg merges into the text (~7 ms of a 1,000-message batch).
+        existing = {
+            m.client_id: m
+            for m in Message.objects.filter(
+                RawSQL("client_id = ANY(%s)", [client_ids], output_field=BooleanField()),  # noqa: S611 - constant SQL
+                context=context,
+            )
+        } if client_ids else {}
+        results: list[Message | None] = []
+        created_flags: list[bool] = []
+        new: list[int] = []  # positions in `items` of the messages stored now
+        for n, (item, data) in enumerate(zip(items, prepared, strict=True)):
+            cid = item.get("client_id")
+            if cid and cid in existing:
+                stored = existing[cid]
+                diff = differences(
+                    {k: getattr(stored, k) for k in MESSAGE_FIELDS}, {k: data[k] for k in MESSAGE_FIELDS}
+                )
+                if diff:
+                    raise Conflict(f"message {cid!r} already exists with different content", diff)
+                results.append(stored)
+                created_flags.append(False)
+                continue
+            new.append(n)
+            results.append(None)
+            created_flags.append(True)
+        if new:
+            specs = [(items[n].get("client_id") or None, prepared[n]) for n in new]
+            copy = len(new) >= COPY_THRESHOLD
+            # Repeats are not counted. A small batch is counted before the lock (the UPDATE below
+            # takes it); a large one inside its COPY stream (`_copy_messages`).
+            counts = None if copy else tokens.count_tokens(
+                [tokens.token_text(d["text"], d["content"]) for _, d in specs], tokenizer=tokenizer
+            )
+            # One statement takes the context's row lock and allocates the seqs: concurrent
+            # appenders queue here, so seqs are gap-free and strictly increasing. A small batch
+            # to a context whose full-text vectors are caught up writes its own (below) and
+            # moves search_seq along; a large one leaves them to the indexer (memory_app.fulltext).
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {Context._meta.db_table} SET last_seq = last_seq + %s, "  # noqa: S608 - constant
+                    "search_seq = CASE WHEN %s AND search_seq = last_seq THEN last_seq + %s ELSE search_seq END, "
+                    "message_count = message_count + %s, token_count = token_count + %s, "
+                    "last_activity_at = %s WHERE id = %s RETURNING last_seq, search_seq",
+                    [len(new), not copy, len(new), len(new), sum(counts or ()), timezone.now(), context.pk],
+                )
+                last, searched = cursor.fetchone()
+            first = last - len(new) + 1
+            if copy:
+                new_rows = _copy_messages(context_id=context.pk, specs=specs, first_seq=first, tokenizer=tokenizer)
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        f"UPDATE {Context._meta.db_table} SET token_count = token_count + %s WHERE id = %s",  # noqa: S608
+                        [sum(r.token_count for r in new_rows), context.pk],
+                    )
+            else:
+                new_rows = [
+                    _new_message(context_id=context.pk, client_id=cid, seq=first + offset, token_count=count,
+                                 tokenizer=tokenizer, **data)
+                    for offset, ((cid, data), count) in enumerate(zip(specs, counts, strict=True))
+                ]
+                Message.objects.bulk_create(new_rows)
+            for n, row in zip(new, new_rows, strict=True):
+                results[n] = row
+            if searched == last:
+                fulltext.index_messages(context.pk, first, last)
+            else:
+                transaction.on_commit(_wake_indexer)
+            _after_messages_created(new_rows, [vectors[n] for n in new])
+    return AppendResult(messages=results, created=created_flags)
+
+
+def _wake_indexer() -> None:
+    backlog.wake_indexer()
+
+
+_MESSAGE_COLUMNS = [(f.attname, f) for f in Message._meta.concrete_fields]
+_MESSAGE_ATTNAMES = frozenset(a for a, _ in _MESSAGE_COLUMNS)
+
+
+def _new_message(**values: Any) -> Message:
+    """`Message(**values)` built positionally, as `Model.from_db` builds rows: Django's keyword
+    path (a default and a descriptor per field) cost ~15 ms of a 1,000-message batch."""
+    _check_message_fields(values)
+    return Message(*[values[a] if a in values else f.get_default() for a, f in _MESSAGE_COLUMNS])
+
+
+def _check_message_fields(values: dict[str, Any]) -> None:
+    if unknown := values.keys() - _MESSAGE_ATTNAMES:
+        raise TypeError(f"Message has no field {sorted(unknown)[0]!r}")
+
+
+def _message_factory():
+    """What `_new_message` builds, for a batch: when nothing listens to the model's pre_init /
+    post_init signals, the instance's `__dict__` is filled directly (what `Model.__init__`'s
+    per-field setattr leaves there for a new instance: no related object is cached yet), in a
+    third of the time (≈ 4 against 12 µs a row)."""
+    if pre_init.has_listeners(Message) or post_init.has_listeners(Message):
+        return _new_message
+    new, state, defaults = Message.__new__, ModelState, _MESSAGE_COLUMNS
+
+    def build(**values: Any) -> Message:
+        _check_message_fields(values)
+        row = new(Message)
+        row._state = state()
+        fields = row.__dict__
+        fields.update(values)
+        for attname, f in defaults:
+            if attname not in fields:
+                fields[attname] = f.get_default()
+        return row
+
+    return build
+
+
+# From this many rows on, COPY beats a multi-row INSERT: psycopg merges every parameter of an
+# INSERT into its text (19 per message) and Django compiles it, ~200 ms for 1,000 messages.
+COPY_THRESHOLD = 50
+# Rows counted and written per step of the COPY stream (≈ 35 KB of typical messages: about one
+# of psycopg's 32 KB sends).
+COPY_CHUNK = 100
+_COPY_COLUMNS = (
+    "id", "context_id", "seq", "client_id", "role", "name", "text", "content", "tags", "metadata",
+    "run_id", "step_id", "token_count", "tokenizer", "source_timestamp", "created_at", "updated_at",
+    "pruned_by", "key_order",
+)
+
+
+def _copy_messages(
+    *, context_id: int, specs: list[tuple[str | None, dict[str, Any]]], first_seq: int, tokenizer: str
+) -> list[Message]:
+    """Insert new messages (`(client_id, prepared fields)`, seqs from `first_seq` on) with one
+    COPY and return them as saved rows; ids are drawn from the table's sequence first so the
+    objects come back with their primary keys, as bulk_create would give them.
+
+    Tokens are counted and rows built chunk by chunk while the COPY is open: psycopg sends the
+    rows every 32 KB, so PostgreSQL (another process, on another core) parses a chunk and
+    stores it while Python counts the next one, instead of waiting for all
+    of Python's work first (tiktoken was a fifth of a 1,000-message batch, the server's side of
+    the COPY about a third). Chunks rather than rows: tiktoken's tables and Python's objects
+    each stay in the CPU's caches for a run of rows (interleaving them row by row cost more
+    CPU than it overlapped)."""
+    table = Message._meta.db_table
+    now = timezone.now()
+    stamp = now.isoformat()
+    encode = tokens.get_encoding(tokenizer).encode_ordinary
+    token_text = tokens.token_text
+    build = _message_factory()
+    rows: list[Message] = []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
+            [table, len(specs)],
+        )
+        ids = [pk for (pk,) in cursor.fetchall()]
+        columns = ", ".join(_COPY_COLUMNS)
+        with copy_errors_as_django(), cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:  # noqa: S608 - constants
+            for lo in range(0, len(specs), COPY_CHUNK):
+                chunk = specs[lo:lo + COPY_CHUNK]
+                counts = [len(encode(token_text(d["text"], d["content"]))) for _, d in chunk]
+                lines = []
+                for offset, ((cid, d), count) in enumerate(zip(chunk, counts, strict=True), start=lo):
+                    pk, seq = ids[offset], first_seq + offset
+                    r = build(
+                        id=pk, context_id=context_id, client_id=cid, seq=seq, tokenizer=tokenizer,
+                        token_count=count, created_at=now, updated_at=now, **d,
+                    )
+                    rows.append(r)
+                    lines.append(copy_line((
+                        pk, context_id, seq, cid, r.role, r.name, r.text,
+                        None if r.content is None else json_text(r.content), list(r.tags),
+                        json_text(r.metadata), r.run_id, r.step_id, count, tokenizer, r.source_timestamp,
+                        stamp, stamp, r.pruned_by, None if r.key_order is None else json_text(r.key_order),
+                    )))
+                copy.write("".join(lines))
+    return rows
+
+
+def _check_links(*, context: Context, items: list[dict[str, Any]]) -> None:
+    """Messages may link only to runs and steps of their own context (others: NotFound)."""
+    for link, qs in (
+        ("run_id", Run.objects.filter(context=context)),
+        ("step_id", Step.objects.filter(run__context=context)),
+    ):
+        wanted = {i[link] for i in items if i.get(link)}
+        if wanted:
+            found = set(qs.filter(pk__in=wanted).values_list("pk", flat=True))
+            if missing := wanted - found:
+                raise NotFound(f"{link.removesuffix('_id')} {sorted(missing)[0]} not found in this context")
+
+
+def _after_messages_created(rows: list[Message], vectors: list | None = None) -> None:
+    """Work that follows every new message: client vectors stored (COPY), and the others queued
+    for the configured model's worker."""
+
+    vectors = vectors or [None] * len(rows)
+    client_vectors.vectors_copy(
+        [(row.pk, None, row.context_id, v) for row, v in zip(rows, vectors, strict=True) if v is not None]
+    )
+    active = providers.active_model_name()
+    queue.enqueue_messages(
+        [row for row, v in zip(rows, vectors, strict=True) if v is None or v.model != active]
+    )
+
+
+def message_edit(
+    *, message: Message, actor: Actor, text: str | None = None, tags: list[str] | None = None,
+    metadata: dict | None = None,
+) -> Message:
+    """Edit a message; the previous version is kept in the audit event."""
+    if _unstorable(text) or _unstorable(tags) or _unstorable(metadata):
+        raise Invalid(
+            "text, tags and metadata cannot hold NUL characters or lone surrogates"
+            " (PostgreSQL stores UTF-8 text without NUL)"
+        )
+    with transaction.atomic():
+        lock_contexts([message.context_id])
+        message = Message.objects.select_for_update().get(pk=message.pk)
+        before = {"text": message.text, "tags": message.tags, "metadata": message.metadata}
+        update_fields = ["updated_at"]
+        if text is not None and text != message.text:
+            [count] = tokens.count_tokens(
+                [tokens.token_text(text, message.content)], tokenizer=message.tokenizer or None
+            )
+            Context.objects.filter(pk=message.context_id).update(token_count=F("token_count") + count - message.token_count)
+            message.text, message.token_count = text, count
+            update_fields += ["text", "token_count"]
+        if tags is not None:
+            message.tags = list(tags)
+            update_fields.append("tags")
+        if metadata is not None:
+            message.metadata = metadata
+            update_fields.append("metadata")
+        message.save(update_fields=update_fields)
+        after = {"text": message.text, "tags": message.tags, "metadata": message.metadata}
+        if after != before:
+            audit_record(
+                actor=actor, action="edit", target_type="message", target_ids=[message.pk],
+                context_id=message.context_id, before=before, after=after,
+            )
+            if "text" in update_fields:
+
+                queue.requeue_message(message)
+    return message
+
+
+def messages_retag(
+    *, context: Context, tags_by_id: dict[int, list[str]], actor: Actor, note: str = ""
+) -> list[int]:
+    """Set the tags of several messages of one context at once (AgentScope's marks); one audit
+    event keeps every changed message's tags before and after. Answers the changed ids."""
+    if _unstorable(list(tags_by_id.values())):
+        raise Invalid("tags cannot hold NUL characters (PostgreSQL cannot store them)")
+    with transaction.atomic():
+        rows = list(
+            Message.objects.select_for_update().filter(context=context, pk__in=list(tags_by_id)).order_by("pk")
+        )
+        if len(rows) != len(tags_by_id):
+            missing = sorted(set(tags_by_id) - {r.pk for r in rows})
+            raise NotFound(f"message {missing[0]} not found")
+        changed = [r for r in rows if list(r.tags) != list(tags_by_id[r.pk])]
+        if not changed:
+            return []
+        before = {str(r.pk): list(r.tags) for r in changed}
+        for r in changed:
+            r.tags = list(tags_by_id[r.pk])
+        Message.objects.bulk_update(changed, ["tags"])
+        audit_record(
+            actor=actor, action="edit", target_type="message", target_ids=[r.pk for r in changed],
+            context_id=context.pk, before={"tags": before},
+            after={"tags": {str(r.pk): r.tags for r in changed}}, note=note,
+        )
+    return [r.pk for r in changed]
+
+
+def _unstorable(value: Any) -> bool:
+    """True when a NUL character or a lone surrogate (no UTF-8 form) hides anywhere in a string,
+    list or dict (keys included): PostgreSQL text can hold neither."""
+    if isinstance(value, str):
+        return "\x00" in value or not value.isascii() and _has_surrogate(value)
+    if isinstance(value, dict):
+        return any(_unstorable(k) or _unstorable(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_unstorable(v) for v in value)
+    return False
+
+
+def _has_surrogate(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

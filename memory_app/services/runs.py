@@ -1,0 +1,209 @@
+"""Writes of runs, their steps and tool calls: create, update, append steps, finish, reorder.
+
+A step carrying a client id already stored returns the stored step when its content is the
+same and raises `Conflict` naming the fields that differ when it is not."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Sum
+from django.utils import timezone
+
+from memory_app.errors import Conflict, Invalid, differences
+from memory_app.models import (
+    Context,
+    Run,
+    RunStatus,
+    Step,
+    ToolCall,
+)
+from memory_app.queries import STEP_SPAN, run_span
+from memory_app.services.messages import MAX_BATCH
+
+RUN_FIELDS = ("task", "system_prompt", "agent_name", "framework", "metadata")
+
+
+def run_create(
+    *, context: Context, client_id: str | None = None, task: str = "", system_prompt: str = "",
+    agent_name: str = "", framework: str = "", metadata: dict | None = None, started_at=None,
+) -> tuple[Run, bool]:
+    data = {
+        "task": task or "", "system_prompt": system_prompt or "", "agent_name": agent_name or "",
+        "framework": framework or "", "metadata": metadata or {},
+    }
+    with transaction.atomic():
+        if client_id:
+            stored = Run.objects.filter(context=context, client_id=client_id).first()
+            if stored is not None:
+                diff = differences({k: getattr(stored, k) for k in RUN_FIELDS}, data)
+                if diff:
+                    raise Conflict(f"run {client_id!r} already exists with different content", diff)
+                return stored, False
+        try:
+            with transaction.atomic():
+                # No started_at unless the agent gives one: the server's clock at this call is not
+                # when the agent started (an import arrives long after); run_finish fills it in.
+                run = Run.objects.create(context=context, client_id=client_id or None, started_at=started_at, **data)
+        except IntegrityError:
+            # A concurrent writer created it first: answer as a repeat would.
+            return run_create(context=context, client_id=client_id, started_at=started_at, **data)
+        Context.objects.filter(pk=context.pk).update(run_count=F("run_count") + 1, last_activity_at=timezone.now())
+    return run, True
+
+
+def run_update(
+    *, run: Run, task: str | None = None, system_prompt: str | None = None, agent_name: str | None = None,
+    started_at=None,
+) -> Run:
+    """Fill in a run's description once it is known (a trace tells the task only at its end)."""
+    given = {"task": task, "system_prompt": system_prompt, "agent_name": agent_name, "started_at": started_at}
+    fields = {k: v for k, v in given.items() if v is not None and v != getattr(run, k)}
+    if fields:
+        Run.objects.filter(pk=run.pk).update(**fields, updated_at=timezone.now())
+        for name, value in fields.items():
+            setattr(run, name, value)
+    return run
+
+
+STEP_FIELDS = (
+    "kind", "step_number", "task", "plan", "model_input_messages", "model_output_message", "model_output",
+    "code_action", "observations", "action_output", "error_type", "error_message", "start_time",
+    "end_time", "duration", "input_tokens", "output_tokens", "total_tokens", "model", "cost", "is_final_answer",
+    "payload",
+)
+
+
+TOOL_CALL_FIELDS = ("call_id", "name", "arguments", "output", "success", "duration")
+
+
+def _step_data(item: dict[str, Any]) -> dict[str, Any]:
+    data = {k: item.get(k) for k in STEP_FIELDS}
+    data["is_final_answer"] = bool(item.get("is_final_answer"))
+    data["model"] = data["model"] or ""
+    if data["duration"] is None and data["start_time"] is not None and data["end_time"] is not None:
+        data["duration"] = data["end_time"] - data["start_time"]
+    if data["total_tokens"] is None and data["input_tokens"] is not None and data["output_tokens"] is not None:
+        data["total_tokens"] = data["input_tokens"] + data["output_tokens"]
+    return data
+
+
+def _tool_call_data(item: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "call_id": item.get("call_id") or "", "name": item["name"], "arguments": item.get("arguments"),
+        "output": item.get("output"), "success": item.get("success"), "duration": item.get("duration"),
+    }
+
+
+@dataclass
+class StepsResult:
+    steps: list[Step]
+    created: list[bool] = field(default_factory=list)
+
+    @property
+    def any_created(self) -> bool:
+        return any(self.created)
+
+
+def steps_append(*, run: Run, items: list[dict[str, Any]]) -> StepsResult:
+    """Append steps (each with its tool calls) to a run, all or nothing, positions in order."""
+    if len(items) > MAX_BATCH:
+        raise Invalid(f"at most {MAX_BATCH} steps per request, got {len(items)}")
+    client_ids = [i.get("client_id") for i in items if i.get("client_id")]
+    if len(set(client_ids)) != len(client_ids):
+        raise Invalid("client ids repeat within the batch")
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().only("id", "last_position", "context_id").get(pk=run.pk)
+        existing = {s.client_id: s for s in Step.objects.filter(run=run, client_id__in=client_ids)} if client_ids else {}
+        results: list[Step] = []
+        created: list[bool] = []
+        new_steps: list[tuple[Step, list[dict]]] = []
+        for item in items:
+            data = _step_data(item)
+            calls = [_tool_call_data(c) for c in item.get("tool_calls") or []]
+            cid = item.get("client_id")
+            if cid and cid in existing:
+                stored = existing[cid]
+                diff = differences({k: getattr(stored, k) for k in STEP_FIELDS}, data)
+                stored_calls = [
+                    {k: getattr(tc, k) for k in TOOL_CALL_FIELDS} for tc in stored.tool_calls.order_by("position")
+                ]
+                if stored_calls != calls:
+                    diff["tool_calls"] = {"stored": stored_calls, "sent": calls}
+                if diff:
+                    raise Conflict(f"step {cid!r} already exists with different content", diff)
+                results.append(stored)
+                created.append(False)
+                continue
+            step = Step(run_id=run.pk, client_id=cid or None, **data)
+            new_steps.append((step, calls))
+            results.append(step)
+            created.append(True)
+        if new_steps:
+            for offset, (step, _) in enumerate(new_steps, start=1):
+                step.position = locked.last_position + offset
+            Step.objects.bulk_create([s for s, _ in new_steps])
+            ToolCall.objects.bulk_create(
+                [ToolCall(step=s, position=i, **c) for s, calls in new_steps for i, c in enumerate(calls, start=1)]
+            )
+            errors = sum(1 for s, _ in new_steps if s.error_type)
+            Run.objects.filter(pk=run.pk).update(
+                last_position=F("last_position") + len(new_steps),
+                step_count=F("step_count") + len(new_steps),
+                error_count=F("error_count") + errors,
+            )
+            Context.objects.filter(pk=locked.context_id).update(last_activity_at=timezone.now())
+    return StepsResult(steps=results, created=created)
+
+
+def run_finish(
+    *, run: Run, status: str, final_answer: Any = None, input_tokens: int | None = None,
+    output_tokens: int | None = None, total_tokens: int | None = None, finished_at=None,
+) -> Run:
+    """Mark a run finished; token totals default to the sum over its steps.
+
+    Its start and end are the agent's when known: the times it gave, else the span of its steps'
+    own timings, and only then the server's (creation, now). Mixing the server's clock with the
+    steps' made an imported 5 s run last 6 ms (both stamped on arrival) or a 6 min one 347 ms.
+    """
+    if status not in RunStatus.values or status == RunStatus.RUNNING:
+        raise Invalid(f"status must be one of {[s for s in RunStatus.values if s != RunStatus.RUNNING]}")
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        sums = run.steps.aggregate(
+            i=Sum("input_tokens"), o=Sum("output_tokens"), t=Sum("total_tokens"), **STEP_SPAN
+        )
+        if input_tokens is None and output_tokens is None and total_tokens is None:
+            input_tokens, output_tokens, total_tokens = sums["i"], sums["o"], sums["t"]
+        elif total_tokens is None and input_tokens is not None and output_tokens is not None:
+            total_tokens = input_tokens + output_tokens
+        run.status = status
+        run.final_answer = final_answer
+        run.input_tokens, run.output_tokens, run.total_tokens = input_tokens, output_tokens, total_tokens
+        run.started_at, run.finished_at = run_span(
+            started_at=run.started_at, finished_at=finished_at, first_start=sums["first_start"],
+            last_end=sums["last_end"], created_at=run.created_at,
+        )
+        run.duration = max(0.0, (run.finished_at - run.started_at).total_seconds())
+        run.save()
+    return run
+
+
+def steps_order_by_start(*, run: Run) -> bool:
+    """Renumber a run's steps by start time (steps without one keep their place after those
+    with one), for writers whose steps arrive out of order (OpenTelemetry spans). True when
+    positions changed. Positions stay 1..n; step ids, and the links to them, do not change."""
+    with transaction.atomic():
+        Run.objects.select_for_update().filter(pk=run.pk).first()
+        rows = list(Step.objects.filter(run=run).values_list("pk", "position", "start_time"))
+        wanted = sorted(rows, key=lambda r: (r[2] is None, r[2] or 0.0, r[1]))
+        if [r[0] for r in wanted] == [r[0] for r in sorted(rows, key=lambda r: r[1])]:
+            return False
+        # (run, position) is unique and checked row by row: move every step out of the way first.
+        shift = max(r[1] for r in rows)
+        Step.objects.filter(run=run).update(position=F("position") + shift)
+        for position, (pk, _, _) in enumerate(wanted, start=1):
+            Step.objects.filter(pk=pk).update(position=position)
+    return True
