@@ -9,6 +9,7 @@ including operator-level actions). `admin` implies the other two; `write` does n
 
 Confinement: a key whose `context_keys` is `{"tenant": "acme"}` sees only contexts whose keys
 contain it (PostgreSQL `keys @> context_keys`). Anything outside answers 404, as if absent.
+Confinement values are never empty (see `_check_confinement`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,31 @@ def _normalise_scopes(scopes: list[str] | tuple[str, ...]) -> list[str]:
     return wanted
 
 
+def _check_confinement(context_keys: dict[str, Any]) -> None:
+    """Refuse a confinement holding an empty value anywhere: "" or whitespace (what an unset
+    variable in `{"tenant": "$TENANT"}` becomes, so unrelated keys would share one tenant), null
+    (the same, from a JSON template), and an empty object or list (`keys @> confinement` holds for
+    every object or list value there, so it confines to nothing). `{}` as a whole is no
+    confinement, said on purpose."""
+    stack: list[tuple[str, Any]] = [(json.dumps(k), v) for k, v in context_keys.items()]
+    while stack:
+        path, value = stack.pop()
+        if value is None or (isinstance(value, str) and not value.strip()):
+            empty = "null" if value is None else json.dumps(value)
+        elif isinstance(value, dict | list) and not value:
+            empty = "an empty object" if isinstance(value, dict) else "an empty list"
+        else:
+            if isinstance(value, dict):
+                stack += [(f"{path}.{json.dumps(k)}", v) for k, v in value.items()]
+            elif isinstance(value, list):
+                stack += [(f"{path}[{n}]", v) for n, v in enumerate(value)]
+            continue
+        raise ValueError(
+            f"context_keys {path} is empty ({empty}): a key is confined to non-empty values, "
+            'e.g. {"tenant": "acme"}; leave context_keys out for a key that is not confined'
+        )
+
+
 def apikey_create(
     *,
     name: str,
@@ -63,6 +89,7 @@ def apikey_create(
     """Create a key; the returned `secret` is the only time the full key exists in clear."""
     if context_keys is not None and not isinstance(context_keys, dict):
         raise ValueError("context_keys must be a JSON object")
+    _check_confinement(context_keys or {})
     scopes = _normalise_scopes(scopes)
     prefix = secrets.token_hex(6)
     secret = f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"

@@ -65,17 +65,31 @@ def test_lone_surrogate_in_text_is_422(api, cid):
         "Token x",
     ],
 )
-def test_missing_or_bad_key_is_401(cid, header):
+def test_missing_or_bad_key_is_401_with_a_bearer_challenge(cid, header):
     extra = {"HTTP_AUTHORIZATION": header} if header is not None else {}
     response = Client().get(f"/api/v1/contexts/{cid}", **extra)
     assert response.status_code == 401
     assert response.json()["detail"]
+    sent_a_token = (
+        header is not None and header.startswith("Bearer ") and header.strip() != "Bearer"
+    )
+    expected = 'Bearer error="invalid_token"' if sent_a_token else "Bearer"
+    assert response["WWW-Authenticate"] == expected
 
 
-def test_revoked_key_is_401(api, cid):
+def test_revoked_key_is_401_with_an_invalid_token_challenge(api, cid):
     assert api.get(f"/api/v1/contexts/{cid}").status_code == 200
     auth.apikey_revoke(key=api.key)
-    assert api.get(f"/api/v1/contexts/{cid}").status_code == 401
+    response = api.get(f"/api/v1/contexts/{cid}")
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == 'Bearer error="invalid_token"'
+
+
+@pytest.mark.parametrize("path", ["/api/v1/traces", "/v1/traces"])
+def test_an_otlp_export_without_a_key_is_401_with_a_bearer_challenge(path):
+    response = Client().post(path, data=b"{}", content_type="application/json")
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == "Bearer"
 
 
 def test_a_wrong_secret_with_a_real_prefix_is_401(api, cid):

@@ -1,5 +1,6 @@
 """API keys: hashed storage, shown once, last_used_at throttled, management command."""
 
+import json
 from datetime import timedelta
 from io import StringIO
 
@@ -65,3 +66,40 @@ def test_command_creates_lists_and_revokes_keys():
 def test_command_errors_are_clear(args):
     with pytest.raises(CommandError):
         call_command("apikey", *args, stdout=StringIO())
+
+
+# An empty value confines a key to nothing in particular: "" is what an unset variable in
+# `{"tenant": "$TENANT"}` becomes (every such key shares one "tenant"), and in PostgreSQL's
+# `keys @> confinement` an empty object or list is contained in every object or list value.
+EMPTY_CONFINEMENTS = [
+    {"tenant": ""},
+    {"tenant": "   "},
+    {"tenant": None},
+    {"tenant": {}},
+    {"tenant": []},
+    {"tenant": "acme", "org": {"team": ""}},
+    {"tenant": ["acme", ""]},
+]
+
+
+@pytest.mark.parametrize("confinement", EMPTY_CONFINEMENTS, ids=json.dumps)
+def test_a_key_confined_to_an_empty_value_is_refused(confinement):
+    with pytest.raises(ValueError, match="empty") as caught:
+        auth.apikey_create(name="x", context_keys=confinement)
+    assert "tenant" in str(caught.value) or "team" in str(caught.value)
+    assert not ApiKey.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "confinement",
+    [{}, {"tenant": "acme"}, {"tenant": 0}, {"tenant": False}, {"org": {"team": "red"}}, {"tenant": ["acme"]}],
+    ids=json.dumps,
+)
+def test_a_key_confined_to_real_values_or_not_confined_is_created(confinement):
+    assert auth.apikey_create(name="x", context_keys=confinement).key.context_keys == confinement
+
+
+def test_the_command_says_why_an_empty_confinement_is_refused():
+    with pytest.raises(CommandError, match='"tenant".*empty'):
+        call_command("apikey", "create", "x", "--context-keys", '{"tenant": ""}', stdout=StringIO())
+    assert not ApiKey.objects.exists() and not AuditEvent.objects.exists()

@@ -235,3 +235,71 @@ def test_an_import_that_fails_half_way_writes_nothing():
     assert not Context.objects.exists() and not Message.objects.exists() and not Run.objects.exists()
     backup.import_lines(lines)  # the good file goes in whole
     assert Message.objects.count() == 30 and Run.objects.count() == 2
+
+
+# --- POST /api/v1/import: a line that cannot be read is a 422 naming it ---------------------------
+
+DEEP = 10_000
+
+
+def _api_backup_with(*, text: str = '"m1"', metadata: str = "{}"):
+    """An admin key, and a backup of one context with three messages whose second message's
+    text and metadata are written as the raw JSON `text` and `metadata`; the store is then wiped,
+    so an import would create everything. Also the number of that message's line."""
+    from tests.api_helpers import make_key
+
+    admin = make_key(scopes=["read", "write", "admin"])
+    ctx, _ = logbook.context_get_or_create(keys={"user": "ada", "chat": "fuzzed-import"})
+    logbook.messages_append(context=ctx, items=[{"role": "user", "text": f"m{n}"} for n in range(3)])
+    lines = list(backup.export_lines(contexts=backup.contexts_matching(context_ids=[ctx.pk])))
+    _wipe()
+    [n] = [i for i, line in enumerate(lines) if json.loads(line).get("text") == "m1"]
+    assert '"text":"m1"' in lines[n] and '"metadata":{}' in lines[n]
+    lines[n] = lines[n].replace('"text":"m1"', f'"text":{text}').replace('"metadata":{}', f'"metadata":{metadata}')
+    return admin, "".join(line if line.endswith("\n") else line + "\n" for line in lines), n + 1
+
+
+def _api_import(admin, body: str):
+    return admin.client.generic(
+        "POST", "/api/v1/import", body, content_type="application/x-ndjson", **admin._headers()
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "complaint"),
+    [
+        ({"text": '"\\ud800"'}, "surrogate"),
+        ({"text": '"tea \\udfff and \\ud83d\\ude00"'}, "surrogate"),
+        ({"metadata": '{"\\udc00": 1}'}, "surrogate"),
+        ({"metadata": '{"a": ' * DEEP + "1" + "}" * DEEP}, "nested"),
+        ({"metadata": '{"a": ' + "[" * DEEP + "]" * DEEP + "}"}, "nested"),
+        # Readable (orjson reads 1,024 levels), but the encoders the import writes with recurse.
+        ({"metadata": '{"a": ' * 1000 + "1" + "}" * 1000}, "nested"),
+        ({"text": '"NUL \\u0000"'}, "NUL"),
+    ],
+    ids=[
+        "lone-high-surrogate", "lone-low-surrogate-beside-a-pair", "surrogate-key", "deep-object",
+        "deep-array", "1000-deep", "nul",
+    ],
+)
+def test_an_api_import_line_that_is_not_storable_json_is_a_422_naming_it_and_writes_nothing(raw, complaint):
+    admin, body, number = _api_backup_with(**raw)
+    response = _api_import(admin, body)
+    assert response.status_code == 422, response.content[:300]
+    detail = response.json()["detail"]
+    assert f"line {number}" in detail and complaint in detail
+    assert not Context.objects.exists() and not Message.objects.exists()
+
+
+def test_an_api_import_keeps_paired_surrogates_and_json_nested_up_to_the_limit():
+    """What the 422s above refuse is narrow: an emoji written as an escaped surrogate pair is
+    text, and a line nested MAX_DEPTH deep (the line's object, then its metadata) is stored."""
+    from memory_app.api.backup import MAX_DEPTH
+
+    depth = MAX_DEPTH - 1
+    nested = '{"a": ' * depth + "1" + "}" * depth
+    admin, body, _ = _api_backup_with(text='"tea \\ud83c\\udf75"', metadata=nested)
+    response = _api_import(admin, body)
+    assert response.status_code == 200, response.content[:300]
+    stored = Message.objects.get(seq=2)
+    assert stored.text == "tea \U0001f375" and stored.metadata == json.loads(nested)

@@ -13,8 +13,10 @@ import pytest
 from memory_app import auth
 from memory_app.client import ApiError, MemoryClient, ServerUnreachable
 from memory_app.client.agentscope import ServerLongTermMemory
-from memory_app.models import AuditEvent, MemoryRecord, Message
+from memory_app.client.smolagents import import_run
+from memory_app.models import AuditEvent, MemoryRecord, Message, Run, Step
 from tests.aio import run_coroutine
+from tests.smol_agents import run_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -182,3 +184,115 @@ def test_a_refused_connection_is_retried_then_raises_server_unreachable():
     assert "no answer after 4 attempts" in str(caught.value)
     assert isinstance(caught.value.__cause__, httpx.ConnectError)
     assert time.monotonic() - started < 5
+
+
+# --- exactly-once writes through a dropped answer ------------------------------------------------
+
+
+class DropsOneAnswer(httpx.BaseTransport):
+    """Sends each request to the real server; for the first POST after `arm()`, reads the server's
+    answer and throws it away, raising ReadError as a connection cut after the commit would."""
+
+    def __init__(self):
+        self.inner = httpx.HTTPTransport()
+        self.armed = False
+        self.bodies: list[bytes] = []
+
+    def arm(self) -> None:
+        self.armed, self.bodies = True, []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        if request.method == "POST" and self.armed:
+            self.bodies.append(request.content)
+            if len(self.bodies) == 1:
+                response.read()
+                response.close()
+                raise httpx.ReadError(
+                    "connection reset after the request was sent", request=request
+                )
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.fixture
+def dropping(live_server, secret):
+    transport = DropsOneAnswer()
+    with MemoryClient(live_server.url, secret, retries=2, backoff=0.001, transport=transport) as mc:
+        yield mc, transport
+
+
+def _sent_twice(transport: DropsOneAnswer) -> list[dict]:
+    """The two attempts' bodies: the first (answer dropped) and the retry."""
+    first, retry = (json.loads(b) for b in transport.bodies)
+    assert first == retry  # the retry repeats the write, client ids included
+    return first
+
+
+def test_a_message_without_client_id_is_stored_once_when_the_answer_is_dropped(dropping):
+    mc, transport = dropping
+    ctx = mc.context(keys={"user": "ada", "chat": "dropped"})
+    transport.arm()
+    message = mc.append_message(ctx["id"], role="user", text="hello")
+    assert list(Message.objects.filter(context_id=ctx["id"]).values_list("text", flat=True)) == [
+        "hello"
+    ]
+    sent = _sent_twice(transport)
+    assert sent["client_id"] and message["client_id"] == sent["client_id"]
+
+
+def test_a_batch_without_client_ids_is_stored_once_when_the_answer_is_dropped(dropping):
+    mc, transport = dropping
+    ctx = mc.context(keys={"user": "ada", "chat": "dropped-batch"})
+    given = [
+        {"role": "user", "text": "one"},
+        {"role": "assistant", "text": "two", "client_id": "mine"},
+        {"role": "user", "text": "three"},
+    ]
+    transport.arm()
+    out = mc.append_messages(ctx["id"], given)
+    stored = Message.objects.filter(context_id=ctx["id"]).order_by("seq")
+    assert [m.text for m in stored] == ["one", "two", "three"]
+    ids = [m["client_id"] for m in _sent_twice(transport)["messages"]]
+    assert ids[1] == "mine" and ids[0] and ids[2] and len(set(ids)) == 3
+    assert [m["client_id"] for m in out["messages"]] == ids
+    assert "client_id" not in given[0]  # the caller's dicts are left as they were
+
+
+def test_a_run_and_its_steps_without_client_ids_are_stored_once_when_the_answer_is_dropped(
+    dropping,
+):
+    mc, transport = dropping
+    ctx = mc.context(keys={"user": "ada", "chat": "dropped-run"})
+    transport.arm()
+    run = mc.create_run(ctx["id"], task="weather")
+    assert Run.objects.filter(context_id=ctx["id"]).count() == 1
+    assert _sent_twice(transport)["client_id"] == run["client_id"]
+    transport.arm()
+    mc.append_steps(
+        run["id"], [{"kind": "task", "task": "weather"}, {"kind": "action", "step_number": 1}]
+    )
+    assert Step.objects.filter(run_id=run["id"]).count() == 2
+    assert all(s["client_id"] for s in _sent_twice(transport)["steps"])
+
+
+def test_a_smolagents_import_without_client_id_is_stored_once_when_the_answer_is_dropped(dropping):
+    mc, transport = dropping
+    ctx = mc.context(keys={"user": "ada", "chat": "dropped-import"})
+    agent = run_agent("tool_calling")
+    transport.arm()
+    out = import_run(mc, ctx["id"], agent)
+    assert list(Run.objects.filter(context_id=ctx["id"]).values_list("pk", flat=True)) == [
+        out["run_id"]
+    ]
+    assert _sent_twice(transport)["client_id"]
+
+
+def test_each_write_gets_a_client_id_of_its_own(live_server, secret):
+    with MemoryClient(live_server.url, secret) as mc:
+        ctx = mc.context(keys={"user": "ada", "chat": "fresh-ids"})
+        first = mc.append_message(ctx["id"], role="user", text="same")
+        second = mc.append_message(ctx["id"], role="user", text="same")
+    assert first["client_id"] != second["client_id"] and first["seq"] + 1 == second["seq"]

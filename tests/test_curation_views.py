@@ -192,6 +192,14 @@ def test_promote_a_message_then_find_it_by_search_merge_and_archive(world):
     assert AuditEvent.objects.filter(action="memory_merge").exists()
 
 
+def test_a_key_confined_to_an_empty_value_is_refused_with_the_reason(world):
+    admin = client_for("admin")
+    response = admin.post(reverse("keys"), {"name": "bot", "scopes": ["read"], "context_keys": '{"tenant": ""}'})
+    assert response.status_code == 400
+    assert "tenant" in response.content.decode() and "empty" in response.content.decode()
+    assert not ApiKey.objects.filter(name="bot").exists()
+
+
 def test_admin_creates_a_key_sees_the_secret_once_and_revokes_it(world):
     admin = client_for("admin")
     response = admin.post(reverse("keys"), {"name": "bot", "scopes": ["read", "write"],

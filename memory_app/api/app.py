@@ -7,6 +7,7 @@ import logging
 from django.db import DataError, IntegrityError
 from django.http import HttpRequest
 from ninja import NinjaAPI
+from ninja.errors import AuthenticationError
 from ninja.parser import Parser
 from ninja.renderers import JSONRenderer
 
@@ -43,6 +44,14 @@ api = NinjaAPI(
     docs_url="docs",
     urls_namespace="api",
 )
+
+
+@api.exception_handler(AuthenticationError)
+def _unauthorized(request, exc):
+    # RFC 9110 requires a challenge on every 401; clients and proxies read the scheme from it.
+    response = api.create_response(request, {"detail": str(exc)}, status=exc.status_code)
+    response["WWW-Authenticate"] = getattr(exc, "challenge", "Bearer")
+    return response
 
 
 @api.exception_handler(NotFound)

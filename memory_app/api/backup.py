@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from typing import Any
 
 from django.db import IntegrityError
 from django.http import StreamingHttpResponse
@@ -11,7 +13,14 @@ from ninja.errors import HttpError
 from psycopg.errors import CheckViolation, NotNullViolation
 
 from memory_app import auth, backup, errors
-from memory_app.api.common import WRITE_ERRORS, Id, require_scope, responses
+from memory_app.api.common import (
+    WRITE_ERRORS,
+    Id,
+    _check_json,
+    json_loads,
+    require_scope,
+    responses,
+)
 from memory_app.api.schemas import _examples
 from memory_app.audit import Actor
 
@@ -64,6 +73,54 @@ def export(
     return response
 
 
+# Deeper lines are refused: the import writes each value with encoders that recurse once per
+# level, and about 1,000 levels (less the request's own stack) end in RecursionError. No backup
+# of agent data nests anywhere near this.
+MAX_DEPTH = 500
+
+# A JSON escape that may spell what PostgreSQL cannot store: a surrogate (lone, or one half of a
+# pair) or NUL. Only lines holding one are walked, so a large import pays a byte search per line.
+_ESCAPE_TO_CHECK = re.compile(rb"\\u(?:[dD][89a-fA-F]|0000)")
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether `value` nests more than `limit` arrays/objects (walked without recursion)."""
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        item, depth = stack.pop()
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, dict | list):
+                if depth == limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def _record(line: bytes, number: int) -> Any:
+    """One backup line as Python values, or a 422 naming the line: not UTF-8, not RFC 8259 JSON
+    (NaN, 1e400), nested deeper than MAX_DEPTH (10,000 levels exhaust Python's recursion limit
+    in the parser already), or a string or key PostgreSQL cannot store (a lone surrogate, NUL).
+    Raised while the import's transaction is open, so nothing of the lines before it is written."""
+    too_deep = HttpError(422, f"line {number} is nested deeper than {MAX_DEPTH} levels")
+    try:
+        value = json_loads(line)
+    except RecursionError:
+        raise too_deep from None
+    except UnicodeDecodeError:
+        raise HttpError(422, f"line {number} is not UTF-8") from None
+    except ValueError as exc:  # json.JSONDecodeError too
+        raise HttpError(422, f"line {number} is not JSON: {getattr(exc, 'msg', exc)}") from None
+    # Only a line with that many brackets (in strings or not) can nest that deep: one count in C.
+    if line.count(b"[") + line.count(b"{") > MAX_DEPTH and _depth_over(value, MAX_DEPTH):
+        raise too_deep
+    if _ESCAPE_TO_CHECK.search(line):
+        try:
+            _check_json(value)
+        except ValueError as exc:
+            raise HttpError(422, f"line {number}: {exc}") from None
+    return value
+
+
 class BackupImportOut(Schema):
     model_config = _examples(
         {
@@ -89,10 +146,7 @@ def import_(request):
         for number, line in enumerate(iter(request.readline, b""), start=1):
             if not line.strip():
                 continue
-            try:
-                yield json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise HttpError(422, f"line {number} is not JSON") from exc
+            yield _record(line, number)
 
     try:
         result = backup.import_records(

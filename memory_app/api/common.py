@@ -32,24 +32,31 @@ INT64_MAX = 2**63 - 1
 # --- authentication and scopes -----------------------------------------------------------------
 
 
+class Unauthorized(AuthenticationError):
+    """A 401 with its RFC 6750 challenge: `Bearer` tells a client which scheme to send;
+    `error="invalid_token"` that the key it sent is not one this server accepts."""
+
+    def __init__(self, message: str, *, invalid_token: bool = False):
+        super().__init__(message=message)
+        self.challenge = 'Bearer error="invalid_token"' if invalid_token else "Bearer"
+
+
 class ApiKeyAuth(HttpBearer):
     """`Authorization: Bearer am_<prefix>_<secret>`; sets `request.auth` to the ApiKey."""
 
     def __call__(self, request: HttpRequest) -> ApiKey | None:
         value = request.headers.get(self.header)
         if not value:
-            raise AuthenticationError(message="missing API key: send 'Authorization: Bearer <key>'")
+            raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
         scheme, _, token = value.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise AuthenticationError(
-                message="malformed Authorization header: expected 'Bearer <key>'"
-            )
+            raise Unauthorized("malformed Authorization header: expected 'Bearer <key>'")
         return self.authenticate(request, token.strip())
 
     def authenticate(self, request: HttpRequest, token: str) -> ApiKey:
         key = keys.apikey_verify(token)
         if key is None:
-            raise AuthenticationError(message="invalid or revoked API key")
+            raise Unauthorized("invalid or revoked API key", invalid_token=True)
         return key
 
 

@@ -7,16 +7,19 @@
 
 One `httpx.Client` is kept per MemoryClient (connection reuse). Connection errors, timeouts and
 503 answers are retried with exponential backoff: safe, because writes carry client ids and the
-server answers a repeated write with the stored row. Errors raise `ApiError` carrying the
-server's `detail` (and, for 409, `differences`); a server that cannot be reached at all raises
-`ServerUnreachable` once the retries are spent. `retries` and `backoff` (seconds before the
-first retry, doubled each time) are constructor arguments.
+server answers a repeated write with the stored row. A message, run, step or smolagents import
+sent without a client id gets a fresh one (a UUID4) before its first attempt, and every retry
+repeats it: a write whose answer was lost after the server committed it is stored once. Errors
+raise `ApiError` carrying the server's `detail` (and, for 409, `differences`); a server that
+cannot be reached at all raises `ServerUnreachable` once the retries are spent. `retries` and
+`backoff` (seconds before the first retry, doubled each time) are constructor arguments.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -82,6 +85,18 @@ def _encode(body: Any) -> bytes:
         return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
     except orjson.JSONEncodeError:
         return json.dumps(body, default=_as_list).encode()
+
+
+def _new_client_id() -> str:
+    return str(uuid.uuid4())
+
+
+def _with_client_id(item: dict[str, Any]) -> dict[str, Any]:
+    """`item`, or a copy of it with a fresh client id when it has none (the server treats an empty
+    one as none). A copy: the caller's dict is not changed."""
+    if item.get("client_id"):
+        return item
+    return {**item, "client_id": _new_client_id()}
 
 
 def _with_vector(item: dict[str, Any], vector: Any, vector_model: str | None) -> dict[str, Any]:
@@ -177,7 +192,7 @@ class MemoryClient:
                        **message: Any) -> dict:
         """`vector`: the client's embedding of the text (a list or numpy array), stored with the
         message under `vector_model` (default: the server's configured model)."""
-        message = _with_vector(message, vector, vector_model)
+        message = _with_client_id(_with_vector(message, vector, vector_model))
         return self.request("POST", f"contexts/{context_id}/messages", json_body=message)
 
     def append_messages(self, context_id: int, messages: list[dict[str, Any]], *, vectors: Any = None,
@@ -192,6 +207,7 @@ class MemoryClient:
             messages = [_with_vector(m, v, vector_model) for m, v in zip(messages, vectors, strict=True)]
         elif vector_model is not None:
             messages = [_with_vector(m, None, vector_model) for m in messages]
+        messages = [_with_client_id(m) for m in messages]
         return self.request("POST", f"contexts/{context_id}/messages/batch", json_body={"messages": messages})
 
     def list_messages(self, context_id: int, **params: Any) -> dict:
@@ -211,7 +227,7 @@ class MemoryClient:
 
     # --- runs and steps --------------------------------------------------------------------------
     def create_run(self, context_id: int, **run: Any) -> dict:
-        return self.request("POST", f"contexts/{context_id}/runs", json_body=run)
+        return self.request("POST", f"contexts/{context_id}/runs", json_body=_with_client_id(run))
 
     def list_runs(self, context_id: int, **params: Any) -> dict:
         return self.request("GET", f"contexts/{context_id}/runs", params=params)
@@ -220,6 +236,7 @@ class MemoryClient:
         return self.request("GET", f"runs/{run_id}")
 
     def append_steps(self, run_id: int, steps: list[dict[str, Any]]) -> Any:
+        steps = [_with_client_id(s) for s in steps]
         return self.request("POST", f"runs/{run_id}/steps", json_body={"steps": steps})
 
     def list_steps(self, run_id: int, **params: Any) -> Any:
@@ -262,6 +279,7 @@ class MemoryClient:
     # --- smolagents ------------------------------------------------------------------------------
     def import_smolagents_run(self, context_id: int, *, steps: list[dict], system_prompt: str = "",
                               client_id: str | None = None, **extra: Any) -> dict:
+        client_id = client_id or _new_client_id()
         body = {"steps": steps, "system_prompt": system_prompt, "client_id": client_id, **extra}
         return self.request("POST", f"contexts/{context_id}/smolagents/runs", json_body=body)
 
