@@ -16,6 +16,12 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentmemory_site.settings")
 os.environ.setdefault("AGENTMEMORY_DB_POOL", "true")
 django_app = get_asgi_application()  # sets Django up before the MCP module imports models
 
+from agentmemory_site.embedded_postgres.base import start_embedded_database  # noqa: E402
+
+# The process serving this app holds the embedded server (no DATABASE_URL), before gunicorn
+# forks its workers under --preload; with DATABASE_URL this does nothing.
+start_embedded_database()
+
 from django.conf import settings  # noqa: E402
 from django.http.request import split_domain_port, validate_host  # noqa: E402
 

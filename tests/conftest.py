@@ -5,6 +5,16 @@ import pytest
 from memory_app.audit import Actor
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _embedded_database():
+    """With no DATABASE_URL the embedded server starts with the session's first test (collecting
+    starts nothing) and this process holds it to the end: tests that reach it without Django
+    (psycopg, `manage.py` in a subprocess) find it running."""
+    from agentmemory_site.embedded_postgres.base import start_embedded_database
+
+    start_embedded_database()
+
+
 @pytest.fixture(autouse=True)
 def _no_indexer_thread(settings):
     """Deferred vectors stay waiting unless a test drains them (or turns the thread on and waits

