@@ -9,7 +9,7 @@ from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils.cache import patch_cache_control, patch_vary_headers
 
-from memory_app.api.limits import API_PREFIXES
+from memory_app.url_prefixes import API_PREFIXES
 from memory_app.dashboard_queries import BadQuery
 
 
