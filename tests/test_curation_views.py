@@ -11,7 +11,7 @@ from memory_app import memories
 from memory_app.audit import Actor
 from memory_app.logbook import message_edit, messages_set_pruned
 from memory_app.models import ApiKey, AuditEvent, MemoryRecord, Message, Step
-from memory_app.urls_curation import urlpatterns
+from memory_app.urls import curation_urlpatterns as urlpatterns
 from tests.builders import make_context, make_run, make_user
 
 pytestmark = pytest.mark.django_db
