@@ -27,7 +27,9 @@ def permission_denied(request, exception=None):
     return error_response(
         request,
         403,
-        f"Your role does not allow this ({detail})." if detail else "Your role does not allow this.",
+        f"Your role does not allow this ({detail})."
+        if detail
+        else "Your role does not allow this.",
     )
 
 
