@@ -15,7 +15,6 @@ from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.utils.cache import patch_cache_control, patch_vary_headers
 
-from memory_app.dashboard_queries import BadQuery
 from memory_app.url_prefixes import API_PREFIXES
 
 
@@ -94,7 +93,8 @@ def error_response(request, status: int, message: str = "", *, form=None) -> Htt
     return private(response)
 
 
-def bad_request(request, error: BadQuery | Exception | str) -> HttpResponse:
+def bad_request(request, error: Exception | str) -> HttpResponse:
+    """A 400 for a refusal the form could not see (a stale cursor, a domain rule)."""
     return error_response(request, 400, str(error))
 
 
