@@ -245,7 +245,7 @@ class ArchiveForm(DashboardForm):
 
 
 class MemoryMergeForm(DashboardForm):
-    ids = ListField(item=WholeNumberField(minimum=1))
+    ids = ListField(item=WholeNumberField(minimum=1, required=True))
     keep = WholeNumberField(minimum=1)
 
     def clean(self):
@@ -286,7 +286,7 @@ class SelectionForm(DashboardForm):
     """The ticked rows of a curate list, pruned or restored together."""
 
     noun = "message"
-    ids = ListField(item=WholeNumberField(minimum=0))
+    ids = ListField(item=WholeNumberField(minimum=0, required=True))
     pruned = FlagField(missing=True)
     view = TextField()
 
