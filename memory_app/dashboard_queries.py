@@ -63,18 +63,6 @@ def _decode_cursor(cursor: str, size: int) -> list[Any]:
     return parts
 
 
-def parse_int(value: str | None, *, name: str, minimum: int = 0) -> int | None:
-    if value in (None, ""):
-        return None
-    try:
-        number = int(value)
-    except (TypeError, ValueError) as exc:
-        raise BadQuery(f"{name} must be a whole number, got {value!r}") from exc
-    if number < minimum:
-        raise BadQuery(f"{name} must be at least {minimum}")
-    return number
-
-
 # --- contexts ---------------------------------------------------------------------------------
 
 CONTEXT_ORDERS = {"recent": "most recent activity first", "oldest": "least recent activity first"}

@@ -1,9 +1,21 @@
+"""The dashboard's URLs: reading (contexts, runs), then curation (prune/edit/undo, bulk prune,
+playground, memories, audit, keys, purge)."""
+
 from django.urls import path
 
-from memory_app.urls_curation import urlpatterns as curation_urls
-from memory_app.views import accounts, context_detail, contexts, runs
+from memory_app.views import (
+    accounts,
+    audit,
+    context_detail,
+    contexts,
+    curate,
+    keys,
+    memories,
+    playground,
+    runs,
+)
 
-urlpatterns = [
+reading_urlpatterns = [
     path("accounts/login/", accounts.login, name="login"),
     path("accounts/logout/", accounts.logout, name="logout"),
     path("", contexts.context_list, name="home"),
@@ -29,5 +41,51 @@ urlpatterns = [
         name="step-transcript",
     ),
     path("runs/<int:run_id>/steps/<int:position>/prune/", runs.step_prune, name="step-prune"),
-    *curation_urls,
 ]
+
+# Kept as their own list: tests walk every curation URL to check its permissions.
+curation_urlpatterns = [
+    path("contexts/<int:context_id>/curate/", curate.curate_history, name="curate-history"),
+    path("contexts/<int:context_id>/curate/prune/", curate.curate_set_pruned, name="curate-prune"),
+    path(
+        "contexts/<int:context_id>/curate/messages/<int:message_id>/",
+        curate.message_row,
+        name="curate-message-row",
+    ),
+    path(
+        "contexts/<int:context_id>/curate/messages/<int:message_id>/edit/",
+        curate.message_edit_view,
+        name="curate-message-edit",
+    ),
+    path("contexts/<int:context_id>/bulk-prune/", curate.bulk_prune, name="curate-bulk"),
+    path(
+        "contexts/<int:context_id>/bulk-prune/apply/",
+        curate.bulk_prune_apply,
+        name="curate-bulk-apply",
+    ),
+    path("contexts/<int:context_id>/playground/", playground.playground, name="playground"),
+    path("runs/<int:run_id>/curate/", curate.curate_run, name="curate-run"),
+    path(
+        "runs/<int:run_id>/curate/prune/",
+        curate.curate_steps_set_pruned,
+        name="curate-steps-prune",
+    ),
+    path("memories/", memories.memory_list, name="memories"),
+    path("memories/merge/", memories.memory_merge, name="memory-merge"),
+    path("memories/<int:memory_id>/edit/", memories.memory_edit, name="memory-edit"),
+    path("memories/<int:memory_id>/archive/", memories.memory_archive, name="memory-archive"),
+    path(
+        "messages/<int:message_id>/promote/",
+        memories.promote_message,
+        name="memory-promote-message",
+    ),
+    path("steps/<int:step_id>/promote/", memories.promote_step, name="memory-promote-step"),
+    path("audit/", audit.audit_log, name="audit"),
+    path("audit/<int:event_id>/", audit.audit_entry, name="audit-entry"),
+    path("audit/<int:event_id>/undo/", audit.audit_undo_view, name="audit-undo"),
+    path("keys/", keys.keys, name="keys"),
+    path("keys/<int:key_id>/revoke/", keys.key_revoke, name="key-revoke"),
+    path("purge/", audit.purge, name="purge"),
+]
+
+urlpatterns = [*reading_urlpatterns, *curation_urlpatterns]

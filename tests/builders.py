@@ -1,4 +1,4 @@
-"""Small builders for tests, all through the real write path (`memory_app.logbook`)."""
+"""Small builders for tests, all through the real write path (`memory_app.services`)."""
 
 from __future__ import annotations
 

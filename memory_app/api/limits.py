@@ -13,8 +13,8 @@ import io
 from django.conf import settings
 from django.http import JsonResponse
 
-# The Agent API, and the OTLP receiver at its standard path (agentmemory_site/urls.py).
-API_PREFIXES = ("/api/", "/v1/")
+from memory_app.url_prefixes import API_PREFIXES
+
 BODYLESS = {"GET", "HEAD", "OPTIONS", "TRACE"}
 
 

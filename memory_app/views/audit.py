@@ -2,34 +2,28 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from memory_app import dashboard_queries as dq
 from memory_app.audit import Actor
 from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.models import AuditEvent, Context, Message, Step
 from memory_app.roles import require
 from memory_app.services import curation
-from memory_app.views.common import bad_request, query_string, render_page, wants_fragment
+from memory_app.views.common import (
+    bad_request,
+    htmx_partial,
+    invalid_form,
+    page,
+    query_string,
+    wants_fragment,
+)
+from memory_app.views.forms import AuditFilterForm, PurgeForm, UndoForm
 
 PAGE = 50
-
-
-def _time(value: str | None, name: str) -> datetime | None:
-    if not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError as exc:
-        raise dq.BadQuery(f"{name} must be a date and time like 2025-01-31T14:00") from exc
-    return timezone.make_aware(parsed) if timezone.is_naive(parsed) else parsed
 
 
 def target_links(event: AuditEvent, limit: int = 20) -> list[tuple[str, str | None]]:
@@ -71,33 +65,31 @@ def target_links(event: AuditEvent, limit: int = 20) -> list[tuple[str, str | No
 
 
 @require("audit")
+@require_GET
+@htmx_partial("audit-list")
 def audit_log(request):
+    form = AuditFilterForm(request.GET)
+    if not form.is_valid():
+        return invalid_form(request, form)
+    data = form.cleaned_data
+    params = form.typed(AuditFilterForm.FILTERS)
     qs = AuditEvent.objects.select_related("context")
-    g = request.GET
-    params = {
-        k: g.get(k, "").replace("\x00", "").strip()
-        for k in ("actor", "action", "target", "target_id", "context", "since", "until")
-    }
-    try:
-        if params["actor"]:
-            qs = qs.filter(actor__icontains=params["actor"])
-        if params["action"]:
-            qs = qs.filter(action=params["action"])
-        if params["target"]:
-            qs = qs.filter(target_type=params["target"])
-        if target_id := dq.parse_int(params["target_id"], name="target id", minimum=1):
-            qs = qs.filter(target_ids__contains=[target_id])
-        if context_id := dq.parse_int(params["context"], name="context", minimum=1):
-            qs = qs.filter(context_id=context_id)
-        if since := _time(params["since"], "since"):
-            qs = qs.filter(at__gte=since)
-        if until := _time(params["until"], "until"):
-            qs = qs.filter(at__lt=until)
-        before = dq.parse_int(g.get("before"), name="before", minimum=1)
-    except dq.BadQuery as exc:
-        return bad_request(request, exc)
-    if before:
-        qs = qs.filter(id__lt=before)
+    if data["actor"]:
+        qs = qs.filter(actor__icontains=data["actor"])
+    if data["action"]:
+        qs = qs.filter(action=data["action"])
+    if data["target"]:
+        qs = qs.filter(target_type=data["target"])
+    if data["target_id"]:
+        qs = qs.filter(target_ids__contains=[data["target_id"]])
+    if data["context"]:
+        qs = qs.filter(context_id=data["context"])
+    if data["since"]:
+        qs = qs.filter(at__gte=data["since"])
+    if data["until"]:
+        qs = qs.filter(at__lt=data["until"])
+    if data["before"]:
+        qs = qs.filter(id__lt=data["before"])
     rows = list(qs.order_by("-id")[: PAGE + 1])
     events = rows[:PAGE]
     for e in events:
@@ -106,7 +98,7 @@ def audit_log(request):
     older = None
     if len(rows) > PAGE:
         older = reverse("audit") + "?" + query_string(**params, before=events[-1].pk)
-    page = {
+    context = {
         "events": events,
         "params": params,
         "older_url": older,
@@ -127,27 +119,30 @@ def audit_log(request):
         ],
         "targets": ["message", "step", "memoryrecord", "context", "apikey"],
     }
-    return render_page(request, "memory_app/curate/audit.html", page, fragment="audit-list")
+    return page(request, "memory_app/curate/audit.html", context)
 
 
 @require("audit")
+@require_GET
 def audit_entry(request, event_id: int):
     event = get_object_or_404(
         AuditEvent.objects.select_related("context", "undone_by"), pk=event_id
     )
     event.links = target_links(event, limit=500)
     event.undoable = curation.audit_undoable(event)
-    return render_page(
-        request, "memory_app/curate/audit_entry.html", {"e": event, "nav_active": "audit"}
-    )
+    return page(request, "memory_app/curate/audit_entry.html", {"e": event, "nav_active": "audit"})
 
 
 @require("curate")
 @require_POST
+@htmx_partial("undo-result")
 def audit_undo_view(request, event_id: int):
     """Undo one audit event. Under htmx, the undo form is swapped for a notice and the page's
     lists refresh themselves (`HX-Trigger: curation-changed`)."""
     event = get_object_or_404(AuditEvent, pk=event_id)
+    form = UndoForm(request.POST)
+    if not form.is_valid():
+        return invalid_form(request, form)
     error = None
     try:
         curation.audit_undo(event=event, actor=Actor.for_user(request.user))
@@ -156,14 +151,14 @@ def audit_undo_view(request, event_id: int):
     event.refresh_from_db()
     if not wants_fragment(request):
         if error:
-            return bad_request(request, dq.BadQuery(error))
-        nxt = request.POST.get("next", "")
+            return bad_request(request, error)
+        nxt = form.cleaned_data["next"]
         if nxt and url_has_allowed_host_and_scheme(nxt, allowed_hosts={request.get_host()}):
             return redirect(nxt)
         return redirect("audit-entry", event_id=event.pk)
-    response = render_page(
+    response = page(
         request,
-        "memory_app/curate/audit_parts.html#undo-result",
+        "memory_app/curate/audit_parts.html",
         {"e": event, "error": error},
         status=409 if error else 200,
     )
@@ -177,42 +172,40 @@ def audit_undo_view(request, event_id: int):
 
 @require("purge")
 @require_http_methods(["GET", "POST"])
+@htmx_partial("purge-panel")
 def purge(request):
-    data = request.POST if request.method == "POST" else request.GET
-    page = {
+    form = PurgeForm(request.POST if request.method == "POST" else request.GET)
+    typed = form.typed()
+    state = {
         "phrase": curation.PURGE_CONFIRMATION,
-        "older_than": data.get("older_than", ""),
+        "older_than": typed["older_than"],
         "nav_active": "purge",
-        "context_id": data.get("context", ""),
+        "context_id": typed["context"],
     }
-    try:
-        older_than = _time(page["older_than"], "older than")
-        context_id = dq.parse_int(page["context_id"], name="context", minimum=1)
-    except dq.BadQuery as exc:
-        return bad_request(request, exc)
+    if not form.is_valid():
+        return invalid_form(request, form)
+    older_than = form.cleaned_data["older_than"]
+    context_id = form.cleaned_data["context"]
     context = None
     if context_id:
         context = Context.objects.filter(pk=context_id).first()
         if context is None:
             raise Http404(f"context {context_id} not found")
     if older_than is not None:
-        page["preview"] = curation.purge_preview(older_than=older_than, context=context)
+        state["preview"] = curation.purge_preview(older_than=older_than, context=context)
     if request.method == "POST":
         if older_than is None:
-            return bad_request(
-                request, dq.BadQuery("choose the date: items pruned before it are purged")
-            )
+            return bad_request(request, "choose the date: items pruned before it are purged")
         try:
-            page["done"] = curation.pruned_purge(
+            state["done"] = curation.pruned_purge(
                 older_than=older_than,
-                confirmation=request.POST.get("confirmation", ""),
+                confirmation=form.cleaned_data["confirmation"],
                 actor=Actor.for_user(request.user),
                 context=context,
             )
         except Invalid as exc:
-            page["error"] = str(exc)
-            return render_page(
-                request, "memory_app/curate/purge.html", page, fragment="purge-panel", status=400
-            )
-        page["preview"] = curation.purge_preview(older_than=older_than, context=context)
-    return render_page(request, "memory_app/curate/purge.html", page, fragment="purge-panel")
+            form.add_error(None, str(exc))
+            state["form"] = form
+            return page(request, "memory_app/curate/purge.html", state, status=400)
+        state["preview"] = curation.purge_preview(older_than=older_than, context=context)
+    return page(request, "memory_app/curate/purge.html", state)

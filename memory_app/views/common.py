@@ -1,16 +1,21 @@
-"""Helpers shared by the dashboard views: full page or htmx fragment from one template."""
+"""Helpers shared by the dashboard views: full page or htmx fragment from one template.
+
+A view answers `page(...)`: a TemplateResponse of the whole page. The partial it answers under
+htmx is declared on the view with `@htmx_partial("name")`, so one URL serves both and no view
+picks templates by looking at the request itself.
+"""
 
 from __future__ import annotations
 
+from functools import wraps
 from urllib.parse import urlencode
 
 from django.http import HttpResponse, JsonResponse
-from django.shortcuts import render
 from django.template.loader import render_to_string
+from django.template.response import TemplateResponse
 from django.utils.cache import patch_cache_control, patch_vary_headers
 
-from memory_app.api.limits import API_PREFIXES
-from memory_app.dashboard_queries import BadQuery
+from memory_app.url_prefixes import API_PREFIXES
 
 
 def wants_fragment(request) -> bool:
@@ -19,13 +24,34 @@ def wants_fragment(request) -> bool:
     return bool(htmx) and not htmx.history_restore_request and not htmx.boosted
 
 
-def render_page(
-    request, template: str, context: dict, *, fragment: str | None = None, status: int = 200
-):
-    """The full page, or under htmx only the partial `fragment` of the same template."""
-    name = f"{template}#{fragment}" if fragment and wants_fragment(request) else template
-    response = render(request, name, context, status=status)
-    return private(response)
+def page(request, template: str, context: dict, *, status: int = 200) -> TemplateResponse:
+    """The whole page (or, for a name with `#`, that partial whatever the request)."""
+    return private(TemplateResponse(request, template, context, status=status))
+
+
+def htmx_partial(name: str, *, targets: dict[str, str] | None = None):
+    """View decorator: under htmx, the view's page answers only its partial `name`, or the partial
+    `targets` names for the element the request targets (`HX-Target`)."""
+    targets = targets or {}
+
+    def decorator(view):
+        @wraps(view)
+        def wrapped(request, *args, **kwargs):
+            response = view(request, *args, **kwargs)
+            if (
+                isinstance(response, TemplateResponse)
+                and isinstance(response.template_name, str)
+                and "#" not in response.template_name
+                and wants_fragment(request)
+            ):
+                chosen = targets.get(request.htmx.target, name)
+                response.template_name = f"{response.template_name}#{chosen}"
+            return response
+
+        wrapped.htmx_partial = name
+        return wrapped
+
+    return decorator
 
 
 def private(response: HttpResponse) -> HttpResponse:
@@ -44,25 +70,37 @@ TITLES = {
 }
 
 
-def error_response(request, status: int, message: str) -> HttpResponse:
+def error_response(request, status: int, message: str = "", *, form=None) -> HttpResponse:
     """The error page; under htmx only the message, retargeted to the page's `#flash` region
-    (a whole page swapped into a fragment would break the screen). /api/ and /v1/ answer JSON."""
+    (a whole page swapped into a fragment would break the screen). /api/ and /v1/ answer JSON.
+    With `form`, the message is the form's errors."""
     if request.path.startswith(API_PREFIXES):
         return JsonResponse({"detail": message}, status=status)
-    page = {"status": status, "title": TITLES.get(status, f"Error {status}"), "message": message}
+    details = {
+        "status": status,
+        "title": TITLES.get(status, f"Error {status}"),
+        "message": message,
+        "form": form,
+    }
     if wants_fragment(request):
-        html = render_to_string("memory_app/error.html#flash", page, request=request)
+        html = render_to_string("memory_app/error.html#flash", details, request=request)
         response = HttpResponse(html, status=status)
         response["HX-Retarget"] = "#flash"
         response["HX-Reswap"] = "innerHTML"
     else:
-        html = render_to_string("memory_app/error.html", page, request=request)
+        html = render_to_string("memory_app/error.html", details, request=request)
         response = HttpResponse(html, status=status)
     return private(response)
 
 
-def bad_request(request, error: BadQuery) -> HttpResponse:
+def bad_request(request, error: Exception | str) -> HttpResponse:
+    """A 400 for a refusal the form could not see (a stale cursor, a domain rule)."""
     return error_response(request, 400, str(error))
+
+
+def invalid_form(request, form) -> HttpResponse:
+    """A 400 whose message is the form's errors (for input with no form on screen to answer in)."""
+    return error_response(request, 400, form=form)
 
 
 def query_string(**params) -> str:

@@ -1,24 +1,26 @@
 """Contexts browser: filter by key=value chips, search text, sort by activity, cursor pages."""
 
 from django.urls import reverse
+from django.views.decorators.http import require_GET
 
 from memory_app import dashboard_queries as dq
 from memory_app.roles import require
-from memory_app.views.common import bad_request, query_string, render_page
+from memory_app.views.common import bad_request, htmx_partial, invalid_form, page, query_string
+from memory_app.views.forms import ContextListForm
 
 
 @require("view")
+@require_GET
+@htmx_partial("results")
 def context_list(request):
+    form = ContextListForm(request.GET)
+    if not form.is_valid():
+        return invalid_form(request, form)
+    data = form.cleaned_data
+    chips, text, order, cursor = data["key"] + data["add"], data["q"], data["sort"], data["cursor"]
     try:
-        chips = dq.parse_key_chips(request.GET.getlist("key"))
-        # The chip input adds one more key=value to the current set.
-        if new_chip := request.GET.get("add", "").strip():
-            chips += dq.parse_key_chips([new_chip])
-        text = request.GET.get("q", "").strip()
-        order = request.GET.get("sort", "recent") or "recent"
-        page = dq.contexts_page(
-            chips=chips, text=text, order=order, cursor=request.GET.get("cursor") or None
-        )
+        # The query layer checks the cursor (opaque to the form) and bounds the search text.
+        found = dq.contexts_page(chips=chips, text=text, order=order, cursor=cursor or None)
     except dq.BadQuery as exc:
         return bad_request(request, exc)
     chip_values = [f"{k}={v}" for k, v in chips]
@@ -33,26 +35,25 @@ def context_list(request):
         for value in chip_values
     ]
     next_url = None
-    if page.next_cursor:
+    if found.next_cursor:
         next_url = (
-            base + "?" + query_string(key=chip_values, q=text, sort=order, cursor=page.next_cursor)
+            base + "?" + query_string(key=chip_values, q=text, sort=order, cursor=found.next_cursor)
         )
     context = {
-        "page": page,
+        "page": found,
         "chips": chip_links,
         "chip_values": chip_values,
         "text": text,
         "order": order,
         "orders": dq.CONTEXT_ORDERS,
         "next_url": next_url,
-        "paged": bool(request.GET.get("cursor")),
+        "paged": bool(cursor),
         "first_url": base + "?" + query_string(key=chip_values, q=text, sort=order),
+        "nav_active": "contexts",
     }
-    context["nav_active"] = "contexts"
-    response = render_page(request, "memory_app/contexts.html", context, fragment="results")
+    response = page(request, "memory_app/contexts.html", context)
     if request.htmx:
         # The address bar shows the chips as `key=` filters, not the one-off `add=` input.
-        cursor = request.GET.get("cursor")
         response["HX-Push-Url"] = (
             base + "?" + query_string(key=chip_values, q=text, sort=order, cursor=cursor)
         )

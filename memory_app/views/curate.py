@@ -7,34 +7,39 @@ fragment with a stable id comes back and swaps outerHTML). Undo is an audit even
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
-from django.utils import timezone
-from django.views.decorators.http import require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from memory_app import dashboard_queries as dq
 from memory_app.audit import Actor
 from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.models import AuditEvent, Context, Message, MessageRole, Run, Step
 from memory_app.rendering import content_blocks
 from memory_app.roles import require
 from memory_app.services import curation
-from memory_app.services.curation import PruneFilter, messages_set_pruned, steps_set_pruned
+from memory_app.services.curation import messages_set_pruned, steps_set_pruned
 from memory_app.services.messages import message_edit
-from memory_app.views.common import bad_request, query_string, render_page, wants_fragment
+from memory_app.views.common import (
+    bad_request,
+    htmx_partial,
+    invalid_form,
+    page,
+    query_string,
+    wants_fragment,
+)
+from memory_app.views.forms import (
+    CurateHistoryForm,
+    CurateRunForm,
+    MessageEditForm,
+    PruneApplyForm,
+    PruneFilterForm,
+    SelectionForm,
+    StepSelectionForm,
+)
 
 PAGE = 50
 STEP_PAGE = 100
-
-
-def _ids(request) -> list[int]:
-    try:
-        return [int(v) for v in request.POST.getlist("ids")]
-    except ValueError as exc:
-        raise dq.BadQuery("ids must be whole numbers") from exc
 
 
 def _recent_undoable(context: Context, limit: int = 5) -> list[AuditEvent]:
@@ -57,9 +62,8 @@ def _recent_undoable(context: Context, limit: int = 5) -> list[AuditEvent]:
 # --- chat history ----------------------------------------------------------------------------
 
 
-def _history_state(request, context: Context) -> dict:
-    view = "pruned" if request.GET.get("view") == "pruned" else "live"
-    before = dq.parse_int(request.GET.get("before"), name="before", minimum=1)
+def _history_state(context: Context, *, view: str, before: int | None = None) -> dict:
+    """The curate list of `view` ("live" or "pruned"), the page of messages before `before`."""
     qs = Message.objects.filter(context=context)
     qs = qs.filter(pruned_at__isnull=view == "live")
     if before is not None:
@@ -85,204 +89,165 @@ def _history_state(request, context: Context) -> dict:
 
 
 @require("curate")
+@require_GET
+@htmx_partial(
+    "curate-panel", targets={"curate-list": "curate-list", "recent-changes": "recent-changes"}
+)
 def curate_history(request, context_id: int):
     context = get_object_or_404(Context, pk=context_id)
-    try:
-        page = _history_state(request, context)
-    except dq.BadQuery as exc:
-        return bad_request(request, exc)
-    done = request.GET.get("done")
-    if done and done.isdigit():
-        page["done"] = AuditEvent.objects.filter(pk=int(done), context=context).first()
-    target = request.htmx.target if request.htmx else None
-    fragment = target if target in ("curate-list", "recent-changes") else "curate-panel"
-    return render_page(
-        request,
-        "memory_app/curate/history.html",
-        # Refreshed after an undo: keep the list open where the operator was working.
-        {**page, "nav_active": "contexts", "recent_open": target == "recent-changes"},
-        fragment=fragment,
-    )
+    form = CurateHistoryForm(request.GET)
+    if not form.is_valid():
+        return invalid_form(request, form)
+    data = form.cleaned_data
+    state = _history_state(context, view=data["view"], before=data["before"])
+    if data["done"]:
+        state["done"] = AuditEvent.objects.filter(pk=data["done"], context=context).first()
+    # Refreshed after an undo: keep the list open where the operator was working.
+    recent_open = bool(request.htmx) and request.htmx.target == "recent-changes"
+    context_vars = {**state, "nav_active": "contexts", "recent_open": recent_open}
+    return page(request, "memory_app/curate/history.html", context_vars)
 
 
 @require("curate")
 @require_POST
+@htmx_partial("curate-panel")
 def curate_set_pruned(request, context_id: int):
     """Prune or restore the selected messages; one audit event lists them (undo reverses it)."""
     context = get_object_or_404(Context, pk=context_id)
-    pruned = request.POST.get("pruned", "1") == "1"
+    form = SelectionForm(request.POST)
+    if not form.is_valid():
+        return invalid_form(request, form)
+    data = form.cleaned_data
     try:
-        ids = _ids(request)
-        if not ids:
-            raise dq.BadQuery("select at least one message")
         _, event = messages_set_pruned(
-            context=context, ids=ids, pruned=pruned, actor=Actor.for_user(request.user)
+            context=context,
+            ids=data["ids"],
+            pruned=data["pruned"],
+            actor=Actor.for_user(request.user),
         )
-    except dq.BadQuery as exc:
-        return bad_request(request, exc)
     except NotFound as exc:
         raise Http404(str(exc)) from exc
-    view = "pruned" if request.POST.get("view") == "pruned" else ""
+    view = "pruned" if data["view"] == "pruned" else "live"
     if not wants_fragment(request):
-        qs = query_string(view=view, done=event.pk if event else "")
+        qs = query_string(view=view if view == "pruned" else "", done=event.pk if event else "")
         return redirect(reverse("curate-history", args=[context.pk]) + (f"?{qs}" if qs else ""))
-    request.GET = request.GET.copy()
-    request.GET["view"] = view
-    page = _history_state(request, context)
-    page["done"] = event
-    return render_page(request, "memory_app/curate/history.html", page, fragment="curate-panel")
+    # The list the operator was on, from its first page.
+    state = _history_state(context, view=view)
+    state["done"] = event
+    return page(request, "memory_app/curate/history.html", state)
 
 
 @require("curate")
 @require_http_methods(["GET", "POST"])
+@htmx_partial("row")
 def message_edit_view(request, context_id: int, message_id: int):
     """GET: the row as an edit form; POST: save text and tags (previous version in the audit)."""
     context = get_object_or_404(Context, pk=context_id)
     message = get_object_or_404(Message, pk=message_id, context=context)
-    page = {"ctx": context, "m": message, "editing": True}
-    if request.method == "POST":
-        text = request.POST.get("text", "")
-        tags = [t.strip() for t in request.POST.get("tags", "").split(",") if t.strip()]
-        if any(len(t) > 200 for t in tags):
-            return bad_request(request, dq.BadQuery("a tag is longer than 200 characters"))
-        if "\x00" in text or any("\x00" in t for t in tags):
-            # PostgreSQL text cannot hold NUL: say so instead of failing in the database.
-            return bad_request(request, dq.BadQuery("the text contains a NUL character"))
-        if not text.strip() and not content_blocks(message.content):
-            # Blank text would leave an empty message in every transcript (unless it carries a
-            # tool call or result): pruning is the way to take one out, and it stays restorable.
-            error = "the text cannot be empty: to take the message out, prune it instead"
-            if not wants_fragment(request):
-                return bad_request(request, dq.BadQuery(error))
-            page.update(error=error, draft={"text": text, "tags": ", ".join(tags)})
-            return render_page(
-                request, "memory_app/curate/row.html", page, fragment="row", status=400
-            )
-        message = message_edit(
-            message=message, actor=Actor.for_user(request.user), text=text, tags=tags
-        )
+    row = {"ctx": context, "m": message, "editing": True}
+    if request.method == "GET":
+        return page(request, "memory_app/curate/row.html", row)
+    form = MessageEditForm(request.POST)
+    if not form.is_valid():
+        # NUL (PostgreSQL text cannot hold it) or an overlong tag.
+        return invalid_form(request, form)
+    text, tags = form.cleaned_data["text"], form.cleaned_data["tags"]
+    if not text.strip() and not content_blocks(message.content):
+        # Blank text would leave an empty message in every transcript (unless it carries a
+        # tool call or result): pruning is the way to take one out, and it stays restorable.
+        form.add_error(None, "the text cannot be empty: to take the message out, prune it instead")
         if not wants_fragment(request):
-            return redirect(
-                reverse("curate-history", args=[context.pk]) + f"?before={message.seq + 1}"
-            )
-        page.update(m=message, editing=False)
-    return render_page(request, "memory_app/curate/row.html", page, fragment="row")
+            return invalid_form(request, form)
+        row.update(form=form, draft={"text": text, "tags": ", ".join(tags)})
+        return page(request, "memory_app/curate/row.html", row, status=400)
+    message = message_edit(
+        message=message, actor=Actor.for_user(request.user), text=text, tags=tags
+    )
+    if not wants_fragment(request):
+        return redirect(reverse("curate-history", args=[context.pk]) + f"?before={message.seq + 1}")
+    row.update(m=message, editing=False)
+    return page(request, "memory_app/curate/row.html", row)
 
 
 @require("curate")
+@require_GET
+@htmx_partial("row")
 def message_row(request, context_id: int, message_id: int):
     """The row in view mode (the edit form's Cancel)."""
     context = get_object_or_404(Context, pk=context_id)
     message = get_object_or_404(Message, pk=message_id, context=context)
     if not wants_fragment(request):
         return redirect(reverse("curate-history", args=[context.pk]) + f"?before={message.seq + 1}")
-    return render_page(
-        request, "memory_app/curate/row.html", {"ctx": context, "m": message}, fragment="row"
-    )
+    return page(request, "memory_app/curate/row.html", {"ctx": context, "m": message})
 
 
 # --- bulk prune by filter -----------------------------------------------------------------------
 
 
-def _parse_time(value: str | None, name: str) -> datetime | None:
-    if not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError as exc:
-        raise dq.BadQuery(f"{name} must be a date and time like 2025-01-31T14:00") from exc
-    return timezone.make_aware(parsed) if timezone.is_naive(parsed) else parsed
-
-
-def _prune_filter(data) -> PruneFilter:
-    try:
-        return PruneFilter(
-            role=data.get("role", "").strip(),
-            tag=data.get("tag", "").strip(),
-            text=data.get("text", "").strip(),
-            before_seq=dq.parse_int(data.get("before_seq"), name="before seq", minimum=1),
-            after_seq=dq.parse_int(data.get("after_seq"), name="after seq", minimum=0),
-            before_time=_parse_time(data.get("before_time"), "before time"),
-            after_time=_parse_time(data.get("after_time"), "after time"),
-            run_id=dq.parse_int(data.get("run"), name="run", minimum=1),
-        )
-    except Invalid as exc:
-        raise dq.BadQuery(str(exc)) from exc
-
-
-def _filter_params(data) -> dict:
-    keys = ("role", "tag", "text", "before_seq", "after_seq", "before_time", "after_time", "run")
-    return {k: data.get(k, "") for k in keys}
-
-
 @require("curate")
+@require_GET
+@htmx_partial("bulk-preview")
 def bulk_prune(request, context_id: int):
     """The filter form and, once a filter is set, the preview: how many and which would go."""
     context = get_object_or_404(Context, pk=context_id)
-    try:
-        flt = _prune_filter(request.GET)
-    except dq.BadQuery as exc:
-        return bad_request(request, exc)
-    page = {
+    form = PruneFilterForm(request.GET)
+    if not form.is_valid():
+        return invalid_form(request, form)
+    flt = form.cleaned_data["filter"]
+    state = {
         "ctx": context,
-        "params": _filter_params(request.GET),
+        "params": form.filter_params(),
         "roles": MessageRole.values,
         "runs": list(Run.objects.filter(context=context).order_by("-id").values("id", "task")[:50]),
         "nav_active": "contexts",
     }
     if not flt.is_empty:
-        page["preview"] = curation.bulk_prune_preview(context=context, flt=flt)
-        page["describe"] = flt.describe()
-    return render_page(request, "memory_app/curate/bulk.html", page, fragment="bulk-preview")
+        state["preview"] = curation.bulk_prune_preview(context=context, flt=flt)
+        state["describe"] = flt.describe()
+    return page(request, "memory_app/curate/bulk.html", state)
 
 
 @require("curate")
 @require_POST
+@htmx_partial("bulk-preview")
 def bulk_prune_apply(request, context_id: int):
     context = get_object_or_404(Context, pk=context_id)
-    params = _filter_params(request.POST)
+    form = PruneApplyForm(request.POST)
+    if not form.is_valid():
+        return invalid_form(request, form)
+    data, params = form.cleaned_data, form.filter_params()
+    flt = data["filter"]
     try:
-        flt = _prune_filter(request.POST)
-        upto = dq.parse_int(request.POST.get("upto_seq"), name="upto_seq", minimum=0)
-        expected = dq.parse_int(
-            request.POST.get("expected_count"), name="expected_count", minimum=0
-        )
-        if upto is None or expected is None:
-            raise dq.BadQuery("preview the filter first (upto_seq and expected_count are missing)")
         event = curation.bulk_prune_apply(
             context=context,
             flt=flt,
-            upto_seq=upto,
-            expected_count=expected,
+            upto_seq=data["upto_seq"],
+            expected_count=data["expected_count"],
             actor=Actor.for_user(request.user),
         )
-    except dq.BadQuery as exc:
-        return bad_request(request, exc)
     except Invalid as exc:
-        return bad_request(request, dq.BadQuery(str(exc)))
+        return bad_request(request, exc)
     except Conflict as exc:
         # The set changed since the preview: show the new preview instead of pruning blind.
-        page = {
+        state = {
             "ctx": context,
             "params": params,
             "conflict": str(exc),
             "preview": curation.bulk_prune_preview(context=context, flt=flt),
             "describe": flt.describe(),
         }
-        return render_page(
-            request, "memory_app/curate/bulk.html", page, fragment="bulk-preview", status=409
-        )
+        return page(request, "memory_app/curate/bulk.html", state, status=409)
     if not wants_fragment(request):
         return redirect(reverse("curate-history", args=[context.pk]) + f"?done={event.pk}")
-    page = {"ctx": context, "params": params, "done": event}
-    return render_page(request, "memory_app/curate/bulk.html", page, fragment="bulk-preview")
+    state = {"ctx": context, "params": params, "done": event}
+    return page(request, "memory_app/curate/bulk.html", state)
 
 
 # --- run logbook -------------------------------------------------------------------------------
 
 
-def _steps_state(request, run: Run) -> dict:
-    after = dq.parse_int(request.GET.get("after"), name="after", minimum=0) or 0
+def _steps_state(run: Run, *, after: int = 0) -> dict:
+    """The curate list of a run's steps after position `after`."""
     rows = list(
         Step.objects.filter(run=run, position__gt=after)
         .order_by("position")
@@ -315,43 +280,38 @@ def _steps_state(request, run: Run) -> dict:
 
 
 @require("curate")
+@require_GET
+@htmx_partial("steps-panel", targets={"steps-list": "steps-list"})
 def curate_run(request, run_id: int):
     run = get_object_or_404(Run.objects.select_related("context"), pk=run_id)
-    try:
-        page = _steps_state(request, run)
-    except dq.BadQuery as exc:
-        return bad_request(request, exc)
-    done = request.GET.get("done")
-    if done and done.isdigit():
-        page["done"] = AuditEvent.objects.filter(pk=int(done)).first()
-    fragment = (
-        "steps-list" if request.htmx and request.htmx.target == "steps-list" else "steps-panel"
-    )
-    return render_page(
-        request, "memory_app/curate/run.html", {**page, "nav_active": "contexts"}, fragment=fragment
-    )
+    form = CurateRunForm(request.GET)
+    if not form.is_valid():
+        return invalid_form(request, form)
+    state = _steps_state(run, after=form.cleaned_data["after"] or 0)
+    if form.cleaned_data["done"]:
+        state["done"] = AuditEvent.objects.filter(pk=form.cleaned_data["done"]).first()
+    return page(request, "memory_app/curate/run.html", {**state, "nav_active": "contexts"})
 
 
 @require("curate")
 @require_POST
+@htmx_partial("steps-panel")
 def curate_steps_set_pruned(request, run_id: int):
     run = get_object_or_404(Run.objects.select_related("context"), pk=run_id)
-    pruned = request.POST.get("pruned", "1") == "1"
+    form = StepSelectionForm(request.POST)
+    if not form.is_valid():
+        return invalid_form(request, form)
+    data = form.cleaned_data
     try:
-        ids = _ids(request)
-        if not ids:
-            raise dq.BadQuery("select at least one step")
         _, event = steps_set_pruned(
-            run=run, ids=ids, pruned=pruned, actor=Actor.for_user(request.user)
+            run=run, ids=data["ids"], pruned=data["pruned"], actor=Actor.for_user(request.user)
         )
-    except dq.BadQuery as exc:
-        return bad_request(request, exc)
     except NotFound as exc:
         raise Http404(str(exc)) from exc
     if not wants_fragment(request):
         return redirect(
             reverse("curate-run", args=[run.pk]) + (f"?done={event.pk}" if event else "")
         )
-    page = _steps_state(request, run)
-    page["done"] = event
-    return render_page(request, "memory_app/curate/run.html", page, fragment="steps-panel")
+    state = _steps_state(run)
+    state["done"] = event
+    return page(request, "memory_app/curate/run.html", state)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from django.http import HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 
-from memory_app.api.limits import API_PREFIXES
+from memory_app.url_prefixes import API_PREFIXES
 from memory_app.views.common import TITLES, error_response
 
 
@@ -27,7 +27,9 @@ def permission_denied(request, exception=None):
     return error_response(
         request,
         403,
-        f"Your role does not allow this ({detail})." if detail else "Your role does not allow this.",
+        f"Your role does not allow this ({detail})."
+        if detail
+        else "Your role does not allow this.",
     )
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -12,7 +10,10 @@ from memory_app.errors import Invalid
 from memory_app.models import ApiKey
 from memory_app.roles import require
 from memory_app.services import curation
-from memory_app.views.common import render_page, wants_fragment
+from memory_app.views.common import htmx_partial, page, wants_fragment
+from memory_app.views.forms import ApiKeyForm
+
+KEYS = "memory_app/curate/keys.html"
 
 
 def _page(**extra) -> dict:
@@ -20,57 +21,36 @@ def _page(**extra) -> dict:
     return {"keys": keys, "scopes": ApiKey.SCOPES, "nav_active": "keys", **extra}
 
 
-def _context_keys(raw: str) -> dict:
-    raw = (raw or "").strip()
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise Invalid(
-            f'the context-key restriction must be a JSON object like {{"tenant": "acme"}}: {exc}'
-        ) from exc
-    if not isinstance(value, dict):
-        raise Invalid('the context-key restriction must be a JSON object like {"tenant": "acme"}')
-    return value
-
-
 @require("keys")
 @require_http_methods(["GET", "POST"])
+@htmx_partial("keys-panel")
 def keys(request):
     if request.method == "GET":
-        return render_page(request, "memory_app/curate/keys.html", _page(), fragment="keys-panel")
-    form = {
-        "name": request.POST.get("name", ""),
-        "scopes": request.POST.getlist("scopes"),
-        "context_keys": request.POST.get("context_keys", ""),
-    }
-    try:
-        issued = curation.apikey_issue(
-            name=form["name"],
-            scopes=form["scopes"],
-            context_keys=_context_keys(form["context_keys"]),
-            actor=Actor.for_user(request.user),
-        )
-    except Invalid as exc:
-        return render_page(
-            request,
-            "memory_app/curate/keys.html",
-            _page(error=str(exc), form=form),
-            fragment="keys-panel",
-            status=400,
-        )
+        return page(request, KEYS, _page())
+    form = ApiKeyForm(request.POST)
+    if form.is_valid():
+        try:
+            issued = curation.apikey_issue(
+                name=form.cleaned_data["name"],
+                scopes=form.cleaned_data["scopes"],
+                context_keys=form.cleaned_data["context_keys"],
+                actor=Actor.for_user(request.user),
+            )
+        except Invalid as exc:
+            form.add_error(None, str(exc))
+    if form.errors:
+        # Back in its panel with the reason, and with what was typed.
+        return page(request, KEYS, _page(form=form), status=400)
     # The secret goes into this one response only (never into a redirect URL or the session).
-    return render_page(
-        request, "memory_app/curate/keys.html", _page(issued=issued), fragment="keys-panel"
-    )
+    return page(request, KEYS, _page(issued=issued))
 
 
 @require("keys")
 @require_POST
+@htmx_partial("keys-panel")
 def key_revoke(request, key_id: int):
     key = get_object_or_404(ApiKey, pk=key_id)
     curation.apikey_withdraw(key=key, actor=Actor.for_user(request.user))
     if not wants_fragment(request):
         return redirect("keys")
-    return render_page(request, "memory_app/curate/keys.html", _page(), fragment="keys-panel")
+    return page(request, KEYS, _page())

@@ -20,7 +20,8 @@ from memory_app.errors import Invalid
 from memory_app.models import Context
 from memory_app.roles import require
 from memory_app.selectors import CompositeSpec, SearchSpec, TokenWindowSpec, WindowSpec
-from memory_app.views.common import render_page
+from memory_app.views.common import htmx_partial, page
+from memory_app.views.forms import PlaygroundForm
 
 # The environment variable the copied snippets read the API key from.
 API_KEY_VARIABLE = "AGENTMEMORY_API_KEY"
@@ -141,36 +142,48 @@ def _has_select_route() -> bool:
 @dataclass
 class Side:
     name: str
+    form: PlaygroundForm
     params: dict
     selection: selectors.Selection | None = None
-    error: str = ""
     snippets: dict | None = None
 
+    @property
+    def error(self) -> str:
+        """The form's errors in one line; empty when the selector ran."""
+        return " ".join(str(e) for errors in self.form.errors.values() for e in errors)
 
-def _run(request, context: Context, name: str, params: dict) -> Side:
-    side = Side(name=name, params=params)
+
+def _run(request, context: Context, name: str, form: PlaygroundForm) -> Side:
+    """One side: the selection, or the form with the selector's refusal among its errors."""
+    side = Side(name=name, form=form, params=form.params())
+    if not form.is_valid():
+        return side
     try:
-        spec = spec_from_params(params)
+        spec = spec_from_params(side.params)
         side.selection = selectors.select(context=context, spec=spec)
         side.snippets = _snippets(request, context, api_body(spec))
     except (Invalid, errors.UnknownTokenizer) as exc:
-        side.error = str(exc)
+        form.add_error(None, str(exc))
     return side
 
 
+# Bad parameters are shown beside the form (a 200): the page stays usable while typing.
 @require("view")
 @require_GET
+@htmx_partial("playground-results")
 def playground(request, context_id: int):
     # The counters too: a search reads last_seq, search_seq and message_count.
     context = get_object_or_404(
-        Context.objects.only("id", "title", "keys", "last_seq", "search_seq", "message_count"), pk=context_id
+        Context.objects.only("id", "title", "keys", "last_seq", "search_seq", "message_count"),
+        pk=context_id,
     )
-    a_params = {k: request.GET.get(k, v) for k, v in DEFAULTS.items()}
-    compare = request.GET.get("compare") == "1"
-    sides = [_run(request, context, "A", a_params)]
+    a_form = PlaygroundForm(request.GET, defaults=DEFAULTS)
+    sides = [_run(request, context, "A", a_form)]
+    a_params = sides[0].params
+    compare = a_form.cleaned_data.get("compare", False)
     if compare:
-        b_params = {k: request.GET.get(f"b_{k}", a_params[k]) for k in DEFAULTS}
-        sides.append(_run(request, context, "B", b_params))
+        b_form = PlaygroundForm(request.GET, defaults=a_params, prefix="b")
+        sides.append(_run(request, context, "B", b_form))
         a, b = sides
         if a.selection and b.selection:
             a_ids, b_ids = set(a.selection.ids), set(b.selection.ids)
@@ -178,7 +191,7 @@ def playground(request, context_id: int):
                 side.only = {pk for pk in side.selection.ids if pk not in other}
     for side in sides:
         side.only = getattr(side, "only", set())
-    page = {
+    context_vars = {
         "ctx": context,
         "sides": sides,
         "compare": compare,
@@ -188,7 +201,4 @@ def playground(request, context_id: int):
         "tokenizers": tokens.available_tokenizers(),
         "nav_active": "contexts",
     }
-    # Bad parameters are shown beside the form (a 200): the page stays usable while typing.
-    return render_page(
-        request, "memory_app/curate/playground.html", page, fragment="playground-results"
-    )
+    return page(request, "memory_app/curate/playground.html", context_vars)

@@ -12,16 +12,17 @@ details are kept (`hx-preserve`: their loads name the step by id, so they stay r
 """
 
 from django.http import Http404
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from memory_app import dashboard_queries as dq
 from memory_app.audit import Actor
 from memory_app.models import Run, RunStatus, Step
 from memory_app.roles import require
 from memory_app.services.curation import steps_set_pruned
-from memory_app.views.common import bad_request, private, render_page, wants_fragment
+from memory_app.views.common import htmx_partial, invalid_form, page, wants_fragment
+from memory_app.views.forms import PrunedForm, RunLiveForm, StepDetailForm
 
 
 def _run(run_id: int) -> Run:
@@ -31,10 +32,11 @@ def _run(run_id: int) -> Run:
 
 
 @require("view")
+@require_GET
 def run_start(request, run_id: int):
     run = _run(run_id)
     if run.last_position == 0:
-        return render_page(request, "memory_app/run.html", _logbook_context(run, None))
+        return page(request, "memory_app/run.html", _logbook_context(run, None))
     return redirect("run-step", run_id=run.pk, position=1)
 
 
@@ -76,12 +78,17 @@ def _step_id(run: Run, position: int) -> int | None:
 
 
 @require("view")
+@require_GET
+@htmx_partial("logbook")
 def run_step(request, run_id: int, position: int):
-    context = _logbook_context(_run(run_id), position)
-    return render_page(request, "memory_app/run.html", context, fragment="logbook")
+    return page(request, "memory_app/run.html", _logbook_context(_run(run_id), position))
 
 
+# The poll's usual answer is the `live-update` partial (only new steps and out-of-band parts);
+# when the page needs the whole logbook again, the `live-whole` partial.
 @require("view")
+@require_GET
+@htmx_partial("live-whole")
 def run_live(request, run_id: int):
     """What changed in a run since the page saw step `after` (htmx poll; see the module doc).
 
@@ -90,27 +97,23 @@ def run_live(request, run_id: int):
     run's last step, so new steps belong at its end.
     """
     run = _run(run_id)
-    try:
-        after = dq.parse_int(request.GET.get("after"), name="after", minimum=0) or 0
-        position = dq.parse_int(request.GET.get("position"), name="position", minimum=1)
-        # The ids of the step on screen and of the step at `after`, when the page knows them.
-        step_id = dq.parse_int(request.GET.get("step"), name="step", minimum=1)
-        last_id = dq.parse_int(request.GET.get("last"), name="last", minimum=1)
-    except dq.BadQuery as exc:
-        return bad_request(request, exc)
+    form = RunLiveForm(request.GET)
+    if not form.is_valid():
+        return invalid_form(request, form)
+    data = form.cleaned_data
+    after, position = data["after"] or 0, data["position"]
+    step_id, last_id = data["step"], data["last"]
     if position is not None and _renumbered(run, (position, step_id), (after, last_id)):
         # Steps moved under the page: the whole logbook, at the same step under its new number.
         moved = Step.objects.filter(run=run, pk=step_id).values_list("position", flat=True).first()
-        response = render_page(
-            request, "memory_app/run.html", _logbook_context(run, moved or 1), fragment="live-whole"
-        )
+        response = page(request, "memory_app/run.html", _logbook_context(run, moved or 1))
         response["HX-Retarget"] = "#logbook"
         response["HX-Reswap"] = "outerHTML"
         response["HX-Replace-Url"] = reverse("run-step", args=[run.pk, moved or 1])
         return response
     if position is None:
         context = _logbook_context(run, 1 if run.last_position else None)
-        response = render_page(request, "memory_app/run.html", context, fragment="live-whole")
+        response = page(request, "memory_app/run.html", context)
         if run.last_position:
             response["HX-Replace-Url"] = reverse("run-step", args=[run.pk, 1])
         return response
@@ -123,14 +126,14 @@ def run_live(request, run_id: int):
         "fresh": fresh,
         "shown": shown,
         "seen": {"step": step_id, "last": fresh.steps[-1].pk if fresh.steps else last_id},
-        "tail": request.GET.get("tail") == "1",
+        "tail": data["tail"],
         "nav": dq.step_nav(run=run, position=position),
         "timeline": dq.run_timeline(run=run, position=position),
         "cost": dq.run_cost(run=run),
         # Keep polling until the page has every step of a finished run.
         "live": run.status == RunStatus.RUNNING or fresh.has_later,
     }
-    return private(render(request, "memory_app/run.html#live-update", context))
+    return page(request, "memory_app/run.html#live-update", context)
 
 
 def _renumbered(run: Run, *held: tuple[int, int | None]) -> bool:
@@ -139,15 +142,16 @@ def _renumbered(run: Run, *held: tuple[int, int | None]) -> bool:
     if not held:
         return False
     now = dict(
-        Step.objects.filter(run=run, position__in=[p for p, _ in held]).values_list("position", "pk")
+        Step.objects.filter(run=run, position__in=[p for p, _ in held]).values_list(
+            "position", "pk"
+        )
     )
     return any(now.get(position) != pk for position, pk in held)
 
 
-def _step_position(request, run: Run, position: int) -> int:
+def _step_position(run: Run, position: int, step_id: int | None) -> int:
     """The position of the step asked for: `?step=<id>` (what a page loads its details by, so they
     stay right when steps are renumbered) wins over the URL's position."""
-    step_id = dq.parse_int(request.GET.get("step"), name="step", minimum=1)
     found = Step.objects.filter(run=run, **({"pk": step_id} if step_id else {"position": position}))
     moved = found.values_list("position", flat=True).first()
     if moved is None:
@@ -156,41 +160,50 @@ def _step_position(request, run: Run, position: int) -> int:
 
 
 @require("view")
+@require_GET
+@htmx_partial("model-input")
 def step_model_input(request, run_id: int, position: int):
     run = _run(run_id)
-    try:
-        position = _step_position(request, run, position)
-    except dq.BadQuery as exc:
-        return bad_request(request, exc)
+    form = StepDetailForm(request.GET)
+    if not form.is_valid():
+        return invalid_form(request, form)
+    position = _step_position(run, position, form.cleaned_data["step"])
     messages = dq.step_model_input(run=run, position=position) or []
     context = {"run": run, "position": position, "model_input": messages}
-    return render_page(request, "memory_app/step_extra.html", context, fragment="model-input")
+    return page(request, "memory_app/step_extra.html", context)
 
 
 @require("view")
+@require_GET
+@htmx_partial("transcript")
 def step_transcript(request, run_id: int, position: int):
     run = get_object_or_404(Run.objects.select_related("context"), pk=run_id)
-    try:
-        position = _step_position(request, run, position)
-    except dq.BadQuery as exc:
-        return bad_request(request, exc)
+    form = StepDetailForm(request.GET)
+    if not form.is_valid():
+        return invalid_form(request, form)
+    position = _step_position(run, position, form.cleaned_data["step"])
     messages, omitted = dq.transcript_upto(run=run, position=position)
     context = {"run": run, "position": position, "transcript": messages, "omitted": omitted}
-    return render_page(request, "memory_app/step_extra.html", context, fragment="transcript")
+    return page(request, "memory_app/step_extra.html", context)
 
 
 @require("curate")
 @require_POST
+@htmx_partial("logbook")
 def step_prune(request, run_id: int, position: int):
-    """Prune or restore one step (a pruned step is left out of every transcript)."""
+    """Prune or restore one step (a pruned step is left out of every transcript); under htmx
+    the logbook at that step comes back."""
     run = _run(run_id)
     step = get_object_or_404(Step.objects.only("id"), run=run, position=position)
+    form = PrunedForm(request.POST)
+    if not form.is_valid():
+        return invalid_form(request, form)
     steps_set_pruned(
         run=run,
         ids=[step.pk],
-        pruned=request.POST.get("pruned", "1") == "1",
+        pruned=form.cleaned_data["pruned"],
         actor=Actor.for_user(request.user),
     )
     if not wants_fragment(request):
         return redirect("run-step", run_id=run.pk, position=position)
-    return run_step.__wrapped__(request, run_id=run_id, position=position)
+    return page(request, "memory_app/run.html", _logbook_context(_run(run_id), position))

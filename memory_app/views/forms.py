@@ -1,0 +1,442 @@
+"""Every input of the dashboard: query-string filters and POST bodies, one form per view.
+
+Views validate with a form and hand its cleaned values to the domain; a form's errors are
+rendered by the templates (`memory_app/form_errors.html`), in the panel that asked or, for input
+with no form on screen, on the 400 page (`common.invalid_form`). Text fields refuse NUL
+(PostgreSQL text cannot hold it): Django's CharField carries ProhibitNullCharactersValidator.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from memory_app import dashboard_queries as dq
+from memory_app.errors import Invalid
+from memory_app.models import MessageRole
+from memory_app.services.curation import PruneFilter
+
+# --- fields ------------------------------------------------------------------------------------
+
+
+class WholeNumberField(forms.IntegerField):
+    default_error_messages = {"min_value": "must be at least %(limit_value)s"}
+
+    def __init__(self, *, minimum: int = 0, **kwargs):
+        kwargs.setdefault("required", False)
+        super().__init__(min_value=minimum, **kwargs)
+
+    def to_python(self, value):
+        try:
+            return super().to_python(value)
+        except ValidationError:
+            raise ValidationError(
+                f"must be a whole number, got {value!r}", code="invalid"
+            ) from None
+
+
+class MomentField(forms.DateTimeField):
+    """A date and time as the browser's datetime-local input sends it (ISO 8601, an offset
+    optional); a naive one is in the server's time zone."""
+
+    default_error_messages = {"invalid": "must be a date and time like 2025-01-31T14:00"}
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("required", False)
+        super().__init__(**kwargs)
+
+
+class TextField(forms.CharField):
+    """Optional text, stripped; `missing` is the value when the parameter is absent altogether
+    (an empty one stays empty)."""
+
+    def __init__(self, *, missing: str = "", **kwargs):
+        kwargs.setdefault("required", False)
+        super().__init__(**kwargs)
+        self.missing = missing
+
+    def to_python(self, value):
+        if value is None:
+            return self.missing
+        return super().to_python(value)
+
+
+class FlagField(forms.Field):
+    """`1` is on, anything else off; absent is `missing` (a form posted without the field)."""
+
+    def __init__(self, *, missing: bool = False, **kwargs):
+        kwargs.setdefault("required", False)
+        super().__init__(**kwargs)
+        self.missing = missing
+
+    def to_python(self, value):
+        return self.missing if value is None else value == "1"
+
+
+class ListField(forms.Field):
+    """A repeated parameter (`?key=a&key=b`), each value cleaned by `item`."""
+
+    widget = forms.MultipleHiddenInput
+
+    def __init__(self, *, item: forms.Field, **kwargs):
+        kwargs.setdefault("required", False)
+        super().__init__(**kwargs)
+        self.item = item
+
+    def to_python(self, value):
+        if value in (None, ""):
+            return []
+        values = value if isinstance(value, list | tuple) else [value]
+        return [self.item.clean(v) for v in values]
+
+
+def role_field() -> forms.ChoiceField:
+    return forms.ChoiceField(
+        choices=[("", "any"), *MessageRole.choices],
+        required=False,
+        error_messages={"invalid_choice": f"must be one of {MessageRole.values}, got %(value)r"},
+    )
+
+
+def _chips(values: list[str]) -> list[tuple[str, str]]:
+    try:
+        return dq.parse_key_chips(values)
+    except dq.BadQuery as exc:
+        raise ValidationError(str(exc)) from exc
+
+
+def _json_object(raw: str, message: str) -> dict:
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ValidationError(f"{message}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ValidationError(message)
+    return value
+
+
+def _lenient_id(raw: str) -> int | None:
+    # A link's `done=` notice is a courtesy: a stale or mangled one shows no notice, not an error.
+    return int(raw) if raw and raw.isdigit() else None
+
+
+# --- forms -------------------------------------------------------------------------------------
+
+
+class DashboardForm(forms.Form):
+    """A form whose fields are named, and labelled, as their parameters."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name, field in self.fields.items():
+            if field.label is None:
+                field.label = name.replace("_", " ")
+
+    def typed(self, names=None) -> dict:
+        """What was sent for each field (stripped), to fill the form in again."""
+        out = {}
+        for name in names or self.fields:
+            value = self[name].value()
+            if isinstance(value, list | tuple):
+                out[name] = list(value)
+            else:
+                out[name] = "" if value is None else str(value).strip()
+        return out
+
+
+class ContextListForm(DashboardForm):
+    key = ListField(item=forms.CharField(required=False, strip=False))
+    # The chip input: one more key=value added to the current set.
+    add = TextField()
+    q = TextField(label="search text")
+    sort = forms.ChoiceField(
+        choices=list(dq.CONTEXT_ORDERS.items()),
+        required=False,
+        error_messages={"invalid_choice": f"must be one of {sorted(dq.CONTEXT_ORDERS)}"},
+    )
+    cursor = TextField()
+
+    def clean_key(self):
+        return _chips(self.cleaned_data["key"])
+
+    def clean_add(self):
+        added = self.cleaned_data["add"]
+        return _chips([added]) if added else []
+
+    def clean_sort(self):
+        return self.cleaned_data["sort"] or "recent"
+
+
+class HistoryForm(DashboardForm):
+    role = role_field()
+    tag = TextField(max_length=200)
+    q = TextField(label="filter text", max_length=dq.MAX_QUERY_CHARS)
+    pruned = FlagField()
+    md = FlagField()
+    before = WholeNumberField(minimum=1)
+    after = WholeNumberField(minimum=0)
+    seq = WholeNumberField(minimum=1)
+
+    def filters(self) -> dq.HistoryFilters:
+        data = self.cleaned_data
+        return dq.HistoryFilters(
+            role=data["role"], tag=data["tag"], text=data["q"], show_pruned=data["pruned"]
+        )
+
+
+class RunsPageForm(DashboardForm):
+    before = WholeNumberField(minimum=1)
+
+
+class MessagePruneForm(DashboardForm):
+    pruned = FlagField(missing=True)
+    md = FlagField()
+
+
+class PrunedForm(DashboardForm):
+    pruned = FlagField(missing=True)
+
+
+class RunLiveForm(DashboardForm):
+    after = WholeNumberField(minimum=0)
+    position = WholeNumberField(minimum=1)
+    # The ids of the step on screen and of the step at `after`, when the page knows them.
+    step = WholeNumberField(minimum=1)
+    last = WholeNumberField(minimum=1)
+    tail = FlagField()
+
+
+class StepDetailForm(DashboardForm):
+    # A page loads a step's details by id, so they stay right when steps are renumbered.
+    step = WholeNumberField(minimum=1)
+
+
+class MemoryListForm(DashboardForm):
+    q = TextField(label="search")
+    context = WholeNumberField(minimum=1)
+    scope = TextField()
+    archived = FlagField()
+    id = WholeNumberField(minimum=1)
+
+    def clean_scope(self) -> dict | None:
+        raw = self.cleaned_data["scope"]
+        if not raw:
+            return None
+        if raw.startswith("{"):
+            return _json_object(
+                raw, 'the scope must be a JSON object like {"user": "ada"} or key=value'
+            )
+        return dict(_chips(raw.split()))
+
+
+class MemoryEditForm(DashboardForm):
+    content = forms.CharField(required=False, strip=False)
+    keywords = TextField()
+    kind = TextField()
+
+    def clean_keywords(self) -> list[str]:
+        return [k.strip() for k in self.cleaned_data["keywords"].split(",") if k.strip()]
+
+
+class ArchiveForm(DashboardForm):
+    archived = FlagField(missing=True)
+
+
+class MemoryMergeForm(DashboardForm):
+    ids = ListField(item=WholeNumberField(minimum=1, required=True))
+    keep = WholeNumberField(minimum=1)
+
+    def clean(self):
+        data = super().clean()
+        if "ids" in self.errors or "keep" in self.errors:
+            return data
+        data["keep"] = data["keep"] or (min(data["ids"]) if data["ids"] else None)
+        if data["keep"] is None:
+            raise ValidationError("select the memories to merge")
+        return data
+
+
+class PromoteForm(DashboardForm):
+    kind = TextField(missing="fact")
+
+
+class CurateHistoryForm(DashboardForm):
+    view = TextField()
+    before = WholeNumberField(minimum=1)
+    done = TextField()
+
+    def clean_view(self) -> str:
+        return "pruned" if self.cleaned_data["view"] == "pruned" else "live"
+
+    def clean_done(self) -> int | None:
+        return _lenient_id(self.cleaned_data["done"])
+
+
+class CurateRunForm(DashboardForm):
+    after = WholeNumberField(minimum=0)
+    done = TextField()
+
+    def clean_done(self) -> int | None:
+        return _lenient_id(self.cleaned_data["done"])
+
+
+class SelectionForm(DashboardForm):
+    """The ticked rows of a curate list, pruned or restored together."""
+
+    noun = "message"
+    ids = ListField(item=WholeNumberField(minimum=0, required=True))
+    pruned = FlagField(missing=True)
+    view = TextField()
+
+    def clean(self):
+        data = super().clean()
+        if "ids" not in self.errors and not data.get("ids"):
+            raise ValidationError(f"select at least one {self.noun}")
+        return data
+
+
+class StepSelectionForm(SelectionForm):
+    noun = "step"
+
+
+class MessageEditForm(DashboardForm):
+    text = forms.CharField(required=False, strip=False)
+    tags = TextField()
+
+    def clean_tags(self) -> list[str]:
+        tags = [t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()]
+        if any(len(t) > 200 for t in tags):
+            raise ValidationError("a tag is longer than 200 characters")
+        return tags
+
+
+# The fields of a bulk-prune filter, carried from the preview to the apply form.
+PRUNE_FILTER_FIELDS = (
+    "role",
+    "tag",
+    "text",
+    "before_seq",
+    "after_seq",
+    "before_time",
+    "after_time",
+    "run",
+)
+
+
+class PruneFilterForm(DashboardForm):
+    role = role_field()
+    tag = TextField()
+    text = TextField()
+    before_seq = WholeNumberField(minimum=1)
+    after_seq = WholeNumberField(minimum=0)
+    before_time = MomentField()
+    after_time = MomentField()
+    run = WholeNumberField(minimum=1)
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        try:
+            data["filter"] = PruneFilter(
+                role=data["role"],
+                tag=data["tag"],
+                text=data["text"],
+                before_seq=data["before_seq"],
+                after_seq=data["after_seq"],
+                before_time=data["before_time"],
+                after_time=data["after_time"],
+                run_id=data["run"],
+            )
+        except Invalid as exc:
+            raise ValidationError(str(exc)) from exc
+        return data
+
+    def filter_params(self) -> dict:
+        return self.typed(PRUNE_FILTER_FIELDS)
+
+
+class PruneApplyForm(PruneFilterForm):
+    # What the preview showed: the apply refuses if the set changed since.
+    upto_seq = WholeNumberField(minimum=0)
+    expected_count = WholeNumberField(minimum=0)
+
+    def clean(self):
+        data = super().clean()
+        if not self.errors and (data["upto_seq"] is None or data["expected_count"] is None):
+            raise ValidationError(
+                "preview the filter first (upto_seq and expected_count are missing)"
+            )
+        return data
+
+
+class AuditFilterForm(DashboardForm):
+    actor = TextField()
+    action = TextField()
+    target = TextField()
+    target_id = WholeNumberField(minimum=1)
+    context = WholeNumberField(minimum=1)
+    since = MomentField()
+    until = MomentField()
+    before = WholeNumberField(minimum=1)
+
+    # What the older-events link carries on (`before` is the link's own).
+    FILTERS = ("actor", "action", "target", "target_id", "context", "since", "until")
+
+
+class UndoForm(DashboardForm):
+    next = TextField(strip=False)
+
+
+class PurgeForm(DashboardForm):
+    older_than = MomentField()
+    context = WholeNumberField(minimum=1)
+    confirmation = forms.CharField(required=False, strip=False)
+
+
+class ApiKeyForm(DashboardForm):
+    name = TextField(strip=False)
+    scopes = ListField(item=forms.CharField(required=False))
+    context_keys = TextField(label="context-key restriction")
+
+    def clean_context_keys(self) -> dict:
+        raw = self.cleaned_data["context_keys"]
+        if not raw:
+            return {}
+        return _json_object(
+            raw, 'the context-key restriction must be a JSON object like {"tenant": "acme"}'
+        )
+
+
+class PlaygroundForm(DashboardForm):
+    """One side of the playground. Side B's fields are prefixed `b_` and default to side A's."""
+
+    selector = TextField(strip=False)
+    k = TextField(strip=False)
+    semantics = TextField(strip=False)
+    max_tokens = TextField(strip=False)
+    policy = TextField(strip=False)
+    tokenizer = TextField(strip=False)
+    query = TextField(strip=False)
+    mode = TextField(strip=False)
+    search_k = TextField(strip=False)
+    search_mode = TextField(strip=False)
+    window = TextField(strip=False)
+    compare = FlagField()
+
+    def __init__(self, data, *, defaults: dict[str, str], prefix: str | None = None):
+        super().__init__(data, prefix=prefix)
+        for name, value in defaults.items():
+            self.fields[name].missing = value
+
+    def add_prefix(self, field_name: str) -> str:
+        return f"{self.prefix}_{field_name}" if self.prefix else field_name
+
+    def params(self) -> dict[str, str]:
+        """The selector's settings as strings: cleaned when valid, as sent otherwise."""
+        names = [n for n in self.fields if n != "compare"]
+        if self.is_valid():
+            return {n: self.cleaned_data[n] for n in names}
+        return {n: self[n].value() or "" for n in names}
