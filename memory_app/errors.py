@@ -1,5 +1,5 @@
 """Domain errors: what the writes, reads and searches raise, and the API, MCP tools and dashboard
-map to HTTP statuses (`memory_app.api.common` has the map). No Django or project imports, so any
+map to HTTP statuses (the REST map is in `memory_app.api.app`). No Django or project imports, so any
 module may raise them."""
 
 from __future__ import annotations

@@ -43,8 +43,10 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 
 from memory_app import auth, errors, queries, search
-from memory_app.api.common import Id, JsonObject, Short, Text
-from memory_app.api.memories import (
+from memory_app.models import ApiKey
+from memory_app.schemas.contexts import ContextOut
+from memory_app.schemas.fields import Id, JsonObject, Role, Short, Text
+from memory_app.schemas.memories import (
     Keywords,
     Kind,
     MemoryRecordIn,
@@ -53,17 +55,9 @@ from memory_app.api.memories import (
     record,
     retrieve_out,
 )
-from memory_app.api.schemas import (
-    ContentBlock,
-    ContextOut,
-    MessageIn,
-    Role,
-    RunDetailOut,
-    RunPage,
-    message_out,
-)
-from memory_app.api.selectors import SelectIn, select_out
-from memory_app.models import ApiKey
+from memory_app.schemas.messages import ContentBlock, MessageIn, message_out
+from memory_app.schemas.runs import RunDetailOut, RunPage
+from memory_app.schemas.selectors import SelectIn, select_out
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import messages_append
 

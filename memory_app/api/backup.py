@@ -13,16 +13,9 @@ from ninja.errors import HttpError
 from psycopg.errors import CheckViolation, NotNullViolation
 
 from memory_app import auth, backup, errors
-from memory_app.api.common import (
-    WRITE_ERRORS,
-    Id,
-    _check_json,
-    json_loads,
-    require_scope,
-    responses,
-)
-from memory_app.api.schemas import _examples
+from memory_app.api.common import WRITE_ERRORS, json_loads, require_scope, responses
 from memory_app.audit import Actor
+from memory_app.schemas.fields import Id, _check_json, _examples
 
 router = Router(tags=["backup"])
 

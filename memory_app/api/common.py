@@ -13,23 +13,19 @@ from datetime import datetime
 from typing import Annotated, Any
 
 import orjson
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from ninja import Path, Schema
 from ninja.errors import AuthenticationError, HttpError
 from ninja.responses import NinjaJSONEncoder
 from ninja.security import HttpBearer
-from pydantic import AfterValidator, ConfigDict, Field, StringConstraints
+from pydantic import ConfigDict
 
 from memory_app import auth as keys
 from memory_app.audit import Actor
 from memory_app.models import ApiKey, Context, Message, Run, Step
+from memory_app.schemas.fields import INT64_MAX
 
 # PostgreSQL integer ranges: larger values would fail in the database, so they answer 422 here.
-INT32_MAX = 2**31 - 1
-INT64_MAX = 2**63 - 1
-
-
-# --- authentication and scopes -----------------------------------------------------------------
 
 
 class Unauthorized(AuthenticationError):
@@ -77,9 +73,6 @@ def actor_for(request: HttpRequest) -> Actor:
     return Actor.for_key(request_key(request))
 
 
-# --- visibility: everything outside the key's confinement answers 404 ------------------------------
-
-
 def not_found(what: str, ident: Any) -> HttpError:
     return HttpError(404, f"{what} {ident} not found")
 
@@ -101,7 +94,6 @@ def step_for(request: HttpRequest, step_id: int) -> Step:
     return keys.step_for_key(request_key(request), step_id)
 
 
-# --- JSON in and out ---------------------------------------------------------------------------
 # orjson parses and renders (a 1,000-message batch, or 384,000 vector numbers, in a fraction of
 # the standard library's time); the standard library is the strict reference it falls back to.
 # orjson refuses what the strict parser refuses (NaN/Infinity literals, numbers that overflow a
@@ -110,9 +102,13 @@ def step_for(request: HttpRequest, step_id: int) -> Step:
 # integers beyond 64 bits (orjson would round them to floats; see `_may_hold_long_integer`) and
 # every malformed body (so the 400's message is unchanged).
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+
+
 # orjson keeps integers from -2**63 to 2**64 - 1: 20 digits are beyond them, and so are 19
 # after a minus sign (-9223372036854775809 would come back as a rounded float).
 _LONG_RUN = b"0" * 19
+
+
 _DIGIT_RUN = re.compile(rb"[0-9]*")
 
 
@@ -159,6 +155,8 @@ def json_loads(body: bytes) -> Any:
 
 
 _ENCODER = NinjaJSONEncoder(allow_nan=False)
+
+
 # The last value ninja's encoder wrote, by identity: the rows of one batch share one `created_at`
 # object (and `updated_at`), 2,000 calls of the encoder's formatting for one distinct value.
 _last_default: tuple[Any, Any] = (object(), None)
@@ -183,70 +181,6 @@ def json_dumps(data: Any) -> bytes:
         return orjson.dumps(data, default=_default, option=orjson.OPT_PASSTHROUGH_DATETIME)
     except orjson.JSONEncodeError:
         return _ENCODER.encode(data).encode()
-
-
-# --- field types: what PostgreSQL cannot store is rejected with 422, never a 500 -----------------
-
-
-def _check_text(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("NUL characters (\\u0000) cannot be stored")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("text must be valid Unicode (lone surrogate found)") from None
-    return value
-
-
-def _check_json(value: Any) -> Any:
-    """Walk a JSON value: no NUL / lone surrogate in any string or key, no NaN or infinity."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            _check_text(item)
-        elif isinstance(item, bool) or item is None or isinstance(item, int):
-            continue
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                raise ValueError("NaN and infinity are not valid JSON numbers")
-        elif isinstance(item, dict):
-            for k, v in item.items():
-                if not isinstance(k, str):
-                    raise ValueError("JSON object keys must be strings")
-                _check_text(k)
-                stack.append(v)
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-        else:
-            raise ValueError(f"not a JSON value: {type(item).__name__}")
-    return value
-
-
-Text = Annotated[str, AfterValidator(_check_text)]
-
-
-def Short(max_length: int):  # noqa: N802 - reads as a type in schemas
-    """A string limited to a model column's max_length."""
-    return Annotated[str, StringConstraints(max_length=max_length), AfterValidator(_check_text)]
-
-
-JsonValue = Annotated[Any, AfterValidator(_check_json)]
-JsonObject = Annotated[dict[str, Any], AfterValidator(_check_json)]
-Int32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
-Int64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
-# Ids in URLs and bodies: positive bigint.
-Id = Annotated[int, Field(ge=1, le=INT64_MAX)]
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-# A client-computed embedding (its model's dimensions are checked by the write path).
-Vector = Annotated[list[FiniteFloat], Field(min_length=1, max_length=16000)]
-VECTOR_MODEL_DESCRIPTION = (
-    "the embedding model `vector` comes from; default: the configured model "
-    "(required when no embedding provider is configured)"
-)
-
-
-# --- errors --------------------------------------------------------------------------------------
 
 
 class ErrorOut(Schema):
@@ -274,6 +208,8 @@ class ConflictOut(Schema):
 
 
 READ_ERRORS = (401, 403, 404, 413, 422)
+
+
 WRITE_ERRORS = (400, 401, 403, 404, 409, 413, 422)
 
 
@@ -285,9 +221,18 @@ def responses(ok: dict[int, Any], errors: tuple[int, ...] = READ_ERRORS) -> dict
     return out
 
 
-# --- path parameters: integer DB ids, bounded so a huge number is a 422, not a database error ---
-
 ContextId = Annotated[int, Path(ge=1, le=INT64_MAX, description="context id", examples=[7])]
+
+
 MessageId = Annotated[int, Path(ge=1, le=INT64_MAX, description="message id", examples=[101])]
+
+
 RunId = Annotated[int, Path(ge=1, le=INT64_MAX, description="run id", examples=[3])]
+
+
 StepId = Annotated[int, Path(ge=1, le=INT64_MAX, description="step id", examples=[11])]
+
+
+def json_response(status: int, data: Any):
+    """`data` rendered as the API's renderer would (ninja's encoder, no NaN)."""
+    return HttpResponse(json_dumps(data), status=status, content_type="application/json; charset=utf-8")

@@ -10,16 +10,15 @@ from pydantic import TypeAdapter, ValidationError
 
 from memory_app import auth, queries
 from memory_app.api.common import (
-    INT64_MAX,
     WRITE_ERRORS,
     ContextId,
-    JsonObject,
     actor_for,
     context_for,
     require_scope,
     responses,
 )
-from memory_app.api.schemas import ContextIn, ContextOut, ContextPage, ContextUpdateIn
+from memory_app.schemas.contexts import ContextIn, ContextOut, ContextPage, ContextUpdateIn
+from memory_app.schemas.fields import INT64_MAX, JsonObject
 from memory_app.services import contexts as contexts_service
 
 router = Router(tags=["contexts"])

@@ -16,20 +16,15 @@ from memory_app import framework_io, transcripts
 from memory_app.api.common import (
     WRITE_ERRORS,
     ContextId,
-    Id,
-    JsonObject,
-    JsonValue,
     RunId,
-    Short,
-    Text,
     actor_for,
     context_for,
     require_scope,
     responses,
     run_for,
 )
-from memory_app.api.schemas import _examples
 from memory_app.interop import agentkit
+from memory_app.schemas.fields import Id, JsonObject, JsonValue, Short, Text, _examples
 
 router = Router(tags=["interop"])
 

@@ -6,17 +6,18 @@ from ninja import Query, Router, Status
 
 from memory_app import queries
 from memory_app.api.common import (
-    INT64_MAX,
     WRITE_ERRORS,
     ContextId,
     MessageId,
     actor_for,
     context_for,
+    json_response,
     message_for,
     require_scope,
     responses,
 )
-from memory_app.api.schemas import (
+from memory_app.schemas.fields import INT64_MAX
+from memory_app.schemas.messages import (
     MessageBatchIn,
     MessageBatchOut,
     MessageEditIn,
@@ -26,7 +27,6 @@ from memory_app.api.schemas import (
     PruneIn,
     PruneNoteIn,
     PruneOut,
-    json_response,
     message_out,
 )
 from memory_app.services import curation as curation_service

@@ -6,7 +6,6 @@ from ninja import Query, Router, Status
 
 from memory_app import queries
 from memory_app.api.common import (
-    INT64_MAX,
     WRITE_ERRORS,
     ContextId,
     RunId,
@@ -18,7 +17,8 @@ from memory_app.api.common import (
     run_for,
     step_for,
 )
-from memory_app.api.schemas import (
+from memory_app.schemas.fields import INT64_MAX
+from memory_app.schemas.runs import (
     RunDetailOut,
     RunFinishIn,
     RunIn,

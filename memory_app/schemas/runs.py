@@ -1,0 +1,291 @@
+"""Runs, steps and tool calls in and out."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from ninja import Schema
+from pydantic import AwareDatetime, Field
+
+from memory_app.models import StepKind
+from memory_app.schemas.fields import (
+    BulkIn,
+    ClientId,
+    FinishStatus,
+    Int32,
+    Int64,
+    JsonObject,
+    JsonValue,
+    Seconds,
+    Short,
+    Text,
+    _examples,
+)
+from memory_app.services.messages import MAX_BATCH
+
+Kind = Literal[tuple(StepKind.values)]  # type: ignore[valid-type]
+
+
+class RunIn(Schema):
+    model_config = _examples(
+        {
+            "client_id": "run-2025-01-01-a",
+            "task": "What's the weather in Paris?",
+            "system_prompt": "You are a helpful agent.",
+            "agent_name": "weather-bot",
+            "framework": "smolagents",
+            "metadata": {"model": "gpt-4o"},
+        }
+    )
+    client_id: ClientId | None = None
+    task: Text = ""
+    system_prompt: Text = ""
+    agent_name: Short(200) = ""
+    framework: Short(50) = ""
+    metadata: JsonObject = Field(default_factory=dict)
+    started_at: AwareDatetime | None = None
+
+
+class RunFinishIn(Schema):
+    model_config = _examples({"status": "success", "final_answer": "It is sunny, 21°C."})
+    status: FinishStatus
+    final_answer: JsonValue = None
+    input_tokens: Int64 | None = None
+    output_tokens: Int64 | None = None
+    total_tokens: Int64 | None = None
+    finished_at: AwareDatetime | None = None
+
+
+RUN_EXAMPLE = {
+    "id": 3,
+    "context_id": 7,
+    "client_id": "run-2025-01-01-a",
+    "task": "What's the weather in Paris?",
+    "system_prompt": "You are a helpful agent.",
+    "agent_name": "weather-bot",
+    "framework": "smolagents",
+    "status": "running",
+    "final_answer": None,
+    "input_tokens": None,
+    "output_tokens": None,
+    "total_tokens": None,
+    "started_at": "2025-01-01T10:00:00Z",
+    "finished_at": None,
+    "duration": None,
+    "step_count": 0,
+    "error_count": 0,
+    "metadata": {},
+    "created_at": "2025-01-01T10:00:00Z",
+    "updated_at": "2025-01-01T10:00:00Z",
+}
+
+
+class RunOut(Schema):
+    model_config = _examples(RUN_EXAMPLE)
+    id: int
+    context_id: int
+    client_id: str | None
+    task: str
+    system_prompt: str
+    agent_name: str
+    framework: str
+    status: str
+    final_answer: Any
+    input_tokens: int | None
+    output_tokens: int | None
+    total_tokens: int | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration: float | None
+    step_count: int
+    error_count: int
+    metadata: Any
+    created_at: datetime
+    updated_at: datetime
+
+
+class RunPage(Schema):
+    model_config = _examples({"items": [RUN_EXAMPLE], "has_more": False, "next_cursor": None})
+    items: list[RunOut]
+    has_more: bool
+    next_cursor: int | None
+
+
+class ToolCallIn(BulkIn):
+    call_id: Short(200) = ""
+    name: Annotated[Short(200), Field(min_length=1)]
+    arguments: JsonValue = None
+    output: Text | None = None
+    success: bool | None = None
+    duration: Seconds | None = None
+
+
+class StepIn(BulkIn):
+    client_id: ClientId | None = None
+    kind: Kind
+    step_number: Int32 | None = None
+    task: Text | None = None
+    plan: Text | None = None
+    model_input_messages: JsonValue = None
+    model_output_message: JsonValue = None
+    model_output: JsonValue = None
+    code_action: Text | None = None
+    observations: Text | None = None
+    action_output: JsonValue = None
+    error_type: Short(200) | None = None
+    error_message: Text | None = None
+    start_time: Seconds | None = None
+    end_time: Seconds | None = None
+    duration: Seconds | None = None
+    # Halved range: the server adds input + output when total is missing.
+    input_tokens: Annotated[int, Field(ge=0, le=2**30 - 1)] | None = None
+    output_tokens: Annotated[int, Field(ge=0, le=2**30 - 1)] | None = None
+    total_tokens: Int32 | None = None
+    model: Short(200) = Field("", description="the model that wrote this step, e.g. gpt-4o")
+    cost: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] | None = Field(
+        None, description="what the step's model calls cost, in USD, if the agent knows"
+    )
+    is_final_answer: bool = False
+    payload: JsonValue = Field(None, description="the framework's own step dict, kept verbatim")
+    tool_calls: list[ToolCallIn] = Field(default_factory=list, max_length=1000)
+
+    def to_item(self) -> dict[str, Any]:
+        return self.model_dump()
+
+
+STEP_IN_EXAMPLE = {
+    "client_id": "run-a/step-1",
+    "kind": "action",
+    "step_number": 1,
+    "model_output": "I will call the weather tool.",
+    "tool_calls": [{"call_id": "call_1", "name": "weather", "arguments": {"city": "Paris"}}],
+    "observations": "sunny, 21°C",
+    "start_time": 1735725600.0,
+    "end_time": 1735725601.5,
+    "input_tokens": 120,
+    "output_tokens": 30,
+}
+
+
+class StepsIn(BulkIn):
+    model_config = _examples({"steps": [STEP_IN_EXAMPLE]})
+    steps: list[StepIn] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class ToolCallOut(Schema):
+    id: int
+    position: int
+    call_id: str
+    name: str
+    arguments: Any
+    output: str | None
+    success: bool | None
+    duration: float | None
+
+
+STEP_EXAMPLE = {
+    "id": 11,
+    "run_id": 3,
+    "position": 1,
+    "client_id": "run-a/step-1",
+    "kind": "action",
+    "step_number": 1,
+    "task": None,
+    "plan": None,
+    "model_input_messages": None,
+    "model_output_message": None,
+    "model_output": "I will call the weather tool.",
+    "code_action": None,
+    "observations": "sunny, 21°C",
+    "action_output": None,
+    "error_type": None,
+    "error_message": None,
+    "start_time": 1735725600.0,
+    "end_time": 1735725601.5,
+    "duration": 1.5,
+    "input_tokens": 120,
+    "output_tokens": 30,
+    "total_tokens": 150,
+    "is_final_answer": False,
+    "payload": None,
+    "pruned_at": None,
+    "pruned_by": "",
+    "created_at": "2025-01-01T10:00:01Z",
+    "tool_calls": [
+        {
+            "id": 5,
+            "position": 1,
+            "call_id": "call_1",
+            "name": "weather",
+            "arguments": {"city": "Paris"},
+            "output": None,
+            "success": None,
+            "duration": None,
+        }
+    ],
+}
+
+
+class StepOut(Schema):
+    model_config = _examples(STEP_EXAMPLE)
+    id: int
+    run_id: int
+    position: int
+    client_id: str | None
+    kind: str
+    step_number: int | None
+    task: str | None
+    plan: str | None
+    model_input_messages: Any
+    model_output_message: Any
+    model_output: Any
+    code_action: str | None
+    observations: str | None
+    action_output: Any
+    error_type: str | None
+    error_message: str | None
+    start_time: float | None
+    end_time: float | None
+    duration: float | None
+    input_tokens: int | None
+    output_tokens: int | None
+    total_tokens: int | None
+    model: str = ""
+    cost: float | None = None
+    is_final_answer: bool
+    payload: Any
+    pruned_at: datetime | None
+    pruned_by: str
+    created_at: datetime
+    tool_calls: list[ToolCallOut]
+
+    @staticmethod
+    def resolve_tool_calls(obj) -> list:
+        return list(obj.tool_calls.all())
+
+
+class StepsAppendOut(Schema):
+    model_config = _examples({"steps": [STEP_EXAMPLE], "created": [True]})
+    steps: list[StepOut]
+    created: list[bool]
+
+
+class StepPage(Schema):
+    model_config = _examples({"items": [STEP_EXAMPLE], "has_more": False, "next_cursor": None})
+    items: list[StepOut]
+    has_more: bool
+    next_cursor: int | None = Field(None, description="position to pass as `after`")
+
+
+class RunDetailOut(Schema):
+    """A run with the first page of its steps; page on with GET /runs/{id}/steps?after=..."""
+
+    model_config = _examples(
+        {
+            "run": RUN_EXAMPLE,
+            "steps": {"items": [STEP_EXAMPLE], "has_more": False, "next_cursor": None},
+        }
+    )
+    run: RunOut
+    steps: StepPage
