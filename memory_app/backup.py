@@ -58,6 +58,7 @@ from memory_app.models import (
     ToolCall,
     keys_digest,
 )
+from memory_app.queries.memories import memories_visible
 
 FORMAT = "agentmemory-backup"
 VERSION = 1
@@ -250,7 +251,7 @@ def export_records(
 
     A context's memory records are its own and those of every key subset its keys contain (an
     empty legacy subset too: a whole backup loses nothing). `confined_to`, a confined API key's
-    context keys, narrows them to what that key recalls (`memories.memories_visible`, archived
+    context keys, narrows them to what that key recalls (`memories_visible`, archived
     ones included), so a tenant's export holds no record its key may not read."""
     contexts = contexts if contexts is not None else Context.objects.order_by("pk")
     yield {"type": "header", "format": FORMAT, "version": VERSION, "embeddings": embeddings}
@@ -279,7 +280,7 @@ def export_records(
             )
             yield record
         if confined_to:
-            scoped = memories.memories_visible(context=ctx, include_archived=True, confined_to=confined_to)
+            scoped = memories_visible(context=ctx, include_archived=True, confined_to=confined_to)
         else:
             scoped = MemoryRecord.objects.filter(Q(context=ctx) | Q(context__isnull=True, scope_keys__contained_by=ctx.keys))
         for mem in scoped.order_by("pk").iterator(chunk_size=chunk_size):

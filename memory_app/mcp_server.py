@@ -42,8 +42,9 @@ from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 
-from memory_app import auth, errors, queries, search
+from memory_app import auth, errors, search
 from memory_app.models import ApiKey
+from memory_app.queries.lists import runs_list, steps_list
 from memory_app.schemas.contexts import ContextOut
 from memory_app.schemas.fields import Id, JsonObject, Role, Short, Text
 from memory_app.schemas.memories import (
@@ -427,7 +428,7 @@ async def retrieve_memories(
 
 def _list_runs(key, *, context_id, after, limit):
     context = auth.context_for_key(key, context_id)
-    return RunPage.from_orm(queries.runs_list(context=context, after=after, limit=limit)).dict()
+    return RunPage.from_orm(runs_list(context=context, after=after, limit=limit)).dict()
 
 
 @server.tool(annotations=READ)
@@ -446,7 +447,7 @@ async def list_runs(
 
 def _read_run(key, *, run_id, steps_after, steps_limit):
     run = auth.run_for_key(key, run_id)
-    steps = queries.steps_list(run=run, after=steps_after, limit=steps_limit)
+    steps = steps_list(run=run, after=steps_after, limit=steps_limit)
     return RunDetailOut.from_orm({"run": run, "steps": steps}).dict()
 
 

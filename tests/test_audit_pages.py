@@ -10,12 +10,12 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from memory_app import memories
 from memory_app.audit import Actor
 from memory_app.models import AuditEvent, MemoryRecord, Message
 from memory_app.rendering import change_diff
 from memory_app.services import curation
 from memory_app.services.curation import messages_set_pruned
+from memory_app.services.memories import memory_promote
 from memory_app.services.messages import message_edit
 from tests.builders import make_context, make_user
 
@@ -139,7 +139,7 @@ def test_agent_text_in_a_diff_is_escaped():
 def test_viewers_read_memories_but_see_no_button_to_change_them():
     context = make_context(messages=1)
     message = Message.objects.get(context=context)
-    record, _ = memories.memory_promote(actor=Actor.system("t"), message=message)
+    record, _ = memory_promote(actor=Actor.system("t"), message=message)
     viewer = client_for("viewer")
     page = viewer.get(reverse("memories"))
     html = page.content.decode()
@@ -156,7 +156,7 @@ def test_viewers_read_memories_but_see_no_button_to_change_them():
 
 def test_curators_see_the_memory_controls():
     context = make_context(messages=1)
-    memories.memory_promote(actor=Actor.system("t"), message=Message.objects.get(context=context))
+    memory_promote(actor=Actor.system("t"), message=Message.objects.get(context=context))
     html = client_for("curator").get(reverse("memories")).content.decode()
     assert "Merge selected" in html and "/archive/" in html
 

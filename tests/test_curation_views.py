@@ -7,10 +7,10 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from memory_app import memories
 from memory_app.audit import Actor
 from memory_app.models import ApiKey, AuditEvent, MemoryRecord, Message, Step
 from memory_app.services.curation import messages_set_pruned
+from memory_app.services.memories import memory_promote
 from memory_app.services.messages import message_edit
 from memory_app.urls import curation_urlpatterns as urlpatterns
 from tests.builders import make_context, make_run, make_user
@@ -27,7 +27,7 @@ def world():
     Step.objects.filter(pk=step.pk).update(observations="the API answered 42")
     event = AuditEvent.objects.create(actor="x", action="prune", target_type="message",
                                       target_ids=[message.pk], context=context)
-    memory, _ = memories.memory_promote(actor=Actor.system("t"), message=message)
+    memory, _ = memory_promote(actor=Actor.system("t"), message=message)
     key = ApiKey.objects.create(name="k", prefix="abcdefabcdef", secret_hash="0" * 64, scopes=["read"])
     return {"context": context, "run": run, "message": message, "step": step, "event": event,
             "memory": memory, "key": key}

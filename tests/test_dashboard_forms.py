@@ -12,9 +12,9 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from memory_app import memories
 from memory_app.audit import Actor
 from memory_app.models import ApiKey, AuditEvent, Message, Step
+from memory_app.services.memories import memory_promote
 from memory_app.urls import urlpatterns
 from memory_app.views.forms import MomentField
 from tests.builders import make_context, make_run, make_user
@@ -76,7 +76,7 @@ def urls() -> dict[str, str]:
     event = AuditEvent.objects.create(
         actor="x", action="prune", target_type="message", target_ids=[message.pk], context=context
     )
-    memory, _ = memories.memory_promote(actor=Actor.system("t"), message=message)
+    memory, _ = memory_promote(actor=Actor.system("t"), message=message)
     key = ApiKey.objects.create(
         name="k", prefix="abcdefabcdef", secret_hash="0" * 64, scopes=["read"]
     )

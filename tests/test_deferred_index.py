@@ -12,7 +12,9 @@ from django.db import connection
 from memory_app import backlog, search
 from memory_app.embeddings import indexer, queue
 from memory_app.models import Embedding, Message
+from memory_app.queries.memories import _semantic_hits, memories_visible
 from memory_app.services.contexts import context_get_or_create
+from memory_app.services.memories import memories_record
 from memory_app.services.messages import messages_append
 
 MODEL = "defer-4"
@@ -157,20 +159,19 @@ def test_health_and_the_command_show_the_backlog(defer, client):
 
 @pytest.mark.django_db
 def test_memories_recorded_with_a_deferred_batch_are_recalled_at_once(defer, system_actor):
-    from memory_app import memories
     from memory_app.memories import Scope
 
     context, _ = context_get_or_create(keys={"test": "defer-memories"})
     items = [{"content": f"fact {i}", "vector": vector(i), "vector_model": MODEL} for i in range(40)]
     for start in range(0, 40, 5):  # small batches: in the graph at once
-        memories.memories_record(scope=Scope(context=context), items=items[start : start + 5], actor=system_actor)
-    late = memories.memories_record(
+        memories_record(scope=Scope(context=context), items=items[start : start + 5], actor=system_actor)
+    late = memories_record(
         scope=Scope(context=context),
         items=[{"content": f"late {i}", "vector": vector(100 + i), "vector_model": MODEL} for i in range(8)],
         actor=system_actor,
     )
     assert queue.unindexed_count(model=MODEL) == 8
-    qs = memories.memories_visible(context=context)
-    hits = memories._semantic_hits(qs, vector(102), MODEL, 3)
+    qs = memories_visible(context=context)
+    hits = _semantic_hits(qs, vector(102), MODEL, 3)
     assert [rid for rid, _ in hits][0] == late[2].record.pk
     assert {rid for rid, _ in hits} <= {r.record.pk for r in late}

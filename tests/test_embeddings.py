@@ -24,7 +24,9 @@ from django.utils import timezone
 from memory_app import errors, search
 from memory_app.embeddings import client_vectors, indexer, providers, queue, worker
 from memory_app.models import Embedding, EmbeddingRetry, Message
+from memory_app.queries.memories import memories_retrieve
 from memory_app.services.contexts import context_get_or_create
+from memory_app.services.memories import memories_record
 from memory_app.services.messages import message_edit, messages_append
 
 DIMS = 32
@@ -368,13 +370,13 @@ def test_memory_records_are_embedded_and_recalled_by_similarity(
 
     settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = threshold
     context, _ = context_get_or_create(keys={"user": "ada", "chat": "emb"})
-    memories.memories_record(
+    memories_record(
         scope=memories.Scope(keys={"user": "ada"}),
         actor=system_actor,
         items=[{"content": "Ada drinks green tea"}, {"content": "Ada commutes by bike"}],
     )
     # Nearer still, but another user's: never recalled for Ada.
-    memories.memories_record(
+    memories_record(
         scope=memories.Scope(keys={"user": "bob"}),
         actor=system_actor,
         items=[{"content": "green tea"}],
@@ -388,7 +390,7 @@ def test_memory_records_are_embedded_and_recalled_by_similarity(
         return execute(sql, params, many, ctx)
 
     with connection.execute_wrapper(capture):
-        got = memories.memories_retrieve(context=context, query="green tea", limit=1)
+        got = memories_retrieve(context=context, query="green tea", limit=1)
     assert [g.record.content for g in got] == ["Ada drinks green tea"]
     assert "semantic #1" in got[0].reason and "text #1" in got[0].reason
     walked = any("hnsw.iterative_scan" in sql for sql in statements)
@@ -403,7 +405,7 @@ def test_keywords_are_recalled_by_meaning_too_when_vectors_exist(stand_in, setti
     from memory_app import memories
 
     context, _ = context_get_or_create(keys={"user": "ada", "chat": "kw"})
-    memories.memories_record(
+    memories_record(
         scope=memories.Scope(keys={"user": "ada"}),
         actor=system_actor,
         items=[
@@ -415,7 +417,7 @@ def test_keywords_are_recalled_by_meaning_too_when_vectors_exist(stand_in, setti
     assert worker.embed_batch(provider=providers.get_provider()).embedded == 3
 
     def recall(*keywords, limit=1):
-        return memories.memories_retrieve(context=context, keywords=list(keywords), limit=limit)
+        return memories_retrieve(context=context, keywords=list(keywords), limit=limit)
 
     # "green beverage": no record holds both words (no text hit) but the tea one is nearest.
     [hit] = recall("green beverage")

@@ -12,9 +12,10 @@ from django.db import connection, connections
 from django.test import Client
 from django.urls import reverse
 
-from memory_app import backlog, backup, dashboard_queries, fulltext, search
+from memory_app import backlog, backup, fulltext, search
 from memory_app.embeddings import providers, worker
 from memory_app.models import Context, Message, MessageSearch
+from memory_app.queries.dashboard import HistoryFilters, _history_qs
 from memory_app.services import curation
 from memory_app.services.curation import messages_set_pruned
 from memory_app.services.messages import COPY_THRESHOLD, message_edit, messages_append
@@ -154,11 +155,11 @@ def test_the_dashboard_history_filter_finds_unparsed_and_parsed_messages():
     context = make_context()
     stored = batch(context, texts(60, {4: "zebra crossing"}))
     context.refresh_from_db()
-    filters = dashboard_queries.HistoryFilters(text="zebra")
-    assert [m.pk for m in dashboard_queries._history_qs(context, filters)] == [stored[4].pk]
+    filters = HistoryFilters(text="zebra")
+    assert [m.pk for m in _history_qs(context, filters)] == [stored[4].pk]
     fulltext.index_pending()
     context.refresh_from_db()
-    assert [m.pk for m in dashboard_queries._history_qs(context, filters)] == [stored[4].pk]
+    assert [m.pk for m in _history_qs(context, filters)] == [stored[4].pk]
     client = Client()
     client.force_login(make_user(role="viewer"))
     page = client.get(reverse("context", args=[context.pk]), {"q": "zebra"})

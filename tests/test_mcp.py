@@ -13,6 +13,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from memory_app import audit, auth, memories
 from memory_app.models import MemoryRecord, Message
+from memory_app.services.memories import memories_record
 from tests.aio import run_coroutine
 from tests.builders import make_context, make_run
 
@@ -246,7 +247,7 @@ def test_another_tenants_ids_look_unknown(asgi_live_server):
     mine = make_context(keys={"tenant": "acme", "user": "ada"}, messages=2)
     theirs = make_context(keys={"tenant": "globex", "user": "bob"}, messages=2)
     their_run = make_run(context=theirs, steps=2)
-    memories.memories_record(
+    memories_record(
         scope=memories.Scope(keys={"tenant": "globex"}), items=[{"content": "globex secret"}],
         actor=audit.Actor.system("test"),
     )

@@ -7,7 +7,15 @@ from memory_app.audit import Actor
 from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.memories import Scope
 from memory_app.models import AuditEvent, Context, MemoryRecord
+from memory_app.queries.memories import memories_retrieve
 from memory_app.services.contexts import context_get_or_create
+from memory_app.services.memories import (
+    memories_merge,
+    memories_record,
+    memory_edit,
+    memory_promote,
+    memory_set_archived,
+)
 from memory_app.services.messages import messages_append
 
 
@@ -22,7 +30,7 @@ def bob(db):
 
 
 def record(scope, actor, *contents, **extra):
-    return memories.memories_record(
+    return memories_record(
         scope=scope, items=[dict({"content": c}, **extra) for c in contents], actor=actor
     )
 
@@ -31,22 +39,22 @@ def test_key_subset_scope_is_inherited_by_contexts_containing_it(ada_chat, bob, 
     [r] = record(
         Scope(keys={"user": "ada"}), system_actor, "Ada prefers tea over coffee", kind="preference"
     )
-    got = memories.memories_retrieve(context=ada_chat, keywords=["tea"])
+    got = memories_retrieve(context=ada_chat, keywords=["tea"])
     assert [x.record.pk for x in got] == [r.record.pk]
-    assert memories.memories_retrieve(context=bob, keywords=["tea"]) == []
+    assert memories_retrieve(context=bob, keywords=["tea"]) == []
 
 
 def test_context_scope_is_seen_only_by_that_context(ada_chat, system_actor):
     other_chat = context_get_or_create(keys={"user": "ada", "chat": "8"})[0]
     record(Scope(context=ada_chat), system_actor, "Chat 7 is about the Lisbon trip")
-    assert len(memories.memories_retrieve(context=ada_chat, keywords=["Lisbon"])) == 1
-    assert memories.memories_retrieve(context=other_chat, keywords=["Lisbon"]) == []
+    assert len(memories_retrieve(context=ada_chat, keywords=["Lisbon"])) == 1
+    assert memories_retrieve(context=other_chat, keywords=["Lisbon"]) == []
 
 
 def test_same_content_in_same_scope_returns_the_existing_record(ada_chat, system_actor):
     scope = Scope(keys={"user": "ada"})
     [first] = record(scope, system_actor, "Ada lives in Paris")
-    again = memories.memories_record(
+    again = memories_record(
         scope=scope,
         items=[{"content": "  Ada lives   in Paris "}, {"content": "Ada lives in Paris"}],
         actor=system_actor,
@@ -69,7 +77,7 @@ def test_keyword_retrieval_ranks_tagged_then_by_text_rank_with_limit_per_keyword
         0
     ].record
     record(scope, system_actor, "Dog named Rex", keywords=["pets"])
-    got = memories.memories_retrieve(context=ada_chat, keywords=["coffee"], limit=5)
+    got = memories_retrieve(context=ada_chat, keywords=["coffee"], limit=5)
     assert [g.record.content for g in got] == [
         tagged.content,
         "Coffee: espresso, coffee beans from Brazil, coffee every morning",
@@ -77,7 +85,7 @@ def test_keyword_retrieval_ranks_tagged_then_by_text_rank_with_limit_per_keyword
     ]
     assert [g.score for g in got] == sorted((g.score for g in got), reverse=True)
     # limit is per keyword (AgentScope's retrieve_from_memory)
-    two = memories.memories_retrieve(context=ada_chat, keywords=["coffee", "pets"], limit=1)
+    two = memories_retrieve(context=ada_chat, keywords=["coffee", "pets"], limit=1)
     assert [g.record.content for g in two] == [tagged.content, "Dog named Rex"]
 
 
@@ -85,13 +93,13 @@ def test_query_retrieval_matches_any_word(ada_chat, system_actor):
     record(
         Scope(keys={"user": "ada"}), system_actor, "Ada is allergic to peanuts", "Ada likes jazz"
     )
-    got = memories.memories_retrieve(context=ada_chat, query="what is she allergic to?")
+    got = memories_retrieve(context=ada_chat, query="what is she allergic to?")
     assert [g.record.content for g in got] == ["Ada is allergic to peanuts"]
 
 
 def test_edits_are_audited_with_before_and_after(ada_chat, system_actor):
     r = record(Scope(keys={"user": "ada"}), system_actor, "Ada likes tea")[0].record
-    memories.memory_edit(
+    memory_edit(
         record=r, actor=system_actor, content="Ada likes green tea", keywords=["tea"]
     )
     event = AuditEvent.objects.filter(
@@ -108,14 +116,14 @@ def test_edits_are_audited_with_before_and_after(ada_chat, system_actor):
 
 def test_archive_hides_and_restore_brings_back_with_audit(ada_chat, system_actor):
     r = record(Scope(keys={"user": "ada"}), system_actor, "Ada plays chess")[0].record
-    memories.memory_set_archived(record=r, archived=True, actor=system_actor)
-    assert memories.memories_retrieve(context=ada_chat, keywords=["chess"]) == []
+    memory_set_archived(record=r, archived=True, actor=system_actor)
+    assert memories_retrieve(context=ada_chat, keywords=["chess"]) == []
     assert (
-        len(memories.memories_retrieve(context=ada_chat, keywords=["chess"], include_archived=True))
+        len(memories_retrieve(context=ada_chat, keywords=["chess"], include_archived=True))
         == 1
     )
-    memories.memory_set_archived(record=r, archived=False, actor=system_actor)
-    assert len(memories.memories_retrieve(context=ada_chat, keywords=["chess"])) == 1
+    memory_set_archived(record=r, archived=False, actor=system_actor)
+    assert len(memories_retrieve(context=ada_chat, keywords=["chess"])) == 1
     actions = list(
         AuditEvent.objects.filter(
             target_type="memoryrecord", target_ids__contains=[r.pk]
@@ -128,7 +136,7 @@ def test_editing_into_existing_content_of_the_scope_conflicts(ada_chat, system_a
     scope = Scope(keys={"user": "ada"})
     a, b = (x.record for x in record(scope, system_actor, "fact one", "fact two"))
     with pytest.raises(Conflict):
-        memories.memory_edit(record=b, actor=system_actor, content="fact one")
+        memory_edit(record=b, actor=system_actor, content="fact one")
 
 
 def test_provenance_must_come_from_the_scope(ada_chat, bob, system_actor):
@@ -157,12 +165,12 @@ def test_provenance_must_come_from_the_scope(ada_chat, bob, system_actor):
 )
 def test_bad_records_are_invalid(ada_chat, system_actor, items):
     with pytest.raises(Invalid):
-        memories.memories_record(scope=Scope(context=ada_chat), items=items, actor=system_actor)
+        memories_record(scope=Scope(context=ada_chat), items=items, actor=system_actor)
 
 
 def test_retrieve_needs_keywords_or_query(ada_chat):
     with pytest.raises(Invalid):
-        memories.memories_retrieve(context=ada_chat)
+        memories_retrieve(context=ada_chat)
 
 
 # --- over HTTP ---------------------------------------------------------------------------------
@@ -331,7 +339,7 @@ def test_dashboard_promote_and_api_record_of_the_same_content_in_one_scope_are_o
     # The agent first, then the dashboard promotes a message with that text.
     recorded = api.post("/api/v1/memories", {"context_id": chat, "content": "I fly out of Lisbon"})
     assert recorded.status_code == 201, recorded.content
-    result = memories.memory_promote(actor=Actor.system("t"), message=second)
+    result = memory_promote(actor=Actor.system("t"), message=second)
     assert (
         result.created is False and result.record.pk == recorded.json()["items"][0]["memory"]["id"]
     )
@@ -342,11 +350,11 @@ def test_promote_and_merge_keep_provenance_and_an_audit(ada_chat, system_actor):
     [message] = messages_append(
         context=ada_chat, items=[{"role": "user", "text": "Ada likes tea"}]
     ).messages
-    promoted = memories.memory_promote(actor=system_actor, message=message, kind="preference")
+    promoted = memory_promote(actor=system_actor, message=message, kind="preference")
     assert promoted.created and promoted.record.source_message_id == message.pk
     assert promoted.record.kind == "preference" and promoted.record.scope_keys == ada_chat.keys
     [other] = record(Scope(context=ada_chat), system_actor, "Ada drinks tea", keywords=["tea"])
-    kept = memories.memories_merge(
+    kept = memories_merge(
         keep_id=promoted.record.pk, ids=[other.record.pk], actor=system_actor
     )
     other.record.refresh_from_db()
@@ -356,7 +364,7 @@ def test_promote_and_merge_keep_provenance_and_an_audit(ada_chat, system_actor):
     assert set(event.target_ids) == {kept.pk, other.record.pk}
     assert event.before[str(other.record.pk)]["content"] == "Ada drinks tea"
     with pytest.raises(Invalid):
-        memories.memory_promote(actor=system_actor, message=message, step=None, kind="opinion")
+        memory_promote(actor=system_actor, message=message, step=None, kind="opinion")
 
 
 def test_a_confined_key_exports_only_the_memories_it_may_recall(db):

@@ -11,9 +11,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.test import Client, override_settings
 
-from memory_app import dashboard_queries as dq
 from memory_app import framework_io, pricing
 from memory_app.models import Run
+from memory_app.queries import logbook as logbook_queries
 from memory_app.services.runs import run_create, run_finish, steps_append
 from tests.api_helpers import make_key, new_context
 from tests.builders import action_step, make_context, make_user
@@ -137,7 +137,7 @@ def test_run_cost_adds_reported_and_priced_steps_per_model():
     items[1].update(model="gpt-4o", input_tokens=1000, output_tokens=100)  # priced: 0.0035
     items[2].update(model="gpt-4o", cost=0.25)  # the agent's own figure wins
     items[3].update(model="gpt-4o-mini", input_tokens=2000, output_tokens=0)  # 0.0003
-    cost = dq.run_cost(run=finished_run(items))
+    cost = logbook_queries.run_cost(run=finished_run(items))
     assert not cost.partial
     assert cost.total == pytest.approx(0.0035 + 0.25 + 0.0003)
     by_model = {m.model: m for m in cost.models}
@@ -146,19 +146,19 @@ def test_run_cost_adds_reported_and_priced_steps_per_model():
 
 
 def test_run_cost_is_unknown_or_a_floor_when_a_model_has_no_price():
-    unknown = dq.run_cost(run=finished_run(timed_steps((0, 1), model="my-own-model")))
+    unknown = logbook_queries.run_cost(run=finished_run(timed_steps((0, 1), model="my-own-model")))
     assert unknown.total is None and unknown.partial
     mixed = timed_steps((0, 1), (1, 1))
     mixed[1]["model"] = "gpt-4o"
     mixed[2]["model"] = "my-own-model"
-    floor = dq.run_cost(run=finished_run(mixed))
+    floor = logbook_queries.run_cost(run=finished_run(mixed))
     assert floor.partial and floor.total == pytest.approx(
         pricing.tokens_cost(model="gpt-4o", input_tokens=101, output_tokens=21)
     )
 
 
 def test_steps_without_a_model_take_the_runs_model_from_its_metadata():
-    cost = dq.run_cost(run=finished_run(timed_steps((0, 1)), metadata={"model": "gpt-4o-mini"}))
+    cost = logbook_queries.run_cost(run=finished_run(timed_steps((0, 1)), metadata={"model": "gpt-4o-mini"}))
     assert [m.model for m in cost.models] == ["gpt-4o-mini"] and cost.total is not None
 
 

@@ -102,13 +102,9 @@ def step_for(request: HttpRequest, step_id: int) -> Step:
 # integers beyond 64 bits (orjson would round them to floats; see `_may_hold_long_integer`) and
 # every malformed body (so the 400's message is unchanged).
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
-
-
 # orjson keeps integers from -2**63 to 2**64 - 1: 20 digits are beyond them, and so are 19
 # after a minus sign (-9223372036854775809 would come back as a rounded float).
 _LONG_RUN = b"0" * 19
-
-
 _DIGIT_RUN = re.compile(rb"[0-9]*")
 
 
@@ -155,8 +151,6 @@ def json_loads(body: bytes) -> Any:
 
 
 _ENCODER = NinjaJSONEncoder(allow_nan=False)
-
-
 # The last value ninja's encoder wrote, by identity: the rows of one batch share one `created_at`
 # object (and `updated_at`), 2,000 calls of the encoder's formatting for one distinct value.
 _last_default: tuple[Any, Any] = (object(), None)
@@ -208,8 +202,6 @@ class ConflictOut(Schema):
 
 
 READ_ERRORS = (401, 403, 404, 413, 422)
-
-
 WRITE_ERRORS = (400, 401, 403, 404, 409, 413, 422)
 
 
@@ -222,14 +214,8 @@ def responses(ok: dict[int, Any], errors: tuple[int, ...] = READ_ERRORS) -> dict
 
 
 ContextId = Annotated[int, Path(ge=1, le=INT64_MAX, description="context id", examples=[7])]
-
-
 MessageId = Annotated[int, Path(ge=1, le=INT64_MAX, description="message id", examples=[101])]
-
-
 RunId = Annotated[int, Path(ge=1, le=INT64_MAX, description="run id", examples=[3])]
-
-
 StepId = Annotated[int, Path(ge=1, le=INT64_MAX, description="step id", examples=[11])]
 
 

@@ -8,7 +8,7 @@ from ninja import Query, Router, Status
 from ninja.errors import HttpError
 from pydantic import TypeAdapter, ValidationError
 
-from memory_app import auth, queries
+from memory_app import auth
 from memory_app.api.common import (
     WRITE_ERRORS,
     ContextId,
@@ -17,6 +17,7 @@ from memory_app.api.common import (
     require_scope,
     responses,
 )
+from memory_app.queries.lists import MAX_LIMIT, contexts_list
 from memory_app.schemas.contexts import ContextIn, ContextOut, ContextPage, ContextUpdateIn
 from memory_app.schemas.fields import INT64_MAX, JsonObject
 from memory_app.services import contexts as contexts_service
@@ -62,10 +63,10 @@ def context_list(
         examples=['{"user": "ada"}'],
     ),
     after: int | None = Query(None, ge=0, le=INT64_MAX, description="cursor: last id seen"),
-    limit: int = Query(50, ge=1, le=queries.MAX_LIMIT),
+    limit: int = Query(50, ge=1, le=MAX_LIMIT),
 ):
     key = require_scope(request, "read")
-    page = queries.contexts_list(
+    page = contexts_list(
         within=auth.visible_contexts(key), keys=_keys_filter(keys_filter), after=after, limit=limit
     )
     return Status(200, page)

@@ -11,12 +11,10 @@ from typing import Annotated
 
 from ninja import Path, Router, Status
 
-from memory_app import memories
 from memory_app.api.common import WRITE_ERRORS, actor_for, request_key, require_scope, responses
 from memory_app.models import MemoryRecord
-from memory_app.schemas.fields import (
-    INT64_MAX,
-)
+from memory_app.queries.memories import memory_for_key
+from memory_app.schemas.fields import INT64_MAX
 from memory_app.schemas.memories import (
     MemoryEditIn,
     MemoryNoteIn,
@@ -28,15 +26,15 @@ from memory_app.schemas.memories import (
     record,
     retrieve_out,
 )
+from memory_app.services import memories as memories_services
+from memory_app.services.memories import memory_set_archived
 
 router = Router(tags=["memories"])
-
-
 MemoryId = Annotated[int, Path(ge=1, le=INT64_MAX, description="memory id", examples=[5])]
 
 
 def _memory_for(request, memory_id: int) -> MemoryRecord:
-    return memories.memory_for_key(request_key(request), memory_id)
+    return memory_for_key(request_key(request), memory_id)
 
 
 @router.post(
@@ -83,7 +81,7 @@ def memory_edit(request, memory_id: MemoryId, body: MemoryEditIn):
     the same scope."""
     require_scope(request, "write")
     record = _memory_for(request, memory_id)
-    record = memories.memory_edit(
+    record = memories_services.memory_edit(
         record=record,
         actor=actor_for(request),
         content=body.content,
@@ -103,7 +101,7 @@ def memory_edit(request, memory_id: MemoryId, body: MemoryEditIn):
 )
 def memory_archive(request, memory_id: MemoryId, body: MemoryNoteIn | None = None):
     require_scope(request, "write")
-    record = memories.memory_set_archived(
+    record = memory_set_archived(
         record=_memory_for(request, memory_id),
         archived=True,
         actor=actor_for(request),
@@ -119,7 +117,7 @@ def memory_archive(request, memory_id: MemoryId, body: MemoryNoteIn | None = Non
 )
 def memory_restore(request, memory_id: MemoryId, body: MemoryNoteIn | None = None):
     require_scope(request, "write")
-    record = memories.memory_set_archived(
+    record = memory_set_archived(
         record=_memory_for(request, memory_id),
         archived=False,
         actor=actor_for(request),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ninja import Query, Router, Status
 
-from memory_app import queries
 from memory_app.api.common import (
     WRITE_ERRORS,
     ContextId,
@@ -16,6 +15,7 @@ from memory_app.api.common import (
     require_scope,
     responses,
 )
+from memory_app.queries.lists import MAX_LIMIT, messages_list
 from memory_app.schemas.fields import INT64_MAX
 from memory_app.schemas.messages import (
     MessageBatchIn,
@@ -80,14 +80,14 @@ def message_list(
     context_id: ContextId,
     after: int | None = Query(None, ge=0, le=INT64_MAX, description="only seq > after"),
     before: int | None = Query(None, ge=0, le=INT64_MAX, description="only seq < before"),
-    limit: int = Query(100, ge=1, le=queries.MAX_LIMIT),
+    limit: int = Query(100, ge=1, le=MAX_LIMIT),
     include_pruned: bool = Query(False, description="include pruned (soft-deleted) messages"),
 ):
     """In seq order. Page forward with `after=next_cursor`; with only `before`, the page just
     before it (page backward with `before=next_cursor`)."""
     require_scope(request, "read")
     context = context_for(request, context_id)
-    page = queries.messages_list(
+    page = messages_list(
         context=context, after=after, before=before, limit=limit, include_pruned=include_pruned
     )
     return json_response(

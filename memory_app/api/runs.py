@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ninja import Query, Router, Status
 
-from memory_app import queries
 from memory_app.api.common import (
     WRITE_ERRORS,
     ContextId,
@@ -16,6 +15,13 @@ from memory_app.api.common import (
     responses,
     run_for,
     step_for,
+)
+from memory_app.queries.lists import (
+    MAX_LIMIT,
+    runs_list,
+    step_with_tool_calls,
+    steps_by_ids,
+    steps_list,
 )
 from memory_app.schemas.fields import INT64_MAX
 from memory_app.schemas.runs import (
@@ -53,11 +59,11 @@ def run_list(
     request,
     context_id: ContextId,
     after: int | None = Query(None, ge=0, le=INT64_MAX, description="cursor: last run id seen"),
-    limit: int = Query(50, ge=1, le=queries.MAX_LIMIT),
+    limit: int = Query(50, ge=1, le=MAX_LIMIT),
 ):
     require_scope(request, "read")
     context = context_for(request, context_id)
-    return Status(200, queries.runs_list(context=context, after=after, limit=limit))
+    return Status(200, runs_list(context=context, after=after, limit=limit))
 
 
 @router.get(
@@ -66,11 +72,11 @@ def run_list(
     summary="Get a run with the first page of its steps",
 )
 def run_get(
-    request, run_id: RunId, steps_limit: int = Query(STEPS_PAGE, ge=1, le=queries.MAX_LIMIT)
+    request, run_id: RunId, steps_limit: int = Query(STEPS_PAGE, ge=1, le=MAX_LIMIT)
 ):
     require_scope(request, "read")
     run = run_for(request, run_id)
-    return Status(200, {"run": run, "steps": queries.steps_list(run=run, limit=steps_limit)})
+    return Status(200, {"run": run, "steps": steps_list(run=run, limit=steps_limit)})
 
 
 @router.get(
@@ -80,13 +86,13 @@ def step_list(
     request,
     run_id: RunId,
     after: int | None = Query(None, ge=0, le=2**31 - 1, description="cursor: last position seen"),
-    limit: int = Query(STEPS_PAGE, ge=1, le=queries.MAX_LIMIT),
+    limit: int = Query(STEPS_PAGE, ge=1, le=MAX_LIMIT),
     include_pruned: bool = Query(True, description="include pruned steps (shown greyed)"),
 ):
     require_scope(request, "read")
     run = run_for(request, run_id)
     return Status(
-        200, queries.steps_list(run=run, after=after, limit=limit, include_pruned=include_pruned)
+        200, steps_list(run=run, after=after, limit=limit, include_pruned=include_pruned)
     )
 
 
@@ -101,7 +107,7 @@ def steps_append(request, run_id: RunId, body: StepsIn):
     require_scope(request, "write")
     run = run_for(request, run_id)
     result = runs_service.steps_append(run=run, items=[s.to_item() for s in body.steps])
-    steps = queries.steps_by_ids(ids=[s.pk for s in result.steps])
+    steps = steps_by_ids(ids=[s.pk for s in result.steps])
     return Status(201 if result.any_created else 200, {"steps": steps, "created": result.created})
 
 
@@ -121,7 +127,7 @@ def run_finish(request, run_id: RunId, body: RunFinishIn):
 def step_get(request, step_id: StepId):
     require_scope(request, "read")
     step = step_for(request, step_id)
-    full = queries.step_with_tool_calls(step_id=step.pk)
+    full = step_with_tool_calls(step_id=step.pk)
     if full is None:
         raise not_found("step", step_id)
     return Status(200, full)

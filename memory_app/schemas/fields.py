@@ -59,28 +59,14 @@ def Short(max_length: int):  # noqa: N802 - reads as a type in schemas
 
 
 JsonValue = Annotated[Any, AfterValidator(_check_json)]
-
-
 JsonObject = Annotated[dict[str, Any], AfterValidator(_check_json)]
-
-
 Int32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
-
-
 Int64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
-
-
 # Ids in URLs and bodies: positive bigint.
 Id = Annotated[int, Field(ge=1, le=INT64_MAX)]
-
-
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-
-
 # A client-computed embedding (its model's dimensions are checked by the write path).
 Vector = Annotated[list[FiniteFloat], Field(min_length=1, max_length=16000)]
-
-
 VECTOR_MODEL_DESCRIPTION = (
     "the embedding model `vector` comes from; default: the configured model "
     "(required when no embedding provider is configured)"
@@ -88,17 +74,9 @@ VECTOR_MODEL_DESCRIPTION = (
 
 
 ClientId = Short(200)
-
-
 Role = Literal[tuple(MessageRole.values)]  # type: ignore[valid-type]
-
-
 FinishStatus = Literal[tuple(s for s in RunStatus.values if s != RunStatus.RUNNING)]  # type: ignore[valid-type]
-
-
 Tag = Short(200)
-
-
 # Times (unix epoch seconds) and durations: finite and within a sane range.
 Seconds = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)]
 

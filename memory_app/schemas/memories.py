@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field
 from memory_app import auth, memories
 from memory_app.audit import Actor
 from memory_app.errors import Invalid
+from memory_app.queries.memories import memories_retrieve
 from memory_app.schemas.fields import (
     VECTOR_MODEL_DESCRIPTION,
     Id,
@@ -21,10 +22,9 @@ from memory_app.schemas.fields import (
     Vector,
     _examples,
 )
+from memory_app.services.memories import Recorded, memories_record
 
 Kind = Literal["fact", "preference", "task", "tool"]
-
-
 Keywords = list[Short(200)]
 
 
@@ -229,10 +229,10 @@ class MemoryNoteIn(Schema):
     note: Text | None = Field(None, max_length=2000)
 
 
-def record(key, body: MemoryRecordIn) -> list[memories.Recorded]:
+def record(key, body: MemoryRecordIn) -> list[Recorded]:
     """Record what `body` says, in the scope it names, as `key` (REST and MCP call this)."""
     scope = memories.scope_for_key(key, context_id=body.context_id, scope_keys=body.scope_keys)
-    return memories.memories_record(
+    return memories_record(
         scope=scope, items=body.to_items(), actor=Actor.for_key(key), thinking=body.thinking or ""
     )
 
@@ -240,7 +240,7 @@ def record(key, body: MemoryRecordIn) -> list[memories.Recorded]:
 def retrieve_out(key, body: MemoryRetrieveIn) -> dict:
     """What `body`'s context recalls, as `key` may see it: the `MemoryRetrieveOut` dict (REST
     and MCP answer it)."""
-    recalled = memories.memories_retrieve(
+    recalled = memories_retrieve(
         context=auth.context_for_key(key, body.context_id),
         keywords=body.keywords,
         query=body.query,

@@ -20,7 +20,7 @@ from memory_app.models import (
     Step,
     ToolCall,
 )
-from memory_app.queries import STEP_SPAN, run_span
+from memory_app.queries.lists import STEP_SPAN, run_span
 from memory_app.services.messages import MAX_BATCH
 
 RUN_FIELDS = ("task", "system_prompt", "agent_name", "framework", "metadata")

@@ -5,10 +5,18 @@ from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from memory_app import dashboard_queries as dq
 from memory_app.audit import Actor
 from memory_app.errors import NotFound
 from memory_app.models import Context, MessageRole
+from memory_app.queries.dashboard import (
+    BadQuery,
+    HistoryFilters,
+    context_tags,
+    history_window,
+    messages_for_history,
+    runs_page,
+    with_message_counts,
+)
 from memory_app.roles import require
 from memory_app.services.curation import messages_set_pruned
 from memory_app.views.common import (
@@ -31,7 +39,7 @@ from memory_app.views.forms import HistoryForm, MessagePruneForm, RunsPageForm
 )
 def context_page(request, context_id: int):
     context_obj = get_object_or_404(Context, pk=context_id)
-    dq.with_message_counts([context_obj])
+    with_message_counts([context_obj])
     form = HistoryForm(request.GET)
     if not form.is_valid():
         return invalid_form(request, form)
@@ -39,10 +47,10 @@ def context_page(request, context_id: int):
     before, after, around = data["before"], data["after"], data["seq"]
     try:
         filters = form.filters()
-        window = dq.history_window(
+        window = history_window(
             context=context_obj, filters=filters, before=before, after=after, around=around
         )
-    except dq.BadQuery as exc:
+    except BadQuery as exc:
         return bad_request(request, exc)
     markdown = data["md"]
     filter_qs = query_string(
@@ -56,7 +64,7 @@ def context_page(request, context_id: int):
         "filters": filters,
         "markdown": markdown,
         "roles": MessageRole.values,
-        "tags": dq.context_tags(context=context_obj),
+        "tags": context_tags(context=context_obj),
         "jump_seq": around,
         "earlier_url": f"{base}?{filter_qs}{sep}before={window.first_seq}"
         if window.has_earlier
@@ -65,7 +73,7 @@ def context_page(request, context_id: int):
         if window.has_later
         else None,
         "latest_url": f"{base}?{filter_qs}" if (around or before or after) else None,
-        "runs": dq.runs_page(context=context_obj),
+        "runs": runs_page(context=context_obj),
     }
     return page(request, "memory_app/context.html", page_context)
 
@@ -78,7 +86,7 @@ def context_runs(request, context_id: int):
     form = RunsPageForm(request.GET)
     if not form.is_valid():
         return invalid_form(request, form)
-    runs = dq.runs_page(context=context_obj, before=form.cleaned_data["before"], limit=50)
+    runs = runs_page(context=context_obj, before=form.cleaned_data["before"], limit=50)
     return page(request, "memory_app/context_runs.html", {"ctx": context_obj, "runs": runs})
 
 
@@ -100,7 +108,7 @@ def message_prune(request, context_id: int, message_id: int):
         )
     except NotFound as exc:
         raise Http404(str(exc)) from exc
-    message = dq.messages_for_history().get(pk=message_id)
+    message = messages_for_history().get(pk=message_id)
     if not wants_fragment(request):
         return redirect(reverse("context", args=[context_obj.pk]) + f"?pruned=1&seq={message.seq}")
     return page(
@@ -110,6 +118,6 @@ def message_prune(request, context_id: int, message_id: int):
             "ctx": context_obj,
             "m": message,
             "markdown": form.cleaned_data["md"],
-            "filters": dq.HistoryFilters(),
+            "filters": HistoryFilters(),
         },
     )

@@ -3,7 +3,7 @@
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from memory_app import dashboard_queries as dq
+from memory_app.queries.dashboard import CONTEXT_ORDERS, BadQuery, contexts_page
 from memory_app.roles import require
 from memory_app.views.common import bad_request, htmx_partial, invalid_form, page, query_string
 from memory_app.views.forms import ContextListForm
@@ -20,8 +20,8 @@ def context_list(request):
     chips, text, order, cursor = data["key"] + data["add"], data["q"], data["sort"], data["cursor"]
     try:
         # The query layer checks the cursor (opaque to the form) and bounds the search text.
-        found = dq.contexts_page(chips=chips, text=text, order=order, cursor=cursor or None)
-    except dq.BadQuery as exc:
+        found = contexts_page(chips=chips, text=text, order=order, cursor=cursor or None)
+    except BadQuery as exc:
         return bad_request(request, exc)
     chip_values = [f"{k}={v}" for k, v in chips]
     base = reverse("contexts")
@@ -45,7 +45,7 @@ def context_list(request):
         "chip_values": chip_values,
         "text": text,
         "order": order,
-        "orders": dq.CONTEXT_ORDERS,
+        "orders": CONTEXT_ORDERS,
         "next_url": next_url,
         "paged": bool(cursor),
         "first_url": base + "?" + query_string(key=chip_values, q=text, sort=order),

@@ -13,9 +13,15 @@ import json
 from django import forms
 from django.core.exceptions import ValidationError
 
-from memory_app import dashboard_queries as dq
 from memory_app.errors import Invalid
 from memory_app.models import MessageRole
+from memory_app.queries.dashboard import (
+    CONTEXT_ORDERS,
+    MAX_QUERY_CHARS,
+    BadQuery,
+    HistoryFilters,
+    parse_key_chips,
+)
 from memory_app.services.curation import PruneFilter
 
 # --- fields ------------------------------------------------------------------------------------
@@ -102,8 +108,8 @@ def role_field() -> forms.ChoiceField:
 
 def _chips(values: list[str]) -> list[tuple[str, str]]:
     try:
-        return dq.parse_key_chips(values)
-    except dq.BadQuery as exc:
+        return parse_key_chips(values)
+    except BadQuery as exc:
         raise ValidationError(str(exc)) from exc
 
 
@@ -152,9 +158,9 @@ class ContextListForm(DashboardForm):
     add = TextField()
     q = TextField(label="search text")
     sort = forms.ChoiceField(
-        choices=list(dq.CONTEXT_ORDERS.items()),
+        choices=list(CONTEXT_ORDERS.items()),
         required=False,
-        error_messages={"invalid_choice": f"must be one of {sorted(dq.CONTEXT_ORDERS)}"},
+        error_messages={"invalid_choice": f"must be one of {sorted(CONTEXT_ORDERS)}"},
     )
     cursor = TextField()
 
@@ -172,16 +178,16 @@ class ContextListForm(DashboardForm):
 class HistoryForm(DashboardForm):
     role = role_field()
     tag = TextField(max_length=200)
-    q = TextField(label="filter text", max_length=dq.MAX_QUERY_CHARS)
+    q = TextField(label="filter text", max_length=MAX_QUERY_CHARS)
     pruned = FlagField()
     md = FlagField()
     before = WholeNumberField(minimum=1)
     after = WholeNumberField(minimum=0)
     seq = WholeNumberField(minimum=1)
 
-    def filters(self) -> dq.HistoryFilters:
+    def filters(self) -> HistoryFilters:
         data = self.cleaned_data
-        return dq.HistoryFilters(
+        return HistoryFilters(
             role=data["role"], tag=data["tag"], text=data["q"], show_pruned=data["pruned"]
         )
 

@@ -7,11 +7,13 @@ from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from memory_app import memories
 from memory_app.audit import Actor
 from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.models import MemoryKind, MemoryRecord, Message, Step
+from memory_app.queries.memories import memories_search
 from memory_app.roles import require
+from memory_app.services import memories as memories_services
+from memory_app.services.memories import memories_merge, memory_promote, memory_set_archived
 from memory_app.views.common import bad_request, htmx_partial, invalid_form, page, wants_fragment
 from memory_app.views.forms import (
     ArchiveForm,
@@ -39,7 +41,7 @@ def memory_list(request):
             )
         )
     else:
-        records = memories.memories_search(
+        records = memories_search(
             query=data["q"],
             context_id=data["context"],
             scope=data["scope"],
@@ -74,7 +76,7 @@ def memory_edit(request, memory_id: int):
     if form.is_valid():
         data = form.cleaned_data
         try:
-            record = memories.memory_edit(
+            record = memories_services.memory_edit(
                 record=record,
                 actor=Actor.for_user(request.user),
                 content=data["content"],
@@ -100,7 +102,7 @@ def memory_archive(request, memory_id: int):
     form = ArchiveForm(request.POST)
     if not form.is_valid():
         return invalid_form(request, form)
-    record = memories.memory_set_archived(
+    record = memory_set_archived(
         record=record, archived=form.cleaned_data["archived"], actor=Actor.for_user(request.user)
     )
     if not wants_fragment(request):
@@ -115,7 +117,7 @@ def memory_merge(request):
     if not form.is_valid():
         return invalid_form(request, form)
     try:
-        record = memories.memories_merge(
+        record = memories_merge(
             keep_id=form.cleaned_data["keep"],
             ids=form.cleaned_data["ids"],
             actor=Actor.for_user(request.user),
@@ -132,7 +134,7 @@ def _promote(request, target_id: str, **source):
     if not form.is_valid():
         return invalid_form(request, form)
     try:
-        record, created = memories.memory_promote(
+        record, created = memory_promote(
             actor=Actor.for_user(request.user), kind=form.cleaned_data["kind"], **source
         )
     except Invalid as exc:

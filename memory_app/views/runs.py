@@ -16,9 +16,18 @@ from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from memory_app import dashboard_queries as dq
 from memory_app.audit import Actor
 from memory_app.models import Run, RunStatus, Step
+from memory_app.queries import logbook as logbook_queries
+from memory_app.queries.logbook import (
+    run_cost,
+    run_timeline,
+    step_detail,
+    step_nav,
+    step_window,
+    steps_after,
+    transcript_upto,
+)
 from memory_app.roles import require
 from memory_app.services.curation import steps_set_pruned
 from memory_app.views.common import htmx_partial, invalid_form, page, wants_fragment
@@ -47,13 +56,13 @@ def _logbook_context(run: Run, position: int | None) -> dict:
             "run": run,
             "step": None,
             "live": run.status == RunStatus.RUNNING,
-            "cost": dq.run_cost(run=run),
+            "cost": run_cost(run=run),
         }
-    step = dq.step_detail(run=run, position=position)
+    step = step_detail(run=run, position=position)
     if step is None:
         raise Http404(f"run {run.pk} has no step {position}")
-    nav = dq.step_nav(run=run, position=position)
-    window = dq.step_window(run=run, position=position)
+    nav = step_nav(run=run, position=position)
+    window = step_window(run=run, position=position)
     # The poll asks for steps after the last one the page holds (a step written between
     # reading the run and its steps is already in the list).
     shown = max([nav.last, *(s.position for s in window.steps)])
@@ -63,8 +72,8 @@ def _logbook_context(run: Run, position: int | None) -> dict:
         "step": step,
         "nav": nav,
         "window": window,
-        "timeline": dq.run_timeline(run=run, position=position),
-        "cost": dq.run_cost(run=run),
+        "timeline": run_timeline(run=run, position=position),
+        "cost": run_cost(run=run),
         "live": live,
         "shown": shown,
         # What the poll names the page's steps by (only a running run's page polls).
@@ -119,7 +128,7 @@ def run_live(request, run_id: int):
         return response
     if position > run.last_position:
         raise Http404(f"run {run.pk} has no step {position}")
-    fresh = dq.steps_after(run=run, after=after)
+    fresh = steps_after(run=run, after=after)
     shown = fresh.steps[-1].position if fresh.steps else after
     context = {
         "run": run,
@@ -127,9 +136,9 @@ def run_live(request, run_id: int):
         "shown": shown,
         "seen": {"step": step_id, "last": fresh.steps[-1].pk if fresh.steps else last_id},
         "tail": data["tail"],
-        "nav": dq.step_nav(run=run, position=position),
-        "timeline": dq.run_timeline(run=run, position=position),
-        "cost": dq.run_cost(run=run),
+        "nav": step_nav(run=run, position=position),
+        "timeline": run_timeline(run=run, position=position),
+        "cost": run_cost(run=run),
         # Keep polling until the page has every step of a finished run.
         "live": run.status == RunStatus.RUNNING or fresh.has_later,
     }
@@ -168,7 +177,7 @@ def step_model_input(request, run_id: int, position: int):
     if not form.is_valid():
         return invalid_form(request, form)
     position = _step_position(run, position, form.cleaned_data["step"])
-    messages = dq.step_model_input(run=run, position=position) or []
+    messages = logbook_queries.step_model_input(run=run, position=position) or []
     context = {"run": run, "position": position, "model_input": messages}
     return page(request, "memory_app/step_extra.html", context)
 
@@ -182,7 +191,7 @@ def step_transcript(request, run_id: int, position: int):
     if not form.is_valid():
         return invalid_form(request, form)
     position = _step_position(run, position, form.cleaned_data["step"])
-    messages, omitted = dq.transcript_upto(run=run, position=position)
+    messages, omitted = transcript_upto(run=run, position=position)
     context = {"run": run, "position": position, "transcript": messages, "omitted": omitted}
     return page(request, "memory_app/step_extra.html", context)
 

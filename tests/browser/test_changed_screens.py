@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from memory_app import memories
 from memory_app.audit import Actor
 from memory_app.models import AuditEvent, Message
 from memory_app.services.curation import messages_set_pruned
+from memory_app.services.memories import memory_promote
 from memory_app.services.messages import message_edit, messages_append
 from tests.browser.conftest import login, screenshot
 from tests.builders import TEST_PASSWORD, make_context, make_user
@@ -89,7 +89,7 @@ def test_a_viewer_reads_memories_without_the_controls_to_change_them(browser_pag
     page = browser_page
     context = make_context(keys={"user": "ada"}, messages=2, text="Ada prefers window seats {i}")
     for message in Message.objects.filter(context=context):
-        memories.memory_promote(actor=Actor.system("t"), message=message)
+        memory_promote(actor=Actor.system("t"), message=message)
     login(page, "vera", TEST_PASSWORD)
     page.click("nav a:has-text('Memories')")
     expect(page.locator("article.memory")).to_have_count(2)

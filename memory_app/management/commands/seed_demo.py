@@ -21,6 +21,7 @@ from memory_app.audit import Actor
 from memory_app.models import Context, Message, RunStatus
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.curation import messages_set_pruned
+from memory_app.services.memories import memories_record, memory_promote
 from memory_app.services.messages import message_edit, messages_append
 from memory_app.services.runs import run_create, run_finish, steps_append
 
@@ -197,7 +198,7 @@ class Command(BaseCommand):
         )
 
     def _memories(self, *, trip: Context, tools: Context) -> None:
-        memories.memories_record(
+        memories_record(
             scope=memories.Scope(keys={"demo": True, "user": "ada"}), actor=SEED,
             thinking="Learned across Ada's chats.",
             items=[
@@ -206,14 +207,14 @@ class Command(BaseCommand):
                 {"content": "Ada travels with a carry-on only.", "kind": "preference", "keywords": ["luggage"]},
             ],
         )
-        memories.memories_record(
+        memories_record(
             scope=memories.Scope(context=trip), actor=SEED,
             items=[{"content": "Trip planned for late April: Paris, then Lisbon.", "kind": "task", "keywords": ["itinerary"]}],
         )
-        memories.memories_record(
+        memories_record(
             scope=memories.Scope(context=tools), actor=SEED,
             items=[{"content": "get_weather takes city=..., not town=...", "kind": "tool", "keywords": ["get_weather"]}],
         )
         answer = Message.objects.filter(context=tools, tags__contains=["summary"]).first()
         if answer is not None:
-            memories.memory_promote(actor=SEED, message=answer, kind="fact")
+            memory_promote(actor=SEED, message=answer, kind="fact")

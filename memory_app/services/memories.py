@@ -1,0 +1,285 @@
+"""Writes of long-term memories: record (all or nothing, the same content in a scope once),
+edit, archive and restore, promote a message or step, merge. Every change is audited with
+before/after."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from memory_app.audit import Actor, audit_record
+from memory_app.embeddings import client_vectors, providers, queue
+from memory_app.errors import Conflict, Invalid, NotFound
+from memory_app.memories import (
+    EDITABLE,
+    MAX_ITEMS,
+    Scope,
+    clean_content,
+    clean_keywords,
+    clean_kind,
+    content_hash,
+    no_nul,
+)
+from memory_app.models import (
+    MemoryRecord,
+    Message,
+    Step,
+)
+
+
+def _snapshot(record: MemoryRecord) -> dict[str, Any]:
+    return {f: getattr(record, f) for f in EDITABLE} | {
+        "archived_at": record.archived_at.isoformat() if record.archived_at else None
+    }
+
+
+def _check_source(scope: Scope, *, message_id: int | None, step_id: int | None) -> None:
+    """Provenance must come from a context the scope covers (no pointing into other tenants)."""
+    if message_id is not None:
+        message = Message.objects.select_related("context").filter(pk=message_id).first()
+        if message is None or not scope.covers(message.context):
+            raise NotFound(f"message {message_id} not found in this scope")
+    if step_id is not None:
+        step = Step.objects.select_related("run__context").filter(pk=step_id).first()
+        if step is None or not scope.covers(step.run.context):
+            raise NotFound(f"step {step_id} not found in this scope")
+
+
+class Recorded(NamedTuple):
+    """A tuple, so callers may write `record, created = ...`."""
+
+    record: MemoryRecord
+    created: bool
+
+
+def memories_record(
+    *, scope: Scope, items: Sequence[dict[str, Any]], actor: Actor, thinking: str = ""
+) -> list[Recorded]:
+    """Record facts into `scope`, all or nothing. Each item: content, and optionally kind,
+    thinking (defaults to the shared `thinking`), keywords, metadata, source_message_id,
+    source_step_id. Content already in the scope returns the stored record (created False)."""
+    return _record(scope=scope, items=items, actor=actor, thinking=thinking, action="record")
+
+
+def _record(
+    *,
+    scope: Scope,
+    items: Sequence[dict[str, Any]],
+    actor: Actor,
+    thinking: str,
+    action: str,
+    note: str = "",
+) -> list[Recorded]:
+    if not items:
+        raise Invalid("nothing to record")
+    if len(items) > MAX_ITEMS:
+        raise Invalid(f"at most {MAX_ITEMS} memories per request")
+    if scope.keys is not None and not scope.keys:
+        # An empty subset is contained in every context's keys: it would be seen by every
+        # tenant. A memory for one context takes that context's scope instead.
+        raise Invalid("scope_keys must name at least one key (an empty set would reach every context)")
+    # Client vectors are checked before anything is written (a wrong dimension names the item).
+    vectors = client_vectors.client_vectors(items, label="items")
+    results: list[Recorded] = []
+    with transaction.atomic():
+        for item in items:
+            content = clean_content(item.get("content"))
+            source_message_id, source_step_id = (
+                item.get("source_message_id"),
+                item.get("source_step_id"),
+            )
+            _check_source(scope, message_id=source_message_id, step_id=source_step_id)
+            fields = {
+                "context": scope.context,
+                "scope_keys": scope.scope_keys,
+                "scope_digest": scope.digest,
+                "content": content,
+                "content_hash": content_hash(content),
+                "kind": clean_kind(item.get("kind")),
+                "thinking": no_nul(item.get("thinking") or thinking or "", "thinking"),
+                "keywords": clean_keywords(item.get("keywords")),
+                "metadata": item.get("metadata") or {},
+                "source_message_id": source_message_id,
+                "source_step_id": source_step_id,
+                "recorded_by": actor.label,
+            }
+            try:
+                with transaction.atomic():
+                    record = MemoryRecord.objects.create(**fields)
+                created = True
+            except IntegrityError:
+                record = MemoryRecord.objects.get(
+                    scope_digest=fields["scope_digest"], content_hash=fields["content_hash"]
+                )
+                created = False
+            results.append(Recorded(record, created))
+        new = [r.record for r in results if r.created]
+        if new:
+            # New records keep the vectors sent with them (a repeat stores nothing); the rest
+            # wait for the configured model's worker.
+            fresh = [(r.record, v) for r, v in zip(results, vectors, strict=True) if r.created]
+            client_vectors.vectors_copy(
+                [(None, rec.pk, rec.context_id, v) for rec, v in fresh if v is not None]
+            )
+            active = providers.active_model_name()
+            queue.enqueue_memory_records(
+                [rec for rec, v in fresh if v is None or v.model != active]
+            )
+            audit_record(
+                actor=actor,
+                action=action,
+                target_type="memoryrecord",
+                target_ids=[r.pk for r in new],
+                context_id=scope.context.pk if scope.context else None,
+                after=[{"id": r.pk, "content": r.content, "kind": r.kind} for r in new],
+                note=note,
+            )
+    client_vectors.ensure_vector_indexes(vectors)
+    return results
+
+
+def memory_edit(
+    *,
+    record: MemoryRecord,
+    actor: Actor,
+    content: str | None = None,
+    kind: str | None = None,
+    thinking: str | None = None,
+    keywords: list[str] | None = None,
+    metadata: dict | None = None,
+    note: str = "",
+) -> MemoryRecord:
+    """Edit a record; the audit event keeps the previous version."""
+    with transaction.atomic():
+        record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
+        before = _snapshot(record)
+        if content is not None:
+            record.content = clean_content(content)
+            record.content_hash = content_hash(record.content)
+        if kind is not None:
+            record.kind = clean_kind(kind)
+        if thinking is not None:
+            record.thinking = no_nul(thinking, "thinking")
+        if keywords is not None:
+            record.keywords = clean_keywords(keywords)
+        if metadata is not None:
+            if not isinstance(metadata, dict):
+                raise Invalid("metadata must be an object")
+            record.metadata = metadata
+        after = _snapshot(record)
+        if after == before:
+            return record
+        try:
+            with transaction.atomic():
+                record.save()
+        except IntegrityError as exc:
+            raise Conflict("another memory in this scope already has this content") from exc
+        audit_record(
+            actor=actor,
+            action="edit",
+            target_type="memoryrecord",
+            target_ids=[record.pk],
+            context_id=record.context_id,
+            before=before,
+            after=after,
+            note=note,
+        )
+        if before["content"] != after["content"]:
+            queue.requeue_memory_record(record)
+    return record
+
+
+def memory_set_archived(
+    *, record: MemoryRecord, archived: bool, actor: Actor, note: str = ""
+) -> MemoryRecord:
+    """Archive (hide from retrieval) or restore a record; audited, nothing is lost."""
+    with transaction.atomic():
+        record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
+        if (record.archived_at is not None) == archived:
+            return record
+        before = _snapshot(record)
+        record.archived_at = timezone.now() if archived else None
+        record.save(update_fields=["archived_at", "updated_at"])
+        audit_record(
+            actor=actor,
+            action="archive" if archived else "restore",
+            target_type="memoryrecord",
+            target_ids=[record.pk],
+            context_id=record.context_id,
+            before=before,
+            after=_snapshot(record),
+            note=note,
+        )
+    return record
+
+
+def memory_promote(
+    *, actor: Actor, message: Message | None = None, step: Step | None = None, kind: str = "fact"
+) -> Recorded:
+    """Record a message's text or a step's observations as a memory of its context, linked back
+    to its source (provenance). It goes through the same path as an agent's record, so promoting
+    content already recorded in that context's scope returns the existing record."""
+    if (message is None) == (step is None):
+        raise Invalid("promote exactly one message or one step")
+    if message is not None:
+        context, content, source = message.context, message.text, "message"
+    else:
+        context, content, source = step.run.context, step.observations, "step"
+    if not (content or "").strip():
+        raise Invalid("there is no text to promote")
+    [recorded] = _record(
+        scope=Scope(context=context),
+        items=[
+            {
+                "content": content,
+                "kind": kind,
+                "metadata": {"promoted_from": source},
+                "source_message_id": message.pk if message is not None else None,
+                "source_step_id": step.pk if step is not None else None,
+            }
+        ],
+        actor=actor,
+        thinking="",
+        action="memory_promote",
+        note=f"from {source} {(message or step).pk}",
+    )
+    return recorded
+
+
+def memories_merge(*, keep_id: int, ids: Sequence[int], actor: Actor) -> MemoryRecord:
+    """Merge duplicates into `keep_id`: keywords are united, the others archived (not deleted)
+    with `merged_into` in their metadata, and one audit event keeps every merged version."""
+    ids = list(dict.fromkeys(int(i) for i in ids))
+    if keep_id not in ids:
+        ids.append(keep_id)
+    if len(ids) < 2:
+        raise Invalid("select at least two memories to merge")
+    with transaction.atomic():
+        rows = {r.pk: r for r in MemoryRecord.objects.select_for_update().filter(pk__in=ids)}
+        if len(rows) != len(ids):
+            raise NotFound(f"memory {sorted(set(ids) - set(rows))[0]} not found")
+        keep = rows[keep_id]
+        others = [rows[i] for i in ids if i != keep_id]
+        before = {str(r.pk): _snapshot(r) for r in rows.values()}
+        keep.keywords = list(
+            dict.fromkeys([*keep.keywords, *(k for r in others for k in r.keywords)])
+        )
+        keep.save(update_fields=["keywords", "updated_at"])
+        now = timezone.now()
+        for r in others:
+            r.archived_at = r.archived_at or now
+            r.metadata = {**r.metadata, "merged_into": keep.pk}
+            r.save(update_fields=["archived_at", "metadata", "updated_at"])
+        audit_record(
+            actor=actor,
+            action="memory_merge",
+            target_type="memoryrecord",
+            target_ids=ids,
+            context_id=keep.context_id,
+            before=before,
+            after={"kept": keep.pk, **_snapshot(keep)},
+        )
+    return keep
