@@ -10,8 +10,8 @@ import time
 
 from django.conf import settings
 
-from memory_app import fulltext
 from memory_app.embeddings.indexer import index_pending
+from memory_app.search import fulltext
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 class _Indexer:
     """The per-process daemon thread that drains the backlogs after a deferred batch commits:
     vectors waiting for their HNSW graph, then messages waiting for their full-text vector
-    (`memory_app.fulltext`).
+    (`memory_app.search.fulltext`).
 
     Woken by `wake()` (an on_commit hook); it drains on its own database connection (Django's
     connections are per thread), closes it when the backlog is empty, then sleeps until woken

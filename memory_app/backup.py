@@ -44,7 +44,7 @@ from django.db import models, transaction
 from django.db.models import Count, Max, Q, Sum, Value
 from django.db.models.functions import Coalesce, Greatest
 
-from memory_app import backlog, errors, fulltext, memories, tokens
+from memory_app import backlog, errors, memories, tokens
 from memory_app.audit import Actor, audit_record
 from memory_app.db import lock_contexts
 from memory_app.errors import BackupFormatError, Forbidden
@@ -59,6 +59,7 @@ from memory_app.models import (
     keys_digest,
 )
 from memory_app.queries.memories import memories_visible
+from memory_app.search import fulltext
 
 FORMAT = "agentmemory-backup"
 VERSION = 1
@@ -78,7 +79,7 @@ def _plain_fields(model: type[models.Model], *, skip: tuple[str, ...] = ()) -> l
 
 
 # search_seq describes this database's full-text side table, not the context: an imported
-# context starts at 0 and the indexer parses its messages (memory_app.fulltext).
+# context starts at 0 and the indexer parses its messages (memory_app.search.fulltext).
 CONTEXT_FIELDS = _plain_fields(Context, skip=("search_seq",))
 RUN_FIELDS = _plain_fields(Run)
 STEP_FIELDS = _plain_fields(Step)

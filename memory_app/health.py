@@ -9,7 +9,7 @@ from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from memory_app import fulltext
+from memory_app.search import fulltext
 
 
 @never_cache

@@ -42,7 +42,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 
-from memory_app import auth, errors, search
+from memory_app import auth, errors
 from memory_app.models import ApiKey
 from memory_app.queries.lists import runs_list, steps_list
 from memory_app.schemas.contexts import ContextOut
@@ -59,6 +59,7 @@ from memory_app.schemas.memories import (
 from memory_app.schemas.messages import ContentBlock, MessageIn, message_out
 from memory_app.schemas.runs import RunDetailOut, RunPage
 from memory_app.schemas.selectors import SelectIn, select_out
+from memory_app.search.messages import MAX_QUERY_CHARS, search_messages
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import messages_append
 
@@ -307,7 +308,7 @@ async def select_context(
 
 def _search(key, *, context_id, query, k, mode):
     context = auth.context_for_key(key, context_id)
-    result = search.search_messages(context=context, query=query, k=k, mode=mode)
+    result = search_messages(context=context, query=query, k=k, mode=mode)
     return {
         "hits": [
             {"message": message_out(h.message), "rank": h.rank, "score": h.score, "why": h.explain}
@@ -326,7 +327,7 @@ async def search_memory(
         Text,
         Field(
             min_length=1,
-            max_length=search.MAX_QUERY_CHARS,
+            max_length=MAX_QUERY_CHARS,
             description='words to find; in keyword mode a web-search query ("quoted phrase", -not)',
         ),
     ],

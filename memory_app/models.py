@@ -80,7 +80,7 @@ class Context(models.Model):
     # and strictly increasing however many writers append at once.
     last_seq = models.BigIntegerField(default=0)
     # Messages up to this seq have their full-text vector in MessageSearch; later ones are
-    # matched from their text until the indexer catches up (`memory_app.fulltext`).
+    # matched from their text until the indexer catches up (`memory_app.search.fulltext`).
     search_seq = models.BigIntegerField(default=0, db_default=0)
     # Counters kept by the write path so lists never count millions of rows per page.
     message_count = models.IntegerField(default=0)
@@ -343,7 +343,7 @@ class MessageSearch(models.Model):
     touching the messages, and joins them only for the few candidates it ranks.
 
     Small appends write their vectors in their own transaction; a large batch leaves them to the
-    indexer (`memory_app.fulltext`), and keyword search matches those messages from their text
+    indexer (`memory_app.search.fulltext`), and keyword search matches those messages from their text
     meanwhile: every message past its context's `search_seq` is read exactly, none is ever
     unsearchable. Database triggers (migration 0013) keep it in step with the messages, whoever
     writes them: an edited text is parsed again, a pruned or deleted message takes its vector

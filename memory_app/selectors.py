@@ -27,6 +27,7 @@ from django.db.models import Q
 from memory_app import tokens
 from memory_app.errors import Invalid
 from memory_app.models import Context, Message
+from memory_app.search.messages import search_messages
 
 MAX_K = 1000
 SCAN_CHUNK = 500
@@ -370,10 +371,9 @@ def select_token_window(*, context: Context, spec: TokenWindowSpec) -> Selection
 
 
 def select_search(*, context: Context, spec: SearchSpec) -> Selection:
-    from memory_app import search
 
     _check_k(spec.k)
-    result = search.search_messages(
+    result = search_messages(
         context=context,
         query=spec.query,
         k=spec.k,
@@ -398,7 +398,6 @@ def select_search(*, context: Context, spec: SearchSpec) -> Selection:
 
 
 def select_composite(*, context: Context, spec: CompositeSpec) -> Selection:
-    from memory_app import search
 
     counter = _TokenCounter(getattr(spec.window, "tokenizer", None))
     system = _live(context).filter(_not_status(), role="system").order_by("-seq").first()
@@ -410,7 +409,7 @@ def select_composite(*, context: Context, spec: CompositeSpec) -> Selection:
         _check_k(spec.search_k, "search_k")
         # Status messages are never selected (Steamship does not even index them): ask for more
         # hits than needed and keep the first search_k that are not statuses.
-        result = search.search_messages(
+        result = search_messages(
             context=context,
             query=last_user.text,
             k=min(spec.search_k * 4, MAX_K),

@@ -7,7 +7,7 @@ import tracemalloc
 import pytest
 from django.core.management import call_command
 
-from memory_app import backup, errors, fulltext, memories, search
+from memory_app import backup, errors, memories
 from memory_app.models import (
     Context,
     Embedding,
@@ -19,6 +19,8 @@ from memory_app.models import (
     ToolCall,
     keys_digest,
 )
+from memory_app.search import fulltext
+from memory_app.search.messages import search_messages
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import messages_append
 from memory_app.services.runs import run_create, run_finish, steps_append
@@ -196,7 +198,7 @@ def test_importing_into_an_existing_context_moves_its_counters_on():
     [later] = messages_append(context=ctx, items=[{"role": "user", "text": "after"}]).messages
     assert later.seq == 6
     # Searchable at once (from their text), and the indexer writes their full-text vectors.
-    assert len(search.search_messages(context=ctx, query="harbour", k=10, mode="keyword").hits) == 5
+    assert len(search_messages(context=ctx, query="harbour", k=10, mode="keyword").hits) == 5
     fulltext.index_pending()
     ctx.refresh_from_db()
     assert ctx.search_seq == 6 and MessageSearch.objects.filter(context_id=ctx.pk).count() == 6

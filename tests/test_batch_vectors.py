@@ -8,9 +8,9 @@ import math
 import pytest
 from django.db import connection
 
-from memory_app import search
 from memory_app.embeddings import client_vectors, indexer, queue
 from memory_app.models import Embedding, MemoryRecord, Message
+from memory_app.search.messages import semantic_ranking
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import messages_append
 from tests.api_helpers import make_key, new_context
@@ -285,7 +285,7 @@ def test_domain_append_with_vectors_writes_no_pending_rows(api):
     )
     ids = [m.pk for m in result.messages]
     assert Embedding.objects.filter(message_id__in=ids, vector__isnull=False).count() == 120
-    hits, path = search.semantic_ranking(
+    hits, path = semantic_ranking(
         context_id=context.pk, model="inline-3", vector=angle(77), limit=3
     )
     found = [mid for mid, _ in hits]

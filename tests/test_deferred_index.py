@@ -9,10 +9,11 @@ import psycopg
 import pytest
 from django.db import connection
 
-from memory_app import backlog, search
+from memory_app import backlog
 from memory_app.embeddings import indexer, queue
 from memory_app.models import Embedding, Message
 from memory_app.queries.memories import _semantic_hits, memories_visible
+from memory_app.search.messages import search_messages, semantic_ranking
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.memories import memories_record
 from memory_app.services.messages import messages_append
@@ -66,14 +67,14 @@ def test_a_deferred_batch_is_searchable_at_once_then_indexed(defer):
     assert queue.unindexed_count(model=MODEL, context_id=context.pk) == 8
     context.refresh_from_db()
     query = vector(144)  # nearest to the waiting rows
-    first = search.search_messages(
+    first = search_messages(
         context=context, query="", k=5, mode="semantic", model=MODEL, query_vector=query
     )
     assert "vector scan: hnsw+pending" in first.notes
     assert [h.message.pk for h in first.hits] == exact(context, query, 5)
     assert {h.message.pk for h in first.hits} <= set(waiting)
     # Exact k over both sides when the nearest mix indexed and waiting rows.
-    ids, path = search.semantic_ranking(
+    ids, path = semantic_ranking(
         context_id=context.pk, model=MODEL, vector=vector(139), limit=12, context_size=148
     )
     assert path == "hnsw+pending" and [i for i, _ in ids] == exact(context, vector(139), 12)
@@ -81,7 +82,7 @@ def test_a_deferred_batch_is_searchable_at_once_then_indexed(defer):
 
     assert indexer.index_pending(batch_size=3) == 8
     assert queue.unindexed_count() == 0
-    again = search.search_messages(
+    again = search_messages(
         context=context, query="", k=5, mode="semantic", model=MODEL, query_vector=query
     )
     assert "vector scan: hnsw" in again.notes

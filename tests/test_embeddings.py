@@ -21,10 +21,11 @@ from django.core.management import call_command
 from django.db import connection, connections
 from django.utils import timezone
 
-from memory_app import errors, search
+from memory_app import errors
 from memory_app.embeddings import client_vectors, indexer, providers, queue, worker
 from memory_app.models import Embedding, EmbeddingRetry, Message
 from memory_app.queries.memories import memories_retrieve
+from memory_app.search.messages import search_messages
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.memories import memories_record
 from memory_app.services.messages import message_edit, messages_append
@@ -149,7 +150,7 @@ def test_openai_provider_outage_never_fails_a_write_and_recovers(stand_in):
     }
     assert stand_in.auth[-1] == "Bearer sk-test"
 
-    hits = search.search_messages(
+    hits = search_messages(
         context=context, query="sunny Paris today", k=2, mode="semantic"
     ).hits
     assert hits[0].message.text == "Sunny, 25C in Paris today"
@@ -166,8 +167,8 @@ def test_semantic_search_answers_503_class_error_when_the_provider_is_down(stand
     append(context, "hello there")
     stand_in.down = True
     with pytest.raises(errors.ProviderDown):
-        search.search_messages(context=context, query="hello", mode="semantic")
-    hybrid = search.search_messages(context=context, query="hello", mode="hybrid")
+        search_messages(context=context, query="hello", mode="semantic")
+    hybrid = search_messages(context=context, query="hello", mode="hybrid")
     assert [h.message.text for h in hybrid.hits] == ["hello there"]  # keyword half still answers
     assert any("skipped" in n for n in hybrid.notes)
 
@@ -250,7 +251,7 @@ def test_client_vectors_fix_the_models_dimensions(settings):
     client_vectors.vector_put(model="client-3", vector=[0.9, 0.1, 0], message=c)
     with pytest.raises(errors.DimensionMismatch):
         client_vectors.vector_put(model="client-3", vector=[1, 0], message=a)
-    hits = search.search_messages(
+    hits = search_messages(
         context=context, query="", k=2, mode="semantic", model="client-3", query_vector=[1, 0, 0]
     ).hits
     assert [h.message.pk for h in hits] == [a.pk, c.pk]
@@ -301,7 +302,7 @@ def test_reembed_adds_the_new_model_while_the_old_keeps_serving(stand_in, settin
     queue.reembed_enqueue(model="toy-32-v2", context_id=context.pk)
     # The new model's rows are pending: searches still use toy-32, complete.
     assert queue.model_coverage(model="toy-32-v2", context_id=context.pk) == (0, 3)
-    hits = search.search_messages(context=context, query="Paris weather", k=1, mode="semantic").hits
+    hits = search_messages(context=context, query="Paris weather", k=1, mode="semantic").hits
     assert hits[0].message.text.startswith("Sunny")
     call_command(
         "reembed",
@@ -317,7 +318,7 @@ def test_reembed_adds_the_new_model_while_the_old_keeps_serving(stand_in, settin
     assert queue.model_coverage(model="toy-32", context_id=context.pk) == (3, 3)
     settings.AGENTMEMORY_EMBEDDING_MODEL = "toy-32-v2"
     providers._cached_provider.cache_clear()
-    hits = search.search_messages(context=context, query="Paris weather", k=1, mode="semantic")
+    hits = search_messages(context=context, query="Paris weather", k=1, mode="semantic")
     assert hits.model == "toy-32-v2" and hits.hits[0].message.text.startswith("Sunny")
     call_command("reembed", "--drop-old", "toy-32", stdout=open(os.devnull, "w"))  # noqa: SIM115
     assert not Embedding.objects.filter(model="toy-32").exists()
@@ -354,7 +355,7 @@ def test_real_minilm_ranks_the_paris_weather_first(settings):
     assert set(Embedding.objects.filter(context=context).values_list("dimensions", flat=True)) == {
         384
     }
-    hits = search.search_messages(
+    hits = search_messages(
         context=context, query="what is the weather in Paris", k=5, mode="semantic"
     ).hits
     assert hits[0].message.text == "Sunny, 25C in Paris today"

@@ -16,9 +16,11 @@ import pytest
 from django.conf import settings
 from django.db import IntegrityError, connection, connections, transaction
 
-from memory_app import db, errors, fulltext, search, tokens
+from memory_app import db, errors, tokens
 from memory_app.db import gc_paused
 from memory_app.models import Context, Message, MessageSearch, Run, Step, keys_digest
+from memory_app.search import fulltext
+from memory_app.search.messages import keyword_ranking
 from memory_app.services import messages as message_service
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import COPY_CHUNK, COPY_THRESHOLD, message_edit, messages_append
@@ -357,7 +359,7 @@ def test_a_large_batch_is_stored_field_for_field_and_searchable():
     # the indexer), and the same through the stored vectors once the indexer has run.
     context.refresh_from_db()
     assert context.search_seq == 0
-    [(found, score)] = search.keyword_ranking(context_id=context.pk, query="zebras", limit=5)
+    [(found, score)] = keyword_ranking(context_id=context.pk, query="zebras", limit=5)
     assert stored["c7"].pk == found
     assert fulltext.index_pending() == len(items)
     context.refresh_from_db()
@@ -365,7 +367,7 @@ def test_a_large_batch_is_stored_field_for_field_and_searchable():
     assert list(
         MessageSearch.objects.filter(context_id=context.pk, search_vector="zebras").values_list("seq", flat=True)
     ) == [stored["c7"].seq]
-    assert search.keyword_ranking(context_id=context.pk, query="zebras", limit=5) == [
+    assert keyword_ranking(context_id=context.pk, query="zebras", limit=5) == [
         (found, pytest.approx(score))
     ]
     again = messages_append(context=context, items=items)

@@ -12,10 +12,13 @@ from django.db import connection, connections
 from django.test import Client
 from django.urls import reverse
 
-from memory_app import backlog, backup, fulltext, search
+from memory_app import backlog, backup
 from memory_app.embeddings import providers, worker
 from memory_app.models import Context, Message, MessageSearch
 from memory_app.queries.dashboard import HistoryFilters, _history_qs
+from memory_app.search import fulltext
+from memory_app.search import messages as message_search
+from memory_app.search.messages import _tsquery_text, keyword_ranking
 from memory_app.services import curation
 from memory_app.services.curation import messages_set_pruned
 from memory_app.services.messages import COPY_THRESHOLD, message_edit, messages_append
@@ -36,7 +39,7 @@ def texts(n, special=None):
 
 def truth(context, query, match="all"):
     """Every live message of the context ranked on its text, row by row, as search ranks."""
-    tsq = search._tsquery_text(query, match)
+    tsq = _tsquery_text(query, match)
     with connection.cursor() as cur:
         cur.execute(
             "SELECT id, seq, ts_rank(to_tsvector('english', text), %s::tsquery) FROM memory_app_message"
@@ -48,7 +51,7 @@ def truth(context, query, match="all"):
 
 
 def found(context, query, limit=10, match="all"):
-    return [mid for mid, _ in search.keyword_ranking(context_id=context.pk, query=query, limit=limit, match=match)]
+    return [mid for mid, _ in keyword_ranking(context_id=context.pk, query=query, limit=limit, match=match)]
 
 
 def stored_vectors(context) -> dict[int, str]:
@@ -93,7 +96,7 @@ def test_a_large_batch_is_searchable_at_once_then_from_its_stored_vectors(settin
 
 def test_a_backlog_older_than_the_recent_window_is_read_exactly(monkeypatch):
     """Pass 2: a rare word in a batch the indexer has not reached, behind the recent window."""
-    monkeypatch.setattr(search, "KEYWORD_RECENT_SEQS", 10)
+    monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 10)
     context = make_context(messages=5)
     first = batch(context, texts(100, {3: "a lone zebra"}))
     messages_append(context=context, items=[{"role": "user", "text": "recent"}] * 1)

@@ -10,9 +10,9 @@ from django.core import checks
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 
-from memory_app import search
 from memory_app.checks import check_hnsw_parameters
 from memory_app.embeddings import indexer
+from memory_app.search.messages import semantic_ranking, vector_literal
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import messages_append
 
@@ -81,12 +81,12 @@ def test_a_parameter_change_is_reported_then_rebuilt_concurrently(stored, settin
     call_command("hnsw_rebuild", "--check", "--model", MODEL)
 
     # Searches walk the rebuilt index and still answer exactly k.
-    hits, path = search.semantic_ranking(
+    hits, path = semantic_ranking(
         context_id=context.pk, model=MODEL, vector=vector(77), limit=3, context_size=200
     )
     assert path == "hnsw" and hits[0][0] == ids[77] and len(hits) == 3
     with transaction.atomic(), connection.cursor() as cur:
-        literal = search.vector_literal(vector(77))
+        literal = vector_literal(vector(77))
         cur.execute("SET LOCAL enable_seqscan = off")  # a 200-row table: the index if usable
         cur.execute("SET LOCAL enable_sort = off")  # as searches do: the walk, not a sort
         cur.execute(

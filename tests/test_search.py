@@ -12,9 +12,17 @@ import pytest
 from django.db import connection, transaction
 from django.test import override_settings
 
-from memory_app import errors, search
+from memory_app import errors
 from memory_app.embeddings import indexer
 from memory_app.models import Context, Embedding, Message, keys_digest
+from memory_app.search.messages import (
+    MAX_EF_SEARCH,
+    ef_search_for,
+    hnsw_settings_sql,
+    nearest_vectors,
+    search_messages,
+    semantic_ranking,
+)
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.curation import messages_set_pruned
 
@@ -162,7 +170,7 @@ def test_semantic_search_in_the_small_context_equals_brute_force(store, settings
     settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 20000  # the exact scan
     small = store["small"]
     query = np.random.default_rng(k).normal(size=DIMS).tolist()
-    result = search.search_messages(
+    result = search_messages(
         context=small, query="", k=k, mode="semantic", model=MODEL, query_vector=query
     )
     assert [h.message.pk for h in result.hits] == brute_force_semantic(small, query)[: min(k, 20)]
@@ -171,7 +179,7 @@ def test_semantic_search_in_the_small_context_equals_brute_force(store, settings
 
 def _exact(context_id, query, limit, exclude_ids=()):
     """The reference: search's exact scan."""
-    hits, path = search.nearest_vectors(
+    hits, path = nearest_vectors(
         model=MODEL,
         vector=query,
         limit=limit,
@@ -215,7 +223,7 @@ def test_iterative_scan_returns_exactly_k_from_a_context_that_is_a_tiny_share_of
     query = np.random.default_rng(100 + k).normal(size=DIMS).tolist()
     captured = CapturedVectorQueries()
     with connection.execute_wrapper(captured):
-        ids, path = search.semantic_ranking(
+        ids, path = semantic_ranking(
             context_id=small.pk, model=MODEL, vector=query, limit=k, context_size=20
         )
     assert path == "hnsw" and len(ids) == k
@@ -226,7 +234,7 @@ def test_iterative_scan_returns_exactly_k_from_a_context_that_is_a_tiny_share_of
     assert distances == pytest.approx([truth[i] for i, _ in ids], abs=1e-5)
     # One statement answered (no exact fallback), and it walked the HNSW index.
     [(sql, params)] = captured.statements
-    settings_sql = search.hnsw_settings_sql(model=MODEL, dims=DIMS, limit=k, share=20)
+    settings_sql = hnsw_settings_sql(model=MODEL, dims=DIMS, limit=k, share=20)
     plan = _plan(sql, params, settings_sql)
     assert f"Index Scan using {indexer.index_name(MODEL, DIMS)}" in plan, plan
     # Without the iterative scan the same statement finds fewer than k: the test means something.
@@ -244,7 +252,7 @@ def test_a_context_with_fewer_vectors_than_k_gets_them_all_exactly_ranked(store,
     small = store["small"]
     small.message_count = 20  # (the fixture's COPY left the counter alone)
     query = np.random.default_rng(9).normal(size=DIMS).tolist()
-    result = search.search_messages(
+    result = search_messages(
         context=small, query="", k=50, mode="semantic", model=MODEL, query_vector=query
     )
     assert "vector scan: hnsw+exact" in result.notes
@@ -257,7 +265,7 @@ def test_hnsw_path_on_a_large_context_returns_k_results_of_that_context(store, s
     query = np.random.default_rng(3).normal(size=DIMS).tolist()
     captured = CapturedVectorQueries()
     with connection.execute_wrapper(captured):
-        ids, path = search.semantic_ranking(
+        ids, path = semantic_ranking(
             context_id=ctx.pk, model=MODEL, vector=query, limit=10, context_size=5090
         )
     assert path == "hnsw" and len(ids) == 10
@@ -272,7 +280,7 @@ def test_hnsw_path_on_a_large_context_returns_k_results_of_that_context(store, s
     # No exact scan on a large context: one statement, an HNSW walk, no sort of its rows.
     [(sql, params)] = captured.statements
     plan = _plan(
-        sql, params, search.hnsw_settings_sql(model=MODEL, dims=DIMS, limit=10, share=5090)
+        sql, params, hnsw_settings_sql(model=MODEL, dims=DIMS, limit=10, share=5090)
     )
     assert f"Index Scan using {indexer.index_name(MODEL, DIMS)}" in plan, plan
     assert "embedding_context_model_idx" not in plan and "Seq Scan" not in plan, plan
@@ -296,7 +304,7 @@ def test_small_context_exact_scan_keeps_only_k_rows_in_memory(store, settings):
     query = np.random.default_rng(4).normal(size=DIMS).tolist()
     captured = CapturedVectorQueries()
     with connection.execute_wrapper(captured):
-        ids, path = search.semantic_ranking(
+        ids, path = semantic_ranking(
             context_id=ctx.pk, model=MODEL, vector=query, limit=10, context_size=5090
         )
     assert path == "exact" and len(ids) == 10
@@ -315,21 +323,21 @@ def test_keyword_search_in_the_small_context_equals_brute_force(store, k, query)
     small = store["small"]
     expected = brute_force_keyword(small, query)
     assert expected, "the query must match something"
-    result = search.search_messages(context=small, query=query, k=k, mode="keyword")
+    result = search_messages(context=small, query=query, k=k, mode="keyword")
     assert [h.message.pk for h in result.hits] == expected[:k]
     assert len(result.hits) == min(k, len(expected))
 
 
 def test_search_excludes_pruned_messages(store, system_actor):
     small = store["small"]
-    top = search.search_messages(context=small, query="alpha", k=3, mode="keyword").hits[0].message
+    top = search_messages(context=small, query="alpha", k=3, mode="keyword").hits[0].message
     messages_set_pruned(context=small, ids=[top.pk], pruned=True, actor=system_actor)
     assert top.pk not in [
         h.message.pk
-        for h in search.search_messages(context=small, query="alpha", k=50, mode="keyword").hits
+        for h in search_messages(context=small, query="alpha", k=50, mode="keyword").hits
     ]
     query = np.asarray(Embedding.objects.get(message=top, model=MODEL).vector).tolist()
-    hits = search.search_messages(
+    hits = search_messages(
         context=small, query="", k=50, mode="semantic", model=MODEL, query_vector=query
     ).hits
     assert top.pk not in [h.message.pk for h in hits] and len(hits) == 19
@@ -341,7 +349,7 @@ def test_hybrid_fuses_both_rankings_by_reciprocal_rank(store):
     query_vec = np.asarray(Embedding.objects.get(message=first, model=MODEL).vector).tolist()
     # The query is the message's own words and vector: it is first in both rankings, whatever
     # the random vectors of the others, so it must lead the fusion.
-    result = search.search_messages(
+    result = search_messages(
         context=small, query=first.text, k=5, mode="hybrid", model=MODEL, query_vector=query_vec
     )
     assert result.mode == "hybrid" and len(result.hits) == 5
@@ -358,7 +366,7 @@ def test_hybrid_fuses_both_rankings_by_reciprocal_rank(store):
 
 def test_a_query_vector_of_the_wrong_dimension_is_invalid(store):
     with pytest.raises(errors.DimensionMismatch):
-        search.search_messages(
+        search_messages(
             context=store["small"], query="", mode="semantic", model=MODEL, query_vector=[0.1] * 10
         )
 
@@ -370,7 +378,7 @@ def test_search_uses_the_context_size_to_pick_the_index_and_still_answers_k(stor
     big = store["big"][0]
     big.message_count = 5090
     query = np.random.default_rng(5).normal(size=DIMS).tolist()
-    result = search.search_messages(
+    result = search_messages(
         context=big, query="", k=10, mode="semantic", model=MODEL, query_vector=query
     )
     assert len(result.hits) == 10 and "vector scan: hnsw" in result.notes
@@ -380,7 +388,7 @@ def test_search_uses_the_context_size_to_pick_the_index_and_still_answers_k(stor
     small.message_count = 5000  # claims 5,000 messages, has 20 vectors: the walk comes back short
     captured = CapturedVectorQueries()
     with connection.execute_wrapper(captured):
-        result = search.search_messages(
+        result = search_messages(
             context=small, query="", k=15, mode="semantic", model=MODEL, query_vector=query
         )
     assert "vector scan: hnsw+exact" in result.notes and len(captured.statements) == 2
@@ -408,9 +416,9 @@ def test_ef_search_grows_with_the_store_between_steps(settings, vectors, limit, 
         (250_000, 200),
         (1_000_000, 320),
     ]
-    assert abs(search.ef_search_for(vectors, limit) - expected) <= 1
+    assert abs(ef_search_for(vectors, limit) - expected) <= 1
     settings.AGENTMEMORY_HNSW_EF_SEARCH = 64
-    assert search.ef_search_for(vectors, 10) == 64
+    assert ef_search_for(vectors, 10) == 64
 
 
 def test_ef_search_grows_for_a_context_that_is_a_small_share_of_the_store(settings):
@@ -419,10 +427,10 @@ def test_ef_search_grows_for_a_context_that_is_a_small_share_of_the_store(settin
     settings.AGENTMEMORY_HNSW_EF_SEARCH = 0
     settings.AGENTMEMORY_HNSW_EF_SEARCH_STEPS = [(0, 40), (100_000, 64), (1_000_000, 100)]
     store = 1_200_000
-    assert search.ef_search_for(store, 10) == 100
-    assert search.ef_search_for(store, 10, store) == 100  # the whole store: no filter to pay for
-    assert search.ef_search_for(store, 10, 1_000_000) == 110
-    assert search.ef_search_for(store, 10, 30_000) == 633
-    assert search.ef_search_for(store, 10, 300) == search.MAX_EF_SEARCH
+    assert ef_search_for(store, 10) == 100
+    assert ef_search_for(store, 10, store) == 100  # the whole store: no filter to pay for
+    assert ef_search_for(store, 10, 1_000_000) == 110
+    assert ef_search_for(store, 10, 30_000) == 633
+    assert ef_search_for(store, 10, 300) == MAX_EF_SEARCH
     settings.AGENTMEMORY_HNSW_EF_SEARCH = 64
-    assert search.ef_search_for(store, 10, 30_000) == 64
+    assert ef_search_for(store, 10, 30_000) == 64

@@ -18,8 +18,11 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from memory_app import fulltext, search, selectors
+from memory_app import selectors
 from memory_app.models import Message
+from memory_app.search import fulltext
+from memory_app.search import messages as message_search
+from memory_app.search.messages import keyword_ranking, search_messages
 from memory_app.services.messages import messages_append
 from tests.builders import make_context, make_user
 
@@ -47,12 +50,12 @@ def kyoto(settings):
 
 def test_auto_without_vectors_ranks_any_word_matches(kyoto):
     context, ids = kyoto
-    result = search.search_messages(context=context, query="weather in Kyoto", k=5, mode="auto")
+    result = search_messages(context=context, query="weather in Kyoto", k=5, mode="auto")
     assert result.mode == "keyword"
     # Both words first; then the one-word matches, the two-"weather" message above "Kyoto" once.
     assert [h.message.pk for h in result.hits] == [ids[2], ids[3], ids[1]]
     # Asked for keyword mode, the query still reads as a web search (every word).
-    strict = search.search_messages(context=context, query="weather in Kyoto", k=5, mode="keyword")
+    strict = search_messages(context=context, query="weather in Kyoto", k=5, mode="keyword")
     assert [h.message.pk for h in strict.hits] == [ids[2]]
 
 
@@ -92,7 +95,7 @@ def _ranked_by_ts_rank(context, tsquery: str, ids: list[int]) -> list[int]:
 
 def test_keyword_ranks_the_newest_matches_when_more_match_than_the_candidates(settings, monkeypatch):
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 20
-    monkeypatch.setattr(search, "KEYWORD_RECENT_SEQS", 8)
+    monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 8)
     context = make_context()
     # The oldest message is the best match (four times "alpha"); 60 newer ones hold it once or
     # twice, every third not at all.
@@ -102,34 +105,34 @@ def test_keyword_ranks_the_newest_matches_when_more_match_than_the_candidates(se
     messages = messages_append(context=context, items=items).messages
     context.refresh_from_db()
     matching = [m.pk for m in messages if "alpha" in m.text]
-    hits = search.keyword_ranking(context_id=context.pk, query="alpha", limit=10, last_seq=context.last_seq)
+    hits = keyword_ranking(context_id=context.pk, query="alpha", limit=10, last_seq=context.last_seq)
     newest = matching[-20:]
     assert [h for h, _ in hits] == _ranked_by_ts_rank(context, "'alpha'", newest)[:10]
     assert messages[0].pk not in [h for h, _ in hits]
     # With room for every match the oldest (and best) one leads: small contexts rank exactly.
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 1000
-    hits = search.keyword_ranking(context_id=context.pk, query="alpha", limit=10)
+    hits = keyword_ranking(context_id=context.pk, query="alpha", limit=10)
     assert hits[0][0] == messages[0].pk
     assert [h for h, _ in hits] == _ranked_by_ts_rank(context, "'alpha'", matching)[:10]
 
 
 def test_a_rare_old_match_is_found_by_widening_the_window(settings, monkeypatch):
-    monkeypatch.setattr(search, "KEYWORD_RECENT_SEQS", 4)
+    monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 4)
     context = make_context()
     items = [{"role": "user", "text": "the one about Kyoto"}] + [
         {"role": "assistant", "text": f"reply number {i}"} for i in range(200)
     ]
     first = messages_append(context=context, items=items).messages[0]
     context.refresh_from_db()
-    result = search.search_messages(context=context, query="Kyoto trip", k=3, mode="auto")
+    result = search_messages(context=context, query="Kyoto trip", k=3, mode="auto")
     assert [h.message.pk for h in result.hits] == [first.pk]
 
 
 def test_a_query_of_stop_words_only_matches_nothing_without_reading(kyoto):
     context, _ = kyoto
     with CaptureQueriesContext(connection) as queries:
-        assert search.keyword_ranking(context_id=context.pk, query="in the of", limit=5) == []
-        assert search.keyword_ranking(context_id=context.pk, query="- ! ,", limit=5, match="any") == []
+        assert keyword_ranking(context_id=context.pk, query="in the of", limit=5) == []
+        assert keyword_ranking(context_id=context.pk, query="- ! ,", limit=5, match="any") == []
     assert not any("memory_app_message" in q["sql"] for q in queries.captured_queries)
 
 
@@ -214,9 +217,9 @@ def test_keyword_reads_use_indexes_and_touch_only_the_candidates(
     big_context, settings, monkeypatch, query, mode
 ):
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 100
-    monkeypatch.setattr(search, "KEYWORD_RECENT_SEQS", 400)
+    monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 400)
     reads = _reads_of(
-        lambda: search.search_messages(context=big_context, query=query, k=10, mode=mode)
+        lambda: search_messages(context=big_context, query=query, k=10, mode=mode)
     )
     assert reads
     for sql in reads:

@@ -598,7 +598,7 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print, chunk: int = CHUN
 
     t_fts = time.perf_counter()
     with connection.cursor() as cursor:
-        # The steady state: the indexer has parsed every message (memory_app.fulltext).
+        # The steady state: the indexer has parsed every message (memory_app.search.fulltext).
         cursor.execute(
             "INSERT INTO memory_app_messagesearch (context_id, seq, search_vector)"
             " SELECT context_id, seq, to_tsvector(%s::regconfig, text) FROM memory_app_message"

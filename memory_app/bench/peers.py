@@ -16,10 +16,10 @@ import uuid
 
 import numpy as np
 
-from memory_app import fulltext
 from memory_app.bench import baseline
 from memory_app.bench.measure import Amount, Rate, Row, time_each
 from memory_app.embeddings import indexer
+from memory_app.search import fulltext
 
 LC_TABLE = "peer_langchain_history"
 LG_TABLES = ("store_vectors", "store", "vector_migrations", "store_migrations")

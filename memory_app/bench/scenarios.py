@@ -23,7 +23,7 @@ from django.conf import settings
 from django.test import Client
 from django.urls import NoReverseMatch, Resolver404, resolve, reverse
 
-from memory_app import backlog, fulltext
+from memory_app import backlog
 from memory_app.bench import baseline
 from memory_app.bench.dataset import Dataset, Generator
 from memory_app.bench.measure import (
@@ -38,6 +38,8 @@ from memory_app.bench.measure import (
 )
 from memory_app.embeddings import indexer, queue
 from memory_app.models import Context, Embedding, Message, Run
+from memory_app.search import fulltext
+from memory_app.search.messages import ef_search_for, semantic_ranking, store_size
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import messages_append
 
@@ -326,7 +328,6 @@ def recall(b: Bench) -> None:
 
 
 def _recall(b: Bench, label: str, cid: int) -> None:
-    from memory_app import search
 
     gen = b.gen(seed_offset=2)
     ids, matrix = _live_vectors(cid, b.data.model, b.data.sizes.dims)
@@ -336,7 +337,7 @@ def _recall(b: Bench, label: str, cid: int) -> None:
     total, paths = 0.0, set()
     for i in range(n_queries):
         _, v = gen.query(topics[i % len(topics)])
-        hits, path = search.semantic_ranking(
+        hits, path = semantic_ranking(
             context_id=cid, model=b.data.model, vector=[float(x) for x in v], limit=SEARCH_K
         )
         paths.add(path)
@@ -349,11 +350,11 @@ def _recall(b: Bench, label: str, cid: int) -> None:
         for i in indexer.built_indexes()
         if (i.model, i.dimensions) == (b.data.model, b.data.sizes.dims)
     ]
-    store = search.store_size(b.data.model, b.data.sizes.dims)
+    store = store_size(b.data.model, b.data.sizes.dims)
     share = Context.objects.get(pk=cid).message_count
     settings_text = (
         f"path {'/'.join(sorted(paths))}; HNSW {' / '.join(built) or 'index not found'}, "
-        f"ef_search={search.ef_search_for(store, SEARCH_K, share)} (store {store:,}, context {share:,}), "
+        f"ef_search={ef_search_for(store, SEARCH_K, share)} (store {store:,}, context {share:,}), "
         "iterative scan; "
         f"exact scan below {settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD:,} messages per context; {n_queries} queries"
     )

@@ -14,12 +14,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from memory_app import fulltext
 from memory_app.embeddings.client_vectors import model_dimensions, remember_dimensions
 from memory_app.embeddings.indexer import ensure_model_index, index_batch
 from memory_app.embeddings.providers import EmbeddingProvider
 from memory_app.errors import ProviderError
 from memory_app.models import Embedding, EmbeddingRetry
+from memory_app.search import fulltext
 
 log = logging.getLogger(__name__)
 BACKOFF_BASE_SECONDS = 2.0

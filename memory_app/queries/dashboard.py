@@ -191,7 +191,7 @@ def _history_qs(context: Context, filters: HistoryFilters) -> QuerySet[Message]:
         query = SearchQuery(filters.text, config=FTS_CONFIG, search_type="websearch")
         # The stored vector (GIN) of live messages up to the context's search_seq; the text
         # itself after it, where the indexer may not have been yet, and of pruned messages,
-        # which have no stored vector (memory_app.fulltext).
+        # which have no stored vector (memory_app.search.fulltext).
         indexed = MessageSearch.objects.filter(context_id=context.pk, search_vector=query).values("seq")
         parsed = Q(seq__gt=context.search_seq) | Q(pruned_at__isnull=False)
         qs = qs.alias(text_vector=SearchVector("text", config=FTS_CONFIG)).filter(

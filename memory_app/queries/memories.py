@@ -13,7 +13,7 @@ from django.contrib.postgres.search import SearchQuery, SearchRank
 from django.db.models import F, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
-from memory_app import auth, errors, search
+from memory_app import auth, errors
 from memory_app.embeddings import indexer, providers
 from memory_app.errors import Invalid, NotFound
 from memory_app.memories import MAX_LIMIT, clean_keywords
@@ -24,6 +24,7 @@ from memory_app.models import (
     MemoryKind,
     MemoryRecord,
 )
+from memory_app.search.messages import nearest_vectors, rrf_scores
 
 
 def memories_visible(
@@ -89,7 +90,7 @@ def _semantic_hits(
     if share == 0:
         return []
     subquery, params = visible.query.sql_with_params()
-    hits, _ = search.nearest_vectors(
+    hits, _ = nearest_vectors(
         model=model,
         vector=vector,
         limit=fetch,
@@ -108,7 +109,7 @@ def _fused(
 ) -> list[tuple[MemoryRecord, float, str]]:
     """Reciprocal rank fusion of both rankings, best `limit`; ids in `first` (exact keyword
     tags) lead and score one more, as an exact tag outweighs any rank."""
-    fused = search.rrf_scores(text, semantic)
+    fused = rrf_scores(text, semantic)
     why: dict[int, list[str]] = {}
     for label, ranking in (("text", text), ("semantic", semantic)):
         for rank, (pk, _) in enumerate(ranking, start=1):
@@ -122,7 +123,7 @@ def _fused(
 
 def _query_hits(qs: QuerySet, query: str, limit: int) -> list[tuple[MemoryRecord, float, str]]:
     """Full-text (any word) fused with cosine similarity when the records have vectors."""
-    from memory_app.search import _any_terms_tsquery
+    from memory_app.search.messages import _any_terms_tsquery
 
     fetch = max(limit * 3, 20)
     text: list[tuple[int, float]] = []

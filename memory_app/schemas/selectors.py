@@ -8,10 +8,11 @@ from typing import Literal
 from ninja import Schema
 from pydantic import ConfigDict, Field
 
-from memory_app import errors, search, selectors
+from memory_app import errors, selectors
 from memory_app.errors import Invalid
 from memory_app.schemas.fields import FiniteFloat, Short, Text, Vector, _examples
 from memory_app.schemas.messages import MESSAGE_EXAMPLE, MessageOut, message_out
+from memory_app.search.messages import MAX_QUERY_CHARS
 
 
 class WindowOptionsIn(Schema):
@@ -63,7 +64,7 @@ class SelectIn(Schema):
     tokenizer: Short(50) | None = Field(
         None, description="tiktoken encoding name; default cl100k_base"
     )
-    query: Text | None = Field(None, max_length=search.MAX_QUERY_CHARS)
+    query: Text | None = Field(None, max_length=MAX_QUERY_CHARS)
     mode: Literal["auto", "keyword", "semantic", "hybrid"] = "auto"
     model: Short(200) | None = Field(None, description="embedding model of `query_vector`")
     query_vector: list[FiniteFloat] | None = Field(None, max_length=16000)

@@ -17,7 +17,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
-from memory_app import backlog, fulltext, tokens
+from memory_app import backlog, tokens
 from memory_app.audit import Actor, audit_record
 from memory_app.db import copy_errors_as_django, copy_line, gc_paused, json_text, lock_contexts
 from memory_app.embeddings import client_vectors, providers, queue
@@ -28,6 +28,7 @@ from memory_app.models import (
     Run,
     Step,
 )
+from memory_app.search import fulltext
 
 MAX_BATCH = 1000
 MESSAGE_FIELDS = ("role", "name", "text", "content", "tags", "metadata", "run_id", "step_id", "source_timestamp")
@@ -142,7 +143,7 @@ def _append_once(*, context, items, prepared, vectors, client_ids, tokenizer) ->
             # One statement takes the context's row lock and allocates the seqs: concurrent
             # appenders queue here, so seqs are gap-free and strictly increasing. A small batch
             # to a context whose full-text vectors are caught up writes its own (below) and
-            # moves search_seq along; a large one leaves them to the indexer (memory_app.fulltext).
+            # moves search_seq along; a large one leaves them to the indexer (memory_app.search.fulltext).
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"UPDATE {Context._meta.db_table} SET last_seq = last_seq + %s, "  # noqa: S608 - constant

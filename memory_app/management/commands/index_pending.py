@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from memory_app import fulltext
 from memory_app.embeddings import indexer, queue
+from memory_app.search import fulltext
 
 
 class Command(BaseCommand):

@@ -27,10 +27,11 @@ from typing import Any, Literal
 from django.conf import settings
 from django.db import connection, transaction
 
-from memory_app import errors, fulltext
+from memory_app import errors
 from memory_app.embeddings import client_vectors, indexer, providers
 from memory_app.errors import Invalid, ProviderDown, SemanticUnavailable
 from memory_app.models import FTS_CONFIG, Context, Message
+from memory_app.search import fulltext
 
 Mode = Literal["auto", "keyword", "semantic", "hybrid"]
 MAX_QUERY_CHARS = 10_000
