@@ -21,7 +21,6 @@ from memory_app.models import (
     ToolCall,
     TraceSpan,
 )
-from memory_app.services.curation import messages_set_pruned, steps_set_pruned
 
 
 class PrunedFilter(admin.SimpleListFilter):
@@ -41,6 +40,10 @@ class PrunedFilter(admin.SimpleListFilter):
 
 def _set_pruned(modeladmin, request, queryset, *, prune: bool):
     """Prune or restore through the write path: one audited call per context (or run)."""
+    # Imported here: every process loads the admin at startup, the write path (numpy, httpx,
+    # the embedding providers) only when an action runs.
+    from memory_app.services import curation
+
     actor = Actor.for_user(request.user)
     changed = 0
     if queryset.model is Message:
@@ -48,14 +51,14 @@ def _set_pruned(modeladmin, request, queryset, *, prune: bool):
         for pk, context_id in queryset.values_list("pk", "context_id"):
             groups[context_id].append(pk)
         for context in Context.objects.filter(pk__in=groups):
-            ids, _ = messages_set_pruned(context=context, ids=groups[context.pk], pruned=prune, actor=actor, note="via admin")
+            ids, _ = curation.messages_set_pruned(context=context, ids=groups[context.pk], pruned=prune, actor=actor, note="via admin")
             changed += len(ids)
     else:
         groups = defaultdict(list)
         for pk, run_id in queryset.values_list("pk", "run_id"):
             groups[run_id].append(pk)
         for run in Run.objects.filter(pk__in=groups):
-            ids, _ = steps_set_pruned(run=run, ids=groups[run.pk], pruned=prune, actor=actor, note="via admin")
+            ids, _ = curation.steps_set_pruned(run=run, ids=groups[run.pk], pruned=prune, actor=actor, note="via admin")
             changed += len(ids)
     noun = queryset.model._meta.verbose_name_plural
     modeladmin.message_user(request, f"{'Pruned' if prune else 'Restored'} {changed} {noun}.")

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -272,30 +271,21 @@ def fresh_data_dir():
     shutil.rmtree(base, ignore_errors=True)
 
 
-def test_loading_the_settings_starts_no_server_and_takes_under_a_second(fresh_data_dir):
+def test_loading_the_settings_starts_no_server(fresh_data_dir):
     """The settings only read configuration: `django.setup()` initialises no data folder and
-    starts no PostgreSQL. The wall time is the best of up to five runs: other processes share
-    the machine's cores (a setup that started the server would spend more than the second on
-    initdb alone)."""
-    timings = []
-    for _ in range(5):
-        started = time.monotonic()
-        out = subprocess.run(
-            [sys.executable, "-c", SETUP_SCRIPT],
-            cwd=ROOT,
-            env=_env(fresh_data_dir),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        timings.append(time.monotonic() - started)
-        assert out.returncode == 0, out.stderr[-3000:]
-        if timings[-1] <= 1.0:
-            break
+    starts no PostgreSQL (its time is a benchmark row: `manage.py benchmark --only startup`)."""
+    out = subprocess.run(
+        [sys.executable, "-c", SETUP_SCRIPT],
+        cwd=ROOT,
+        env=_env(fresh_data_dir),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
     assert not (fresh_data_dir / "pgdata").exists()
     assert not _postgres_running(fresh_data_dir)
-    assert min(timings) <= 1.0, timings
 
 
 def test_a_command_that_connects_starts_the_server_and_stops_it_when_it_exits(fresh_data_dir):

@@ -18,6 +18,10 @@ class BenchDatabaseError(Exception):
 
 
 def _admin_conninfo(settings_dict: dict) -> dict:
+    # The backend's own parameters first: the embedded backend starts (or attaches to) its server
+    # there and writes the socket directory into the settings.
+    connections["default"].get_connection_params()
+    settings_dict = {**settings_dict, "HOST": connections["default"].settings_dict["HOST"]}
     info = {
         "dbname": "postgres",
         "user": settings_dict.get("USER") or None,

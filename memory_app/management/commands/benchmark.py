@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from django.test import Client
 
-from memory_app.bench import database, peers, scenarios
+from memory_app.bench import database, peers, scenarios, startup
 from memory_app.bench.dataset import Dataset, Sizes, build
 from memory_app.bench.measure import Report, machine_lines, plain_table, table
 
@@ -30,6 +30,7 @@ META_TABLE = "bench_meta"
 NOTES = Path(__file__).resolve().parents[2] / "bench" / "notes.md"
 # Reads first, ingest last: the writes must not disturb what the reads see.
 AREAS = {
+    "startup": startup.run,
     "selectors": scenarios.selectors,
     "recall": scenarios.recall,
     "transcript": scenarios.transcript,
