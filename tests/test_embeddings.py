@@ -22,6 +22,7 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from memory_app import errors
+from memory_app.backlog import run_worker
 from memory_app.embeddings import client_vectors, indexer, providers, queue, worker
 from memory_app.models import Embedding, EmbeddingRetry, Message
 from memory_app.queries.memories import memories_retrieve
@@ -186,7 +187,7 @@ def test_two_workers_embed_2000_items_exactly_once(stand_in):
     def work():
         try:
             provider = providers.build_provider(kind="openai", model="toy-32")
-            totals.append(worker.run_worker(provider=provider, batch_size=25, once=True))
+            totals.append(run_worker(provider=provider, batch_size=25, once=True))
         finally:
             connections.close_all()
 

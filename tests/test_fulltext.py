@@ -13,7 +13,8 @@ from django.test import Client
 from django.urls import reverse
 
 from memory_app import backlog, backup
-from memory_app.embeddings import providers, worker
+from memory_app.backlog import run_worker
+from memory_app.embeddings import providers
 from memory_app.models import Context, Message, MessageSearch
 from memory_app.queries.dashboard import HistoryFilters, _history_qs
 from memory_app.search import fulltext
@@ -308,7 +309,7 @@ def test_the_embed_worker_turn_moves_past_a_range_of_pruned_messages(system_acto
     messages_set_pruned(context=context, ids=[m.pk for m in stored], pruned=True, actor=system_actor)
     # A turn that writes nothing (every message of the range is pruned) still moves the context,
     # and `once` goes on while a context is behind.
-    totals = worker.run_worker(provider=NothingToEmbed(), once=True)
+    totals = run_worker(provider=NothingToEmbed(), once=True)
     context.refresh_from_db()
     assert context.search_seq == 60 and totals.parsed == 0 and fulltext.pending_count() == 0
 

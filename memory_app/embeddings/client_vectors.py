@@ -10,7 +10,6 @@ import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
 
-from memory_app.backlog import wake_indexer
 from memory_app.embeddings.indexer import ensure_model_index
 from memory_app.embeddings.providers import LOCAL_DIMENSIONS, active_model_name, get_provider
 from memory_app.errors import DimensionMismatch, Invalid
@@ -155,17 +154,18 @@ _VECTOR_COPY_TYPES = ["int8", "int8", "int8", "text", "int4", "vector", "bool"]
 
 def vectors_copy(
     rows: Sequence[tuple[int | None, int | None, int | None, ClientVector]],
-) -> None:
+) -> bool:
     """Store checked client vectors with one binary COPY: rows of (message_id, memory_record_id,
     context_id, vector), for items that have no row of that model yet (new items). Call inside
-    the transaction that created the items; `ensure_vector_indexes` after it.
+    the transaction that created the items; `ensure_vector_indexes` after it. True when the rows
+    wait for the indexer: the caller wakes it once the transaction commits.
 
     A batch of at least `AGENTMEMORY_INDEX_DEFER_MIN` vectors is written `indexed = false`: the
     COPY then skips the HNSW graph (inserting each vector into it was most of the batch's cost)
-    and the indexer adds them once the transaction commits (`wake_indexer`). Searches scan such
-    rows exactly until then. Smaller batches go into the graph at once."""
+    and the indexer adds them once the transaction commits (`memory_app.backlog`). Searches scan
+    such rows exactly until then. Smaller batches go into the graph at once."""
     if not rows:
-        return
+        return False
     deferred = len(rows) >= settings.AGENTMEMORY_INDEX_DEFER_MIN
     from pgvector.psycopg.vector import register_vector_info
     from psycopg.types import TypeInfo
@@ -186,8 +186,8 @@ def vectors_copy(
                 )
     for _, _, _, v in rows:
         _known_dimensions.setdefault(v.model, len(v.values))
-    if deferred:
-        transaction.on_commit(wake_indexer)
+    return deferred
+
 
 def ensure_vector_indexes(vectors: Sequence[ClientVector | None]) -> None:
     """The HNSW index of every model among `vectors` (once per process and model)."""

@@ -5,8 +5,6 @@ failed batch with exponential backoff (an `EmbeddingRetry` row beside each faile
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -15,11 +13,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from memory_app.embeddings.client_vectors import model_dimensions, remember_dimensions
-from memory_app.embeddings.indexer import ensure_model_index, index_batch
+from memory_app.embeddings.indexer import ensure_model_index
 from memory_app.embeddings.providers import EmbeddingProvider
 from memory_app.errors import ProviderError
 from memory_app.models import Embedding, EmbeddingRetry
-from memory_app.search import fulltext
 
 log = logging.getLogger(__name__)
 BACKOFF_BASE_SECONDS = 2.0
@@ -130,55 +127,3 @@ def _postpone(
         unique_fields=["embedding"],
         update_fields=["attempts", "next_attempt_at", "last_error"],
     )
-
-
-def run_worker(
-    *,
-    provider: EmbeddingProvider,
-    batch_size: int | None = None,
-    once: bool = False,
-    max_batches: int | None = None,
-    idle_sleep: float = 2.0,
-    backoff_base: float = BACKOFF_BASE_SECONDS,
-    stop: threading.Event | None = None,
-) -> BatchResult:
-    """Loop over `embed_batch`; `once` stops when nothing is due (tests, cron), otherwise it
-    sleeps when idle and after failures. Returns the totals."""
-    totals = BatchResult()
-    batches = 0
-    while not (stop and stop.is_set()):
-        if max_batches is not None and batches >= max_batches:
-            break
-        res = embed_batch(provider=provider, batch_size=batch_size, backoff_base=backoff_base)
-        # The deferred HNSW insertions too, one batch per turn (several workers share them).
-        indexed, parsed = 0, None
-        try:
-            indexed = index_batch()
-            # And the messages waiting for their full-text vector, one context's batch a turn
-            # (None: no context behind; 0 can still be progress, over a range of pruned messages).
-            parsed = fulltext.index_batch()
-        except Exception:
-            log.exception("indexer: deferred vectors or full-text vectors failed; retrying")
-        totals.indexed += indexed
-        totals.parsed += parsed or 0
-        batches += 1 if res.claimed else 0
-        totals.claimed += res.claimed
-        totals.embedded += res.embedded
-        totals.failed += res.failed
-        if res.failed:
-            totals.error = res.error
-            log.warning(
-                "embedding batch of %d failed (%s): retrying with backoff", res.failed, res.error
-            )
-        elif res.embedded:
-            log.info(
-                "embedded %d items with %s (%d so far)",
-                res.embedded,
-                provider.describe(),
-                totals.embedded,
-            )
-        if (not res.claimed and not indexed and parsed is None) or res.failed:
-            if once:
-                break
-            time.sleep(idle_sleep)
-    return totals

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from memory_app import backlog
 from memory_app.audit import Actor, audit_record
 from memory_app.embeddings import client_vectors, providers, queue
 from memory_app.errors import Conflict, Invalid, NotFound
@@ -121,9 +122,10 @@ def _record(
             # New records keep the vectors sent with them (a repeat stores nothing); the rest
             # wait for the configured model's worker.
             fresh = [(r.record, v) for r, v in zip(results, vectors, strict=True) if r.created]
-            client_vectors.vectors_copy(
+            if client_vectors.vectors_copy(
                 [(None, rec.pk, rec.context_id, v) for rec, v in fresh if v is not None]
-            )
+            ):
+                transaction.on_commit(backlog.wake_indexer)
             active = providers.active_model_name()
             queue.enqueue_memory_records(
                 [rec for rec, v in fresh if v is None or v.model != active]

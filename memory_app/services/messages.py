@@ -302,9 +302,10 @@ def _after_messages_created(rows: list[Message], vectors: list | None = None) ->
     for the configured model's worker."""
 
     vectors = vectors or [None] * len(rows)
-    client_vectors.vectors_copy(
+    if client_vectors.vectors_copy(
         [(row.pk, None, row.context_id, v) for row, v in zip(rows, vectors, strict=True) if v is not None]
-    )
+    ):
+        transaction.on_commit(backlog.wake_indexer)
     active = providers.active_model_name()
     queue.enqueue_messages(
         [row for row, v in zip(rows, vectors, strict=True) if v is None or v.model != active]

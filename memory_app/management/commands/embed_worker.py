@@ -15,7 +15,8 @@ import threading
 from django.core.management.base import BaseCommand, CommandError
 
 from memory_app import errors
-from memory_app.embeddings import providers, queue, worker
+from memory_app.backlog import run_worker
+from memory_app.embeddings import providers, queue
 
 log = logging.getLogger("memory_app.embeddings")
 
@@ -51,7 +52,7 @@ class Command(BaseCommand):
         self.stdout.write(
             f"embedding with {provider.describe()}: {queue.pending_count(model=provider.model)} pending"
         )
-        totals = worker.run_worker(
+        totals = run_worker(
             provider=provider,
             batch_size=opts["batch_size"],
             once=opts["once"],

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from memory_app.embeddings import providers, queue, worker
+from memory_app.backlog import run_worker
+from memory_app.embeddings import providers, queue
 from memory_app.management.commands.embed_worker import provider_from_options
 from memory_app.models import Context, Embedding
 
@@ -52,7 +53,7 @@ class Command(BaseCommand):
         queued = queue.reembed_enqueue(model=provider.model, context_id=opts["context"])
         self.stdout.write(f"queued {queued} items for {provider.model}")
         if not opts["queue_only"]:
-            totals = worker.run_worker(
+            totals = run_worker(
                 provider=provider, batch_size=opts["batch_size"], once=True
             )
             self.stdout.write(f"embedded {totals.embedded}, postponed {totals.failed}")
