@@ -34,7 +34,7 @@ def gc_paused() -> Iterator[None]:
     A 1,000-message batch allocates ~13,000 container objects (parsed items, rows, echo) that
     live until its response is written: about 20 young collections ran during it and moved
     them to the oldest generation, so every few batches a full collection walked the whole
-    heap (80-95 ms, ≈ 15 ms a batch on average). Paused, they are freed by reference counting
+    heap. Paused, they are freed by reference counting
     when the request ends and never promoted; cycles made meanwhile wait for the next
     collection. Only time changes, never what is stored or answered."""
     global _gc_pauses, _gc_was_enabled, _gc_paused_since

@@ -431,7 +431,7 @@ def select_composite(*, context: Context, spec: CompositeSpec) -> Selection:
     window = select(context=context, spec=spec.window)
     notes += window.notes
     # A plain window takes the last messages whatever they are; the composite still never
-    # selects a status message (issue 13.6).
+    # selects a status message.
     statuses = [item.message for item in window.items if is_status(item.message)]
     if statuses:
         notes.append(f"status messages left out of the window: {', '.join(f'#{m.seq}' for m in statuses)}")

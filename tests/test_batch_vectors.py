@@ -1,4 +1,4 @@
-"""Vectors sent inline with a batch of messages or memories (issue 11.3): stored with the items
+"""Vectors sent inline with a batch of messages or memories: stored with the items
 (COPY), not queued for the worker; a wrong dimension is a 422 naming the item, nothing written."""
 
 from __future__ import annotations

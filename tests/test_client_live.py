@@ -96,7 +96,7 @@ def test_rehydrated_agent_continues_with_the_restored_steps(client, ctx):
 
 def test_a_rehydrated_agent_is_prompted_exactly_as_the_original(client, ctx):
     """get_weather(location, unit): jsonb stores {"unit", "location"}, yet the rehydrated agent's
-    "Calling tools:" text, and so its whole next prompt, equals the original's (issue 13.2)."""
+    "Calling tools:" text, and so its whole next prompt, equals the original's."""
     original = run_agent("tool_calling")
     out = import_run(client, ctx["id"], original, client_id="same-prompt")
     exported = client.export_smolagents_run(out["run_id"])["steps"]
@@ -301,7 +301,7 @@ def test_client_sends_numpy_vectors_with_a_batch_and_with_memories(client, setti
     assert Embedding.objects.get(memory_record_id=mid, model="client-np").dimensions == 4
 
 
-# --- a real AgentScope ReActAgent on the server-backed memory (issue 13.1) ------------------------
+# --- a real AgentScope ReActAgent on the server-backed memory ------------------------
 
 
 class ScriptedChatModel:

@@ -403,7 +403,7 @@ def test_memory_records_are_embedded_and_recalled_by_similarity(
 def test_keywords_are_recalled_by_meaning_too_when_vectors_exist(stand_in, settings, system_actor):
     """AgentScope's retrieve_from_memory(keywords): each keyword is also searched semantically
     (as Mem0LongTermMemory does), so a keyword no text matches still finds what it means; an
-    exact keyword tag still comes first (issue 13.7)."""
+    exact keyword tag still comes first."""
     from memory_app import memories
 
     context, _ = context_get_or_create(keys={"user": "ada", "chat": "kw"})

@@ -1,4 +1,4 @@
-"""Full-text vectors off the write path (issue 11.3): a large batch is stored without parsing its
+"""Full-text vectors off the write path: a large batch is stored without parsing its
 text, the indexer writes the vectors afterwards, and keyword search finds every message at every
 moment: from its stored vector up to the context's search_seq, from its text after it."""
 

@@ -150,7 +150,7 @@ TRICKY_IDS = ["a", "a#dup1", "a#dup2", "a%23dup1", "%", "%25", "#", "#dup1", "b#
 
 def test_any_msg_id_round_trips_and_distinct_ids_never_collide(context, system_actor):
     """Ids that look like the storage's own copy suffix or its escapes come back exactly, the
-    repeat of "a" included (issue 13.4)."""
+    repeat of "a" included."""
 
     async def build():
         mem = InMemoryMemory()

@@ -1,4 +1,4 @@
-"""Fuzz the framework import endpoints with types swapped (issue 13): real smolagents and
+"""Fuzz the framework import endpoints with types swapped: real smolagents and
 AgentScope payloads with one to three values, anywhere in them, replaced by a value of another
 JSON type. Whatever arrives, the answer is a documented JSON status, never a 5xx."""
 

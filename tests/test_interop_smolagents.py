@@ -134,7 +134,7 @@ def test_malformed_steps_are_rejected_clearly(context, bad):
         framework_io.smolagents_run_import(context=context, steps=bad, client_id="bad")
 
 
-# --- issue 13.3: wrong types are a clear 422; the run keeps the agent's own clock -----------------
+# --- wrong types are a clear 422; the run keeps the agent's own clock -----------------
 
 
 def _swap(steps, path, value):
@@ -213,7 +213,7 @@ def test_an_imported_run_keeps_the_agents_start_time_and_duration(context):
     assert run.duration == pytest.approx(42.5, abs=1e-3)
 
 
-# --- issue 13.2: key order survives jsonb ------------------------------------------------------
+# --- key order survives jsonb ------------------------------------------------------
 
 
 def _without_model_input(steps):

@@ -250,7 +250,7 @@ def test_memories_api_confines_keys_to_their_tenant(db):
 
 def test_an_empty_key_subset_is_refused_and_never_reaches_a_confined_tenant(db, system_actor):
     """scope_keys={} is contained in every context's keys: recording it is refused (422, nothing
-    written), and a record already stored that way is seen by no context (issue 13.5)."""
+    written), and a record already stored that way is seen by no context."""
     from tests.api_helpers import make_key, new_context
 
     admin = make_key(scopes=["read", "write", "admin"])
@@ -370,7 +370,7 @@ def test_promote_and_merge_keep_provenance_and_an_audit(ada_chat, system_actor):
 def test_a_confined_key_exports_only_the_memories_it_may_recall(db):
     """GET /export answers a confined read key's contexts: their memory records must be the ones
     that key recalls, not every key subset the context's keys contain (an empty legacy subset and
-    the operator's record for {"user": "ada"} stayed in the backup; issue 13.5)."""
+    the operator's record for {"user": "ada"} stayed in the backup)."""
     import json
 
     from tests.api_helpers import make_key, new_context

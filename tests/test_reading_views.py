@@ -1,4 +1,4 @@
-"""Context page on the server (issue 14.8): where it opens, folded long texts, step links."""
+"""Context page on the server: where it opens, folded long texts, step links."""
 
 from __future__ import annotations
 

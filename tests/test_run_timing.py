@@ -1,4 +1,4 @@
-"""A run's duration agrees with its steps (issue 14.5); model, tokens and cost per step and run."""
+"""A run's duration agrees with its steps; model, tokens and cost per step and run."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Keyword search ranks a bounded set of candidates, and the big-context reads go through indexes.
 
-Issue 11: an any-word query can match a fifth of a million-message context, and ranking every
+An any-word query can match a fifth of a million-message context, and ranking every
 match read every matching row; composite's system-message lookup walked the context back to its
 first message. Here the reads are checked on their plans (EXPLAIN ANALYZE on a context of a few
 thousand rows): no sequential scan, and the rows they touch do not grow with the context.
-Issue 14.7: a natural-language query in `auto` mode ranks any-word matches (the dashboard's
+A natural-language query in `auto` mode ranks any-word matches (the dashboard's
 playground found nothing for "weather in Kyoto" when no message held both words).
 """
 

@@ -262,7 +262,7 @@ def test_composite_follows_functions_based_agent_order_and_dedup(db):
 
 def test_status_messages_of_any_role_are_never_selected(db):
     """A `tool` (or `user`) message tagged status-message is a status, not a function result or
-    a prompt: neither the Steamship window nor the composite selector takes it (issue 13.6)."""
+    a prompt: neither the Steamship window nor the composite selector takes it."""
     context, id_to_name = build(
         {"test": "status-tagged"},
         [
@@ -302,7 +302,7 @@ def test_status_messages_of_any_role_are_never_selected(db):
 )
 def test_the_composite_never_selects_a_status_message_even_through_a_plain_window(db, window):
     """A plain window takes the last messages whatever they are; the composite built on it still
-    leaves status messages out, as its search hits do (issue 13.6)."""
+    leaves status messages out, as its search hits do."""
     context, id_to_name = build(
         {"test": "status-plain-window", "window": window.kind},
         [
@@ -444,7 +444,7 @@ KINDS = {
     "toolcall": {"role": "tool-call"},
     "fnres": {"role": "function"},
     "status": {"role": "agent"},
-    # Steamship's tool/user status messages: a status tag outranks the role (issue 13.6).
+    # Steamship's tool/user status messages: a status tag outranks the role.
     "toolstatus": {"role": "tool", "tags": ["status-message"]},
     "userstatus": {"role": "user", "tags": ["status-message"]},
 }

@@ -116,7 +116,7 @@ def _may_hold_long_integer(body: bytes) -> bool:
     written by Python's `json` puts 20 in a row in every value between 1e-4 and 1e-3
     (`0.00012345678901234567`), which sent ~1,300 of a 1,000 × 384 body's numbers, and so the
     whole body, to the exact parser (a tenth of orjson's speed). One pass of `bytes.translate`
-    and `find` instead of a regular expression: ≈ 0.2 ms against 3 ms for 300 KB of text.
+    and `find` instead of a regular expression: the check stays small beside the parse.
     """
     masked = body.translate(_DIGITS_AS_ZERO)
     at = masked.find(_LONG_RUN)

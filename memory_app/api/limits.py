@@ -74,7 +74,7 @@ class BulkBodyGcMiddleware:
     GC paused from parsing to response (`memory_app.db.gc_paused`): the tens of thousands of objects
     a 1,000-item body becomes live for the whole request, and young collections during it
     moved them to the oldest generation, where each few batches cost a full collection of the
-    heap (80-95 ms). Paused, they are freed by reference counting when the request ends."""
+    heap. Paused, they are freed by reference counting when the request ends."""
 
     def __init__(self, get_response):
         self.get_response = get_response

@@ -249,7 +249,7 @@ class MemoryClient:
         return self.request("POST", f"runs/{run_id}/finish",
                             json_body={"status": status, "final_answer": final_answer, **tokens})
 
-    # --- selectors and long-term memory (issue 4's endpoints, called by path) --------------------
+    # --- selectors and long-term memory (called by path) --------------------
     def select(self, context_id: int, **options: Any) -> Any:
         return self.request("POST", f"contexts/{context_id}/select", json_body=options)
 

@@ -1,4 +1,4 @@
-"""Move messages' full-text vectors out of the message row into MessageSearch (issue 11.3).
+"""Move messages' full-text vectors out of the message row into MessageSearch.
 
 The stored generated `search_vector` parsed every message's text inside the INSERT or COPY that
 stored it: a third of PostgreSQL's work for a batch of text. Now a large batch is stored

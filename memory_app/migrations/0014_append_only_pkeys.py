@@ -1,4 +1,4 @@
-"""Index review after 0013 (issue 11.4): the message and embedding primary keys only grow at
+"""Index review after 0013: the message and embedding primary keys only grow at
 their right end (ids from a sequence), so leaf pages split there keep 100 % of their entries
 instead of 90 %.
 

@@ -1,4 +1,4 @@
-"""Five 384-d embedding rows to a page instead of four (issue 11.4: storage per 100k messages).
+"""Five 384-d embedding rows to a page instead of four(storage per 100,000 messages).
 
 A row held thirteen columns: the queue's bookkeeping (`attempts`, `next_attempt_at`,
 `last_error`) and two timestamps beside the vector. With more than eight columns the tuple header

@@ -165,8 +165,8 @@ def run_finish(
     """Mark a run finished; token totals default to the sum over its steps.
 
     Its start and end are the agent's when known: the times it gave, else the span of its steps'
-    own timings, and only then the server's (creation, now). Mixing the server's clock with the
-    steps' made an imported 5 s run last 6 ms (both stamped on arrival) or a 6 min one 347 ms.
+    own timings, and only then the server's (creation, now): mixing the server's clock with the
+    steps' would make an imported run last as long as its upload took, not as long as it ran.
     """
     if status not in RunStatus.values or status == RunStatus.RUNNING:
         raise Invalid(f"status must be one of {[s for s in RunStatus.values if s != RunStatus.RUNNING]}")

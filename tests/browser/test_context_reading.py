@@ -1,4 +1,4 @@
-"""Reading a conversation (issue 14.8): it opens at its latest message, long tool output is
+"""Reading a conversation: it opens at its latest message, long tool output is
 folded, a message links to its run and step, copy buttons, the `?` help, loading indicators."""
 
 from __future__ import annotations
