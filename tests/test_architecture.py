@@ -71,3 +71,14 @@ def _cycles(graph) -> list[list[str]]:
 def test_no_two_modules_import_each_other_even_through_others():
     graph = grimp.build_graph(*PACKAGES, cache_dir=None)
     assert _cycles(graph) == []
+
+
+def test_docs_architecture_names_every_room():
+    """Every module and package of memory_app has its paragraph in docs/architecture.md."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    rooms = {
+        path.stem if path.is_file() else path.name
+        for path in (ROOT / "memory_app").iterdir()
+        if (path.suffix == ".py" or (path / "__init__.py").exists()) and path.stem != "__init__"
+    }
+    assert sorted(room for room in rooms if f"`{room}`" not in page) == []
