@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -54,6 +55,8 @@ INSTALLED_APPS = [
     # works offline and the version is pinned and upgraded like any other dependency.
     "js_lib_htmx",
     "ninja",
+    # Login throttling and lockout (see AXES_* below).
+    "axes",
     "memory_app",
 ]
 
@@ -81,6 +84,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "memory_app.middleware.ContentSecurityPolicyMiddleware",
+    # Last, as django-axes asks: it answers a locked-out login with the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "agentmemory_site.urls"
@@ -146,8 +151,26 @@ DATABASES["default"]["TEST"] = {
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Login throttling (django-axes): after AGENTMEMORY_LOGIN_FAILURE_LIMIT wrong passwords for one
+# username from one address, that pair is locked out for AGENTMEMORY_LOGIN_COOLOFF_MINUTES (a
+# right password meanwhile is refused too); a successful login resets the count. An admin lifts
+# a lockout early with `manage.py axes_reset_username <name>`. README "Security".
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = int(os.environ.get("AGENTMEMORY_LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(minutes=int(os.environ.get("AGENTMEMORY_LOGIN_COOLOFF_MINUTES", "15")))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# Behind a reverse proxy the client's address is in X-Forwarded-For (see AGENTMEMORY_HTTPS).
+AXES_IPWARE_PROXY_COUNT = int(os.environ.get("AGENTMEMORY_PROXY_COUNT", "0")) or None
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "login"
@@ -176,6 +199,18 @@ CSRF_COOKIE_HTTPONLY = False
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 SECURE_REFERRER_POLICY = "same-origin"
+# Served over HTTPS (usually behind a reverse proxy that terminates TLS and sets
+# X-Forwarded-Proto): Secure cookies, HSTS, the proxy's HTTPS header trusted, HTTP redirected.
+# README "Running behind a reverse proxy".
+HTTPS = env_bool("AGENTMEMORY_HTTPS")
+if HTTPS:
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_HSTS_SECONDS = int(os.environ.get("AGENTMEMORY_HSTS_SECONDS", str(365 * 24 * 3600)))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("AGENTMEMORY_HSTS_INCLUDE_SUBDOMAINS")
+    # /healthz answers the load balancer's plain-HTTP probe instead of a redirect.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 
 # --- Agent memory ---------------------------------------------------------------------------
 AGENTMEMORY_TOKENIZER = os.environ.get("AGENTMEMORY_TOKENIZER", "cl100k_base")

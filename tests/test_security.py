@@ -6,7 +6,12 @@ backups, but only into B's keys: nothing in a file B writes may reach, confirm o
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +29,7 @@ from tests.api_helpers import make_key, new_context
 
 pytestmark = pytest.mark.django_db
 
+ROOT = Path(__file__).resolve().parent.parent
 A_KEYS = {"tenant": "a", "chat": "1"}
 B_KEYS = {"tenant": "b", "chat": "1"}
 A_FACT = "Ada's card ends in 4242"
@@ -178,3 +184,94 @@ def test_derived_values_in_an_imported_file_are_recomputed(tenants):
     assert event.actor == b.key.actor and event.api_key_id == b.key.pk
     assert event.target_ids == [ctx.pk]
     assert event.after["created"]["messages"] == 2
+
+
+# --- login throttling and HTTPS --------------------------------------------------------------
+
+
+def _login(client, username, password):
+    return client.post("/accounts/login/", {"username": username, "password": password})
+
+
+def test_wrong_passwords_lock_the_account_out_then_an_admin_lifts_it(settings):
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.test import Client
+
+    get_user_model().objects.create_user(username="ada", password="a long right passphrase")
+    client = Client()
+    for _ in range(40):
+        assert _login(client, "ada", "wrong").status_code in (200, 429)
+    # The right password is refused too while the lockout lasts, and no session is made.
+    locked = _login(client, "ada", "a long right passphrase")
+    assert locked.status_code == 429
+    assert b"Too many failed logins" in locked.content
+    assert "_auth_user_id" not in client.session
+    # Another account from the same address is not locked.
+    get_user_model().objects.create_user(username="bo", password="another right passphrase")
+    assert _login(Client(), "bo", "another right passphrase").status_code == 302
+    call_command("axes_reset_username", "ada", stdout=io.StringIO())
+    assert _login(client, "ada", "a long right passphrase").status_code == 302
+
+
+def test_fewer_wrong_passwords_than_the_limit_still_let_the_right_one_in(settings):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    get_user_model().objects.create_user(username="ada", password="a long right passphrase")
+    client = Client()
+    for _ in range(settings.AXES_FAILURE_LIMIT - 1):
+        assert _login(client, "ada", "wrong").status_code == 200
+    assert _login(client, "ada", "a long right passphrase").status_code == 302
+
+
+def test_the_operator_password_from_the_environment_passes_the_validators():
+    from django.core.management.base import CommandError
+
+    from memory_app.management.commands.serve import ensure_operator
+
+    for weak in ("1234", "password123", "operator1"):
+        with pytest.raises(CommandError, match="AGENTMEMORY_OPERATOR_PASSWORD"):
+            ensure_operator(username="operator", password=weak)
+    assert ensure_operator(username="operator", password="a long right passphrase") == (
+        "operator",
+        None,
+    )
+
+
+HTTPS_SCRIPT = """
+import json, os
+os.environ["DJANGO_SETTINGS_MODULE"] = "agentmemory_site.settings"
+import django
+django.setup()
+from django.conf import settings
+from django.test import Client
+plain = Client().get("/accounts/login/")
+proxied = Client().get("/accounts/login/", headers={"X-Forwarded-Proto": "https"})
+print(json.dumps({
+    "cookies": [settings.SESSION_COOKIE_SECURE, settings.CSRF_COOKIE_SECURE],
+    "plain": [plain.status_code, plain.headers.get("Location")],
+    "proxied": [proxied.status_code, proxied.headers.get("Strict-Transport-Security"),
+                bool(proxied.cookies["csrftoken"]["secure"])],
+}))
+"""
+
+
+@pytest.mark.parametrize("https", ["true", "false"])
+def test_one_setting_turns_on_https_behind_a_proxy(https, tmp_path):
+    env = {**os.environ, "AGENTMEMORY_HTTPS": https, "AGENTMEMORY_DATA_DIR": str(tmp_path)}
+    env.pop("DATABASE_URL", None)
+    out = subprocess.run(
+        [sys.executable, "-c", HTTPS_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    if https == "true":
+        assert seen["cookies"] == [True, True]
+        assert seen["plain"] == [301, "https://testserver/accounts/login/"]
+        assert seen["proxied"][0] == 200 and "max-age=31536000" in seen["proxied"][1]
+        assert seen["proxied"][2] is True
+    else:
+        assert seen["cookies"] == [False, False]
+        assert seen["plain"][0] == 200 and seen["proxied"][1] is None

@@ -19,6 +19,8 @@ import time
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
@@ -31,6 +33,14 @@ def ensure_operator(*, username: str, password: str | None) -> tuple[str, str | 
     User = get_user_model()
     if User.objects.exists():
         return username, None
+    if password:
+        # The password validators of every other account apply to the operator's too.
+        try:
+            validate_password(password, user=User(username=username))
+        except ValidationError as exc:
+            raise CommandError(
+                f"AGENTMEMORY_OPERATOR_PASSWORD is refused: {' '.join(exc.messages)}"
+            ) from exc
     generated = password or secrets.token_urlsafe(12)
     # A superuser holds every role's permissions (viewer, curator, admin).
     User.objects.create_superuser(username=username, email="", password=generated)
