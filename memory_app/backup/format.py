@@ -17,14 +17,17 @@ VERSION = 1
 CHUNK = 1000
 
 
-
 # --- field handling -----------------------------------------------------------------------------
+
 
 def _plain_fields(model: type[models.Model], *, skip: tuple[str, ...] = ()) -> list[models.Field]:
     """Concrete, stored, non-relational fields except the primary key (and `skip`)."""
     return [
-        f for f in model._meta.concrete_fields
-        if not f.primary_key and not f.is_relation and not isinstance(f, models.GeneratedField)
+        f
+        for f in model._meta.concrete_fields
+        if not f.primary_key
+        and not f.is_relation
+        and not isinstance(f, models.GeneratedField)
         and f.name not in skip
     ]
 
@@ -78,7 +81,9 @@ def _field_error(f: models.Field, value: Any) -> str | None:
     if isinstance(f, models.BooleanField):
         return None if isinstance(value, bool) else "must be true or false"
     if isinstance(f, models.IntegerField):
-        return None if isinstance(value, int) and not isinstance(value, bool) else "must be an integer"
+        return (
+            None if isinstance(value, int) and not isinstance(value, bool) else "must be an integer"
+        )
     if isinstance(f, models.FloatField):
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         return None if ok else "must be a number"
@@ -155,14 +160,26 @@ def check_record(kind: str, rec: dict[str, Any]) -> None:
     elif kind == "message":
         _check_ref(rec, "a message record", {"context": str})
         _check_run_ref(rec.get("run"), "a message's run", optional=True)
-        _check_ref(rec.get("step"), "a message's step", {"run": dict, "position": int}, optional=True)
+        _check_ref(
+            rec.get("step"), "a message's step", {"run": dict, "position": int}, optional=True
+        )
         if rec.get("step") is not None:
             _check_run_ref(rec["step"]["run"], "a message's step run")
         _check_fields(rec, MESSAGE_FIELDS, "message")
     elif kind == "memory":
         _check_ref(rec, "a memory record", {"context": (str, type(None))})
-        _check_ref(rec.get("source_message"), "a memory's source_message", {"context": str, "seq": int}, optional=True)
-        _check_ref(rec.get("source_step"), "a memory's source_step", {"run": dict, "position": int}, optional=True)
+        _check_ref(
+            rec.get("source_message"),
+            "a memory's source_message",
+            {"context": str, "seq": int},
+            optional=True,
+        )
+        _check_ref(
+            rec.get("source_step"),
+            "a memory's source_step",
+            {"run": dict, "position": int},
+            optional=True,
+        )
         if rec.get("source_step") is not None:
             _check_run_ref(rec["source_step"]["run"], "a memory's source_step run")
         _check_fields(rec, MEMORY_FIELDS, "memory")
@@ -180,4 +197,3 @@ def check_record(kind: str, rec: dict[str, Any]) -> None:
         ):
             raise BackupFormatError("an embedding's vector must be a list of numbers or null")
         _check_fields(rec, EMBEDDING_FIELDS, "embedding")
-

@@ -98,7 +98,9 @@ class _Importer:
         if ref.get("client_id"):
             qs = qs.filter(client_id=ref["client_id"])
         else:
-            qs = qs.filter(client_id__isnull=True, created_at=datetime.fromisoformat(ref["created_at"]))
+            qs = qs.filter(
+                client_id__isnull=True, created_at=datetime.fromisoformat(ref["created_at"])
+            )
         return qs.values_list("pk", flat=True).first()
 
     def _check_allowed(self, keys: dict[str, Any]) -> None:
@@ -140,7 +142,9 @@ class _Importer:
         if not rows:
             return
         # A stamp the line leaves out keeps the one given on insert (never put back as null).
-        stamps = [{f: getattr(r, f) for f in stamp_fields if getattr(r, f) is not None} for r in rows]
+        stamps = [
+            {f: getattr(r, f) for f in stamp_fields if getattr(r, f) is not None} for r in rows
+        ]
         model.objects.bulk_create(rows)
         for row, values in zip(rows, stamps, strict=True):
             for f, v in values.items():
@@ -152,12 +156,18 @@ class _Importer:
         for rec in records:
             # Contexts are found by digest: one that is not its keys' would reach another context.
             keys = rec.get("keys")
-            if not isinstance(keys, dict) or keys_digest(keys) != rec.get("digest") or rec.get(
-                "keys_digest", rec.get("digest")
-            ) != rec.get("digest"):
+            if (
+                not isinstance(keys, dict)
+                or keys_digest(keys) != rec.get("digest")
+                or rec.get("keys_digest", rec.get("digest")) != rec.get("digest")
+            ):
                 raise BackupFormatError("a context's digest must be the digest of its keys")
             self.context_keys[rec["digest"]] = keys
-            existing = Context.objects.filter(keys_digest=rec["digest"]).values_list("pk", flat=True).first()
+            existing = (
+                Context.objects.filter(keys_digest=rec["digest"])
+                .values_list("pk", flat=True)
+                .first()
+            )
             if existing is not None:
                 self.contexts[rec["digest"]] = existing
                 self.merged.add(existing)
@@ -213,7 +223,11 @@ class _Importer:
         self._insert(Step, rows, ["created_at"])
         self._insert(
             ToolCall,
-            [ToolCall(step_id=s.pk, **load_fields(c, TOOL_CALL_FIELDS)) for s, cs in zip(rows, calls, strict=True) for c in cs],
+            [
+                ToolCall(step_id=s.pk, **load_fields(c, TOOL_CALL_FIELDS))
+                for s, cs in zip(rows, calls, strict=True)
+                for c in cs
+            ],
             ["created_at"],
         )
         self.grown_runs |= {s.run_id for s in rows}
@@ -231,7 +245,11 @@ class _Importer:
         lock_contexts(by_ctx)
         for ctx_pk, recs in by_ctx.items():
             seqs = {r["seq"] for r in recs}
-            existing = set(Message.objects.filter(context_id=ctx_pk, seq__in=seqs).values_list("seq", flat=True))
+            existing = set(
+                Message.objects.filter(context_id=ctx_pk, seq__in=seqs).values_list(
+                    "seq", flat=True
+                )
+            )
             run_refs = {json.dumps(r["run"], sort_keys=True) for r in recs if r.get("run")}
             run_ids = {k: self.run_id(ctx_pk, json.loads(k)) for k in run_refs}
             step_ids: dict[tuple[int | None, int], int | None] = {}
@@ -244,12 +262,16 @@ class _Importer:
                 if rec.get("run"):
                     msg.run_id = run_ids[json.dumps(rec["run"], sort_keys=True)]
                 if rec.get("step"):
-                    run_pk = run_ids.get(json.dumps(rec["step"]["run"], sort_keys=True)) or self.run_id(
-                        ctx_pk, rec["step"]["run"])
+                    run_pk = run_ids.get(
+                        json.dumps(rec["step"]["run"], sort_keys=True)
+                    ) or self.run_id(ctx_pk, rec["step"]["run"])
                     key = (run_pk, rec["step"]["position"])
                     if key not in step_ids:
-                        step_ids[key] = Step.objects.filter(run_id=run_pk, position=key[1]).values_list(
-                            "pk", flat=True).first()
+                        step_ids[key] = (
+                            Step.objects.filter(run_id=run_pk, position=key[1])
+                            .values_list("pk", flat=True)
+                            .first()
+                        )
                     msg.step_id = step_ids[key]
                 rows.append(msg)
             _count_tokens(rows)
@@ -284,7 +306,9 @@ class _Importer:
             with transaction.atomic():
                 lock_contexts([ctx_pk])
                 messages = Message.objects.filter(context_id=ctx_pk).aggregate(
-                    n=Count("pk"), tokens=Coalesce(Sum("token_count"), 0), last=Coalesce(Max("seq"), 0)
+                    n=Count("pk"),
+                    tokens=Coalesce(Sum("token_count"), 0),
+                    last=Coalesce(Max("seq"), 0),
                 )
                 Context.objects.filter(pk=ctx_pk).update(
                     last_seq=Greatest("last_seq", Value(messages["last"])),
@@ -297,7 +321,9 @@ class _Importer:
         """The scope a memory line lands in, from the context it names or its key subset."""
         if rec.get("context"):
             digest = rec["context"]
-            context = Context(pk=self.context_id(digest), keys=self.context_keys[digest], keys_digest=digest)
+            context = Context(
+                pk=self.context_id(digest), keys=self.context_keys[digest], keys_digest=digest
+            )
             return memories.Scope(context=context)
         return memories.Scope(keys=rec.get("scope_keys") or {})
 
@@ -311,10 +337,17 @@ class _Importer:
             mem.scope_digest = scope.digest
             mem.content_hash = memories.content_hash(mem.content)
             mem.recorded_by = self.actor.label
-            file_ref = (rec.get("scope_digest", mem.scope_digest), rec.get("content_hash", mem.content_hash))
-            found = MemoryRecord.objects.filter(
-                scope_digest=mem.scope_digest, content_hash=mem.content_hash
-            ).values_list("pk", flat=True).first()
+            file_ref = (
+                rec.get("scope_digest", mem.scope_digest),
+                rec.get("content_hash", mem.content_hash),
+            )
+            found = (
+                MemoryRecord.objects.filter(
+                    scope_digest=mem.scope_digest, content_hash=mem.content_hash
+                )
+                .values_list("pk", flat=True)
+                .first()
+            )
             if found is not None:
                 self.memories[file_ref] = found
                 self.result.count("memories", 0, 1)
@@ -322,12 +355,20 @@ class _Importer:
             if rec.get("source_message"):
                 src = rec["source_message"]
                 src_ctx = self.source_context_id(src["context"])
-                mem.source_message_id = Message.objects.filter(
-                    context_id=src_ctx, seq=src["seq"]).values_list("pk", flat=True).first() if src_ctx else None
+                mem.source_message_id = (
+                    Message.objects.filter(context_id=src_ctx, seq=src["seq"])
+                    .values_list("pk", flat=True)
+                    .first()
+                    if src_ctx
+                    else None
+                )
             if rec.get("source_step") and mem.context_id:
                 run_pk = self.run_id(mem.context_id, rec["source_step"]["run"])
-                mem.source_step_id = Step.objects.filter(
-                    run_id=run_pk, position=rec["source_step"]["position"]).values_list("pk", flat=True).first()
+                mem.source_step_id = (
+                    Step.objects.filter(run_id=run_pk, position=rec["source_step"]["position"])
+                    .values_list("pk", flat=True)
+                    .first()
+                )
             rows.append((file_ref, mem))
         # Two lines of one file with the same content in the same scope are one record.
         unique = {(m.scope_digest, m.content_hash): m for _, m in rows}
@@ -343,16 +384,27 @@ class _Importer:
             emb.dimensions = len(rec["vector"]) if rec.get("vector") is not None else None
             if rec["item"] == "message":
                 ctx_pk = self.context_id(rec["context"])
-                emb.message_id = Message.objects.filter(context_id=ctx_pk, seq=rec["seq"]).values_list("pk", flat=True).first()
+                emb.message_id = (
+                    Message.objects.filter(context_id=ctx_pk, seq=rec["seq"])
+                    .values_list("pk", flat=True)
+                    .first()
+                )
                 emb.context_id = ctx_pk
-                exists = Embedding.objects.filter(message_id=emb.message_id, model=emb.model).exists()
+                exists = Embedding.objects.filter(
+                    message_id=emb.message_id, model=emb.model
+                ).exists()
             else:
                 # Only a memory a line of this file resolved to (inside the importer's
                 # confinement): a digest and hash of any other record attach nothing.
                 emb.memory_record_id = self.memories.get((rec["scope_digest"], rec["content_hash"]))
-                emb.context_id = MemoryRecord.objects.filter(pk=emb.memory_record_id).values_list(
-                    "context_id", flat=True).first()
-                exists = Embedding.objects.filter(memory_record_id=emb.memory_record_id, model=emb.model).exists()
+                emb.context_id = (
+                    MemoryRecord.objects.filter(pk=emb.memory_record_id)
+                    .values_list("context_id", flat=True)
+                    .first()
+                )
+                exists = Embedding.objects.filter(
+                    memory_record_id=emb.memory_record_id, model=emb.model
+                ).exists()
             if exists or (emb.message_id is None and emb.memory_record_id is None):
                 self.result.count("embeddings", 0, 1)
                 continue
@@ -381,7 +433,9 @@ def _count_tokens(rows: list[Message]) -> None:
         by_tokenizer.setdefault(msg.tokenizer, []).append(msg)
     for name, msgs in by_tokenizer.items():
         try:
-            counts = tokens.count_tokens([tokens.token_text(m.text, m.content) for m in msgs], tokenizer=name)
+            counts = tokens.count_tokens(
+                [tokens.token_text(m.text, m.content) for m in msgs], tokenizer=name
+            )
         except errors.UnknownTokenizer as exc:
             raise BackupFormatError(f"a message's tokenizer: {exc}") from exc
         for msg, count in zip(msgs, counts, strict=True):
