@@ -482,15 +482,7 @@ def search_messages(
     otherwise. Keyword search in hybrid/auto mode matches any word of the query (natural-language
     prompts); in keyword mode it reads the query as a web search unless `match="any"`.
     """
-    if mode not in ("auto", "keyword", "semantic", "hybrid"):
-        raise Invalid("mode must be one of auto, keyword, semantic, hybrid")
-    if not isinstance(k, int) or not 1 <= k <= 1000:
-        raise Invalid("k must be an integer between 1 and 1000")
-    query = query or ""
-    if len(query) > MAX_QUERY_CHARS:
-        raise Invalid(f"the query is longer than {MAX_QUERY_CHARS} characters")
-    if match not in (None, "all", "any"):
-        raise Invalid("match must be 'all' or 'any'")
+    query = _checked_query(query, mode=mode, k=k, match=match)
     notes: list[str] = []
     asked_auto = mode == "auto"
     if mode == "auto":
@@ -535,22 +527,57 @@ def search_messages(
 
     kw = {mid: (i, s) for i, (mid, s) in enumerate(keyword, start=1)}
     sem = {mid: (i, d) for i, (mid, d) in enumerate(semantic, start=1)}
+    order = _ranked_order(mode, keyword, semantic, kw=kw, sem=sem)[:k]
+    hits = _hits(order, kw=kw, sem=sem)
+    return SearchResult(hits=hits, mode=mode, model=used_model, notes=notes)
+
+
+def _checked_query(query: str, *, mode: str, k: Any, match: str | None) -> str:
+    """The query (empty for none) once the search's arguments are known to be valid."""
+    if mode not in ("auto", "keyword", "semantic", "hybrid"):
+        raise Invalid("mode must be one of auto, keyword, semantic, hybrid")
+    if not isinstance(k, int) or not 1 <= k <= 1000:
+        raise Invalid("k must be an integer between 1 and 1000")
+    query = query or ""
+    if len(query) > MAX_QUERY_CHARS:
+        raise Invalid(f"the query is longer than {MAX_QUERY_CHARS} characters")
+    if match not in (None, "all", "any"):
+        raise Invalid("match must be 'all' or 'any'")
+    return query
+
+
+def _ranked_order(
+    mode: str,
+    keyword: list[tuple[int, float]],
+    semantic: list[tuple[int, float]],
+    *,
+    kw: dict[int, tuple[int, float]],
+    sem: dict[int, tuple[int, float]],
+) -> list[tuple[int, float]]:
+    """(message id, score), best first: one ranking alone, or both fused when both found some."""
     if mode == "keyword" or (mode == "hybrid" and not sem):
-        order = [(mid, s) for mid, s in keyword]
-    elif mode == "semantic" or not kw:
-        order = [(mid, 1.0 - d) for mid, d in semantic]
-    else:
-        fused = rrf_scores(keyword, semantic)
-        # Ties: better best rank first, then id (newer) for a stable order.
-        order = sorted(
-            fused.items(),
-            key=lambda item: (
-                -item[1],
-                min(kw.get(item[0], (10**9,))[0], sem.get(item[0], (10**9,))[0]),
-                -item[0],
-            ),
-        )
-    order = order[:k]
+        return [(mid, s) for mid, s in keyword]
+    if mode == "semantic" or not kw:
+        return [(mid, 1.0 - d) for mid, d in semantic]
+    fused = rrf_scores(keyword, semantic)
+    # Ties: better best rank first, then id (newer) for a stable order.
+    return sorted(
+        fused.items(),
+        key=lambda item: (
+            -item[1],
+            min(kw.get(item[0], (10**9,))[0], sem.get(item[0], (10**9,))[0]),
+            -item[0],
+        ),
+    )
+
+
+def _hits(
+    order: list[tuple[int, float]],
+    *,
+    kw: dict[int, tuple[int, float]],
+    sem: dict[int, tuple[int, float]],
+) -> list[Hit]:
+    """The ranked messages, each with where it stood in the keyword and the semantic ranking."""
     messages = Message.objects.in_bulk([mid for mid, _ in order])
     hits = []
     for rank, (mid, score) in enumerate(order, start=1):
@@ -565,4 +592,4 @@ def search_messages(
                 distance=sem[mid][1] if mid in sem else None,
             )
         )
-    return SearchResult(hits=hits, mode=mode, model=used_model, notes=notes)
+    return hits
