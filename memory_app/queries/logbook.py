@@ -361,7 +361,9 @@ def _flat_text(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "\n".join(
-            b["text"] if isinstance(b, dict) and isinstance(b.get("text"), str) else json.dumps(b, default=str)
+            b["text"]
+            if isinstance(b, dict) and isinstance(b.get("text"), str)
+            else json.dumps(b, default=str)
             for b in content
         )
     return json.dumps(content, default=str)
