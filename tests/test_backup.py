@@ -7,7 +7,9 @@ import tracemalloc
 import pytest
 from django.core.management import call_command
 
-from memory_app import backup, errors, memories
+from memory_app import errors, memories
+from memory_app.backup.export import contexts_matching, export_lines
+from memory_app.backup.restore import import_lines
 from memory_app.models import (
     Context,
     Embedding,
@@ -152,7 +154,7 @@ def test_export_memory_stays_flat_as_the_context_doubles():
     def peak():
         tracemalloc.start()
         try:
-            for _line in backup.export_lines(contexts=backup.contexts_matching(context_ids=[ctx.pk])):
+            for _line in export_lines(contexts=contexts_matching(context_ids=[ctx.pk])):
                 pass
             return tracemalloc.get_traced_memory()[1]
         finally:
@@ -168,11 +170,11 @@ def test_export_memory_stays_flat_as_the_context_doubles():
 
 def test_import_rejects_what_is_not_a_backup():
     with pytest.raises(errors.BackupFormatError):
-        backup.import_lines(['{"type": "context"}'])
+        import_lines(['{"type": "context"}'])
     with pytest.raises(errors.BackupFormatError):
-        backup.import_lines(["not json"])
+        import_lines(["not json"])
     with pytest.raises(errors.BackupFormatError):
-        backup.import_lines(['{"type": "header", "format": "agentmemory-backup", "version": 1}', '{"type": "bogus"}'])
+        import_lines(['{"type": "header", "format": "agentmemory-backup", "version": 1}', '{"type": "bogus"}'])
 
 
 def test_importing_into_an_existing_context_moves_its_counters_on():
@@ -183,13 +185,13 @@ def test_importing_into_an_existing_context_moves_its_counters_on():
     texts = [f"message {n} about the harbour" for n in range(5)]
     messages_append(context=ctx, items=[{"role": "user", "text": t} for t in texts])
     run_create(context=ctx, client_id="run-a", task="t")
-    lines = list(backup.export_lines(contexts=backup.contexts_matching(context_ids=[ctx.pk])))
+    lines = list(export_lines(contexts=contexts_matching(context_ids=[ctx.pk])))
     _wipe()
     # The same agent wrote its first two messages here too.
     ctx, _ = context_get_or_create(keys=keys)
     messages_append(context=ctx, items=[{"role": "user", "text": t} for t in texts[:2]])
 
-    result = backup.import_lines(lines)
+    result = import_lines(lines)
     assert (result.created["messages"], result.skipped["messages"], result.created["runs"]) == (3, 2, 1)
     ctx.refresh_from_db()
     stored = Message.objects.filter(context=ctx)
@@ -209,15 +211,15 @@ def test_a_backup_cut_short_then_imported_whole_counts_each_message_once():
     ctx, _ = context_get_or_create(keys=keys)
     messages_append(context=ctx, items=[{"role": "user", "text": f"m{n}"} for n in range(5)])
     run_create(context=ctx, client_id="run-a", task="t")
-    lines = list(backup.export_lines(contexts=backup.contexts_matching(context_ids=[ctx.pk])))
+    lines = list(export_lines(contexts=contexts_matching(context_ids=[ctx.pk])))
     _wipe()
     # A copy cut after two of the messages: the context it makes has the whole file's counters.
     kinds = [json.loads(line)["type"] for line in lines]
     stop = [i for i, kind in enumerate(kinds) if kind == "message"][1] + 1
-    backup.import_lines(lines[:stop])
+    import_lines(lines[:stop])
     assert Message.objects.filter(context__keys_digest=keys_digest(keys)).count() == 2
 
-    backup.import_lines(lines)
+    import_lines(lines)
     ctx = Context.objects.get(keys_digest=keys_digest(keys))
     assert (ctx.last_seq, ctx.message_count, ctx.run_count) == (5, 5, 1)
     assert ctx.token_count == sum(Message.objects.filter(context=ctx).values_list("token_count", flat=True))
@@ -228,14 +230,14 @@ def test_an_import_that_fails_half_way_writes_nothing():
     lines before it made are not left behind (a partial restore would look complete)."""
     ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "half"})
     _fill(ctx, messages=30, runs=2)
-    lines = list(backup.export_lines(contexts=backup.contexts_matching(context_ids=[ctx.pk])))
+    lines = list(export_lines(contexts=contexts_matching(context_ids=[ctx.pk])))
     _wipe()
     bad = json.loads(lines[-1])
     bad["seq"] = "seven"
     with pytest.raises(errors.BackupFormatError, match="seq"):
-        backup.import_lines([*lines[:-1], json.dumps(bad)])
+        import_lines([*lines[:-1], json.dumps(bad)])
     assert not Context.objects.exists() and not Message.objects.exists() and not Run.objects.exists()
-    backup.import_lines(lines)  # the good file goes in whole
+    import_lines(lines)  # the good file goes in whole
     assert Message.objects.count() == 30 and Run.objects.count() == 2
 
 
@@ -253,7 +255,7 @@ def _api_backup_with(*, text: str = '"m1"', metadata: str = "{}"):
     admin = make_key(scopes=["read", "write", "admin"])
     ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "fuzzed-import"})
     messages_append(context=ctx, items=[{"role": "user", "text": f"m{n}"} for n in range(3)])
-    lines = list(backup.export_lines(contexts=backup.contexts_matching(context_ids=[ctx.pk])))
+    lines = list(export_lines(contexts=contexts_matching(context_ids=[ctx.pk])))
     _wipe()
     [n] = [i for i, line in enumerate(lines) if json.loads(line).get("text") == "m1"]
     assert '"text":"m1"' in lines[n] and '"metadata":{}' in lines[n]

@@ -12,8 +12,10 @@ from django.db import connection, connections
 from django.test import Client
 from django.urls import reverse
 
-from memory_app import backlog, backup
+from memory_app import backlog
 from memory_app.backlog import run_worker
+from memory_app.backup.export import export_lines
+from memory_app.backup.restore import import_lines
 from memory_app.embeddings import providers
 from memory_app.models import Context, Message, MessageSearch
 from memory_app.queries.dashboard import HistoryFilters, _history_qs
@@ -174,10 +176,10 @@ def test_an_import_leaves_its_messages_to_the_indexer_and_finds_them_meanwhile()
     source = make_context(keys={"test": "fulltext-import"})
     batch(source, texts(60, {9: "a zebra in the export"}))
     fulltext.index_pending()
-    lines = list(backup.export_lines())
+    lines = list(export_lines())
     Context.objects.filter(pk=source.pk).delete()
     assert not MessageSearch.objects.exists()
-    backup.import_lines(lines)
+    import_lines(lines)
     imported = Context.objects.get(keys={"test": "fulltext-import"})
     assert imported.search_seq == 0 and imported.last_seq == 60
     [hit] = found(imported, "zebra")

@@ -12,9 +12,11 @@ from ninja import Query, Router, Schema
 from ninja.errors import HttpError
 from psycopg.errors import CheckViolation, NotNullViolation
 
-from memory_app import auth, backup, errors
+from memory_app import auth, errors
 from memory_app.api.common import WRITE_ERRORS, json_loads, require_scope, responses
 from memory_app.audit import Actor
+from memory_app.backup.export import contexts_matching, export_lines
+from memory_app.backup.restore import import_records
 from memory_app.schemas.fields import Id, _check_json, _examples
 
 router = Router(tags=["backup"])
@@ -54,10 +56,10 @@ def export(
             raise HttpError(422, f"match_keys is not JSON: {exc.msg}") from exc
         if not isinstance(subset, dict):
             raise HttpError(422, "match_keys must be a JSON object")
-    contexts = backup.contexts_matching(context_ids=context_id, keys=subset)
+    contexts = contexts_matching(context_ids=context_id, keys=subset)
     contexts = contexts.filter(pk__in=auth.visible_contexts(key).values("pk"))
     response = StreamingHttpResponse(
-        backup.export_lines(
+        export_lines(
             contexts=contexts, embeddings=embeddings, confined_to=key.context_keys or None
         ),
         content_type="application/x-ndjson",
@@ -142,7 +144,7 @@ def import_(request):
             yield _record(line, number)
 
     try:
-        result = backup.import_records(
+        result = import_records(
             records(),
             # A confined key writes only inside its context keys (contexts and key-subset memories).
             allowed=(lambda keys: auth.keys_allowed(key, keys)) if key.context_keys else None,

@@ -450,13 +450,13 @@ def export(b: Bench) -> None:
     if not module_available("memory_app.backup"):
         b.report.skip("export", "memory_app.backup has not landed", b.log)
         return
-    from memory_app import backup
+    from memory_app.backup.export import contexts_matching, export_lines
 
     samples: list[float] = []
 
     def ours(cid: int) -> int:
         count = 0
-        for line in backup.export_lines(contexts=backup.contexts_matching(context_ids=[cid])):
+        for line in export_lines(contexts=contexts_matching(context_ids=[cid])):
             if line.startswith('{"type":"message"'):
                 count += 1
                 if count % 500 == 0 and tracemalloc.is_tracing():

@@ -268,33 +268,7 @@ def run_timeline(
     if count == 0:
         return timeline
     per = math.ceil(count / max_bars)
-    rows = (
-        Step.objects.filter(run=run)
-        .annotate(bucket=(F("position") - 1) / per)
-        .values("bucket")
-        .annotate(
-            start=Min("position"),
-            end=Max("position"),
-            # Not named "duration": STEP_SPAN reads the column of that name.
-            busy=Sum("duration"),
-            tokens=Sum("total_tokens"),
-            errors=Count("error_type"),
-            **STEP_SPAN,
-        )
-        .order_by("bucket")
-    )
-    bars = [
-        TimelineBar(
-            start=r["start"],
-            end=r["end"],
-            duration=r["busy"] or 0.0,
-            tokens=r["tokens"] or 0,
-            errors=r["errors"],
-            first_start=r["first_start"],
-            last_end=r["last_end"],
-        )
-        for r in rows
-    ]
+    bars = _timeline_bars(run=run, per=per)
     timeline.bars = bars
     starts = [b.first_start for b in bars if b.first_start is not None]
     if starts:
@@ -341,6 +315,38 @@ def run_timeline(
     return timeline
 
 
+def _timeline_bars(*, run: Run, per: int) -> list[TimelineBar]:
+    """The run's steps in groups of `per` positions, one bar per group, in order: summed
+    durations, tokens and errors, and when the group's first step began and its last ended."""
+    rows = (
+        Step.objects.filter(run=run)
+        .annotate(bucket=(F("position") - 1) / per)
+        .values("bucket")
+        .annotate(
+            start=Min("position"),
+            end=Max("position"),
+            # Not named "duration": STEP_SPAN reads the column of that name.
+            busy=Sum("duration"),
+            tokens=Sum("total_tokens"),
+            errors=Count("error_type"),
+            **STEP_SPAN,
+        )
+        .order_by("bucket")
+    )
+    return [
+        TimelineBar(
+            start=r["start"],
+            end=r["end"],
+            duration=r["busy"] or 0.0,
+            tokens=r["tokens"] or 0,
+            errors=r["errors"],
+            first_start=r["first_start"],
+            last_end=r["last_end"],
+        )
+        for r in rows
+    ]
+
+
 def step_model_input(*, run: Run, position: int) -> list[dict[str, Any]] | None:
     """What the model saw at that step (smolagents `model_input_messages`), or None."""
     return (
@@ -355,7 +361,9 @@ def _flat_text(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "\n".join(
-            b["text"] if isinstance(b, dict) and isinstance(b.get("text"), str) else json.dumps(b, default=str)
+            b["text"]
+            if isinstance(b, dict) and isinstance(b.get("text"), str)
+            else json.dumps(b, default=str)
             for b in content
         )
     return json.dumps(content, default=str)

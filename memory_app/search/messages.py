@@ -42,8 +42,6 @@ RRF_K = 60
 KEYWORD_RECENT_SEQS = 2_000
 
 
-
-
 @dataclass(frozen=True)
 class Hit:
     message: Message
@@ -126,9 +124,9 @@ def keyword_ranking(
     if not tsquery:
         return []
     if last_seq is None or search_seq is None:
-        last_seq, search_seq = (
-            Context.objects.filter(pk=context_id).values_list("last_seq", "search_seq").first() or (0, 0)
-        )
+        last_seq, search_seq = Context.objects.filter(pk=context_id).values_list(
+            "last_seq", "search_seq"
+        ).first() or (0, 0)
     found = _keyword_candidates(
         context_id=context_id,
         tsquery=tsquery,
@@ -141,8 +139,48 @@ def keyword_ranking(
     return [(mid, score) for mid, _, score in found[:limit]]
 
 
+# The keyword passes of `_keyword_candidates` as SQL text: seq bounds are ints written into the
+# text, the rest are parameters.
+def _parsed_pass(after: int, upto: int) -> str:
+    """A keyword pass over messages the indexer has not reached: their text is parsed."""
+    return f"""
+        SELECT m.id, m.seq, ts_rank(to_tsvector(%(config)s::regconfig, m.text), %(q)s::tsquery)
+        FROM memory_app_message m
+        WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
+          AND m.seq > {int(after)} AND m.seq <= {int(upto)}
+          AND to_tsvector(%(config)s::regconfig, m.text) @@ %(q)s::tsquery
+          AND NOT (m.id = ANY(%(exclude)s))
+        ORDER BY m.seq DESC LIMIT %(need)s
+    """  # noqa: S608 - constant SQL
+
+
+def _stored_pass(after: int, upto: int, match: str) -> str:
+    """A keyword pass over stored vectors, `match` being the condition on s.search_vector."""
+    # The message's id is looked up for each candidate (a subplan on
+    # message_context_seq_unique), never by joining the context's messages.
+    return f"""
+        SELECT c.id, c.seq, c.rank FROM (
+            SELECT (SELECT m.id FROM memory_app_message m
+                    WHERE m.context_id = %(context)s AND m.seq = s.seq) AS id,
+                   s.seq, ts_rank(s.search_vector, %(q)s::tsquery) AS rank
+            FROM {fulltext.TABLE} s
+            WHERE s.context_id = %(context)s AND s.seq > {int(after)} AND s.seq <= {int(upto)}
+              AND {match}
+            ORDER BY s.seq DESC LIMIT %(need)s + cardinality(%(exclude)s::bigint[])
+        ) c
+        WHERE c.id IS NOT NULL AND NOT (c.id = ANY(%(exclude)s))
+        ORDER BY c.seq DESC LIMIT %(need)s
+    """  # noqa: S608 - constant SQL
+
+
 def _keyword_candidates(
-    *, context_id: int, tsquery: str, last_seq: int, search_seq: int, candidates: int, exclude_ids: list[int]
+    *,
+    context_id: int,
+    tsquery: str,
+    last_seq: int,
+    search_seq: int,
+    candidates: int,
+    exclude_ids: list[int],
 ) -> list[tuple[int, int, float]]:
     """(id, seq, ts_rank) of the newest `candidates` live matches, newest seqs first, in passes
     whose cost follows the candidates, not the context's size.
@@ -165,46 +203,19 @@ def _keyword_candidates(
        still needs).
     Each pass looks up the ids of the messages it found only (message_context_seq_unique).
     """
-    # Seq bounds are ints written into the text; the rest are parameters.
-    def parsed(after: int, upto: int) -> str:
-        return f"""
-            SELECT m.id, m.seq, ts_rank(to_tsvector(%(config)s::regconfig, m.text), %(q)s::tsquery)
-            FROM memory_app_message m
-            WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
-              AND m.seq > {int(after)} AND m.seq <= {int(upto)}
-              AND to_tsvector(%(config)s::regconfig, m.text) @@ %(q)s::tsquery
-              AND NOT (m.id = ANY(%(exclude)s))
-            ORDER BY m.seq DESC LIMIT %(need)s
-        """  # noqa: S608 - constant SQL
-
-    def stored(after: int, upto: int, match: str) -> str:
-        # The message's id is looked up for each candidate (a subplan on
-        # message_context_seq_unique), never by joining the context's messages.
-        return f"""
-            SELECT c.id, c.seq, c.rank FROM (
-                SELECT (SELECT m.id FROM memory_app_message m
-                        WHERE m.context_id = %(context)s AND m.seq = s.seq) AS id,
-                       s.seq, ts_rank(s.search_vector, %(q)s::tsquery) AS rank
-                FROM {fulltext.TABLE} s
-                WHERE s.context_id = %(context)s AND s.seq > {int(after)} AND s.seq <= {int(upto)}
-                  AND {match}
-                ORDER BY s.seq DESC LIMIT %(need)s + cardinality(%(exclude)s::bigint[])
-            ) c
-            WHERE c.id IS NOT NULL AND NOT (c.id = ANY(%(exclude)s))
-            ORDER BY c.seq DESC LIMIT %(need)s
-        """  # noqa: S608 - constant SQL
-
     older = max(last_seq - KEYWORD_RECENT_SEQS, 0)
     searched_older = min(search_seq, older)
     # No upper bound on the newest pass: messages appended since `last_seq` was read.
     newest = 2**63 - 1
     passes = [
         # 1 and 2 in one statement (every row of the first is newer than the second's).
-        f"({parsed(max(search_seq, older), newest)}) UNION ALL"
-        f" ({stored(older, search_seq, 'ts_match_vq(s.search_vector, %(q)s::tsquery)')})"
+        f"({_parsed_pass(max(search_seq, older), newest)}) UNION ALL"
+        f" ({_stored_pass(older, search_seq, 'ts_match_vq(s.search_vector, %(q)s::tsquery)')})"
         " ORDER BY 2 DESC LIMIT %(need)s",
-        parsed(searched_older, older) if search_seq < older else None,
-        stored(0, searched_older, "s.search_vector @@ %(q)s::tsquery") if searched_older > 0 else None,
+        _parsed_pass(searched_older, older) if search_seq < older else None,
+        _stored_pass(0, searched_older, "s.search_vector @@ %(q)s::tsquery")
+        if searched_older > 0
+        else None,
     ]
     params = {"context": context_id, "q": tsquery, "exclude": exclude_ids, "config": FTS_CONFIG}
     found: list = []
@@ -482,15 +493,7 @@ def search_messages(
     otherwise. Keyword search in hybrid/auto mode matches any word of the query (natural-language
     prompts); in keyword mode it reads the query as a web search unless `match="any"`.
     """
-    if mode not in ("auto", "keyword", "semantic", "hybrid"):
-        raise Invalid("mode must be one of auto, keyword, semantic, hybrid")
-    if not isinstance(k, int) or not 1 <= k <= 1000:
-        raise Invalid("k must be an integer between 1 and 1000")
-    query = query or ""
-    if len(query) > MAX_QUERY_CHARS:
-        raise Invalid(f"the query is longer than {MAX_QUERY_CHARS} characters")
-    if match not in (None, "all", "any"):
-        raise Invalid("match must be 'all' or 'any'")
+    query = _checked_query(query, mode=mode, k=k, match=match)
     notes: list[str] = []
     asked_auto = mode == "auto"
     if mode == "auto":
@@ -535,22 +538,57 @@ def search_messages(
 
     kw = {mid: (i, s) for i, (mid, s) in enumerate(keyword, start=1)}
     sem = {mid: (i, d) for i, (mid, d) in enumerate(semantic, start=1)}
+    order = _ranked_order(mode, keyword, semantic, kw=kw, sem=sem)[:k]
+    hits = _hits(order, kw=kw, sem=sem)
+    return SearchResult(hits=hits, mode=mode, model=used_model, notes=notes)
+
+
+def _checked_query(query: str, *, mode: str, k: Any, match: str | None) -> str:
+    """The query (empty for none) once the search's arguments are known to be valid."""
+    if mode not in ("auto", "keyword", "semantic", "hybrid"):
+        raise Invalid("mode must be one of auto, keyword, semantic, hybrid")
+    if not isinstance(k, int) or not 1 <= k <= 1000:
+        raise Invalid("k must be an integer between 1 and 1000")
+    query = query or ""
+    if len(query) > MAX_QUERY_CHARS:
+        raise Invalid(f"the query is longer than {MAX_QUERY_CHARS} characters")
+    if match not in (None, "all", "any"):
+        raise Invalid("match must be 'all' or 'any'")
+    return query
+
+
+def _ranked_order(
+    mode: str,
+    keyword: list[tuple[int, float]],
+    semantic: list[tuple[int, float]],
+    *,
+    kw: dict[int, tuple[int, float]],
+    sem: dict[int, tuple[int, float]],
+) -> list[tuple[int, float]]:
+    """(message id, score), best first: one ranking alone, or both fused when both found some."""
     if mode == "keyword" or (mode == "hybrid" and not sem):
-        order = [(mid, s) for mid, s in keyword]
-    elif mode == "semantic" or not kw:
-        order = [(mid, 1.0 - d) for mid, d in semantic]
-    else:
-        fused = rrf_scores(keyword, semantic)
-        # Ties: better best rank first, then id (newer) for a stable order.
-        order = sorted(
-            fused.items(),
-            key=lambda item: (
-                -item[1],
-                min(kw.get(item[0], (10**9,))[0], sem.get(item[0], (10**9,))[0]),
-                -item[0],
-            ),
-        )
-    order = order[:k]
+        return [(mid, s) for mid, s in keyword]
+    if mode == "semantic" or not kw:
+        return [(mid, 1.0 - d) for mid, d in semantic]
+    fused = rrf_scores(keyword, semantic)
+    # Ties: better best rank first, then id (newer) for a stable order.
+    return sorted(
+        fused.items(),
+        key=lambda item: (
+            -item[1],
+            min(kw.get(item[0], (10**9,))[0], sem.get(item[0], (10**9,))[0]),
+            -item[0],
+        ),
+    )
+
+
+def _hits(
+    order: list[tuple[int, float]],
+    *,
+    kw: dict[int, tuple[int, float]],
+    sem: dict[int, tuple[int, float]],
+) -> list[Hit]:
+    """The ranked messages, each with where it stood in the keyword and the semantic ranking."""
     messages = Message.objects.in_bulk([mid for mid, _ in order])
     hits = []
     for rank, (mid, score) in enumerate(order, start=1):
@@ -565,4 +603,4 @@ def search_messages(
                 distance=sem[mid][1] if mid in sem else None,
             )
         )
-    return SearchResult(hits=hits, mode=mode, model=used_model, notes=notes)
+    return hits

@@ -7,7 +7,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from memory_app import backup
+from memory_app.backup.export import contexts_matching, export_lines
 
 
 class Command(BaseCommand):
@@ -29,8 +29,8 @@ class Command(BaseCommand):
                 raise CommandError(f"--keys is not JSON: {exc.msg}") from exc
             if not isinstance(subset, dict):
                 raise CommandError("--keys must be a JSON object")
-        contexts = backup.contexts_matching(context_ids=context_ids, keys=subset)
-        lines = backup.export_lines(contexts=contexts, embeddings=embeddings)
+        contexts = contexts_matching(context_ids=context_ids, keys=subset)
+        lines = export_lines(contexts=contexts, embeddings=embeddings)
         if output:
             with open(output, "w", encoding="utf-8") as fh:
                 fh.writelines(lines)

@@ -6,8 +6,9 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from memory_app import backup, errors
+from memory_app import errors
 from memory_app.audit import Actor
+from memory_app.backup.restore import import_lines
 
 IMPORTER = Actor.system("manage.py import_memory")
 
@@ -21,10 +22,10 @@ class Command(BaseCommand):
     def handle(self, *args, path, **options):
         try:
             if path == "-":
-                result = backup.import_lines(sys.stdin, actor=IMPORTER)
+                result = import_lines(sys.stdin, actor=IMPORTER)
             else:
                 with open(path, encoding="utf-8") as fh:
-                    result = backup.import_lines(fh, actor=IMPORTER)
+                    result = import_lines(fh, actor=IMPORTER)
         except (OSError, errors.BackupFormatError) as exc:
             raise CommandError(str(exc)) from exc
         for kind in sorted(set(result.created) | set(result.skipped)):

@@ -1,0 +1,199 @@
+"""The backup format: its header constants, the fields each record carries, and the checks a
+line passes before anything of it is stored (see the package docstring for the records)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+
+from memory_app.errors import BackupFormatError
+from memory_app.models import Context, Embedding, MemoryRecord, Message, Run, Step, ToolCall
+
+FORMAT = "agentmemory-backup"
+VERSION = 1
+CHUNK = 1000
+
+
+# --- field handling -----------------------------------------------------------------------------
+
+
+def _plain_fields(model: type[models.Model], *, skip: tuple[str, ...] = ()) -> list[models.Field]:
+    """Concrete, stored, non-relational fields except the primary key (and `skip`)."""
+    return [
+        f
+        for f in model._meta.concrete_fields
+        if not f.primary_key
+        and not f.is_relation
+        and not isinstance(f, models.GeneratedField)
+        and f.name not in skip
+    ]
+
+
+# search_seq describes this database's full-text side table, not the context: an imported
+# context starts at 0 and the indexer parses its messages (memory_app.search.fulltext).
+CONTEXT_FIELDS = _plain_fields(Context, skip=("search_seq",))
+RUN_FIELDS = _plain_fields(Run)
+STEP_FIELDS = _plain_fields(Step)
+TOOL_CALL_FIELDS = _plain_fields(ToolCall)
+MESSAGE_FIELDS = _plain_fields(Message)
+MEMORY_FIELDS = _plain_fields(MemoryRecord)
+# `indexed` describes this database's HNSW graph, not the vector: imported rows go into it.
+EMBEDDING_FIELDS = _plain_fields(Embedding, skip=("vector", "indexed"))
+
+
+def dump_fields(obj: models.Model, fields: list[models.Field]) -> dict[str, Any]:
+    """A row's `fields` as a line carries them (date and time as ISO 8601 text)."""
+    out = {}
+    for f in fields:
+        value = getattr(obj, f.attname)
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        out[f.name] = value
+    return out
+
+
+def load_fields(data: dict[str, Any], fields: list[models.Field]) -> dict[str, Any]:
+    """A line's `fields` as model keyword arguments; fields the line leaves out are left out."""
+    out = {}
+    for f in fields:
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        if isinstance(f, models.DateTimeField) and isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        out[f.attname] = value
+    return out
+
+
+def _field_error(f: models.Field, value: Any) -> str | None:
+    """Why `value` cannot be stored in `f` as a backup writes it (None: it can)."""
+    if value is None:
+        return None if f.null else "cannot be null"
+    if isinstance(f, models.JSONField):
+        # Objects by default (keys, metadata, scope keys) are read as objects everywhere.
+        return "must be an object" if f.default is dict and not isinstance(value, dict) else None
+    if isinstance(f, ArrayField):
+        ok = isinstance(value, list) and all(isinstance(v, str) and "\x00" not in v for v in value)
+        return None if ok else "must be a list of strings"
+    if isinstance(f, models.BooleanField):
+        return None if isinstance(value, bool) else "must be true or false"
+    if isinstance(f, models.IntegerField):
+        return (
+            None if isinstance(value, int) and not isinstance(value, bool) else "must be an integer"
+        )
+    if isinstance(f, models.FloatField):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return None if ok else "must be a number"
+    if isinstance(f, models.DateTimeField):
+        return None if _is_datetime(value) else "must be an ISO 8601 date and time"
+    if isinstance(f, models.CharField | models.TextField):
+        if not isinstance(value, str) or "\x00" in value:
+            return "must be a string without NUL characters"
+        if f.max_length is not None and len(value) > f.max_length:
+            return f"is longer than {f.max_length} characters"
+    if f.choices and value not in {c for c, _ in f.flatchoices}:
+        return f"must be one of {sorted(c for c, _ in f.flatchoices)}"
+    return None
+
+
+def _is_datetime(value: Any) -> bool:
+    try:
+        datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _check_fields(rec: dict[str, Any], fields: list[models.Field], what: str) -> None:
+    for f in fields:
+        if f.name not in rec:
+            automatic = getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)
+            # Digests and hashes (not editable) are derived on import, so a line may omit them.
+            if not (f.null or f.has_default() or automatic or not f.editable):
+                raise BackupFormatError(f"a {what} record needs {f.name}")
+            continue
+        why = _field_error(f, rec[f.name])
+        if why:
+            raise BackupFormatError(f"{what} {f.name} {why}")
+
+
+def _check_ref(value: Any, what: str, shape: dict[str, Any], *, optional: bool = False) -> None:
+    """A reference (`shape`: key -> type, or a tuple of types) as export writes it."""
+    if value is None and optional:
+        return
+    if not isinstance(value, dict) or not all(
+        isinstance(value.get(k), t) and not (isinstance(value.get(k), bool) and t is int)
+        for k, t in shape.items()
+    ):
+        raise BackupFormatError(f"{what} must be an object with {', '.join(shape)}")
+
+
+RUN_REF = {"client_id": (str, type(None)), "created_at": str}
+
+
+def _check_run_ref(value: Any, what: str, *, optional: bool = False) -> None:
+    _check_ref(value, what, RUN_REF, optional=optional)
+    if value is not None and not _is_datetime(value["created_at"]):
+        raise BackupFormatError(f"{what}.created_at must be an ISO 8601 date and time")
+
+
+def check_record(kind: str, rec: dict[str, Any]) -> None:
+    """Refuse a record whose fields or references do not have the types export writes, before
+    anything is stored (a string for a number used to reach the database as a server error)."""
+    if kind == "context":
+        _check_fields(rec, CONTEXT_FIELDS, "context")
+    elif kind == "run":
+        _check_ref(rec, "a run record", {"context": str})
+        _check_run_ref(rec.get("ref"), "a run's ref")
+        _check_fields(rec, RUN_FIELDS, "run")
+    elif kind == "step":
+        _check_run_ref(rec.get("run"), "a step's run")
+        _check_fields(rec, STEP_FIELDS, "step")
+        calls = rec.get("tool_calls", [])
+        if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+            raise BackupFormatError("a step's tool_calls must be a list of objects")
+        for call in calls:
+            _check_fields(call, TOOL_CALL_FIELDS, "tool call")
+    elif kind == "message":
+        _check_ref(rec, "a message record", {"context": str})
+        _check_run_ref(rec.get("run"), "a message's run", optional=True)
+        _check_ref(
+            rec.get("step"), "a message's step", {"run": dict, "position": int}, optional=True
+        )
+        if rec.get("step") is not None:
+            _check_run_ref(rec["step"]["run"], "a message's step run")
+        _check_fields(rec, MESSAGE_FIELDS, "message")
+    elif kind == "memory":
+        _check_ref(rec, "a memory record", {"context": (str, type(None))})
+        _check_ref(
+            rec.get("source_message"),
+            "a memory's source_message",
+            {"context": str, "seq": int},
+            optional=True,
+        )
+        _check_ref(
+            rec.get("source_step"),
+            "a memory's source_step",
+            {"run": dict, "position": int},
+            optional=True,
+        )
+        if rec.get("source_step") is not None:
+            _check_run_ref(rec["source_step"]["run"], "a memory's source_step run")
+        _check_fields(rec, MEMORY_FIELDS, "memory")
+    elif kind == "embedding":
+        if rec.get("item") == "message":
+            _check_ref(rec, "a message embedding", {"context": str, "seq": int})
+        elif rec.get("item") == "memory":
+            _check_ref(rec, "a memory embedding", {"scope_digest": str, "content_hash": str})
+        else:
+            raise BackupFormatError("an embedding's item must be 'message' or 'memory'")
+        vector = rec.get("vector")
+        if vector is not None and not (
+            isinstance(vector, list)
+            and all(isinstance(x, int | float) and not isinstance(x, bool) for x in vector)
+        ):
+            raise BackupFormatError("an embedding's vector must be a list of numbers or null")
+        _check_fields(rec, EMBEDDING_FIELDS, "embedding")

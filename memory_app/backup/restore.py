@@ -1,0 +1,493 @@
+"""Restore: backup lines imported in chunks with bulk inserts, in one transaction, idempotently."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import models, transaction
+from django.db.models import Count, Max, Q, Sum, Value
+from django.db.models.functions import Coalesce, Greatest
+
+from memory_app import backlog, errors, memories, tokens
+from memory_app.audit import Actor, audit_record
+from memory_app.backup.format import (
+    CHUNK,
+    CONTEXT_FIELDS,
+    EMBEDDING_FIELDS,
+    FORMAT,
+    MEMORY_FIELDS,
+    MESSAGE_FIELDS,
+    RUN_FIELDS,
+    STEP_FIELDS,
+    TOOL_CALL_FIELDS,
+    VERSION,
+    check_record,
+    load_fields,
+)
+from memory_app.db import lock_contexts
+from memory_app.errors import BackupFormatError, Forbidden
+from memory_app.models import (
+    Context,
+    Embedding,
+    MemoryRecord,
+    Message,
+    Run,
+    Step,
+    ToolCall,
+    keys_digest,
+)
+from memory_app.search import fulltext
+
+
+@dataclass
+class ImportResult:
+    created: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def count(self, kind: str, created: int, skipped: int) -> None:
+        self.created[kind] = self.created.get(kind, 0) + created
+        self.skipped[kind] = self.skipped.get(kind, 0) + skipped
+
+
+class _Importer:
+    def __init__(
+        self, allowed: Callable[[dict[str, Any]], bool] | None = None, actor: Actor | None = None
+    ) -> None:
+        self.allowed = allowed  # may this import write into a context with these keys?
+        self.actor = actor or Actor.system("import")
+        self.result = ImportResult()
+        self.contexts: dict[str, int] = {}  # digest -> target pk, for contexts this file defines
+        self.context_keys: dict[str, dict[str, Any]] = {}  # digest -> keys
+        # Contexts that were here before this import; every context and run the import wrote
+        # into has its counters counted again from its rows at the end (`recount`).
+        self.merged: set[int] = set()
+        self.grown: set[int] = set()
+        self.grown_runs: set[int] = set()
+        # The file's (scope_digest, content_hash) of each memory line -> the record it resolved
+        # to here (inside the importer's confinement), for the embedding lines that follow.
+        self.memories: dict[tuple[str, str], int] = {}
+        self.pending: list[dict] = []
+        self.pending_type: str | None = None
+
+    # references ------------------------------------------------------------------------------
+    def context_id(self, digest: str) -> int:
+        """A context this file defines. A digest of any other context, foreign or unknown, is
+        the same error, so the answer tells a confined importer nothing about other tenants."""
+        if digest not in self.contexts:
+            raise BackupFormatError(f"context {digest[:12]}… is referenced before it is defined")
+        return self.contexts[digest]
+
+    def source_context_id(self, digest: str) -> int | None:
+        """The context of a memory's provenance: one this file defines, else a stored one the
+        importer may write into; None otherwise (the provenance is dropped, never an error)."""
+        if digest in self.contexts:
+            return self.contexts[digest]
+        found = Context.objects.filter(keys_digest=digest).values_list("pk", "keys").first()
+        if found is None or (self.allowed is not None and not self.allowed(found[1])):
+            return None
+        return found[0]
+
+    def run_id(self, context_pk: int, ref: dict | None) -> int | None:
+        if not ref:
+            return None
+        qs = Run.objects.filter(context_id=context_pk)
+        if ref.get("client_id"):
+            qs = qs.filter(client_id=ref["client_id"])
+        else:
+            qs = qs.filter(
+                client_id__isnull=True, created_at=datetime.fromisoformat(ref["created_at"])
+            )
+        return qs.values_list("pk", flat=True).first()
+
+    def _check_allowed(self, keys: dict[str, Any]) -> None:
+        if self.allowed is not None and not self.allowed(keys):
+            raise Forbidden(f"this import may not write outside its permitted context keys: {keys}")
+
+    # records ---------------------------------------------------------------------------------
+    def feed(self, record: dict[str, Any]) -> None:
+        kind = record.get("type")
+        if kind == "header":
+            if record.get("format") != FORMAT or record.get("version") != VERSION:
+                raise BackupFormatError(f"not an {FORMAT} v{VERSION} file")
+            return
+        if kind not in ("context", "run", "step", "message", "memory", "embedding"):
+            raise BackupFormatError(f"unknown record type {kind!r}")
+        check_record(kind, record)
+        # Confinement, before the line joins a chunk: a context's keys, and the subset a
+        # key-subset memory is seen from (every context containing it; never the empty one for a
+        # confined key). Other lines reach only the contexts this file defines.
+        if kind == "context":
+            self._check_allowed(record.get("keys") or {})
+        elif kind == "memory" and not record.get("context"):
+            self._check_allowed(record.get("scope_keys") or {})
+        if kind != self.pending_type or len(self.pending) >= CHUNK:
+            self.flush()
+            self.pending_type = kind
+        self.pending.append(record)
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        records, kind = self.pending, self.pending_type
+        self.pending = []
+        with transaction.atomic():
+            getattr(self, f"_import_{kind}")(records)
+
+    def _insert(self, model, rows: list[models.Model], stamp_fields: list[str]) -> None:
+        """Bulk insert, then put back the source's timestamps (auto_now* overwrite them on insert)."""
+        if not rows:
+            return
+        # A stamp the line leaves out keeps the one given on insert (never put back as null).
+        stamps = [
+            {f: getattr(r, f) for f in stamp_fields if getattr(r, f) is not None} for r in rows
+        ]
+        model.objects.bulk_create(rows)
+        for row, values in zip(rows, stamps, strict=True):
+            for f, v in values.items():
+                setattr(row, f, v)
+        if stamp_fields:
+            model.objects.bulk_update(rows, stamp_fields)
+
+    def _import_context(self, records):
+        for rec in records:
+            # Contexts are found by digest: one that is not its keys' would reach another context.
+            keys = rec.get("keys")
+            if (
+                not isinstance(keys, dict)
+                or keys_digest(keys) != rec.get("digest")
+                or rec.get("keys_digest", rec.get("digest")) != rec.get("digest")
+            ):
+                raise BackupFormatError("a context's digest must be the digest of its keys")
+            self.context_keys[rec["digest"]] = keys
+            existing = (
+                Context.objects.filter(keys_digest=rec["digest"])
+                .values_list("pk", flat=True)
+                .first()
+            )
+            if existing is not None:
+                self.contexts[rec["digest"]] = existing
+                self.merged.add(existing)
+                self.result.count("contexts", 0, 1)
+                continue
+            # Counters start from nothing and are counted from the rows imported (`recount`).
+            ctx = Context(**load_fields(rec, CONTEXT_FIELDS))
+            ctx.keys_digest = keys_digest(keys)
+            ctx.last_seq = ctx.message_count = ctx.token_count = ctx.run_count = 0
+            self._insert(Context, [ctx], ["created_at", "updated_at", "last_activity_at"])
+            self.contexts[rec["digest"]] = ctx.pk
+            self.grown.add(ctx.pk)
+            self.result.count("contexts", 1, 0)
+
+    def _import_run(self, records):
+        new = []
+        for rec in records:
+            ctx_pk = self.context_id(rec["context"])
+            if self.run_id(ctx_pk, rec["ref"]) is not None:
+                self.result.count("runs", 0, 1)
+                continue
+            run = Run(context_id=ctx_pk, **load_fields(rec, RUN_FIELDS))
+            run.step_count = run.error_count = run.last_position = 0  # counted from its steps
+            new.append(run)
+        self._insert(Run, new, ["created_at", "updated_at"])
+        self.grown |= {r.context_id for r in new}
+        self.grown_runs |= {r.pk for r in new}
+        self.result.count("runs", len(new), 0)
+
+    def _import_step(self, records):
+        new, calls = [], []
+        run_cache: dict[str, int | None] = {}
+        for rec in records:
+            key = json.dumps(rec["run"], sort_keys=True)
+            if key not in run_cache:
+                ctx_pk = self._current_context
+                run_cache[key] = self.run_id(ctx_pk, rec["run"]) if ctx_pk else None
+            run_pk = run_cache[key]
+            if run_pk is None:
+                raise BackupFormatError("a step refers to a run that is not in the backup")
+            new.append((run_pk, rec))
+        existing = set(
+            Step.objects.filter(run_id__in={r for r, _ in new}).values_list("run_id", "position")
+        )
+        rows = []
+        for run_pk, rec in new:
+            if (run_pk, rec["position"]) in existing:
+                self.result.count("steps", 0, 1)
+                continue
+            step = Step(run_id=run_pk, **load_fields(rec, STEP_FIELDS))
+            rows.append(step)
+            calls.append(rec.get("tool_calls") or [])
+        self._insert(Step, rows, ["created_at"])
+        self._insert(
+            ToolCall,
+            [
+                ToolCall(step_id=s.pk, **load_fields(c, TOOL_CALL_FIELDS))
+                for s, cs in zip(rows, calls, strict=True)
+                for c in cs
+            ],
+            ["created_at"],
+        )
+        self.grown_runs |= {s.run_id for s in rows}
+        self.result.count("steps", len(rows), 0)
+
+    # Steps follow their context's runs in the file, so the last context seen is theirs.
+    _current_context: int | None = None
+
+    def _import_message(self, records):
+        by_ctx: dict[int, list[dict]] = {}
+        for rec in records:
+            by_ctx.setdefault(self.context_id(rec["context"]), []).append(rec)
+        # An agent appending meanwhile waits: it reads its next seq once last_seq has risen past
+        # the seqs imported here.
+        lock_contexts(by_ctx)
+        for ctx_pk, recs in by_ctx.items():
+            seqs = {r["seq"] for r in recs}
+            existing = set(
+                Message.objects.filter(context_id=ctx_pk, seq__in=seqs).values_list(
+                    "seq", flat=True
+                )
+            )
+            run_refs = {json.dumps(r["run"], sort_keys=True) for r in recs if r.get("run")}
+            run_ids = {k: self.run_id(ctx_pk, json.loads(k)) for k in run_refs}
+            step_ids: dict[tuple[int | None, int], int | None] = {}
+            rows = []
+            for rec in recs:
+                if rec["seq"] in existing:
+                    self.result.count("messages", 0, 1)
+                    continue
+                msg = Message(context_id=ctx_pk, **load_fields(rec, MESSAGE_FIELDS))
+                if rec.get("run"):
+                    msg.run_id = run_ids[json.dumps(rec["run"], sort_keys=True)]
+                if rec.get("step"):
+                    run_pk = run_ids.get(
+                        json.dumps(rec["step"]["run"], sort_keys=True)
+                    ) or self.run_id(ctx_pk, rec["step"]["run"])
+                    key = (run_pk, rec["step"]["position"])
+                    if key not in step_ids:
+                        step_ids[key] = (
+                            Step.objects.filter(run_id=run_pk, position=key[1])
+                            .values_list("pk", flat=True)
+                            .first()
+                        )
+                    msg.step_id = step_ids[key]
+                rows.append(msg)
+            _count_tokens(rows)
+            self._insert(Message, rows, ["created_at", "updated_at"])
+            self.result.count("messages", len(rows), 0)
+            if rows:
+                # The next append follows the highest seq stored, never one imported here.
+                Context.objects.filter(pk=ctx_pk).update(
+                    last_seq=Greatest("last_seq", Value(max(r.seq for r in rows)))
+                )
+                self.grown.add(ctx_pk)
+                # Seqs below the context's search_seq (a merge into an existing context) are
+                # matched from their text until the indexer has parsed them.
+                fulltext.reindex_from(ctx_pk, min(r.seq for r in rows))
+                transaction.on_commit(backlog.wake_indexer)
+
+    def recount(self) -> None:
+        """The counters of the contexts and runs this import wrote into, counted from their
+        rows, never taken from the file: after a file cut short (the first lines of a backup)
+        the full file finds the context the first one created already here, and a file's
+        counters may say anything."""
+        for run_pk in sorted(self.grown_runs):
+            steps = Step.objects.filter(run_id=run_pk).aggregate(
+                n=Count("pk"),
+                errors=Count("pk", filter=Q(error_type__isnull=False) & ~Q(error_type="")),
+                last=Coalesce(Max("position"), 0),
+            )
+            Run.objects.filter(pk=run_pk).update(
+                step_count=steps["n"], error_count=steps["errors"], last_position=steps["last"]
+            )
+        for ctx_pk in sorted(self.grown):
+            with transaction.atomic():
+                lock_contexts([ctx_pk])
+                messages = Message.objects.filter(context_id=ctx_pk).aggregate(
+                    n=Count("pk"),
+                    tokens=Coalesce(Sum("token_count"), 0),
+                    last=Coalesce(Max("seq"), 0),
+                )
+                Context.objects.filter(pk=ctx_pk).update(
+                    last_seq=Greatest("last_seq", Value(messages["last"])),
+                    message_count=messages["n"],
+                    token_count=messages["tokens"],
+                    run_count=Run.objects.filter(context_id=ctx_pk).count(),
+                )
+
+    def _memory_scope(self, rec: dict[str, Any]) -> memories.Scope:
+        """The scope a memory line lands in, from the context it names or its key subset."""
+        if rec.get("context"):
+            digest = rec["context"]
+            context = Context(
+                pk=self.context_id(digest), keys=self.context_keys[digest], keys_digest=digest
+            )
+            return memories.Scope(context=context)
+        return memories.Scope(keys=rec.get("scope_keys") or {})
+
+    def _import_memory(self, records):
+        rows = []
+        for rec in records:
+            scope = self._memory_scope(rec)
+            mem = MemoryRecord(**load_fields(rec, MEMORY_FIELDS))
+            mem.context_id = scope.context.pk if scope.context is not None else None
+            mem.scope_keys = scope.scope_keys
+            mem.scope_digest = scope.digest
+            mem.content_hash = memories.content_hash(mem.content)
+            mem.recorded_by = self.actor.label
+            file_ref = (
+                rec.get("scope_digest", mem.scope_digest),
+                rec.get("content_hash", mem.content_hash),
+            )
+            found = (
+                MemoryRecord.objects.filter(
+                    scope_digest=mem.scope_digest, content_hash=mem.content_hash
+                )
+                .values_list("pk", flat=True)
+                .first()
+            )
+            if found is not None:
+                self.memories[file_ref] = found
+                self.result.count("memories", 0, 1)
+                continue
+            if rec.get("source_message"):
+                src = rec["source_message"]
+                src_ctx = self.source_context_id(src["context"])
+                mem.source_message_id = (
+                    Message.objects.filter(context_id=src_ctx, seq=src["seq"])
+                    .values_list("pk", flat=True)
+                    .first()
+                    if src_ctx
+                    else None
+                )
+            if rec.get("source_step") and mem.context_id:
+                run_pk = self.run_id(mem.context_id, rec["source_step"]["run"])
+                mem.source_step_id = (
+                    Step.objects.filter(run_id=run_pk, position=rec["source_step"]["position"])
+                    .values_list("pk", flat=True)
+                    .first()
+                )
+            rows.append((file_ref, mem))
+        # Two lines of one file with the same content in the same scope are one record.
+        unique = {(m.scope_digest, m.content_hash): m for _, m in rows}
+        self._insert(MemoryRecord, list(unique.values()), ["created_at", "updated_at"])
+        for file_ref, mem in rows:
+            self.memories[file_ref] = unique[(mem.scope_digest, mem.content_hash)].pk
+        self.result.count("memories", len(unique), len(rows) - len(unique))
+
+    def _import_embedding(self, records):
+        rows = []
+        for rec in records:
+            emb = Embedding(**load_fields(rec, EMBEDDING_FIELDS), vector=rec.get("vector"))
+            emb.dimensions = len(rec["vector"]) if rec.get("vector") is not None else None
+            if rec["item"] == "message":
+                ctx_pk = self.context_id(rec["context"])
+                emb.message_id = (
+                    Message.objects.filter(context_id=ctx_pk, seq=rec["seq"])
+                    .values_list("pk", flat=True)
+                    .first()
+                )
+                emb.context_id = ctx_pk
+                exists = Embedding.objects.filter(
+                    message_id=emb.message_id, model=emb.model
+                ).exists()
+            else:
+                # Only a memory a line of this file resolved to (inside the importer's
+                # confinement): a digest and hash of any other record attach nothing.
+                emb.memory_record_id = self.memories.get((rec["scope_digest"], rec["content_hash"]))
+                emb.context_id = (
+                    MemoryRecord.objects.filter(pk=emb.memory_record_id)
+                    .values_list("context_id", flat=True)
+                    .first()
+                )
+                exists = Embedding.objects.filter(
+                    memory_record_id=emb.memory_record_id, model=emb.model
+                ).exists()
+            if exists or (emb.message_id is None and emb.memory_record_id is None):
+                self.result.count("embeddings", 0, 1)
+                continue
+            rows.append(emb)
+        self._insert(Embedding, rows, [])
+        self.result.count("embeddings", len(rows), 0)
+
+    def audit(self) -> None:
+        touched = sorted(set(self.contexts.values()))
+        audit_record(
+            actor=self.actor,
+            action="import",
+            target_type="context",
+            target_ids=touched,
+            context_id=touched[0] if len(touched) == 1 else None,
+            after={"created": self.result.created, "skipped": self.result.skipped},
+        )
+
+
+def _count_tokens(rows: list[Message]) -> None:
+    """Token counts are the server's, counted under each message's tokenizer (the default when
+    the line names none); an unknown tokenizer is the file's error."""
+    by_tokenizer: dict[str, list[Message]] = {}
+    for msg in rows:
+        msg.tokenizer = msg.tokenizer or tokens.default_tokenizer_name()
+        by_tokenizer.setdefault(msg.tokenizer, []).append(msg)
+    for name, msgs in by_tokenizer.items():
+        try:
+            counts = tokens.count_tokens(
+                [tokens.token_text(m.text, m.content) for m in msgs], tokenizer=name
+            )
+        except errors.UnknownTokenizer as exc:
+            raise BackupFormatError(f"a message's tokenizer: {exc}") from exc
+        for msg, count in zip(msgs, counts, strict=True):
+            msg.token_count = count
+
+
+def import_records(
+    records: Iterable[dict[str, Any]],
+    *,
+    allowed: Callable[[dict[str, Any]], bool] | None = None,
+    actor: Actor | None = None,
+) -> ImportResult:
+    """Import backup records (see the `memory_app.backup` docstring); idempotent. `allowed(keys)`
+    says whether the import may write into a context with those keys (a confined API key's
+    check); a context line for any other context raises `Forbidden`. `actor` is audited as the
+    importer and is the `recorded_by` of the memories it creates."""
+    importer = _Importer(allowed, actor)
+    # All or nothing: a bad line (or a forbidden context) half-way through leaves nothing of
+    # the lines before it behind. The file is still read and written chunk by chunk.
+    with transaction.atomic():
+        saw_header = False
+        for record in records:
+            if not isinstance(record, dict):
+                raise BackupFormatError("each line must be a JSON object")
+            if not saw_header:
+                if record.get("type") != "header":
+                    raise BackupFormatError("the first line must be the backup header")
+                saw_header = True
+            if record.get("type") == "context":
+                importer.flush()
+            importer.feed(record)
+            if record.get("type") == "context":
+                importer.flush()
+                importer._current_context = importer.contexts[record["digest"]]
+        importer.flush()
+        if not saw_header:
+            raise BackupFormatError("empty backup")
+        importer.recount()
+        importer.audit()
+    return importer.result
+
+
+def import_lines(lines: Iterable[str | bytes], *, actor: Actor | None = None) -> ImportResult:
+    def records():
+        for number, line in enumerate(lines, start=1):
+            if isinstance(line, bytes):
+                line = line.decode("utf-8")
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise BackupFormatError(f"line {number} is not JSON: {exc.msg}") from exc
+
+    return import_records(records(), actor=actor)
