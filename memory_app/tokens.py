@@ -88,7 +88,9 @@ def message_token_counts(messages, *, tokenizer: str | None = None) -> list[int]
     counts = [m.token_count for m in messages]
     for i, n in zip(
         stale,
-        count_tokens([token_text(messages[i].text, messages[i].content) for i in stale], tokenizer=name),
+        count_tokens(
+            [token_text(messages[i].text, messages[i].content) for i in stale], tokenizer=name
+        ),
         strict=True,
     ):
         counts[i] = n

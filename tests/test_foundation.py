@@ -295,9 +295,7 @@ def test_no_tracked_file_holds_a_secret():
 @pytest.mark.django_db
 def test_editing_a_message_with_nul_characters_is_refused_and_changes_nothing(system_actor):
     context, _ = context_get_or_create(keys={"u": "nul"})
-    [message] = messages_append(
-        context=context, items=[{"role": "user", "text": "clean"}]
-    ).messages
+    [message] = messages_append(context=context, items=[{"role": "user", "text": "clean"}]).messages
     for kwargs in (
         {"text": "a\x00b"},
         {"tags": ["ok", "b\x00d"]},
@@ -365,7 +363,9 @@ def test_a_large_batch_is_stored_field_for_field_and_searchable():
     context.refresh_from_db()
     assert context.search_seq == context.last_seq == len(items)
     assert list(
-        MessageSearch.objects.filter(context_id=context.pk, search_vector="zebras").values_list("seq", flat=True)
+        MessageSearch.objects.filter(context_id=context.pk, search_vector="zebras").values_list(
+            "seq", flat=True
+        )
     ) == [stored["c7"].seq]
     assert keyword_ranking(context_id=context.pk, query="zebras", limit=5) == [
         (found, pytest.approx(score))

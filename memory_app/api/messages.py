@@ -92,7 +92,11 @@ def message_list(
     )
     return json_response(
         200,
-        {"items": [message_out(m) for m in page.items], "has_more": page.has_more, "next_cursor": page.next_cursor},
+        {
+            "items": [message_out(m) for m in page.items],
+            "has_more": page.has_more,
+            "next_cursor": page.next_cursor,
+        },
     )
 
 

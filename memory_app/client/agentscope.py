@@ -220,7 +220,6 @@ class ServerLongTermMemory:
             return _tool_response(f"Error retrieving memory: {exc}")
         return _tool_response("\n".join(item["content"] for item in answer["items"]))
 
-
     async def record(self, msgs, **kw) -> None:
         msgs = _msg_list(msgs, "The input messages must be a list of Msg objects.")
         texts = [

@@ -19,7 +19,6 @@ log = logging.getLogger(__name__)
 HNSW_MAX_DIMENSIONS = 2000
 
 
-
 INDEX_PREFIX = "embedding_hnswi_"
 
 
@@ -185,7 +184,10 @@ def built_indexes(using=None) -> list[BuiltIndex]:
         rows = cursor.fetchall()
     found = []
     for name, options, predicate in rows:
-        model, dims = _PREDICATE_MODEL.search(predicate or ""), _PREDICATE_DIMS.search(predicate or "")
+        model, dims = (
+            _PREDICATE_MODEL.search(predicate or ""),
+            _PREDICATE_DIMS.search(predicate or ""),
+        )
         if not (model and dims):
             continue
         params = dict(option.split("=", 1) for option in options)
@@ -195,7 +197,9 @@ def built_indexes(using=None) -> list[BuiltIndex]:
                 model=model.group(1).replace("''", "'"),
                 dimensions=int(dims.group(1)),
                 m=int(params.get("m", PGVECTOR_DEFAULT_M)),
-                ef_construction=int(params.get("ef_construction", PGVECTOR_DEFAULT_EF_CONSTRUCTION)),
+                ef_construction=int(
+                    params.get("ef_construction", PGVECTOR_DEFAULT_EF_CONSTRUCTION)
+                ),
             )
         )
     return found
@@ -259,7 +263,10 @@ def index_batch(*, batch_size: int | None = None) -> int:
 
 
 def index_pending(
-    *, batch_size: int | None = None, stop: threading.Event | None = None, max_batches: int | None = None
+    *,
+    batch_size: int | None = None,
+    stop: threading.Event | None = None,
+    max_batches: int | None = None,
 ) -> int:
     """Drain the backlog batch by batch (each committed) until it is empty; returns rows indexed."""
     total = batches = 0

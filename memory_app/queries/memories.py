@@ -105,7 +105,11 @@ def _semantic_hits(
 
 
 def _fused(
-    text: list[tuple[int, float]], semantic: list[tuple[int, float]], limit: int, *, first=frozenset()
+    text: list[tuple[int, float]],
+    semantic: list[tuple[int, float]],
+    limit: int,
+    *,
+    first=frozenset(),
 ) -> list[tuple[MemoryRecord, float, str]]:
     """Reciprocal rank fusion of both rankings, best `limit`; ids in `first` (exact keyword
     tags) lead and score one more, as an exact tag outweighs any rank."""
@@ -117,7 +121,8 @@ def _fused(
     order = sorted(fused.items(), key=lambda kv: (kv[0] not in first, -kv[1], -kv[0]))[:limit]
     records = MemoryRecord.objects.in_bulk([pk for pk, _ in order])
     return [
-        (records[pk], score + (1.0 if pk in first else 0.0), ", ".join(why[pk])) for pk, score in order
+        (records[pk], score + (1.0 if pk in first else 0.0), ", ".join(why[pk]))
+        for pk, score in order
     ]
 
 
@@ -153,7 +158,10 @@ def _keyword_recall(
     text = _keyword_hits(qs, keyword, fetch)
     tagged = frozenset(r.pk for r, score in text if score >= 1.0)
     return _fused(
-        [(r.pk, score) for r, score in text], _semantic_hits(qs, vector, model, fetch), limit, first=tagged
+        [(r.pk, score) for r, score in text],
+        _semantic_hits(qs, vector, model, fetch),
+        limit,
+        first=tagged,
     )
 
 
@@ -192,7 +200,9 @@ def memories_retrieve(
         for record, score, why in _keyword_recall(qs, kw, vector, model, limit):
             if record.pk not in seen:
                 seen.add(record.pk)
-                out.append(Recalled(record, score, f"keyword {kw!r}" + (f" ({why})" if why else "")))
+                out.append(
+                    Recalled(record, score, f"keyword {kw!r}" + (f" ({why})" if why else ""))
+                )
     if query and query.strip():
         for record, score, why in _query_hits(qs, query, limit):
             if record.pk not in seen:

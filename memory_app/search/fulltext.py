@@ -27,9 +27,7 @@ log = logging.getLogger(__name__)
 
 TABLE = "memory_app_messagesearch"
 # Messages waiting for their vector, over all contexts (also read by /healthz).
-PENDING_SQL = (
-    "SELECT coalesce(sum(last_seq - search_seq), 0) FROM memory_app_context WHERE search_seq < last_seq"
-)
+PENDING_SQL = "SELECT coalesce(sum(last_seq - search_seq), 0) FROM memory_app_context WHERE search_seq < last_seq"
 
 
 def _write_range(cursor, context_id: int, after: int, upto: int) -> int:
@@ -72,7 +70,9 @@ def index_batch(*, batch_size: int | None = None) -> int | None:
         context_id, done, last = row
         upto = min(last, done + size)
         written = _write_range(cursor, context_id, done, upto)
-        cursor.execute("UPDATE memory_app_context SET search_seq = %s WHERE id = %s", [upto, context_id])
+        cursor.execute(
+            "UPDATE memory_app_context SET search_seq = %s WHERE id = %s", [upto, context_id]
+        )
     return written
 
 

@@ -26,14 +26,27 @@ LONG_OUTPUT = "\n".join(f"line {i}: temperature reading {i * 0.1:.1f}C" for i in
 @pytest.fixture
 def conversation():
     make_user(role="viewer", username="watcher")
-    ctx = make_context(keys={"user": "ada", "chat": "long"}, title="A long conversation", messages=118)
+    ctx = make_context(
+        keys={"user": "ada", "chat": "long"}, title="A long conversation", messages=118
+    )
     run = make_run(context=ctx, steps=3, observations=LONG_OUTPUT)
     step = run.steps.get(position=2)
     messages_append(
         context=ctx,
         items=[
-            {"role": "tool", "name": "get_weather", "text": LONG_OUTPUT, "run_id": run.pk, "step_id": step.pk},
-            {"role": "assistant", "text": "It is sunny in Paris.", "run_id": run.pk, "step_id": step.pk},
+            {
+                "role": "tool",
+                "name": "get_weather",
+                "text": LONG_OUTPUT,
+                "run_id": run.pk,
+                "step_id": step.pk,
+            },
+            {
+                "role": "assistant",
+                "text": "It is sunny in Paris.",
+                "run_id": run.pk,
+                "step_id": step.pk,
+            },
         ],
     )
     return {"context": ctx, "run": run, "step": step}

@@ -53,9 +53,7 @@ class Command(BaseCommand):
         queued = queue.reembed_enqueue(model=provider.model, context_id=opts["context"])
         self.stdout.write(f"queued {queued} items for {provider.model}")
         if not opts["queue_only"]:
-            totals = run_worker(
-                provider=provider, batch_size=opts["batch_size"], once=True
-            )
+            totals = run_worker(provider=provider, batch_size=opts["batch_size"], once=True)
             self.stdout.write(f"embedded {totals.embedded}, postponed {totals.failed}")
         done, total = queue.model_coverage(model=provider.model, context_id=opts["context"])
         state = "complete" if done == total else "incomplete"
