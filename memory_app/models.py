@@ -617,7 +617,10 @@ class AuditEvent(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target_type} {self.target_ids[:5]}"
+        return (
+            f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target_type} "
+            f"{self.target_ids[:5]}"
+        )
 
 
 class TraceSpan(models.Model):

@@ -36,7 +36,8 @@ def _table(defaults: str, override: str) -> dict[str, tuple[float, float]]:
             or not all(isinstance(p, int | float) and math.isfinite(p) and p >= 0 for p in price)
         ):
             raise ImproperlyConfigured(
-                f"AGENTMEMORY_MODEL_PRICES[{model!r}] must be [input, output] USD per million tokens"
+                f"AGENTMEMORY_MODEL_PRICES[{model!r}] must be [input, output] "
+                "USD per million tokens"
             )
         prices[model.lower()] = (float(price[0]), float(price[1]))
     return prices

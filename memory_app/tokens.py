@@ -43,7 +43,8 @@ def get_encoding(name: str | None = None) -> tiktoken.Encoding:
     if name in available_tokenizers():
         return tiktoken.get_encoding(name)
     raise UnknownTokenizer(
-        f"unknown tokenizer {name!r}; available offline: {', '.join(available_tokenizers()) or 'none'}"
+        f"unknown tokenizer {name!r}; "
+        f"available offline: {', '.join(available_tokenizers()) or 'none'}"
     )
 
 

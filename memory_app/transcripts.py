@@ -23,8 +23,8 @@ from memory_app.interop.smolagents import RESERVED_KEY, calling_tools_text, tool
 from memory_app.models import Context, Message, MessageRole, Run, Step, ToolCall
 
 RETRY_TEXT = (
-    "\nNow let's retry: take care not to repeat previous errors! If you have retried several times, "
-    "try a completely different approach.\n"
+    "\nNow let's retry: take care not to repeat previous errors! "
+    "If you have retried several times, try a completely different approach.\n"
 )
 PLAN_FOLLOW_UP = "Now proceed and carry out this plan."
 

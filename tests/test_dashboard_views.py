@@ -210,7 +210,8 @@ def test_big_context_and_long_run_pages_stay_fast_and_small(client):
                 timings.append(time.perf_counter() - start)
         assert response.status_code == 200
         print(
-            f"{url}: {min(timings) * 1000:.0f} ms, {len(response.content) / 1024:.0f} KB, {len(queries)} queries"
+            f"{url}: {min(timings) * 1000:.0f} ms, {len(response.content) / 1024:.0f} KB, "
+            f"{len(queries)} queries"
         )
         assert min(timings) < 0.150, url
         assert len(response.content) < 300 * 1024, url

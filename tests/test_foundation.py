@@ -131,7 +131,8 @@ def test_full_text_and_vector_infrastructure_exists():
         cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
         assert cursor.fetchone() is not None
         cursor.execute(
-            "SELECT indexdef FROM pg_indexes WHERE indexname IN ('message_search_gin', 'message_live_recent_idx')"
+            "SELECT indexdef FROM pg_indexes "
+            "WHERE indexname IN ('message_search_gin', 'message_live_recent_idx')"
         )
         defs = sorted(row[0] for row in cursor.fetchall())
     assert any("memory_app_messagesearch USING gin (search_vector)" in d for d in defs)

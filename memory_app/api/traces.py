@@ -168,7 +168,9 @@ _PARTIAL = {
         },
         "responses": {
             200: {
-                "description": "ExportTraceServiceResponse in the request's encoding (empty on full success)",
+                "description": (
+                    "ExportTraceServiceResponse in the request's encoding (empty on full success)"
+                ),
                 "content": {
                     otlp.PROTOBUF: {
                         "schema": {"type": "string", "format": "binary"},
@@ -215,7 +217,10 @@ def traces_export(request: HttpRequest):
         raise HttpError(403, str(exc)) from None
     message = ""
     if result["rejected"]:
-        message = f"spans sent before with different content were kept as first received: {result['rejected_ids'][:10]}"
+        message = (
+            "spans sent before with different content were kept as first received: "
+            f"{result['rejected_ids'][:10]}"
+        )
     return HttpResponse(
         otlp.encode_response(
             content_type=content_type, rejected=result["rejected"], message=message

@@ -163,7 +163,10 @@ class BuiltIndex:
         return (self.m, self.ef_construction) != self.configured
 
     def describe(self) -> str:
-        return f"model {self.model!r} ({self.dimensions}-d): m={self.m}, ef_construction={self.ef_construction}"
+        return (
+            f"model {self.model!r} ({self.dimensions}-d): m={self.m}, "
+            f"ef_construction={self.ef_construction}"
+        )
 
 
 def built_indexes(using=None) -> list[BuiltIndex]:

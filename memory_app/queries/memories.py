@@ -54,7 +54,8 @@ def _keyword_hits(qs: QuerySet, keyword: str, limit: int) -> list[tuple[MemoryRe
     tsq = SearchQuery(keyword, config=FTS_CONFIG, search_type="websearch")
     # An exact keyword tag outweighs any text rank (ts_rank stays below 1).
     tagged = RawSQL(
-        "CASE WHEN EXISTS (SELECT 1 FROM unnest(memory_app_memoryrecord.keywords) k WHERE lower(k) = lower(%s)) "
+        "CASE WHEN EXISTS (SELECT 1 FROM unnest(memory_app_memoryrecord.keywords) k "
+        "WHERE lower(k) = lower(%s)) "
         "THEN 1.0::real ELSE 0.0::real END",
         [keyword],
     )

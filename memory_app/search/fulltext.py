@@ -27,7 +27,10 @@ log = logging.getLogger(__name__)
 
 TABLE = "memory_app_messagesearch"
 # Messages waiting for their vector, over all contexts (also read by /healthz).
-PENDING_SQL = "SELECT coalesce(sum(last_seq - search_seq), 0) FROM memory_app_context WHERE search_seq < last_seq"
+PENDING_SQL = (
+    "SELECT coalesce(sum(last_seq - search_seq), 0) FROM memory_app_context "
+    "WHERE search_seq < last_seq"
+)
 
 
 def _write_range(cursor, context_id: int, after: int, upto: int) -> int:

@@ -177,7 +177,8 @@ def _append_once(*, context, items, prepared, vectors, client_ids, tokenizer) ->
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"UPDATE {Context._meta.db_table} SET last_seq = last_seq + %s, "  # noqa: S608 - constant
-                    "search_seq = CASE WHEN %s AND search_seq = last_seq THEN last_seq + %s ELSE search_seq END, "
+                    "search_seq = CASE WHEN %s AND search_seq = last_seq THEN last_seq + %s "
+                    "ELSE search_seq END, "
                     "message_count = message_count + %s, token_count = token_count + %s, "
                     "last_activity_at = %s WHERE id = %s RETURNING last_seq, search_seq",
                     [
@@ -198,7 +199,8 @@ def _append_once(*, context, items, prepared, vectors, client_ids, tokenizer) ->
                 )
                 with connection.cursor() as cursor:
                     cursor.execute(
-                        f"UPDATE {Context._meta.db_table} SET token_count = token_count + %s WHERE id = %s",  # noqa: S608
+                        f"UPDATE {Context._meta.db_table} SET token_count = token_count + %s "  # noqa: S608
+                        "WHERE id = %s",
                         [sum(r.token_count for r in new_rows), context.pk],
                     )
             else:

@@ -20,7 +20,10 @@ from memory_app.models import Context, Embedding
 
 
 class Command(BaseCommand):
-    help = "Embed every item (or one context's) with another model while the current one keeps serving."
+    help = (
+        "Embed every item (or one context's) with another model while the current one keeps "
+        "serving."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--provider", choices=["local", "openai"])

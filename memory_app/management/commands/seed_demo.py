@@ -61,7 +61,8 @@ def _conversation() -> list[dict]:
                     "role": "assistant",
                     "name": "Atlas",
                     "text": (
-                        f"**{city}** right now: {weather}.\n\n- Don't miss {sight}.\n- Book ahead on weekends.\n\n"
+                        f"**{city}** right now: {weather}.\n\n- Don't miss {sight}.\n"
+                        "- Book ahead on weekends.\n\n"
                         "```python\nitinerary = plan_day(city=%r, pace='relaxed')\n```" % city
                     ),
                     "tags": ["travel", city.lower()],
@@ -159,7 +160,10 @@ def _steps_with_error(now: float) -> list[dict]:
                 }
             ],
             "error_type": "AgentExecutionError",
-            "error_message": "Code execution failed at line 'kyoto = get_weather(town='Kyoto')' due to: TypeError: get_weather() got an unexpected keyword argument 'town'",
+            "error_message": (
+                "Code execution failed at line 'kyoto = get_weather(town='Kyoto')' due to: "
+                "TypeError: get_weather() got an unexpected keyword argument 'town'"
+            ),
             "start_time": now + 1.4,
             "end_time": now + 2.9,
             "input_tokens": 640,
@@ -169,17 +173,24 @@ def _steps_with_error(now: float) -> list[dict]:
             "kind": "action",
             "step_number": 3,
             "model_output": "Retrying with the right argument.",
-            "code_action": "kyoto = get_weather(city='Kyoto')\nfinal_answer(f'Oslo: Rain, 9C; Kyoto: {kyoto}')",
+            "code_action": (
+                "kyoto = get_weather(city='Kyoto')\nfinal_answer(f'Oslo: Rain, 9C; Kyoto: {kyoto}')"
+            ),
             "tool_calls": [
                 {
                     "call_id": "call_4",
                     "name": "python_interpreter",
-                    "arguments": "kyoto = get_weather(city='Kyoto')\nfinal_answer(f'Oslo: Rain, 9C; Kyoto: {kyoto}')",
+                    "arguments": (
+                        "kyoto = get_weather(city='Kyoto')\n"
+                        "final_answer(f'Oslo: Rain, 9C; Kyoto: {kyoto}')"
+                    ),
                     "output": "Oslo: Rain, 9C; Kyoto: Cloudy, 18C",
                     "success": True,
                 }
             ],
-            "observations": "Execution logs:\nLast output from code snippet:\nOslo: Rain, 9C; Kyoto: Cloudy, 18C",
+            "observations": (
+                "Execution logs:\nLast output from code snippet:\nOslo: Rain, 9C; Kyoto: Cloudy, 18C"
+            ),
             "action_output": "Oslo: Rain, 9C; Kyoto: Cloudy, 18C",
             "is_final_answer": True,
             "start_time": now + 2.9,
@@ -262,7 +273,8 @@ class Command(BaseCommand):
             title="Ada checks Kyoto (tool calls)",
         )
         forecast = "\n".join(
-            f"2026-04-{day:02d} {hour:02d}:00  Kyoto  {12 + (hour % 9)}C  {'rain' if day % 3 == 0 else 'clear'}"
+            f"2026-04-{day:02d} {hour:02d}:00  Kyoto  {12 + (hour % 9)}C  "
+            f"{'rain' if day % 3 == 0 else 'clear'}"
             for day in range(1, 18)
             for hour in range(0, 24)
         )[:24000]
@@ -349,7 +361,9 @@ class Command(BaseCommand):
                 {
                     "role": "assistant",
                     "name": "Helper",
-                    "text": "Sorry about that! Let me look.\nI can see two charges of 49 EUR on 12 March.",
+                    "text": (
+                        "Sorry about that! Let me look.\nI can see two charges of 49 EUR on 12 March."
+                    ),
                 },
                 {
                     "role": "user",
@@ -359,7 +373,10 @@ class Command(BaseCommand):
                 {
                     "role": "assistant",
                     "name": "Helper",
-                    "text": "No need for the card number. I have refunded one charge.\nIt reaches your account in 3 to 5 days.",
+                    "text": (
+                        "No need for the card number. I have refunded one charge.\n"
+                        "It reaches your account in 3 to 5 days."
+                    ),
                 },
                 {"role": "user", "name": "carol", "text": "Thanks!", "tags": ["resolved"]},
             ],
@@ -372,7 +389,10 @@ class Command(BaseCommand):
         message_edit(
             message=rows[3],
             actor=SEED,
-            text="No need for the card number. I have refunded one charge of 49 EUR.\nIt reaches your account in 3 to 5 days.",
+            text=(
+                "No need for the card number. I have refunded one charge of 49 EUR.\n"
+                "It reaches your account in 3 to 5 days."
+            ),
         )
 
     def _memories(self, *, trip: Context, tools: Context) -> None:
