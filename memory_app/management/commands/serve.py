@@ -193,8 +193,11 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"operator login: your existing account (created as {username!r} on first run)"
             )
-        self.stdout.write(
-            f"database: {'embedded PostgreSQL under ' + str(settings.DATA_DIR) if settings.EMBEDDED_DATABASE else 'DATABASE_URL'}"
+        database = (
+            "embedded PostgreSQL under " + str(settings.DATA_DIR)
+            if settings.EMBEDDED_DATABASE
+            else "DATABASE_URL"
         )
+        self.stdout.write(f"database: {database}")
         self.stdout.write("Ctrl-C (or SIGTERM) stops the server and the database.\n")
         sys.stdout.flush()
