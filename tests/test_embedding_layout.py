@@ -121,7 +121,7 @@ ROUND_TRIP_SCRIPT = textwrap.dedent(
     call_command("migrate", "memory_app", verbosity=0)
     out["again"] = {"rows": rows(), "per_page": per_page()}
     print(json.dumps(out, default=str))
-    """
+    """  # noqa: E501 - the child process runs this text as written
 )
 
 

@@ -1,4 +1,5 @@
-"""The foundation: data model integrity, migrations, health, a second PostgreSQL via DATABASE_URL."""
+"""The foundation: data model integrity, migrations, health, a second PostgreSQL via
+DATABASE_URL."""
 
 from __future__ import annotations
 
@@ -231,7 +232,7 @@ SECOND_SERVER_SCRIPT = textwrap.dedent(
     down = client.get("/healthz")
     result["down"] = [down.status_code, down.json()]
     print("RESULT " + json.dumps(result))
-    """
+    """  # noqa: E501 - the child process runs this text as written
 )
 
 

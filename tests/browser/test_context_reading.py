@@ -188,7 +188,7 @@ def test_htmx_requests_show_a_loading_indicator(browser_page, conversation):
                    document.body.addEventListener('htmx:beforeSend', () => window.indicatorSeen.push(
                        document.getElementById('loading').classList.contains('htmx-request')));
                    document.body.addEventListener('htmx:afterSettle', () => window.indicatorSeen.push(
-                       document.getElementById('loading').classList.contains('htmx-request'))); }"""
+                       document.getElementById('loading').classList.contains('htmx-request'))); }"""  # noqa: E501 - the script's text, as written
     )
     page.keyboard.press("j")
     page.wait_for_selector("#logbook[data-position='2']")
@@ -208,7 +208,7 @@ def test_a_live_runs_poll_does_not_flash_the_loading_bar(browser_page):
     page.evaluate(
         """() => { window.barOn = false;
                    document.body.addEventListener('htmx:beforeSend', () => { window.barOn = window.barOn
-                       || document.getElementById('loading').classList.contains('htmx-request'); }); }"""
+                       || document.getElementById('loading').classList.contains('htmx-request'); }); }"""  # noqa: E501 - the script's text, as written
     )
     with page.expect_request(lambda r: "/live/" in r.url, timeout=6_000):
         pass
