@@ -176,7 +176,8 @@ def agentscope_state_export(*, context: Context, fmt: str = "marks") -> dict[str
 
 
 def _copies(msg_ids: list[str]) -> Q:
-    """Client ids of every stored copy of these Msg ids (`<escaped id>` and `<escaped id>#dup<n>`)."""
+    """Client ids of every stored copy of these Msg ids (`<escaped id>` and
+    `<escaped id>#dup<n>`)."""
     match = Q(pk__in=[])
     for mid in set(msg_ids):
         escaped = as_map.escape_id(mid)
@@ -225,7 +226,8 @@ def agentscope_add(
     marks: list[str] | None = None,
     allow_duplicates: bool = False,
 ) -> list[Message]:
-    """AgentScope `MemoryBase.add`: skip ids already in the (live) memory unless duplicates allowed."""
+    """AgentScope `MemoryBase.add`: skip ids already in the (live) memory unless duplicates
+    allowed."""
     try:
         for m in msgs:
             as_map.validate_msg(m)

@@ -156,7 +156,8 @@ class Run(models.Model):
 
 
 class Step(models.Model):
-    """One entry of a run's logbook (smolagents TaskStep / PlanningStep / ActionStep / final answer).
+    """One entry of a run's logbook (smolagents TaskStep / PlanningStep / ActionStep / final
+    answer).
 
     Normalised columns serve the dashboard and the transcripts; `payload` keeps the framework's
     own dict verbatim so an export gives back exactly what was imported.
@@ -365,8 +366,8 @@ class MessageSearch(models.Model):
     touching the messages, and joins them only for the few candidates it ranks.
 
     Small appends write their vectors in their own transaction; a large batch leaves them to the
-    indexer (`memory_app.search.fulltext`), and keyword search matches those messages from their text
-    meanwhile: every message past its context's `search_seq` is read exactly, none is ever
+    indexer (`memory_app.search.fulltext`), and keyword search matches those messages from their
+    text meanwhile: every message past its context's `search_seq` is read exactly, none is ever
     unsearchable. Database triggers (migration 0013) keep it in step with the messages, whoever
     writes them: an edited text is parsed again, a pruned or deleted message takes its vector
     along, a restored one gets it back.

@@ -134,7 +134,8 @@ def content_text(content: Any) -> str:
 
 
 def json_text(value: Any) -> str:
-    """A value written as JSON on one line (`true`, `null`, `"x"`, `[1, 2]`), for chips and diffs."""
+    """A value written as JSON on one line (`true`, `null`, `"x"`, `[1, 2]`), for chips and
+    diffs."""
     try:
         return json.dumps(value, ensure_ascii=False, default=str)
     except (TypeError, ValueError):

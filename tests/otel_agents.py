@@ -68,7 +68,8 @@ def json_body(spans) -> bytes:
 
 
 class JsonSpanExporter(SpanExporter):
-    """OTLP/HTTP with the JSON encoding (the JavaScript SDK's default; Python ships only protobuf)."""
+    """OTLP/HTTP with the JSON encoding (the JavaScript SDK's default; Python ships only
+    protobuf)."""
 
     def __init__(self, endpoint: str, headers: dict[str, str]):
         self.endpoint, self.headers = endpoint, headers

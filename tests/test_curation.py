@@ -1,4 +1,5 @@
-"""Curation domain: bulk prune by filter, undo from the audit, purge; nothing is lost until purge."""
+"""Curation domain: bulk prune by filter, undo from the audit, purge; nothing is lost until
+purge."""
 
 from __future__ import annotations
 

@@ -220,7 +220,7 @@ def test_runs_listed_and_read_with_steps_and_tool_calls(mcp):
     assert [s["position"] for s in rest["steps"]["items"]] == [3, 4]
 
 
-# --- keys ------------------------------------------------------------------------------------------
+# --- keys ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("header", [None, "Bearer am_000000000000_nope", "Basic abc", "Bearer"])
@@ -302,7 +302,7 @@ def test_another_tenants_ids_look_unknown(asgi_live_server):
     assert acme.ok("retrieve_memories", context_id=mine.pk, query="secret")["items"] == []
 
 
-# --- bad arguments -----------------------------------------------------------------------------------
+# --- bad arguments ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

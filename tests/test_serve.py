@@ -1,4 +1,5 @@
-"""`manage.py serve` (what `make run` runs): set up, serve with gunicorn, stop cleanly, keep data."""
+"""`manage.py serve` (what `make run` runs): set up, serve with gunicorn, stop cleanly, keep
+data."""
 
 from __future__ import annotations
 

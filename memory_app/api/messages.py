@@ -62,7 +62,8 @@ def message_append(request, context_id: ContextId, body: MessageIn):
 def message_append_batch(request, context_id: ContextId, body: MessageBatchIn):
     """Seqs are consecutive in the order sent. One conflicting client id rejects the whole
     batch (409). 201 when at least one message was stored now, 200 when all were repeats."""
-    # A large body runs with the cyclic GC paused from parsing to echo (limits.BulkBodyGcMiddleware).
+    # A large body runs with the cyclic GC paused from parsing to echo
+    # (limits.BulkBodyGcMiddleware).
     result = _append(request, context_id, body.messages)
     return json_response(
         201 if result.any_created else 200,

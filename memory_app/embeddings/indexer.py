@@ -64,10 +64,10 @@ def ensure_model_index(*, model: str, dimensions: int) -> bool:
     """Create the partial HNSW expression index for one model (cosine), once.
 
     `vector` has no fixed dimensions (models differ), so the index is on `vector::halfvec(D)`
-    (at half precision) restricted to the model's rows; searches use the same expression and predicate so the planner
-    can pick it. Built CONCURRENTLY outside a transaction so writes go on meanwhile; an advisory
-    lock keeps two workers from building it at the same time. Returns False when the model is too
-    wide for an HNSW index (it is then always scanned exactly).
+    (at half precision) restricted to the model's rows; searches use the same expression and
+    predicate so the planner can pick it. Built CONCURRENTLY outside a transaction so writes go on
+    meanwhile; an advisory lock keeps two workers from building it at the same time. Returns False
+    when the model is too wide for an HNSW index (it is then always scanned exactly).
     """
     if (model, dimensions) in _ensured:
         return True

@@ -35,7 +35,8 @@ class StateFormatError(ValueError):
 
 
 def msg_text(content: Any) -> str:
-    """The searchable text of a Msg: AgentScope's `get_text_content()` (text blocks, newline-joined)."""
+    """The searchable text of a Msg: AgentScope's `get_text_content()` (text blocks,
+    newline-joined)."""
     if content is None:
         return ""
     if isinstance(content, str):

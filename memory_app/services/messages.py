@@ -173,7 +173,8 @@ def _append_once(*, context, items, prepared, vectors, client_ids, tokenizer) ->
             # One statement takes the context's row lock and allocates the seqs: concurrent
             # appenders queue here, so seqs are gap-free and strictly increasing. A small batch
             # to a context whose full-text vectors are caught up writes its own (below) and
-            # moves search_seq along; a large one leaves them to the indexer (memory_app.search.fulltext).
+            # moves search_seq along; a large one leaves them to the indexer
+            # (memory_app.search.fulltext).
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"UPDATE {Context._meta.db_table} SET last_seq = last_seq + %s, "  # noqa: S608 - constant

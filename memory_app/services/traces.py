@@ -74,7 +74,8 @@ def traces_ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]
     with transaction.atomic():
         for keys, group in groups.values():
             context, _ = context_get_or_create(keys=keys)
-            # One writer per context at a time: two requests of one trace must not both create its run.
+            # One writer per context at a time: two requests of one trace must not both create
+            # its run.
             context = Context.objects.select_for_update().get(pk=context.pk)
             new, differing = trace_spans_record(context=context, spans=[_row(s) for s in group])
             new_count += len(new)

@@ -1,7 +1,7 @@
-"""Screens that changed with the reading work, in headless Chromium at desktop and narrow width (screenshots in
-test-artifacts/screenshots/): key chips and live counts on the contexts list, a message that only
-calls a tool, memories read by a viewer, the styled 403/404/500 pages, the favicon and the link to
-the API docs."""
+"""Screens that changed with the reading work, in headless Chromium at desktop and narrow width
+(screenshots in test-artifacts/screenshots/): key chips and live counts on the contexts list, a
+message that only calls a tool, memories read by a viewer, the styled 403/404/500 pages, the
+favicon and the link to the API docs."""
 
 from __future__ import annotations
 

@@ -189,7 +189,8 @@ def _steps_with_error(now: float) -> list[dict]:
                 }
             ],
             "observations": (
-                "Execution logs:\nLast output from code snippet:\nOslo: Rain, 9C; Kyoto: Cloudy, 18C"
+                "Execution logs:\nLast output from code snippet:\n"
+                "Oslo: Rain, 9C; Kyoto: Cloudy, 18C"
             ),
             "action_output": "Oslo: Rain, 9C; Kyoto: Cloudy, 18C",
             "is_final_answer": True,
@@ -362,7 +363,8 @@ class Command(BaseCommand):
                     "role": "assistant",
                     "name": "Helper",
                     "text": (
-                        "Sorry about that! Let me look.\nI can see two charges of 49 EUR on 12 March."
+                        "Sorry about that! Let me look.\n"
+                        "I can see two charges of 49 EUR on 12 March."
                     ),
                 },
                 {
