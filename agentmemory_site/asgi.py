@@ -36,7 +36,10 @@ async def _bad_host(send) -> None:
         {
             "type": "http.response.start",
             "status": 400,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+            ],
         }
     )
     await send({"type": "http.response.body", "body": body})
@@ -54,7 +57,9 @@ def _host_allowed(scope) -> bool:
 async def application(scope, receive, send):
     if scope["type"] == "lifespan":
         await mcp_app(scope, receive, send)
-    elif scope["type"] == "http" and (scope["path"] == mcp_server.PATH or scope["path"].startswith(mcp_server.PATH + "/")):
+    elif scope["type"] == "http" and (
+        scope["path"] == mcp_server.PATH or scope["path"].startswith(mcp_server.PATH + "/")
+    ):
         if not _host_allowed(scope):
             await _bad_host(send)
             return

@@ -124,7 +124,8 @@ def write_server_settings(pgdata: Path) -> None:
     conf = pgdata / "postgresql.conf"
     _write_atomically(
         pgdata / SETTINGS_FILE,
-        "# Written by agentmemory at each start of its embedded server (embedded_db.server_settings);\n"
+        "# Written by agentmemory at each start of its embedded server "
+        "(embedded_db.server_settings);\n"
         "# set AGENTMEMORY_PG_SHARED_BUFFERS / AGENTMEMORY_PG_EFFECTIVE_CACHE_SIZE to change it.\n"
         + "".join(f"{name} = '{value}'\n" for name, value in values.items()),
         like=conf,
@@ -189,7 +190,8 @@ def upgrade_data_folder(data_dir: Path) -> Path:
     running = PostmasterInfo.read_from_pgdata(pgdata)
     if running is not None and running.is_running():
         raise OldDataFolder(
-            f"a PostgreSQL server (pid {running.pid}) is running on {pgdata}: stop what uses it first"
+            f"a PostgreSQL server (pid {running.pid}) is running on {pgdata}: "
+            "stop what uses it first"
         )
     old = pgserver.get_server(pgdata, cleanup_mode="stop", postgres_version=found)
     new = pgserver.get_server(staging, cleanup_mode="stop", postgres_version=POSTGRES_VERSION)

@@ -223,7 +223,9 @@ AGENTMEMORY_OPENAI_TIMEOUT = float(os.environ.get("AGENTMEMORY_OPENAI_TIMEOUT", 
 AGENTMEMORY_EMBEDDING_BATCH_SIZE = int(os.environ.get("AGENTMEMORY_EMBEDDING_BATCH_SIZE", "64"))
 AGENTMEMORY_LOCAL_MODEL_PATH = os.environ.get("AGENTMEMORY_LOCAL_MODEL_PATH", "")
 # Contexts with fewer messages are scanned exactly (faster than an index walk at that size).
-AGENTMEMORY_SEARCH_EXACT_THRESHOLD = int(os.environ.get("AGENTMEMORY_SEARCH_EXACT_THRESHOLD", "3000"))
+AGENTMEMORY_SEARCH_EXACT_THRESHOLD = int(
+    os.environ.get("AGENTMEMORY_SEARCH_EXACT_THRESHOLD", "3000")
+)
 # hnsw.ef_search: a fixed number, or (unset/0) grown with the model's vector count by the steps
 # "vectors:ef,..." (README "Embeddings and search").
 # Keyword search ranks the newest N matches of a context (all of them when fewer match).

@@ -51,14 +51,18 @@ def _set_pruned(modeladmin, request, queryset, *, prune: bool):
         for pk, context_id in queryset.values_list("pk", "context_id"):
             groups[context_id].append(pk)
         for context in Context.objects.filter(pk__in=groups):
-            ids, _ = curation.messages_set_pruned(context=context, ids=groups[context.pk], pruned=prune, actor=actor, note="via admin")
+            ids, _ = curation.messages_set_pruned(
+                context=context, ids=groups[context.pk], pruned=prune, actor=actor, note="via admin"
+            )
             changed += len(ids)
     else:
         groups = defaultdict(list)
         for pk, run_id in queryset.values_list("pk", "run_id"):
             groups[run_id].append(pk)
         for run in Run.objects.filter(pk__in=groups):
-            ids, _ = curation.steps_set_pruned(run=run, ids=groups[run.pk], pruned=prune, actor=actor, note="via admin")
+            ids, _ = curation.steps_set_pruned(
+                run=run, ids=groups[run.pk], pruned=prune, actor=actor, note="via admin"
+            )
             changed += len(ids)
     noun = queryset.model._meta.verbose_name_plural
     modeladmin.message_user(request, f"{'Pruned' if prune else 'Restored'} {changed} {noun}.")
@@ -76,12 +80,26 @@ def restore_selected(modeladmin, request, queryset):
 
 @admin.register(Context)
 class ContextAdmin(admin.ModelAdmin):
-    list_display = ["id", "title", "keys", "message_count", "run_count", "token_count", "last_activity_at"]
+    list_display = [
+        "id",
+        "title",
+        "keys",
+        "message_count",
+        "run_count",
+        "token_count",
+        "last_activity_at",
+    ]
     search_fields = ["title", "keys_digest"]
     # The counters and search_seq are the write path's (search_seq: up to where the full-text
     # vectors are stored; set by hand above that, messages would drop out of keyword search).
     readonly_fields = [
-        "keys_digest", "last_seq", "search_seq", "message_count", "token_count", "run_count", "created_at",
+        "keys_digest",
+        "last_seq",
+        "search_seq",
+        "message_count",
+        "token_count",
+        "run_count",
+        "created_at",
         "updated_at",
     ]
     date_hierarchy = "last_activity_at"
@@ -90,13 +108,30 @@ class ContextAdmin(admin.ModelAdmin):
 
 @admin.register(Message)
 class MessageAdmin(admin.ModelAdmin):
-    list_display = ["id", "context_id", "seq", "role", "name", "short_text", "token_count", "created_at", "pruned_at"]
+    list_display = [
+        "id",
+        "context_id",
+        "seq",
+        "role",
+        "name",
+        "short_text",
+        "token_count",
+        "created_at",
+        "pruned_at",
+    ]
     list_filter = [PrunedFilter, "role"]
     search_fields = ["text", "client_id", "name"]
     raw_id_fields = ["run", "step"]
     # A message stays in its context at its seq (its full-text vector is keyed by them).
     readonly_fields = [
-        "context", "seq", "token_count", "tokenizer", "created_at", "updated_at", "pruned_at", "pruned_by",
+        "context",
+        "seq",
+        "token_count",
+        "tokenizer",
+        "created_at",
+        "updated_at",
+        "pruned_at",
+        "pruned_by",
     ]
     actions = [prune_selected, restore_selected]
     list_per_page = 100
@@ -115,7 +150,17 @@ class ToolCallInline(admin.TabularInline):
 
 @admin.register(Step)
 class StepAdmin(admin.ModelAdmin):
-    list_display = ["id", "run_id", "position", "kind", "step_number", "error_type", "duration", "total_tokens", "pruned_at"]
+    list_display = [
+        "id",
+        "run_id",
+        "position",
+        "kind",
+        "step_number",
+        "error_type",
+        "duration",
+        "total_tokens",
+        "pruned_at",
+    ]
     list_filter = [PrunedFilter, "kind", "is_final_answer"]
     search_fields = ["observations", "error_message", "code_action", "client_id"]
     raw_id_fields = ["run"]
@@ -127,7 +172,15 @@ class StepAdmin(admin.ModelAdmin):
 class StepInline(admin.TabularInline):
     model = Step
     extra = 0
-    fields = ["position", "kind", "step_number", "error_type", "duration", "total_tokens", "pruned_at"]
+    fields = [
+        "position",
+        "kind",
+        "step_number",
+        "error_type",
+        "duration",
+        "total_tokens",
+        "pruned_at",
+    ]
     readonly_fields = fields
     show_change_link = True
     max_num = 0
@@ -135,7 +188,17 @@ class StepInline(admin.TabularInline):
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
-    list_display = ["id", "context_id", "agent_name", "framework", "status", "step_count", "error_count", "total_tokens", "created_at"]
+    list_display = [
+        "id",
+        "context_id",
+        "agent_name",
+        "framework",
+        "status",
+        "step_count",
+        "error_count",
+        "total_tokens",
+        "created_at",
+    ]
     list_filter = ["status", "framework"]
     search_fields = ["task", "agent_name", "client_id"]
     raw_id_fields = ["context"]
@@ -152,7 +215,16 @@ class ToolCallAdmin(admin.ModelAdmin):
 
 @admin.register(MemoryRecord)
 class MemoryRecordAdmin(admin.ModelAdmin):
-    list_display = ["id", "kind", "short_content", "context_id", "scope_keys", "recorded_by", "archived_at", "created_at"]
+    list_display = [
+        "id",
+        "kind",
+        "short_content",
+        "context_id",
+        "scope_keys",
+        "recorded_by",
+        "archived_at",
+        "created_at",
+    ]
     list_filter = ["kind", ("archived_at", admin.EmptyFieldListFilter)]
     search_fields = ["content", "thinking"]
     raw_id_fields = ["context", "source_message", "source_step"]
@@ -183,7 +255,16 @@ class EmbeddingRetryAdmin(admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["id", "name", "prefix", "scopes", "context_keys", "created_at", "last_used_at", "revoked_at"]
+    list_display = [
+        "id",
+        "name",
+        "prefix",
+        "scopes",
+        "context_keys",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["name", "prefix"]
     # The secret is never stored in clear; its hash is not editable here.
@@ -206,7 +287,17 @@ class AuditEventAdmin(admin.ModelAdmin):
 
 @admin.register(TraceSpan)
 class TraceSpanAdmin(admin.ModelAdmin):
-    list_display = ["id", "trace_id", "span_id", "parent_span_id", "name", "role", "context_id", "run_id", "received_at"]
+    list_display = [
+        "id",
+        "trace_id",
+        "span_id",
+        "parent_span_id",
+        "name",
+        "role",
+        "context_id",
+        "run_id",
+        "received_at",
+    ]
     list_filter = ["role"]
     search_fields = ["trace_id", "span_id", "name"]
     raw_id_fields = ["context", "run"]

@@ -96,6 +96,7 @@ indexer = _Indexer()
 def wake_indexer() -> None:
     indexer.wake()
 
+
 def run_worker(
     *,
     provider: EmbeddingProvider,

@@ -31,7 +31,8 @@ def pgvector_problem(installed: str | None, available: str | None) -> str | None
         return None
     if _version(available) is None or _version(available) < MIN_PGVECTOR:
         return (
-            f"the server's pgvector is {available or installed}; agentmemory needs pgvector >= {need}"
+            f"the server's pgvector is {available or installed}; "
+            f"agentmemory needs pgvector >= {need}"
             " (install a newer pgvector on the server)"
         )
     if installed is not None:

@@ -69,7 +69,8 @@ def lock_contexts(ids) -> None:
     if ids:
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT id FROM {Context._meta.db_table} WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE",  # noqa: S608
+                f"SELECT id FROM {Context._meta.db_table} WHERE id = ANY(%s) "  # noqa: S608
+                "ORDER BY id FOR NO KEY UPDATE",
                 [ids],
             )
 

@@ -40,8 +40,15 @@ def _map_steps(steps: list[dict], *, start: int, prefix: str | None) -> list[dic
 
 
 def smolagents_run_import(
-    *, context: Context, steps: list[dict[str, Any]], system_prompt: str = "", client_id: str | None = None,
-    agent_name: str = "", task: str | None = None, status: str | None = None, final_answer: Any = None,
+    *,
+    context: Context,
+    steps: list[dict[str, Any]],
+    system_prompt: str = "",
+    client_id: str | None = None,
+    agent_name: str = "",
+    task: str | None = None,
+    status: str | None = None,
+    final_answer: Any = None,
     metadata: dict | None = None,
 ) -> tuple[Run, bool]:
     """Store a finished run from `agent.memory.get_full_steps()` (+ system prompt), all or nothing.
@@ -58,9 +65,14 @@ def smolagents_run_import(
     )
     with transaction.atomic():
         run, created = run_create(
-            context=context, client_id=client_id, task=task if task is not None else summary["task"],
-            system_prompt=system_prompt or "", agent_name=agent_name, framework=smol.FRAMEWORK,
-            metadata=metadata, started_at=started_at,
+            context=context,
+            client_id=client_id,
+            task=task if task is not None else summary["task"],
+            system_prompt=system_prompt or "",
+            agent_name=agent_name,
+            framework=smol.FRAMEWORK,
+            metadata=metadata,
+            started_at=started_at,
         )
         prefix = client_id or (f"import-{run.pk}" if created else None)
         items = _map_steps(steps, start=1, prefix=prefix)
@@ -71,14 +83,17 @@ def smolagents_run_import(
         run.refresh_from_db()
         if run.status == RunStatus.RUNNING:
             run = run_finish(
-                run=run, status=status or summary["status"],
+                run=run,
+                status=status or summary["status"],
                 final_answer=final_answer if final_answer is not None else summary["final_answer"],
                 finished_at=finished_at,
             )
     return run, created
 
 
-def smolagents_steps_append(*, run: Run, steps: list[dict[str, Any]], start_index: int) -> list[Step]:
+def smolagents_steps_append(
+    *, run: Run, steps: list[dict[str, Any]], start_index: int
+) -> list[Step]:
     """Append live steps (the callback's), keyed `<run client id>:<index>` so retries are no-ops."""
     if start_index < 1:
         raise Invalid("start_index counts from 1")
@@ -94,12 +109,20 @@ def smolagents_run_export(*, run: Run, include_pruned: bool = False) -> dict[str
         qs = qs.filter(pruned_at__isnull=True)
     steps = list(qs)
     calls: dict[int, list[dict]] = {}
-    for tc in ToolCall.objects.filter(step__in=[s.pk for s in steps]).order_by("step_id", "position").values():
+    for tc in (
+        ToolCall.objects.filter(step__in=[s.pk for s in steps])
+        .order_by("step_id", "position")
+        .values()
+    ):
         calls.setdefault(tc["step_id"], []).append(tc)
     out = []
     for s in steps:
         columns = {f: getattr(s, f) for f in STEP_FIELDS}
-        out.append(smol.step_from_stored(payload=s.payload, columns=columns, tool_calls=calls.get(s.pk, [])))
+        out.append(
+            smol.step_from_stored(
+                payload=s.payload, columns=columns, tool_calls=calls.get(s.pk, [])
+            )
+        )
     return {
         "system_prompt": run.system_prompt,
         "task": run.task,
@@ -127,8 +150,15 @@ def agentscope_entries(
     return [
         (
             as_map.message_to_msg(
-                client_id=m.client_id, pk=m.pk, role=m.role, name=m.name, text=m.text, content=m.content,
-                metadata=m.metadata, source_timestamp=m.source_timestamp, order=m.key_order,
+                client_id=m.client_id,
+                pk=m.pk,
+                role=m.role,
+                name=m.name,
+                text=m.text,
+                content=m.content,
+                metadata=m.metadata,
+                source_timestamp=m.source_timestamp,
+                order=m.key_order,
             ),
             list(m.tags),
         )
@@ -138,13 +168,16 @@ def agentscope_entries(
 
 def agentscope_state_export(*, context: Context, fmt: str = "marks") -> dict[str, Any]:
     try:
-        return as_map.build_state_dict(agentscope_entries(context=context), summary=context.compressed_summary, fmt=fmt)
+        return as_map.build_state_dict(
+            agentscope_entries(context=context), summary=context.compressed_summary, fmt=fmt
+        )
     except as_map.StateFormatError as exc:
         raise Invalid(str(exc)) from exc
 
 
 def _copies(msg_ids: list[str]) -> Q:
-    """Client ids of every stored copy of these Msg ids (`<escaped id>` and `<escaped id>#dup<n>`)."""
+    """Client ids of every stored copy of these Msg ids (`<escaped id>` and
+    `<escaped id>#dup<n>`)."""
     match = Q(pk__in=[])
     for mid in set(msg_ids):
         escaped = as_map.escape_id(mid)
@@ -180,21 +213,30 @@ def _items_for(context: Context, entries: list[tuple[dict, list[str]]]) -> list[
     for msg, marks in entries:
         n = next_free[msg["id"]]
         next_free[msg["id"]] = n + 1
-        items.append(as_map.msg_to_message(msg, marks, client_id=as_map.dup_client_id(msg["id"], n)))
+        items.append(
+            as_map.msg_to_message(msg, marks, client_id=as_map.dup_client_id(msg["id"], n))
+        )
     return items
 
 
 def agentscope_add(
-    *, context: Context, msgs: list[dict], marks: list[str] | None = None, allow_duplicates: bool = False
+    *,
+    context: Context,
+    msgs: list[dict],
+    marks: list[str] | None = None,
+    allow_duplicates: bool = False,
 ) -> list[Message]:
-    """AgentScope `MemoryBase.add`: skip ids already in the (live) memory unless duplicates allowed."""
+    """AgentScope `MemoryBase.add`: skip ids already in the (live) memory unless duplicates
+    allowed."""
     try:
         for m in msgs:
             as_map.validate_msg(m)
         with transaction.atomic():
             Context.objects.select_for_update().filter(pk=context.pk).first()
             if not allow_duplicates:
-                live_ids = {mid for _, mid, _ in _stored_copies(_live(context), [m["id"] for m in msgs])}
+                live_ids = {
+                    mid for _, mid, _ in _stored_copies(_live(context), [m["id"] for m in msgs])
+                }
                 msgs = [m for m in msgs if m["id"] not in live_ids]
             items = _items_for(context, [(m, marks) for m in msgs])
             return messages_append(context=context, items=items).messages if items else []
@@ -207,7 +249,9 @@ def agentscope_delete(*, context: Context, msg_ids: list[str], actor: Actor) -> 
     ids = [pk for pk, _, _ in _stored_copies(_live(context), list(msg_ids))]
     if not ids:
         return 0
-    changed, _ = messages_set_pruned(context=context, ids=ids, pruned=True, actor=actor, note="agentscope delete")
+    changed, _ = messages_set_pruned(
+        context=context, ids=ids, pruned=True, actor=actor, note="agentscope delete"
+    )
     return len(changed)
 
 
@@ -225,8 +269,12 @@ def agentscope_delete_by_mark(*, context: Context, marks: list[str], actor: Acto
 
 
 def agentscope_update_marks(
-    *, context: Context, new_mark: str | None, old_mark: str | None = None,
-    msg_ids: list[str] | None = None, actor: Actor,
+    *,
+    context: Context,
+    new_mark: str | None,
+    old_mark: str | None = None,
+    msg_ids: list[str] | None = None,
+    actor: Actor,
 ) -> int:
     """AgentScope `update_messages_mark(new_mark, old_mark, msg_ids)`, counted as InMemoryMemory
     counts: a message counts when `new_mark` is added to it, or (new_mark None) when `old_mark`
@@ -262,7 +310,9 @@ def agentscope_clear(*, context: Context, actor: Actor) -> int:
     ids = list(_live(context).values_list("pk", flat=True))
     if not ids:
         return 0
-    changed, _ = messages_set_pruned(context=context, ids=ids, pruned=True, actor=actor, note="agentscope clear")
+    changed, _ = messages_set_pruned(
+        context=context, ids=ids, pruned=True, actor=actor, note="agentscope clear"
+    )
     return len(changed)
 
 
@@ -293,8 +343,14 @@ def agentscope_state_import(
             keep = 0
             for row, (msg, marks) in zip(live, entries, strict=False):
                 stored = as_map.message_to_msg(
-                    client_id=row.client_id, pk=row.pk, role=row.role, name=row.name, text=row.text,
-                    content=row.content, metadata=row.metadata, source_timestamp=row.source_timestamp,
+                    client_id=row.client_id,
+                    pk=row.pk,
+                    role=row.role,
+                    name=row.name,
+                    text=row.text,
+                    content=row.content,
+                    metadata=row.metadata,
+                    source_timestamp=row.source_timestamp,
                     order=row.key_order,
                 )
                 if stored != msg or list(row.tags) != list(marks):
@@ -303,7 +359,11 @@ def agentscope_state_import(
             drop = [r.pk for r in live[keep:]]
             if drop:
                 changed, _ = messages_set_pruned(
-                    context=context, ids=drop, pruned=True, actor=actor, note="agentscope load_state_dict"
+                    context=context,
+                    ids=drop,
+                    pruned=True,
+                    actor=actor,
+                    note="agentscope load_state_dict",
                 )
                 pruned = len(changed)
             try:

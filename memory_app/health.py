@@ -26,10 +26,16 @@ def healthz(request):
     except DatabaseError as exc:
         # A dead connection stays dead in this worker; drop it so the next probe reconnects.
         connection.close_if_unusable_or_obsolete()
-        return JsonResponse({"status": "error", "database": "unavailable", "detail": str(exc).strip()[:200]}, status=503)
+        return JsonResponse(
+            {"status": "error", "database": "unavailable", "detail": str(exc).strip()[:200]},
+            status=503,
+        )
     return JsonResponse(
         {
-            "status": "ok", "database": "ok", "pgvector": row[0], "vectors_unindexed": row[1],
+            "status": "ok",
+            "database": "ok",
+            "pgvector": row[0],
+            "vectors_unindexed": row[1],
             "fulltext_pending": int(row[2]),
         }
     )

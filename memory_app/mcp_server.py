@@ -236,8 +236,16 @@ async def append_message(
         "write",
         _append,
         **_drop_none(
-            context_id=context_id, role=role, text=text, name=name, client_id=client_id,
-            content=content, tags=tags, metadata=metadata, run_id=run_id, step_id=step_id,
+            context_id=context_id,
+            role=role,
+            text=text,
+            name=name,
+            client_id=client_id,
+            content=content,
+            tags=tags,
+            metadata=metadata,
+            run_id=run_id,
+            step_id=step_id,
         ),
     )
 
@@ -299,8 +307,16 @@ async def select_context(
         "read",
         _select,
         **_drop_none(
-            context_id=context_id, selector=selector, k=k, max_tokens=max_tokens, policy=policy,
-            semantics=semantics, tokenizer=tokenizer, query=query, mode=mode, window=window,
+            context_id=context_id,
+            selector=selector,
+            k=k,
+            max_tokens=max_tokens,
+            policy=policy,
+            semantics=semantics,
+            tokenizer=tokenizer,
+            query=query,
+            mode=mode,
+            window=window,
             search_k=search_k,
         ),
     )
@@ -361,24 +377,22 @@ async def record_memory(
     contents: Annotated[
         list[Text] | None, Field(max_length=200, description="several facts at once")
     ] = None,
-    context_id: Annotated[
-        Id | None, Field(description="remember for this context only")
-    ] = None,
+    context_id: Annotated[Id | None, Field(description="remember for this context only")] = None,
     scope_keys: Annotated[
         JsonObject | None,
         Field(
             description='remember for every context whose keys contain these, e.g. {"user": "ada"}'
         ),
     ] = None,
-    kind: Annotated[Kind | None, Field(description="fact (default), preference, task, tool")] = None,
+    kind: Annotated[
+        Kind | None, Field(description="fact (default), preference, task, tool")
+    ] = None,
     keywords: Annotated[
         Keywords | None, Field(max_length=100, description="words to recall it by")
     ] = None,
     thinking: Annotated[Text | None, Field(description="why it is worth keeping")] = None,
     metadata: JsonObject | None = None,
-    source_message_id: Annotated[
-        Id | None, Field(description="the message it comes from")
-    ] = None,
+    source_message_id: Annotated[Id | None, Field(description="the message it comes from")] = None,
 ) -> dict[str, Any]:
     """Remember long-term facts, for one context (`context_id`) or for every context sharing
     `scope_keys`. Content already remembered in that scope is returned as stored
@@ -388,8 +402,14 @@ async def record_memory(
         "write",
         _record,
         **_drop_none(
-            content=content, contents=contents, context_id=context_id, scope_keys=scope_keys,
-            kind=kind, keywords=keywords, thinking=thinking, metadata=metadata,
+            content=content,
+            contents=contents,
+            context_id=context_id,
+            scope_keys=scope_keys,
+            kind=kind,
+            keywords=keywords,
+            thinking=thinking,
+            metadata=metadata,
             source_message_id=source_message_id,
         ),
     )
@@ -421,7 +441,11 @@ async def retrieve_memories(
         "read",
         _retrieve,
         **_drop_none(
-            context_id=context_id, query=query, keywords=keywords, limit=limit, kinds=kinds,
+            context_id=context_id,
+            query=query,
+            keywords=keywords,
+            limit=limit,
+            kinds=kinds,
             include_archived=include_archived,
         ),
     )
@@ -470,7 +494,7 @@ async def read_run(
     )
 
 
-# --- the ASGI app ----------------------------------------------------------------------------------
+# --- the ASGI app -------------------------------------------------------------------------------
 
 
 def asgi_app() -> Starlette:
@@ -487,9 +511,7 @@ def asgi_app() -> Starlette:
         routes=[
             Route(
                 PATH,
-                endpoint=RequireAuthMiddleware(
-                    StreamableHTTPASGIApp(manager), required_scopes=[]
-                ),
+                endpoint=RequireAuthMiddleware(StreamableHTTPASGIApp(manager), required_scopes=[]),
             )
         ],
         middleware=[

@@ -63,7 +63,9 @@ class MemoryKind(models.TextChoices):
     TOOL = "tool"
 
 
-def _choices_check(field: str, choices: type[models.TextChoices], name: str) -> models.CheckConstraint:
+def _choices_check(
+    field: str, choices: type[models.TextChoices], name: str
+) -> models.CheckConstraint:
     return models.CheckConstraint(condition=Q(**{f"{field}__in": choices.values}), name=name)
 
 
@@ -101,7 +103,9 @@ class Context(models.Model):
             models.Index(fields=["-last_activity_at", "-id"], name="context_activity_idx"),
             # The full-text indexer's worklist: contexts with messages past their search_seq.
             models.Index(
-                fields=["id"], condition=Q(search_seq__lt=F("last_seq")), name="context_search_behind_idx"
+                fields=["id"],
+                condition=Q(search_seq__lt=F("last_seq")),
+                name="context_search_behind_idx",
             ),
         ]
 
@@ -113,7 +117,9 @@ class Run(models.Model):
     """One execution of an agent inside a context."""
 
     # No index of its own: run_context_recent_idx leads with context.
-    context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="runs", db_index=False)
+    context = models.ForeignKey(
+        Context, on_delete=models.CASCADE, related_name="runs", db_index=False
+    )
     client_id = models.CharField(max_length=200, null=True, blank=True)
     task = models.TextField(blank=True, default="")
     system_prompt = models.TextField(blank=True, default="")
@@ -150,7 +156,8 @@ class Run(models.Model):
 
 
 class Step(models.Model):
-    """One entry of a run's logbook (smolagents TaskStep / PlanningStep / ActionStep / final answer).
+    """One entry of a run's logbook (smolagents TaskStep / PlanningStep / ActionStep / final
+    answer).
 
     Normalised columns serve the dashboard and the transcripts; `payload` keeps the framework's
     own dict verbatim so an export gives back exactly what was imported.
@@ -220,7 +227,9 @@ class ToolCall(models.Model):
     """One tool invocation inside a step."""
 
     # No index of its own: toolcall_step_position_unique leads with step.
-    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="tool_calls", db_index=False)
+    step = models.ForeignKey(
+        Step, on_delete=models.CASCADE, related_name="tool_calls", db_index=False
+    )
     position = models.IntegerField()
     call_id = models.CharField(max_length=200, blank=True, default="")
     name = models.CharField(max_length=200)
@@ -233,7 +242,9 @@ class ToolCall(models.Model):
     class Meta:
         ordering = ["step", "position"]
         constraints = [
-            models.UniqueConstraint(fields=["step", "position"], name="toolcall_step_position_unique"),
+            models.UniqueConstraint(
+                fields=["step", "position"], name="toolcall_step_position_unique"
+            ),
         ]
         indexes = [models.Index(fields=["name"], name="toolcall_name_idx")]
 
@@ -247,7 +258,9 @@ class Message(models.Model):
     # Foreign keys without their own index: message_context_seq_unique leads with context; run
     # and step are indexed where set only (message_run_idx, message_step_idx), as most messages
     # belong to no run.
-    context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="messages", db_index=False)
+    context = models.ForeignKey(
+        Context, on_delete=models.CASCADE, related_name="messages", db_index=False
+    )
     seq = models.BigIntegerField()
     client_id = models.CharField(max_length=200, null=True, blank=True)
     role = models.CharField(max_length=20, choices=MessageRole.choices)
@@ -262,10 +275,20 @@ class Message(models.Model):
         null=True, blank=True, help_text="memory_app.interop.key_order skeleton of content/metadata"
     )
     run = models.ForeignKey(
-        Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="messages", db_index=False
+        Run,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="messages",
+        db_index=False,
     )
     step = models.ForeignKey(
-        Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="messages", db_index=False
+        Step,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="messages",
+        db_index=False,
     )
     token_count = models.IntegerField(default=0)
     tokenizer = models.CharField(max_length=50, blank=True, default="")
@@ -343,8 +366,8 @@ class MessageSearch(models.Model):
     touching the messages, and joins them only for the few candidates it ranks.
 
     Small appends write their vectors in their own transaction; a large batch leaves them to the
-    indexer (`memory_app.search.fulltext`), and keyword search matches those messages from their text
-    meanwhile: every message past its context's `search_seq` is read exactly, none is ever
+    indexer (`memory_app.search.fulltext`), and keyword search matches those messages from their
+    text meanwhile: every message past its context's `search_seq` is read exactly, none is ever
     unsearchable. Database triggers (migration 0013) keep it in step with the messages, whoever
     writes them: an edited text is parsed again, a pruned or deleted message takes its vector
     along, a restored one gets it back.
@@ -430,10 +453,19 @@ class Embedding(models.Model):
     # No single-column indexes on the three keys: the unique (message, model) and (memory_record,
     # model) indexes and (context, model) lead with them and serve their lookups and cascades.
     message = models.ForeignKey(
-        Message, on_delete=models.CASCADE, null=True, blank=True, related_name="embeddings", db_index=False
+        Message,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="embeddings",
+        db_index=False,
     )
     memory_record = models.ForeignKey(
-        MemoryRecord, on_delete=models.CASCADE, null=True, blank=True, related_name="embeddings",
+        MemoryRecord,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="embeddings",
         db_index=False,
     )
     # Denormalised so a semantic search can filter one context without a join.
@@ -455,7 +487,9 @@ class Embedding(models.Model):
                 name="embedding_one_item",
             ),
             models.UniqueConstraint(
-                fields=["message", "model"], condition=Q(message__isnull=False), name="embedding_message_model_unique"
+                fields=["message", "model"],
+                condition=Q(message__isnull=False),
+                name="embedding_message_model_unique",
             ),
             models.UniqueConstraint(
                 fields=["memory_record", "model"],
@@ -464,7 +498,11 @@ class Embedding(models.Model):
             ),
         ]
         indexes = [
-            models.Index(fields=["model", "id"], condition=Q(vector__isnull=True), name="embedding_pending_idx"),
+            models.Index(
+                fields=["model", "id"],
+                condition=Q(vector__isnull=True),
+                name="embedding_pending_idx",
+            ),
             models.Index(fields=["context", "model"], name="embedding_context_model_idx"),
             # The indexer's backlog and the searches' exact scan of it: empty in the steady state.
             models.Index(
@@ -473,7 +511,9 @@ class Embedding(models.Model):
         ]
 
     def __str__(self) -> str:
-        item = f"message {self.message_id}" if self.message_id else f"memory {self.memory_record_id}"
+        item = (
+            f"message {self.message_id}" if self.message_id else f"memory {self.memory_record_id}"
+        )
         return f"{item} under {self.model}" + ("" if self.vector is not None else " (pending)")
 
 
@@ -504,7 +544,9 @@ class EmbeddingRetry(models.Model):
         verbose_name_plural = "embedding retries"
 
     def __str__(self) -> str:
-        return f"embedding {self.embedding_id}: {self.attempts} attempts, next {self.next_attempt_at}"
+        return (
+            f"embedding {self.embedding_id}: {self.attempts} attempts, next {self.next_attempt_at}"
+        )
 
 
 class ApiKey(models.Model):
@@ -522,7 +564,9 @@ class ApiKey(models.Model):
     scopes = ArrayField(models.CharField(max_length=10), default=list)
     # A key confined to {"tenant": "acme"} sees only contexts whose keys contain tenant=acme.
     context_keys = models.JSONField(default=dict, blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -530,7 +574,8 @@ class ApiKey(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(
-                condition=Q(scopes__contained_by=["read", "write", "admin"]), name="apikey_scopes_valid"
+                condition=Q(scopes__contained_by=["read", "write", "admin"]),
+                name="apikey_scopes_valid",
             ),
         ]
 
@@ -547,16 +592,22 @@ class AuditEvent(models.Model):
 
     at = models.DateTimeField(auto_now_add=True, db_index=True)
     actor = models.CharField(max_length=200, help_text="user:<name> or key:<prefix>")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
     api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True)
     action = models.CharField(max_length=50, db_index=True)
     target_type = models.CharField(max_length=50)
     target_ids = ArrayField(models.BigIntegerField(), default=list, blank=True)
-    context = models.ForeignKey(Context, on_delete=models.SET_NULL, null=True, blank=True, related_name="audit_events")
+    context = models.ForeignKey(
+        Context, on_delete=models.SET_NULL, null=True, blank=True, related_name="audit_events"
+    )
     before = models.JSONField(null=True, blank=True)
     after = models.JSONField(null=True, blank=True)
     note = models.TextField(blank=True, default="")
-    undone_by = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    undone_by = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -567,7 +618,10 @@ class AuditEvent(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target_type} {self.target_ids[:5]}"
+        return (
+            f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target_type} "
+            f"{self.target_ids[:5]}"
+        )
 
 
 class TraceSpan(models.Model):
@@ -592,7 +646,9 @@ class TraceSpan(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["context", "trace_id", "span_id"], name="tracespan_ids_unique"),
+            models.UniqueConstraint(
+                fields=["context", "trace_id", "span_id"], name="tracespan_ids_unique"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -22,7 +22,9 @@ def _table(defaults: str, override: str) -> dict[str, tuple[float, float]]:
     except ValueError as exc:
         raise ImproperlyConfigured(f"AGENTMEMORY_MODEL_PRICES is not valid JSON: {exc}") from exc
     if not isinstance(extra, dict):
-        raise ImproperlyConfigured("AGENTMEMORY_MODEL_PRICES must be a JSON object of model: [input, output]")
+        raise ImproperlyConfigured(
+            "AGENTMEMORY_MODEL_PRICES must be a JSON object of model: [input, output]"
+        )
     table.update(extra)
     prices = {}
     for model, price in table.items():
@@ -34,7 +36,8 @@ def _table(defaults: str, override: str) -> dict[str, tuple[float, float]]:
             or not all(isinstance(p, int | float) and math.isfinite(p) and p >= 0 for p in price)
         ):
             raise ImproperlyConfigured(
-                f"AGENTMEMORY_MODEL_PRICES[{model!r}] must be [input, output] USD per million tokens"
+                f"AGENTMEMORY_MODEL_PRICES[{model!r}] must be [input, output] "
+                "USD per million tokens"
             )
         prices[model.lower()] = (float(price[0]), float(price[1]))
     return prices
@@ -54,7 +57,9 @@ def model_price(model: str) -> tuple[float, float] | None:
     name = model.lower().rsplit("/", 1)[-1]
     best = None
     for listed in table:
-        if (name == listed or name.startswith(listed + "-")) and (best is None or len(listed) > len(best)):
+        if (name == listed or name.startswith(listed + "-")) and (
+            best is None or len(listed) > len(best)
+        ):
             best = listed
     return table[best] if best else None
 

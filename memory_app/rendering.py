@@ -134,7 +134,8 @@ def content_text(content: Any) -> str:
 
 
 def json_text(value: Any) -> str:
-    """A value written as JSON on one line (`true`, `null`, `"x"`, `[1, 2]`), for chips and diffs."""
+    """A value written as JSON on one line (`true`, `null`, `"x"`, `[1, 2]`), for chips and
+    diffs."""
     try:
         return json.dumps(value, ensure_ascii=False, default=str)
     except (TypeError, ValueError):
@@ -174,11 +175,13 @@ def change_diff(before: Any, after: Any) -> tuple[list[FieldChange], list[str]]:
             lines = tuple(line for line in diff if not line.startswith(("---", "+++", "@@")))
             changes.append(FieldChange(field=key, lines=lines))
         else:
-            changes.append(FieldChange(
-                field=key,
-                old=json_text(old) if key in before else None,
-                new=json_text(new) if key in after else None,
-            ))
+            changes.append(
+                FieldChange(
+                    field=key,
+                    old=json_text(old) if key in before else None,
+                    new=json_text(new) if key in after else None,
+                )
+            )
     return changes, same
 
 
@@ -201,7 +204,9 @@ def content_blocks(content: Any) -> list[ContentBlock]:
     blocks = []
     for block in content:
         if not isinstance(block, dict):
-            blocks.append(ContentBlock(kind="value", label="block", body=pretty_json(block), language="json"))
+            blocks.append(
+                ContentBlock(kind="value", label="block", body=pretty_json(block), language="json")
+            )
             continue
         kind = str(block.get("type") or "block")
         if kind == "text":

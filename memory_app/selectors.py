@@ -272,7 +272,9 @@ def _steamship_window(*, context: Context, k: int, counter: _TokenCounter) -> Se
     if is_user(newest):
         seen_user = True
         pending = []
-        notes.append(f"message #{newest.seq} is the current prompt (trailing user message): left out")
+        notes.append(
+            f"message #{newest.seq} is the current prompt (trailing user message): left out"
+        )
     limit = k * 2
     counted = 0
     picked: list[tuple[Message, str]] = []
@@ -351,12 +353,16 @@ def select_token_window(*, context: Context, spec: TokenWindowSpec) -> Selection
             used += n
             picked.append(Selected(m, f"token_window: {n} tokens, {used}/{budget} used", n))
         elif spec.policy == "contiguous":
-            notes.append(f"stopped at message #{m.seq} ({n} tokens would reach {n + used}/{budget})")
+            notes.append(
+                f"stopped at message #{m.seq} ({n} tokens would reach {n + used}/{budget})"
+            )
             break
         else:
             skipped += 1
             if skipped <= MAX_SKIP_NOTES:
-                notes.append(f"skipped message #{m.seq}: {n} tokens would reach {n + used}/{budget}")
+                notes.append(
+                    f"skipped message #{m.seq}: {n} tokens would reach {n + used}/{budget}"
+                )
     if skipped > MAX_SKIP_NOTES:
         notes.append(f"... and {skipped - MAX_SKIP_NOTES} more skipped messages")
     picked.reverse()
@@ -434,7 +440,9 @@ def select_composite(*, context: Context, spec: CompositeSpec) -> Selection:
     # selects a status message.
     statuses = [item.message for item in window.items if is_status(item.message)]
     if statuses:
-        notes.append(f"status messages left out of the window: {', '.join(f'#{m.seq}' for m in statuses)}")
+        notes.append(
+            f"status messages left out of the window: {', '.join(f'#{m.seq}' for m in statuses)}"
+        )
     for item in window.items:
         if not is_status(item.message):
             chosen.setdefault(item.message.pk, (item.message, item.reason, None))

@@ -43,7 +43,8 @@ def get_encoding(name: str | None = None) -> tiktoken.Encoding:
     if name in available_tokenizers():
         return tiktoken.get_encoding(name)
     raise UnknownTokenizer(
-        f"unknown tokenizer {name!r}; available offline: {', '.join(available_tokenizers()) or 'none'}"
+        f"unknown tokenizer {name!r}; "
+        f"available offline: {', '.join(available_tokenizers()) or 'none'}"
     )
 
 
@@ -88,7 +89,9 @@ def message_token_counts(messages, *, tokenizer: str | None = None) -> list[int]
     counts = [m.token_count for m in messages]
     for i, n in zip(
         stale,
-        count_tokens([token_text(messages[i].text, messages[i].content) for i in stale], tokenizer=name),
+        count_tokens(
+            [token_text(messages[i].text, messages[i].content) for i in stale], tokenizer=name
+        ),
         strict=True,
     ):
         counts[i] = n

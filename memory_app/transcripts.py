@@ -23,8 +23,8 @@ from memory_app.interop.smolagents import RESERVED_KEY, calling_tools_text, tool
 from memory_app.models import Context, Message, MessageRole, Run, Step, ToolCall
 
 RETRY_TEXT = (
-    "\nNow let's retry: take care not to repeat previous errors! If you have retried several times, "
-    "try a completely different approach.\n"
+    "\nNow let's retry: take care not to repeat previous errors! "
+    "If you have retried several times, try a completely different approach.\n"
 )
 PLAN_FOLLOW_UP = "Now proceed and carry out this plan."
 
@@ -62,32 +62,46 @@ class CallRow:
     arguments: Any
 
 
-def step_messages(step: StepRow, tool_calls: list[CallRow], *, summary_mode: bool) -> list[dict[str, Any]]:
+def step_messages(
+    step: StepRow, tool_calls: list[CallRow], *, summary_mode: bool
+) -> list[dict[str, Any]]:
     """One stored step as smolagents' `MemoryStep.to_messages(summary_mode)`."""
     if step.kind == "task":
         return [_chat_message("user", f"New task:\n{step.task or ''}")]
     if step.kind == "planning":
         if summary_mode:
             return []
-        return [_chat_message("assistant", (step.plan or "").strip()), _chat_message("user", PLAN_FOLLOW_UP)]
+        return [
+            _chat_message("assistant", (step.plan or "").strip()),
+            _chat_message("user", PLAN_FOLLOW_UP),
+        ]
     if step.kind != "action":
         return []  # FinalAnswerStep has no messages (and smolagents never keeps it in memory)
     out = []
     if step.model_output is not None and not summary_mode:
-        text = step.model_output.strip() if isinstance(step.model_output, str) else step.model_output
+        text = (
+            step.model_output.strip() if isinstance(step.model_output, str) else step.model_output
+        )
         out.append(_chat_message("assistant", text))
     # smolagents checks `tool_calls is not None`; its dict() turns None into [], so an empty list
     # stored here is the None of a step whose call never parsed.
     if tool_calls:
         text = step.calling_tools or calling_tools_text(
-            [tool_call_dict({"call_id": t.call_id, "name": t.name, "arguments": t.arguments}) for t in tool_calls]
+            [
+                tool_call_dict({"call_id": t.call_id, "name": t.name, "arguments": t.arguments})
+                for t in tool_calls
+            ]
         )
         out.append(_chat_message("tool-call", text))
     if step.observations is not None:
         out.append(_chat_message("tool-response", f"Observation:\n{step.observations}"))
     if step.error_type is not None or step.error_message is not None:
         prefix = f"Call id: {tool_calls[0].call_id}\n" if tool_calls else ""
-        out.append(_chat_message("tool-response", prefix + "Error:\n" + (step.error_message or "") + RETRY_TEXT))
+        out.append(
+            _chat_message(
+                "tool-response", prefix + "Error:\n" + (step.error_message or "") + RETRY_TEXT
+            )
+        )
     return out
 
 
@@ -110,13 +124,22 @@ def run_messages(
     steps = [
         StepRow(*row)
         for row in live.order_by("position").values_list(
-            "pk", "kind", "task", "plan", "model_output", "observations", "error_type", "error_message",
+            "pk",
+            "kind",
+            "task",
+            "plan",
+            "model_output",
+            "observations",
+            "error_type",
+            "error_message",
             KT(f"payload__{RESERVED_KEY}__calling_tools"),
         )
     ]
     calls: dict[int, list[CallRow]] = {}
     call_rows = ToolCall.objects.filter(step__in=live).order_by("step_id", "position")
-    for step_id, call_id, name, arguments in call_rows.values_list("step_id", "call_id", "name", "arguments"):
+    for step_id, call_id, name, arguments in call_rows.values_list(
+        "step_id", "call_id", "name", "arguments"
+    ):
         calls.setdefault(step_id, []).append(CallRow(call_id, name, arguments))
     for step in steps:
         messages.extend(step_messages(step, calls.get(step.pk, []), summary_mode=summary_mode))
@@ -124,6 +147,7 @@ def run_messages(
 
 
 # --- AgentKit -----------------------------------------------------------------------------------
+
 
 def _history_turns(messages: Iterable[Message]) -> list[tuple[str, str]]:
     turns = []
@@ -135,7 +159,9 @@ def _history_turns(messages: Iterable[Message]) -> list[tuple[str, str]]:
     return turns
 
 
-def context_tool_input(*, context: Context, run: Run | None = None, limit: int | None = None) -> dict[str, Any]:
+def context_tool_input(
+    *, context: Context, run: Run | None = None, limit: int | None = None
+) -> dict[str, Any]:
     """The AgentKit `ToolInputSchema` for the context's latest user message.
 
     As AgentKit's SimpleRouterAgent builds it: the chat history is every user/assistant message
@@ -158,7 +184,11 @@ def context_tool_input(*, context: Context, run: Run | None = None, limit: int |
     history: list[tuple[str, str]] = []
     if not intermediate:
         before = live.filter(seq__lt=latest.seq) if latest else live
-        rows = list(before.order_by("-seq")[: limit or None]) if limit else list(before.order_by("-seq"))
+        rows = (
+            list(before.order_by("-seq")[: limit or None])
+            if limit
+            else list(before.order_by("-seq"))
+        )
         history = _history_turns(reversed(rows))
     settings = (context.metadata or {}).get("user_settings")
     return agentkit.tool_input(

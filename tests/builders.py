@@ -34,9 +34,7 @@ def make_context(
     *, keys: dict[str, Any] | None = None, title: str = "", messages: int = 0, **message_fields
 ) -> Context:
     """A context with `messages` simple alternating user/assistant messages."""
-    context, _ = context_get_or_create(
-        keys=keys or {"test": f"ctx{next(_counter)}"}, title=title
-    )
+    context, _ = context_get_or_create(keys=keys or {"test": f"ctx{next(_counter)}"}, title=title)
     if messages:
         add_messages(context=context, count=messages, **message_fields)
     context.refresh_from_db()

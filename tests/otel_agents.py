@@ -68,15 +68,19 @@ def json_body(spans) -> bytes:
 
 
 class JsonSpanExporter(SpanExporter):
-    """OTLP/HTTP with the JSON encoding (the JavaScript SDK's default; Python ships only protobuf)."""
+    """OTLP/HTTP with the JSON encoding (the JavaScript SDK's default; Python ships only
+    protobuf)."""
 
     def __init__(self, endpoint: str, headers: dict[str, str]):
         self.endpoint, self.headers = endpoint, headers
         self.statuses: list[int] = []
 
     def export(self, spans):
-        response = httpx.post(self.endpoint, content=json_body(spans),
-                              headers={**self.headers, "Content-Type": "application/json"})
+        response = httpx.post(
+            self.endpoint,
+            content=json_body(spans),
+            headers={**self.headers, "Content-Type": "application/json"},
+        )
         self.statuses.append(response.status_code)
         return SpanExportResult.SUCCESS if response.is_success else SpanExportResult.FAILURE
 
@@ -96,7 +100,10 @@ def assert_run_matches_memory(run, agent, *, tool_calls: bool, keys: dict):
     assert [s.kind for s in steps] == [e["kind"] for e in expected]
     for step, want in zip(steps, expected, strict=True):
         assert (step.input_tokens, step.output_tokens, step.total_tokens) == (
-            want["input_tokens"], want["output_tokens"], want["total_tokens"]), step.kind
+            want["input_tokens"],
+            want["output_tokens"],
+            want["total_tokens"],
+        ), step.kind
         if want["start_time"] is not None:  # a TaskStep has no timing
             assert step.start_time == pytest.approx(want["start_time"], abs=0.5)
         if step.kind == "task":
@@ -116,16 +123,26 @@ def assert_run_matches_memory(run, agent, *, tool_calls: bool, keys: dict):
             # smolagents drops the calls of a step whose tool raised (it sets memory_step.tool_calls
             # after the loop); the trace still has it, kept as a failed call.
             assert [c for c in got if c["success"]] == [
-                {k: c[k] for k in ("call_id", "name", "arguments", "output", "success")} for c in want["tool_calls"]
+                {k: c[k] for k in ("call_id", "name", "arguments", "output", "success")}
+                for c in want["tool_calls"]
             ]
             if step.error_type == "AgentToolExecutionError":
                 assert [c for c in got if not c["success"]] == [
-                    {"call_id": "call_p1", "name": "get_population", "arguments": {"city": "Paris"},
-                     "output": None, "success": False}
+                    {
+                        "call_id": "call_p1",
+                        "name": "get_population",
+                        "arguments": {"city": "Paris"},
+                        "output": None,
+                        "success": False,
+                    }
                 ]
     memory = agent.memory.steps
-    assert run.input_tokens == sum(s.token_usage.input_tokens for s in memory if getattr(s, "token_usage", None))
-    assert run.output_tokens == sum(s.token_usage.output_tokens for s in memory if getattr(s, "token_usage", None))
+    assert run.input_tokens == sum(
+        s.token_usage.input_tokens for s in memory if getattr(s, "token_usage", None)
+    )
+    assert run.output_tokens == sum(
+        s.token_usage.output_tokens for s in memory if getattr(s, "token_usage", None)
+    )
     assert run.error_count == sum(1 for e in expected if e.get("error_type")) == 1
     assert run.status == "success"
     assert run.system_prompt == agent.memory.system_prompt.system_prompt

@@ -44,7 +44,9 @@ class ScriptedModel(Model):
         self.script = list(script)
         self.seen: list[list] = []
 
-    def generate(self, messages, stop_sequences=None, response_format=None, tools_to_call_from=None, **kw):
+    def generate(
+        self, messages, stop_sequences=None, response_format=None, tools_to_call_from=None, **kw
+    ):
         self.seen.append(messages)
         return self.script.pop(0)
 
@@ -55,7 +57,9 @@ def _call(call_id, name, arguments, *, content=None, usage=(100, 10)):
         content=content,
         tool_calls=[
             ChatMessageToolCall(
-                id=call_id, type="function", function=ChatMessageToolCallFunction(name=name, arguments=arguments)
+                id=call_id,
+                type="function",
+                function=ChatMessageToolCallFunction(name=name, arguments=arguments),
             )
         ],
         token_usage=TokenUsage(input_tokens=usage[0], output_tokens=usage[1]),
@@ -64,11 +68,19 @@ def _call(call_id, name, arguments, *, content=None, usage=(100, 10)):
 
 def tool_calling_script():
     return [
-        ChatMessage(role=MessageRole.ASSISTANT, content="1. weather\n2. population\n3. answer",
-                    token_usage=TokenUsage(40, 9)),
+        ChatMessage(
+            role=MessageRole.ASSISTANT,
+            content="1. weather\n2. population\n3. answer",
+            token_usage=TokenUsage(40, 9),
+        ),
         # "location" before "unit": jsonb would store them the other way round.
-        _call("call_w1", "get_weather", {"location": "Paris", "unit": "C"}, content="I will check the weather.",
-              usage=(120, 15)),
+        _call(
+            "call_w1",
+            "get_weather",
+            {"location": "Paris", "unit": "C"},
+            content="I will check the weather.",
+            usage=(120, 15),
+        ),
         _call("call_p1", "get_population", {"city": "Paris"}, usage=(150, 12)),
         _call("call_f1", "final_answer", {"answer": "Sunny, 22C"}, usage=(200, 10)),
     ]
@@ -76,22 +88,38 @@ def tool_calling_script():
 
 def code_script():
     return [
-        ChatMessage(role=MessageRole.ASSISTANT, content="1. compute 2**10\n2. answer", token_usage=TokenUsage(50, 8)),
-        ChatMessage(role=MessageRole.ASSISTANT,
-                    content="Thought: compute\n<code>\nx = 2**10\nprint(x)\nundefined_fn()\n</code>",
-                    token_usage=TokenUsage(100, 20)),
-        ChatMessage(role=MessageRole.ASSISTANT, content="Thought: done\n<code>\nfinal_answer(1024)\n</code>",
-                    token_usage=TokenUsage(150, 12)),
+        ChatMessage(
+            role=MessageRole.ASSISTANT,
+            content="1. compute 2**10\n2. answer",
+            token_usage=TokenUsage(50, 8),
+        ),
+        ChatMessage(
+            role=MessageRole.ASSISTANT,
+            content="Thought: compute\n<code>\nx = 2**10\nprint(x)\nundefined_fn()\n</code>",
+            token_usage=TokenUsage(100, 20),
+        ),
+        ChatMessage(
+            role=MessageRole.ASSISTANT,
+            content="Thought: done\n<code>\nfinal_answer(1024)\n</code>",
+            token_usage=TokenUsage(150, 12),
+        ),
     ]
 
 
 def make_tool_calling_agent(**kw):
-    return ToolCallingAgent(tools=[get_weather, get_population], model=ScriptedModel(tool_calling_script()),
-                            verbosity_level=-1, planning_interval=5, **kw)
+    return ToolCallingAgent(
+        tools=[get_weather, get_population],
+        model=ScriptedModel(tool_calling_script()),
+        verbosity_level=-1,
+        planning_interval=5,
+        **kw,
+    )
 
 
 def make_code_agent(**kw):
-    return CodeAgent(tools=[], model=ScriptedModel(code_script()), verbosity_level=-1, planning_interval=5, **kw)
+    return CodeAgent(
+        tools=[], model=ScriptedModel(code_script()), verbosity_level=-1, planning_interval=5, **kw
+    )
 
 
 AGENTS = {

@@ -29,7 +29,14 @@ def history():
     run, _ = run_create(context=context, task="t")
     steps = steps_append(
         run=run,
-        items=[{"kind": "task", "task": "t"}, {"kind": "action", "step_number": 1, "tool_calls": [{"name": "search", "arguments": {"q": "x"}}]}],
+        items=[
+            {"kind": "task", "task": "t"},
+            {
+                "kind": "action",
+                "step_number": 1,
+                "tool_calls": [{"name": "search", "arguments": {"q": "x"}}],
+            },
+        ],
     )
     return context, result.messages, run, steps.steps
 
@@ -61,7 +68,9 @@ def test_every_admin_changelist_and_change_page_renders(superuser_client, histor
 
 
 @pytest.mark.django_db
-def test_pruned_messages_are_listed_and_restorable_in_the_admin(superuser_client, history, system_actor):
+def test_pruned_messages_are_listed_and_restorable_in_the_admin(
+    superuser_client, history, system_actor
+):
     context, messages, _, _ = history
     pruned = messages[1]
     messages_set_pruned(context=context, ids=[pruned.pk], pruned=True, actor=system_actor)
@@ -83,7 +92,9 @@ def test_pruned_messages_are_listed_and_restorable_in_the_admin(superuser_client
 def test_steps_can_be_pruned_from_the_admin(superuser_client, history):
     _, _, _, steps = history
     url = reverse("admin:memory_app_step_changelist")
-    superuser_client.post(url, {"action": "prune_selected", "_selected_action": [steps[1].pk]}, follow=True)
+    superuser_client.post(
+        url, {"action": "prune_selected", "_selected_action": [steps[1].pk]}, follow=True
+    )
     assert Step.objects.get(pk=steps[1].pk).pruned_at is not None
     assert Step.objects.get(pk=steps[0].pk).pruned_at is None
     assert Message.objects.filter(pruned_at__isnull=False).count() == 0

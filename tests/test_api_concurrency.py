@@ -44,20 +44,27 @@ def test_eight_writers_get_gap_free_unique_seqs_and_retries_change_nothing():
 
     assert errors == []
     total = THREADS * PER_THREAD
-    seqs = list(Message.objects.filter(context_id=cid).order_by("seq").values_list("seq", flat=True))
+    seqs = list(
+        Message.objects.filter(context_id=cid).order_by("seq").values_list("seq", flat=True)
+    )
     assert seqs == list(range(1, total + 1))
     context = Context.objects.get(pk=cid)
     assert (context.last_seq, context.message_count) == (total, total)
     # Each thread's own messages kept their order.
     for n in range(THREADS):
-        mine = Message.objects.filter(context_id=cid, client_id__startswith=f"t{n}-").order_by("seq")
+        mine = Message.objects.filter(context_id=cid, client_id__startswith=f"t{n}-").order_by(
+            "seq"
+        )
         assert [m.client_id for m in mine] == [f"t{n}-{i}" for i in range(PER_THREAD)]
 
     # Retrying everything afterwards (a batch per thread) writes nothing.
     for n in range(THREADS):
-        body = {"messages": [
-            {"client_id": f"t{n}-{i}", "role": "user", "text": f"thread {n} message {i}"} for i in range(PER_THREAD)
-        ]}
+        body = {
+            "messages": [
+                {"client_id": f"t{n}-{i}", "role": "user", "text": f"thread {n} message {i}"}
+                for i in range(PER_THREAD)
+            ]
+        }
         response = api.post(f"{url}/batch", body)
         assert response.status_code == 200
         assert not any(response.json()["created"])

@@ -38,14 +38,25 @@ def test_last_used_at_is_set_on_use_and_refreshed_at_most_once_a_minute():
     assert first is not None
     client.get("/api/v1/contexts")
     assert ApiKey.objects.get(pk=issued.key.pk).last_used_at == first
-    ApiKey.objects.filter(pk=issued.key.pk).update(last_used_at=timezone.now() - timedelta(minutes=2))
+    ApiKey.objects.filter(pk=issued.key.pk).update(
+        last_used_at=timezone.now() - timedelta(minutes=2)
+    )
     client.get("/api/v1/contexts")
     assert ApiKey.objects.get(pk=issued.key.pk).last_used_at > first
 
 
 def test_command_creates_lists_and_revokes_keys():
     out = StringIO()
-    call_command("apikey", "create", "crawler", "--scopes", "read", "--context-keys", '{"tenant": "acme"}', stdout=out)
+    call_command(
+        "apikey",
+        "create",
+        "crawler",
+        "--scopes",
+        "read",
+        "--context-keys",
+        '{"tenant": "acme"}',
+        stdout=out,
+    )
     secret = out.getvalue().strip().splitlines()[-1]
     key = ApiKey.objects.get(name="crawler")
     assert (key.scopes, key.context_keys) == (["read"], {"tenant": "acme"})
@@ -57,11 +68,19 @@ def test_command_creates_lists_and_revokes_keys():
 
     call_command("apikey", "revoke", key.prefix, stdout=StringIO())
     assert ApiClient(secret).get("/api/v1/contexts").status_code == 401
-    assert list(AuditEvent.objects.order_by("id").values_list("action", flat=True)) == ["key_create", "key_revoke"]
+    assert list(AuditEvent.objects.order_by("id").values_list("action", flat=True)) == [
+        "key_create",
+        "key_revoke",
+    ]
 
 
 @pytest.mark.parametrize(
-    "args", [["create", "x", "--scopes", "god"], ["create", "x", "--context-keys", "{nope"], ["revoke", "missing"]]
+    "args",
+    [
+        ["create", "x", "--scopes", "god"],
+        ["create", "x", "--context-keys", "{nope"],
+        ["revoke", "missing"],
+    ],
 )
 def test_command_errors_are_clear(args):
     with pytest.raises(CommandError):
@@ -92,7 +111,14 @@ def test_a_key_confined_to_an_empty_value_is_refused(confinement):
 
 @pytest.mark.parametrize(
     "confinement",
-    [{}, {"tenant": "acme"}, {"tenant": 0}, {"tenant": False}, {"org": {"team": "red"}}, {"tenant": ["acme"]}],
+    [
+        {},
+        {"tenant": "acme"},
+        {"tenant": 0},
+        {"tenant": False},
+        {"org": {"team": "red"}},
+        {"tenant": ["acme"]},
+    ],
     ids=json.dumps,
 )
 def test_a_key_confined_to_real_values_or_not_confined_is_created(confinement):

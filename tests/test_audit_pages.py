@@ -98,7 +98,7 @@ def test_an_event_page_offers_undo_and_says_when_it_was_undone(history):
     prune.refresh_from_db()
     html = client.get(reverse("audit-entry", args=[prune.pk])).content.decode()
     assert f'action="/audit/{prune.pk}/undo/"' not in html
-    assert f"undone by <a href=\"/audit/{prune.undone_by_id}/\">" in html
+    assert f'undone by <a href="/audit/{prune.undone_by_id}/">' in html
 
 
 def test_an_unknown_event_is_404():
@@ -108,7 +108,7 @@ def test_an_unknown_event_is_404():
 def test_an_edit_shows_only_the_changed_lines_with_one_line_of_context(history):
     edit = AuditEvent.objects.filter(action="edit").latest("id")
     html = client_for("curator").get(reverse("audit-entry", args=[edit.pk])).content.decode()
-    diff = html[html.index('class="change-diff"'):]
+    diff = html[html.index('class="change-diff"') :]
     assert '<span class="del">-line two</span>' in diff
     assert '<span class="ins">+line 2</span>' in diff
     assert '<span class="ctx"> line one</span>' in diff
@@ -120,7 +120,9 @@ def test_change_diff_of_values_fields_and_one_sided_events():
     changes, same = change_diff({"a": True, "b": 1, "c": "x"}, {"a": False, "b": 1, "d": None})
     assert same == ["b"]
     assert [(c.field, c.old, c.new) for c in changes] == [
-        ("a", "true", "false"), ("c", '"x"', None), ("d", None, "null")
+        ("a", "true", "false"),
+        ("c", '"x"', None),
+        ("d", None, "null"),
     ]
     [created], _ = change_diff(None, {"name": "k"})
     assert (created.old, created.new) == (None, '{"name": "k"}')
@@ -148,7 +150,9 @@ def test_viewers_read_memories_but_see_no_button_to_change_them():
     for control in ("Merge selected", "/edit/", "/archive/", 'name="ids"'):
         assert control not in html
     assert viewer.get(reverse("memories") + f"?id={record.pk}").status_code == 200
-    assert viewer.post(reverse("memory-edit", args=[record.pk]), {"content": "x"}).status_code == 403
+    assert (
+        viewer.post(reverse("memory-edit", args=[record.pk]), {"content": "x"}).status_code == 403
+    )
     assert viewer.post(reverse("memory-archive", args=[record.pk])).status_code == 403
     assert viewer.post(reverse("memories")).status_code == 405
     assert MemoryRecord.objects.get(pk=record.pk).archived_at is None

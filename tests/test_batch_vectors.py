@@ -165,7 +165,9 @@ def test_non_finite_or_oversized_vectors_are_422(api):
     cid = new_context(api, {"test": "inline-nan"})
     nan = api.post(
         BATCH.format(cid=cid),
-        raw='{"messages": [{"role": "user", "text": "a", "vector": [NaN, 1], "vector_model": "m"}]}',
+        raw=(
+            '{"messages": [{"role": "user", "text": "a", "vector": [NaN, 1], "vector_model": "m"}]}'
+        ),
     )
     assert nan.status_code in (400, 422)
     huge = api.post(

@@ -59,7 +59,8 @@ def test_pages_fragments_and_api_json_are_gzipped():
     api = make_key(scopes=["read"])
     response = Client().get(
         f"/api/v1/contexts/{context.pk}/messages?limit=40",
-        HTTP_AUTHORIZATION=f"Bearer {api.secret}", **GZIP,
+        HTTP_AUTHORIZATION=f"Bearer {api.secret}",
+        **GZIP,
     )
     assert response.status_code == 200 and response["Content-Encoding"] == "gzip"
     assert b"message 40" in gzip.decompress(response.content)
@@ -75,6 +76,8 @@ def test_each_page_carries_its_own_csrf_mask_and_random_gzip_padding():
     client.force_login(make_user(role="viewer"))
     make_context(messages=3)
     pages = [client.get("/contexts/", **GZIP) for _ in range(4)]
-    tokens = {re.search(rb'"X-CSRFToken": "([^"]+)"', gzip.decompress(p.content)).group(1) for p in pages}
+    tokens = {
+        re.search(rb'"X-CSRFToken": "([^"]+)"', gzip.decompress(p.content)).group(1) for p in pages
+    }
     assert len(tokens) == 4  # masked afresh: the compressed size says nothing about the secret
     assert len({len(p.content) for p in pages}) > 1  # random padding in each gzip header

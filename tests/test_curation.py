@@ -1,4 +1,5 @@
-"""Curation domain: bulk prune by filter, undo from the audit, purge; nothing is lost until purge."""
+"""Curation domain: bulk prune by filter, undo from the audit, purge; nothing is lost until
+purge."""
 
 from __future__ import annotations
 
@@ -27,12 +28,16 @@ ACTOR = Actor.system("curator-test")
 
 def make_context(texts: list[tuple[str, str, list[str]]]) -> Context:
     ctx, _ = context_get_or_create(keys={"test": "curation", "n": next(_serial)})
-    messages_append(context=ctx, items=[{"role": r, "text": t, "tags": tags} for r, t, tags in texts])
+    messages_append(
+        context=ctx, items=[{"role": r, "text": t, "tags": tags} for r, t, tags in texts]
+    )
     return ctx
 
 
 def live_ids(ctx: Context) -> set[int]:
-    return set(Message.objects.filter(context=ctx, pruned_at__isnull=True).values_list("pk", flat=True))
+    return set(
+        Message.objects.filter(context=ctx, pruned_at__isnull=True).values_list("pk", flat=True)
+    )
 
 
 SAMPLE = [
@@ -62,8 +67,13 @@ def test_bulk_preview_counts_what_apply_prunes_and_writes_one_event():
 
 def test_bulk_filters_combine_role_tag_and_seq_bounds():
     ctx = make_context(SAMPLE)
-    assert curation.bulk_prune_preview(context=ctx, flt=PruneFilter(role="user", tag="q")).count == 1
-    assert curation.bulk_prune_preview(context=ctx, flt=PruneFilter(after_seq=2, before_seq=5)).count == 2
+    assert (
+        curation.bulk_prune_preview(context=ctx, flt=PruneFilter(role="user", tag="q")).count == 1
+    )
+    assert (
+        curation.bulk_prune_preview(context=ctx, flt=PruneFilter(after_seq=2, before_seq=5)).count
+        == 2
+    )
     future = timezone.now() + timedelta(hours=1)
     assert curation.bulk_prune_preview(context=ctx, flt=PruneFilter(before_time=future)).count == 5
     assert curation.bulk_prune_preview(context=ctx, flt=PruneFilter(after_time=future)).count == 0
@@ -76,9 +86,16 @@ def test_bulk_apply_refuses_when_the_set_changed_since_the_preview():
     first = Message.objects.get(context=ctx, seq=1)
     messages_set_pruned(context=ctx, ids=[first.pk], pruned=True, actor=ACTOR)
     with pytest.raises(Conflict):
-        curation.bulk_prune_apply(context=ctx, flt=flt, upto_seq=preview.upto_seq,
-                                  expected_count=preview.count, actor=ACTOR)
-    assert live_ids(ctx) == set(Message.objects.filter(context=ctx).exclude(pk=first.pk).values_list("pk", flat=True))
+        curation.bulk_prune_apply(
+            context=ctx,
+            flt=flt,
+            upto_seq=preview.upto_seq,
+            expected_count=preview.count,
+            actor=ACTOR,
+        )
+    assert live_ids(ctx) == set(
+        Message.objects.filter(context=ctx).exclude(pk=first.pk).values_list("pk", flat=True)
+    )
 
 
 def test_bulk_apply_leaves_messages_appended_after_the_preview_alone():
@@ -86,15 +103,18 @@ def test_bulk_apply_leaves_messages_appended_after_the_preview_alone():
     flt = PruneFilter(role="user")
     preview = curation.bulk_prune_preview(context=ctx, flt=flt)
     late = messages_append(context=ctx, items=[{"role": "user", "text": "late"}]).messages[0]
-    event = curation.bulk_prune_apply(context=ctx, flt=flt, upto_seq=preview.upto_seq,
-                                      expected_count=preview.count, actor=ACTOR)
+    event = curation.bulk_prune_apply(
+        context=ctx, flt=flt, upto_seq=preview.upto_seq, expected_count=preview.count, actor=ACTOR
+    )
     assert late.pk not in event.target_ids and late.pk in live_ids(ctx)
 
 
 def test_bulk_needs_a_filter_and_validates_input():
     ctx = make_context(SAMPLE)
     with pytest.raises(Invalid):
-        curation.bulk_prune_apply(context=ctx, flt=PruneFilter(), upto_seq=10, expected_count=5, actor=ACTOR)
+        curation.bulk_prune_apply(
+            context=ctx, flt=PruneFilter(), upto_seq=10, expected_count=5, actor=ACTOR
+        )
     with pytest.raises(Invalid):
         PruneFilter(role="robot")
     with pytest.raises(Invalid):
@@ -106,8 +126,9 @@ def test_undo_of_a_bulk_prune_restores_all_and_cannot_run_twice():
     everything = live_ids(ctx)
     flt = PruneFilter(after_seq=0)
     preview = curation.bulk_prune_preview(context=ctx, flt=flt)
-    event = curation.bulk_prune_apply(context=ctx, flt=flt, upto_seq=preview.upto_seq,
-                                      expected_count=preview.count, actor=ACTOR)
+    event = curation.bulk_prune_apply(
+        context=ctx, flt=flt, upto_seq=preview.upto_seq, expected_count=preview.count, actor=ACTOR
+    )
     assert live_ids(ctx) == set()
     undo = curation.audit_undo(event=event, actor=ACTOR)
     assert live_ids(ctx) == everything
@@ -157,10 +178,16 @@ def test_purge_needs_the_typed_confirmation_and_an_aware_date():
     m = Message.objects.get(context=ctx, seq=1)
     messages_set_pruned(context=ctx, ids=[m.pk], pruned=True, actor=ACTOR)
     with pytest.raises(Invalid):
-        curation.pruned_purge(older_than=timezone.now(), confirmation="yes", actor=ACTOR, context=ctx)
+        curation.pruned_purge(
+            older_than=timezone.now(), confirmation="yes", actor=ACTOR, context=ctx
+        )
     with pytest.raises(Invalid):
-        curation.pruned_purge(older_than=timezone.now().replace(tzinfo=None),
-                              confirmation=curation.PURGE_CONFIRMATION, actor=ACTOR, context=ctx)
+        curation.pruned_purge(
+            older_than=timezone.now().replace(tzinfo=None),
+            confirmation=curation.PURGE_CONFIRMATION,
+            actor=ACTOR,
+            context=ctx,
+        )
     assert Message.objects.filter(pk=m.pk).exists()
 
 
@@ -180,15 +207,29 @@ def test_purge_removes_only_old_pruned_items_fixes_counters_and_scrubs_edit_text
 
     preview = curation.purge_preview(older_than=cutoff, context=ctx)
     assert (preview.messages, preview.steps) == (1, 1)
-    events = curation.pruned_purge(older_than=cutoff, confirmation=curation.PURGE_CONFIRMATION,
-                                   actor=ACTOR, context=ctx)
-    assert {(e.target_type, tuple(e.target_ids)) for e in events} == {("message", (m1.pk,)), ("step", (step.pk,))}
-    assert not Message.objects.filter(pk=m1.pk).exists() and Message.objects.filter(pk=m2.pk).exists()
+    events = curation.pruned_purge(
+        older_than=cutoff, confirmation=curation.PURGE_CONFIRMATION, actor=ACTOR, context=ctx
+    )
+    assert {(e.target_type, tuple(e.target_ids)) for e in events} == {
+        ("message", (m1.pk,)),
+        ("step", (step.pk,)),
+    }
+    assert (
+        not Message.objects.filter(pk=m1.pk).exists() and Message.objects.filter(pk=m2.pk).exists()
+    )
     assert not Step.objects.filter(pk=step.pk).exists()
     ctx.refresh_from_db()
     run.refresh_from_db()
-    assert (ctx.message_count, ctx.token_count, run.step_count) == (count - 1, tokens - m1_tokens, 1)
-    assert not AuditEvent.objects.filter(before__text="hello weather").filter(target_ids=[m1.pk]).exists()
+    assert (ctx.message_count, ctx.token_count, run.step_count) == (
+        count - 1,
+        tokens - m1_tokens,
+        1,
+    )
+    assert (
+        not AuditEvent.objects.filter(before__text="hello weather")
+        .filter(target_ids=[m1.pk])
+        .exists()
+    )
     assert curation.message_versions(message_id=m1.pk) == []
 
 
@@ -199,8 +240,11 @@ actions = st.lists(
     st.one_of(
         st.tuples(st.just("prune"), st.lists(st.integers(0, 7), min_size=1, max_size=4)),
         st.tuples(st.just("restore"), st.lists(st.integers(0, 7), min_size=1, max_size=4)),
-        st.tuples(st.just("edit"), st.integers(0, 7),
-                  st.text(st.characters(blacklist_characters="\x00"), max_size=12)),
+        st.tuples(
+            st.just("edit"),
+            st.integers(0, 7),
+            st.text(st.characters(blacklist_characters="\x00"), max_size=12),
+        ),
         st.tuples(st.just("bulk"), st.sampled_from(ROLES), st.sampled_from(["", "a", "e", "x"])),
         st.tuples(st.just("undo"), st.integers(0, 50)),
     ),
@@ -209,24 +253,40 @@ actions = st.lists(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(actions=actions, roles=st.lists(st.sampled_from(ROLES), min_size=8, max_size=8))
 def test_no_sequence_of_curation_actions_loses_an_original_text(actions, roles):
-    ctx = make_context([(role, f"original {i} {role}", [f"t{i % 3}"]) for i, role in enumerate(roles)])
+    ctx = make_context(
+        [(role, f"original {i} {role}", [f"t{i % 3}"]) for i, role in enumerate(roles)]
+    )
     originals = {m.pk: m.text for m in Message.objects.filter(context=ctx)}
     ids = sorted(originals)
     for action in actions:
         kind = action[0]
         try:
             if kind in ("prune", "restore"):
-                messages_set_pruned(context=ctx, ids=[ids[i] for i in action[1]], pruned=kind == "prune", actor=ACTOR)
+                messages_set_pruned(
+                    context=ctx,
+                    ids=[ids[i] for i in action[1]],
+                    pruned=kind == "prune",
+                    actor=ACTOR,
+                )
             elif kind == "edit":
-                message_edit(message=Message.objects.get(pk=ids[action[1]]), actor=ACTOR, text=action[2])
+                message_edit(
+                    message=Message.objects.get(pk=ids[action[1]]), actor=ACTOR, text=action[2]
+                )
             elif kind == "bulk":
                 flt = PruneFilter(role=action[1], text=action[2])
                 preview = curation.bulk_prune_preview(context=ctx, flt=flt)
-                curation.bulk_prune_apply(context=ctx, flt=flt, upto_seq=preview.upto_seq,
-                                          expected_count=preview.count, actor=ACTOR)
+                curation.bulk_prune_apply(
+                    context=ctx,
+                    flt=flt,
+                    upto_seq=preview.upto_seq,
+                    expected_count=preview.count,
+                    actor=ACTOR,
+                )
             else:
                 events = list(AuditEvent.objects.filter(context=ctx).order_by("id"))
                 undoable = [e for e in events if curation.audit_undoable(e)]
@@ -241,15 +301,21 @@ def test_no_sequence_of_curation_actions_loses_an_original_text(actions, roles):
         assert Message.objects.filter(pk=pk).exists()
         assert text in [v.get("text") for v in curation.message_versions(message_id=pk)]
     # ...and restoring everything brings every message back to the agent's view.
-    pruned = list(Message.objects.filter(context=ctx, pruned_at__isnull=False).values_list("pk", flat=True))
+    pruned = list(
+        Message.objects.filter(context=ctx, pruned_at__isnull=False).values_list("pk", flat=True)
+    )
     if pruned:
         messages_set_pruned(context=ctx, ids=pruned, pruned=False, actor=ACTOR)
     assert live_ids(ctx) == set(originals)
 
     # Until purge: a purge takes what was pruned, and only that.
     messages_set_pruned(context=ctx, ids=ids[:2], pruned=True, actor=ACTOR)
-    curation.pruned_purge(older_than=timezone.now(), confirmation=curation.PURGE_CONFIRMATION,
-                          actor=ACTOR, context=ctx)
+    curation.pruned_purge(
+        older_than=timezone.now(),
+        confirmation=curation.PURGE_CONFIRMATION,
+        actor=ACTOR,
+        context=ctx,
+    )
     assert set(Message.objects.filter(context=ctx).values_list("pk", flat=True)) == set(ids[2:])
 
 

@@ -25,19 +25,33 @@ def world():
     message = Message.objects.filter(context=context).order_by("seq").first()
     step = Step.objects.filter(run=run).first()
     Step.objects.filter(pk=step.pk).update(observations="the API answered 42")
-    event = AuditEvent.objects.create(actor="x", action="prune", target_type="message",
-                                      target_ids=[message.pk], context=context)
+    event = AuditEvent.objects.create(
+        actor="x", action="prune", target_type="message", target_ids=[message.pk], context=context
+    )
     memory, _ = memory_promote(actor=Actor.system("t"), message=message)
-    key = ApiKey.objects.create(name="k", prefix="abcdefabcdef", secret_hash="0" * 64, scopes=["read"])
-    return {"context": context, "run": run, "message": message, "step": step, "event": event,
-            "memory": memory, "key": key}
+    key = ApiKey.objects.create(
+        name="k", prefix="abcdefabcdef", secret_hash="0" * 64, scopes=["read"]
+    )
+    return {
+        "context": context,
+        "run": run,
+        "message": message,
+        "step": step,
+        "event": event,
+        "memory": memory,
+        "key": key,
+    }
 
 
 def concrete_urls(world) -> list[str]:
     """Every URL of the curation screens, with real ids."""
     ids = {
-        "context_id": world["context"].pk, "message_id": world["message"].pk, "run_id": world["run"].pk,
-        "memory_id": world["memory"].pk, "step_id": world["step"].pk, "event_id": world["event"].pk,
+        "context_id": world["context"].pk,
+        "message_id": world["message"].pk,
+        "run_id": world["run"].pk,
+        "memory_id": world["memory"].pk,
+        "step_id": world["step"].pk,
+        "event_id": world["event"].pk,
         "key_id": world["key"].pk,
     }
     urls = []
@@ -61,7 +75,11 @@ def test_viewer_gets_403_from_every_curation_url_except_the_read_only_pages(worl
             status = getattr(client, method)(url, {"ids": [world["message"].pk]}).status_code
             expected = (200 if method == "get" else 405) if url in read_only else 403
             assert status == expected, f"{method} {url}: {status}"
-    assert not AuditEvent.objects.exclude(pk=world["event"].pk).exclude(action="memory_promote").exists()
+    assert (
+        not AuditEvent.objects.exclude(pk=world["event"].pk)
+        .exclude(action="memory_promote")
+        .exists()
+    )
 
 
 def test_keys_and_purge_are_for_admins_only(world):
@@ -97,10 +115,15 @@ def test_prune_selected_then_undo_from_the_audit_then_restore_from_the_pruned_vi
     assert not Message.objects.filter(pk__in=ids, pruned_at__isnull=False).exists()
     # Prune again, then restore from the pruned view (htmx: the panel comes back in place).
     client.post(reverse("curate-prune", args=[ctx.pk]), {"ids": ids[:1], "pruned": "1"})
-    pruned_view = client.get(reverse("curate-history", args=[ctx.pk]) + "?view=pruned").content.decode()
+    pruned_view = client.get(
+        reverse("curate-history", args=[ctx.pk]) + "?view=pruned"
+    ).content.decode()
     assert f'id="cm-{ids[0]}"' in pruned_view and f'id="cm-{ids[1]}"' not in pruned_view
-    response = client.post(reverse("curate-prune", args=[ctx.pk]), {"ids": ids[:1], "pruned": "0", "view": "pruned"},
-                           HTTP_HX_REQUEST="true")
+    response = client.post(
+        reverse("curate-prune", args=[ctx.pk]),
+        {"ids": ids[:1], "pruned": "0", "view": "pruned"},
+        HTTP_HX_REQUEST="true",
+    )
     html = response.content.decode()
     assert response.status_code == 200 and html.lstrip().startswith('<section id="curate-panel"')
     assert Message.objects.get(pk=ids[0]).pruned_at is None
@@ -110,8 +133,11 @@ def test_edit_keeps_the_old_text_in_the_audit_and_revert_brings_it_back(world):
     client = client_for("curator")
     m = world["message"]
     old = m.text
-    response = client.post(reverse("curate-message-edit", args=[m.context_id, m.pk]),
-                           {"text": "rewritten <b>x</b>", "tags": "a, b"}, HTTP_HX_REQUEST="true")
+    response = client.post(
+        reverse("curate-message-edit", args=[m.context_id, m.pk]),
+        {"text": "rewritten <b>x</b>", "tags": "a, b"},
+        HTTP_HX_REQUEST="true",
+    )
     assert response.status_code == 200 and f'id="cm-{m.pk}"' in response.content.decode()
     assert "rewritten &lt;b&gt;x&lt;/b&gt;" in response.content.decode()
     m.refresh_from_db()
@@ -127,17 +153,25 @@ def test_edit_keeps_the_old_text_in_the_audit_and_revert_brings_it_back(world):
 def test_bulk_preview_count_equals_what_is_pruned_and_undo_restores_all(world):
     client = client_for("curator")
     ctx = world["context"]
-    preview = client.get(reverse("curate-bulk", args=[ctx.pk]) + "?role=user", HTTP_HX_REQUEST="true")
+    preview = client.get(
+        reverse("curate-bulk", args=[ctx.pk]) + "?role=user", HTTP_HX_REQUEST="true"
+    )
     html = preview.content.decode()
     expected = Message.objects.filter(context=ctx, role="user", pruned_at__isnull=True).count()
     assert f'data-testid="preview-count">{expected}<' in html
     assert not Message.objects.filter(context=ctx, pruned_at__isnull=False).exists()
     upto = ctx.last_seq
-    response = client.post(reverse("curate-bulk-apply", args=[ctx.pk]),
-                           {"role": "user", "upto_seq": upto, "expected_count": expected})
+    response = client.post(
+        reverse("curate-bulk-apply", args=[ctx.pk]),
+        {"role": "user", "upto_seq": upto, "expected_count": expected},
+    )
     assert response.status_code == 302
     event = AuditEvent.objects.get(action="bulk_prune", context=ctx)
-    assert len(event.target_ids) == expected == Message.objects.filter(context=ctx, pruned_at__isnull=False).count()
+    assert (
+        len(event.target_ids)
+        == expected
+        == Message.objects.filter(context=ctx, pruned_at__isnull=False).count()
+    )
     client.post(reverse("audit-undo", args=[event.pk]))
     assert not Message.objects.filter(context=ctx, pruned_at__isnull=False).exists()
 
@@ -145,8 +179,11 @@ def test_bulk_preview_count_equals_what_is_pruned_and_undo_restores_all(world):
 def test_bulk_apply_with_a_stale_preview_is_refused_with_the_new_preview(world):
     client = client_for("curator")
     ctx = world["context"]
-    response = client.post(reverse("curate-bulk-apply", args=[ctx.pk]),
-                           {"role": "user", "upto_seq": ctx.last_seq, "expected_count": 99}, HTTP_HX_REQUEST="true")
+    response = client.post(
+        reverse("curate-bulk-apply", args=[ctx.pk]),
+        {"role": "user", "upto_seq": ctx.last_seq, "expected_count": 99},
+        HTTP_HX_REQUEST="true",
+    )
     assert response.status_code == 409 and "preview again" in response.content.decode()
     assert not Message.objects.filter(context=ctx, pruned_at__isnull=False).exists()
 
@@ -154,13 +191,26 @@ def test_bulk_apply_with_a_stale_preview_is_refused_with_the_new_preview(world):
 def test_bad_input_is_a_clear_400_not_a_500(world):
     client = client_for("admin")
     ctx = world["context"]
-    assert client.get(reverse("curate-bulk", args=[ctx.pk]) + "?before_time=yesterday").status_code == 400
+    assert (
+        client.get(reverse("curate-bulk", args=[ctx.pk]) + "?before_time=yesterday").status_code
+        == 400
+    )
     assert client.get(reverse("curate-bulk", args=[ctx.pk]) + "?role=robot").status_code == 400
     assert client.post(reverse("curate-prune", args=[ctx.pk]), {"ids": ["x"]}).status_code == 400
     assert client.get(reverse("audit") + "?since=never").status_code == 400
     m = world["message"]
-    assert client.post(reverse("curate-message-edit", args=[ctx.pk, m.pk]), {"text": "a\x00b"}).status_code == 400
-    assert client.post(reverse("keys"), {"name": "k", "scopes": ["read"], "context_keys": "[1]"}).status_code == 400
+    assert (
+        client.post(
+            reverse("curate-message-edit", args=[ctx.pk, m.pk]), {"text": "a\x00b"}
+        ).status_code
+        == 400
+    )
+    assert (
+        client.post(
+            reverse("keys"), {"name": "k", "scopes": ["read"], "context_keys": "[1]"}
+        ).status_code
+        == 400
+    )
     assert client.get(reverse("playground", args=[ctx.pk]) + "?k=abc").status_code == 200
 
 
@@ -172,7 +222,9 @@ def test_step_prune_and_promote_observation(world):
     assert step.pruned_at is not None
     response = client.post(reverse("memory-promote-step", args=[step.pk]))
     record = MemoryRecord.objects.get(source_step=step)
-    assert record.content == "the API answered 42" and response["Location"].endswith(f"?id={record.pk}")
+    assert record.content == "the API answered 42" and response["Location"].endswith(
+        f"?id={record.pk}"
+    )
 
 
 def test_promote_a_message_then_find_it_by_search_merge_and_archive(world):
@@ -184,27 +236,44 @@ def test_promote_a_message_then_find_it_by_search_merge_and_archive(world):
     record = MemoryRecord.objects.get(source_message=other)
     html = client.get(reverse("memories") + "?q=metric").content.decode()
     assert f'id="mem-{record.pk}"' in html and f'id="mem-{world["memory"].pk}"' not in html
-    client.post(reverse("memory-merge"), {"ids": [record.pk, world["memory"].pk], "keep": record.pk})
+    client.post(
+        reverse("memory-merge"), {"ids": [record.pk, world["memory"].pk], "keep": record.pk}
+    )
     world["memory"].refresh_from_db()
-    assert world["memory"].archived_at is not None and world["memory"].metadata["merged_into"] == record.pk
+    assert (
+        world["memory"].archived_at is not None
+        and world["memory"].metadata["merged_into"] == record.pk
+    )
     client.post(reverse("memory-archive", args=[record.pk]), {"archived": "1"})
-    assert f'id="mem-{record.pk}"' not in client.get(reverse("memories") + "?q=metric").content.decode()
+    assert (
+        f'id="mem-{record.pk}"'
+        not in client.get(reverse("memories") + "?q=metric").content.decode()
+    )
     assert AuditEvent.objects.filter(action="memory_merge").exists()
 
 
 def test_admin_creates_a_key_sees_the_secret_once_and_revokes_it(world):
     admin = client_for("admin")
-    response = admin.post(reverse("keys"), {"name": "bot", "scopes": ["read", "write"],
-                                            "context_keys": '{"tenant": "acme"}'})
+    response = admin.post(
+        reverse("keys"),
+        {"name": "bot", "scopes": ["read", "write"], "context_keys": '{"tenant": "acme"}'},
+    )
     html = response.content.decode()
     key = ApiKey.objects.get(name="bot")
     assert key.context_keys == {"tenant": "acme"} and key.scopes == ["read", "write"]
     assert f"am_{key.prefix}_" in html
-    assert f"am_{key.prefix}_" not in admin.get(reverse("keys")).content.decode().replace(f"am_{key.prefix}_…", "")
+    assert f"am_{key.prefix}_" not in admin.get(reverse("keys")).content.decode().replace(
+        f"am_{key.prefix}_…", ""
+    )
     admin.post(reverse("key-revoke", args=[key.pk]))
     key.refresh_from_db()
     assert key.revoked_at is not None
-    assert AuditEvent.objects.filter(action__in=["key_create", "key_revoke"], target_ids=[key.pk]).count() == 2
+    assert (
+        AuditEvent.objects.filter(
+            action__in=["key_create", "key_revoke"], target_ids=[key.pk]
+        ).count()
+        == 2
+    )
 
 
 def test_admin_purge_needs_the_typed_confirmation(world):
@@ -215,10 +284,15 @@ def test_admin_purge_needs_the_typed_confirmation(world):
     when = (timezone.localtime() + timezone.timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%S")
     preview = admin.get(reverse("purge") + f"?older_than={when}&context={ctx.pk}").content.decode()
     assert 'data-testid="purge-messages">1<' in preview
-    refused = admin.post(reverse("purge"), {"older_than": when, "context": ctx.pk, "confirmation": "ok"})
+    refused = admin.post(
+        reverse("purge"), {"older_than": when, "context": ctx.pk, "confirmation": "ok"}
+    )
     assert refused.status_code == 400 and Message.objects.filter(pk=m.pk).exists()
     from memory_app.services.curation import PURGE_CONFIRMATION
 
-    done = admin.post(reverse("purge"), {"older_than": when, "context": ctx.pk, "confirmation": PURGE_CONFIRMATION})
+    done = admin.post(
+        reverse("purge"),
+        {"older_than": when, "context": ctx.pk, "confirmation": PURGE_CONFIRMATION},
+    )
     assert done.status_code == 200 and not Message.objects.filter(pk=m.pk).exists()
     assert AuditEvent.objects.filter(action="purge", target_ids=[m.pk]).exists()

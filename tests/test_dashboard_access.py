@@ -1,4 +1,5 @@
-"""Dashboard access: roles as groups, login required everywhere, permissions checked on the server."""
+"""Dashboard access: roles as groups, login required everywhere, permissions checked on the
+server."""
 
 from __future__ import annotations
 

@@ -43,7 +43,11 @@ def test_key_values_are_shown_as_json_and_the_shown_text_filters(viewer):
     html = viewer.get(reverse("context", args=[context.pk])).content.decode()
     shown = dict(re.findall(r'<a class="kv" href="[^"]*"><b>([^<]+)</b>=([^<]+)</a>', html))
     assert {k: unescape(v) for k, v in shown.items()} == {
-        "demo": "true", "n": "42", "gone": "null", "tenant": "acme", "tags": '["a", "b"]'
+        "demo": "true",
+        "n": "42",
+        "gone": "null",
+        "tenant": "acme",
+        "tags": '["a", "b"]',
     }
     links = re.findall(r'<a class="kv" href="([^"]+)">', html)
     assert len(links) == 5
@@ -65,7 +69,9 @@ def test_message_counts_are_live_with_pruned_shown_apart(viewer):
     assert re.search(r'data-testid="live-count">3<', page)
     assert re.search(r'data-testid="pruned-count"[^>]*>2<', page)
     listing = viewer.get(reverse("contexts")).content.decode()
-    assert re.search(r'data-label="Messages">3 <span class="muted pruned-count"[^>]*>\+2 pruned<', listing)
+    assert re.search(
+        r'data-label="Messages">3 <span class="muted pruned-count"[^>]*>\+2 pruned<', listing
+    )
     messages_set_pruned(context=context, ids=ids[:2], pruned=False, actor=Actor.system("t"))
     page = viewer.get(reverse("context", args=[context.pk])).content.decode()
     assert re.search(r'data-testid="live-count">5<', page) and "pruned-count" not in page
@@ -74,25 +80,36 @@ def test_message_counts_are_live_with_pruned_shown_apart(viewer):
 def test_selector_notes_name_messages_by_seq():
     make_context(messages=7)  # ids of the next context's messages no longer equal their seqs
     context = make_context(messages=0)
-    messages_append(context=context, items=[
-        {"role": "user", "text": "word " * 50},
-        {"role": "assistant", "text": "ok"},
-    ])
+    messages_append(
+        context=context,
+        items=[
+            {"role": "user", "text": "word " * 50},
+            {"role": "assistant", "text": "ok"},
+        ],
+    )
     first = Message.objects.get(context=context, seq=1)
     assert first.pk != first.seq
     selection = selectors.select(context=context, spec=TokenWindowSpec(max_tokens=10))
-    assert selection.notes == [f"stopped at message #1 ({first.token_count} tokens would reach "
-                               f"{first.token_count + 1}/10)"]
+    assert selection.notes == [
+        f"stopped at message #1 ({first.token_count} tokens would reach {first.token_count + 1}/10)"
+    ]
     skip = selectors.select(context=context, spec=TokenWindowSpec(max_tokens=10, policy="skip"))
     assert skip.notes[0].startswith("skipped message #1:")
 
 
 def test_a_message_that_only_calls_a_tool_counts_its_call_and_shows_it(viewer):
     context = make_context(messages=0)
-    [call, answer] = messages_append(context=context, items=[
-        {"role": "assistant", "text": "", "content": [TOOL_CALL]},
-        {"role": "assistant", "text": "It is sunny", "content": [{"type": "text", "text": "It is sunny"}]},
-    ]).messages
+    [call, answer] = messages_append(
+        context=context,
+        items=[
+            {"role": "assistant", "text": "", "content": [TOOL_CALL]},
+            {
+                "role": "assistant",
+                "text": "It is sunny",
+                "content": [{"type": "text", "text": "It is sunny"}],
+            },
+        ],
+    ).messages
     expected = tokens.count_tokens([tokens.token_text("", [TOOL_CALL])])[0]
     assert call.token_count == expected > 10
     # Text blocks are the message's text already: not counted twice.
@@ -101,10 +118,11 @@ def test_a_message_that_only_calls_a_tool_counts_its_call_and_shows_it(viewer):
     # The selectors count what was stored.
     selection = selectors.select(context=context, spec=TokenWindowSpec(max_tokens=1000))
     assert [(i.message.pk, i.tokens) for i in selection.items] == [
-        (call.pk, call.token_count), (answer.pk, answer.token_count)
+        (call.pk, call.token_count),
+        (answer.pk, answer.token_count),
     ]
     html = viewer.get(reverse("context", args=[context.pk])).content.decode()
-    block = html[html.index(f'id="m-{call.seq}"'):html.index(f'id="m-{answer.seq}"')]
+    block = html[html.index(f'id="m-{call.seq}"') : html.index(f'id="m-{answer.seq}"')]
     assert "calls get_weather" in block and "Kyoto" in block
     assert "<b>celsius" not in block and "&lt;b&gt;celsius" in block
     assert 'class="msg-body text"' not in block  # no empty text box
@@ -116,7 +134,8 @@ def test_editing_the_text_of_a_tool_call_message_keeps_the_call_counted():
         context=context, items=[{"role": "assistant", "text": "", "content": [TOOL_CALL]}]
     ).messages
     edited = message_edit(message=call, actor=Actor.system("t"), text="checking the weather")
-    assert edited.token_count == tokens.count_tokens(
-        [tokens.token_text("checking the weather", [TOOL_CALL])]
-    )[0]
+    assert (
+        edited.token_count
+        == tokens.count_tokens([tokens.token_text("checking the weather", [TOOL_CALL])])[0]
+    )
     assert Context.objects.get(pk=context.pk).token_count == edited.token_count

@@ -80,9 +80,7 @@ def test_history_jump_filters_and_pruned_toggle(client):
     ctx = make_context(messages=200)
     window = client.get(f"/contexts/{ctx.pk}/", {"seq": 100}).context["window"]
     assert window.messages[0].seq == 75 and window.messages[-1].seq == 124 and window.has_later
-    messages_append(
-        context=ctx, items=[{"role": "tool", "text": "weather lookups", "tags": ["w"]}]
-    )
+    messages_append(context=ctx, items=[{"role": "tool", "text": "weather lookups", "tags": ["w"]}])
     assert [
         m.seq
         for m in client.get(f"/contexts/{ctx.pk}/", {"role": "tool"}).context["window"].messages
@@ -95,9 +93,7 @@ def test_history_jump_filters_and_pruned_toggle(client):
         for m in client.get(f"/contexts/{ctx.pk}/", {"q": "lookup"}).context["window"].messages
     ] == [201]
     pruned = Message.objects.get(context=ctx, seq=201)
-    messages_set_pruned(
-        context=ctx, ids=[pruned.pk], pruned=True, actor=audit.Actor.system()
-    )
+    messages_set_pruned(context=ctx, ids=[pruned.pk], pruned=True, actor=audit.Actor.system())
     assert 201 not in [m.seq for m in client.get(f"/contexts/{ctx.pk}/").context["window"].messages]
     html = client.get(f"/contexts/{ctx.pk}/", {"pruned": "1"}).content.decode()
     assert 'id="m-201" class="msg role-tool pruned' in html
@@ -214,7 +210,8 @@ def test_big_context_and_long_run_pages_stay_fast_and_small(client):
                 timings.append(time.perf_counter() - start)
         assert response.status_code == 200
         print(
-            f"{url}: {min(timings) * 1000:.0f} ms, {len(response.content) / 1024:.0f} KB, {len(queries)} queries"
+            f"{url}: {min(timings) * 1000:.0f} ms, {len(response.content) / 1024:.0f} KB, "
+            f"{len(queries)} queries"
         )
         assert min(timings) < 0.150, url
         assert len(response.content) < 300 * 1024, url

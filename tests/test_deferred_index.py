@@ -38,13 +38,20 @@ def append(context, start: int, count: int) -> list[int]:
 
 
 def exact(context, query, k):
-    rows = Embedding.objects.filter(context=context, model=MODEL).values_list("message_id", "vector")
+    rows = Embedding.objects.filter(context=context, model=MODEL).values_list(
+        "message_id", "vector"
+    )
 
     def cosine(v):
         dot = sum(a * b for a, b in zip(v, query, strict=True))
         return 1 - dot / (math.dist(v, [0] * 4) * math.dist(query, [0] * 4))
 
-    return [mid for mid, _ in sorted(((mid, cosine(list(v))) for mid, v in rows), key=lambda r: (r[1], r[0]))][:k]
+    return [
+        mid
+        for mid, _ in sorted(
+            ((mid, cosine(list(v))) for mid, v in rows), key=lambda r: (r[1], r[0])
+        )
+    ][:k]
 
 
 @pytest.fixture
@@ -63,7 +70,9 @@ def test_a_deferred_batch_is_searchable_at_once_then_indexed(defer):
     assert not Embedding.objects.filter(message_id__in=indexed_ids, indexed=False).exists()
     # A batch of exactly the threshold is deferred: stored, not in the graph.
     waiting = append(context, 140, 8)
-    assert set(Embedding.objects.filter(indexed=False).values_list("message_id", flat=True)) == set(waiting)
+    assert set(Embedding.objects.filter(indexed=False).values_list("message_id", flat=True)) == set(
+        waiting
+    )
     assert queue.unindexed_count(model=MODEL, context_id=context.pk) == 8
     context.refresh_from_db()
     query = vector(144)  # nearest to the waiting rows
@@ -113,7 +122,9 @@ def test_two_indexers_never_take_the_same_rows(defer):
     try:
         append(context, 0, 20)
         locked = list(
-            Embedding.objects.filter(context=context, indexed=False).order_by("id").values_list("id", flat=True)[:5]
+            Embedding.objects.filter(context=context, indexed=False)
+            .order_by("id")
+            .values_list("id", flat=True)[:5]
         )
         params = connection.get_connection_params()
         params.pop("cursor_factory", None)
@@ -121,10 +132,13 @@ def test_two_indexers_never_take_the_same_rows(defer):
         with psycopg.connect(**params) as other:
             # The other indexer holds its batch (uncommitted): this one skips it, without waiting.
             other.execute(
-                "SELECT id FROM memory_app_embedding WHERE id = ANY(%s) FOR UPDATE SKIP LOCKED", [locked]
+                "SELECT id FROM memory_app_embedding WHERE id = ANY(%s) FOR UPDATE SKIP LOCKED",
+                [locked],
             )
             assert indexer.index_pending() == 15
-            assert set(Embedding.objects.filter(indexed=False).values_list("id", flat=True)) == set(locked)
+            assert set(Embedding.objects.filter(indexed=False).values_list("id", flat=True)) == set(
+                locked
+            )
         assert indexer.index_pending() == 5
     finally:
         context.delete()
@@ -163,12 +177,19 @@ def test_memories_recorded_with_a_deferred_batch_are_recalled_at_once(defer, sys
     from memory_app.memories import Scope
 
     context, _ = context_get_or_create(keys={"test": "defer-memories"})
-    items = [{"content": f"fact {i}", "vector": vector(i), "vector_model": MODEL} for i in range(40)]
+    items = [
+        {"content": f"fact {i}", "vector": vector(i), "vector_model": MODEL} for i in range(40)
+    ]
     for start in range(0, 40, 5):  # small batches: in the graph at once
-        memories_record(scope=Scope(context=context), items=items[start : start + 5], actor=system_actor)
+        memories_record(
+            scope=Scope(context=context), items=items[start : start + 5], actor=system_actor
+        )
     late = memories_record(
         scope=Scope(context=context),
-        items=[{"content": f"late {i}", "vector": vector(100 + i), "vector_model": MODEL} for i in range(8)],
+        items=[
+            {"content": f"late {i}", "vector": vector(100 + i), "vector_model": MODEL}
+            for i in range(8)
+        ],
         actor=system_actor,
     )
     assert queue.unindexed_count(model=MODEL) == 8

@@ -43,7 +43,7 @@ PG_SCRIPT = textwrap.dedent(
         row = conn.execute("SELECT note, v::text FROM kept").fetchone()
         ext = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[0]
         print("RESULT", conn.info.server_version // 10000, row[0], row[1], ext, sep="|")
-    """
+    """  # noqa: E501 - the child process runs this text as written
 )
 
 

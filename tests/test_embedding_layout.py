@@ -121,7 +121,7 @@ ROUND_TRIP_SCRIPT = textwrap.dedent(
     call_command("migrate", "memory_app", verbosity=0)
     out["again"] = {"rows": rows(), "per_page": per_page()}
     print(json.dumps(out, default=str))
-    """
+    """  # noqa: E501 - the child process runs this text as written
 )
 
 
@@ -181,6 +181,8 @@ def test_deleting_a_context_drops_its_retries_without_loading_its_vectors():
         Context.objects.filter(pk=context.pk).delete()
     assert not EmbeddingRetry.objects.filter(embedding_id=row.pk).exists()
     reads = [
-        q["sql"] for q in queries if q["sql"].startswith("SELECT") and "memory_app_embedding" in q["sql"]
+        q["sql"]
+        for q in queries
+        if q["sql"].startswith("SELECT") and "memory_app_embedding" in q["sql"]
     ]
     assert reads == []  # one DELETE of the embeddings, never a SELECT of their rows

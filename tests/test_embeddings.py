@@ -151,9 +151,7 @@ def test_openai_provider_outage_never_fails_a_write_and_recovers(stand_in):
     }
     assert stand_in.auth[-1] == "Bearer sk-test"
 
-    hits = search_messages(
-        context=context, query="sunny Paris today", k=2, mode="semantic"
-    ).hits
+    hits = search_messages(context=context, query="sunny Paris today", k=2, mode="semantic").hits
     assert hits[0].message.text == "Sunny, 25C in Paris today"
 
 

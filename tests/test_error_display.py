@@ -82,7 +82,9 @@ def test_prune_selected_with_nothing_ticked_answers_in_the_flash_region():
 
 def test_prune_selected_with_nothing_ticked_without_javascript_is_a_styled_page():
     context = make_context(messages=2)
-    response = client_for("curator").post(reverse("curate-prune", args=[context.pk]), {"pruned": "1"})
+    response = client_for("curator").post(
+        reverse("curate-prune", args=[context.pk]), {"pruned": "1"}
+    )
     html = response.content.decode()
     assert response.status_code == 400
     assert "That request cannot be answered" in html and "select at least one message" in html
@@ -114,8 +116,13 @@ def test_a_message_with_structured_content_may_have_empty_text():
 
     [message] = messages_append(
         context=context,
-        items=[{"role": "assistant", "text": "x", "content": [{"type": "tool_use", "id": "1",
-                                                              "name": "search", "input": {}}]}],
+        items=[
+            {
+                "role": "assistant",
+                "text": "x",
+                "content": [{"type": "tool_use", "id": "1", "name": "search", "input": {}}],
+            }
+        ],
     ).messages
     response = client_for("curator").post(
         reverse("curate-message-edit", args=[context.pk, message.pk]), {"text": ""}, **HTMX

@@ -1,4 +1,5 @@
-"""The foundation: data model integrity, migrations, health, a second PostgreSQL via DATABASE_URL."""
+"""The foundation: data model integrity, migrations, health, a second PostgreSQL via
+DATABASE_URL."""
 
 from __future__ import annotations
 
@@ -131,7 +132,8 @@ def test_full_text_and_vector_infrastructure_exists():
         cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
         assert cursor.fetchone() is not None
         cursor.execute(
-            "SELECT indexdef FROM pg_indexes WHERE indexname IN ('message_search_gin', 'message_live_recent_idx')"
+            "SELECT indexdef FROM pg_indexes "
+            "WHERE indexname IN ('message_search_gin', 'message_live_recent_idx')"
         )
         defs = sorted(row[0] for row in cursor.fetchall())
     assert any("memory_app_messagesearch USING gin (search_vector)" in d for d in defs)
@@ -230,7 +232,7 @@ SECOND_SERVER_SCRIPT = textwrap.dedent(
     down = client.get("/healthz")
     result["down"] = [down.status_code, down.json()]
     print("RESULT " + json.dumps(result))
-    """
+    """  # noqa: E501 - the child process runs this text as written
 )
 
 
@@ -295,9 +297,7 @@ def test_no_tracked_file_holds_a_secret():
 @pytest.mark.django_db
 def test_editing_a_message_with_nul_characters_is_refused_and_changes_nothing(system_actor):
     context, _ = context_get_or_create(keys={"u": "nul"})
-    [message] = messages_append(
-        context=context, items=[{"role": "user", "text": "clean"}]
-    ).messages
+    [message] = messages_append(context=context, items=[{"role": "user", "text": "clean"}]).messages
     for kwargs in (
         {"text": "a\x00b"},
         {"tags": ["ok", "b\x00d"]},
@@ -365,7 +365,9 @@ def test_a_large_batch_is_stored_field_for_field_and_searchable():
     context.refresh_from_db()
     assert context.search_seq == context.last_seq == len(items)
     assert list(
-        MessageSearch.objects.filter(context_id=context.pk, search_vector="zebras").values_list("seq", flat=True)
+        MessageSearch.objects.filter(context_id=context.pk, search_vector="zebras").values_list(
+            "seq", flat=True
+        )
     ) == [stored["c7"].seq]
     assert keyword_ranking(context_id=context.pk, query="zebras", limit=5) == [
         (found, pytest.approx(score))

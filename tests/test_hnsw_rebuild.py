@@ -27,7 +27,8 @@ def vector(i: int) -> list[float]:
 def index_options() -> dict[str, str]:
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT c.relname, c.reloptions FROM pg_class c WHERE c.relname LIKE 'embedding\\_hnswi\\_%%'"
+            "SELECT c.relname, c.reloptions FROM pg_class c"
+            " WHERE c.relname LIKE 'embedding\\_hnswi\\_%%'"
             " AND c.relname IN (%s, %s)",
             [indexer.index_name(MODEL, 4), indexer.index_name(MODEL, 4) + "_rebuild"],
         )
@@ -90,7 +91,8 @@ def test_a_parameter_change_is_reported_then_rebuilt_concurrently(stored, settin
         cur.execute("SET LOCAL enable_seqscan = off")  # a 200-row table: the index if usable
         cur.execute("SET LOCAL enable_sort = off")  # as searches do: the walk, not a sort
         cur.execute(
-            "EXPLAIN SELECT id FROM memory_app_embedding e WHERE e.model = %s AND e.dimensions = 4 AND e.indexed"
+            "EXPLAIN SELECT id FROM memory_app_embedding e"
+            " WHERE e.model = %s AND e.dimensions = 4 AND e.indexed"
             " ORDER BY e.vector::halfvec(4) <=> %s::halfvec(4) LIMIT 3",
             [MODEL, literal],
         )

@@ -32,7 +32,9 @@ TOOLS = {
 
 
 def _secret(scopes=("read", "write"), context_keys=None) -> str:
-    return auth.apikey_create(name="mcp-test", scopes=list(scopes), context_keys=context_keys).secret
+    return auth.apikey_create(
+        name="mcp-test", scopes=list(scopes), context_keys=context_keys
+    ).secret
 
 
 class Session:
@@ -85,7 +87,10 @@ def test_tools_are_listed_with_their_schemas(mcp):
     assert set(append["required"]) == {"context_id", "role"}
     assert "user" in append["properties"]["role"]["enum"]
     assert by_name["select_context"].inputSchema["properties"]["selector"]["enum"] == [
-        "window", "token_window", "search", "composite"
+        "window",
+        "token_window",
+        "search",
+        "composite",
     ]
     assert by_name["read_run"].annotations.readOnlyHint is True
     assert by_name["append_message"].annotations.readOnlyHint is False
@@ -111,9 +116,9 @@ def test_conversation_written_selected_and_searched(mcp):
         assert out["message"]["seq"] == i and out["message"]["text"] == text
     repeat = mcp.ok("append_message", context_id=cid, role="user", text=texts[0][1], client_id="m1")
     assert repeat["created"] is False and repeat["message"]["seq"] == 1
-    assert list(Message.objects.filter(context_id=cid).order_by("seq").values_list("text", flat=True)) == [
-        t for _, t in texts
-    ]
+    assert list(
+        Message.objects.filter(context_id=cid).order_by("seq").values_list("text", flat=True)
+    ) == [t for _, t in texts]
 
     window = mcp.ok("select_context", context_id=cid, selector="window", k=2)
     assert [i["message"]["text"] for i in window["items"]] == [texts[2][1], texts[3][1]]
@@ -130,8 +135,11 @@ def test_conversation_written_selected_and_searched(mcp):
     assert {i["message"]["seq"] for i in found["items"]} == {3, 4}
 
     composite = mcp.ok(
-        "select_context", context_id=cid, selector="composite",
-        window={"kind": "window", "k": 1}, search_k=1,
+        "select_context",
+        context_id=cid,
+        selector="composite",
+        window={"kind": "window", "k": 1},
+        search_k=1,
     )
     last = composite["items"][-1]
     assert last["message"]["seq"] == 3 and last["reason"].startswith("last user message")
@@ -147,19 +155,30 @@ def test_conversation_written_selected_and_searched(mcp):
 def test_long_term_memories_recorded_and_retrieved(mcp):
     context = make_context(keys={"user": "ada", "chat": "9"})
     recorded = mcp.ok(
-        "record_memory", context_id=context.pk, content="Ada prefers tea",
-        kind="preference", keywords=["tea", "drinks"], thinking="asked twice",
+        "record_memory",
+        context_id=context.pk,
+        content="Ada prefers tea",
+        kind="preference",
+        keywords=["tea", "drinks"],
+        thinking="asked twice",
     )
     [item] = recorded["items"]
     assert item["created"] is True
-    assert item["memory"]["kind"] == "preference" and item["memory"]["recorded_by"].startswith("key:")
+    assert item["memory"]["kind"] == "preference" and item["memory"]["recorded_by"].startswith(
+        "key:"
+    )
     shared = mcp.ok(
-        "record_memory", scope_keys={"user": "ada"}, contents=["Ada lives in Paris", "Ada plays chess"]
+        "record_memory",
+        scope_keys={"user": "ada"},
+        contents=["Ada lives in Paris", "Ada plays chess"],
     )
     assert [i["created"] for i in shared["items"]] == [True, True]
-    assert mcp.ok("record_memory", context_id=context.pk, content="Ada prefers tea")["items"][0][
-        "created"
-    ] is False
+    assert (
+        mcp.ok("record_memory", context_id=context.pk, content="Ada prefers tea")["items"][0][
+            "created"
+        ]
+        is False
+    )
     assert MemoryRecord.objects.count() == 3
 
     by_keyword = mcp.ok("retrieve_memories", context_id=context.pk, keywords=["tea"])
@@ -187,7 +206,9 @@ def test_runs_listed_and_read_with_steps_and_tool_calls(mcp):
     assert steps[2]["error_message"] == "Tool failed at step 3"
     call = steps[1]["tool_calls"][0]
     assert (call["name"], call["arguments"], call["output"]) == (
-        "get_weather", {"city": "Paris", "step": 1}, "Sunny, 22C"
+        "get_weather",
+        {"city": "Paris", "step": 1},
+        "Sunny, 22C",
     )
     stored = {s.position: s for s in run.steps.all()}
     assert [s["total_tokens"] for s in steps] == [stored[p].total_tokens for p in (1, 2, 3, 4)]
@@ -199,7 +220,7 @@ def test_runs_listed_and_read_with_steps_and_tool_calls(mcp):
     assert [s["position"] for s in rest["steps"]["items"]] == [3, 4]
 
 
-# --- keys ------------------------------------------------------------------------------------------
+# --- keys ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("header", [None, "Bearer am_000000000000_nope", "Basic abc", "Bearer"])
@@ -248,7 +269,8 @@ def test_another_tenants_ids_look_unknown(asgi_live_server):
     theirs = make_context(keys={"tenant": "globex", "user": "bob"}, messages=2)
     their_run = make_run(context=theirs, steps=2)
     memories_record(
-        scope=memories.Scope(keys={"tenant": "globex"}), items=[{"content": "globex secret"}],
+        scope=memories.Scope(keys={"tenant": "globex"}),
+        items=[{"content": "globex secret"}],
         actor=audit.Actor.system("test"),
     )
     acme = Session(asgi_live_server, _secret(context_keys={"tenant": "acme"}))
@@ -280,7 +302,7 @@ def test_another_tenants_ids_look_unknown(asgi_live_server):
     assert acme.ok("retrieve_memories", context_id=mine.pk, query="secret")["items"] == []
 
 
-# --- bad arguments -----------------------------------------------------------------------------------
+# --- bad arguments ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -295,7 +317,11 @@ def test_another_tenants_ids_look_unknown(asgi_live_server):
         ("select_context", {"selector": "window"}, "needs k"),
         ("select_context", {"selector": "token_window"}, "needs max_tokens"),
         ("select_context", {"selector": "window", "k": 5000}, "k"),
-        ("select_context", {"selector": "token_window", "max_tokens": 9, "tokenizer": "nope"}, "nope"),
+        (
+            "select_context",
+            {"selector": "token_window", "max_tokens": 9, "tokenizer": "nope"},
+            "nope",
+        ),
         ("select_context", {"selector": "composite", "window": {"kind": "moon"}}, "window.kind"),
         ("search_memory", {"query": ""}, "query"),
         ("search_memory", {"query": "x", "mode": "psychic"}, "mode"),
@@ -315,7 +341,9 @@ def test_bad_arguments_are_clear_tool_errors_and_write_nothing(mcp, tool, args, 
 def test_a_client_id_with_different_content_is_a_conflict(mcp):
     context = make_context()
     mcp.ok("append_message", context_id=context.pk, role="user", text="hello", client_id="c1")
-    text = mcp.error("append_message", context_id=context.pk, role="user", text="hullo", client_id="c1")
+    text = mcp.error(
+        "append_message", context_id=context.pk, role="user", text="hullo", client_id="c1"
+    )
     assert "already exists with different content" in text and "hullo" in text
     assert list(Message.objects.filter(context=context).values_list("text", flat=True)) == ["hello"]
 
@@ -334,8 +362,13 @@ def test_a_body_over_the_limit_is_413_and_writes_nothing(asgi_live_server, setti
     }
     text = "x" * (settings.MAX_REQUEST_BODY_BYTES + 1)
     body = {
-        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {"name": "append_message", "arguments": {"context_id": context.pk, "role": "user", "text": text}},
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {
+            "name": "append_message",
+            "arguments": {"context_id": context.pk, "role": "user", "text": text},
+        },
     }
     response = httpx.post(asgi_live_server.url + "/mcp", json=body, headers=headers, timeout=60)
     assert response.status_code == 413

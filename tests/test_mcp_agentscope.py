@@ -57,7 +57,11 @@ class ScriptedModel(ChatModelBase):
                 ]
             )
         [result] = [m for m in messages if m["role"] == "tool"]
-        text = result["content"] if isinstance(result["content"], str) else result["content"][0]["text"]
+        text = (
+            result["content"]
+            if isinstance(result["content"], str)
+            else result["content"][0]["text"]
+        )
         hit = json.loads(text)["hits"][0]["message"]["text"]
         return ChatResponse(content=[TextBlock(type="text", text=f"From memory: {hit}")])
 

@@ -128,7 +128,7 @@ SCHEMA_SCRIPT = textwrap.dedent(
         for group in Group.objects.prefetch_related("permissions__content_type")
     }
     print("RESULT " + json.dumps({"changes": changes, "problems": problems, "groups": groups}))
-    """
+    """  # noqa: E501 - the child process runs this text as written
 )
 
 

@@ -43,9 +43,13 @@ def test_otlp_http_exporter_configured_by_env_records_the_run(
         monkeypatch.setenv(name, value.format(server=live_server.url))
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"Authorization=Bearer%20{secret}")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", compression)
-    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "agentmemory.context.user=ada,agentmemory.context.chat=42")
+    monkeypatch.setenv(
+        "OTEL_RESOURCE_ATTRIBUTES", "agentmemory.context.user=ada,agentmemory.context.chat=42"
+    )
     # Small batches, so the run arrives in several requests as a long run would.
-    processor = BatchSpanProcessor(OTLPSpanExporter(), max_export_batch_size=3, schedule_delay_millis=50)
+    processor = BatchSpanProcessor(
+        OTLPSpanExporter(), max_export_batch_size=3, schedule_delay_millis=50
+    )
     with instrumented(processor) as provider:
         agent = run_agent("tool_calling")
         assert provider.force_flush()
@@ -53,14 +57,23 @@ def test_otlp_http_exporter_configured_by_env_records_the_run(
     assert run.final_answer == "Sunny, 22C"
     calls = list(ToolCall.objects.filter(step__run=run).order_by("step__position", "position"))
     assert [(c.name, c.call_id, c.success) for c in calls] == [
-        ("get_weather", "call_w1", True), ("get_population", "call_p1", False), ("final_answer", "call_f1", True),
+        ("get_weather", "call_w1", True),
+        ("get_population", "call_p1", False),
+        ("final_answer", "call_f1", True),
     ]
-    assert calls[0].arguments == {"location": "Paris", "unit": "C"} and calls[0].output == "Sunny in Paris, 22C"
+    assert (
+        calls[0].arguments == {"location": "Paris", "unit": "C"}
+        and calls[0].output == "Sunny in Paris, 22C"
+    )
 
 
 def test_otlp_json_encoding_records_the_run(live_server, secret, monkeypatch):
-    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "agentmemory.context.user=ada,agentmemory.context.chat=42")
-    exporter = JsonSpanExporter(f"{live_server.url}/api/v1/traces", {"Authorization": f"Bearer {secret}"})
+    monkeypatch.setenv(
+        "OTEL_RESOURCE_ATTRIBUTES", "agentmemory.context.user=ada,agentmemory.context.chat=42"
+    )
+    exporter = JsonSpanExporter(
+        f"{live_server.url}/api/v1/traces", {"Authorization": f"Bearer {secret}"}
+    )
     with instrumented(SimpleSpanProcessor(exporter)):
         agent = run_agent("code")
     assert set(exporter.statuses) == {200}

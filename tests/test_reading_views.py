@@ -24,7 +24,10 @@ def test_the_latest_page_opens_at_its_end_and_a_jump_does_not(client):
     ctx = make_context(messages=80)
     assert 'data-open-at="latest"' in client.get(f"/contexts/{ctx.pk}/").content.decode()
     html = client.get(f"/contexts/{ctx.pk}/", {"seq": 10}).content.decode()
-    assert 'data-open-at="latest"' not in html and 'id="m-10" class="msg role-assistant is-target"' in html
+    assert (
+        'data-open-at="latest"' not in html
+        and 'id="m-10" class="msg role-assistant is-target"' in html
+    )
 
 
 def test_a_message_links_to_its_run_and_its_step(client):
@@ -32,7 +35,8 @@ def test_a_message_links_to_its_run_and_its_step(client):
     run = make_run(context=ctx, steps=3)
     step = run.steps.get(position=3)
     messages_append(
-        context=ctx, items=[{"role": "assistant", "text": "done", "run_id": run.pk, "step_id": step.pk}]
+        context=ctx,
+        items=[{"role": "assistant", "text": "done", "run_id": run.pk, "step_id": step.pk}],
     )
     html = client.get(f"/contexts/{ctx.pk}/").content.decode()
     assert f'href="/runs/{run.pk}/"' in html

@@ -141,7 +141,9 @@ def renumbered_run():
     run, _ = run_create(context=make_context(), task="Find the weather", agent_name="t")
     steps_append(run=run, items=[action_step(n) for n in (1, 2, 3)])
     ids = dict(run.steps.values_list("position", "pk"))
-    steps_append(run=run, items=[{"kind": "task", "task": "Find the weather", "start_time": 1_699_999_999.0}])
+    steps_append(
+        run=run, items=[{"kind": "task", "task": "Find the weather", "start_time": 1_699_999_999.0}]
+    )
     assert steps_order_by_start(run=run)
     return run, ids
 
@@ -154,7 +156,10 @@ def test_a_page_of_a_running_run_names_the_steps_it_holds(client):
     steps_append(run=run, items=[action_step(3)])
     html = live(client, run, after=3, position=2, tail=1, step=ids[2], last=ids[3]).content.decode()
     new = run.steps.get(position=4).pk
-    assert "step-item-4" in html and f"after=4&amp;position=2&amp;tail=1&amp;step={ids[2]}&amp;last={new}" in poller(html)
+    assert (
+        "step-item-4" in html
+        and f"after=4&amp;position=2&amp;tail=1&amp;step={ids[2]}&amp;last={new}" in poller(html)
+    )
 
 
 def test_steps_renumbered_under_the_page_redraw_the_logbook_at_the_same_step(client):
@@ -166,7 +171,7 @@ def test_steps_renumbered_under_the_page_redraw_the_logbook_at_the_same_step(cli
     assert response["HX-Replace-Url"] == f"/runs/{run.pk}/steps/3/"
     assert '<section id="logbook" class="logbook" data-position="3"' in html
     assert re.findall(r'<li id="step-item-(\d+)"', html) == ["1", "2", "3", "4"]
-    assert "Step 3 <span class=\"kind\">Action</span>" in html and "(step_number 2)" in html
+    assert 'Step 3 <span class="kind">Action</span>' in html and "(step_number 2)" in html
     # Its lazy details load by step id and are kept by the swap.
     assert f'id="model-input-box-{ids[2]}" class="block lazy" hx-preserve' in html
     assert f"/model-input/?step={ids[2]}" in html
@@ -194,12 +199,23 @@ def test_a_late_step_after_the_step_on_screen_is_noticed_too(client):
 def test_step_details_load_by_step_id_after_renumbering(client):
     run, ids = renumbered_run()
     # The page still says position 2 in the URL, but the step it means is now at 3.
-    html = client.get(f"/runs/{run.pk}/steps/2/model-input/", {"step": ids[2]}, **HX).content.decode()
+    html = client.get(
+        f"/runs/{run.pk}/steps/2/model-input/", {"step": ids[2]}, **HX
+    ).content.decode()
     assert 'id="model-input-3"' in html
-    html = client.get(f"/runs/{run.pk}/steps/2/transcript/", {"step": ids[2]}, **HX).content.decode()
+    html = client.get(
+        f"/runs/{run.pk}/steps/2/transcript/", {"step": ids[2]}, **HX
+    ).content.decode()
     assert 'id="transcript-3"' in html
-    assert client.get(f"/runs/{run.pk}/steps/2/model-input/", {"step": 10**9}, **HX).status_code == 404
-    assert client.get(f"/runs/{run.pk}/steps/2/model-input/", {"step": "x"}, **HX).status_code == 400
+    assert (
+        client.get(f"/runs/{run.pk}/steps/2/model-input/", {"step": 10**9}, **HX).status_code == 404
+    )
+    assert (
+        client.get(f"/runs/{run.pk}/steps/2/model-input/", {"step": "x"}, **HX).status_code == 400
+    )
     other = running_run(2)
     foreign = other.steps.get(position=1).pk
-    assert client.get(f"/runs/{run.pk}/steps/1/transcript/", {"step": foreign}, **HX).status_code == 404
+    assert (
+        client.get(f"/runs/{run.pk}/steps/1/transcript/", {"step": foreign}, **HX).status_code
+        == 404
+    )

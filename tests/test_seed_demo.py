@@ -33,7 +33,11 @@ def test_seed_demo_loads_varied_data_once_and_every_screen_opens():
     assert AuditEvent.objects.filter(action="prune", target_type="message").exists()
     counts = (Context.objects.count(), Message.objects.count(), MemoryRecord.objects.count())
     call_command("seed_demo")
-    assert (Context.objects.count(), Message.objects.count(), MemoryRecord.objects.count()) == counts
+    assert (
+        Context.objects.count(),
+        Message.objects.count(),
+        MemoryRecord.objects.count(),
+    ) == counts
 
     client = Client()
     client.force_login(make_user(role="admin"))

@@ -37,9 +37,7 @@ STEAMSHIP_HISTORY = [
 
 def build(keys, items):
     context, _ = context_get_or_create(keys=keys)
-    result = messages_append(
-        context=context, items=[dict(i, client_id=cid) for cid, i in items]
-    )
+    result = messages_append(context=context, items=[dict(i, client_id=cid) for cid, i in items])
     return context, {m.pk: m.client_id for m in result.messages}
 
 
@@ -559,7 +557,10 @@ def test_skip_policy_on_a_long_history_selects_what_a_full_scan_selects(db, budg
     sizes = [(i * 37) % 23 + (150 if i % 7 == 0 else 0) for i in range(400)]
     messages_append(
         context=context,
-        items=[{"role": "user" if i % 2 else "assistant", "text": " word" * n} for i, n in enumerate(sizes)],
+        items=[
+            {"role": "user" if i % 2 else "assistant", "text": " word" * n}
+            for i, n in enumerate(sizes)
+        ],
     )
     rows = list(context.messages.order_by("-seq").values_list("pk", "token_count"))
     chosen = select(context=context, spec=TokenWindowSpec(max_tokens=budget, policy="skip"))
@@ -570,7 +571,8 @@ def test_skip_policy_on_a_long_history_selects_what_a_full_scan_selects(db, budg
     for item in chosen.items:
         assert isinstance(item.message, Message)
         assert (item.message.text, item.message.created_at) == (
-            stored[item.message.pk].text, stored[item.message.pk].created_at
+            stored[item.message.pk].text,
+            stored[item.message.pk].created_at,
         )
 
 

@@ -1,4 +1,5 @@
-"""`manage.py serve` (what `make run` runs): set up, serve with gunicorn, stop cleanly, keep data."""
+"""`manage.py serve` (what `make run` runs): set up, serve with gunicorn, stop cleanly, keep
+data."""
 
 from __future__ import annotations
 
@@ -36,12 +37,25 @@ def _status(url: str) -> int | None:
 
 
 def _start(data_dir: Path, port: int) -> tuple[subprocess.Popen, float]:
-    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "AGENTMEMORY_OPERATOR_PASSWORD"}}
-    env |= {"AGENTMEMORY_DATA_DIR": str(data_dir), "AGENTMEMORY_WORKERS": "2", "PYTHONUNBUFFERED": "1"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "AGENTMEMORY_OPERATOR_PASSWORD"}
+    }
+    env |= {
+        "AGENTMEMORY_DATA_DIR": str(data_dir),
+        "AGENTMEMORY_WORKERS": "2",
+        "PYTHONUNBUFFERED": "1",
+    }
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [sys.executable, "manage.py", "serve", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     return proc, started
 
@@ -64,7 +78,9 @@ def _stop(proc: subprocess.Popen) -> str:
 
 def _postgres_running(data_dir: Path) -> bool:
     for p in psutil.process_iter(attrs=["name", "cmdline"]):
-        if p.info["name"] == "postgres" and any(str(data_dir) in part for part in p.info["cmdline"] or []):
+        if p.info["name"] == "postgres" and any(
+            str(data_dir) in part for part in p.info["cmdline"] or []
+        ):
             return True
     return False
 

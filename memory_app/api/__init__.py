@@ -27,7 +27,7 @@ Adding a router (e.g. `memories.py`):
 
 then register it in `app.py` with `api.add_router("/v1/", memories.router)`. Authentication is
 global (every operation needs a key); `request.auth` is the `ApiKey`. Raise
-`memory_app.errors` (NotFound, Conflict, Invalid, ...) or `ninja.errors.HttpError` for errors; they become
-`{"detail": ...}` with 404/409/422 or the given status. Document errors with `responses()`
-so the schema (and the schemathesis fuzz test) knows them, and give schemas examples.
+`memory_app.errors` (NotFound, Conflict, Invalid, ...) or `ninja.errors.HttpError` for errors;
+they become `{"detail": ...}` with 404/409/422 or the given status. Document errors with
+`responses()` so the schema (and the schemathesis fuzz test) knows them, and give schemas examples.
 """

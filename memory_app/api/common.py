@@ -221,4 +221,6 @@ StepId = Annotated[int, Path(ge=1, le=INT64_MAX, description="step id", examples
 
 def json_response(status: int, data: Any):
     """`data` rendered as the API's renderer would (ninja's encoder, no NaN)."""
-    return HttpResponse(json_dumps(data), status=status, content_type="application/json; charset=utf-8")
+    return HttpResponse(
+        json_dumps(data), status=status, content_type="application/json; charset=utf-8"
+    )

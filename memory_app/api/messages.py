@@ -62,7 +62,8 @@ def message_append(request, context_id: ContextId, body: MessageIn):
 def message_append_batch(request, context_id: ContextId, body: MessageBatchIn):
     """Seqs are consecutive in the order sent. One conflicting client id rejects the whole
     batch (409). 201 when at least one message was stored now, 200 when all were repeats."""
-    # A large body runs with the cyclic GC paused from parsing to echo (limits.BulkBodyGcMiddleware).
+    # A large body runs with the cyclic GC paused from parsing to echo
+    # (limits.BulkBodyGcMiddleware).
     result = _append(request, context_id, body.messages)
     return json_response(
         201 if result.any_created else 200,
@@ -92,7 +93,11 @@ def message_list(
     )
     return json_response(
         200,
-        {"items": [message_out(m) for m in page.items], "has_more": page.has_more, "next_cursor": page.next_cursor},
+        {
+            "items": [message_out(m) for m in page.items],
+            "has_more": page.has_more,
+            "next_cursor": page.next_cursor,
+        },
     )
 
 

@@ -71,9 +71,7 @@ def run_list(
     response=responses({200: RunDetailOut}),
     summary="Get a run with the first page of its steps",
 )
-def run_get(
-    request, run_id: RunId, steps_limit: int = Query(STEPS_PAGE, ge=1, le=MAX_LIMIT)
-):
+def run_get(request, run_id: RunId, steps_limit: int = Query(STEPS_PAGE, ge=1, le=MAX_LIMIT)):
     require_scope(request, "read")
     run = run_for(request, run_id)
     return Status(200, {"run": run, "steps": steps_list(run=run, limit=steps_limit)})
@@ -91,9 +89,7 @@ def step_list(
 ):
     require_scope(request, "read")
     run = run_for(request, run_id)
-    return Status(
-        200, steps_list(run=run, after=after, limit=limit, include_pruned=include_pruned)
-    )
+    return Status(200, steps_list(run=run, after=after, limit=limit, include_pruned=include_pruned))
 
 
 @router.post(

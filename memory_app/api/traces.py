@@ -36,7 +36,9 @@ def _body(request: HttpRequest) -> bytes:
     if encoding in ("", "identity"):
         return request.body
     if encoding not in _DECOMPRESSORS:
-        raise HttpError(415, f"unsupported Content-Encoding {encoding!r}: use gzip, deflate or none")
+        raise HttpError(
+            415, f"unsupported Content-Encoding {encoding!r}: use gzip, deflate or none"
+        )
     limit = settings.MAX_REQUEST_BODY_BYTES
     decompressor = zlib.decompressobj(_DECOMPRESSORS[encoding])
     try:
@@ -58,7 +60,9 @@ class OtlpStatusOut(Schema):
     """An error of the trace receiver: `google.rpc.Status` (protobuf for protobuf requests)."""
 
     model_config = ConfigDict(
-        json_schema_extra={"examples": [{"code": 7, "message": "this API key lacks the 'write' scope"}]}
+        json_schema_extra={
+            "examples": [{"code": 7, "message": "this API key lacks the 'write' scope"}]
+        }
     )
 
     code: int
@@ -101,7 +105,12 @@ def _error_message(response: HttpResponse) -> str:
 
 
 _ERRORS = (*WRITE_ERRORS, 415)
-_PARTIAL = {"partialSuccess": {"rejectedSpans": "1", "errorMessage": "spans sent before with different content ..."}}
+_PARTIAL = {
+    "partialSuccess": {
+        "rejectedSpans": "1",
+        "errorMessage": "spans sent before with different content ...",
+    }
+}
 
 
 @router.post(
@@ -117,30 +126,73 @@ _PARTIAL = {"partialSuccess": {"rejectedSpans": "1", "errorMessage": "spans sent
                     "example": "<ExportTraceServiceRequest, binary protobuf>",
                 },
                 otlp.JSON: {
-                    "schema": {"type": "object", "properties": {"resourceSpans": {"type": "array"}}},
-                    "example": {"resourceSpans": [{
-                        "resource": {"attributes": [
-                            {"key": "agentmemory.context.user", "value": {"stringValue": "ada"}}]},
-                        "scopeSpans": [{"spans": [{
-                            "traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174",
-                            "name": "ToolCallingAgent.run", "startTimeUnixNano": "1700000000000000000",
-                            "endTimeUnixNano": "1700000001000000000",
-                            "attributes": [{"key": "openinference.span.kind", "value": {"stringValue": "AGENT"}}],
-                        }]}],
-                    }]},
+                    "schema": {
+                        "type": "object",
+                        "properties": {"resourceSpans": {"type": "array"}},
+                    },
+                    "example": {
+                        "resourceSpans": [
+                            {
+                                "resource": {
+                                    "attributes": [
+                                        {
+                                            "key": "agentmemory.context.user",
+                                            "value": {"stringValue": "ada"},
+                                        }
+                                    ]
+                                },
+                                "scopeSpans": [
+                                    {
+                                        "spans": [
+                                            {
+                                                "traceId": "5b8efff798038103d269b633813fc60c",
+                                                "spanId": "eee19b7ec3c1b174",
+                                                "name": "ToolCallingAgent.run",
+                                                "startTimeUnixNano": "1700000000000000000",
+                                                "endTimeUnixNano": "1700000001000000000",
+                                                "attributes": [
+                                                    {
+                                                        "key": "openinference.span.kind",
+                                                        "value": {"stringValue": "AGENT"},
+                                                    }
+                                                ],
+                                            }
+                                        ]
+                                    }
+                                ],
+                            }
+                        ]
+                    },
                 },
             },
         },
         "responses": {
             200: {
-                "description": "ExportTraceServiceResponse in the request's encoding (empty on full success)",
+                "description": (
+                    "ExportTraceServiceResponse in the request's encoding (empty on full success)"
+                ),
                 "content": {
-                    otlp.PROTOBUF: {"schema": {"type": "string", "format": "binary"}, "example": ""},
-                    otlp.JSON: {"schema": {"type": "object"}, "examples": {"ok": {"value": {}}, "partial": {"value": _PARTIAL}}},
+                    otlp.PROTOBUF: {
+                        "schema": {"type": "string", "format": "binary"},
+                        "example": "",
+                    },
+                    otlp.JSON: {
+                        "schema": {"type": "object"},
+                        "examples": {"ok": {"value": {}}, "partial": {"value": _PARTIAL}},
+                    },
                 },
             },
-            **{code: {"content": {otlp.PROTOBUF: {"schema": {"type": "string", "format": "binary"}, "example": ""}}}
-               for code in _ERRORS},
+            **{
+                code: {
+                    "content": {
+                        otlp.PROTOBUF: {
+                            "schema": {"type": "string", "format": "binary"},
+                            "example": "",
+                        }
+                    }
+                }
+                for code in _ERRORS
+            },
         },
     },
 )
@@ -151,7 +203,10 @@ def traces_export(request: HttpRequest):
     key = require_scope(request, "write")
     content_type = (request.content_type or "").lower()
     if content_type not in (otlp.PROTOBUF, otlp.JSON):
-        raise HttpError(415, f"Content-Type must be {otlp.PROTOBUF} or {otlp.JSON}, got {content_type or 'none'!r}")
+        raise HttpError(
+            415,
+            f"Content-Type must be {otlp.PROTOBUF} or {otlp.JSON}, got {content_type or 'none'!r}",
+        )
     try:
         spans = otlp.decode_request(_body(request), content_type=content_type)
     except otlp.TraceFormatError as exc:
@@ -162,8 +217,13 @@ def traces_export(request: HttpRequest):
         raise HttpError(403, str(exc)) from None
     message = ""
     if result["rejected"]:
-        message = f"spans sent before with different content were kept as first received: {result['rejected_ids'][:10]}"
+        message = (
+            "spans sent before with different content were kept as first received: "
+            f"{result['rejected_ids'][:10]}"
+        )
     return HttpResponse(
-        otlp.encode_response(content_type=content_type, rejected=result["rejected"], message=message),
+        otlp.encode_response(
+            content_type=content_type, rejected=result["rejected"], message=message
+        ),
         content_type=content_type,
     )

@@ -1,7 +1,9 @@
 """AgentScope 1.x adapters backed by the server: working memory and long-term memory.
 
     memory = ServerMemory(client, context_id)          # agentscope.memory.MemoryBase semantics
-    agent = ReActAgent(..., memory=memory, long_term_memory=ServerLongTermMemory(client, context_id))
+    agent = ReActAgent(
+        ..., memory=memory, long_term_memory=ServerLongTermMemory(client, context_id)
+    )
 
 `ServerMemory` follows `InMemoryMemory` (v1.0.12+) over the whole `MemoryBase` surface a
 `ReActAgent` uses: `add` skips ids already stored unless `allow_duplicates`, `delete(msg_ids)`
@@ -219,7 +221,6 @@ class ServerLongTermMemory:
         except ApiError as exc:
             return _tool_response(f"Error retrieving memory: {exc}")
         return _tool_response("\n".join(item["content"] for item in answer["items"]))
-
 
     async def record(self, msgs, **kw) -> None:
         msgs = _msg_list(msgs, "The input messages must be a list of Msg objects.")

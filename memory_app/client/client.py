@@ -114,7 +114,13 @@ def _with_vector(item: dict[str, Any], vector: Any, vector_model: str | None) ->
 
 class MemoryClient:
     def __init__(
-        self, base_url: str, api_key: str, *, timeout: float = 30.0, retries: int = 3, backoff: float = 0.25,
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.25,
         transport: httpx.BaseTransport | None = None,
     ):
         self.retries = retries
@@ -136,16 +142,31 @@ class MemoryClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def request(self, method: str, path: str, *, json_body: Any = None, params: dict | None = None,
-                content: Any = None, raw: bool = False) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: dict | None = None,
+        content: Any = None,
+        raw: bool = False,
+    ) -> Any:
         params = {k: v for k, v in (params or {}).items() if v is not None}
         headers = None
         if json_body is not None:
             content, headers = _encode(json_body), {"Content-Type": "application/json"}
         for attempt in range(self.retries + 1):
             try:
-                response = self._http.request(method, path.lstrip("/"), params=params, content=content, headers=headers)
-            except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.TimeoutException) as exc:
+                response = self._http.request(
+                    method, path.lstrip("/"), params=params, content=content, headers=headers
+                )
+            except (
+                httpx.ConnectError,
+                httpx.ReadError,
+                httpx.RemoteProtocolError,
+                httpx.TimeoutException,
+            ) as exc:
                 if attempt == self.retries:
                     raise ServerUnreachable(
                         f"{method} {self._http.base_url}{path.lstrip('/')}: no answer after "
@@ -173,30 +194,55 @@ class MemoryClient:
         return response.json() if response.content else None
 
     # --- contexts --------------------------------------------------------------------------------
-    def context(self, *, keys: dict[str, Any], title: str | None = None, metadata: dict | None = None) -> dict:
+    def context(
+        self, *, keys: dict[str, Any], title: str | None = None, metadata: dict | None = None
+    ) -> dict:
         """Get or create the context for `keys`."""
-        return self.request("POST", "contexts", json_body={"keys": keys, "title": title, "metadata": metadata})
+        return self.request(
+            "POST", "contexts", json_body={"keys": keys, "title": title, "metadata": metadata}
+        )
 
     def get_context(self, context_id: int) -> dict:
         return self.request("GET", f"contexts/{context_id}")
 
-    def list_contexts(self, *, keys: dict | None = None, cursor: str | None = None, limit: int | None = None) -> dict:
-        return self.request("GET", "contexts", params={"keys": json.dumps(keys) if keys else None,
-                                                       "cursor": cursor, "limit": limit})
+    def list_contexts(
+        self, *, keys: dict | None = None, cursor: str | None = None, limit: int | None = None
+    ) -> dict:
+        return self.request(
+            "GET",
+            "contexts",
+            params={"keys": json.dumps(keys) if keys else None, "cursor": cursor, "limit": limit},
+        )
 
-    def update_context(self, context_id: int, *, title: str | None = None, metadata: dict | None = None) -> dict:
-        return self.request("PATCH", f"contexts/{context_id}", json_body={"title": title, "metadata": metadata})
+    def update_context(
+        self, context_id: int, *, title: str | None = None, metadata: dict | None = None
+    ) -> dict:
+        return self.request(
+            "PATCH", f"contexts/{context_id}", json_body={"title": title, "metadata": metadata}
+        )
 
     # --- messages --------------------------------------------------------------------------------
-    def append_message(self, context_id: int, *, vector: Any = None, vector_model: str | None = None,
-                       **message: Any) -> dict:
+    def append_message(
+        self,
+        context_id: int,
+        *,
+        vector: Any = None,
+        vector_model: str | None = None,
+        **message: Any,
+    ) -> dict:
         """`vector`: the client's embedding of the text (a list or numpy array), stored with the
         message under `vector_model` (default: the server's configured model)."""
         message = _with_client_id(_with_vector(message, vector, vector_model))
         return self.request("POST", f"contexts/{context_id}/messages", json_body=message)
 
-    def append_messages(self, context_id: int, messages: list[dict[str, Any]], *, vectors: Any = None,
-                        vector_model: str | None = None) -> Any:
+    def append_messages(
+        self,
+        context_id: int,
+        messages: list[dict[str, Any]],
+        *,
+        vectors: Any = None,
+        vector_model: str | None = None,
+    ) -> Any:
         """Up to 1,000 messages, all or nothing. `vectors`: one embedding per message (a list of
         lists or a 2-D numpy array, None for a message without one), stored with the messages under
         `vector_model` (default: the server's configured model); a message dict may also carry its
@@ -204,11 +250,15 @@ class MemoryClient:
         if vectors is not None:
             if len(vectors) != len(messages):
                 raise ValueError(f"{len(vectors)} vectors for {len(messages)} messages")
-            messages = [_with_vector(m, v, vector_model) for m, v in zip(messages, vectors, strict=True)]
+            messages = [
+                _with_vector(m, v, vector_model) for m, v in zip(messages, vectors, strict=True)
+            ]
         elif vector_model is not None:
             messages = [_with_vector(m, None, vector_model) for m in messages]
         messages = [_with_client_id(m) for m in messages]
-        return self.request("POST", f"contexts/{context_id}/messages/batch", json_body={"messages": messages})
+        return self.request(
+            "POST", f"contexts/{context_id}/messages/batch", json_body={"messages": messages}
+        )
 
     def list_messages(self, context_id: int, **params: Any) -> dict:
         return self.request("GET", f"contexts/{context_id}/messages", params=params)
@@ -220,10 +270,14 @@ class MemoryClient:
         return self.request("PATCH", f"messages/{message_id}", json_body=changes)
 
     def prune_messages(self, context_id: int, ids: list[int], note: str = "") -> Any:
-        return self.request("POST", f"contexts/{context_id}/messages/prune", json_body={"ids": ids, "note": note})
+        return self.request(
+            "POST", f"contexts/{context_id}/messages/prune", json_body={"ids": ids, "note": note}
+        )
 
     def restore_messages(self, context_id: int, ids: list[int], note: str = "") -> Any:
-        return self.request("POST", f"contexts/{context_id}/messages/restore", json_body={"ids": ids, "note": note})
+        return self.request(
+            "POST", f"contexts/{context_id}/messages/restore", json_body={"ids": ids, "note": note}
+        )
 
     # --- runs and steps --------------------------------------------------------------------------
     def create_run(self, context_id: int, **run: Any) -> dict:
@@ -245,9 +299,14 @@ class MemoryClient:
     def get_step(self, step_id: int) -> dict:
         return self.request("GET", f"steps/{step_id}")
 
-    def finish_run(self, run_id: int, *, status: str, final_answer: Any = None, **tokens: Any) -> dict:
-        return self.request("POST", f"runs/{run_id}/finish",
-                            json_body={"status": status, "final_answer": final_answer, **tokens})
+    def finish_run(
+        self, run_id: int, *, status: str, final_answer: Any = None, **tokens: Any
+    ) -> dict:
+        return self.request(
+            "POST",
+            f"runs/{run_id}/finish",
+            json_body={"status": status, "final_answer": final_answer, **tokens},
+        )
 
     # --- selectors and long-term memory (called by path) --------------------
     def select(self, context_id: int, **options: Any) -> Any:
@@ -277,18 +336,30 @@ class MemoryClient:
         return self.request("GET", f"memories/{memory_id}")
 
     # --- smolagents ------------------------------------------------------------------------------
-    def import_smolagents_run(self, context_id: int, *, steps: list[dict], system_prompt: str = "",
-                              client_id: str | None = None, **extra: Any) -> dict:
+    def import_smolagents_run(
+        self,
+        context_id: int,
+        *,
+        steps: list[dict],
+        system_prompt: str = "",
+        client_id: str | None = None,
+        **extra: Any,
+    ) -> dict:
         client_id = client_id or _new_client_id()
         body = {"steps": steps, "system_prompt": system_prompt, "client_id": client_id, **extra}
         return self.request("POST", f"contexts/{context_id}/smolagents/runs", json_body=body)
 
     def export_smolagents_run(self, run_id: int, *, include_pruned: bool = False) -> dict:
-        return self.request("GET", f"runs/{run_id}/smolagents", params={"include_pruned": include_pruned})
+        return self.request(
+            "GET", f"runs/{run_id}/smolagents", params={"include_pruned": include_pruned}
+        )
 
     def append_smolagents_steps(self, run_id: int, *, steps: list[dict], start_index: int) -> dict:
-        return self.request("POST", f"runs/{run_id}/smolagents/steps",
-                            json_body={"steps": steps, "start_index": start_index})
+        return self.request(
+            "POST",
+            f"runs/{run_id}/smolagents/steps",
+            json_body={"steps": steps, "start_index": start_index},
+        )
 
     def run_messages(self, run_id: int, *, summary_mode: bool = False) -> list[dict]:
         """The run as smolagents `write_memory_to_messages(summary_mode)` (ChatMessage dicts)."""
@@ -296,52 +367,104 @@ class MemoryClient:
 
     # --- AgentScope ------------------------------------------------------------------------------
     def agentscope_state(self, context_id: int, *, format: str = "marks") -> dict:  # noqa: A002
-        return self.request("GET", f"contexts/{context_id}/agentscope/state", params={"format": format})
+        return self.request(
+            "GET", f"contexts/{context_id}/agentscope/state", params={"format": format}
+        )
 
     def agentscope_load_state(self, context_id: int, state: dict, *, replace: bool = False) -> dict:
-        return self.request("POST", f"contexts/{context_id}/agentscope/state",
-                            json_body={"state": state, "replace": replace})
+        return self.request(
+            "POST",
+            f"contexts/{context_id}/agentscope/state",
+            json_body={"state": state, "replace": replace},
+        )
 
-    def agentscope_add(self, context_id: int, msgs: list[dict], *, marks: list[str] | None = None,
-                       allow_duplicates: bool = False) -> dict:
-        return self.request("POST", f"contexts/{context_id}/agentscope/add",
-                            json_body={"msgs": msgs, "marks": marks or [], "allow_duplicates": allow_duplicates})
+    def agentscope_add(
+        self,
+        context_id: int,
+        msgs: list[dict],
+        *,
+        marks: list[str] | None = None,
+        allow_duplicates: bool = False,
+    ) -> dict:
+        return self.request(
+            "POST",
+            f"contexts/{context_id}/agentscope/add",
+            json_body={"msgs": msgs, "marks": marks or [], "allow_duplicates": allow_duplicates},
+        )
 
     def agentscope_delete(self, context_id: int, msg_ids: list[str]) -> int:
-        return self.request("POST", f"contexts/{context_id}/agentscope/delete", json_body={"msg_ids": msg_ids})["count"]
+        return self.request(
+            "POST", f"contexts/{context_id}/agentscope/delete", json_body={"msg_ids": msg_ids}
+        )["count"]
 
     def agentscope_delete_by_mark(self, context_id: int, marks: list[str]) -> int:
-        return self.request("POST", f"contexts/{context_id}/agentscope/delete_by_mark",
-                            json_body={"marks": marks})["count"]
+        return self.request(
+            "POST", f"contexts/{context_id}/agentscope/delete_by_mark", json_body={"marks": marks}
+        )["count"]
 
-    def agentscope_update_messages_mark(self, context_id: int, *, new_mark: str | None, old_mark: str | None = None,
-                                        msg_ids: list[str] | None = None) -> int:
-        return self.request("POST", f"contexts/{context_id}/agentscope/update_messages_mark",
-                            json_body={"new_mark": new_mark, "old_mark": old_mark, "msg_ids": msg_ids})["count"]
+    def agentscope_update_messages_mark(
+        self,
+        context_id: int,
+        *,
+        new_mark: str | None,
+        old_mark: str | None = None,
+        msg_ids: list[str] | None = None,
+    ) -> int:
+        return self.request(
+            "POST",
+            f"contexts/{context_id}/agentscope/update_messages_mark",
+            json_body={"new_mark": new_mark, "old_mark": old_mark, "msg_ids": msg_ids},
+        )["count"]
 
     def agentscope_clear(self, context_id: int) -> int:
         return self.request("POST", f"contexts/{context_id}/agentscope/clear")["count"]
 
     def agentscope_set_summary(self, context_id: int, summary: str) -> None:
-        self.request("PUT", f"contexts/{context_id}/agentscope/summary", json_body={"summary": summary})
+        self.request(
+            "PUT", f"contexts/{context_id}/agentscope/summary", json_body={"summary": summary}
+        )
 
-    def agentscope_memory(self, context_id: int, *, mark: str | None = None, exclude_mark: str | None = None) -> dict:
-        return self.request("GET", f"contexts/{context_id}/agentscope/memory",
-                            params={"mark": mark, "exclude_mark": exclude_mark})
+    def agentscope_memory(
+        self, context_id: int, *, mark: str | None = None, exclude_mark: str | None = None
+    ) -> dict:
+        return self.request(
+            "GET",
+            f"contexts/{context_id}/agentscope/memory",
+            params={"mark": mark, "exclude_mark": exclude_mark},
+        )
 
     # --- AgentKit --------------------------------------------------------------------------------
-    def tool_input(self, context_id: int, *, run_id: int | None = None, limit: int | None = None) -> dict:
-        return self.request("GET", f"contexts/{context_id}/tool-input", params={"run_id": run_id, "limit": limit})
+    def tool_input(
+        self, context_id: int, *, run_id: int | None = None, limit: int | None = None
+    ) -> dict:
+        return self.request(
+            "GET", f"contexts/{context_id}/tool-input", params={"run_id": run_id, "limit": limit}
+        )
 
-    def tool_input_query(self, context_id: int, *, run_id: int | None = None, limit: int | None = None) -> str:
-        return self.request("GET", f"contexts/{context_id}/tool-input/query",
-                            params={"run_id": run_id, "limit": limit}, raw=True)
+    def tool_input_query(
+        self, context_id: int, *, run_id: int | None = None, limit: int | None = None
+    ) -> str:
+        return self.request(
+            "GET",
+            f"contexts/{context_id}/tool-input/query",
+            params={"run_id": run_id, "limit": limit},
+            raw=True,
+        )
 
     # --- backup ----------------------------------------------------------------------------------
-    def export_lines(self, *, context_ids: list[int] | None = None, keys: dict | None = None,
-                     embeddings: bool = False) -> Iterator[str]:
+    def export_lines(
+        self,
+        *,
+        context_ids: list[int] | None = None,
+        keys: dict | None = None,
+        embeddings: bool = False,
+    ) -> Iterator[str]:
         """Stream the backup line by line (the server streams it too)."""
-        params = {"context_id": context_ids, "match_keys": json.dumps(keys) if keys else None, "embeddings": embeddings}
+        params = {
+            "context_id": context_ids,
+            "match_keys": json.dumps(keys) if keys else None,
+            "embeddings": embeddings,
+        }
         params = {k: v for k, v in params.items() if v is not None}
         with self._http.stream("GET", "export", params=params) as response:
             if response.status_code >= 400:

@@ -1,5 +1,7 @@
 """smolagents adapters: a step callback that streams a live run, and rehydration of a stored run.
 
+Use:
+
     recorder = RunRecorder(client, context_id)
     agent = ToolCallingAgent(tools=[...], model=model, step_callbacks=[recorder])
     with recorder:                 # marks the run failed if agent.run raises
@@ -31,7 +33,14 @@ class RunRecorder:
     error) arrives; used as a context manager it marks the run failed when the agent raises.
     """
 
-    def __init__(self, client: MemoryClient, context_id: int, *, agent_name: str = "", run_client_id: str | None = None):
+    def __init__(
+        self,
+        client: MemoryClient,
+        context_id: int,
+        *,
+        agent_name: str = "",
+        run_client_id: str | None = None,
+    ):
         self.client = client
         self.context_id = context_id
         self.agent_name = agent_name
@@ -48,8 +57,11 @@ class RunRecorder:
             return
         steps = agent.memory.steps
         # The current run starts at the last TaskStep (earlier ones belong to reset=False history).
-        start = max(i for i, s in enumerate(steps) if isinstance(s, TaskStep)) if any(
-            isinstance(s, TaskStep) for s in steps) else 0
+        start = (
+            max(i for i, s in enumerate(steps) if isinstance(s, TaskStep))
+            if any(isinstance(s, TaskStep) for s in steps)
+            else 0
+        )
         if self._start is not None and start != self._start:
             self._reset_for_new_run()
         self._start = start
@@ -61,7 +73,9 @@ class RunRecorder:
             self._create_run(agent)
         if pending:
             self.client.append_smolagents_steps(
-                self.run_id, steps=[_jsonable(s.dict()) for s in pending], start_index=len(self._sent) + 1
+                self.run_id,
+                steps=[_jsonable(s.dict()) for s in pending],
+                start_index=len(self._sent) + 1,
             )
             self._sent.update(id(s) for s in pending)
         if isinstance(memory_step, ActionStep) and not self._finished:
@@ -74,14 +88,19 @@ class RunRecorder:
     def _create_run(self, agent) -> None:
         self.run_client_id = self.run_client_id or f"smol-{uuid.uuid4().hex}"
         run = self.client.create_run(
-            self.context_id, client_id=self.run_client_id, task=getattr(agent, "task", "") or "",
-            system_prompt=agent.memory.system_prompt.system_prompt, agent_name=self.agent_name or getattr(agent, "name", "") or "",
+            self.context_id,
+            client_id=self.run_client_id,
+            task=getattr(agent, "task", "") or "",
+            system_prompt=agent.memory.system_prompt.system_prompt,
+            agent_name=self.agent_name or getattr(agent, "name", "") or "",
             framework="smolagents",
         )
         self.run_id = run["id"]
 
     def _finish(self, status: str, final_answer: Any = None) -> None:
-        self.client.finish_run(self.run_id, status=status, final_answer=_jsonable({"a": final_answer})["a"])
+        self.client.finish_run(
+            self.run_id, status=status, final_answer=_jsonable({"a": final_answer})["a"]
+        )
         self._finished = True
 
     def _reset_for_new_run(self) -> None:
@@ -119,15 +138,25 @@ def steps_from_dicts(step_dicts: list[dict[str, Any]], *, logger=None) -> list:
     logger = logger or AgentLogger(level=LogLevel.OFF)
 
     def timing(d):
-        return Timing(start_time=d["start_time"], end_time=d.get("end_time")) if d else Timing(start_time=0.0)
+        return (
+            Timing(start_time=d["start_time"], end_time=d.get("end_time"))
+            if d
+            else Timing(start_time=0.0)
+        )
 
     def usage(d):
-        return TokenUsage(input_tokens=d["input_tokens"], output_tokens=d["output_tokens"]) if d else None
+        return (
+            TokenUsage(input_tokens=d["input_tokens"], output_tokens=d["output_tokens"])
+            if d
+            else None
+        )
 
     def message(d):
         if d is None:
             return None
-        msg = ChatMessage.from_dict(dict(d), raw=d.get("raw"), token_usage=usage(d.get("token_usage")))
+        msg = ChatMessage.from_dict(
+            dict(d), raw=d.get("raw"), token_usage=usage(d.get("token_usage"))
+        )
         return msg
 
     def error(d):
@@ -141,22 +170,42 @@ def steps_from_dicts(step_dicts: list[dict[str, Any]], *, logger=None) -> list:
     steps = []
     for d in step_dicts:
         if "step_number" in d:
-            steps.append(ActionStep(
-                step_number=d["step_number"], timing=timing(d.get("timing")),
-                model_input_messages=[message(m) for m in d["model_input_messages"]] if d.get("model_input_messages") else None,
-                tool_calls=[ToolCall(name=tc["function"]["name"], arguments=tc["function"]["arguments"], id=tc["id"])
-                            for tc in d.get("tool_calls") or []] or None,
-                error=error(d.get("error")), model_output_message=message(d.get("model_output_message")),
-                model_output=d.get("model_output"), code_action=d.get("code_action"),
-                observations=d.get("observations"), action_output=d.get("action_output"),
-                token_usage=usage(d.get("token_usage")), is_final_answer=bool(d.get("is_final_answer")),
-            ))
+            steps.append(
+                ActionStep(
+                    step_number=d["step_number"],
+                    timing=timing(d.get("timing")),
+                    model_input_messages=[message(m) for m in d["model_input_messages"]]
+                    if d.get("model_input_messages")
+                    else None,
+                    tool_calls=[
+                        ToolCall(
+                            name=tc["function"]["name"],
+                            arguments=tc["function"]["arguments"],
+                            id=tc["id"],
+                        )
+                        for tc in d.get("tool_calls") or []
+                    ]
+                    or None,
+                    error=error(d.get("error")),
+                    model_output_message=message(d.get("model_output_message")),
+                    model_output=d.get("model_output"),
+                    code_action=d.get("code_action"),
+                    observations=d.get("observations"),
+                    action_output=d.get("action_output"),
+                    token_usage=usage(d.get("token_usage")),
+                    is_final_answer=bool(d.get("is_final_answer")),
+                )
+            )
         elif "plan" in d:
-            steps.append(PlanningStep(
-                model_input_messages=[message(m) for m in d.get("model_input_messages") or []],
-                model_output_message=message(d.get("model_output_message")), plan=d["plan"],
-                timing=timing(d.get("timing")), token_usage=usage(d.get("token_usage")),
-            ))
+            steps.append(
+                PlanningStep(
+                    model_input_messages=[message(m) for m in d.get("model_input_messages") or []],
+                    model_output_message=message(d.get("model_output_message")),
+                    plan=d["plan"],
+                    timing=timing(d.get("timing")),
+                    token_usage=usage(d.get("token_usage")),
+                )
+            )
         elif "task" in d:
             steps.append(TaskStep(task=d["task"]))
     return steps
@@ -167,9 +216,13 @@ def load_steps(client: MemoryClient, run_id: int, *, logger=None) -> list:
     return steps_from_dicts(client.export_smolagents_run(run_id)["steps"], logger=logger)
 
 
-def import_run(client: MemoryClient, context_id: int, agent, *, client_id: str | None = None) -> dict:
+def import_run(
+    client: MemoryClient, context_id: int, agent, *, client_id: str | None = None
+) -> dict:
     """Store a finished agent's memory (`get_full_steps()` + system prompt) in one call."""
     return client.import_smolagents_run(
-        context_id, steps=[_jsonable(s) for s in agent.memory.get_full_steps()],
-        system_prompt=agent.memory.system_prompt.system_prompt, client_id=client_id,
+        context_id,
+        steps=[_jsonable(s) for s in agent.memory.get_full_steps()],
+        system_prompt=agent.memory.system_prompt.system_prompt,
+        client_id=client_id,
     )

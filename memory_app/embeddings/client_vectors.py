@@ -182,7 +182,15 @@ def vectors_copy(
             copy.set_types(_VECTOR_COPY_TYPES)
             for message_id, memory_id, context_id, v in rows:
                 copy.write_row(
-                    (message_id, memory_id, context_id, v.model, len(v.values), v.values, not deferred)
+                    (
+                        message_id,
+                        memory_id,
+                        context_id,
+                        v.model,
+                        len(v.values),
+                        v.values,
+                        not deferred,
+                    )
                 )
     for _, _, _, v in rows:
         _known_dimensions.setdefault(v.model, len(v.values))

@@ -19,7 +19,6 @@ log = logging.getLogger(__name__)
 HNSW_MAX_DIMENSIONS = 2000
 
 
-
 INDEX_PREFIX = "embedding_hnswi_"
 
 
@@ -65,10 +64,10 @@ def ensure_model_index(*, model: str, dimensions: int) -> bool:
     """Create the partial HNSW expression index for one model (cosine), once.
 
     `vector` has no fixed dimensions (models differ), so the index is on `vector::halfvec(D)`
-    (at half precision) restricted to the model's rows; searches use the same expression and predicate so the planner
-    can pick it. Built CONCURRENTLY outside a transaction so writes go on meanwhile; an advisory
-    lock keeps two workers from building it at the same time. Returns False when the model is too
-    wide for an HNSW index (it is then always scanned exactly).
+    (at half precision) restricted to the model's rows; searches use the same expression and
+    predicate so the planner can pick it. Built CONCURRENTLY outside a transaction so writes go on
+    meanwhile; an advisory lock keeps two workers from building it at the same time. Returns False
+    when the model is too wide for an HNSW index (it is then always scanned exactly).
     """
     if (model, dimensions) in _ensured:
         return True
@@ -164,7 +163,10 @@ class BuiltIndex:
         return (self.m, self.ef_construction) != self.configured
 
     def describe(self) -> str:
-        return f"model {self.model!r} ({self.dimensions}-d): m={self.m}, ef_construction={self.ef_construction}"
+        return (
+            f"model {self.model!r} ({self.dimensions}-d): m={self.m}, "
+            f"ef_construction={self.ef_construction}"
+        )
 
 
 def built_indexes(using=None) -> list[BuiltIndex]:
@@ -185,7 +187,10 @@ def built_indexes(using=None) -> list[BuiltIndex]:
         rows = cursor.fetchall()
     found = []
     for name, options, predicate in rows:
-        model, dims = _PREDICATE_MODEL.search(predicate or ""), _PREDICATE_DIMS.search(predicate or "")
+        model, dims = (
+            _PREDICATE_MODEL.search(predicate or ""),
+            _PREDICATE_DIMS.search(predicate or ""),
+        )
         if not (model and dims):
             continue
         params = dict(option.split("=", 1) for option in options)
@@ -195,7 +200,9 @@ def built_indexes(using=None) -> list[BuiltIndex]:
                 model=model.group(1).replace("''", "'"),
                 dimensions=int(dims.group(1)),
                 m=int(params.get("m", PGVECTOR_DEFAULT_M)),
-                ef_construction=int(params.get("ef_construction", PGVECTOR_DEFAULT_EF_CONSTRUCTION)),
+                ef_construction=int(
+                    params.get("ef_construction", PGVECTOR_DEFAULT_EF_CONSTRUCTION)
+                ),
             )
         )
     return found
@@ -259,7 +266,10 @@ def index_batch(*, batch_size: int | None = None) -> int:
 
 
 def index_pending(
-    *, batch_size: int | None = None, stop: threading.Event | None = None, max_batches: int | None = None
+    *,
+    batch_size: int | None = None,
+    stop: threading.Event | None = None,
+    max_batches: int | None = None,
 ) -> int:
     """Drain the backlog batch by batch (each committed) until it is empty; returns rows indexed."""
     total = batches = 0

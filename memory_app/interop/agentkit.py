@@ -56,9 +56,13 @@ def _clean(content: Any) -> str:
 
 def standard_query_format(tool_input: dict[str, Any]) -> str:
     """AgentKit's `helpers/query_formatting.standard_query_format`, same text."""
-    steps = {k: v for k, v in (tool_input.get("intermediate_steps") or {}).items() if k != IGNORED_TOOL}
+    steps = {
+        k: v for k, v in (tool_input.get("intermediate_steps") or {}).items() if k != IGNORED_TOOL
+    }
     history = tool_input.get("chat_history") or []
-    lines = [("Human: " if m["type"] == "human" else "AI: ") + _clean(m["content"]) for m in history]
+    lines = [
+        ("Human: " if m["type"] == "human" else "AI: ") + _clean(m["content"]) for m in history
+    ]
     text = ("\nChat history: \n" + "\n".join(lines)) if history else ""
     if steps:
         text += "\nIntermediate tool outputs: " + "\n".join(f"{k}: {v}" for k, v in steps.items())

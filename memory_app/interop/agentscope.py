@@ -35,7 +35,8 @@ class StateFormatError(ValueError):
 
 
 def msg_text(content: Any) -> str:
-    """The searchable text of a Msg: AgentScope's `get_text_content()` (text blocks, newline-joined)."""
+    """The searchable text of a Msg: AgentScope's `get_text_content()` (text blocks,
+    newline-joined)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -102,7 +103,9 @@ def validate_msg(msg: Any) -> dict[str, Any]:
     return msg
 
 
-def msg_to_message(msg: dict[str, Any], marks: list[str] | None = None, *, client_id: str | None = None) -> dict:
+def msg_to_message(
+    msg: dict[str, Any], marks: list[str] | None = None, *, client_id: str | None = None
+) -> dict:
     """A `Msg.to_dict()` (+ marks) -> the item `messages_append` takes."""
     validate_msg(msg)
     marks = list(marks or [])
@@ -123,12 +126,25 @@ def msg_to_message(msg: dict[str, Any], marks: list[str] | None = None, *, clien
     }
 
 
-def message_to_msg(*, client_id: str | None, pk: int, role: str, name: str, text: str, content: Any,
-                   metadata: dict | None, source_timestamp: str, order: dict | None = None) -> dict[str, Any]:
+def message_to_msg(
+    *,
+    client_id: str | None,
+    pk: int,
+    role: str,
+    name: str,
+    text: str,
+    content: Any,
+    metadata: dict | None,
+    source_timestamp: str,
+    order: dict | None = None,
+) -> dict[str, Any]:
     """A stored message -> `Msg.to_dict()` (key order as AgentScope writes it; `order` is the
     message's `key_order`, giving its content and metadata their own key order back)."""
     kept = key_order.restore(
-        {"content": content if content is not None else text, "metadata": metadata if metadata is not None else {}},
+        {
+            "content": content if content is not None else text,
+            "metadata": metadata if metadata is not None else {},
+        },
         order,
     )
     return {
@@ -158,7 +174,9 @@ def parse_state_dict(state: Any) -> tuple[list[tuple[dict, list[str]]], str | No
         elif isinstance(item, dict):
             entries.append((validate_msg({k: v for k, v in item.items() if k != "type"}), []))
         else:
-            raise StateFormatError("each content item is a message object or a [message, marks] pair")
+            raise StateFormatError(
+                "each content item is a message object or a [message, marks] pair"
+            )
     summary = state.get("_compressed_summary")
     if summary is not None and not isinstance(summary, str):
         raise StateFormatError("'_compressed_summary' must be a string")
@@ -176,9 +194,14 @@ def entries_to_messages(entries: list[tuple[dict, list[str]]]) -> list[dict[str,
     return items
 
 
-def build_state_dict(entries: list[tuple[dict, list[str]]], *, summary: str, fmt: str = "marks") -> dict:
+def build_state_dict(
+    entries: list[tuple[dict, list[str]]], *, summary: str, fmt: str = "marks"
+) -> dict:
     if fmt == "legacy":
         return {"content": [msg for msg, _ in entries]}
     if fmt != "marks":
         raise StateFormatError(f"format must be one of {list(FORMATS)}")
-    return {"_compressed_summary": summary, "content": [[msg, list(marks)] for msg, marks in entries]}
+    return {
+        "_compressed_summary": summary,
+        "content": [[msg, list(marks)] for msg, marks in entries],
+    }

@@ -79,7 +79,9 @@ def _seconds(value: Any, name: str, *, epoch: bool) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise StepFormatError(f"{name} must be a number of seconds, got {value!r:.40}")
     if epoch and not 0 <= value <= MAX_EPOCH:
-        raise StepFormatError(f"{name} must be Unix epoch seconds (0 to {MAX_EPOCH}), got {value!r}")
+        raise StepFormatError(
+            f"{name} must be Unix epoch seconds (0 to {MAX_EPOCH}), got {value!r}"
+        )
     return float(value)
 
 
@@ -97,7 +99,10 @@ def _usage(d: Any) -> tuple[int | None, int | None, int | None]:
     d = _object(d, "token_usage")
     if d is None:
         return None, None, None
-    return tuple(_int(d.get(k), f"token_usage.{k}") for k in ("input_tokens", "output_tokens", "total_tokens"))
+    return tuple(
+        _int(d.get(k), f"token_usage.{k}")
+        for k in ("input_tokens", "output_tokens", "total_tokens")
+    )
 
 
 def _timing(d: Any) -> tuple[float | None, float | None, float | None]:
@@ -140,7 +145,9 @@ def step_to_logbook(step: dict[str, Any], *, client_id: str | None = None) -> di
     elif kind == "planning":
         item["plan"] = _string(step.get("plan"), "plan")
         item["model_input_messages"] = _messages(step.get("model_input_messages"))
-        item["model_output_message"] = _object(step.get("model_output_message"), "model_output_message")
+        item["model_output_message"] = _object(
+            step.get("model_output_message"), "model_output_message"
+        )
     elif kind == "final_answer":
         item["action_output"] = step.get("output")
         item["is_final_answer"] = True
@@ -164,7 +171,9 @@ def step_to_logbook(step: dict[str, Any], *, client_id: str | None = None) -> di
         for call in calls:
             function = call.get("function") if isinstance(call, dict) else None
             if not isinstance(function, dict) or not function.get("name"):
-                raise StepFormatError("each tool call needs {id, type, function: {name, arguments}}")
+                raise StepFormatError(
+                    "each tool call needs {id, type, function: {name, arguments}}"
+                )
             item["tool_calls"].append(
                 {
                     "call_id": _string(call.get("id"), "tool call id", max_length=SHORT) or "",
@@ -181,7 +190,9 @@ def step_to_logbook(step: dict[str, Any], *, client_id: str | None = None) -> di
     # The step's own key order (tool-call arguments above all: a rehydrated agent prints them).
     # Model input is left out: smolagents rebuilds it every step, and its skeleton would grow
     # with the run as the model input does.
-    order = key_order.capture({**step, "model_input_messages": None} if "model_input_messages" in step else step)
+    order = key_order.capture(
+        {**step, "model_input_messages": None} if "model_input_messages" in step else step
+    )
     if order is not None:
         payload.setdefault(RESERVED_KEY, {})["key_order"] = order
     return item
@@ -212,7 +223,9 @@ def run_timing(steps: list[dict[str, Any]]) -> tuple[float | None, float | None]
     return start, end
 
 
-def run_steps_to_logbook(steps: list[dict[str, Any]], *, run_client_id: str | None) -> list[dict[str, Any]]:
+def run_steps_to_logbook(
+    steps: list[dict[str, Any]], *, run_client_id: str | None
+) -> list[dict[str, Any]]:
     """Map a whole `get_full_steps()` list; step client ids derive from the run's, for retries."""
     if not isinstance(steps, list):
         raise StepFormatError("steps must be a list of step objects")
@@ -280,7 +293,10 @@ def step_from_stored(
         return {"output": columns.get("action_output")}
     error = None
     if columns.get("error_type") or columns.get("error_message"):
-        error = {"type": columns.get("error_type") or "AgentError", "message": columns.get("error_message") or ""}
+        error = {
+            "type": columns.get("error_type") or "AgentError",
+            "message": columns.get("error_message") or "",
+        }
     return {
         "step_number": columns.get("step_number"),
         "timing": timing,

@@ -128,12 +128,16 @@ def with_message_counts(contexts: list[Context]) -> list[Context]:
     """Set `live_count` and `pruned_count` on each context. `message_count` counts every stored
     message, pruned ones included; pruned rows are counted on their own partial index (one query
     for the whole page, as cheap as the number of pruned messages)."""
-    pruned = dict(
-        Message.objects.filter(context__in=contexts, pruned_at__isnull=False)
-        .values("context")
-        .annotate(n=Count("id"))
-        .values_list("context", "n")
-    ) if contexts else {}
+    pruned = (
+        dict(
+            Message.objects.filter(context__in=contexts, pruned_at__isnull=False)
+            .values("context")
+            .annotate(n=Count("id"))
+            .values_list("context", "n")
+        )
+        if contexts
+        else {}
+    )
     for c in contexts:
         c.pruned_count = pruned.get(c.pk, 0)
         c.live_count = c.message_count - c.pruned_count
@@ -192,7 +196,9 @@ def _history_qs(context: Context, filters: HistoryFilters) -> QuerySet[Message]:
         # The stored vector (GIN) of live messages up to the context's search_seq; the text
         # itself after it, where the indexer may not have been yet, and of pruned messages,
         # which have no stored vector (memory_app.search.fulltext).
-        indexed = MessageSearch.objects.filter(context_id=context.pk, search_vector=query).values("seq")
+        indexed = MessageSearch.objects.filter(context_id=context.pk, search_vector=query).values(
+            "seq"
+        )
         parsed = Q(seq__gt=context.search_seq) | Q(pruned_at__isnull=False)
         qs = qs.alias(text_vector=SearchVector("text", config=FTS_CONFIG)).filter(
             Q(seq__in=indexed) | (parsed & Q(text_vector=query))

@@ -54,7 +54,8 @@ def _keyword_hits(qs: QuerySet, keyword: str, limit: int) -> list[tuple[MemoryRe
     tsq = SearchQuery(keyword, config=FTS_CONFIG, search_type="websearch")
     # An exact keyword tag outweighs any text rank (ts_rank stays below 1).
     tagged = RawSQL(
-        "CASE WHEN EXISTS (SELECT 1 FROM unnest(memory_app_memoryrecord.keywords) k WHERE lower(k) = lower(%s)) "
+        "CASE WHEN EXISTS (SELECT 1 FROM unnest(memory_app_memoryrecord.keywords) k "
+        "WHERE lower(k) = lower(%s)) "
         "THEN 1.0::real ELSE 0.0::real END",
         [keyword],
     )
@@ -105,7 +106,11 @@ def _semantic_hits(
 
 
 def _fused(
-    text: list[tuple[int, float]], semantic: list[tuple[int, float]], limit: int, *, first=frozenset()
+    text: list[tuple[int, float]],
+    semantic: list[tuple[int, float]],
+    limit: int,
+    *,
+    first=frozenset(),
 ) -> list[tuple[MemoryRecord, float, str]]:
     """Reciprocal rank fusion of both rankings, best `limit`; ids in `first` (exact keyword
     tags) lead and score one more, as an exact tag outweighs any rank."""
@@ -117,7 +122,8 @@ def _fused(
     order = sorted(fused.items(), key=lambda kv: (kv[0] not in first, -kv[1], -kv[0]))[:limit]
     records = MemoryRecord.objects.in_bulk([pk for pk, _ in order])
     return [
-        (records[pk], score + (1.0 if pk in first else 0.0), ", ".join(why[pk])) for pk, score in order
+        (records[pk], score + (1.0 if pk in first else 0.0), ", ".join(why[pk]))
+        for pk, score in order
     ]
 
 
@@ -153,7 +159,10 @@ def _keyword_recall(
     text = _keyword_hits(qs, keyword, fetch)
     tagged = frozenset(r.pk for r, score in text if score >= 1.0)
     return _fused(
-        [(r.pk, score) for r, score in text], _semantic_hits(qs, vector, model, fetch), limit, first=tagged
+        [(r.pk, score) for r, score in text],
+        _semantic_hits(qs, vector, model, fetch),
+        limit,
+        first=tagged,
     )
 
 
@@ -192,7 +201,9 @@ def memories_retrieve(
         for record, score, why in _keyword_recall(qs, kw, vector, model, limit):
             if record.pk not in seen:
                 seen.add(record.pk)
-                out.append(Recalled(record, score, f"keyword {kw!r}" + (f" ({why})" if why else "")))
+                out.append(
+                    Recalled(record, score, f"keyword {kw!r}" + (f" ({why})" if why else ""))
+                )
     if query and query.strip():
         for record, score, why in _query_hits(qs, query, limit):
             if record.pk not in seen:

@@ -43,7 +43,8 @@ class MemoryItemIn(Schema):
 
 
 class MemoryRecordIn(Schema):
-    """One fact (`content`) or many (`items`, or AgentScope's `contents` list sharing `thinking`)."""
+    # The docstring is also the schema's description in the OpenAPI document: one line.
+    """One fact (`content`) or many (`items`, or AgentScope's `contents` list sharing `thinking`)."""  # noqa: E501
 
     model_config = ConfigDict(
         json_schema_extra={

@@ -147,7 +147,12 @@ def select_out(context, body: SelectIn) -> dict:
     return {
         "selector": selection.selector,
         "items": [
-            {"message": message_out(i.message), "reason": i.reason, "tokens": i.tokens, "score": i.score}
+            {
+                "message": message_out(i.message),
+                "reason": i.reason,
+                "tokens": i.tokens,
+                "score": i.score,
+            }
             for i in selection.items
         ],
         "count": selection.count,

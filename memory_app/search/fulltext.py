@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 TABLE = "memory_app_messagesearch"
 # Messages waiting for their vector, over all contexts (also read by /healthz).
 PENDING_SQL = (
-    "SELECT coalesce(sum(last_seq - search_seq), 0) FROM memory_app_context WHERE search_seq < last_seq"
+    "SELECT coalesce(sum(last_seq - search_seq), 0) FROM memory_app_context "
+    "WHERE search_seq < last_seq"
 )
 
 
@@ -72,7 +73,9 @@ def index_batch(*, batch_size: int | None = None) -> int | None:
         context_id, done, last = row
         upto = min(last, done + size)
         written = _write_range(cursor, context_id, done, upto)
-        cursor.execute("UPDATE memory_app_context SET search_seq = %s WHERE id = %s", [upto, context_id])
+        cursor.execute(
+            "UPDATE memory_app_context SET search_seq = %s WHERE id = %s", [upto, context_id]
+        )
     return written
 
 

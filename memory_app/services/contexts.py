@@ -23,7 +23,9 @@ def context_get_or_create(
     return Context.objects.get_or_create(keys_digest=digest, defaults=defaults)
 
 
-def context_update(*, context: Context, title: str | None = None, metadata: dict | None = None, actor: Actor) -> Context:
+def context_update(
+    *, context: Context, title: str | None = None, metadata: dict | None = None, actor: Actor
+) -> Context:
     before = {"title": context.title, "metadata": context.metadata}
     if title is not None:
         context.title = title
@@ -32,7 +34,12 @@ def context_update(*, context: Context, title: str | None = None, metadata: dict
     with transaction.atomic():
         context.save(update_fields=["title", "metadata", "updated_at"])
         audit_record(
-            actor=actor, action="edit", target_type="context", target_ids=[context.pk], context_id=context.pk,
-            before=before, after={"title": context.title, "metadata": context.metadata},
+            actor=actor,
+            action="edit",
+            target_type="context",
+            target_ids=[context.pk],
+            context_id=context.pk,
+            before=before,
+            after={"title": context.title, "metadata": context.metadata},
         )
     return context

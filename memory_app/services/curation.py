@@ -114,7 +114,9 @@ class BulkPreview:
         return self.count - len(self.sample)
 
 
-def bulk_prune_preview(*, context: Context, flt: PruneFilter, sample: int = PREVIEW_SAMPLE) -> BulkPreview:
+def bulk_prune_preview(
+    *, context: Context, flt: PruneFilter, sample: int = PREVIEW_SAMPLE
+) -> BulkPreview:
     """How many live messages the filter takes and the first few of them; changes nothing."""
     upto = Context.objects.filter(pk=context.pk).values_list("last_seq", flat=True).get()
     qs = _matching(context, flt).filter(seq__lte=upto)
@@ -136,8 +138,11 @@ def bulk_prune_apply(
     with transaction.atomic():
         lock_contexts([context.pk])
         ids = list(
-            _matching(context, flt).filter(seq__lte=upto_seq).select_for_update()
-            .order_by("seq").values_list("pk", flat=True)
+            _matching(context, flt)
+            .filter(seq__lte=upto_seq)
+            .select_for_update()
+            .order_by("seq")
+            .values_list("pk", flat=True)
         )
         if len(ids) != expected_count:
             raise Conflict(
@@ -148,8 +153,12 @@ def bulk_prune_apply(
             raise Invalid("the filter matches no live message")
         Message.objects.filter(pk__in=ids).update(pruned_at=timezone.now(), pruned_by=actor.label)
         return audit_record(
-            actor=actor, action="bulk_prune", target_type="message", target_ids=ids,
-            context_id=context.pk, after={"filter": flt.as_json(), "count": len(ids), "upto_seq": upto_seq},
+            actor=actor,
+            action="bulk_prune",
+            target_type="message",
+            target_ids=ids,
+            context_id=context.pk,
+            after={"filter": flt.as_json(), "count": len(ids), "upto_seq": upto_seq},
             note=f"bulk prune: {flt.describe()}",
         )
 
@@ -157,8 +166,12 @@ def bulk_prune_apply(
 # --- undo from the audit ----------------------------------------------------------------------
 
 UNDOABLE = {
-    ("prune", "message"), ("bulk_prune", "message"), ("restore", "message"), ("edit", "message"),
-    ("prune", "step"), ("restore", "step"),
+    ("prune", "message"),
+    ("bulk_prune", "message"),
+    ("restore", "message"),
+    ("edit", "message"),
+    ("prune", "step"),
+    ("restore", "step"),
 }
 
 
@@ -176,10 +189,14 @@ def audit_undo(*, event: AuditEvent, actor: Actor) -> AuditEvent | None:
     with transaction.atomic():
         event = AuditEvent.objects.select_for_update().get(pk=event.pk)
         if event.undone_by_id is not None:
-            raise Conflict(f"audit event {event.pk} was already undone by event {event.undone_by_id}")
+            raise Conflict(
+                f"audit event {event.pk} was already undone by event {event.undone_by_id}"
+            )
         kind = (event.action, event.target_type)
         if kind not in UNDOABLE:
-            raise Invalid(f"a {event.action} of a {event.target_type} cannot be undone from the audit")
+            raise Invalid(
+                f"a {event.action} of a {event.target_type} cannot be undone from the audit"
+            )
         note = f"undo of audit event {event.pk}"
         if event.target_type == "message":
             new = _undo_messages(event=event, actor=actor, note=note)
@@ -187,8 +204,14 @@ def audit_undo(*, event: AuditEvent, actor: Actor) -> AuditEvent | None:
             new = _undo_steps(event=event, actor=actor, note=note)
         if new is None:
             # Nothing to change still counts as undone: record it so the trail says who decided.
-            new = audit_record(actor=actor, action="undo", target_type=event.target_type,
-                               target_ids=[], context_id=event.context_id, note=note + " (nothing to change)")
+            new = audit_record(
+                actor=actor,
+                action="undo",
+                target_type=event.target_type,
+                target_ids=[],
+                context_id=event.context_id,
+                note=note + " (nothing to change)",
+            )
         event.undone_by = new
         event.save(update_fields=["undone_by"])
     return new
@@ -202,11 +225,17 @@ def _undo_messages(*, event: AuditEvent, actor: Actor, note: str) -> AuditEvent 
             raise NotFound(f"message {event.target_ids[0]} was purged: its edit cannot be reverted")
         before = event.before or {}
         message_edit(
-            message=message, actor=actor, text=before.get("text"), tags=before.get("tags"),
+            message=message,
+            actor=actor,
+            text=before.get("text"),
+            tags=before.get("tags"),
             metadata=before.get("metadata"),
         )
-        latest = AuditEvent.objects.filter(action="edit", target_type="message",
-                                           target_ids=[message.pk]).order_by("-id").first()
+        latest = (
+            AuditEvent.objects.filter(action="edit", target_type="message", target_ids=[message.pk])
+            .order_by("-id")
+            .first()
+        )
         if latest is not None and latest.pk != event.pk:
             AuditEvent.objects.filter(pk=latest.pk).update(note=note)
             return latest
@@ -219,8 +248,13 @@ def _undo_messages(*, event: AuditEvent, actor: Actor, note: str) -> AuditEvent 
     pruned = event.action == "restore"  # undoing a restore prunes again
     last = None
     for context_id, ids in sorted(by_context.items()):  # contexts locked in id order
-        _, ev = messages_set_pruned(context=Context.objects.get(pk=context_id), ids=ids,
-                                    pruned=pruned, actor=actor, note=note)
+        _, ev = messages_set_pruned(
+            context=Context.objects.get(pk=context_id),
+            ids=ids,
+            pruned=pruned,
+            actor=actor,
+            note=note,
+        )
         last = ev or last
     return last
 
@@ -233,8 +267,13 @@ def _undo_steps(*, event: AuditEvent, actor: Actor, note: str) -> AuditEvent | N
         raise NotFound("every step of this event was purged")
     last = None
     for run_id, ids in by_run.items():
-        _, ev = steps_set_pruned(run=Run.objects.get(pk=run_id), ids=ids,
-                                 pruned=event.action == "restore", actor=actor, note=note)
+        _, ev = steps_set_pruned(
+            run=Run.objects.get(pk=run_id),
+            ids=ids,
+            pruned=event.action == "restore",
+            actor=actor,
+            note=note,
+        )
         last = ev or last
     return last
 
@@ -297,11 +336,17 @@ def pruned_purge(
             _scrub_edits(target_type="message", ids=ids)
             for context_id in per_context:
                 ctx_ids = [pk for pk, c, _ in rows if c == context_id]
-                events.append(audit_record(
-                    actor=actor, action="purge", target_type="message", target_ids=ctx_ids,
-                    context_id=context_id, after={**when, "count": len(ctx_ids)},
-                    note=f"purged {len(ctx_ids)} pruned messages",
-                ))
+                events.append(
+                    audit_record(
+                        actor=actor,
+                        action="purge",
+                        target_type="message",
+                        target_ids=ctx_ids,
+                        context_id=context_id,
+                        after={**when, "count": len(ctx_ids)},
+                        note=f"purged {len(ctx_ids)} pruned messages",
+                    )
+                )
         if step_rows:
             per_run: dict[tuple[int, int], list[int]] = {}
             for pk, run_id, context_id in step_rows:
@@ -309,18 +354,24 @@ def pruned_purge(
             Step.objects.filter(pk__in=[r[0] for r in step_rows]).delete()
             for (run_id, context_id), ids in per_run.items():
                 Run.objects.filter(pk=run_id).update(step_count=F("step_count") - len(ids))
-                events.append(audit_record(
-                    actor=actor, action="purge", target_type="step", target_ids=ids,
-                    context_id=context_id, after={**when, "count": len(ids), "run": run_id},
-                    note=f"purged {len(ids)} pruned steps of run {run_id}",
-                ))
+                events.append(
+                    audit_record(
+                        actor=actor,
+                        action="purge",
+                        target_type="step",
+                        target_ids=ids,
+                        context_id=context_id,
+                        after={**when, "count": len(ids), "run": run_id},
+                        note=f"purged {len(ids)} pruned steps of run {run_id}",
+                    )
+                )
     return events
 
 
 def _scrub_edits(*, target_type: str, ids: list[int]) -> None:
-    AuditEvent.objects.filter(action="edit", target_type=target_type, target_ids__overlap=ids).update(
-        before={"purged": True}, after={"purged": True}
-    )
+    AuditEvent.objects.filter(
+        action="edit", target_type=target_type, target_ids__overlap=ids
+    ).update(before={"purged": True}, after={"purged": True})
 
 
 # --- recovering an original text --------------------------------------------------------------
@@ -331,9 +382,13 @@ def message_versions(*, message_id: int) -> list[dict[str, Any]]:
 
     Used by the audit view ("before/after") and to prove nothing is lost.
     """
-    events = AuditEvent.objects.filter(
-        action="edit", target_type="message", target_ids__contains=[message_id]
-    ).filter(~Q(before__has_key="purged")).order_by("id")
+    events = (
+        AuditEvent.objects.filter(
+            action="edit", target_type="message", target_ids__contains=[message_id]
+        )
+        .filter(~Q(before__has_key="purged"))
+        .order_by("id")
+    )
     versions = [e.before for e in events if e.before]
     current = Message.objects.filter(pk=message_id).values("text", "tags", "metadata").first()
     if current is not None:
@@ -352,12 +407,23 @@ def apikey_issue(*, name: str, scopes: list[str], context_keys: dict | None, act
     if not name or len(name) > 200 or "\x00" in name:
         raise Invalid("a key needs a name of at most 200 characters")
     try:
-        issued = auth.apikey_create(name=name, scopes=scopes, context_keys=context_keys, created_by=actor.user)
+        issued = auth.apikey_create(
+            name=name, scopes=scopes, context_keys=context_keys, created_by=actor.user
+        )
     except ValueError as exc:
         raise Invalid(str(exc)) from exc
-    audit_record(actor=actor, action="key_create", target_type="apikey", target_ids=[issued.key.pk],
-                 after={"name": name, "prefix": issued.key.prefix, "scopes": issued.key.scopes,
-                        "context_keys": issued.key.context_keys})
+    audit_record(
+        actor=actor,
+        action="key_create",
+        target_type="apikey",
+        target_ids=[issued.key.pk],
+        after={
+            "name": name,
+            "prefix": issued.key.prefix,
+            "scopes": issued.key.scopes,
+            "context_keys": issued.key.context_keys,
+        },
+    )
     return issued
 
 
@@ -367,8 +433,13 @@ def apikey_withdraw(*, key, actor: Actor):
     if key.revoked_at is not None:
         return key
     auth.apikey_revoke(key=key)
-    audit_record(actor=actor, action="key_revoke", target_type="apikey", target_ids=[key.pk],
-                 before={"name": key.name, "prefix": key.prefix})
+    audit_record(
+        actor=actor,
+        action="key_revoke",
+        target_type="apikey",
+        target_ids=[key.pk],
+        before={"name": key.name, "prefix": key.prefix},
+    )
     return key
 
 
@@ -384,15 +455,29 @@ def messages_set_pruned(
     Ids not in the context raise NotFound (nothing changes); ids already in the wanted state are
     left alone and not listed.
     """
-    return _set_pruned(model=Message, scope={"context": context}, ids=ids, pruned=pruned, actor=actor,
-                       context_id=context.pk, note=note)
+    return _set_pruned(
+        model=Message,
+        scope={"context": context},
+        ids=ids,
+        pruned=pruned,
+        actor=actor,
+        context_id=context.pk,
+        note=note,
+    )
 
 
 def steps_set_pruned(
     *, run: Run, ids: list[int], pruned: bool, actor: Actor, note: str = ""
 ) -> tuple[list[int], AuditEvent | None]:
-    return _set_pruned(model=Step, scope={"run": run}, ids=ids, pruned=pruned, actor=actor,
-                       context_id=run.context_id, note=note)
+    return _set_pruned(
+        model=Step,
+        scope={"run": run},
+        ids=ids,
+        pruned=pruned,
+        actor=actor,
+        context_id=run.context_id,
+        note=note,
+    )
 
 
 def _set_pruned(*, model, scope, ids, pruned, actor, context_id, note):
@@ -400,7 +485,11 @@ def _set_pruned(*, model, scope, ids, pruned, actor, context_id, note):
     with transaction.atomic():
         if model is Message:
             lock_contexts([context_id])
-        rows = list(model.objects.select_for_update().filter(pk__in=ids, **scope).values_list("pk", "pruned_at"))
+        rows = list(
+            model.objects.select_for_update()
+            .filter(pk__in=ids, **scope)
+            .values_list("pk", "pruned_at")
+        )
         if len(rows) != len(ids):
             missing = sorted(set(ids) - {pk for pk, _ in rows})
             raise NotFound(f"{model._meta.model_name} {missing[0]} not found")
@@ -408,11 +497,17 @@ def _set_pruned(*, model, scope, ids, pruned, actor, context_id, note):
         if not changing:
             return [], None
         if pruned:
-            model.objects.filter(pk__in=changing).update(pruned_at=timezone.now(), pruned_by=actor.label)
+            model.objects.filter(pk__in=changing).update(
+                pruned_at=timezone.now(), pruned_by=actor.label
+            )
         else:
             model.objects.filter(pk__in=changing).update(pruned_at=None, pruned_by="")
         event = audit_record(
-            actor=actor, action="prune" if pruned else "restore", target_type=model._meta.model_name,
-            target_ids=changing, context_id=context_id, note=note,
+            actor=actor,
+            action="prune" if pruned else "restore",
+            target_type=model._meta.model_name,
+            target_ids=changing,
+            context_id=context_id,
+            note=note,
         )
     return changing, event

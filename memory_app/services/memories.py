@@ -81,7 +81,9 @@ def _record(
     if scope.keys is not None and not scope.keys:
         # An empty subset is contained in every context's keys: it would be seen by every
         # tenant. A memory for one context takes that context's scope instead.
-        raise Invalid("scope_keys must name at least one key (an empty set would reach every context)")
+        raise Invalid(
+            "scope_keys must name at least one key (an empty set would reach every context)"
+        )
     # Client vectors are checked before anything is written (a wrong dimension names the item).
     vectors = client_vectors.client_vectors(items, label="items")
     results: list[Recorded] = []

@@ -31,7 +31,17 @@ from memory_app.models import (
 from memory_app.search import fulltext
 
 MAX_BATCH = 1000
-MESSAGE_FIELDS = ("role", "name", "text", "content", "tags", "metadata", "run_id", "step_id", "source_timestamp")
+MESSAGE_FIELDS = (
+    "role",
+    "name",
+    "text",
+    "content",
+    "tags",
+    "metadata",
+    "run_id",
+    "step_id",
+    "source_timestamp",
+)
 
 
 def _message_defaults(item: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +70,9 @@ class AppendResult:
         return any(self.created)
 
 
-def messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer: str | None = None) -> AppendResult:
+def messages_append(
+    *, context: Context, items: list[dict[str, Any]], tokenizer: str | None = None
+) -> AppendResult:
     """Append messages to a context, all or nothing.
 
     `items` are dicts with role, name, text, content, tags, metadata, run_id, step_id,
@@ -73,7 +85,9 @@ def messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer:
         return _messages_append(context=context, items=items, tokenizer=tokenizer)
 
 
-def _messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer: str | None) -> AppendResult:
+def _messages_append(
+    *, context: Context, items: list[dict[str, Any]], tokenizer: str | None
+) -> AppendResult:
     if not items:
         return AppendResult(messages=[])
     if len(items) > MAX_BATCH:
@@ -89,8 +103,14 @@ def _messages_append(*, context: Context, items: list[dict[str, Any]], tokenizer
     prepared = [_message_defaults(i) for i in items]
     _check_links(context=context, items=prepared)
 
-    args = {"context": context, "items": items, "prepared": prepared, "vectors": vectors,
-            "client_ids": client_ids, "tokenizer": tokenizer}
+    args = {
+        "context": context,
+        "items": items,
+        "prepared": prepared,
+        "vectors": vectors,
+        "client_ids": client_ids,
+        "tokenizer": tokenizer,
+    }
     try:
         result = _append_once(**args)
     except IntegrityError as exc:
@@ -107,13 +127,17 @@ def _append_once(*, context, items, prepared, vectors, client_ids, tokenizer) ->
     with transaction.atomic():
         # `= ANY(array)`: one parameter instead of an IN list of up to 1,000 that Django compiles
         # and psycopg merges into the text.
-        existing = {
-            m.client_id: m
-            for m in Message.objects.filter(
-                RawSQL("client_id = ANY(%s)", [client_ids], output_field=BooleanField()),  # noqa: S611 - constant SQL
-                context=context,
-            )
-        } if client_ids else {}
+        existing = (
+            {
+                m.client_id: m
+                for m in Message.objects.filter(
+                    RawSQL("client_id = ANY(%s)", [client_ids], output_field=BooleanField()),  # noqa: S611 - constant SQL
+                    context=context,
+                )
+            }
+            if client_ids
+            else {}
+        )
         results: list[Message | None] = []
         created_flags: list[bool] = []
         new: list[int] = []  # positions in `items` of the messages stored now
@@ -122,7 +146,8 @@ def _append_once(*, context, items, prepared, vectors, client_ids, tokenizer) ->
             if cid and cid in existing:
                 stored = existing[cid]
                 diff = differences(
-                    {k: getattr(stored, k) for k in MESSAGE_FIELDS}, {k: data[k] for k in MESSAGE_FIELDS}
+                    {k: getattr(stored, k) for k in MESSAGE_FIELDS},
+                    {k: data[k] for k in MESSAGE_FIELDS},
                 )
                 if diff:
                     raise Conflict(f"message {cid!r} already exists with different content", diff)
@@ -137,34 +162,58 @@ def _append_once(*, context, items, prepared, vectors, client_ids, tokenizer) ->
             copy = len(new) >= COPY_THRESHOLD
             # Repeats are not counted. A small batch is counted before the lock (the UPDATE below
             # takes it); a large one inside its COPY stream (`_copy_messages`).
-            counts = None if copy else tokens.count_tokens(
-                [tokens.token_text(d["text"], d["content"]) for _, d in specs], tokenizer=tokenizer
+            counts = (
+                None
+                if copy
+                else tokens.count_tokens(
+                    [tokens.token_text(d["text"], d["content"]) for _, d in specs],
+                    tokenizer=tokenizer,
+                )
             )
             # One statement takes the context's row lock and allocates the seqs: concurrent
             # appenders queue here, so seqs are gap-free and strictly increasing. A small batch
             # to a context whose full-text vectors are caught up writes its own (below) and
-            # moves search_seq along; a large one leaves them to the indexer (memory_app.search.fulltext).
+            # moves search_seq along; a large one leaves them to the indexer
+            # (memory_app.search.fulltext).
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"UPDATE {Context._meta.db_table} SET last_seq = last_seq + %s, "  # noqa: S608 - constant
-                    "search_seq = CASE WHEN %s AND search_seq = last_seq THEN last_seq + %s ELSE search_seq END, "
+                    "search_seq = CASE WHEN %s AND search_seq = last_seq THEN last_seq + %s "
+                    "ELSE search_seq END, "
                     "message_count = message_count + %s, token_count = token_count + %s, "
                     "last_activity_at = %s WHERE id = %s RETURNING last_seq, search_seq",
-                    [len(new), not copy, len(new), len(new), sum(counts or ()), timezone.now(), context.pk],
+                    [
+                        len(new),
+                        not copy,
+                        len(new),
+                        len(new),
+                        sum(counts or ()),
+                        timezone.now(),
+                        context.pk,
+                    ],
                 )
                 last, searched = cursor.fetchone()
             first = last - len(new) + 1
             if copy:
-                new_rows = _copy_messages(context_id=context.pk, specs=specs, first_seq=first, tokenizer=tokenizer)
+                new_rows = _copy_messages(
+                    context_id=context.pk, specs=specs, first_seq=first, tokenizer=tokenizer
+                )
                 with connection.cursor() as cursor:
                     cursor.execute(
-                        f"UPDATE {Context._meta.db_table} SET token_count = token_count + %s WHERE id = %s",  # noqa: S608
+                        f"UPDATE {Context._meta.db_table} SET token_count = token_count + %s "  # noqa: S608
+                        "WHERE id = %s",
                         [sum(r.token_count for r in new_rows), context.pk],
                     )
             else:
                 new_rows = [
-                    _new_message(context_id=context.pk, client_id=cid, seq=first + offset, token_count=count,
-                                 tokenizer=tokenizer, **data)
+                    _new_message(
+                        context_id=context.pk,
+                        client_id=cid,
+                        seq=first + offset,
+                        token_count=count,
+                        tokenizer=tokenizer,
+                        **data,
+                    )
                     for offset, ((cid, data), count) in enumerate(zip(specs, counts, strict=True))
                 ]
                 Message.objects.bulk_create(new_rows)
@@ -228,14 +277,34 @@ COPY_THRESHOLD = 50
 # of psycopg's 32 KB sends).
 COPY_CHUNK = 100
 _COPY_COLUMNS = (
-    "id", "context_id", "seq", "client_id", "role", "name", "text", "content", "tags", "metadata",
-    "run_id", "step_id", "token_count", "tokenizer", "source_timestamp", "created_at", "updated_at",
-    "pruned_by", "key_order",
+    "id",
+    "context_id",
+    "seq",
+    "client_id",
+    "role",
+    "name",
+    "text",
+    "content",
+    "tags",
+    "metadata",
+    "run_id",
+    "step_id",
+    "token_count",
+    "tokenizer",
+    "source_timestamp",
+    "created_at",
+    "updated_at",
+    "pruned_by",
+    "key_order",
 )
 
 
 def _copy_messages(
-    *, context_id: int, specs: list[tuple[str | None, dict[str, Any]]], first_seq: int, tokenizer: str
+    *,
+    context_id: int,
+    specs: list[tuple[str | None, dict[str, Any]]],
+    first_seq: int,
+    tokenizer: str,
 ) -> list[Message]:
     """Insert new messages (`(client_id, prepared fields)`, seqs from `first_seq` on) with one
     COPY and return them as saved rows; ids are drawn from the table's sequence first so the
@@ -262,24 +331,55 @@ def _copy_messages(
         )
         ids = [pk for (pk,) in cursor.fetchall()]
         columns = ", ".join(_COPY_COLUMNS)
-        with copy_errors_as_django(), cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:  # noqa: S608 - constants
+        with (
+            copy_errors_as_django(),
+            cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy,
+        ):  # noqa: S608 - constants
             for lo in range(0, len(specs), COPY_CHUNK):
-                chunk = specs[lo:lo + COPY_CHUNK]
+                chunk = specs[lo : lo + COPY_CHUNK]
                 counts = [len(encode(token_text(d["text"], d["content"]))) for _, d in chunk]
                 lines = []
-                for offset, ((cid, d), count) in enumerate(zip(chunk, counts, strict=True), start=lo):
+                for offset, ((cid, d), count) in enumerate(
+                    zip(chunk, counts, strict=True), start=lo
+                ):
                     pk, seq = ids[offset], first_seq + offset
                     r = build(
-                        id=pk, context_id=context_id, client_id=cid, seq=seq, tokenizer=tokenizer,
-                        token_count=count, created_at=now, updated_at=now, **d,
+                        id=pk,
+                        context_id=context_id,
+                        client_id=cid,
+                        seq=seq,
+                        tokenizer=tokenizer,
+                        token_count=count,
+                        created_at=now,
+                        updated_at=now,
+                        **d,
                     )
                     rows.append(r)
-                    lines.append(copy_line((
-                        pk, context_id, seq, cid, r.role, r.name, r.text,
-                        None if r.content is None else json_text(r.content), list(r.tags),
-                        json_text(r.metadata), r.run_id, r.step_id, count, tokenizer, r.source_timestamp,
-                        stamp, stamp, r.pruned_by, None if r.key_order is None else json_text(r.key_order),
-                    )))
+                    lines.append(
+                        copy_line(
+                            (
+                                pk,
+                                context_id,
+                                seq,
+                                cid,
+                                r.role,
+                                r.name,
+                                r.text,
+                                None if r.content is None else json_text(r.content),
+                                list(r.tags),
+                                json_text(r.metadata),
+                                r.run_id,
+                                r.step_id,
+                                count,
+                                tokenizer,
+                                r.source_timestamp,
+                                stamp,
+                                stamp,
+                                r.pruned_by,
+                                None if r.key_order is None else json_text(r.key_order),
+                            )
+                        )
+                    )
                 copy.write("".join(lines))
     return rows
 
@@ -294,7 +394,9 @@ def _check_links(*, context: Context, items: list[dict[str, Any]]) -> None:
         if wanted:
             found = set(qs.filter(pk__in=wanted).values_list("pk", flat=True))
             if missing := wanted - found:
-                raise NotFound(f"{link.removesuffix('_id')} {sorted(missing)[0]} not found in this context")
+                raise NotFound(
+                    f"{link.removesuffix('_id')} {sorted(missing)[0]} not found in this context"
+                )
 
 
 def _after_messages_created(rows: list[Message], vectors: list | None = None) -> None:
@@ -303,7 +405,11 @@ def _after_messages_created(rows: list[Message], vectors: list | None = None) ->
 
     vectors = vectors or [None] * len(rows)
     if client_vectors.vectors_copy(
-        [(row.pk, None, row.context_id, v) for row, v in zip(rows, vectors, strict=True) if v is not None]
+        [
+            (row.pk, None, row.context_id, v)
+            for row, v in zip(rows, vectors, strict=True)
+            if v is not None
+        ]
     ):
         transaction.on_commit(backlog.wake_indexer)
     active = providers.active_model_name()
@@ -313,7 +419,11 @@ def _after_messages_created(rows: list[Message], vectors: list | None = None) ->
 
 
 def message_edit(
-    *, message: Message, actor: Actor, text: str | None = None, tags: list[str] | None = None,
+    *,
+    message: Message,
+    actor: Actor,
+    text: str | None = None,
+    tags: list[str] | None = None,
     metadata: dict | None = None,
 ) -> Message:
     """Edit a message; the previous version is kept in the audit event."""
@@ -331,7 +441,9 @@ def message_edit(
             [count] = tokens.count_tokens(
                 [tokens.token_text(text, message.content)], tokenizer=message.tokenizer or None
             )
-            Context.objects.filter(pk=message.context_id).update(token_count=F("token_count") + count - message.token_count)
+            Context.objects.filter(pk=message.context_id).update(
+                token_count=F("token_count") + count - message.token_count
+            )
             message.text, message.token_count = text, count
             update_fields += ["text", "token_count"]
         if tags is not None:
@@ -344,11 +456,15 @@ def message_edit(
         after = {"text": message.text, "tags": message.tags, "metadata": message.metadata}
         if after != before:
             audit_record(
-                actor=actor, action="edit", target_type="message", target_ids=[message.pk],
-                context_id=message.context_id, before=before, after=after,
+                actor=actor,
+                action="edit",
+                target_type="message",
+                target_ids=[message.pk],
+                context_id=message.context_id,
+                before=before,
+                after=after,
             )
             if "text" in update_fields:
-
                 queue.requeue_message(message)
     return message
 
@@ -362,7 +478,9 @@ def messages_retag(
         raise Invalid("tags cannot hold NUL characters (PostgreSQL cannot store them)")
     with transaction.atomic():
         rows = list(
-            Message.objects.select_for_update().filter(context=context, pk__in=list(tags_by_id)).order_by("pk")
+            Message.objects.select_for_update()
+            .filter(context=context, pk__in=list(tags_by_id))
+            .order_by("pk")
         )
         if len(rows) != len(tags_by_id):
             missing = sorted(set(tags_by_id) - {r.pk for r in rows})
@@ -375,9 +493,14 @@ def messages_retag(
             r.tags = list(tags_by_id[r.pk])
         Message.objects.bulk_update(changed, ["tags"])
         audit_record(
-            actor=actor, action="edit", target_type="message", target_ids=[r.pk for r in changed],
-            context_id=context.pk, before={"tags": before},
-            after={"tags": {str(r.pk): r.tags for r in changed}}, note=note,
+            actor=actor,
+            action="edit",
+            target_type="message",
+            target_ids=[r.pk for r in changed],
+            context_id=context.pk,
+            before={"tags": before},
+            after={"tags": {str(r.pk): r.tags for r in changed}},
+            note=note,
         )
     return [r.pk for r in changed]
 

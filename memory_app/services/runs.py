@@ -27,12 +27,22 @@ RUN_FIELDS = ("task", "system_prompt", "agent_name", "framework", "metadata")
 
 
 def run_create(
-    *, context: Context, client_id: str | None = None, task: str = "", system_prompt: str = "",
-    agent_name: str = "", framework: str = "", metadata: dict | None = None, started_at=None,
+    *,
+    context: Context,
+    client_id: str | None = None,
+    task: str = "",
+    system_prompt: str = "",
+    agent_name: str = "",
+    framework: str = "",
+    metadata: dict | None = None,
+    started_at=None,
 ) -> tuple[Run, bool]:
     data = {
-        "task": task or "", "system_prompt": system_prompt or "", "agent_name": agent_name or "",
-        "framework": framework or "", "metadata": metadata or {},
+        "task": task or "",
+        "system_prompt": system_prompt or "",
+        "agent_name": agent_name or "",
+        "framework": framework or "",
+        "metadata": metadata or {},
     }
     with transaction.atomic():
         if client_id:
@@ -46,20 +56,33 @@ def run_create(
             with transaction.atomic():
                 # No started_at unless the agent gives one: the server's clock at this call is not
                 # when the agent started (an import arrives long after); run_finish fills it in.
-                run = Run.objects.create(context=context, client_id=client_id or None, started_at=started_at, **data)
+                run = Run.objects.create(
+                    context=context, client_id=client_id or None, started_at=started_at, **data
+                )
         except IntegrityError:
             # A concurrent writer created it first: answer as a repeat would.
             return run_create(context=context, client_id=client_id, started_at=started_at, **data)
-        Context.objects.filter(pk=context.pk).update(run_count=F("run_count") + 1, last_activity_at=timezone.now())
+        Context.objects.filter(pk=context.pk).update(
+            run_count=F("run_count") + 1, last_activity_at=timezone.now()
+        )
     return run, True
 
 
 def run_update(
-    *, run: Run, task: str | None = None, system_prompt: str | None = None, agent_name: str | None = None,
+    *,
+    run: Run,
+    task: str | None = None,
+    system_prompt: str | None = None,
+    agent_name: str | None = None,
     started_at=None,
 ) -> Run:
     """Fill in a run's description once it is known (a trace tells the task only at its end)."""
-    given = {"task": task, "system_prompt": system_prompt, "agent_name": agent_name, "started_at": started_at}
+    given = {
+        "task": task,
+        "system_prompt": system_prompt,
+        "agent_name": agent_name,
+        "started_at": started_at,
+    }
     fields = {k: v for k, v in given.items() if v is not None and v != getattr(run, k)}
     if fields:
         Run.objects.filter(pk=run.pk).update(**fields, updated_at=timezone.now())
@@ -69,9 +92,27 @@ def run_update(
 
 
 STEP_FIELDS = (
-    "kind", "step_number", "task", "plan", "model_input_messages", "model_output_message", "model_output",
-    "code_action", "observations", "action_output", "error_type", "error_message", "start_time",
-    "end_time", "duration", "input_tokens", "output_tokens", "total_tokens", "model", "cost", "is_final_answer",
+    "kind",
+    "step_number",
+    "task",
+    "plan",
+    "model_input_messages",
+    "model_output_message",
+    "model_output",
+    "code_action",
+    "observations",
+    "action_output",
+    "error_type",
+    "error_message",
+    "start_time",
+    "end_time",
+    "duration",
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "model",
+    "cost",
+    "is_final_answer",
     "payload",
 )
 
@@ -85,15 +126,23 @@ def _step_data(item: dict[str, Any]) -> dict[str, Any]:
     data["model"] = data["model"] or ""
     if data["duration"] is None and data["start_time"] is not None and data["end_time"] is not None:
         data["duration"] = data["end_time"] - data["start_time"]
-    if data["total_tokens"] is None and data["input_tokens"] is not None and data["output_tokens"] is not None:
+    if (
+        data["total_tokens"] is None
+        and data["input_tokens"] is not None
+        and data["output_tokens"] is not None
+    ):
         data["total_tokens"] = data["input_tokens"] + data["output_tokens"]
     return data
 
 
 def _tool_call_data(item: dict[str, Any]) -> dict[str, Any]:
     return {
-        "call_id": item.get("call_id") or "", "name": item["name"], "arguments": item.get("arguments"),
-        "output": item.get("output"), "success": item.get("success"), "duration": item.get("duration"),
+        "call_id": item.get("call_id") or "",
+        "name": item["name"],
+        "arguments": item.get("arguments"),
+        "output": item.get("output"),
+        "success": item.get("success"),
+        "duration": item.get("duration"),
     }
 
 
@@ -115,8 +164,14 @@ def steps_append(*, run: Run, items: list[dict[str, Any]]) -> StepsResult:
     if len(set(client_ids)) != len(client_ids):
         raise Invalid("client ids repeat within the batch")
     with transaction.atomic():
-        locked = Run.objects.select_for_update().only("id", "last_position", "context_id").get(pk=run.pk)
-        existing = {s.client_id: s for s in Step.objects.filter(run=run, client_id__in=client_ids)} if client_ids else {}
+        locked = (
+            Run.objects.select_for_update().only("id", "last_position", "context_id").get(pk=run.pk)
+        )
+        existing = (
+            {s.client_id: s for s in Step.objects.filter(run=run, client_id__in=client_ids)}
+            if client_ids
+            else {}
+        )
         results: list[Step] = []
         created: list[bool] = []
         new_steps: list[tuple[Step, list[dict]]] = []
@@ -128,7 +183,8 @@ def steps_append(*, run: Run, items: list[dict[str, Any]]) -> StepsResult:
                 stored = existing[cid]
                 diff = differences({k: getattr(stored, k) for k in STEP_FIELDS}, data)
                 stored_calls = [
-                    {k: getattr(tc, k) for k in TOOL_CALL_FIELDS} for tc in stored.tool_calls.order_by("position")
+                    {k: getattr(tc, k) for k in TOOL_CALL_FIELDS}
+                    for tc in stored.tool_calls.order_by("position")
                 ]
                 if stored_calls != calls:
                     diff["tool_calls"] = {"stored": stored_calls, "sent": calls}
@@ -146,7 +202,11 @@ def steps_append(*, run: Run, items: list[dict[str, Any]]) -> StepsResult:
                 step.position = locked.last_position + offset
             Step.objects.bulk_create([s for s, _ in new_steps])
             ToolCall.objects.bulk_create(
-                [ToolCall(step=s, position=i, **c) for s, calls in new_steps for i, c in enumerate(calls, start=1)]
+                [
+                    ToolCall(step=s, position=i, **c)
+                    for s, calls in new_steps
+                    for i, c in enumerate(calls, start=1)
+                ]
             )
             errors = sum(1 for s, _ in new_steps if s.error_type)
             Run.objects.filter(pk=run.pk).update(
@@ -159,8 +219,14 @@ def steps_append(*, run: Run, items: list[dict[str, Any]]) -> StepsResult:
 
 
 def run_finish(
-    *, run: Run, status: str, final_answer: Any = None, input_tokens: int | None = None,
-    output_tokens: int | None = None, total_tokens: int | None = None, finished_at=None,
+    *,
+    run: Run,
+    status: str,
+    final_answer: Any = None,
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+    total_tokens: int | None = None,
+    finished_at=None,
 ) -> Run:
     """Mark a run finished; token totals default to the sum over its steps.
 
@@ -169,7 +235,9 @@ def run_finish(
     steps' would make an imported run last as long as its upload took, not as long as it ran.
     """
     if status not in RunStatus.values or status == RunStatus.RUNNING:
-        raise Invalid(f"status must be one of {[s for s in RunStatus.values if s != RunStatus.RUNNING]}")
+        raise Invalid(
+            f"status must be one of {[s for s in RunStatus.values if s != RunStatus.RUNNING]}"
+        )
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run.pk)
         sums = run.steps.aggregate(
@@ -181,10 +249,17 @@ def run_finish(
             total_tokens = input_tokens + output_tokens
         run.status = status
         run.final_answer = final_answer
-        run.input_tokens, run.output_tokens, run.total_tokens = input_tokens, output_tokens, total_tokens
+        run.input_tokens, run.output_tokens, run.total_tokens = (
+            input_tokens,
+            output_tokens,
+            total_tokens,
+        )
         run.started_at, run.finished_at = run_span(
-            started_at=run.started_at, finished_at=finished_at, first_start=sums["first_start"],
-            last_end=sums["last_end"], created_at=run.created_at,
+            started_at=run.started_at,
+            finished_at=finished_at,
+            first_start=sums["first_start"],
+            last_end=sums["last_end"],
+            created_at=run.created_at,
         )
         run.duration = max(0.0, (run.finished_at - run.started_at).total_seconds())
         run.save()

@@ -39,7 +39,6 @@ from memory_app.services.runs import (
 STEP_CHUNK = 200
 
 
-
 def _when(ns: int | None) -> datetime | None:
     return datetime.fromtimestamp(ns / otlp.NS, tz=UTC) if ns else None
 
@@ -55,8 +54,11 @@ def traces_ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]
         by_trace[span["trace_id"]].append(span)
     # A trace stays in the context its first spans went to (later spans may lack a session id).
     known = dict(
-        TraceSpan.objects.filter(trace_id__in=list(by_trace), context__in=auth.visible_contexts(key))
-        .values_list("trace_id", "context__keys").distinct()
+        TraceSpan.objects.filter(
+            trace_id__in=list(by_trace), context__in=auth.visible_contexts(key)
+        )
+        .values_list("trace_id", "context__keys")
+        .distinct()
     )
     groups: dict[str, tuple[dict, list[dict]]] = {}
     for trace_id, trace_spans in by_trace.items():
@@ -72,44 +74,73 @@ def traces_ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]
     with transaction.atomic():
         for keys, group in groups.values():
             context, _ = context_get_or_create(keys=keys)
-            # One writer per context at a time: two requests of one trace must not both create its run.
+            # One writer per context at a time: two requests of one trace must not both create
+            # its run.
             context = Context.objects.select_for_update().get(pk=context.pk)
             new, differing = trace_spans_record(context=context, spans=[_row(s) for s in group])
             new_count += len(new)
             rejected += differing
             for trace_id in sorted({row.trace_id for row in new}):
                 runs.append(_bring_up_to_date(context=context, trace_id=trace_id).pk)
-    return {"spans": len(spans), "new_spans": new_count, "rejected": len(rejected),
-            "rejected_ids": rejected, "runs": runs}
+    return {
+        "spans": len(spans),
+        "new_spans": new_count,
+        "rejected": len(rejected),
+        "rejected_ids": rejected,
+        "runs": runs,
+    }
 
 
 def _row(span: dict[str, Any]) -> dict[str, Any]:
     return {
-        "trace_id": span["trace_id"], "span_id": span["span_id"], "parent_span_id": span["parent_span_id"],
-        "name": span["name"][:500], "role": otlp.span_role(span), "start_ns": span["start_ns"],
+        "trace_id": span["trace_id"],
+        "span_id": span["span_id"],
+        "parent_span_id": span["parent_span_id"],
+        "name": span["name"][:500],
+        "role": otlp.span_role(span),
+        "start_ns": span["start_ns"],
         "end_ns": span["end_ns"],
-        "data": {k: span[k] for k in ("status", "status_message", "attributes", "events", "resource", "scope")},
+        "data": {
+            k: span[k]
+            for k in ("status", "status_message", "attributes", "events", "resource", "scope")
+        },
     }
 
 
 def _span(row: TraceSpan) -> dict[str, Any]:
-    return {"trace_id": row.trace_id, "span_id": row.span_id, "parent_span_id": row.parent_span_id,
-            "name": row.name, "role": row.role, "start_ns": row.start_ns, "end_ns": row.end_ns, **row.data}
+    return {
+        "trace_id": row.trace_id,
+        "span_id": row.span_id,
+        "parent_span_id": row.parent_span_id,
+        "name": row.name,
+        "role": row.role,
+        "start_ns": row.start_ns,
+        "end_ns": row.end_ns,
+        **row.data,
+    }
 
 
 def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
-    spans = [_span(r) for r in TraceSpan.objects.filter(context=context, trace_id=trace_id).order_by("start_ns")]
+    spans = [
+        _span(r)
+        for r in TraceSpan.objects.filter(context=context, trace_id=trace_id).order_by("start_ns")
+    ]
     run = Run.objects.filter(context=context, client_id=f"otel:{trace_id}").first()
     if run is None:
         run, _ = run_create(
-            context=context, client_id=f"otel:{trace_id}", framework=otlp.framework(spans[0]),
-            metadata={"otel_trace_id": trace_id}, started_at=_when(spans[0]["start_ns"]),
+            context=context,
+            client_id=f"otel:{trace_id}",
+            framework=otlp.framework(spans[0]),
+            metadata={"otel_trace_id": trace_id},
+            started_at=_when(spans[0]["start_ns"]),
         )
     TraceSpan.objects.filter(context=context, trace_id=trace_id, run__isnull=True).update(run=run)
     done = set(Step.objects.filter(run=run).values_list("client_id", flat=True))
     items, root = _steps(spans)
     # In start order, so renumbering is needed only when a step starts before one already written.
-    items = sorted((i for i in items if i["client_id"] not in done), key=lambda i: i.get("start_time") or 0.0)
+    items = sorted(
+        (i for i in items if i["client_id"] not in done), key=lambda i: i.get("start_time") or 0.0
+    )
     for i in range(0, len(items), STEP_CHUNK):
         steps_append(run=run, items=items[i : i + STEP_CHUNK])
     if items:
@@ -118,7 +149,9 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
     if root is not None and (run.status == RunStatus.RUNNING or items):
         task = otlp.run_task(root) if root["role"] == otlp.AGENT else None
         run_update(
-            run=run, task=task, agent_name=otlp.run_agent_name(root) if root["role"] == otlp.AGENT else None,
+            run=run,
+            task=task,
+            agent_name=otlp.run_agent_name(root) if root["role"] == otlp.AGENT else None,
             system_prompt=otlp.system_prompt([s for s in spans if s["role"] == otlp.LLM]),
             started_at=_when(root["start_ns"]),
         )
@@ -158,14 +191,19 @@ def _steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str,
     steps = [s for s in spans if s["role"] == otlp.STEP and not inside_step(s)]
     for step in steps:
         inner = descendants(step["span_id"])
-        items.append(otlp.action_step(
-            step, llms=[s for s in inner if s["role"] == otlp.LLM], tools=[s for s in inner if s["role"] == otlp.TOOL],
-        ))
+        items.append(
+            otlp.action_step(
+                step,
+                llms=[s for s in inner if s["role"] == otlp.LLM],
+                tools=[s for s in inner if s["role"] == otlp.TOOL],
+            )
+        )
     # smolagents plans outside its steps: a model call beside a step (same parent) is a planning
     # step, written as soon as that is known, so it shows while the run goes on.
     step_parents = {s["parent_span_id"] for s in steps if s["parent_span_id"]}
     items.extend(
-        otlp.planning_step(s) for s in spans
+        otlp.planning_step(s)
+        for s in spans
         if s["role"] == otlp.LLM and s["parent_span_id"] in step_parents and not inside_step(s)
     )
     root = next((s for s in spans if not s["parent_span_id"]), None)
@@ -173,7 +211,11 @@ def _steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str,
         return items, root
     if root["role"] in (otlp.LLM, otlp.TOOL):
         # A lone model or tool call is a one-step run.
-        items.append(otlp.flat_step(root, [s for s in descendants(root["span_id"]) if s["role"] == otlp.TOOL]))
+        items.append(
+            otlp.flat_step(
+                root, [s for s in descendants(root["span_id"]) if s["role"] == otlp.TOOL]
+            )
+        )
         return items, root
     if root["role"] == otlp.AGENT:
         items.append(otlp.task_step(root))
@@ -194,7 +236,9 @@ def _steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str,
 SPAN_FIELDS = ("parent_span_id", "name", "role", "start_ns", "end_ns", "data")
 
 
-def trace_spans_record(*, context: Context, spans: list[dict[str, Any]]) -> tuple[list[TraceSpan], list[str]]:
+def trace_spans_record(
+    *, context: Context, spans: list[dict[str, Any]]
+) -> tuple[list[TraceSpan], list[str]]:
     """Keep received spans; a span id already kept is not written again.
 
     Returns the new rows and the ids of re-sent spans whose content differs from the kept one
@@ -207,14 +251,22 @@ def trace_spans_record(*, context: Context, spans: list[dict[str, Any]]) -> tupl
         stored = {}
         for trace_id in {s["trace_id"] for s in spans}:
             wanted = [s["span_id"] for s in spans if s["trace_id"] == trace_id]
-            for row in TraceSpan.objects.filter(context=context, trace_id=trace_id, span_id__in=wanted):
+            for row in TraceSpan.objects.filter(
+                context=context, trace_id=trace_id, span_id__in=wanted
+            ):
                 stored[(row.trace_id, row.span_id)] = row
         new, differing = [], []
         for s in spans:
             row = stored.get((s["trace_id"], s["span_id"]))
             if row is None:
-                new.append(TraceSpan(context=context, trace_id=s["trace_id"], span_id=s["span_id"],
-                                     **{k: s[k] for k in SPAN_FIELDS}))
+                new.append(
+                    TraceSpan(
+                        context=context,
+                        trace_id=s["trace_id"],
+                        span_id=s["span_id"],
+                        **{k: s[k] for k in SPAN_FIELDS},
+                    )
+                )
             elif any(getattr(row, k) != s[k] for k in SPAN_FIELDS):
                 differing.append(s["span_id"])
         TraceSpan.objects.bulk_create(new)

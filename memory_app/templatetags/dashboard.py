@@ -99,7 +99,11 @@ def fold(text) -> dict:
     text = "" if text is None else str(text)
     lines = text.count("\n") + 1
     preview = "\n".join(text.split("\n", PREVIEW_LINES)[:PREVIEW_LINES])[:1000]
-    return {"long": lines > FOLD_LINES or len(text) > FOLD_CHARS, "lines": lines, "preview": preview}
+    return {
+        "long": lines > FOLD_LINES or len(text) > FOLD_CHARS,
+        "lines": lines,
+        "preview": preview,
+    }
 
 
 @register.filter

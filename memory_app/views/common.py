@@ -19,7 +19,8 @@ from memory_app.url_prefixes import API_PREFIXES
 
 
 def wants_fragment(request) -> bool:
-    """An htmx request for part of a page; a history restore (back button, cache miss) needs it all."""
+    """An htmx request for part of a page; a history restore (back button, cache miss) needs it
+    all."""
     htmx = getattr(request, "htmx", None)
     return bool(htmx) and not htmx.history_restore_request and not htmx.boosted
 

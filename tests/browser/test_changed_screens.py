@@ -1,7 +1,7 @@
-"""Screens that changed with the reading work, in headless Chromium at desktop and narrow width (screenshots in
-test-artifacts/screenshots/): key chips and live counts on the contexts list, a message that only
-calls a tool, memories read by a viewer, the styled 403/404/500 pages, the favicon and the link to
-the API docs."""
+"""Screens that changed with the reading work, in headless Chromium at desktop and narrow width
+(screenshots in test-artifacts/screenshots/): key chips and live counts on the contexts list, a
+message that only calls a tool, memories read by a viewer, the styled 403/404/500 pages, the
+favicon and the link to the API docs."""
 
 from __future__ import annotations
 
@@ -36,7 +36,9 @@ def test_key_chips_filter_by_what_they_show_and_counts_leave_out_pruned(browser_
     page = browser_page
     demo = make_context(keys={"demo": True, "user": "ada"}, title="Demo chat", messages=5)
     make_context(keys={"demo": "True", "user": "bob"}, title="Not a demo", messages=1)
-    first_two = Message.objects.filter(context=demo).order_by("seq").values_list("pk", flat=True)[:2]
+    first_two = (
+        Message.objects.filter(context=demo).order_by("seq").values_list("pk", flat=True)[:2]
+    )
     messages_set_pruned(context=demo, ids=list(first_two), pruned=True, actor=Actor.system("t"))
     login(page, "vera", TEST_PASSWORD, next_path="/contexts/")
     row = page.locator("table.contexts tbody tr", has_text="Demo chat")
@@ -61,16 +63,24 @@ def test_a_message_that_only_calls_a_tool_shows_the_call_and_its_result(browser_
                 "role": "assistant",
                 "text": "",
                 "content": [
-                    {"type": "tool_use", "id": "call_7", "name": "get_weather",
-                     "input": {"city": "Kyoto", "unit": "celsius"}},
+                    {
+                        "type": "tool_use",
+                        "id": "call_7",
+                        "name": "get_weather",
+                        "input": {"city": "Kyoto", "unit": "celsius"},
+                    },
                 ],
             },
             {
                 "role": "tool",
                 "text": "",
                 "content": [
-                    {"type": "tool_result", "id": "call_7", "name": "get_weather",
-                     "output": "Kyoto: 18C, light rain"},
+                    {
+                        "type": "tool_result",
+                        "id": "call_7",
+                        "name": "get_weather",
+                        "output": "Kyoto: 18C, light rain",
+                    },
                 ],
             },
         ],
@@ -152,7 +162,9 @@ def test_an_edit_event_shows_the_changed_lines_only(browser_page):
     diff = page.locator(".change-diff")
     expect(diff.locator(".del")).to_have_text("-line 5: the forecast for day 5")
     expect(diff.locator(".ins")).to_have_text("+line 5: rain expected, <b>take an umbrella</b>")
-    expect(diff.locator(".ctx")).to_have_text([" line 4: the forecast for day 4", " line 6: the forecast for day 6"])
+    expect(diff.locator(".ctx")).to_have_text(
+        [" line 4: the forecast for day 4", " line 6: the forecast for day 6"]
+    )
     expect(diff).not_to_contain_text("day 2")
     screenshot(page, "audit-event-edit")
     page.watch.assert_clean()

@@ -26,14 +26,27 @@ LONG_OUTPUT = "\n".join(f"line {i}: temperature reading {i * 0.1:.1f}C" for i in
 @pytest.fixture
 def conversation():
     make_user(role="viewer", username="watcher")
-    ctx = make_context(keys={"user": "ada", "chat": "long"}, title="A long conversation", messages=118)
+    ctx = make_context(
+        keys={"user": "ada", "chat": "long"}, title="A long conversation", messages=118
+    )
     run = make_run(context=ctx, steps=3, observations=LONG_OUTPUT)
     step = run.steps.get(position=2)
     messages_append(
         context=ctx,
         items=[
-            {"role": "tool", "name": "get_weather", "text": LONG_OUTPUT, "run_id": run.pk, "step_id": step.pk},
-            {"role": "assistant", "text": "It is sunny in Paris.", "run_id": run.pk, "step_id": step.pk},
+            {
+                "role": "tool",
+                "name": "get_weather",
+                "text": LONG_OUTPUT,
+                "run_id": run.pk,
+                "step_id": step.pk,
+            },
+            {
+                "role": "assistant",
+                "text": "It is sunny in Paris.",
+                "run_id": run.pk,
+                "step_id": step.pk,
+            },
         ],
     )
     return {"context": ctx, "run": run, "step": step}
@@ -175,7 +188,7 @@ def test_htmx_requests_show_a_loading_indicator(browser_page, conversation):
                    document.body.addEventListener('htmx:beforeSend', () => window.indicatorSeen.push(
                        document.getElementById('loading').classList.contains('htmx-request')));
                    document.body.addEventListener('htmx:afterSettle', () => window.indicatorSeen.push(
-                       document.getElementById('loading').classList.contains('htmx-request'))); }"""
+                       document.getElementById('loading').classList.contains('htmx-request'))); }"""  # noqa: E501 - the script's text, as written
     )
     page.keyboard.press("j")
     page.wait_for_selector("#logbook[data-position='2']")
@@ -195,7 +208,7 @@ def test_a_live_runs_poll_does_not_flash_the_loading_bar(browser_page):
     page.evaluate(
         """() => { window.barOn = false;
                    document.body.addEventListener('htmx:beforeSend', () => { window.barOn = window.barOn
-                       || document.getElementById('loading').classList.contains('htmx-request'); }); }"""
+                       || document.getElementById('loading').classList.contains('htmx-request'); }); }"""  # noqa: E501 - the script's text, as written
     )
     with page.expect_request(lambda r: "/live/" in r.url, timeout=6_000):
         pass

@@ -87,7 +87,8 @@ def assert_inert(page):
     assert not [h for h in hrefs if h.strip().lower().startswith("javascript:")]
     handlers = page.eval_on_selector_all(
         "*",
-        "els => els.flatMap(e => [...e.attributes].map(a => a.name)).filter(n => n.startsWith('on'))",
+        "els => els.flatMap(e => [...e.attributes].map(a => a.name))"
+        ".filter(n => n.startsWith('on'))",
     )
     assert not handlers
 

@@ -115,7 +115,9 @@ def test_invalid_playground_numbers_are_explained_beside_the_form(browser_page, 
     context = make_context(messages=3)
     login(page, "vera", TEST_PASSWORD, next_path=f"/contexts/{context.pk}/playground/")
     page.fill(".side-a input[name=k]", "0")
-    expect(page.locator("#side-a [role=alert]")).to_contain_text("k must be an integer between 1 and 1000")
+    expect(page.locator("#side-a [role=alert]")).to_contain_text(
+        "k must be an integer between 1 and 1000"
+    )
     screenshot(page, "playground-error")
     page.fill(".side-a input[name=k]", "2")
     expect(page.locator("#side-a [data-testid=count]")).to_have_text("2")

@@ -62,7 +62,8 @@ def test_every_main_screen_fits_a_narrow_window(browser, live_server, width):
             culprits = page.evaluate(
                 """w => [...document.querySelectorAll('body *')]
                     .filter(e => e.getBoundingClientRect().right > w + 0.5)
-                    .slice(0, 5).map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))""",
+                    .slice(0, 5).map(e => e.tagName + '.' + e.className + ' ' """
+                """+ Math.round(e.getBoundingClientRect().right))""",
                 width,
             )
             overflowing[name] = (page_width, culprits)

@@ -55,11 +55,17 @@ def test_the_copied_curl_command_runs_with_the_key_from_the_environment(browser_
     page.watch.assert_clean()
 
     # -s: quiet, -w: the status on its own last line.
-    command = ["bash", "-c", curl.replace("curl -X POST", "curl -s -w '\\n%{http_code}' -X POST", 1)]
+    command = [
+        "bash",
+        "-c",
+        curl.replace("curl -X POST", "curl -s -w '\\n%{http_code}' -X POST", 1),
+    ]
     done = run(command, secret)
     body, _, status = done.stdout.rpartition("\n")
     assert (status, done.returncode) == ("200", 0), done.stdout + done.stderr
-    expected = selectors.select(context=ctx, spec=spec_from_params({"selector": "window", "k": "3"}))
+    expected = selectors.select(
+        context=ctx, spec=spec_from_params({"selector": "window", "k": "3"})
+    )
     assert [item["message"]["id"] for item in json.loads(body)["items"]] == expected.ids
     assert len(expected.ids) == 3
 

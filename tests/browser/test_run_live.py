@@ -100,7 +100,9 @@ def test_new_steps_appear_in_order_and_the_operator_keeps_their_place(browser_pa
     page.watch.assert_clean()
 
 
-def test_a_traced_run_keeps_the_operators_step_when_its_task_step_arrives_last(browser_page, live_server):
+def test_a_traced_run_keeps_the_operators_step_when_its_task_step_arrives_last(
+    browser_page, live_server
+):
     """OpenTelemetry spans stream in as smolagents ends them; the root span comes last and brings
     the task step, which starts first and takes position 1: every step moves down one, under the
     open page."""
@@ -111,21 +113,33 @@ def test_a_traced_run_keeps_the_operators_step_when_its_task_step_arrives_last(b
 
     make_user(role="viewer", username="watcher")
     _, spans = traced_run("tool_calling", resource={"agentmemory.context.user": "ada"})
-    assert [s.name for s in spans][6:] == ["Step 2", "ScriptedModel.generate", "FinalAnswerTool", "Step 3",
-                                          "ToolCallingAgent.run"]
+    assert [s.name for s in spans][6:] == [
+        "Step 2",
+        "ScriptedModel.generate",
+        "FinalAnswerTool",
+        "Step 3",
+        "ToolCallingAgent.run",
+    ]
     secret = auth.apikey_create(name="otel", scopes=["write"]).secret
 
     def export(batch):
         body = protobuf_body(batch)
         ExportTraceServiceRequest.FromString(body)  # what an exporter sends
-        response = httpx.post(f"{live_server.url}/v1/traces", content=body, timeout=10, headers={
-            "Authorization": f"Bearer {secret}", "Content-Type": "application/x-protobuf"})
+        response = httpx.post(
+            f"{live_server.url}/v1/traces",
+            content=body,
+            timeout=10,
+            headers={"Authorization": f"Bearer {secret}", "Content-Type": "application/x-protobuf"},
+        )
         assert response.status_code == 200, response.content
 
     export(spans[:7])  # the planning call, steps 1 and 2
     run = Run.objects.get()
     assert list(run.steps.order_by("position").values_list("kind", "step_number")) == [
-        ("planning", None), ("action", 1), ("action", 2)]
+        ("planning", None),
+        ("action", 1),
+        ("action", 2),
+    ]
 
     page = browser_page
     login(page, "watcher", TEST_PASSWORD, next_path=f"/runs/{run.pk}/steps/2/")
@@ -183,13 +197,16 @@ def test_run_page_shows_steps_on_the_runs_clock_with_model_and_cost(browser_page
 
     make_user(role="viewer", username="watcher")
     run, _ = run_create(
-        context=make_context(title="Timing"), task="Find the weather in Paris",
+        context=make_context(title="Timing"),
+        task="Find the weather in Paris",
         metadata={"model": "gpt-4o"},
     )
     start = 1_700_000_000.0
     items = [{"kind": "task", "task": "Find the weather in Paris"}]
     for number, (offset, seconds) in enumerate([(0, 2.5), (3, 10.0), (14, 360.0)], start=1):
-        items.append(action_step(number, start_time=start + offset, end_time=start + offset + seconds))
+        items.append(
+            action_step(number, start_time=start + offset, end_time=start + offset + seconds)
+        )
     steps_append(run=run, items=items)
     run_finish(run=run, status="success", final_answer="Sunny")
 
@@ -202,8 +219,12 @@ def test_run_page_shows_steps_on_the_runs_clock_with_model_and_cost(browser_page
     expect(page.locator(".step-detail .facts")).to_contain_text("+14.0 s")
     expect(page.locator("#run-timeline .tl-axis")).to_contain_text("+6 min 14 s")
     # The long step's bar spans most of the timeline: it is drawn on the clock, not per slot.
-    widths = [float(w) for w in page.locator("svg.tl rect.tl-dur").evaluate_all(
-        "els => els.map(e => e.getAttribute('width'))")]
+    widths = [
+        float(w)
+        for w in page.locator("svg.tl rect.tl-dur").evaluate_all(
+            "els => els.map(e => e.getAttribute('width'))"
+        )
+    ]
     assert max(widths) > 900
     screenshot(page, "run-timeline")
     page.watch.assert_clean()

@@ -50,7 +50,8 @@ class Command(BaseCommand):
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: stop.set())
         self.stdout.write(
-            f"embedding with {provider.describe()}: {queue.pending_count(model=provider.model)} pending"
+            f"embedding with {provider.describe()}: "
+            f"{queue.pending_count(model=provider.model)} pending"
         )
         totals = run_worker(
             provider=provider,
@@ -61,8 +62,8 @@ class Command(BaseCommand):
             stop=stop,
         )
         self.stdout.write(
-            f"done: {totals.embedded} embedded, {totals.failed} postponed, {totals.indexed} indexed,"
-            f" {totals.parsed} full-text written"
+            f"done: {totals.embedded} embedded, {totals.failed} postponed,"
+            f" {totals.indexed} indexed, {totals.parsed} full-text written"
             + (f" (last error: {totals.error})" if totals.error else "")
             + f", {queue.pending_count(model=provider.model)} pending"
         )
@@ -72,7 +73,8 @@ def provider_from_options(opts) -> providers.EmbeddingProvider:
     kind = opts.get("provider") or providers.provider_kind()
     if kind == "none":
         raise CommandError(
-            "no embedding provider configured: set AGENTMEMORY_EMBEDDING_PROVIDER or pass --provider"
+            "no embedding provider configured: "
+            "set AGENTMEMORY_EMBEDDING_PROVIDER or pass --provider"
         )
     model = opts.get("model") or (
         providers.active_model_name() if kind == providers.provider_kind() else None

@@ -43,7 +43,9 @@ class Command(BaseCommand):
             if not indexes:
                 raise CommandError(f"model {opts['model']!r} has no HNSW index")
         if not indexes:
-            self.stdout.write("No HNSW index yet (one is built when a model's first vector is stored).")
+            self.stdout.write(
+                "No HNSW index yet (one is built when a model's first vector is stored)."
+            )
             return
         m, efc = indexes[0].configured
         self.stdout.write(f"Settings: m={m}, ef_construction={efc}")
@@ -56,10 +58,15 @@ class Command(BaseCommand):
             self.stdout.write(f"  {index.describe()} — {state}")
         if opts["check"]:
             if todo:
-                raise CommandError(f"{len(todo)} index(es) built with other parameters", returncode=1)
+                raise CommandError(
+                    f"{len(todo)} index(es) built with other parameters", returncode=1
+                )
             return
         with connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('maintenance_work_mem', %s, false)", [opts["maintenance_work_mem"]])
+            cursor.execute(
+                "SELECT set_config('maintenance_work_mem', %s, false)",
+                [opts["maintenance_work_mem"]],
+            )
         for index in todo:
             self.stdout.write(f"Rebuilding the index of {index.describe()} CONCURRENTLY…")
             started = time.monotonic()

@@ -16,7 +16,10 @@ from memory_app.search import fulltext
 
 
 class Command(BaseCommand):
-    help = "Insert the vectors waiting for their HNSW index and the full-text vectors waiting for the indexer, then stop."
+    help = (
+        "Insert the vectors waiting for their HNSW index and the full-text vectors waiting for "
+        "the indexer, then stop."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--batch-size", type=int, default=None, help="rows per transaction")

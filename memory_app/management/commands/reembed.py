@@ -20,7 +20,10 @@ from memory_app.models import Context, Embedding
 
 
 class Command(BaseCommand):
-    help = "Embed every item (or one context's) with another model while the current one keeps serving."
+    help = (
+        "Embed every item (or one context's) with another model while the current one keeps "
+        "serving."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--provider", choices=["local", "openai"])
@@ -53,9 +56,7 @@ class Command(BaseCommand):
         queued = queue.reembed_enqueue(model=provider.model, context_id=opts["context"])
         self.stdout.write(f"queued {queued} items for {provider.model}")
         if not opts["queue_only"]:
-            totals = run_worker(
-                provider=provider, batch_size=opts["batch_size"], once=True
-            )
+            totals = run_worker(provider=provider, batch_size=opts["batch_size"], once=True)
             self.stdout.write(f"embedded {totals.embedded}, postponed {totals.failed}")
         done, total = queue.model_coverage(model=provider.model, context_id=opts["context"])
         state = "complete" if done == total else "incomplete"

@@ -85,8 +85,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default=os.environ.get("AGENTMEMORY_HOST", "127.0.0.1"))
-        parser.add_argument("--port", type=int, default=int(os.environ.get("AGENTMEMORY_PORT", "8000")))
-        parser.add_argument("--workers", type=int, default=int(os.environ.get("AGENTMEMORY_WORKERS", "3")))
+        parser.add_argument(
+            "--port", type=int, default=int(os.environ.get("AGENTMEMORY_PORT", "8000"))
+        )
+        parser.add_argument(
+            "--workers", type=int, default=int(os.environ.get("AGENTMEMORY_WORKERS", "3"))
+        )
         parser.add_argument("--no-demo", action="store_true", help="do not load the demo data")
 
     def handle(self, *args, **options):
@@ -125,10 +129,23 @@ class Command(BaseCommand):
 
         cmd = [
             # ASGI (uvicorn workers): Django, and the MCP server at /mcp (agentmemory_site/asgi.py).
-            sys.executable, "-m", "gunicorn", "agentmemory_site.asgi:application",
-            "--worker-class", "uvicorn_worker.UvicornWorker", "--preload",
-            "--bind", f"{host}:{port}", "--workers", str(workers),
-            "--access-logfile", "-", "--graceful-timeout", "10", "--timeout", "60",
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "agentmemory_site.asgi:application",
+            "--worker-class",
+            "uvicorn_worker.UvicornWorker",
+            "--preload",
+            "--bind",
+            f"{host}:{port}",
+            "--workers",
+            str(workers),
+            "--access-logfile",
+            "-",
+            "--graceful-timeout",
+            "10",
+            "--timeout",
+            "60",
         ]
         proc = subprocess.Popen(cmd)
         try:
@@ -177,9 +194,20 @@ class Command(BaseCommand):
         url = f"http://{host}:{port}/"
         self.stdout.write(self.style.SUCCESS(f"\nagentmemory is serving on {url}"))
         if shown:
-            self.stdout.write(self.style.WARNING(f"operator login: {username} / {shown}  (shown once; change it in /admin/)"))
+            self.stdout.write(
+                self.style.WARNING(
+                    f"operator login: {username} / {shown}  (shown once; change it in /admin/)"
+                )
+            )
         else:
-            self.stdout.write(f"operator login: your existing account (created as {username!r} on first run)")
-        self.stdout.write(f"database: {'embedded PostgreSQL under ' + str(settings.DATA_DIR) if settings.EMBEDDED_DATABASE else 'DATABASE_URL'}")
+            self.stdout.write(
+                f"operator login: your existing account (created as {username!r} on first run)"
+            )
+        database = (
+            "embedded PostgreSQL under " + str(settings.DATA_DIR)
+            if settings.EMBEDDED_DATABASE
+            else "DATABASE_URL"
+        )
+        self.stdout.write(f"database: {database}")
         self.stdout.write("Ctrl-C (or SIGTERM) stops the server and the database.\n")
         sys.stdout.flush()
