@@ -165,7 +165,9 @@ AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_FAILURE_LIMIT = int(os.environ.get("AGENTMEMORY_LOGIN_FAILURE_LIMIT", "5"))
-AXES_COOLOFF_TIME = timedelta(minutes=int(os.environ.get("AGENTMEMORY_LOGIN_COOLOFF_MINUTES", "15")))
+AXES_COOLOFF_TIME = timedelta(
+    minutes=int(os.environ.get("AGENTMEMORY_LOGIN_COOLOFF_MINUTES", "15"))
+)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"

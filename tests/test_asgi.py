@@ -32,8 +32,10 @@ def test_export_under_asgi_is_the_whole_backup(asgi_live_server):
     assert expected.count(b"\n") > 40
 
     with httpx.stream(
-        "GET", asgi_live_server.url + "/api/v1/export",
-        headers={"Authorization": f"Bearer {secret}", "Accept-Encoding": "gzip"}, timeout=60,
+        "GET",
+        asgi_live_server.url + "/api/v1/export",
+        headers={"Authorization": f"Bearer {secret}", "Accept-Encoding": "gzip"},
+        timeout=60,
     ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"] == "application/x-ndjson"

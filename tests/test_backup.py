@@ -1,4 +1,5 @@
-"""Backup/restore: a 10,000-message, 100-run context restores field by field; export memory is flat."""
+"""Backup/restore: a 10,000-message, 100-run context restores field by field; export memory
+is flat."""
 
 import io
 import json
@@ -33,25 +34,62 @@ pytestmark = pytest.mark.django_db
 def _fill(ctx, *, messages: int, runs: int, start: int = 0):
     run_rows = []
     for r in range(runs):
-        run, _ = run_create(context=ctx, client_id=f"run-{r}" if r % 2 else None, task=f"task {r}",
-                                    system_prompt="sys", framework="smolagents", metadata={"r": r})
-        steps_append(run=run, items=[
-            {"kind": "task", "task": f"task {r}", "payload": {"task": f"task {r}", "task_images": None}},
-            {"kind": "action", "step_number": 1, "observations": "obs", "error_type": "AgentError" if r % 3 else None,
-             "error_message": "boom" if r % 3 else None, "start_time": 1.5, "end_time": 2.25, "input_tokens": 10,
-             "output_tokens": 3, "payload": {"step_number": 1, "nested": {"b": 1, "a": [1, 2]}},
-             "tool_calls": [{"call_id": f"c{r}", "name": "search", "arguments": {"q": r}, "output": "x", "success": True}]},
-        ])
+        run, _ = run_create(
+            context=ctx,
+            client_id=f"run-{r}" if r % 2 else None,
+            task=f"task {r}",
+            system_prompt="sys",
+            framework="smolagents",
+            metadata={"r": r},
+        )
+        steps_append(
+            run=run,
+            items=[
+                {
+                    "kind": "task",
+                    "task": f"task {r}",
+                    "payload": {"task": f"task {r}", "task_images": None},
+                },
+                {
+                    "kind": "action",
+                    "step_number": 1,
+                    "observations": "obs",
+                    "error_type": "AgentError" if r % 3 else None,
+                    "error_message": "boom" if r % 3 else None,
+                    "start_time": 1.5,
+                    "end_time": 2.25,
+                    "input_tokens": 10,
+                    "output_tokens": 3,
+                    "payload": {"step_number": 1, "nested": {"b": 1, "a": [1, 2]}},
+                    "tool_calls": [
+                        {
+                            "call_id": f"c{r}",
+                            "name": "search",
+                            "arguments": {"q": r},
+                            "output": "x",
+                            "success": True,
+                        }
+                    ],
+                },
+            ],
+        )
         run_finish(run=run, status="success", final_answer={"answer": r})
         run_rows.append(run)
     step = run_rows[0].steps.get(position=2) if run_rows else None
     for i in range(start, start + messages, 1000):
         items = [
-            {"role": "user" if n % 2 else "assistant", "name": "ada", "text": f"message number {n} about topic {n % 7}",
-             "content": [{"type": "text", "text": f"message number {n}"}], "tags": ["t"] if n % 5 == 0 else [],
-             "metadata": {"n": n}, "client_id": f"m{n}" if n % 3 else None, "source_timestamp": "2026-01-01 10:00:00.000",
-             "run_id": run_rows[n % len(run_rows)].pk if run_rows and n % 4 == 0 else None,
-             "step_id": step.pk if step and n == 8 else None}
+            {
+                "role": "user" if n % 2 else "assistant",
+                "name": "ada",
+                "text": f"message number {n} about topic {n % 7}",
+                "content": [{"type": "text", "text": f"message number {n}"}],
+                "tags": ["t"] if n % 5 == 0 else [],
+                "metadata": {"n": n},
+                "client_id": f"m{n}" if n % 3 else None,
+                "source_timestamp": "2026-01-01 10:00:00.000",
+                "run_id": run_rows[n % len(run_rows)].pk if run_rows and n % 4 == 0 else None,
+                "step_id": step.pk if step and n == 8 else None,
+            }
             for n in range(i, min(i + 1000, start + messages))
         ]
         messages_append(context=ctx, items=items)
@@ -62,9 +100,14 @@ def _memory(ctx, content, *, scope=None, source=None):
     scope = scope if scope is not None else {}
     where = memories.Scope(context=ctx) if scope == {} else memories.Scope(keys=scope)
     return MemoryRecord.objects.create(
-        context=ctx if scope == {} else None, scope_keys=where.scope_keys, scope_digest=where.digest,
-        content=content, content_hash=memories.content_hash(content), keywords=["k"],
-        source_message=source, recorded_by="key:agent",
+        context=ctx if scope == {} else None,
+        scope_keys=where.scope_keys,
+        scope_digest=where.digest,
+        content=content,
+        content_hash=memories.content_hash(content),
+        keywords=["k"],
+        source_message=source,
+        recorded_by="key:agent",
     )
 
 
@@ -81,28 +124,74 @@ def _fields(obj, skip=()):
 
 def snapshot():
     """Everything, with foreign keys replaced by natural keys, so two databases can be compared."""
-    run_key = {r.pk: (r.context.keys_digest, r.client_id, r.created_at) for r in Run.objects.select_related("context")}
+    run_key = {
+        r.pk: (r.context.keys_digest, r.client_id, r.created_at)
+        for r in Run.objects.select_related("context")
+    }
     step_key = {s.pk: (run_key[s.run_id], s.position) for s in Step.objects.all()}
-    msg_key = {m.pk: (m.context.keys_digest, m.seq) for m in Message.objects.select_related("context").only("context__keys_digest", "seq")}
+    msg_key = {
+        m.pk: (m.context.keys_digest, m.seq)
+        for m in Message.objects.select_related("context").only("context__keys_digest", "seq")
+    }
     ctx_key = dict(Context.objects.values_list("pk", "keys_digest"))
     mem_key = dict((m.pk, (m.scope_digest, m.content_hash)) for m in MemoryRecord.objects.all())
     return {
-        "contexts": sorted((_fields(c) for c in Context.objects.all()), key=lambda d: d["keys_digest"]),
-        "runs": sorted(({**_fields(r, ("context",)), "context": ctx_key[r.context_id]} for r in Run.objects.all()),
-                       key=lambda d: (d["context"], str(d["client_id"]), d["created_at"])),
-        "steps": sorted(({**_fields(s, ("run",)), "run": run_key[s.run_id]} for s in Step.objects.all()),
-                        key=lambda d: (str(d["run"]), d["position"])),
-        "tool_calls": sorted(({**_fields(t, ("step",)), "step": step_key[t.step_id]} for t in ToolCall.objects.all()),
-                             key=lambda d: (str(d["step"]), d["position"])),
-        "messages": sorted(({**_fields(m, ("context", "run", "step")), "context": ctx_key[m.context_id],
-                             "run": run_key.get(m.run_id), "step": step_key.get(m.step_id)}
-                            for m in Message.objects.all()), key=lambda d: (d["context"], d["seq"])),
-        "memories": sorted(({**_fields(m, ("context", "source_message", "source_step")),
-                             "context": ctx_key.get(m.context_id), "source_message": msg_key.get(m.source_message_id)}
-                            for m in MemoryRecord.objects.all()), key=lambda d: d["content_hash"]),
-        "embeddings": sorted(({**_fields(e, ("message", "memory_record", "context")), "message": msg_key.get(e.message_id),
-                               "memory": mem_key.get(e.memory_record_id), "context": ctx_key.get(e.context_id)}
-                              for e in Embedding.objects.all()), key=lambda d: (str(d["message"]), str(d["memory"]), d["model"])),
+        "contexts": sorted(
+            (_fields(c) for c in Context.objects.all()), key=lambda d: d["keys_digest"]
+        ),
+        "runs": sorted(
+            (
+                {**_fields(r, ("context",)), "context": ctx_key[r.context_id]}
+                for r in Run.objects.all()
+            ),
+            key=lambda d: (d["context"], str(d["client_id"]), d["created_at"]),
+        ),
+        "steps": sorted(
+            ({**_fields(s, ("run",)), "run": run_key[s.run_id]} for s in Step.objects.all()),
+            key=lambda d: (str(d["run"]), d["position"]),
+        ),
+        "tool_calls": sorted(
+            (
+                {**_fields(t, ("step",)), "step": step_key[t.step_id]}
+                for t in ToolCall.objects.all()
+            ),
+            key=lambda d: (str(d["step"]), d["position"]),
+        ),
+        "messages": sorted(
+            (
+                {
+                    **_fields(m, ("context", "run", "step")),
+                    "context": ctx_key[m.context_id],
+                    "run": run_key.get(m.run_id),
+                    "step": step_key.get(m.step_id),
+                }
+                for m in Message.objects.all()
+            ),
+            key=lambda d: (d["context"], d["seq"]),
+        ),
+        "memories": sorted(
+            (
+                {
+                    **_fields(m, ("context", "source_message", "source_step")),
+                    "context": ctx_key.get(m.context_id),
+                    "source_message": msg_key.get(m.source_message_id),
+                }
+                for m in MemoryRecord.objects.all()
+            ),
+            key=lambda d: d["content_hash"],
+        ),
+        "embeddings": sorted(
+            (
+                {
+                    **_fields(e, ("message", "memory_record", "context")),
+                    "message": msg_key.get(e.message_id),
+                    "memory": mem_key.get(e.memory_record_id),
+                    "context": ctx_key.get(e.context_id),
+                }
+                for e in Embedding.objects.all()
+            ),
+            key=lambda d: (str(d["message"]), str(d["memory"]), d["model"]),
+        ),
     }
 
 
@@ -120,16 +209,26 @@ def test_context_with_10000_messages_and_100_runs_restores_field_by_field(tmp_pa
     mem = _memory(ctx, "Ada prefers metric units", source=source_msg)
     _memory(None, "Every ada context: be brief", scope={"user": "ada"})
     Embedding.objects.filter(message__context=ctx).delete()
-    Embedding.objects.create(message=source_msg, context=ctx, model="m3", dimensions=3, vector=[0.1, 0.2, 0.3])
-    Embedding.objects.create(memory_record=mem, context=ctx, model="m3", dimensions=3, vector=[1.0, 0.0, 0.5])
+    Embedding.objects.create(
+        message=source_msg, context=ctx, model="m3", dimensions=3, vector=[0.1, 0.2, 0.3]
+    )
+    Embedding.objects.create(
+        memory_record=mem, context=ctx, model="m3", dimensions=3, vector=[1.0, 0.0, 0.5]
+    )
 
     path = tmp_path / "backup.jsonl"
-    call_command("export_memory", "--keys", json.dumps({"chat": "big"}), "--embeddings", "-o", str(path))
+    call_command(
+        "export_memory", "--keys", json.dumps({"chat": "big"}), "--embeddings", "-o", str(path)
+    )
     Context.objects.filter(keys__user="bob").delete()
     before = snapshot()
     assert len(before["messages"]) == 10_000 and len(before["runs"]) == 100
-    assert (len(before["steps"]), len(before["tool_calls"]), len(before["memories"]), len(before["embeddings"])) == (
-        200, 100, 2, 2)
+    assert (
+        len(before["steps"]),
+        len(before["tool_calls"]),
+        len(before["memories"]),
+        len(before["embeddings"]),
+    ) == (200, 100, 2, 2)
 
     _wipe()
     assert Message.objects.count() == 0
@@ -138,7 +237,9 @@ def test_context_with_10000_messages_and_100_runs_restores_field_by_field(tmp_pa
     after = snapshot()
     # Who recorded a restored memory is the importer: the file's word for it is not trusted.
     assert {m["recorded_by"] for m in after["memories"]} == {"manage.py import_memory"}
-    before["memories"] = [{**m, "recorded_by": "manage.py import_memory"} for m in before["memories"]]
+    before["memories"] = [
+        {**m, "recorded_by": "manage.py import_memory"} for m in before["memories"]
+    ]
     for kind in before:
         assert after[kind] == before[kind], kind
 
@@ -174,7 +275,12 @@ def test_import_rejects_what_is_not_a_backup():
     with pytest.raises(errors.BackupFormatError):
         import_lines(["not json"])
     with pytest.raises(errors.BackupFormatError):
-        import_lines(['{"type": "header", "format": "agentmemory-backup", "version": 1}', '{"type": "bogus"}'])
+        import_lines(
+            [
+                '{"type": "header", "format": "agentmemory-backup", "version": 1}',
+                '{"type": "bogus"}',
+            ]
+        )
 
 
 def test_importing_into_an_existing_context_moves_its_counters_on():
@@ -192,7 +298,11 @@ def test_importing_into_an_existing_context_moves_its_counters_on():
     messages_append(context=ctx, items=[{"role": "user", "text": t} for t in texts[:2]])
 
     result = import_lines(lines)
-    assert (result.created["messages"], result.skipped["messages"], result.created["runs"]) == (3, 2, 1)
+    assert (result.created["messages"], result.skipped["messages"], result.created["runs"]) == (
+        3,
+        2,
+        1,
+    )
     ctx.refresh_from_db()
     stored = Message.objects.filter(context=ctx)
     assert (ctx.last_seq, ctx.message_count, ctx.run_count) == (5, 5, 1)
@@ -222,7 +332,9 @@ def test_a_backup_cut_short_then_imported_whole_counts_each_message_once():
     import_lines(lines)
     ctx = Context.objects.get(keys_digest=keys_digest(keys))
     assert (ctx.last_seq, ctx.message_count, ctx.run_count) == (5, 5, 1)
-    assert ctx.token_count == sum(Message.objects.filter(context=ctx).values_list("token_count", flat=True))
+    assert ctx.token_count == sum(
+        Message.objects.filter(context=ctx).values_list("token_count", flat=True)
+    )
 
 
 def test_an_import_that_fails_half_way_writes_nothing():
@@ -236,7 +348,9 @@ def test_an_import_that_fails_half_way_writes_nothing():
     bad["seq"] = "seven"
     with pytest.raises(errors.BackupFormatError, match="seq"):
         import_lines([*lines[:-1], json.dumps(bad)])
-    assert not Context.objects.exists() and not Message.objects.exists() and not Run.objects.exists()
+    assert (
+        not Context.objects.exists() and not Message.objects.exists() and not Run.objects.exists()
+    )
     import_lines(lines)  # the good file goes in whole
     assert Message.objects.count() == 30 and Run.objects.count() == 2
 
@@ -259,7 +373,11 @@ def _api_backup_with(*, text: str = '"m1"', metadata: str = "{}"):
     _wipe()
     [n] = [i for i, line in enumerate(lines) if json.loads(line).get("text") == "m1"]
     assert '"text":"m1"' in lines[n] and '"metadata":{}' in lines[n]
-    lines[n] = lines[n].replace('"text":"m1"', f'"text":{text}').replace('"metadata":{}', f'"metadata":{metadata}')
+    lines[n] = (
+        lines[n]
+        .replace('"text":"m1"', f'"text":{text}')
+        .replace('"metadata":{}', f'"metadata":{metadata}')
+    )
     return admin, "".join(line if line.endswith("\n") else line + "\n" for line in lines), n + 1
 
 
@@ -282,11 +400,18 @@ def _api_import(admin, body: str):
         ({"text": '"NUL \\u0000"'}, "NUL"),
     ],
     ids=[
-        "lone-high-surrogate", "lone-low-surrogate-beside-a-pair", "surrogate-key", "deep-object",
-        "deep-array", "1000-deep", "nul",
+        "lone-high-surrogate",
+        "lone-low-surrogate-beside-a-pair",
+        "surrogate-key",
+        "deep-object",
+        "deep-array",
+        "1000-deep",
+        "nul",
     ],
 )
-def test_an_api_import_line_that_is_not_storable_json_is_a_422_naming_it_and_writes_nothing(raw, complaint):
+def test_an_api_import_line_that_is_not_storable_json_is_a_422_naming_it_and_writes_nothing(
+    raw, complaint
+):
     admin, body, number = _api_backup_with(**raw)
     response = _api_import(admin, body)
     assert response.status_code == 422, response.content[:300]

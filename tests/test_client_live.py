@@ -226,7 +226,8 @@ def test_agentscope_state_round_trip_and_tool_input_over_http(client):
         "content": [m for m, _ in state["content"]]
     }
     assert client.tool_input_query(ctx["id"]) == (
-        "\nChat history: \nHuman: Which Led Zeppelin albums are in the store?\nAI: There are 14 albums."
+        "\nChat history: \nHuman: Which Led Zeppelin albums are in the store?\nAI: There are "
+        "14 albums."
         "Latest user question: And which of them sold the most?"
     )
     assert client.tool_input(ctx["id"])["user_settings"] == {
@@ -285,13 +286,20 @@ def test_client_sends_numpy_vectors_with_a_batch_and_with_memories(client, setti
     )
     assert stored == dict.fromkeys(ids, 4)
     hits = client.select(
-        ctx["id"], selector="search", mode="semantic", k=1, model="client-np",
+        ctx["id"],
+        selector="search",
+        mode="semantic",
+        k=1,
+        model="client-np",
         query_vector=[0.0, 1.0, 0.0, 0.0],
     )
     assert [i["message"]["id"] for i in hits["items"]] == [ids[1]]
     with pytest.raises(ApiError) as exc:
         client.append_messages(
-            ctx["id"], [{"role": "user", "text": "short"}], vectors=[[1.0, 0.0]], vector_model="client-np"
+            ctx["id"],
+            [{"role": "user", "text": "short"}],
+            vectors=[[1.0, 0.0]],
+            vector_model="client-np",
         )
     assert exc.value.status == 422 and "messages[0]" in str(exc.value.detail)
     memory = client.record_memory(
@@ -320,13 +328,19 @@ class ScriptedChatModel:
                 self.script = list(script)
                 self.calls: list[tuple[str, list]] = []
 
-            async def __call__(self, messages, tools=None, tool_choice=None, structured_model=None, **kw):
+            async def __call__(
+                self, messages, tools=None, tool_choice=None, structured_model=None, **kw
+            ):
                 from agentscope.model import ChatResponse
 
-                self.calls.append(("compress" if structured_model else "reason", json.loads(json.dumps(messages))))
+                self.calls.append(
+                    ("compress" if structured_model else "reason", json.loads(json.dumps(messages)))
+                )
                 if structured_model is not None:
                     fields = {name: f"{name} so far" for name in structured_model.model_fields}
-                    return ChatResponse(content=[TextBlock(type="text", text="summary")], metadata=fields)
+                    return ChatResponse(
+                        content=[TextBlock(type="text", text="summary")], metadata=fields
+                    )
                 return ChatResponse(content=self.script.pop(0))
 
         return _Scripted(*args, **kwargs)
@@ -340,7 +354,14 @@ def _react_script():
         [TextBlock(type="text", text="It is sunny and 22C in Paris.")],
         # Second reply, asked for structured output: the finish function first, then the text
         # the agent's hint asks for.
-        [ToolUseBlock(type="tool_use", id="call_f1", name="generate_response", input={"city": "Rome", "sky": "cloudy"})],
+        [
+            ToolUseBlock(
+                type="tool_use",
+                id="call_f1",
+                name="generate_response",
+                input={"city": "Rome", "sky": "cloudy"},
+            )
+        ],
         [TextBlock(type="text", text="Rome is cloudy.")],
     ]
 
@@ -369,7 +390,10 @@ def _react_agent(memory):
         toolkit=toolkit,
         memory=memory,
         compression_config=ReActAgent.CompressionConfig(
-            enable=True, agent_token_counter=CharTokenCounter(), trigger_threshold=600, keep_recent=2
+            enable=True,
+            agent_token_counter=CharTokenCounter(),
+            trigger_threshold=600,
+            keep_recent=2,
         ),
     )
     agent.set_console_output_enabled(False)
@@ -395,7 +419,10 @@ def _run_react(memory):
             ]
         ]
         return {
-            "replies": [(first.get_text_content(), first.metadata), (second.get_text_content(), second.metadata)],
+            "replies": [
+                (first.get_text_content(), first.metadata),
+                (second.get_text_content(), second.metadata),
+            ],
             "calls": agent.model.calls,
             "entries": entries,
             "summary": (await _state(memory))["_compressed_summary"],
@@ -423,7 +450,10 @@ def test_react_agent_runs_on_server_memory_exactly_as_on_in_memory_memory(client
     assert any("compressed" in marks for _, marks in served["entries"])
     assert served["replies"][1] == ["Rome is cloudy.", {"city": "Rome", "sky": "cloudy"}]
     hint_prompts = [
-        m for kind, prompt in served["calls"] for m in prompt if "Now generate a text response" in str(m)
+        m
+        for kind, prompt in served["calls"]
+        for m in prompt
+        if "Now generate a text response" in str(m)
     ]
     assert len(hint_prompts) == 1
     assert not any("hint" in marks for _, marks in served["entries"])
@@ -498,14 +528,20 @@ def test_react_agent_uses_server_long_term_memory_in_its_default_mode(client, ct
     # The turn was recorded: the question and the answer, not the recalled-memory message.
     contents = [
         i["content"]
-        for i in client.retrieve_memories(context_id=ctx["id"], query="Ada coffee tea", limit=10)["items"]
+        for i in client.retrieve_memories(context_id=ctx["id"], query="Ada coffee tea", limit=10)[
+            "items"
+        ]
     ]
     assert sorted(contents) == sorted(
         ["Ada prefers green tea to coffee", "Does Ada drink coffee?", "Green tea, she told me so."]
     )
     # Recording the same turn again adds nothing (the server knows the content).
-    run_coroutine(agent.long_term_memory.record([Msg("user", "Does Ada drink coffee?", "user"), None]))
-    again = client.retrieve_memories(context_id=ctx["id"], query="Ada coffee tea", limit=10)["items"]
+    run_coroutine(
+        agent.long_term_memory.record([Msg("user", "Does Ada drink coffee?", "user"), None])
+    )
+    again = client.retrieve_memories(context_id=ctx["id"], query="Ada coffee tea", limit=10)[
+        "items"
+    ]
     assert len(again) == 3
     with pytest.raises(TypeError):
         run_coroutine(agent.long_term_memory.retrieve(["not a Msg"]))

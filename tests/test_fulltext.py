@@ -32,7 +32,9 @@ pytestmark = pytest.mark.django_db
 
 def batch(context, texts):
     assert len(texts) >= COPY_THRESHOLD
-    return messages_append(context=context, items=[{"role": "user", "text": t} for t in texts]).messages
+    return messages_append(
+        context=context, items=[{"role": "user", "text": t} for t in texts]
+    ).messages
 
 
 def texts(n, special=None):
@@ -45,8 +47,10 @@ def truth(context, query, match="all"):
     tsq = _tsquery_text(query, match)
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT id, seq, ts_rank(to_tsvector('english', text), %s::tsquery) FROM memory_app_message"
-            " WHERE context_id = %s AND pruned_at IS NULL AND to_tsvector('english', text) @@ %s::tsquery",
+            "SELECT id, seq, ts_rank(to_tsvector('english', text), %s::tsquery) FROM "
+            "memory_app_message"
+            " WHERE context_id = %s AND pruned_at IS NULL AND to_tsvector('english', text) "
+            "@@ %s::tsquery",
             [tsq, context.pk, tsq],
         )
         rows = cur.fetchall()
@@ -54,23 +58,32 @@ def truth(context, query, match="all"):
 
 
 def found(context, query, limit=10, match="all"):
-    return [mid for mid, _ in keyword_ranking(context_id=context.pk, query=query, limit=limit, match=match)]
+    return [
+        mid
+        for mid, _ in keyword_ranking(context_id=context.pk, query=query, limit=limit, match=match)
+    ]
 
 
 def stored_vectors(context) -> dict[int, str]:
     """seq → stored vector of the context's messages."""
-    return dict(MessageSearch.objects.filter(context_id=context.pk).values_list("seq", "search_vector"))
+    return dict(
+        MessageSearch.objects.filter(context_id=context.pk).values_list("seq", "search_vector")
+    )
 
 
 def has_vector(message, word) -> bool:
-    return MessageSearch.objects.filter(context_id=message.context_id, seq=message.seq, search_vector=word).exists()
+    return MessageSearch.objects.filter(
+        context_id=message.context_id, seq=message.seq, search_vector=word
+    ).exists()
 
 
 def test_a_small_append_to_a_caught_up_context_writes_its_vectors_at_once():
     context = make_context(messages=3)
     context.refresh_from_db()
     assert context.search_seq == context.last_seq == 3
-    [m] = messages_append(context=context, items=[{"role": "user", "text": "Kyoto temples"}]).messages
+    [m] = messages_append(
+        context=context, items=[{"role": "user", "text": "Kyoto temples"}]
+    ).messages
     context.refresh_from_db()
     assert context.search_seq == 4
     assert has_vector(m, "temple")
@@ -115,7 +128,9 @@ def test_a_backlog_older_than_the_recent_window_is_read_exactly(monkeypatch):
 def test_appends_behind_a_backlog_are_left_to_the_indexer():
     context = make_context()
     batch(context, texts(60))
-    [m] = messages_append(context=context, items=[{"role": "user", "text": "zebra crossing"}]).messages
+    [m] = messages_append(
+        context=context, items=[{"role": "user", "text": "zebra crossing"}]
+    ).messages
     context.refresh_from_db()
     assert context.search_seq == 0 and not stored_vectors(context)
     assert found(context, "zebra") == [m.pk]
@@ -126,7 +141,8 @@ def test_appends_behind_a_backlog_are_left_to_the_indexer():
 def test_an_edited_text_is_parsed_again_and_a_deleted_message_takes_its_vector(system_actor):
     context = make_context()
     [m, other] = messages_append(
-        context=context, items=[{"role": "user", "text": "about zebras"}, {"role": "user", "text": "x"}]
+        context=context,
+        items=[{"role": "user", "text": "about zebras"}, {"role": "user", "text": "x"}],
     ).messages
     message_edit(message=m, actor=system_actor, text="about giraffes")
     assert found(context, "zebra") == [] and found(context, "giraffe") == [m.pk]
@@ -152,7 +168,9 @@ def test_pruned_messages_are_not_found_either_way_and_come_back_restored(system_
     assert found(context, "zebra") == [stored[8].pk]
     messages_set_pruned(context=context, ids=[stored[8].pk], pruned=True, actor=system_actor)
     assert not has_vector(stored[8], "zebra") and found(context, "zebra") == []
-    messages_set_pruned(context=context, ids=[stored[7].pk, stored[8].pk], pruned=False, actor=system_actor)
+    messages_set_pruned(
+        context=context, ids=[stored[7].pk, stored[8].pk], pruned=False, actor=system_actor
+    )
     assert has_vector(stored[7], "zebra") and has_vector(stored[8], "zebra")
     assert found(context, "zebra") == truth(context, "zebra") == [stored[8].pk, stored[7].pk]
 
@@ -246,7 +264,8 @@ def test_an_edit_during_indexing_is_not_lost(settings):
                 "SELECT 1 FROM memory_app_context WHERE id = %s FOR UPDATE", [context.pk]
             )
             indexer.execute(
-                "INSERT INTO memory_app_messagesearch SELECT context_id, seq, to_tsvector('english', text)"
+                "INSERT INTO memory_app_messagesearch SELECT context_id, seq, "
+                "to_tsvector('english', text)"
                 " FROM memory_app_message WHERE context_id = %s",
                 [context.pk],
             )
@@ -255,7 +274,10 @@ def test_an_edit_during_indexing_is_not_lost(settings):
             def edit():
                 try:
                     with connections["default"].cursor() as cur:
-                        cur.execute("UPDATE memory_app_message SET text = 'about okapis' WHERE id = %s", [target])
+                        cur.execute(
+                            "UPDATE memory_app_message SET text = 'about okapis' WHERE id = %s",
+                            [target],
+                        )
                 finally:
                     connections.close_all()
                     done.set()
@@ -263,7 +285,9 @@ def test_an_edit_during_indexing_is_not_lost(settings):
             thread = threading.Thread(target=edit)
             thread.start()
             assert not done.wait(0.5)  # waits for the indexer's lock
-            indexer.execute("UPDATE memory_app_context SET search_seq = last_seq WHERE id = %s", [context.pk])
+            indexer.execute(
+                "UPDATE memory_app_context SET search_seq = last_seq WHERE id = %s", [context.pk]
+            )
             indexer.commit()
             assert done.wait(10)
             thread.join()
@@ -285,7 +309,9 @@ def test_the_bulk_prune_preview_and_history_do_not_need_vectors():
     """Reads that never searched text work on a context whose vectors wait."""
     context = make_context()
     batch(context, texts(60))
-    preview = curation.bulk_prune_preview(context=context, flt=curation.PruneFilter(text="number 1"))
+    preview = curation.bulk_prune_preview(
+        context=context, flt=curation.PruneFilter(text="number 1")
+    )
     assert preview.count == 11
 
 
@@ -295,7 +321,10 @@ def test_a_message_moved_by_hand_takes_its_vector_along():
     source, target = make_context(), make_context()
     [m] = messages_append(context=source, items=[{"role": "user", "text": "zebra"}]).messages
     with connection.cursor() as cur:
-        cur.execute("UPDATE memory_app_message SET context_id = %s, seq = 7 WHERE id = %s", [target.pk, m.pk])
+        cur.execute(
+            "UPDATE memory_app_message SET context_id = %s, seq = 7 WHERE id = %s",
+            [target.pk, m.pk],
+        )
     m.refresh_from_db()
     assert not stored_vectors(source) and has_vector(m, "zebra")
     target.refresh_from_db()
@@ -308,7 +337,9 @@ def test_the_embed_worker_turn_moves_past_a_range_of_pruned_messages(system_acto
 
     context = make_context()
     stored = batch(context, texts(60))
-    messages_set_pruned(context=context, ids=[m.pk for m in stored], pruned=True, actor=system_actor)
+    messages_set_pruned(
+        context=context, ids=[m.pk for m in stored], pruned=True, actor=system_actor
+    )
     # A turn that writes nothing (every message of the range is pruned) still moves the context,
     # and `once` goes on while a context is behind.
     totals = run_worker(provider=NothingToEmbed(), once=True)
@@ -319,14 +350,26 @@ def test_the_embed_worker_turn_moves_past_a_range_of_pruned_messages(system_acto
 def test_the_admin_cannot_move_a_message_or_set_search_seq(admin_client):
     context, other = make_context(), make_context()
     [m] = messages_append(context=context, items=[{"role": "user", "text": "zebra"}]).messages
-    page = admin_client.get(reverse("admin:memory_app_message_change", args=[m.pk])).content.decode()
+    page = admin_client.get(
+        reverse("admin:memory_app_message_change", args=[m.pk])
+    ).content.decode()
     assert 'name="context"' not in page
     admin_client.post(
         reverse("admin:memory_app_message_change", args=[m.pk]),
-        {"context": other.pk, "role": "user", "name": "", "text": "zebra", "tags": "", "metadata": "{}",
-         "source_timestamp": "", "client_id": ""},
+        {
+            "context": other.pk,
+            "role": "user",
+            "name": "",
+            "text": "zebra",
+            "tags": "",
+            "metadata": "{}",
+            "source_timestamp": "",
+            "client_id": "",
+        },
     )
     m.refresh_from_db()
     assert m.context_id == context.pk
-    page = admin_client.get(reverse("admin:memory_app_context_change", args=[context.pk])).content.decode()
+    page = admin_client.get(
+        reverse("admin:memory_app_context_change", args=[context.pk])
+    ).content.decode()
     assert 'name="search_seq"' not in page

@@ -166,7 +166,9 @@ def test_any_msg_id_round_trips_and_distinct_ids_never_collide(context, system_a
     client_ids = list(Message.objects.filter(context=context).values_list("client_id", flat=True))
     assert len(set(client_ids)) == len(TRICKY_IDS)
     # Importing the same state again writes nothing: every copy finds its own client id.
-    assert framework_io.agentscope_state_import(context=context, state=state, actor=system_actor) == {
+    assert framework_io.agentscope_state_import(
+        context=context, state=state, actor=system_actor
+    ) == {
         "created": 0,
         "pruned": 0,
     }
@@ -198,10 +200,12 @@ def test_an_id_too_long_to_store_escaped_is_invalid(context):
 # --- AgentKit (frameworks.md §4, verified output of the real project) --------------------------
 
 EXPECTED_A_JSON = (
-    '{"chat_history": [{"content": "Which Led Zeppelin albums are in the store?", "additional_kwargs": {}, '
-    '"type": "human", "example": false}, {"content": "There are 14 albums.\\naction: show_table\\nsignal: done", '
-    '"additional_kwargs": {}, "type": "ai", "example": false}], "latest_human_message": "And which of them sold '
-    'the most?", "user_settings": {"data": {"theme": "dark"}, "version": 3}, "intermediate_steps": {}}'
+    '{"chat_history": [{"content": "Which Led Zeppelin albums are in the store?", '
+    '"additional_kwargs": {}, "type": "human", "example": false}, '
+    '{"content": "There are 14 albums.\\naction: show_table\\nsignal: done", '
+    '"additional_kwargs": {}, "type": "ai", "example": false}], '
+    '"latest_human_message": "And which of them sold the most?", '
+    '"user_settings": {"data": {"theme": "dark"}, "version": 3}, "intermediate_steps": {}}'
 )
 EXPECTED_A_QUERY = (
     "\nChat history: \nHuman: Which Led Zeppelin albums are in the store?\nAI: There are 14 "

@@ -72,7 +72,9 @@ def _agentscope_state():
                 "Friday",
                 [
                     TextBlock(type="text", text="Checking."),
-                    ToolUseBlock(type="tool_use", id="c1", name="get_weather", input={"city": "Paris"}),
+                    ToolUseBlock(
+                        type="tool_use", id="c1", name="get_weather", input={"city": "Paris"}
+                    ),
                 ],
                 "assistant",
             ),
@@ -87,16 +89,26 @@ def _agentscope_state():
 SMOL_RUN = {"steps": _smol_steps(), "system_prompt": "You are helpful.", "client_id": "fuzz"}
 SMOL_LIVE = {"start_index": 1, "steps": SMOL_RUN["steps"]}
 AS_STATE = {"state": _agentscope_state(), "replace": False}
-AS_ADD = {"msgs": [m for m, _ in AS_STATE["state"]["content"]], "marks": ["hint"], "allow_duplicates": True}
+AS_ADD = {
+    "msgs": [m for m, _ in AS_STATE["state"]["content"]],
+    "marks": ["hint"],
+    "allow_duplicates": True,
+}
 AS_MARKS = {"new_mark": "compressed", "old_mark": "hint", "msg_ids": ["a", "b"]}
 
 ENDPOINTS = {
-    "smolagents import": ("/api/v1/contexts/{context}/smolagents/runs", SMOL_RUN, {200, 201, 409, 422}),
+    "smolagents import": (
+        "/api/v1/contexts/{context}/smolagents/runs",
+        SMOL_RUN,
+        {200, 201, 409, 422},
+    ),
     "smolagents live steps": ("/api/v1/runs/{run}/smolagents/steps", SMOL_LIVE, {200, 409, 422}),
     "agentscope state": ("/api/v1/contexts/{context}/agentscope/state", AS_STATE, {200, 409, 422}),
     "agentscope add": ("/api/v1/contexts/{context}/agentscope/add", AS_ADD, {200, 409, 422}),
     "agentscope marks": (
-        "/api/v1/contexts/{context}/agentscope/update_messages_mark", AS_MARKS, {200, 422}
+        "/api/v1/contexts/{context}/agentscope/update_messages_mark",
+        AS_MARKS,
+        {200, 422},
     ),
 }
 
@@ -156,10 +168,16 @@ def test_swapped_types_never_give_a_server_error(name):
     seen: set[int] = set()
 
     @given(changes=st.lists(st.tuples(place, swapped), min_size=1, max_size=3))
-    @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    )
     def check(changes):
         response = api.post(url(), replaced(body, changes))
-        assert response.status_code in allowed, (changes, response.status_code, response.content[:300])
+        assert response.status_code in allowed, (
+            changes,
+            response.status_code,
+            response.content[:300],
+        )
         assert response["Content-Type"].startswith("application/json"), response.content[:300]
         seen.add(response.status_code)
 
@@ -174,13 +192,22 @@ def _backup_lines(api):
 
     cid = new_context(api, {"test": "backup-fuzz"})
     run = api.post(f"/api/v1/contexts/{cid}/runs", {"task": "t", "client_id": "r"}).json()
-    step = {"kind": "action", "step_number": 1, "tool_calls": [{"name": "f", "arguments": {"a": 1}}]}
+    step = {
+        "kind": "action",
+        "step_number": 1,
+        "tool_calls": [{"name": "f", "arguments": {"a": 1}}],
+    }
     assert api.post(f"/api/v1/runs/{run['id']}/steps", {"steps": [step]}).status_code == 201
     message = api.post(
         f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": "hello", "run_id": run["id"]}
     ).json()
-    api.post("/api/v1/memories", {"context_id": cid, "content": "Ann likes maps", "source_message_id": message["id"]})
-    api.post("/api/v1/memories", {"scope_keys": {"test": "backup-fuzz"}, "content": "a subset memory"})
+    api.post(
+        "/api/v1/memories",
+        {"context_id": cid, "content": "Ann likes maps", "source_message_id": message["id"]},
+    )
+    api.post(
+        "/api/v1/memories", {"scope_keys": {"test": "backup-fuzz"}, "content": "a subset memory"}
+    )
     body = b"".join(api.get("/api/v1/export", {"context_id": cid}).streaming_content)
     return [json.loads(line) for line in body.splitlines()]
 
@@ -194,7 +221,13 @@ def test_backup_import_with_every_field_swapped_for_every_type_is_a_json_answer(
     api = make_key(scopes=["read", "write", "admin"])
     lines = _backup_lines(api)
     assert [line["type"] for line in lines] == [
-        "header", "context", "run", "step", "message", "memory", "memory"
+        "header",
+        "context",
+        "run",
+        "step",
+        "message",
+        "memory",
+        "memory",
     ]
     failures, seen = [], set()
     for i, line in enumerate(lines[1:], start=1):
@@ -202,11 +235,15 @@ def test_backup_import_with_every_field_swapped_for_every_type_is_a_json_answer(
             for value in SWEEP:
                 Context.objects.all().delete()  # a fresh store: nothing is skipped as known
                 body = [*lines[:i], replaced(line, [(path, value)]), *lines[i + 1 :]]
-                response = api.post("/api/v1/import", raw="".join(json.dumps(r) + "\n" for r in body))
+                response = api.post(
+                    "/api/v1/import", raw="".join(json.dumps(r) + "\n" for r in body)
+                )
                 seen.add(response.status_code)
                 if response.status_code not in {200, 403, 422} or not response[
                     "Content-Type"
                 ].startswith("application/json"):
-                    failures.append((line["type"], path, value, response.status_code, response.content[:200]))
+                    failures.append(
+                        (line["type"], path, value, response.status_code, response.content[:200])
+                    )
     assert failures == []
     assert {200, 422} <= seen

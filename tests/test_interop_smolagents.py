@@ -27,7 +27,10 @@ def context():
 def _import(context, agent, client_id="r1"):
     steps = jsonable(agent.memory.get_full_steps())
     run, _ = framework_io.smolagents_run_import(
-        context=context, steps=steps, system_prompt=agent.memory.system_prompt.system_prompt, client_id=client_id
+        context=context,
+        steps=steps,
+        system_prompt=agent.memory.system_prompt.system_prompt,
+        client_id=client_id,
     )
     return run
 
@@ -49,7 +52,9 @@ def test_import_fills_normalised_columns_and_run_totals(context, kind):
     assert [s.kind for s in steps] == ["task", "planning"] + ["action"] * (len(steps) - 2)
     assert run.status == "success"
     assert sum(1 for s in steps if s.error_type) == 1 == run.error_count
-    expected_in = sum(s.token_usage.input_tokens for s in agent.memory.steps if getattr(s, "token_usage", None))
+    expected_in = sum(
+        s.token_usage.input_tokens for s in agent.memory.steps if getattr(s, "token_usage", None)
+    )
     assert run.input_tokens == expected_in
     assert steps[-1].is_final_answer
     if kind == "code":
@@ -58,7 +63,11 @@ def test_import_fills_normalised_columns_and_run_totals(context, kind):
     else:
         assert run.final_answer == "Sunny, 22C"
         call = ToolCall.objects.get(step=steps[2])
-        assert (call.call_id, call.name, call.arguments) == ("call_w1", "get_weather", {"location": "Paris", "unit": "C"})
+        assert (call.call_id, call.name, call.arguments) == (
+            "call_w1",
+            "get_weather",
+            {"location": "Paris", "unit": "C"},
+        )
         assert call.output == "Sunny in Paris, 22C"
 
 
@@ -77,8 +86,12 @@ def test_reimport_with_changed_step_is_a_conflict(context):
     steps = jsonable(agent.memory.get_full_steps())
     steps[2]["observations"] = "tampered"
     with pytest.raises(errors.Conflict):
-        framework_io.smolagents_run_import(context=context, steps=steps, client_id="r1",
-                                           system_prompt=agent.memory.system_prompt.system_prompt)
+        framework_io.smolagents_run_import(
+            context=context,
+            steps=steps,
+            client_id="r1",
+            system_prompt=agent.memory.system_prompt.system_prompt,
+        )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -93,7 +106,11 @@ def test_transcript_equals_write_memory_to_messages(context, kind, summary_mode)
 def test_tool_call_text_keeps_argument_key_order_despite_jsonb(context):
     agent = run_agent("tool_calling")
     run = _import(context, agent)
-    texts = [m["content"][0]["text"] for m in transcripts.run_messages(run=run) if m["role"] == "tool-call"]
+    texts = [
+        m["content"][0]["text"]
+        for m in transcripts.run_messages(run=run)
+        if m["role"] == "tool-call"
+    ]
     assert "'arguments': {'location': 'Paris', 'unit': 'C'}" in texts[0]
 
 
@@ -128,7 +145,9 @@ def test_steps_written_without_payload_still_give_smolagents_shapes(context):
     assert transcripts.run_messages(run=run) == messages_as_dicts(agent.write_memory_to_messages())
 
 
-@pytest.mark.parametrize("bad", [["not a dict"], [{"nothing": 1}], [{"step_number": 1, "tool_calls": [{"id": "x"}]}]])
+@pytest.mark.parametrize(
+    "bad", [["not a dict"], [{"nothing": 1}], [{"step_number": 1, "tool_calls": [{"id": "x"}]}]]
+)
 def test_malformed_steps_are_rejected_clearly(context, bad):
     with pytest.raises(errors.Invalid):
         framework_io.smolagents_run_import(context=context, steps=bad, client_id="bad")
@@ -184,7 +203,9 @@ def test_wrong_types_answer_json_422_on_both_smolagents_endpoints(db, path, valu
     api = make_key()
     cid = new_context(api, {"test": "smol-types"})
     steps = jsonable(run_agent("tool_calling").memory.get_full_steps())
-    response = api.post(f"/api/v1/contexts/{cid}/smolagents/runs", {"steps": _swap(steps, path, value)})
+    response = api.post(
+        f"/api/v1/contexts/{cid}/smolagents/runs", {"steps": _swap(steps, path, value)}
+    )
     assert response.status_code == 422, response.content
     assert response["Content-Type"].startswith("application/json")
     assert path[-1] in str(response.json()["detail"])
@@ -204,7 +225,11 @@ def test_an_imported_run_keeps_the_agents_start_time_and_duration(context):
     base = steps[1]["timing"]["start_time"] - 3600
     timed = [s for s in steps if isinstance(s.get("timing"), dict)]
     for i, s in enumerate(timed):
-        s["timing"] = {"start_time": base + 10 * i, "end_time": base + 10 * i + 2.5, "duration": 2.5}
+        s["timing"] = {
+            "start_time": base + 10 * i,
+            "end_time": base + 10 * i + 2.5,
+            "duration": 2.5,
+        }
     timed[-1]["timing"] = {"start_time": base + 40, "end_time": base + 42.5, "duration": 2.5}
     run, _ = framework_io.smolagents_run_import(context=context, steps=steps, client_id="clock")
     run.refresh_from_db()
@@ -235,14 +260,18 @@ def test_multi_argument_and_nested_tool_arguments_keep_their_order(context):
     step = {
         "step_number": 1,
         "timing": {"start_time": 1795297221.5, "end_time": 1795297222.0, "duration": 0.5},
-        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": arguments}}],
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "search", "arguments": arguments}}
+        ],
         "error": None,
         "model_output": None,
         "observations": "3 hotels",
         "is_final_answer": False,
     }
     run, _ = framework_io.smolagents_run_import(
-        context=context, steps=[{"task": "find hotels", "task_images": None}, step], client_id="args"
+        context=context,
+        steps=[{"task": "find hotels", "task_images": None}, step],
+        client_id="args",
     )
     assert list(ToolCall.objects.get(step__run=run).arguments) == ["k", "query", "filters"]  # jsonb
     exported = framework_io.smolagents_run_export(run=run)["steps"][1]

@@ -99,9 +99,7 @@ def test_query_retrieval_matches_any_word(ada_chat, system_actor):
 
 def test_edits_are_audited_with_before_and_after(ada_chat, system_actor):
     r = record(Scope(keys={"user": "ada"}), system_actor, "Ada likes tea")[0].record
-    memory_edit(
-        record=r, actor=system_actor, content="Ada likes green tea", keywords=["tea"]
-    )
+    memory_edit(record=r, actor=system_actor, content="Ada likes green tea", keywords=["tea"])
     event = AuditEvent.objects.filter(
         action="edit", target_type="memoryrecord", target_ids__contains=[r.pk]
     ).get()
@@ -118,10 +116,7 @@ def test_archive_hides_and_restore_brings_back_with_audit(ada_chat, system_actor
     r = record(Scope(keys={"user": "ada"}), system_actor, "Ada plays chess")[0].record
     memory_set_archived(record=r, archived=True, actor=system_actor)
     assert memories_retrieve(context=ada_chat, keywords=["chess"]) == []
-    assert (
-        len(memories_retrieve(context=ada_chat, keywords=["chess"], include_archived=True))
-        == 1
-    )
+    assert len(memories_retrieve(context=ada_chat, keywords=["chess"], include_archived=True)) == 1
     memory_set_archived(record=r, archived=False, actor=system_actor)
     assert len(memories_retrieve(context=ada_chat, keywords=["chess"])) == 1
     actions = list(
@@ -143,9 +138,7 @@ def test_provenance_must_come_from_the_scope(ada_chat, bob, system_actor):
     [mine] = messages_append(
         context=ada_chat, items=[{"role": "user", "text": "I love tea"}]
     ).messages
-    [theirs] = messages_append(
-        context=bob, items=[{"role": "user", "text": "secret"}]
-    ).messages
+    [theirs] = messages_append(context=bob, items=[{"role": "user", "text": "secret"}]).messages
     [r] = record(
         Scope(keys={"user": "ada"}), system_actor, "Ada loves tea", source_message_id=mine.pk
     )
@@ -257,9 +250,7 @@ def test_an_empty_key_subset_is_refused_and_never_reaches_a_confined_tenant(db, 
     acme = make_key(scopes=["read", "write"], context_keys={"tenant": "acme"})
     acme_ctx = new_context(acme, {"tenant": "acme", "user": "ada"})
     before = MemoryRecord.objects.count()
-    response = admin.post(
-        "/api/v1/memories", {"scope_keys": {}, "content": "global instruction"}
-    )
+    response = admin.post("/api/v1/memories", {"scope_keys": {}, "content": "global instruction"})
     assert response.status_code == 422, response.content
     assert "scope_keys" in response.json()["detail"]
     with pytest.raises(Invalid):
@@ -267,7 +258,9 @@ def test_an_empty_key_subset_is_refused_and_never_reaches_a_confined_tenant(db, 
     assert MemoryRecord.objects.count() == before
     # A record stored with {} before this fix (or by a backup) stays invisible everywhere.
     MemoryRecord.objects.create(
-        scope_keys={}, scope_digest="legacy-empty", content="global instruction",
+        scope_keys={},
+        scope_digest="legacy-empty",
+        content="global instruction",
         content_hash=memories.content_hash("global instruction"),
     )
     for client in (acme, admin):
@@ -354,9 +347,7 @@ def test_promote_and_merge_keep_provenance_and_an_audit(ada_chat, system_actor):
     assert promoted.created and promoted.record.source_message_id == message.pk
     assert promoted.record.kind == "preference" and promoted.record.scope_keys == ada_chat.keys
     [other] = record(Scope(context=ada_chat), system_actor, "Ada drinks tea", keywords=["tea"])
-    kept = memories_merge(
-        keep_id=promoted.record.pk, ids=[other.record.pk], actor=system_actor
-    )
+    kept = memories_merge(keep_id=promoted.record.pk, ids=[other.record.pk], actor=system_actor)
     other.record.refresh_from_db()
     assert kept.keywords == ["tea"] and other.record.archived_at is not None
     assert other.record.metadata["merged_into"] == kept.pk
@@ -385,7 +376,9 @@ def test_a_confined_key_exports_only_the_memories_it_may_recall(db):
     )
     acme.post("/api/v1/memories", {"context_id": ctx, "content": "This chat is about tea"})
     MemoryRecord.objects.create(
-        scope_keys={}, scope_digest="legacy-empty", content="global instruction",
+        scope_keys={},
+        scope_digest="legacy-empty",
+        content="global instruction",
         content_hash=memories.content_hash("global instruction"),
     )
 
@@ -398,7 +391,10 @@ def test_a_confined_key_exports_only_the_memories_it_may_recall(db):
     assert exported(acme) == {"Ada's tea budget", "This chat is about tea"}
     # An unconfined key's backup stays whole (the legacy record included, invisible as it is).
     assert exported(admin) == {
-        "Ada's tea order", "Ada's tea budget", "This chat is about tea", "global instruction"
+        "Ada's tea order",
+        "Ada's tea budget",
+        "This chat is about tea",
+        "global instruction",
     }
 
 
@@ -414,10 +410,15 @@ def test_a_confined_admin_key_cannot_import_memories_outside_its_confinement(db)
 
     def memory(scope_keys, content):
         return {
-            "type": "memory", "context": None, "scope_keys": scope_keys,
-            "scope_digest": memories.keys_digest(scope_keys), "content": content,
-            "content_hash": memories.content_hash(content), "kind": "fact",
-            "created_at": "2026-11-20T10:00:00+00:00", "updated_at": "2026-11-20T10:00:00+00:00",
+            "type": "memory",
+            "context": None,
+            "scope_keys": scope_keys,
+            "scope_digest": memories.keys_digest(scope_keys),
+            "content": content,
+            "content_hash": memories.content_hash(content),
+            "kind": "fact",
+            "created_at": "2026-11-20T10:00:00+00:00",
+            "updated_at": "2026-11-20T10:00:00+00:00",
         }
 
     def imported(*records):
@@ -430,7 +431,10 @@ def test_a_confined_admin_key_cannot_import_memories_outside_its_confinement(db)
         assert not MemoryRecord.objects.filter(content__in=["fine", "planted"]).exists()
     response = imported(memory({"tenant": "acme", "user": "ada"}, "Ada's tea budget"))
     assert response.status_code == 200, response.content
-    assert MemoryRecord.objects.get(content="Ada's tea budget").scope_keys == {"tenant": "acme", "user": "ada"}
+    assert MemoryRecord.objects.get(content="Ada's tea budget").scope_keys == {
+        "tenant": "acme",
+        "user": "ada",
+    }
 
 
 def test_a_confined_admin_key_cannot_import_into_another_tenants_context(db):
@@ -451,21 +455,40 @@ def test_a_confined_admin_key_cannot_import_into_another_tenants_context(db):
     stamp = {"created_at": "2026-11-20T10:00:00+00:00", "updated_at": "2026-11-20T10:00:00+00:00"}
     acme_keys = {"tenant": "acme", "user": "ann"}
     message = {
-        "type": "message", "context": beta_ctx.keys_digest, "seq": 99, "role": "user",
-        "text": "planted", "content": None, "tags": [], "metadata": {}, **stamp,
+        "type": "message",
+        "context": beta_ctx.keys_digest,
+        "seq": 99,
+        "role": "user",
+        "text": "planted",
+        "content": None,
+        "tags": [],
+        "metadata": {},
+        **stamp,
     }
     memory = {
-        "type": "memory", "context": beta_ctx.keys_digest, "scope_keys": beta_ctx.keys,
-        "scope_digest": keys_digest({"__context__": beta_ctx.keys_digest}), "content": "planted",
-        "content_hash": memories.content_hash("planted"), "kind": "fact", **stamp,
+        "type": "memory",
+        "context": beta_ctx.keys_digest,
+        "scope_keys": beta_ctx.keys,
+        "scope_digest": keys_digest({"__context__": beta_ctx.keys_digest}),
+        "content": "planted",
+        "content_hash": memories.content_hash("planted"),
+        "kind": "fact",
+        **stamp,
     }
     disguised = {  # acme's keys, beta's digest: looked up by digest, it is beta's context
-        "type": "context", "digest": beta_ctx.keys_digest, "keys": acme_keys,
-        "keys_digest": beta_ctx.keys_digest, "title": "", "metadata": {}, **stamp,
+        "type": "context",
+        "digest": beta_ctx.keys_digest,
+        "keys": acme_keys,
+        "keys_digest": beta_ctx.keys_digest,
+        "title": "",
+        "metadata": {},
+        **stamp,
     }
 
     def imported(*records):
-        return acme.post("/api/v1/import", raw="".join(json.dumps(r) + "\n" for r in (header, *records)))
+        return acme.post(
+            "/api/v1/import", raw="".join(json.dumps(r) + "\n" for r in (header, *records))
+        )
 
     assert imported(message).status_code == 422
     assert imported(memory).status_code == 422

@@ -19,13 +19,19 @@ pytestmark = pytest.mark.django_db
 
 URL = "/api/v1/traces"
 PROTO = "application/x-protobuf"
-KEYS = {"agentmemory.context.user": "ada", "agentmemory.context.app": "weather", "service.name": "weather-bot"}
+KEYS = {
+    "agentmemory.context.user": "ada",
+    "agentmemory.context.app": "weather",
+    "service.name": "weather-bot",
+}
 CONTEXT = {"user": "ada", "app": "weather"}
 
 
 def post(client, body: bytes, content_type: str = PROTO, url: str = URL, **headers):
     extra = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in headers.items()}
-    return client.client.generic("POST", url, body, content_type=content_type, **client._headers(), **extra)
+    return client.client.generic(
+        "POST", url, body, content_type=content_type, **client._headers(), **extra
+    )
 
 
 @pytest.fixture
@@ -51,7 +57,11 @@ def stored_run() -> Run:
 @pytest.mark.parametrize("encoding", ["protobuf", "json"])
 def test_tool_calling_run_matches_the_agents_memory(writer, tool_run, encoding):
     agent, spans = tool_run
-    body, content_type = (protobuf_body(spans), PROTO) if encoding == "protobuf" else (json_body(spans), "application/json")
+    body, content_type = (
+        (protobuf_body(spans), PROTO)
+        if encoding == "protobuf"
+        else (json_body(spans), "application/json")
+    )
     response = post(writer, body, content_type)
     assert response.status_code == 200, response.content
     assert response["Content-Type"] == content_type
@@ -137,7 +147,13 @@ def test_steps_end_up_in_start_order_when_the_root_comes_first(writer, tool_run)
     assert post(writer, protobuf_body([root])).status_code == 200
     assert post(writer, protobuf_body(rest)).status_code == 200
     run = stored_run()
-    assert [s.kind for s in run.steps.order_by("position")] == ["task", "planning", "action", "action", "action"]
+    assert [s.kind for s in run.steps.order_by("position")] == [
+        "task",
+        "planning",
+        "action",
+        "action",
+        "action",
+    ]
     assert run.status == "success" and run.input_tokens == 510
 
 
@@ -149,7 +165,10 @@ def test_split_batches_in_export_order_show_steps_before_the_run_ends(writer, to
     run = stored_run()
     assert run.status == "running"
     # The planning call beside Step 1 is known to be a planning step as soon as Step 1 arrives.
-    assert [(s.kind, s.step_number) for s in run.steps.order_by("position")] == [("planning", None), ("action", 1)]
+    assert [(s.kind, s.step_number) for s in run.steps.order_by("position")] == [
+        ("planning", None),
+        ("action", 1),
+    ]
     assert ToolCall.objects.get(step__run=run).name == "get_weather"
     assert post(writer, protobuf_body(by_end[first_step_done:])).status_code == 200
     run.refresh_from_db()
@@ -226,7 +245,11 @@ def nothing_written():
     ("body", "content_type", "status"),
     [
         (b"\xff\x00garbage protobuf \x12\x34", PROTO, 400),
-        (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]}', "application/json", 400),
+        (
+            b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]}',
+            "application/json",
+            400,
+        ),
         (b'{"resourceSpans": "nope"}', "application/json", 400),
         (b"[1, 2]", "application/json", 400),
         (b"not json", "application/json", 400),
@@ -304,7 +327,9 @@ def test_other_tenants_context_keys_are_403(tool_run):
 
 
 def test_a_confined_key_writes_inside_its_tenant_and_the_runs_stay_apart():
-    _, spans = traced_run("code", resource={"agentmemory.context.user": "bob", "agentmemory.context.app": "calc"})
+    _, spans = traced_run(
+        "code", resource={"agentmemory.context.user": "bob", "agentmemory.context.app": "calc"}
+    )
     bob = make_key(context_keys={"user": "bob"})
     ada = make_key(context_keys={"user": "ada"})
     assert post(bob, protobuf_body(spans)).status_code == 200
@@ -350,38 +375,80 @@ def genai_trace():
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("my.genai.app")
     ask = messages("user", {"type": "text", "content": "Weather in Paris?"})
-    with tracer.start_as_current_span("invoke_agent weather", attributes={
-        "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "weather",
-        "gen_ai.conversation.id": "conv-7", "gen_ai.input.messages": ask,
-    }) as root:
-        with tracer.start_as_current_span("chat", attributes={
-            "gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 30, "gen_ai.usage.output_tokens": 5,
-            "gen_ai.request.model": "gpt-4o-mini", "gen_ai.input.messages": ask,
-            "gen_ai.output.messages": messages(
-                "assistant",
-                {"type": "tool_call", "id": "c1", "name": "get_weather", "arguments": {"location": "Paris"}},
-                {"type": "tool_call", "id": "c2", "name": "get_time", "arguments": {"city": "Paris"}},
-            ),
-        }):
+    with tracer.start_as_current_span(
+        "invoke_agent weather",
+        attributes={
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": "weather",
+            "gen_ai.conversation.id": "conv-7",
+            "gen_ai.input.messages": ask,
+        },
+    ) as root:
+        with tracer.start_as_current_span(
+            "chat",
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.usage.input_tokens": 30,
+                "gen_ai.usage.output_tokens": 5,
+                "gen_ai.request.model": "gpt-4o-mini",
+                "gen_ai.input.messages": ask,
+                "gen_ai.output.messages": messages(
+                    "assistant",
+                    {
+                        "type": "tool_call",
+                        "id": "c1",
+                        "name": "get_weather",
+                        "arguments": {"location": "Paris"},
+                    },
+                    {
+                        "type": "tool_call",
+                        "id": "c2",
+                        "name": "get_time",
+                        "arguments": {"city": "Paris"},
+                    },
+                ),
+            },
+        ):
             pass
-        with tracer.start_as_current_span("execute_tool get_weather", attributes={
-            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather", "gen_ai.tool.call.id": "c1",
-            "gen_ai.tool.call.arguments": '{"location": "Paris"}', "gen_ai.tool.call.result": "Sunny",
-        }):
+        with tracer.start_as_current_span(
+            "execute_tool get_weather",
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "get_weather",
+                "gen_ai.tool.call.id": "c1",
+                "gen_ai.tool.call.arguments": '{"location": "Paris"}',
+                "gen_ai.tool.call.result": "Sunny",
+            },
+        ):
             pass
         try:
-            with tracer.start_as_current_span("execute_tool get_time", attributes={
-                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_time", "gen_ai.tool.call.id": "c2",
-            }):
+            with tracer.start_as_current_span(
+                "execute_tool get_time",
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": "get_time",
+                    "gen_ai.tool.call.id": "c2",
+                },
+            ):
                 raise TimeoutError("clock service timed out")
         except TimeoutError:
             pass
-        with tracer.start_as_current_span("chat", attributes={
-            "gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 40, "gen_ai.usage.output_tokens": 6,
-            "gen_ai.output.messages": messages("assistant", {"type": "text", "content": "It is sunny."}),
-        }):
+        with tracer.start_as_current_span(
+            "chat",
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.usage.input_tokens": 40,
+                "gen_ai.usage.output_tokens": 6,
+                "gen_ai.output.messages": messages(
+                    "assistant", {"type": "text", "content": "It is sunny."}
+                ),
+            },
+        ):
             pass
-        root.set_attribute("gen_ai.output.messages", messages("assistant", {"type": "text", "content": "It is sunny."}))
+        root.set_attribute(
+            "gen_ai.output.messages",
+            messages("assistant", {"type": "text", "content": "It is sunny."}),
+        )
     return exporter.get_finished_spans()
 
 
@@ -389,18 +456,34 @@ def test_genai_convention_trace_becomes_a_run(writer):
     assert post(writer, protobuf_body(genai_trace())).status_code == 200
     run = stored_run()
     assert run.context.keys == {"service": "genai-app", "session": "conv-7"}
-    assert (run.task, run.agent_name, run.framework, run.status) == ("Weather in Paris?", "weather", "opentelemetry", "success")
+    assert (run.task, run.agent_name, run.framework, run.status) == (
+        "Weather in Paris?",
+        "weather",
+        "opentelemetry",
+        "success",
+    )
     assert run.final_answer == "It is sunny."
     assert (run.input_tokens, run.output_tokens, run.total_tokens) == (70, 11, 81)
     task, first, second = run.steps.order_by("position")
     assert task.kind == "task" and task.task == "Weather in Paris?"
     assert (first.kind, first.input_tokens, first.observations) == ("action", 30, "Sunny")
     assert (first.error_type, first.error_message) == ("TimeoutError", "clock service timed out")
-    calls = [(c.call_id, c.name, c.arguments, c.output, c.success) for c in first.tool_calls.order_by("position")]
-    assert calls == [("c1", "get_weather", {"location": "Paris"}, "Sunny", True),
-                     ("c2", "get_time", {"city": "Paris"}, None, False)]
-    assert first.model_input_messages == [{"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]}]
-    assert (second.model_output, second.error_type, second.tool_calls.count()) == ("It is sunny.", None, 0)
+    calls = [
+        (c.call_id, c.name, c.arguments, c.output, c.success)
+        for c in first.tool_calls.order_by("position")
+    ]
+    assert calls == [
+        ("c1", "get_weather", {"location": "Paris"}, "Sunny", True),
+        ("c2", "get_time", {"city": "Paris"}, None, False),
+    ]
+    assert first.model_input_messages == [
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]}
+    ]
+    assert (second.model_output, second.error_type, second.tool_calls.count()) == (
+        "It is sunny.",
+        None,
+        0,
+    )
     assert run.error_count == 1
     # The model a chat span names is the step's (the logbook prices its tokens by it).
     assert (first.model, second.model) == ("gpt-4o-mini", "")

@@ -52,18 +52,32 @@ def test_an_imported_smolagents_run_lasts_as_long_as_its_steps():
     steps = [
         {"task": "Find the weather", "task_images": None},
         {
-            "step_number": 1, "timing": {"start_time": T0, "end_time": T0 + 1.6, "duration": 1.6},
-            "model_input_messages": None, "tool_calls": None, "error": None,
-            "model_output_message": None, "model_output": "x", "code_action": None,
-            "observations": None, "observations_images": None, "action_output": None,
+            "step_number": 1,
+            "timing": {"start_time": T0, "end_time": T0 + 1.6, "duration": 1.6},
+            "model_input_messages": None,
+            "tool_calls": None,
+            "error": None,
+            "model_output_message": None,
+            "model_output": "x",
+            "code_action": None,
+            "observations": None,
+            "observations_images": None,
+            "action_output": None,
             "token_usage": {"input_tokens": 10, "output_tokens": 2, "total_tokens": 12},
             "is_final_answer": False,
         },
         {
-            "step_number": 2, "timing": {"start_time": T0 + 2, "end_time": T0 + 4.6, "duration": 2.6},
-            "model_input_messages": None, "tool_calls": None, "error": None,
-            "model_output_message": None, "model_output": "y", "code_action": None,
-            "observations": None, "observations_images": None, "action_output": "done",
+            "step_number": 2,
+            "timing": {"start_time": T0 + 2, "end_time": T0 + 4.6, "duration": 2.6},
+            "model_input_messages": None,
+            "tool_calls": None,
+            "error": None,
+            "model_output_message": None,
+            "model_output": "y",
+            "code_action": None,
+            "observations": None,
+            "observations_images": None,
+            "action_output": "done",
             "token_usage": {"input_tokens": 10, "output_tokens": 2, "total_tokens": 12},
             "is_final_answer": True,
         },
@@ -81,7 +95,9 @@ def test_times_the_agent_gives_win_over_its_steps():
 
 
 def test_a_run_whose_steps_carry_no_timing_uses_the_servers_clock():
-    run = finished_run([{"kind": "task", "task": "t"}, {"kind": "final_answer", "action_output": 1}])
+    run = finished_run(
+        [{"kind": "task", "task": "t"}, {"kind": "final_answer", "action_output": 1}]
+    )
     assert run.started_at == run.created_at
     assert 0 <= run.duration < 60
 
@@ -114,9 +130,9 @@ def test_model_prices_match_dated_and_provider_prefixed_names():
     assert pricing.model_price("gpt-4o-mini-2024-07-18") == (0.15, 0.60)
     assert pricing.model_price("my-own-model") is None
     assert pricing.model_price("") is None
-    assert pricing.tokens_cost(model="gpt-4o", input_tokens=1000, output_tokens=100) == pytest.approx(
-        0.0035
-    )
+    assert pricing.tokens_cost(
+        model="gpt-4o", input_tokens=1000, output_tokens=100
+    ) == pytest.approx(0.0035)
 
 
 @override_settings(AGENTMEMORY_MODEL_PRICES='{"my-own-model": [1, 2], "gpt-4o": null}')
@@ -158,7 +174,9 @@ def test_run_cost_is_unknown_or_a_floor_when_a_model_has_no_price():
 
 
 def test_steps_without_a_model_take_the_runs_model_from_its_metadata():
-    cost = logbook_queries.run_cost(run=finished_run(timed_steps((0, 1)), metadata={"model": "gpt-4o-mini"}))
+    cost = logbook_queries.run_cost(
+        run=finished_run(timed_steps((0, 1)), metadata={"model": "gpt-4o-mini"})
+    )
     assert [m.model for m in cost.models] == ["gpt-4o-mini"] and cost.total is not None
 
 
@@ -223,7 +241,10 @@ def test_the_api_takes_a_steps_model_and_cost_and_refuses_a_negative_one():
     step = {"kind": "action", "model": "gpt-4o-mini", "cost": 0.0123}
     out = api.post(f"/api/v1/runs/{run['id']}/steps", {"steps": [step]})
     assert out.status_code == 201, out.content
-    assert (out.json()["steps"][0]["model"], out.json()["steps"][0]["cost"]) == ("gpt-4o-mini", 0.0123)
+    assert (out.json()["steps"][0]["model"], out.json()["steps"][0]["cost"]) == (
+        "gpt-4o-mini",
+        0.0123,
+    )
     bad = api.post(f"/api/v1/runs/{run['id']}/steps", {"steps": [{"kind": "action", "cost": -1}]})
     assert bad.status_code == 422
     assert Run.objects.get(pk=run["id"]).step_count == 1

@@ -101,7 +101,8 @@ def store(django_db_setup, django_db_blocker):
                 ((c, s, r, "", t, "{}", "{}", 0, "", "", "now", "now", "") for c, s, r, t in rows),
             )
             cur.execute(
-                "SELECT id, context_id FROM memory_app_message WHERE context_id = ANY(%s) ORDER BY id",
+                "SELECT id, context_id FROM memory_app_message WHERE context_id = ANY(%s) "
+                "ORDER BY id",
                 [[c.pk for c in big] + [small.pk]],
             )
             ids = cur.fetchall()
@@ -145,7 +146,8 @@ def brute_force_keyword(context, query):
     """Every message of the context, ranked in Python on ts_rank computed row by row."""
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT id, seq, ts_rank(to_tsvector('english', text), websearch_to_tsquery('english', %s)), "
+            "SELECT id, seq, ts_rank(to_tsvector('english', text), "
+            "websearch_to_tsquery('english', %s)), "
             "to_tsvector('english', text) @@ websearch_to_tsquery('english', %s) "
             "FROM memory_app_message WHERE context_id = %s AND pruned_at IS NULL",
             [query, query, context.pk],
@@ -272,26 +274,28 @@ def test_hnsw_path_on_a_large_context_returns_k_results_of_that_context(store, s
     assert set(
         Message.objects.filter(pk__in=[i for i, _ in ids]).values_list("context_id", flat=True)
     ) == {ctx.pk}
-    # Approximate recall (random 384-d vectors are HNSW's hardest case), but ranked by true distance.
+    # Approximate recall (random 384-d vectors are HNSW's hardest case), but ranked by true
+    # distance.
     distances = [d for _, d in ids]
     assert distances == sorted(distances)
     exact = dict(_exact(ctx.pk, query, 6000))
     assert distances == pytest.approx([exact[i] for i, _ in ids], abs=1e-5)
     # No exact scan on a large context: one statement, an HNSW walk, no sort of its rows.
     [(sql, params)] = captured.statements
-    plan = _plan(
-        sql, params, hnsw_settings_sql(model=MODEL, dims=DIMS, limit=10, share=5090)
-    )
+    plan = _plan(sql, params, hnsw_settings_sql(model=MODEL, dims=DIMS, limit=10, share=5090))
     assert f"Index Scan using {indexer.index_name(MODEL, DIMS)}" in plan, plan
     assert "embedding_context_model_idx" not in plan and "Seq Scan" not in plan, plan
     # The walk is the index of indexed rows (its predicate ends with `AND indexed`) and sorts
     # nothing; the rows still waiting for the indexer come from their small partial index.
-    walk, waiting = plan.split("CTE Scan on nearest")[0].split("CTE nearest")[1].split("CTE waiting")
+    walk, waiting = (
+        plan.split("CTE Scan on nearest")[0].split("CTE nearest")[1].split("CTE waiting")
+    )
     assert "Sort" not in walk, plan
     assert "embedding_unindexed" in waiting and "Seq Scan" not in waiting, plan
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT indexdef FROM pg_indexes WHERE indexname = %s", [indexer.index_name(MODEL, DIMS)]
+            "SELECT indexdef FROM pg_indexes WHERE indexname = %s",
+            [indexer.index_name(MODEL, DIMS)],
         )
         assert cur.fetchone()[0].endswith("AND indexed)")
 

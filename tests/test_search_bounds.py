@@ -41,9 +41,7 @@ KYOTO = [
 def kyoto(settings):
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
     context = make_context()
-    result = messages_append(
-        context=context, items=[{"role": r, "text": t} for r, t in KYOTO]
-    )
+    result = messages_append(context=context, items=[{"role": r, "text": t} for r, t in KYOTO])
     context.refresh_from_db()
     return context, [m.pk for m in result.messages]
 
@@ -93,7 +91,9 @@ def _ranked_by_ts_rank(context, tsquery: str, ids: list[int]) -> list[int]:
         return [r[0] for r in cur.fetchall()]
 
 
-def test_keyword_ranks_the_newest_matches_when_more_match_than_the_candidates(settings, monkeypatch):
+def test_keyword_ranks_the_newest_matches_when_more_match_than_the_candidates(
+    settings, monkeypatch
+):
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 20
     monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 8)
     context = make_context()
@@ -101,11 +101,15 @@ def test_keyword_ranks_the_newest_matches_when_more_match_than_the_candidates(se
     # twice, every third not at all.
     items = [{"role": "user", "text": "alpha alpha alpha alpha"}]
     for i in range(90):
-        items.append({"role": "user", "text": "filler words" if i % 3 == 2 else "alpha " * (1 + i % 2) + "x"})
+        items.append(
+            {"role": "user", "text": "filler words" if i % 3 == 2 else "alpha " * (1 + i % 2) + "x"}
+        )
     messages = messages_append(context=context, items=items).messages
     context.refresh_from_db()
     matching = [m.pk for m in messages if "alpha" in m.text]
-    hits = keyword_ranking(context_id=context.pk, query="alpha", limit=10, last_seq=context.last_seq)
+    hits = keyword_ranking(
+        context_id=context.pk, query="alpha", limit=10, last_seq=context.last_seq
+    )
     newest = matching[-20:]
     assert [h for h, _ in hits] == _ranked_by_ts_rank(context, "'alpha'", newest)[:10]
     assert messages[0].pk not in [h for h, _ in hits]
@@ -218,9 +222,7 @@ def test_keyword_reads_use_indexes_and_touch_only_the_candidates(
 ):
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 100
     monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 400)
-    reads = _reads_of(
-        lambda: search_messages(context=big_context, query=query, k=10, mode=mode)
-    )
+    reads = _reads_of(lambda: search_messages(context=big_context, query=query, k=10, mode=mode))
     assert reads
     for sql in reads:
         scans = _message_scans(sql)

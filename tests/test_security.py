@@ -51,7 +51,12 @@ def _import(client, lines):
 
 
 def _context_line(keys):
-    return {"type": "context", "digest": keys_digest(keys), "keys_digest": keys_digest(keys), "keys": keys}
+    return {
+        "type": "context",
+        "digest": keys_digest(keys),
+        "keys_digest": keys_digest(keys),
+        "keys": keys,
+    }
 
 
 def _a_scope_digests(a_context_id):
@@ -82,8 +87,12 @@ def test_an_import_cannot_plant_records_under_another_tenants_scope(tenants):
         _context_line(B_KEYS),
         # A memory of B's context, and one of B's key subset, each claiming A's scope digest and
         # the hash of A's next fact.
-        _memory_line(content="planted", scope_digest=digests["context"], context=keys_digest(B_KEYS)),
-        _memory_line(content="planted too", scope_digest=digests["subset"], scope_keys={"tenant": "b"}),
+        _memory_line(
+            content="planted", scope_digest=digests["context"], context=keys_digest(B_KEYS)
+        ),
+        _memory_line(
+            content="planted too", scope_digest=digests["subset"], scope_keys={"tenant": "b"}
+        ),
     ]
     response = _import(b, lines)
     assert response.status_code == 200, response.content
@@ -103,7 +112,8 @@ def test_an_import_cannot_plant_records_under_another_tenants_scope(tenants):
     }
     assert {m.recorded_by for m in planted} == {b.key.actor}
     assert {m.content_hash for m in planted} == {
-        memories.content_hash("planted"), memories.content_hash("planted too")
+        memories.content_hash("planted"),
+        memories.content_hash("planted too"),
     }
 
 
@@ -128,8 +138,12 @@ def test_an_import_cannot_attach_vectors_to_another_tenants_memories(tenants):
     a.post("/api/v1/memories", {"context_id": a_ctx, "content": A_FACT})
     target = MemoryRecord.objects.get(content=A_FACT)
     line = {
-        "type": "embedding", "item": "memory", "scope_digest": target.scope_digest,
-        "content_hash": target.content_hash, "model": "squat", "vector": [0.1, 0.2, 0.3],
+        "type": "embedding",
+        "item": "memory",
+        "scope_digest": target.scope_digest,
+        "content_hash": target.content_hash,
+        "model": "squat",
+        "vector": [0.1, 0.2, 0.3],
     }
     response = _import(b, [HEADER, _context_line(B_KEYS), line])
     assert response.status_code == 200, response.content
@@ -138,8 +152,12 @@ def test_an_import_cannot_attach_vectors_to_another_tenants_memories(tenants):
 
 def test_a_foreign_context_and_an_unknown_one_are_refused_alike(tenants):
     _, b, _, _ = tenants
-    run = {"type": "run", "ref": {"client_id": "r", "created_at": "2026-01-01T00:00:00+00:00"},
-           "client_id": "r", "task": "t"}
+    run = {
+        "type": "run",
+        "ref": {"client_id": "r", "created_at": "2026-01-01T00:00:00+00:00"},
+        "client_id": "r",
+        "task": "t",
+    }
     foreign = _import(b, [HEADER, {**run, "context": keys_digest(A_KEYS)}])
     unknown = _import(b, [HEADER, {**run, "context": keys_digest({"tenant": "nobody"})}])
     assert foreign.status_code == unknown.status_code == 422
@@ -159,16 +177,45 @@ def test_derived_values_in_an_imported_file_are_recomputed(tenants):
     lines = [
         HEADER,
         {**_context_line(keys), **lies},
-        {"type": "run", "context": keys_digest(keys), "client_id": "r1", "task": "t",
-         "ref": {"client_id": "r1", "created_at": "2026-01-01T00:00:00+00:00"},
-         "step_count": 77, "error_count": 9, "last_position": 12},
-        {"type": "step", "run": {"client_id": "r1", "created_at": "2026-01-01T00:00:00+00:00"},
-         "position": 1, "kind": "action", "error_type": "AgentError", "error_message": "boom"},
-        *({"type": "message", "context": keys_digest(keys), "seq": n, "role": "user",
-           "text": "three little words", "token_count": 999, "tokenizer": "cl100k_base"}
-          for n in (1, 2)),
-        {"type": "embedding", "item": "message", "context": keys_digest(keys), "seq": 1,
-         "model": "m3", "dimensions": 1536, "vector": [0.1, 0.2, 0.3]},
+        {
+            "type": "run",
+            "context": keys_digest(keys),
+            "client_id": "r1",
+            "task": "t",
+            "ref": {"client_id": "r1", "created_at": "2026-01-01T00:00:00+00:00"},
+            "step_count": 77,
+            "error_count": 9,
+            "last_position": 12,
+        },
+        {
+            "type": "step",
+            "run": {"client_id": "r1", "created_at": "2026-01-01T00:00:00+00:00"},
+            "position": 1,
+            "kind": "action",
+            "error_type": "AgentError",
+            "error_message": "boom",
+        },
+        *(
+            {
+                "type": "message",
+                "context": keys_digest(keys),
+                "seq": n,
+                "role": "user",
+                "text": "three little words",
+                "token_count": 999,
+                "tokenizer": "cl100k_base",
+            }
+            for n in (1, 2)
+        ),
+        {
+            "type": "embedding",
+            "item": "message",
+            "context": keys_digest(keys),
+            "seq": 1,
+            "model": "m3",
+            "dimensions": 1536,
+            "vector": [0.1, 0.2, 0.3],
+        },
     ]
     response = _import(b, lines)
     assert response.status_code == 200, response.content
@@ -262,8 +309,13 @@ def test_one_setting_turns_on_https_behind_a_proxy(https, tmp_path):
     env = {**os.environ, "AGENTMEMORY_HTTPS": https, "AGENTMEMORY_DATA_DIR": str(tmp_path)}
     env.pop("DATABASE_URL", None)
     out = subprocess.run(
-        [sys.executable, "-c", HTTPS_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=120, check=False,
+        [sys.executable, "-c", HTTPS_SCRIPT],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])

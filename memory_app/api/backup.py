@@ -156,6 +156,8 @@ def import_(request):
         # A value a table's check or not-null constraint refuses (a negative seq, say) is the
         # file's fault, not a concurrent write to retry: the import was rolled back whole.
         if isinstance(exc.__cause__, CheckViolation | NotNullViolation):
-            raise HttpError(422, f"a value cannot be stored: {exc.__cause__.diag.message_primary}") from exc
+            raise HttpError(
+                422, f"a value cannot be stored: {exc.__cause__.diag.message_primary}"
+            ) from exc
         raise
     return {"created": result.created, "skipped": result.skipped}

@@ -37,7 +37,8 @@ class SmolRunIn(Schema):
         json_schema_extra={
             "examples": [
                 {
-                    "system_prompt": "You are an expert assistant who can solve any task using tools.",
+                    "system_prompt": "You are an expert assistant who can solve any task "
+                    "using tools.",
                     "client_id": "run-2026-11-21-001",
                     "agent_name": "Atlas",
                     "status": "success",
@@ -129,7 +130,10 @@ class SmolExportOut(Schema):
             "task": "What's the weather in Paris?",
             "status": "success",
             "final_answer": "Sunny, 22C",
-            "steps": [{"task": "What's the weather in Paris?", "task_images": None}, SMOL_STEP_EXAMPLE],
+            "steps": [
+                {"task": "What's the weather in Paris?", "task_images": None},
+                SMOL_STEP_EXAMPLE,
+            ],
         }
     )
     system_prompt: str
@@ -366,9 +370,7 @@ AGENTSCOPE_MSG_EXAMPLE = {
 
 
 class MemoryOut(Schema):
-    model_config = _examples(
-        {"summary": "", "content": [[AGENTSCOPE_MSG_EXAMPLE, ["important"]]]}
-    )
+    model_config = _examples({"summary": "", "content": [[AGENTSCOPE_MSG_EXAMPLE, ["important"]]]})
     summary: str
     content: list[list[Any]]
 
@@ -459,7 +461,9 @@ class UpdateMarksIn(Schema):
         }
     )
     new_mark: Short(200) | None = Field(description="the mark to add; null removes old_mark")
-    old_mark: Short(200) | None = Field(None, description="only entries with it; replaced by new_mark")
+    old_mark: Short(200) | None = Field(
+        None, description="only entries with it; replaced by new_mark"
+    )
     msg_ids: list[Short(200)] | None = Field(None, description="only these entries")
 
 
@@ -479,7 +483,9 @@ def agentscope_delete_by_mark(request, context_id: ContextId, body: DeleteByMark
 @router.post(
     "/contexts/{context_id}/agentscope/update_messages_mark",
     response=responses({200: CountOut}, WRITE_ERRORS),
-    summary="AgentScope update_messages_mark(new_mark, old_mark, msg_ids): add, change or remove a mark",
+    summary=(
+        "AgentScope update_messages_mark(new_mark, old_mark, msg_ids): add, change or remove a mark"
+    ),
 )
 def agentscope_update_messages_mark(request, context_id: ContextId, body: UpdateMarksIn):
     require_scope(request, "write")
@@ -558,7 +564,12 @@ class ChatHistoryItem(Schema):
 TOOL_INPUT_EXAMPLE = {
     "chat_history": [
         {"content": "Hi", "additional_kwargs": {}, "type": "human", "example": False},
-        {"content": "Hello! How can I help?", "additional_kwargs": {}, "type": "ai", "example": False},
+        {
+            "content": "Hello! How can I help?",
+            "additional_kwargs": {},
+            "type": "ai",
+            "example": False,
+        },
     ],
     "latest_human_message": "What's the weather in Paris?",
     "user_settings": None,

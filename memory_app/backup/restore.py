@@ -138,7 +138,8 @@ class _Importer:
             getattr(self, f"_import_{kind}")(records)
 
     def _insert(self, model, rows: list[models.Model], stamp_fields: list[str]) -> None:
-        """Bulk insert, then put back the source's timestamps (auto_now* overwrite them on insert)."""
+        """Bulk insert, then put back the source's timestamps (auto_now* overwrite them on
+        insert)."""
         if not rows:
             return
         # A stamp the line leaves out keeps the one given on insert (never put back as null).

@@ -47,8 +47,12 @@ JSON = "application/json"
 AGENT, STEP, LLM, TOOL, OTHER = "agent", "step", "llm", "tool", "other"
 _OPENINFERENCE_ROLES = {"AGENT": AGENT, "CHAIN": STEP, "LLM": LLM, "TOOL": TOOL}
 _GENAI_ROLES = {
-    "invoke_agent": AGENT, "create_agent": AGENT, "chat": LLM, "text_completion": LLM,
-    "generate_content": LLM, "execute_tool": TOOL,
+    "invoke_agent": AGENT,
+    "create_agent": AGENT,
+    "chat": LLM,
+    "text_completion": LLM,
+    "generate_content": LLM,
+    "execute_tool": TOOL,
 }
 CONTEXT_PREFIX = "agentmemory.context."
 _STEP_NAME = re.compile(r"^Step (\d+)$")
@@ -70,7 +74,9 @@ def decode_request(body: bytes, *, content_type: str) -> list[dict[str, Any]]:
         try:
             request.ParseFromString(body)
         except (DecodeError, RuntimeError, ValueError) as exc:
-            raise TraceFormatError(f"body is not an OTLP protobuf ExportTraceServiceRequest: {exc}") from None
+            raise TraceFormatError(
+                f"body is not an OTLP protobuf ExportTraceServiceRequest: {exc}"
+            ) from None
     elif content_type == JSON:
         try:
             data = json.loads(body, parse_constant=_reject_constant)
@@ -82,8 +88,16 @@ def decode_request(body: bytes, *, content_type: str) -> list[dict[str, Any]]:
             # "OTLP/JSON receivers MUST ignore message fields with unknown names" (a newer SDK's
             # fields must not make its spans a 400).
             json_format.ParseDict(_ids_hex_to_base64(data), request, ignore_unknown_fields=True)
-        except (json_format.ParseError, TypeError, ValueError, AttributeError, RecursionError) as exc:
-            raise TraceFormatError(f"body is not an OTLP/JSON ExportTraceServiceRequest: {exc}") from None
+        except (
+            json_format.ParseError,
+            TypeError,
+            ValueError,
+            AttributeError,
+            RecursionError,
+        ) as exc:
+            raise TraceFormatError(
+                f"body is not an OTLP/JSON ExportTraceServiceRequest: {exc}"
+            ) from None
     else:
         raise TraceFormatError(f"unsupported content type {content_type!r}")
     spans = []
@@ -98,7 +112,8 @@ def decode_request(body: bytes, *, content_type: str) -> list[dict[str, Any]]:
 
 
 def encode_response(*, content_type: str, rejected: int = 0, message: str = "") -> bytes:
-    """The OTLP success answer in the request's encoding (partial success when spans were refused)."""
+    """The OTLP success answer in the request's encoding (partial success when spans were
+    refused)."""
     response = ExportTraceServiceResponse()
     if rejected:
         response.partial_success.rejected_spans = rejected
@@ -214,7 +229,9 @@ def _check_storable(value: Any) -> None:
         item = stack.pop()
         if isinstance(item, str):
             if "\x00" in item:
-                raise TraceFormatError("a span holds a NUL character (\\u0000), which cannot be stored")
+                raise TraceFormatError(
+                    "a span holds a NUL character (\\u0000), which cannot be stored"
+                )
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
@@ -246,12 +263,14 @@ def context_keys(spans: list[dict[str, Any]]) -> dict[str, Any]:
     for attrs in [s["resource"] for s in spans] + [s["attributes"] for s in spans]:
         for name, value in attrs.items():
             if name.startswith(CONTEXT_PREFIX) and len(name) > len(CONTEXT_PREFIX):
-                keys[name[len(CONTEXT_PREFIX):]] = value
+                keys[name[len(CONTEXT_PREFIX) :]] = value
     if keys:
         return keys
     keys["service"] = spans[0]["resource"].get("service.name") or "unknown_service"
     for span in spans:
-        session = span["attributes"].get("session.id") or span["attributes"].get("gen_ai.conversation.id")
+        session = span["attributes"].get("session.id") or span["attributes"].get(
+            "gen_ai.conversation.id"
+        )
         if session:
             keys["session"] = session
             break
@@ -299,7 +318,8 @@ def _message_text(message: dict[str, Any]) -> str | None:
     if isinstance(message.get("message.content"), str):
         return message["message.content"]
     texts = [
-        c["message_content.text"] for c in _indexed(message, "message.contents")
+        c["message_content.text"]
+        for c in _indexed(message, "message.contents")
         if isinstance(c.get("message_content.text"), str)
     ]
     return "\n".join(texts) if texts else None
@@ -311,7 +331,11 @@ def _genai_messages(attrs: dict[str, Any], key: str) -> list[dict[str, Any]]:
 
 
 def _genai_text(message: dict[str, Any]) -> str | None:
-    texts = [p.get("content") for p in message.get("parts") or [] if isinstance(p, dict) and p.get("type") == "text"]
+    texts = [
+        p.get("content")
+        for p in message.get("parts") or []
+        if isinstance(p, dict) and p.get("type") == "text"
+    ]
     texts = [t for t in texts if isinstance(t, str)]
     return "\n".join(texts) if texts else None
 
@@ -322,13 +346,21 @@ def input_messages(span: dict[str, Any]) -> list[dict[str, Any]] | None:
     out = []
     for m in _indexed(attrs, "llm.input_messages"):
         text = _message_text(m)
-        out.append({"role": m.get("message.role") or "user",
-                    "content": [{"type": "text", "text": text}] if text is not None else []})
+        out.append(
+            {
+                "role": m.get("message.role") or "user",
+                "content": [{"type": "text", "text": text}] if text is not None else [],
+            }
+        )
     if not out:
         for m in _genai_messages(attrs, "gen_ai.input.messages"):
             text = _genai_text(m)
-            out.append({"role": m.get("role") or "user",
-                        "content": [{"type": "text", "text": text}] if text is not None else []})
+            out.append(
+                {
+                    "role": m.get("role") or "user",
+                    "content": [{"type": "text", "text": text}] if text is not None else [],
+                }
+            )
     return out or None
 
 
@@ -348,24 +380,36 @@ def requested_tool_calls(span: dict[str, Any]) -> list[dict[str, Any]]:
     for m in _indexed(attrs, "llm.output_messages")[:1]:
         for tc in _indexed(m, "message.tool_calls"):
             if tc.get("tool_call.function.name"):
-                calls.append({
-                    "call_id": str(tc.get("tool_call.id") or ""),
-                    "name": str(tc["tool_call.function.name"]),
-                    "arguments": _json(tc.get("tool_call.function.arguments")),
-                })
+                calls.append(
+                    {
+                        "call_id": str(tc.get("tool_call.id") or ""),
+                        "name": str(tc["tool_call.function.name"]),
+                        "arguments": _json(tc.get("tool_call.function.arguments")),
+                    }
+                )
     for m in _genai_messages(attrs, "gen_ai.output.messages")[:1]:
         for part in m.get("parts") or []:
             if isinstance(part, dict) and part.get("type") == "tool_call" and part.get("name"):
-                calls.append({"call_id": str(part.get("id") or ""), "name": str(part["name"]),
-                              "arguments": _json(part.get("arguments"))})
+                calls.append(
+                    {
+                        "call_id": str(part.get("id") or ""),
+                        "name": str(part["name"]),
+                        "arguments": _json(part.get("arguments")),
+                    }
+                )
     if not calls and isinstance(out := _json(attrs.get("output.value")), dict):
         # smolagents passes dict arguments, which OpenInference leaves out of the flattened
         # message; its output.value is the whole ChatMessage.
         for tc in out.get("tool_calls") or []:
             function = tc.get("function") if isinstance(tc, dict) else None
             if isinstance(function, dict) and function.get("name"):
-                calls.append({"call_id": str(tc.get("id") or ""), "name": str(function["name"]),
-                              "arguments": _json(function.get("arguments"))})
+                calls.append(
+                    {
+                        "call_id": str(tc.get("id") or ""),
+                        "name": str(function["name"]),
+                        "arguments": _json(function.get("arguments")),
+                    }
+                )
     return calls
 
 
@@ -408,7 +452,11 @@ def _tool_arguments(span: dict[str, Any]) -> Any:
         return _json(attrs["gen_ai.tool.call.arguments"])
     value = _json(attrs.get("input.value"))
     # openinference-instrumentation-smolagents records Tool.__call__'s bound arguments.
-    if isinstance(value, dict) and "kwargs" in value and set(value) <= {"args", "kwargs", "sanitize_inputs_outputs"}:
+    if (
+        isinstance(value, dict)
+        and "kwargs" in value
+        and set(value) <= {"args", "kwargs", "sanitize_inputs_outputs"}
+    ):
         return value["kwargs"] if not value.get("args") else value
     return value
 
@@ -428,8 +476,11 @@ def _tool_name(span: dict[str, Any]) -> str:
 
 def _timing(span: dict[str, Any]) -> dict[str, Any]:
     start, end = _seconds(span["start_ns"]), _seconds(span["end_ns"])
-    return {"start_time": start, "end_time": end,
-            "duration": end - start if start is not None and end is not None else None}
+    return {
+        "start_time": start,
+        "end_time": end,
+        "duration": end - start if start is not None and end is not None else None,
+    }
 
 
 # --- spans -> logbook items ----------------------------------------------------------------------
@@ -462,8 +513,11 @@ def _tool_calls(llms: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list
         }
         call_id = tool["attributes"].get("gen_ai.tool.call.id")
         match = next(
-            (i for i, c in enumerate(calls)
-             if i not in used and c["name"] == name and (not call_id or c["call_id"] == call_id)),
+            (
+                i
+                for i, c in enumerate(calls)
+                if i not in used and c["name"] == name and (not call_id or c["call_id"] == call_id)
+            ),
             None,
         )
         if match is None:
@@ -487,7 +541,9 @@ def _model_output_message(llm: dict[str, Any] | None) -> Any:
     return {"role": "assistant", "content": text} if text is not None else None
 
 
-def action_step(step: dict[str, Any], *, llms: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+def action_step(
+    step: dict[str, Any], *, llms: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> dict[str, Any]:
     """An action step from a CHAIN span and the LLM / TOOL spans under it."""
     out = step["attributes"].get("output.value")
     observations = out if isinstance(out, str) or out is None else json.dumps(out)
@@ -553,13 +609,24 @@ def flat_step(anchor: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, 
     llms = [anchor] if span_role(anchor) == LLM else []
     outputs = [o for o in map(_tool_output, tools) if o is not None]
     error = next((e for e in map(_error, [*llms, *tools]) if e is not None), None)
-    return _action(anchor, llms=llms, tools=tools, observations="\n".join(outputs) if outputs else None, error=error)
+    return _action(
+        anchor,
+        llms=llms,
+        tools=tools,
+        observations="\n".join(outputs) if outputs else None,
+        error=error,
+    )
 
 
 def task_step(root: dict[str, Any]) -> dict[str, Any]:
     start = _seconds(root["start_ns"])
-    return {"client_id": f"{root['span_id']}:task", "kind": "task", "task": run_task(root),
-            "start_time": start, "payload": None}
+    return {
+        "client_id": f"{root['span_id']}:task",
+        "kind": "task",
+        "task": run_task(root),
+        "start_time": start,
+        "payload": None,
+    }
 
 
 def run_task(root: dict[str, Any]) -> str:
@@ -577,7 +644,11 @@ def run_task(root: dict[str, Any]) -> str:
 
 def run_agent_name(root: dict[str, Any]) -> str:
     attrs = root["attributes"]
-    name = attrs.get("gen_ai.agent.name") or attrs.get("agent.name") or root["name"].removesuffix(".run")
+    name = (
+        attrs.get("gen_ai.agent.name")
+        or attrs.get("agent.name")
+        or root["name"].removesuffix(".run")
+    )
     return str(name)[:200]
 
 
@@ -588,10 +659,17 @@ def run_outcome(root: dict[str, Any]) -> dict[str, Any]:
     if isinstance(answer, str) and attrs.get("output.mime_type") == "application/json":
         answer = _json(answer)
     if answer is None:
-        answer = next((_genai_text(m) for m in _genai_messages(attrs, "gen_ai.output.messages")), None)
+        answer = next(
+            (_genai_text(m) for m in _genai_messages(attrs, "gen_ai.output.messages")), None
+        )
     inp, out, total = token_usage(root)
-    return {"status": "failed" if root["status"] == "error" else "success", "final_answer": answer,
-            "input_tokens": inp, "output_tokens": out, "total_tokens": total}
+    return {
+        "status": "failed" if root["status"] == "error" else "success",
+        "final_answer": answer,
+        "input_tokens": inp,
+        "output_tokens": out,
+        "total_tokens": total,
+    }
 
 
 def system_prompt(llms: list[dict[str, Any]]) -> str:

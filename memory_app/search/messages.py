@@ -267,7 +267,8 @@ def semantic_ranking(
         with connection.cursor() as cursor:
             # Counted up to the threshold only: the decision needs no more.
             cursor.execute(
-                "SELECT count(*) FROM (SELECT 1 FROM memory_app_embedding WHERE context_id = %s AND model = %s LIMIT %s) s",
+                "SELECT count(*) FROM (SELECT 1 FROM memory_app_embedding WHERE context_id = "
+                "%s AND model = %s LIMIT %s) s",
                 [context_id, model, max(threshold, limit)],
             )
             context_size = cursor.fetchone()[0]
@@ -462,12 +463,14 @@ def query_vector_for(
     provider = providers.get_provider()
     if provider is None:
         raise SemanticUnavailable(
-            "semantic search needs an embedding provider (AGENTMEMORY_EMBEDDING_PROVIDER is 'none') "
+            "semantic search needs an embedding provider (AGENTMEMORY_EMBEDDING_PROVIDER is "
+            "'none') "
             "or a query_vector with its model; keyword search is available"
         )
     if model and model != provider.model:
         raise SemanticUnavailable(
-            f"the server embeds queries with {provider.model!r}; send a query_vector to search {model!r}"
+            f"the server embeds queries with {provider.model!r}; send a query_vector to "
+            f"search {model!r}"
         )
     try:
         [vector] = provider.embed([query])

@@ -11,12 +11,22 @@ from memory_app.backup.export import contexts_matching, export_lines
 
 
 class Command(BaseCommand):
-    help = "Export memory (contexts, messages, runs, steps, tool calls, memory records) as JSON Lines."
+    help = (
+        "Export memory (contexts, messages, runs, steps, tool calls, memory records) as JSON Lines."
+    )
 
     def add_arguments(self, parser):
-        parser.add_argument("--context", type=int, action="append", dest="context_ids",
-                            help="a context id (repeatable); default: every context")
-        parser.add_argument("--keys", help='only contexts whose keys contain this JSON object, e.g. \'{"user": "ada"}\'')
+        parser.add_argument(
+            "--context",
+            type=int,
+            action="append",
+            dest="context_ids",
+            help="a context id (repeatable); default: every context",
+        )
+        parser.add_argument(
+            "--keys",
+            help='only contexts whose keys contain this JSON object, e.g. \'{"user": "ada"}\'',
+        )
         parser.add_argument("--embeddings", action="store_true", help="include embedding vectors")
         parser.add_argument("-o", "--output", help="file to write (default: standard output)")
 

@@ -29,4 +29,7 @@ class Command(BaseCommand):
         except (OSError, errors.BackupFormatError) as exc:
             raise CommandError(str(exc)) from exc
         for kind in sorted(set(result.created) | set(result.skipped)):
-            self.stdout.write(f"{kind}: {result.created.get(kind, 0)} created, {result.skipped.get(kind, 0)} already present")
+            self.stdout.write(
+                f"{kind}: {result.created.get(kind, 0)} created, "
+                f"{result.skipped.get(kind, 0)} already present"
+            )
