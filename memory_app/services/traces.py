@@ -26,6 +26,16 @@ from django.db import transaction
 from memory_app import auth
 from memory_app.errors import Invalid, KeysNotAllowed
 from memory_app.interop import otlp
+from memory_app.interop.otlp_steps import (
+    action_step,
+    flat_step,
+    planning_step,
+    run_agent_name,
+    run_outcome,
+    run_task,
+    system_prompt,
+    task_step,
+)
 from memory_app.models import ApiKey, Context, Run, RunStatus, Step, TraceSpan, keys_digest
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.runs import (
@@ -147,15 +157,15 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
         steps_order_by_start(run=run)
     # The root ends last, but a retried batch may bring steps after it: then finish again.
     if root is not None and (run.status == RunStatus.RUNNING or items):
-        task = otlp.run_task(root) if root["role"] == otlp.AGENT else None
+        task = run_task(root) if root["role"] == otlp.AGENT else None
         run_update(
             run=run,
             task=task,
-            agent_name=otlp.run_agent_name(root) if root["role"] == otlp.AGENT else None,
-            system_prompt=otlp.system_prompt([s for s in spans if s["role"] == otlp.LLM]),
+            agent_name=run_agent_name(root) if root["role"] == otlp.AGENT else None,
+            system_prompt=system_prompt([s for s in spans if s["role"] == otlp.LLM]),
             started_at=_when(root["start_ns"]),
         )
-        outcome = otlp.run_outcome(root)
+        outcome = run_outcome(root)
         if Step.objects.filter(run=run, total_tokens__isnull=False).exists():
             # The steps' own usage, as for any other run (smolagents' AGENT span leaves the
             # planning calls out of its totals).
@@ -192,7 +202,7 @@ def _steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str,
     for step in steps:
         inner = descendants(step["span_id"])
         items.append(
-            otlp.action_step(
+            action_step(
                 step,
                 llms=[s for s in inner if s["role"] == otlp.LLM],
                 tools=[s for s in inner if s["role"] == otlp.TOOL],
@@ -202,7 +212,7 @@ def _steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str,
     # step, written as soon as that is known, so it shows while the run goes on.
     step_parents = {s["parent_span_id"] for s in steps if s["parent_span_id"]}
     items.extend(
-        otlp.planning_step(s)
+        planning_step(s)
         for s in spans
         if s["role"] == otlp.LLM and s["parent_span_id"] in step_parents and not inside_step(s)
     )
@@ -212,13 +222,11 @@ def _steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str,
     if root["role"] in (otlp.LLM, otlp.TOOL):
         # A lone model or tool call is a one-step run.
         items.append(
-            otlp.flat_step(
-                root, [s for s in descendants(root["span_id"]) if s["role"] == otlp.TOOL]
-            )
+            flat_step(root, [s for s in descendants(root["span_id"]) if s["role"] == otlp.TOOL])
         )
         return items, root
     if root["role"] == otlp.AGENT:
-        items.append(otlp.task_step(root))
+        items.append(task_step(root))
     if steps:
         return items, root
     loose = [s for s in children.get(root["span_id"], []) if s["role"] in (otlp.LLM, otlp.TOOL)]
@@ -229,7 +237,7 @@ def _steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str,
             anchors.append((s, []))
         if s["role"] == otlp.TOOL:
             anchors[-1][1].append(s)
-    items.extend(otlp.flat_step(anchor, tools) for anchor, tools in anchors)
+    items.extend(flat_step(anchor, tools) for anchor, tools in anchors)
     return items, root
 
 

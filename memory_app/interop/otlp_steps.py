@@ -1,0 +1,403 @@
+"""OpenTelemetry spans -> logbook items: reading OpenInference and GenAI attributes (messages,
+tool calls, token usage, errors, timing) and mapping a trace's spans to task, planning and
+action steps and a run's task, outcome and system prompt. Pure: no Django, no database."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from memory_app.interop.otlp import LLM, NS, span_role
+
+_STEP_NAME = re.compile(r"^Step (\d+)$")
+
+
+def _seconds(ns: int | None) -> float | None:
+    return ns / NS if ns else None
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _indexed(attrs: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
+    """OpenInference flattens lists: `<prefix>.<i>.<rest>` -> [{rest: value}, ...] by index."""
+    items: dict[int, dict[str, Any]] = {}
+    for name, value in attrs.items():
+        if not name.startswith(prefix + "."):
+            continue
+        index, _, rest = name[len(prefix) + 1 :].partition(".")
+        if index.isdigit() and rest:
+            items.setdefault(int(index), {})[rest] = value
+    return [items[i] for i in sorted(items)]
+
+
+def _message_text(message: dict[str, Any]) -> str | None:
+    """A flattened OpenInference message's text: `message.content`, else its text contents."""
+    if isinstance(message.get("message.content"), str):
+        return message["message.content"]
+    texts = [
+        c["message_content.text"]
+        for c in _indexed(message, "message.contents")
+        if isinstance(c.get("message_content.text"), str)
+    ]
+    return "\n".join(texts) if texts else None
+
+
+def _genai_messages(attrs: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    value = _json(attrs.get(key))
+    return [m for m in value if isinstance(m, dict)] if isinstance(value, list) else []
+
+
+def _genai_text(message: dict[str, Any]) -> str | None:
+    texts = [
+        p.get("content")
+        for p in message.get("parts") or []
+        if isinstance(p, dict) and p.get("type") == "text"
+    ]
+    texts = [t for t in texts if isinstance(t, str)]
+    return "\n".join(texts) if texts else None
+
+
+def input_messages(span: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """An LLM span's input as chat messages `{role, content: [{type: text, text}]}`."""
+    attrs = span["attributes"]
+    out = []
+    for m in _indexed(attrs, "llm.input_messages"):
+        text = _message_text(m)
+        out.append(
+            {
+                "role": m.get("message.role") or "user",
+                "content": [{"type": "text", "text": text}] if text is not None else [],
+            }
+        )
+    if not out:
+        for m in _genai_messages(attrs, "gen_ai.input.messages"):
+            text = _genai_text(m)
+            out.append(
+                {
+                    "role": m.get("role") or "user",
+                    "content": [{"type": "text", "text": text}] if text is not None else [],
+                }
+            )
+    return out or None
+
+
+def output_text(span: dict[str, Any]) -> str | None:
+    attrs = span["attributes"]
+    for m in _indexed(attrs, "llm.output_messages")[:1]:
+        return _message_text(m)
+    for m in _genai_messages(attrs, "gen_ai.output.messages")[:1]:
+        return _genai_text(m)
+    return None
+
+
+def requested_tool_calls(span: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tool calls an LLM span's output asks for: [{call_id, name, arguments}]."""
+    attrs = span["attributes"]
+    calls = []
+    for m in _indexed(attrs, "llm.output_messages")[:1]:
+        for tc in _indexed(m, "message.tool_calls"):
+            if tc.get("tool_call.function.name"):
+                calls.append(
+                    {
+                        "call_id": str(tc.get("tool_call.id") or ""),
+                        "name": str(tc["tool_call.function.name"]),
+                        "arguments": _json(tc.get("tool_call.function.arguments")),
+                    }
+                )
+    for m in _genai_messages(attrs, "gen_ai.output.messages")[:1]:
+        for part in m.get("parts") or []:
+            if isinstance(part, dict) and part.get("type") == "tool_call" and part.get("name"):
+                calls.append(
+                    {
+                        "call_id": str(part.get("id") or ""),
+                        "name": str(part["name"]),
+                        "arguments": _json(part.get("arguments")),
+                    }
+                )
+    if not calls and isinstance(out := _json(attrs.get("output.value")), dict):
+        # smolagents passes dict arguments, which OpenInference leaves out of the flattened
+        # message; its output.value is the whole ChatMessage.
+        for tc in out.get("tool_calls") or []:
+            function = tc.get("function") if isinstance(tc, dict) else None
+            if isinstance(function, dict) and function.get("name"):
+                calls.append(
+                    {
+                        "call_id": str(tc.get("id") or ""),
+                        "name": str(function["name"]),
+                        "arguments": _json(function.get("arguments")),
+                    }
+                )
+    return calls
+
+
+def token_usage(span: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
+    attrs = span["attributes"]
+
+    def number(*names):
+        for name in names:
+            value = attrs.get(name)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return int(value)
+        return None
+
+    inp = number("llm.token_count.prompt", "gen_ai.usage.input_tokens")
+    out = number("llm.token_count.completion", "gen_ai.usage.output_tokens")
+    total = number("llm.token_count.total")
+    if total is None and inp is not None and out is not None:
+        total = inp + out
+    return inp, out, total
+
+
+def _error(span: dict[str, Any]) -> tuple[str, str] | None:
+    """(type, message) of a span's failure: its exception event, a smolagents recovery event,
+    or an ERROR status with its message."""
+    for event in reversed(span["events"]):
+        attrs = event["attributes"]
+        if event["name"] == "exception":
+            kind = str(attrs.get("exception.type") or "Exception")
+            return kind.rsplit(".", 1)[-1], str(attrs.get("exception.message") or "")
+        if event["name"] == "agent.step_recovery":
+            return str(attrs.get("type") or "AgentError"), str(attrs.get("message") or "")
+    if span["status"] == "error":
+        return str(span["attributes"].get("error.type") or "Error"), span["status_message"]
+    return None
+
+
+def _tool_arguments(span: dict[str, Any]) -> Any:
+    attrs = span["attributes"]
+    if "gen_ai.tool.call.arguments" in attrs:
+        return _json(attrs["gen_ai.tool.call.arguments"])
+    value = _json(attrs.get("input.value"))
+    # openinference-instrumentation-smolagents records Tool.__call__'s bound arguments.
+    if (
+        isinstance(value, dict)
+        and "kwargs" in value
+        and set(value) <= {"args", "kwargs", "sanitize_inputs_outputs"}
+    ):
+        return value["kwargs"] if not value.get("args") else value
+    return value
+
+
+def _tool_output(span: dict[str, Any]) -> str | None:
+    attrs = span["attributes"]
+    value = attrs.get("gen_ai.tool.call.result", attrs.get("output.value"))
+    if value is None:
+        return None
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _tool_name(span: dict[str, Any]) -> str:
+    attrs = span["attributes"]
+    return str(attrs.get("tool.name") or attrs.get("gen_ai.tool.name") or span["name"])[:200]
+
+
+def _timing(span: dict[str, Any]) -> dict[str, Any]:
+    start, end = _seconds(span["start_ns"]), _seconds(span["end_ns"])
+    return {
+        "start_time": start,
+        "end_time": end,
+        "duration": end - start if start is not None and end is not None else None,
+    }
+
+
+def _sum_usage(llms: list[dict[str, Any]]) -> dict[str, int | None]:
+    usage = [token_usage(s) for s in llms]
+
+    def total(i):
+        values = [u[i] for u in usage if u[i] is not None]
+        return sum(values) if values else None
+
+    return {"input_tokens": total(0), "output_tokens": total(1), "total_tokens": total(2)}
+
+
+def _tool_calls(llms: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The requested calls of the step's LLM spans matched (by name, in order) with the TOOL spans
+    that ran them; a TOOL span nobody asked for is a call of its own."""
+    requested = [c for s in llms for c in requested_tool_calls(s)]
+    calls = [dict(c, output=None, success=None, duration=None) for c in requested]
+    used: set[int] = set()
+    for tool in tools:
+        name = _tool_name(tool)
+        error = _error(tool)
+        ran = {
+            "arguments": _tool_arguments(tool),
+            "output": _tool_output(tool) if error is None else None,
+            "success": error is None,
+            "duration": _timing(tool)["duration"],
+        }
+        call_id = tool["attributes"].get("gen_ai.tool.call.id")
+        match = next(
+            (
+                i
+                for i, c in enumerate(calls)
+                if i not in used and c["name"] == name and (not call_id or c["call_id"] == call_id)
+            ),
+            None,
+        )
+        if match is None:
+            calls.append({"call_id": str(call_id or ""), "name": name, **ran})
+            used.add(len(calls) - 1)
+        else:
+            used.add(match)
+            if ran["arguments"] in (None, "", {}):
+                ran["arguments"] = calls[match]["arguments"]
+            calls[match].update(ran)
+    return calls
+
+
+def _model_output_message(llm: dict[str, Any] | None) -> Any:
+    if llm is None:
+        return None
+    value = _json(llm["attributes"].get("output.value"))
+    if isinstance(value, dict) and "role" in value:
+        return value
+    text = output_text(llm)
+    return {"role": "assistant", "content": text} if text is not None else None
+
+
+def action_step(
+    step: dict[str, Any], *, llms: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """An action step from a CHAIN span and the LLM / TOOL spans under it."""
+    out = step["attributes"].get("output.value")
+    observations = out if isinstance(out, str) or out is None else json.dumps(out)
+    return _action(step, llms=llms, tools=tools, observations=observations, error=_error(step))
+
+
+MODEL_NAME_KEYS = ("llm.model_name", "gen_ai.response.model", "gen_ai.request.model")
+
+
+def model_name(llms: list[dict[str, Any]]) -> str:
+    """The model of the step's last LLM call (the one that wrote its output), or ""."""
+    for span in reversed(llms):
+        for key in MODEL_NAME_KEYS:
+            value = span["attributes"].get(key)
+            if isinstance(value, str) and value:
+                return value[:200]
+    return ""
+
+
+def _action(step, *, llms, tools, observations, error) -> dict[str, Any]:
+    llms = sorted(llms, key=lambda s: s["start_ns"])
+    tools = sorted(tools, key=lambda s: s["start_ns"])
+    last = llms[-1] if llms else None
+    calls = _tool_calls(llms, tools)
+    match = _STEP_NAME.match(step["name"])
+    return {
+        "client_id": step["span_id"],
+        "kind": "action",
+        "step_number": int(match.group(1)) if match else None,
+        **_timing(step),
+        **_sum_usage(llms),
+        "model": model_name(llms),
+        "model_input_messages": input_messages(llms[0]) if llms else None,
+        "model_output_message": _model_output_message(last),
+        "model_output": output_text(last) if last else None,
+        "observations": observations,
+        "error_type": error[0][:200] if error else None,
+        "error_message": error[1] if error else None,
+        "is_final_answer": any(c["name"] == "final_answer" for c in calls),
+        "tool_calls": calls,
+        "payload": None,
+    }
+
+
+def planning_step(llm: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "client_id": llm["span_id"],
+        "kind": "planning",
+        **_timing(llm),
+        **_sum_usage([llm]),
+        "model": model_name([llm]),
+        "plan": output_text(llm),
+        "model_input_messages": input_messages(llm),
+        "model_output_message": _model_output_message(llm),
+        "payload": None,
+    }
+
+
+def flat_step(anchor: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """A GenAI-style step: one LLM call (or a tool call no model call preceded) and the tool
+    calls that ran after it; their outputs are the observations, the first failure the error."""
+    tools = sorted(tools, key=lambda s: s["start_ns"])
+    llms = [anchor] if span_role(anchor) == LLM else []
+    outputs = [o for o in map(_tool_output, tools) if o is not None]
+    error = next((e for e in map(_error, [*llms, *tools]) if e is not None), None)
+    return _action(
+        anchor,
+        llms=llms,
+        tools=tools,
+        observations="\n".join(outputs) if outputs else None,
+        error=error,
+    )
+
+
+def task_step(root: dict[str, Any]) -> dict[str, Any]:
+    start = _seconds(root["start_ns"])
+    return {
+        "client_id": f"{root['span_id']}:task",
+        "kind": "task",
+        "task": run_task(root),
+        "start_time": start,
+        "payload": None,
+    }
+
+
+def run_task(root: dict[str, Any]) -> str:
+    attrs = root["attributes"]
+    if isinstance(attrs.get("smolagents.task"), str):
+        return attrs["smolagents.task"]
+    value = _json(attrs.get("input.value"))
+    if isinstance(value, dict) and isinstance(value.get("task"), str):
+        return value["task"]
+    for m in _genai_messages(attrs, "gen_ai.input.messages"):
+        if m.get("role") == "user" and (text := _genai_text(m)):
+            return text
+    return value if isinstance(value, str) else ""
+
+
+def run_agent_name(root: dict[str, Any]) -> str:
+    attrs = root["attributes"]
+    name = (
+        attrs.get("gen_ai.agent.name")
+        or attrs.get("agent.name")
+        or root["name"].removesuffix(".run")
+    )
+    return str(name)[:200]
+
+
+def run_outcome(root: dict[str, Any]) -> dict[str, Any]:
+    """What the run row says once its root span has ended: status, final answer, token totals."""
+    attrs = root["attributes"]
+    answer = attrs.get("output.value")
+    if isinstance(answer, str) and attrs.get("output.mime_type") == "application/json":
+        answer = _json(answer)
+    if answer is None:
+        answer = next(
+            (_genai_text(m) for m in _genai_messages(attrs, "gen_ai.output.messages")), None
+        )
+    inp, out, total = token_usage(root)
+    return {
+        "status": "failed" if root["status"] == "error" else "success",
+        "final_answer": answer,
+        "input_tokens": inp,
+        "output_tokens": out,
+        "total_tokens": total,
+    }
+
+
+def system_prompt(llms: list[dict[str, Any]]) -> str:
+    """The system message of the first LLM call that has one (smolagents' system prompt)."""
+    for llm in sorted(llms, key=lambda s: s["start_ns"]):
+        for m in input_messages(llm) or []:
+            if m["role"] == "system":
+                return "\n".join(c["text"] for c in m["content"])
+    return ""
