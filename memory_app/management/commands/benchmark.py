@@ -22,7 +22,8 @@ from django.db import connection
 from django.test import Client
 
 from memory_app.bench import database, peers, scenarios, startup
-from memory_app.bench.dataset import Dataset, Sizes, build
+from memory_app.bench.dataset import Dataset, Sizes
+from memory_app.bench.load import build
 from memory_app.bench.measure import Report, machine_lines, plain_table, table
 
 META_TABLE = "bench_meta"
