@@ -54,7 +54,7 @@ def run(b, *, window_k: int = 20, search_k: int = 10) -> None:
     from psycopg.conninfo import make_conninfo
 
     from memory_app.bench.database import conninfo
-    from memory_app.bench.scenarios import API
+    from memory_app.bench.harness import API
 
     mods = load()
     n = 300 if b.quick else 10_000
@@ -275,7 +275,7 @@ def _per_100k(conn, tables: list[str], items: int) -> Amount:
 
 
 def _ours_per_100k() -> Amount:
-    from memory_app.bench.scenarios import stored_bytes
+    from memory_app.bench.storage import stored_bytes
 
     count, parts = stored_bytes()
     size = sum(table + indexes for _, table, indexes in parts)
