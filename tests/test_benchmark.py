@@ -239,12 +239,13 @@ def test_the_storage_row_counts_every_table_a_message_occupies():
     retries."""
     from django.apps import apps
 
-    from memory_app.bench.scenarios import STORED_TABLES
+    from memory_app.bench.storage import STORED_TABLES
     from memory_app.models import Embedding, EmbeddingRetry, Message
 
     holding = {
         m._meta.db_table
         for m in apps.get_app_config("memory_app").get_models()
-        if m in (Message, Embedding, EmbeddingRetry) or m._meta.db_table.startswith("memory_app_message")
+        if m in (Message, Embedding, EmbeddingRetry)
+        or m._meta.db_table.startswith("memory_app_message")
     }
     assert holding == set(STORED_TABLES)

@@ -3,7 +3,11 @@ measurements (through the HTTP API and the dashboard, in-process WSGI), a naive 
 baseline doing the same work, and the Markdown report (`docs/benchmarks.md`).
 
 - `database`  create / drop / switch to the benchmark database;
-- `dataset`   build the dataset with COPY (sizes from `Sizes`);
+- `dataset`   the dataset's sizes, texts and vectors (`Sizes`, `Generator`, `Dataset`);
+- `load`      load it with COPY (`columns`: the columns each COPY writes);
 - `baseline`  the naive in-process memory the figures are compared with;
-- `measure`   timing helpers, result rows, targets and the report.
+- `measure`   timing helpers, result rows, targets and the report;
+- `harness`   what every area shares: `Bench`, `BenchError`, the sizes read with;
+- the areas, one module each: `startup`, `selectors`, `recall`, `transcript`, `export`,
+  `dashboard`, `storage`, `ingest` (last: it writes) and `peers` (with `--peers`).
 """

@@ -147,8 +147,7 @@ def export(context_id: int) -> str:
     data = {
         "context": model_to_dict(context),
         "messages": [
-            model_to_dict(m)
-            for m in Message.objects.filter(context=context).order_by("seq")
+            model_to_dict(m) for m in Message.objects.filter(context=context).order_by("seq")
         ],
     }
     return json.dumps(data, default=str)

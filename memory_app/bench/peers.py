@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,171 +49,239 @@ def load():
     }
 
 
+@dataclass
+class Workload:
+    """The messages every side stores and searches: one context's worth of the dataset's texts,
+    their precomputed vectors and the queries, drawn once."""
+
+    n: int
+    batch: int
+    texts: list[str]
+    queries: list[tuple[str, np.ndarray]]
+    vector_of: dict[str, list[float]]
+    model: str
+    dims: int
+    roles: list[str]
+    chunks: list[range]
+    stamp: str
+
+    @classmethod
+    def draw(cls, b) -> Workload:
+        n = 300 if b.quick else 10_000
+        gen = b.gen(seed_offset=4)
+        topics = np.array([i % 40 for i in range(n)])
+        texts = gen.texts(topics)
+        vectors = gen.vectors(topics)
+        queries = [gen.query(int(t)) for t in range(min(b.samples, 40))]
+        vector_of = {t: v.tolist() for t, v in zip(texts, vectors, strict=True)}
+        vector_of.update({q: v.tolist() for q, v in queries})
+        batch = 100 if b.quick else 1_000
+        return cls(
+            n=n,
+            batch=batch,
+            texts=texts,
+            queries=queries,
+            vector_of=vector_of,
+            model=b.data.model,
+            dims=vectors.shape[1],
+            roles=["user" if i % 2 == 0 else "assistant" for i in range(n)],
+            chunks=[range(i, min(i + batch, n)) for i in range(0, n, batch)],
+            stamp=str(time.time_ns()),  # LangGraph namespace labels take no dots
+        )
+
+
 def run(b, *, window_k: int = 20, search_k: int = 10) -> None:
     """Adds rows `peers` (ours vs each peer: ratio = ours ÷ peer) to the report."""
-    import psycopg
-    from psycopg.conninfo import make_conninfo
-
     from memory_app.bench.database import conninfo
-    from memory_app.bench.scenarios import API
 
     mods = load()
-    n = 300 if b.quick else 10_000
-    batch = 100 if b.quick else 1_000
-    gen = b.gen(seed_offset=4)
-    topics = np.array([i % 40 for i in range(n)])
-    texts = gen.texts(topics)
-    vectors = gen.vectors(topics)
-    queries = [gen.query(int(t)) for t in range(min(b.samples, 40))]
-    vector_of = {t: v.tolist() for t, v in zip(texts, vectors, strict=True)}
-    vector_of.update({q: v.tolist() for q, v in queries})
-    model, dims = b.data.model, vectors.shape[1]
-    roles = ["user" if i % 2 == 0 else "assistant" for i in range(n)]
-    chunks = [range(i, min(i + batch, n)) for i in range(0, n, batch)]
-    stamp = str(time.time_ns())  # LangGraph namespace labels take no dots
+    w = Workload.draw(b)
+    ours, ours_ctx = _ours(b, w, window_k=window_k, search_k=search_k)
+    naive = _naive(b, w, ours_ctx, window_k=window_k, search_k=search_k)
+    info = conninfo()
+    lc = _langchain(mods, info, w, window_k=window_k, samples=b.samples)
+    lg = _langgraph(mods, info, w, window_k=window_k, search_k=search_k, samples=b.samples)
+    ours["storage"] = _ours_per_100k()
+    for measure, mine, theirs in _comparisons(w, ours, naive, lc, lg, window_k, search_k):
+        for peer, figure in theirs.items():
+            b.report.add(Row("peers", f"{measure} — vs {peer}", mine, figure), b.log)
+    b.report.notes += [
+        "",
+        "## Peers",
+        "",
+        f"Same server and database, {w.n:,} messages of the dataset's texts with precomputed "
+        f"{w.dims}-d vectors (LangGraph receives them through its `embed` function). Ours goes "
+        "through the API in-process (WSGI, JSON encoding included), the peers are called in "
+        "Python directly. Ratio = ours ÷ peer: below 1 is faster for latencies and smaller for "
+        "storage, above 1 is faster for rates. Storage (ours) is the whole dataset's messages "
+        "with their vectors and every index, per 100,000 messages.",
+    ]
 
-    # --- ours, through the API ----------------------------------------------------------------
-    ours_ctx = b.post(f"{API}/contexts", {"keys": {"bench": "peers", "at": stamp}}).json()["id"]
-    text_ctx = b.post(f"{API}/contexts", {"keys": {"bench": "peers-text", "at": stamp}}).json()[
+
+def _ours(b, w: Workload, *, window_k: int, search_k: int) -> tuple[dict[str, object], int]:
+    """Ours through the API: ingest with and without vectors, then the window and semantic
+    search on the context with vectors (returned with the figures)."""
+    from memory_app.bench.harness import API
+
+    ours_ctx = b.post(f"{API}/contexts", {"keys": {"bench": "peers", "at": w.stamp}}).json()["id"]
+    text_ctx = b.post(f"{API}/contexts", {"keys": {"bench": "peers-text", "at": w.stamp}}).json()[
         "id"
     ]
 
-    def ours_ingest(cid: int, with_vectors: bool) -> Rate:
+    def ingest(cid: int, with_vectors: bool) -> Rate:
         t = time.perf_counter()
-        for chunk in chunks:
+        for chunk in w.chunks:
             items = []
             for i in chunk:
-                item = {"role": roles[i], "text": texts[i]}
+                item = {"role": w.roles[i], "text": w.texts[i]}
                 if with_vectors:
-                    item |= {"vector": vector_of[texts[i]], "vector_model": model}
+                    item |= {"vector": w.vector_of[w.texts[i]], "vector_model": w.model}
                 items.append(item)
             b.post(f"{API}/contexts/{cid}/messages/batch", {"messages": items})
-        return Rate(n / (time.perf_counter() - t))
+        return Rate(w.n / (time.perf_counter() - t))
 
-    ours = {
-        "ingest": ours_ingest(text_ctx, False),
-        "ingest_vec": ours_ingest(ours_ctx, True),
+    ours: dict[str, object] = {
+        "ingest": ingest(text_ctx, False),
+        "ingest_vec": ingest(ours_ctx, True),
     }
     # LangGraph inserts each vector into its index as it is put; large batches of ours wait for
     # the indexer (its catch-up is the ingest area's own row) and are scanned exactly meanwhile.
     # The searches compare the steady state: after the indexer caught up (vectors and full text).
     indexer.index_pending()
     fulltext.index_pending()
-    ours |= {
-        "window": time_each(
-            [
-                lambda: b.post(
-                    f"{API}/contexts/{ours_ctx}/select", {"selector": "window", "k": window_k}
-                )
-            ]
-            * b.samples
-        ),
-        "search": time_each(
-            [
-                lambda v=v: b.post(
-                    f"{API}/contexts/{ours_ctx}/select",
-                    {
-                        "selector": "search",
-                        "query": "",
-                        "mode": "semantic",
-                        "k": search_k,
-                        "model": model,
-                        "query_vector": v.tolist(),
-                    },
-                )
-                for _, v in queries
-            ]
-        ),
-    }
+    path = f"{API}/contexts/{ours_ctx}/select"
+    ours["window"] = time_each(
+        [lambda: b.post(path, {"selector": "window", "k": window_k})] * b.samples
+    )
+    ours["search"] = time_each(
+        [
+            lambda v=v: b.post(
+                path,
+                {
+                    "selector": "search",
+                    "query": "",
+                    "mode": "semantic",
+                    "k": search_k,
+                    "model": w.model,
+                    "query_vector": v.tolist(),
+                },
+            )
+            for _, v in w.queries
+        ]
+    )
+    return ours, ours_ctx
 
-    # --- naive ----------------------------------------------------------------------------------
+
+def _naive(b, w: Workload, ours_ctx: int, *, window_k: int, search_k: int) -> dict[str, object]:
+    """The naive baseline: its own ingest (fewer messages: row by row is slow), its reads on the
+    context ours ingested."""
     from memory_app.models import Context
 
     naive_ctx = Context.objects.create(
-        keys={"bench": "peers-naive", "at": stamp}, keys_digest=f"peers-naive-{stamp}"
+        keys={"bench": "peers-naive", "at": w.stamp}, keys_digest=f"peers-naive-{w.stamp}"
     )
-    naive_n = min(n, 500)
+    naive_n = min(w.n, 500)
+    texts = w.texts[:naive_n]
     t = time.perf_counter()
-    baseline.append_loop_with_vectors(
-        naive_ctx.pk, texts[:naive_n], model, [vector_of[x] for x in texts[:naive_n]]
-    )
+    baseline.append_loop_with_vectors(naive_ctx.pk, texts, w.model, [w.vector_of[x] for x in texts])
     naive = {
         "ingest_vec": Rate(naive_n / (time.perf_counter() - t)),
         "window": time_each([lambda: baseline.window(ours_ctx, window_k)] * max(3, b.samples // 5)),
         "search": time_each(
-            [lambda v=v: baseline.semantic(ours_ctx, model, v, search_k) for _, v in queries[:5]]
+            [
+                lambda v=v: baseline.semantic(ours_ctx, w.model, v, search_k)
+                for _, v in w.queries[:5]
+            ]
         ),
     }
     naive_ctx.delete()
+    return naive
 
-    # --- langchain-postgres chat history ------------------------------------------------------
-    info = conninfo()
+
+def _langchain(mods, info: dict, w: Workload, *, window_k: int, samples: int) -> dict[str, object]:
+    """langchain-postgres chat history: append in batches, read the window, its table's size."""
+    import psycopg
+
     lc: dict[str, object] = {}
     with psycopg.connect(**info, autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {LC_TABLE}")
         mods["History"].create_tables(conn, LC_TABLE)
         history = mods["History"](LC_TABLE, str(uuid.uuid4()), sync_connection=conn)
-        make = [mods["HumanMessage"] if r == "user" else mods["AIMessage"] for r in roles]
+        make = [mods["HumanMessage"] if r == "user" else mods["AIMessage"] for r in w.roles]
         t = time.perf_counter()
-        for chunk in chunks:
-            history.add_messages([make[i](content=texts[i]) for i in chunk])
-        lc["ingest"] = Rate(n / (time.perf_counter() - t))
+        for chunk in w.chunks:
+            history.add_messages([make[i](content=w.texts[i]) for i in chunk])
+        lc["ingest"] = Rate(w.n / (time.perf_counter() - t))
         # Its only read is the whole history; the window is its last k.
         lc["window"] = time_each(
-            [lambda: history.get_messages()[-window_k:]] * max(5, b.samples // 5)
+            [lambda: history.get_messages()[-window_k:]] * max(5, samples // 5)
         )
-        lc["storage"] = _per_100k(conn, [LC_TABLE], n)
+        lc["storage"] = _per_100k(conn, [LC_TABLE], w.n)
+    return lc
 
-    # --- LangGraph PostgresStore --------------------------------------------------------------
+
+def _langgraph(
+    mods, info: dict, w: Workload, *, window_k: int, search_k: int, samples: int
+) -> dict[str, object]:
+    """LangGraph PostgresStore: put with vectors (its `embed` hands over the precomputed ones),
+    its tables' size, put without, then the window and semantic search."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
     lg: dict[str, object] = {}
 
     def embed(batch_texts):
-        return [vector_of[x] for x in batch_texts]
+        return [w.vector_of[x] for x in batch_texts]
 
-    index = {"dims": dims, "embed": embed, "fields": ["text"], "distance_type": "cosine"}
+    index = {"dims": w.dims, "embed": embed, "fields": ["text"], "distance_type": "cosine"}
     with psycopg.connect(**info, autocommit=True) as conn:
         for table in LG_TABLES:
             conn.execute(f"DROP TABLE IF EXISTS {table}")
     with mods["Store"].from_conn_string(make_conninfo(**info), index=index) as store:
         store.setup()
-        ns = ("bench", "peers", stamp)
-        put = mods["PutOp"]
-        t = time.perf_counter()
-        for chunk in chunks:
-            store.batch(
-                [
-                    put(ns, f"m{i:08d}", {"role": roles[i], "text": texts[i], "seq": i})
-                    for i in chunk
-                ]
-            )
-        lg["ingest_vec"] = Rate(n / (time.perf_counter() - t))
+        ns = ("bench", "peers", w.stamp)
+        lg["ingest_vec"] = _langgraph_puts(mods["PutOp"], store, ns, w, index=None)
         with psycopg.connect(**info) as conn:
-            lg["storage"] = _per_100k(conn, ["store", "store_vectors"], n)
-        text_ns = ("bench", "peers-text", stamp)
-        t = time.perf_counter()
-        for chunk in chunks:
-            store.batch(
-                [
-                    put(
-                        text_ns,
-                        f"m{i:08d}",
-                        {"role": roles[i], "text": texts[i], "seq": i},
-                        index=False,
-                    )
-                    for i in chunk
-                ]
-            )
-        lg["ingest"] = Rate(n / (time.perf_counter() - t))
-        # Without a query its search lists the namespace newest first: the recent window.
-        lg["window"] = time_each([lambda: store.search(ns, limit=window_k)] * b.samples)
-        lg["search"] = time_each(
-            [lambda q=q: store.search(ns, query=q, limit=search_k) for q, _ in queries]
+            lg["storage"] = _per_100k(conn, ["store", "store_vectors"], w.n)
+        lg["ingest"] = _langgraph_puts(
+            mods["PutOp"], store, ("bench", "peers-text", w.stamp), w, index=False
         )
+        # Without a query its search lists the namespace newest first: the recent window.
+        lg["window"] = time_each([lambda: store.search(ns, limit=window_k)] * samples)
+        lg["search"] = time_each(
+            [lambda q=q: store.search(ns, query=q, limit=search_k) for q, _ in w.queries]
+        )
+    return lg
 
-    ours_storage = _ours_per_100k()
-    rows: list[tuple[str, object, dict[str, object]]] = [
+
+def _langgraph_puts(put, store, ns: tuple[str, ...], w: Workload, *, index: bool | None) -> Rate:
+    """Every message put in batches; `index=False` skips the vector index, None uses the
+    store's."""
+    extra = {} if index is None else {"index": index}
+    t = time.perf_counter()
+    for chunk in w.chunks:
+        store.batch(
+            [
+                put(ns, f"m{i:08d}", {"role": w.roles[i], "text": w.texts[i], "seq": i}, **extra)
+                for i in chunk
+            ]
+        )
+    return Rate(w.n / (time.perf_counter() - t))
+
+
+def _comparisons(
+    w: Workload,
+    ours: dict[str, object],
+    naive: dict[str, object],
+    lc: dict[str, object],
+    lg: dict[str, object],
+    window_k: int,
+    search_k: int,
+) -> list[tuple[str, object, dict[str, object]]]:
+    """(measure, our figure, {peer: its figure}) in the order the report lists them."""
+    return [
         (
-            f"ingest, batches of {batch:,} (text only)",
+            f"ingest, batches of {w.batch:,} (text only)",
             ours["ingest"],
             {
                 "langchain-postgres chat history": lc["ingest"],
@@ -220,7 +289,7 @@ def run(b, *, window_k: int = 20, search_k: int = 10) -> None:
             },
         ),
         (
-            f"ingest, batches of {batch:,} with {dims}-d vectors",
+            f"ingest, batches of {w.batch:,} with {w.dims}-d vectors",
             ours["ingest_vec"],
             {
                 "LangGraph PostgresStore": lg["ingest_vec"],
@@ -228,7 +297,7 @@ def run(b, *, window_k: int = 20, search_k: int = 10) -> None:
             },
         ),
         (
-            f"recent window k={window_k} of {n:,} messages",
+            f"recent window k={window_k} of {w.n:,} messages",
             ours["window"],
             {
                 "langchain-postgres chat history": lc["window"],
@@ -237,32 +306,18 @@ def run(b, *, window_k: int = 20, search_k: int = 10) -> None:
             },
         ),
         (
-            f"semantic search k={search_k} in {n:,} messages (ours after the indexer caught up)",
+            f"semantic search k={search_k} in {w.n:,} messages (ours after the indexer caught up)",
             ours["search"],
             {"LangGraph PostgresStore": lg["search"], "naive (ORM row by row)": naive["search"]},
         ),
         (
             "storage per 100,000 messages",
-            ours_storage,
+            ours["storage"],
             {
                 "langchain-postgres chat history (no vectors)": lc["storage"],
                 "LangGraph PostgresStore (with vectors)": lg["storage"],
             },
         ),
-    ]
-    for measure, mine, theirs in rows:
-        for peer, figure in theirs.items():
-            b.report.add(Row("peers", f"{measure} — vs {peer}", mine, figure), b.log)
-    b.report.notes += [
-        "",
-        "## Peers",
-        "",
-        f"Same server and database, {n:,} messages of the dataset's texts with precomputed "
-        f"{dims}-d vectors (LangGraph receives them through its `embed` function). Ours goes "
-        "through the API in-process (WSGI, JSON encoding included), the peers are called in "
-        "Python directly. Ratio = ours ÷ peer: below 1 is faster for latencies and smaller for "
-        "storage, above 1 is faster for rates. Storage (ours) is the whole dataset's messages "
-        "with their vectors and every index, per 100,000 messages.",
     ]
 
 
@@ -275,7 +330,7 @@ def _per_100k(conn, tables: list[str], items: int) -> Amount:
 
 
 def _ours_per_100k() -> Amount:
-    from memory_app.bench.scenarios import stored_bytes
+    from memory_app.bench.storage import stored_bytes
 
     count, parts = stored_bytes()
     size = sum(table + indexes for _, table, indexes in parts)

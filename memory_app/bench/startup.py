@@ -34,5 +34,10 @@ def run(b) -> None:
     with tempfile.TemporaryDirectory(prefix="agentmemory-startup-") as data_dir:
         samples = [_setup_seconds(data_dir) * 1000 for _ in range(runs)]
         started_server = (Path(data_dir) / "pgdata").exists()
-    note = "a data folder was initialised: the settings started PostgreSQL" if started_server else ""
-    b.report.add(Row("startup", "django.setup(), fresh process", _latency(samples), None, TARGET, note), b.log)
+    note = (
+        "a data folder was initialised: the settings started PostgreSQL" if started_server else ""
+    )
+    b.report.add(
+        Row("startup", "django.setup(), fresh process", _latency(samples), None, TARGET, note),
+        b.log,
+    )

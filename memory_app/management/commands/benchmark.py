@@ -21,8 +21,21 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from django.test import Client
 
-from memory_app.bench import database, peers, scenarios, startup
-from memory_app.bench.dataset import Dataset, Sizes, build
+from memory_app.bench import (
+    dashboard,
+    database,
+    export,
+    ingest,
+    peers,
+    recall,
+    selectors,
+    startup,
+    storage,
+    transcript,
+)
+from memory_app.bench.dataset import Dataset, Sizes
+from memory_app.bench.harness import Bench, BenchError
+from memory_app.bench.load import build
 from memory_app.bench.measure import Report, machine_lines, plain_table, table
 
 META_TABLE = "bench_meta"
@@ -31,13 +44,13 @@ NOTES = Path(__file__).resolve().parents[2] / "bench" / "notes.md"
 # Reads first, ingest last: the writes must not disturb what the reads see.
 AREAS = {
     "startup": startup.run,
-    "selectors": scenarios.selectors,
-    "recall": scenarios.recall,
-    "transcript": scenarios.transcript,
-    "export": scenarios.export,
-    "dashboard": scenarios.dashboard,
-    "storage": scenarios.storage,
-    "ingest": scenarios.ingest,
+    "selectors": selectors.selectors,
+    "recall": recall.recall,
+    "transcript": transcript.transcript,
+    "export": export.export,
+    "dashboard": dashboard.dashboard,
+    "storage": storage.storage,
+    "ingest": ingest.ingest,
     # Only with --peers (or --only peers): needs the `peers` extra.
     "peers": peers.run,
 }
@@ -56,7 +69,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--scale",
             action="store_true",
-            help="issue 11's scale: 1,000,000 messages in one context, 1,200,000 vectors in the "
+            help="the scale of the targets: 1,000,000 messages in one context, 1,200,000 vectors in the "
             "store (database agentmemory_bench_1m unless --db-name; built once, then reused)",
         )
         parser.add_argument(
@@ -274,7 +287,7 @@ class Command(BaseCommand):
         )
         web = Client()
         web.force_login(user)
-        bench = scenarios.Bench(
+        bench = Bench(
             data=data,
             report=report,
             api=api,
@@ -294,7 +307,7 @@ class Command(BaseCommand):
                 fn(bench)
             except Exception as exc:  # one broken area must not lose the others' figures
                 report.skip(name, f"failed: {type(exc).__name__}: {str(exc)[:300]}", self.log)
-                if not isinstance(exc, scenarios.BenchError):
+                if not isinstance(exc, BenchError):
                     traceback.print_exc(file=self.stderr)
             self.log(f"  ({time.perf_counter() - t:.1f} s)")
         return report

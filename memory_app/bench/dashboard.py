@@ -1,0 +1,87 @@
+"""Dashboard pages: server time and HTML size of the pages an operator opens on the largest
+context and the longest run."""
+
+from __future__ import annotations
+
+from django.urls import NoReverseMatch, reverse
+
+from memory_app.bench.harness import MAX_TOKENS, WINDOW_K, Bench, BenchError
+from memory_app.bench.measure import Amount, Row, Target, time_calls
+from memory_app.models import Context, Run
+
+
+def dashboard(b: Bench) -> None:
+    data = b.data
+    run = Run.objects.get(pk=data.long_run_id)
+    largest = Context.objects.get(pk=data.largest_context_id)
+    pages = [
+        ("contexts list", _url("contexts")),
+        (
+            f"context page ({largest.message_count:,} msgs)",
+            _url("context", data.largest_context_id),
+        ),
+        (f"run logbook ({run.step_count:,} steps)", _url("run", data.long_run_id)),
+    ]
+    playground = _url("playground", data.largest_context_id)
+    if playground:
+        pages.append((f"selector playground ({largest.message_count:,} msgs)", playground))
+        pages.append(
+            (
+                f"playground window k={WINDOW_K} ({largest.message_count:,} msgs)",
+                f"{playground}?selector=window&k={WINDOW_K}",
+            )
+        )
+        pages.append(
+            (
+                f"playground token_window {MAX_TOKENS} ({largest.message_count:,} msgs)",
+                f"{playground}?selector=token_window&max_tokens={MAX_TOKENS}&policy=contiguous",
+            )
+        )
+    else:
+        b.report.skip(
+            "dashboard: selector playground",
+            "the playground view has not landed (no URL named 'playground')",
+            b.log,
+        )
+    for name, url in pages:
+        if url is None:
+            b.report.skip(f"dashboard: {name}", "its view has not landed", b.log)
+            continue
+        try:
+            url = _landing(b, url)
+            size = len(b.get(url, client=b.web).content) / 1024
+            ours = time_calls(lambda url=url: b.get(url, client=b.web), n=max(5, b.samples // 2))
+        except BenchError as exc:
+            b.report.skip(f"dashboard: {name}", f"failed: {exc}", b.log)
+            continue
+        target = (
+            Target("<=", 100, "p50 < 100 ms")
+            if name.startswith("playground ")
+            else Target("<=", 150, "p50 ≤ 150 ms")
+        )
+        b.report.add(Row("dashboard", f"{name}: server time", ours, None, target), b.log)
+        b.report.add(
+            Row(
+                "dashboard",
+                f"{name}: HTML size",
+                Amount(size, "KB"),
+                None,
+                Target("<=", 300, "≤ 300 KB"),
+            ),
+            b.log,
+        )
+
+
+def _landing(b: Bench, url: str) -> str:
+    """The page a link lands on (a run's URL redirects to its first step): that page is timed."""
+    response = b.web.get(url, follow=True)
+    if response.redirect_chain:
+        return response.redirect_chain[-1][0]
+    return url
+
+
+def _url(name: str, *args) -> str | None:
+    try:
+        return reverse(name, args=args)
+    except NoReverseMatch:
+        return None
