@@ -100,7 +100,9 @@ def test_the_dataset_keeps_the_write_paths_counters_consistent(quick_run):
             """
             SELECT count(*) FROM memory_app_run r
             WHERE r.step_count <> (SELECT count(*) FROM memory_app_step s WHERE s.run_id = r.id)
-               OR r.last_position <> (SELECT coalesce(max(position), 0) FROM memory_app_step s WHERE s.run_id = r.id)
+               OR r.last_position <> (
+                   SELECT coalesce(max(position), 0) FROM memory_app_step s WHERE s.run_id = r.id
+               )
             """
         ).fetchone()[0]
         gaps = conn.execute(
@@ -108,7 +110,8 @@ def test_the_dataset_keeps_the_write_paths_counters_consistent(quick_run):
             "HAVING max(seq) <> count(*)) g"
         ).fetchone()[0]
         hnsw = conn.execute(
-            "SELECT count(*) FROM pg_indexes WHERE tablename = 'memory_app_embedding' AND indexdef ILIKE '%USING hnsw%'"
+            "SELECT count(*) FROM pg_indexes WHERE tablename = 'memory_app_embedding' AND "
+            "indexdef ILIKE '%USING hnsw%'"
         ).fetchone()[0]
         vectors = conn.execute(
             "SELECT count(*) FROM memory_app_embedding WHERE vector IS NOT NULL"

@@ -82,13 +82,17 @@ def export(b: Bench) -> None:
         early, late = max(during[:third]), max(during[-third:])
         flat = late <= early * 1.5 + 1
         note = (
-            f"held while messages stream: {early:.1f} MB in the first third, {late:.1f} MB in the last: "
+            f"held while messages stream: {early:.1f} MB in the first third, {late:.1f} MB "
+            "in the last: "
             f"{'flat' if flat else 'grows'}"
         )
     if tenth:
         samples.clear()
         _, t_items, t_peak = _export_once(lambda: ours(tenth[0]))
-        note += f"; peak {t_peak:.1f} MB for a {t_items:,}-message context (peaks are per-chunk: 1,000 rows)"
+        note += (
+            f"; peak {t_peak:.1f} MB for a {t_items:,}-message context"
+            " (peaks are per-chunk: 1,000 rows)"
+        )
     b.report.add(
         Row(
             "export",

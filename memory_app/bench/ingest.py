@@ -131,8 +131,9 @@ def _fulltext_catch_up(b: Bench) -> None:
         left=fulltext.pending_count,
         waiting=waiting,
         unit="msg/s",
-        note=f"one indexer (fulltext.index_pending, batches of {settings.AGENTMEMORY_INDEXER_BATCH:,} "
-        "seqs); keyword search parses waiting messages' text meanwhile",
+        note="one indexer (fulltext.index_pending, batches of "
+        f"{settings.AGENTMEMORY_INDEXER_BATCH:,} seqs); keyword search parses waiting messages'"
+        " text meanwhile",
     )
 
 
@@ -167,7 +168,8 @@ def _ingest_sustained(b: Bench, bodies: list[str], stamp: int, *, batch: int, ba
     b.report.add(
         Row(
             "ingest (API)",
-            f"batch of {batch:,} messages ({batches} batches), until every full-text vector is written",
+            f"batch of {batch:,} messages ({batches} batches), until every full-text vector "
+            "is written",
             Rate(batch * batches / (time.perf_counter() - t)),
             None,
             note="the indexer thread running beside the batches",

@@ -463,7 +463,8 @@ def _restore_indexes(dropped: list[str]) -> None:
             "memory_app_embedding",
         ):
             cursor.execute(
-                f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT coalesce(max(id), 1) FROM {table}))"  # noqa: S608
+                f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"  # noqa: S608
+                f" (SELECT coalesce(max(id), 1) FROM {table}))"
             )
 
 
@@ -513,8 +514,9 @@ def _set_counters(cursor) -> None:
     """The counters the write path keeps, computed from the rows (so they are consistent)."""
     cursor.execute(
         """
-        UPDATE memory_app_context c SET last_seq = s.last_seq, search_seq = s.last_seq, message_count = s.n,
-            token_count = s.tokens, last_activity_at = s.last_at, updated_at = s.last_at
+        UPDATE memory_app_context c SET last_seq = s.last_seq, search_seq = s.last_seq,
+            message_count = s.n, token_count = s.tokens, last_activity_at = s.last_at,
+            updated_at = s.last_at
         FROM (SELECT context_id, max(seq) AS last_seq, count(*) AS n, sum(token_count) AS tokens,
                      max(created_at) AS last_at
               FROM memory_app_message GROUP BY context_id) s

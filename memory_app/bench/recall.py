@@ -51,7 +51,8 @@ def _recall(b: Bench, label: str, cid: int) -> None:
         f"path {'/'.join(sorted(paths))}; HNSW {' / '.join(built) or 'index not found'}, "
         f"ef_search={ef_search_for(store, SEARCH_K, share)} (store {store:,}, context {share:,}), "
         "iterative scan; "
-        f"exact scan below {settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD:,} messages per context; {n_queries} queries"
+        f"exact scan below {settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD:,} messages per "
+        f"context; {n_queries} queries"
     )
     b.report.add(
         Row(
@@ -80,7 +81,8 @@ def _live_vectors(context_id: int, model: str, dims: int) -> tuple[np.ndarray, n
             f"""
             SELECT e.message_id, e.vector::vector({int(dims)}) FROM memory_app_embedding e
             JOIN memory_app_message m ON m.id = e.message_id
-            WHERE e.context_id = %s AND e.model = %s AND m.pruned_at IS NULL AND e.vector IS NOT NULL
+            WHERE e.context_id = %s AND e.model = %s AND m.pruned_at IS NULL
+                AND e.vector IS NOT NULL
             """,  # noqa: S608 - dims is an int
             [context_id, model],
             binary=True,

@@ -57,7 +57,10 @@ AREAS = {
 
 
 class Command(BaseCommand):
-    help = "Benchmark the server at scale against a naive in-process baseline; writes docs/benchmarks.md."
+    help = (
+        "Benchmark the server at scale against a naive in-process baseline; "
+        "writes docs/benchmarks.md."
+    )
     # System checks would open the site's database before the switch; nothing here needs them.
     requires_system_checks: list = []
 
@@ -69,8 +72,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--scale",
             action="store_true",
-            help="the scale of the targets: 1,000,000 messages in one context, 1,200,000 vectors in the "
-            "store (database agentmemory_bench_1m unless --db-name; built once, then reused)",
+            help="the scale of the targets: 1,000,000 messages in one context, "
+            "1,200,000 vectors in the store (database agentmemory_bench_1m unless --db-name; "
+            "built once, then reused)",
         )
         parser.add_argument(
             "--peers",
@@ -328,8 +332,10 @@ class Command(BaseCommand):
             *machine_lines(info["server"], info["pgvector"]),
             f"- Command: `{_command_line()}`"
             + (" (quick mode: CI smoke check, figures mean nothing)" if quick else ""),
-            f"- Dataset (own database `{db_name}`): {s.messages:,} messages over {s.contexts:,} contexts "
-            f"(largest {data.largest_context_id and _count(data)}), {s.runs:,} runs (longest {s.max_steps:,} steps), "
+            f"- Dataset (own database `{db_name}`): {s.messages:,} messages over "
+            f"{s.contexts:,} contexts "
+            f"(largest {data.largest_context_id and _count(data)}), {s.runs:,} runs (longest "
+            f"{s.max_steps:,} steps), "
             f"{s.dims}-dimension vectors for every message (model `{data.model}`; "
             + (
                 f"spread along {s.local_dims} directions per subtopic, local intrinsic dimension "
@@ -338,14 +344,21 @@ class Command(BaseCommand):
                 else "isotropic noise in every dimension: the stress case"
             )
             + f"), psycopg {psycopg.__version__}",
-            f"- Latencies: p50 / p95 over {samples} timed calls after a warm-up (baseline: fewer calls); "
-            "server time is the time until the response is complete, through Django's full WSGI stack "
+            f"- Latencies: p50 / p95 over {samples} timed calls after a warm-up (baseline: "
+            "fewer calls); "
+            "server time is the time until the response is complete, through Django's full "
+            "WSGI stack "
             "in-process (`django.test.Client`) with a real API key or a logged-in user.",
-            "- Naive baseline: the same work done as an in-process memory does it (load the context's "
-            "messages into Python and select there; one ORM INSERT per message, step and tool call; "
-            "load everything then serialise for export). It runs without the HTTP layer. Dashboard pages "
-            "and recall have no baseline (an in-process memory has no pages; recall is against the exact scan).",
-            "- Ours / baseline: the ratio of the headline figures (p50 for latencies, rate for throughput): "
+            "- Naive baseline: the same work done as an in-process memory does it (load the "
+            "context's "
+            "messages into Python and select there; one ORM INSERT per message, step and "
+            "tool call; "
+            "load everything then serialise for export). It runs without the HTTP layer. "
+            "Dashboard pages "
+            "and recall have no baseline (an in-process memory has no pages; recall is "
+            "against the exact scan).",
+            "- Ours / baseline: the ratio of the headline figures (p50 for latencies, rate "
+            "for throughput): "
             "below 1 is faster for latencies, above 1 is faster for rates.",
             "",
             "## Results",
