@@ -130,85 +130,100 @@ def steps_from_dicts(step_dicts: list[dict[str, Any]], *, logger=None) -> list:
     The rebuilt steps' `dict()` equals the stored dicts, except for what smolagents cannot take
     back: images (stored as raw bytes) and the model's provider-specific `raw` response.
     """
-    from smolagents import utils
-    from smolagents.memory import ActionStep, PlanningStep, TaskStep, ToolCall
-    from smolagents.models import ChatMessage
-    from smolagents.monitoring import AgentLogger, LogLevel, Timing, TokenUsage
+    from smolagents.memory import TaskStep
+    from smolagents.monitoring import AgentLogger, LogLevel
 
     logger = logger or AgentLogger(level=LogLevel.OFF)
-
-    def timing(d):
-        return (
-            Timing(start_time=d["start_time"], end_time=d.get("end_time"))
-            if d
-            else Timing(start_time=0.0)
-        )
-
-    def usage(d):
-        return (
-            TokenUsage(input_tokens=d["input_tokens"], output_tokens=d["output_tokens"])
-            if d
-            else None
-        )
-
-    def message(d):
-        if d is None:
-            return None
-        msg = ChatMessage.from_dict(
-            dict(d), raw=d.get("raw"), token_usage=usage(d.get("token_usage"))
-        )
-        return msg
-
-    def error(d):
-        if not d:
-            return None
-        cls = getattr(utils, d.get("type") or "", None)
-        if not (isinstance(cls, type) and issubclass(cls, utils.AgentError)):
-            cls = utils.AgentError
-        return cls(d.get("message", ""), logger)
-
     steps = []
     for d in step_dicts:
         if "step_number" in d:
-            steps.append(
-                ActionStep(
-                    step_number=d["step_number"],
-                    timing=timing(d.get("timing")),
-                    model_input_messages=[message(m) for m in d["model_input_messages"]]
-                    if d.get("model_input_messages")
-                    else None,
-                    tool_calls=[
-                        ToolCall(
-                            name=tc["function"]["name"],
-                            arguments=tc["function"]["arguments"],
-                            id=tc["id"],
-                        )
-                        for tc in d.get("tool_calls") or []
-                    ]
-                    or None,
-                    error=error(d.get("error")),
-                    model_output_message=message(d.get("model_output_message")),
-                    model_output=d.get("model_output"),
-                    code_action=d.get("code_action"),
-                    observations=d.get("observations"),
-                    action_output=d.get("action_output"),
-                    token_usage=usage(d.get("token_usage")),
-                    is_final_answer=bool(d.get("is_final_answer")),
-                )
-            )
+            steps.append(_action_step(d, logger))
         elif "plan" in d:
-            steps.append(
-                PlanningStep(
-                    model_input_messages=[message(m) for m in d.get("model_input_messages") or []],
-                    model_output_message=message(d.get("model_output_message")),
-                    plan=d["plan"],
-                    timing=timing(d.get("timing")),
-                    token_usage=usage(d.get("token_usage")),
-                )
-            )
+            steps.append(_planning_step(d))
         elif "task" in d:
             steps.append(TaskStep(task=d["task"]))
     return steps
+
+
+def _action_step(d: dict[str, Any], logger):
+    from smolagents.memory import ActionStep, ToolCall
+
+    return ActionStep(
+        step_number=d["step_number"],
+        timing=_timing(d.get("timing")),
+        model_input_messages=[_message(m) for m in d["model_input_messages"]]
+        if d.get("model_input_messages")
+        else None,
+        tool_calls=[
+            ToolCall(
+                name=tc["function"]["name"],
+                arguments=tc["function"]["arguments"],
+                id=tc["id"],
+            )
+            for tc in d.get("tool_calls") or []
+        ]
+        or None,
+        error=_error(d.get("error"), logger),
+        model_output_message=_message(d.get("model_output_message")),
+        model_output=d.get("model_output"),
+        code_action=d.get("code_action"),
+        observations=d.get("observations"),
+        action_output=d.get("action_output"),
+        token_usage=_usage(d.get("token_usage")),
+        is_final_answer=bool(d.get("is_final_answer")),
+    )
+
+
+def _planning_step(d: dict[str, Any]):
+    from smolagents.memory import PlanningStep
+
+    return PlanningStep(
+        model_input_messages=[_message(m) for m in d.get("model_input_messages") or []],
+        model_output_message=_message(d.get("model_output_message")),
+        plan=d["plan"],
+        timing=_timing(d.get("timing")),
+        token_usage=_usage(d.get("token_usage")),
+    )
+
+
+def _timing(d):
+    from smolagents.monitoring import Timing
+
+    return (
+        Timing(start_time=d["start_time"], end_time=d.get("end_time"))
+        if d
+        else Timing(start_time=0.0)
+    )
+
+
+def _usage(d):
+    from smolagents.monitoring import TokenUsage
+
+    return (
+        TokenUsage(input_tokens=d["input_tokens"], output_tokens=d["output_tokens"]) if d else None
+    )
+
+
+def _message(d):
+    from smolagents.models import ChatMessage
+
+    if d is None:
+        return None
+    return ChatMessage.from_dict(
+        dict(d), raw=d.get("raw"), token_usage=_usage(d.get("token_usage"))
+    )
+
+
+def _error(d, logger):
+    """The stored error as the smolagents error class it names (AgentError when it names none)."""
+    from smolagents import utils
+
+    if not d:
+        return None
+    cls = getattr(utils, d.get("type") or "", None)
+    if not (isinstance(cls, type) and issubclass(cls, utils.AgentError)):
+        cls = utils.AgentError
+    return cls(d.get("message", ""), logger)
 
 
 def load_steps(client: MemoryClient, run_id: int, *, logger=None) -> list:

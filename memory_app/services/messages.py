@@ -125,43 +125,13 @@ def _messages_append(
 
 def _append_once(*, context, items, prepared, vectors, client_ids, tokenizer) -> AppendResult:
     with transaction.atomic():
-        # `= ANY(array)`: one parameter instead of an IN list of up to 1,000 that Django compiles
-        # and psycopg merges into the text.
-        existing = (
-            {
-                m.client_id: m
-                for m in Message.objects.filter(
-                    RawSQL("client_id = ANY(%s)", [client_ids], output_field=BooleanField()),  # noqa: S611 - constant SQL
-                    context=context,
-                )
-            }
-            if client_ids
-            else {}
-        )
-        results: list[Message | None] = []
-        created_flags: list[bool] = []
-        new: list[int] = []  # positions in `items` of the messages stored now
-        for n, (item, data) in enumerate(zip(items, prepared, strict=True)):
-            cid = item.get("client_id")
-            if cid and cid in existing:
-                stored = existing[cid]
-                diff = differences(
-                    {k: getattr(stored, k) for k in MESSAGE_FIELDS},
-                    {k: data[k] for k in MESSAGE_FIELDS},
-                )
-                if diff:
-                    raise Conflict(f"message {cid!r} already exists with different content", diff)
-                results.append(stored)
-                created_flags.append(False)
-                continue
-            new.append(n)
-            results.append(None)
-            created_flags.append(True)
+        existing = _stored_by_client_id(context, client_ids)
+        results, created_flags, new = _match_repeats(items, prepared, existing)
         if new:
             specs = [(items[n].get("client_id") or None, prepared[n]) for n in new]
             copy = len(new) >= COPY_THRESHOLD
-            # Repeats are not counted. A small batch is counted before the lock (the UPDATE below
-            # takes it); a large one inside its COPY stream (`_copy_messages`).
+            # Repeats are not counted. A small batch is counted before the lock (the UPDATE in
+            # `_allocate_seqs` takes it); a large one inside its COPY stream (`_copy_messages`).
             counts = (
                 None
                 if copy
@@ -170,53 +140,17 @@ def _append_once(*, context, items, prepared, vectors, client_ids, tokenizer) ->
                     tokenizer=tokenizer,
                 )
             )
-            # One statement takes the context's row lock and allocates the seqs: concurrent
-            # appenders queue here, so seqs are gap-free and strictly increasing. A small batch
-            # to a context whose full-text vectors are caught up writes its own (below) and
-            # moves search_seq along; a large one leaves them to the indexer
-            # (memory_app.search.fulltext).
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"UPDATE {Context._meta.db_table} SET last_seq = last_seq + %s, "  # noqa: S608 - constant
-                    "search_seq = CASE WHEN %s AND search_seq = last_seq THEN last_seq + %s "
-                    "ELSE search_seq END, "
-                    "message_count = message_count + %s, token_count = token_count + %s, "
-                    "last_activity_at = %s WHERE id = %s RETURNING last_seq, search_seq",
-                    [
-                        len(new),
-                        not copy,
-                        len(new),
-                        len(new),
-                        sum(counts or ()),
-                        timezone.now(),
-                        context.pk,
-                    ],
-                )
-                last, searched = cursor.fetchone()
+            last, searched = _allocate_seqs(
+                context, len(new), own_vectors=not copy, token_count=sum(counts or ())
+            )
             first = last - len(new) + 1
             if copy:
                 new_rows = _copy_messages(
                     context_id=context.pk, specs=specs, first_seq=first, tokenizer=tokenizer
                 )
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        f"UPDATE {Context._meta.db_table} SET token_count = token_count + %s "  # noqa: S608
-                        "WHERE id = %s",
-                        [sum(r.token_count for r in new_rows), context.pk],
-                    )
+                _add_tokens(context, sum(r.token_count for r in new_rows))
             else:
-                new_rows = [
-                    _new_message(
-                        context_id=context.pk,
-                        client_id=cid,
-                        seq=first + offset,
-                        token_count=count,
-                        tokenizer=tokenizer,
-                        **data,
-                    )
-                    for offset, ((cid, data), count) in enumerate(zip(specs, counts, strict=True))
-                ]
-                Message.objects.bulk_create(new_rows)
+                new_rows = _insert_messages(context, specs, counts, first, tokenizer)
             for n, row in zip(new, new_rows, strict=True):
                 results[n] = row
             if searched == last:
@@ -225,6 +159,103 @@ def _append_once(*, context, items, prepared, vectors, client_ids, tokenizer) ->
                 transaction.on_commit(_wake_indexer)
             _after_messages_created(new_rows, [vectors[n] for n in new])
     return AppendResult(messages=results, created=created_flags)
+
+
+def _stored_by_client_id(context: Context, client_ids: list[str]) -> dict[str, Message]:
+    """The context's stored messages carrying one of these client ids, by client id."""
+    if not client_ids:
+        return {}
+    # `= ANY(array)`: one parameter instead of an IN list of up to 1,000 that Django compiles and
+    # psycopg merges into the text.
+    return {
+        m.client_id: m
+        for m in Message.objects.filter(
+            RawSQL("client_id = ANY(%s)", [client_ids], output_field=BooleanField()),  # noqa: S611 - constant SQL
+            context=context,
+        )
+    }
+
+
+def _match_repeats(
+    items: list[dict[str, Any]], prepared: list[dict[str, Any]], existing: dict[str, Message]
+) -> tuple[list[Message | None], list[bool], list[int]]:
+    """Each item's stored message when it repeats one (`Conflict` when its content differs),
+    None where it is new; whether each is created; and the positions in `items` of the new."""
+    results: list[Message | None] = []
+    created_flags: list[bool] = []
+    new: list[int] = []
+    for n, (item, data) in enumerate(zip(items, prepared, strict=True)):
+        cid = item.get("client_id")
+        if cid and cid in existing:
+            stored = existing[cid]
+            diff = differences(
+                {k: getattr(stored, k) for k in MESSAGE_FIELDS},
+                {k: data[k] for k in MESSAGE_FIELDS},
+            )
+            if diff:
+                raise Conflict(f"message {cid!r} already exists with different content", diff)
+            results.append(stored)
+            created_flags.append(False)
+            continue
+        new.append(n)
+        results.append(None)
+        created_flags.append(True)
+    return results, created_flags, new
+
+
+def _allocate_seqs(
+    context: Context, n: int, *, own_vectors: bool, token_count: int
+) -> tuple[int, int]:
+    """Take the context's row lock, allocate `n` seqs and count them in; the new last_seq and
+    search_seq.
+
+    One statement: concurrent appenders queue here, so seqs are gap-free and strictly
+    increasing. A small batch to a context whose full-text vectors are caught up writes its own
+    (`own_vectors`) and moves search_seq along; a large one leaves them to the indexer
+    (memory_app.search.fulltext)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Context._meta.db_table} SET last_seq = last_seq + %s, "  # noqa: S608 - constant
+            "search_seq = CASE WHEN %s AND search_seq = last_seq THEN last_seq + %s "
+            "ELSE search_seq END, "
+            "message_count = message_count + %s, token_count = token_count + %s, "
+            "last_activity_at = %s WHERE id = %s RETURNING last_seq, search_seq",
+            [n, own_vectors, n, n, token_count, timezone.now(), context.pk],
+        )
+        return cursor.fetchone()
+
+
+def _add_tokens(context: Context, token_count: int) -> None:
+    """Count in the tokens of a COPY batch, known only once its stream is written."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Context._meta.db_table} SET token_count = token_count + %s "  # noqa: S608
+            "WHERE id = %s",
+            [token_count, context.pk],
+        )
+
+
+def _insert_messages(
+    context: Context,
+    specs: list[tuple[str | None, dict[str, Any]]],
+    counts: list[int],
+    first_seq: int,
+    tokenizer: str,
+) -> list[Message]:
+    """A small batch's new messages, seqs from `first_seq` on, in one multi-row INSERT."""
+    rows = [
+        _new_message(
+            context_id=context.pk,
+            client_id=cid,
+            seq=first_seq + offset,
+            token_count=count,
+            tokenizer=tokenizer,
+            **data,
+        )
+        for offset, ((cid, data), count) in enumerate(zip(specs, counts, strict=True))
+    ]
+    Message.objects.bulk_create(rows)
+    return rows
 
 
 def _wake_indexer() -> None:
@@ -299,6 +330,8 @@ _COPY_COLUMNS = (
 )
 
 
+# One COPY stream that counts, builds and sends rows chunk by chunk (the docstring says why);
+# its steps share the open stream and the loop's running state, and read best in one piece.
 def _copy_messages(
     *,
     context_id: int,

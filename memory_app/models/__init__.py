@@ -1,0 +1,44 @@
+"""The domain: contexts, messages, runs, steps, tool calls, memory records, embeddings, audit, keys.
+
+Integrity lives in the database (the constraints and indexes of the modules below), not in
+`save()` overrides. Writes go through `memory_app.services`; reads through `memory_app.queries`.
+"""
+
+# Django registers a models package's models when it imports this module, and callers import
+# them from here: every model and public name of the modules below, so that
+# `from memory_app.models import X` reaches any of them.
+from memory_app.models.access import ApiKey, AuditEvent
+from memory_app.models.contexts import Context
+from memory_app.models.embeddings import Embedding, EmbeddingRetry
+from memory_app.models.memories import MemoryRecord
+from memory_app.models.messages import Message, MessageSearch
+from memory_app.models.runs import Run, Step, ToolCall, TraceSpan
+from memory_app.models.shared import (
+    FTS_CONFIG,
+    MemoryKind,
+    MessageRole,
+    RunStatus,
+    StepKind,
+    keys_digest,
+)
+
+__all__ = [
+    "FTS_CONFIG",
+    "ApiKey",
+    "AuditEvent",
+    "Context",
+    "Embedding",
+    "EmbeddingRetry",
+    "MemoryKind",
+    "MemoryRecord",
+    "Message",
+    "MessageRole",
+    "MessageSearch",
+    "Run",
+    "RunStatus",
+    "Step",
+    "StepKind",
+    "ToolCall",
+    "TraceSpan",
+    "keys_digest",
+]

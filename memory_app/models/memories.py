@@ -1,0 +1,61 @@
+"""Long-term memory records."""
+
+from __future__ import annotations
+
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVector, SearchVectorField
+from django.db import models
+
+from memory_app.models.contexts import Context
+from memory_app.models.messages import Message
+from memory_app.models.runs import Step
+from memory_app.models.shared import FTS_CONFIG, MemoryKind, choices_check
+
+
+class MemoryRecord(models.Model):
+    """A long-term memory scoped to one context or to a key subset shared by many contexts."""
+
+    context = models.ForeignKey(
+        Context, on_delete=models.CASCADE, null=True, blank=True, related_name="memory_records"
+    )
+    scope_keys = models.JSONField(default=dict, blank=True)
+    scope_digest = models.CharField(max_length=64, editable=False)
+    kind = models.CharField(max_length=20, choices=MemoryKind.choices, default=MemoryKind.FACT)
+    content = models.TextField()
+    content_hash = models.CharField(max_length=64, editable=False)
+    thinking = models.TextField(blank=True, default="")
+    keywords = ArrayField(models.CharField(max_length=200), default=list, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    source_message = models.ForeignKey(
+        Message, on_delete=models.SET_NULL, null=True, blank=True, related_name="memory_records"
+    )
+    source_step = models.ForeignKey(
+        Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="memory_records"
+    )
+    recorded_by = models.CharField(max_length=200, blank=True, default="")
+    archived_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    search_vector = models.GeneratedField(
+        expression=SearchVector("content", config=FTS_CONFIG),
+        output_field=SearchVectorField(),
+        db_persist=True,
+    )
+
+    class Meta:
+        constraints = [
+            # Recording the same content in the same scope returns the existing record.
+            models.UniqueConstraint(
+                fields=["scope_digest", "content_hash"], name="memory_scope_content_unique"
+            ),
+            choices_check("kind", MemoryKind, "memory_kind_valid"),
+        ]
+        indexes = [
+            GinIndex(fields=["search_vector"], name="memory_fts_gin"),
+            GinIndex(fields=["scope_keys"], name="memory_scope_gin", opclasses=["jsonb_path_ops"]),
+            GinIndex(fields=["keywords"], name="memory_keywords_gin"),
+        ]
+
+    def __str__(self) -> str:
+        return self.content[:80]

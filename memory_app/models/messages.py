@@ -1,0 +1,146 @@
+"""A context's chat history: the messages and their full-text vectors, kept beside them."""
+
+from __future__ import annotations
+
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVectorField
+from django.db import models
+from django.db.models import Q
+
+from memory_app.models.contexts import Context
+from memory_app.models.runs import Run, Step
+from memory_app.models.shared import MessageRole, choices_check
+
+
+class Message(models.Model):
+    """One entry of a context's chat history, ordered by a per-context `seq`."""
+
+    # Foreign keys without their own index: message_context_seq_unique leads with context; run
+    # and step are indexed where set only (message_run_idx, message_step_idx), as most messages
+    # belong to no run.
+    context = models.ForeignKey(
+        Context, on_delete=models.CASCADE, related_name="messages", db_index=False
+    )
+    seq = models.BigIntegerField()
+    client_id = models.CharField(max_length=200, null=True, blank=True)
+    role = models.CharField(max_length=20, choices=MessageRole.choices)
+    name = models.CharField(max_length=200, blank=True, default="")
+    text = models.TextField(blank=True, default="")
+    content = models.JSONField(null=True, blank=True, help_text="structured content blocks")
+    tags = ArrayField(models.CharField(max_length=200), default=list, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    # jsonb sorts object keys; a framework's own key order of `content` and `metadata` (where it
+    # differs) is kept here so an export gives the agent back the exact same prompt text.
+    key_order = models.JSONField(
+        null=True, blank=True, help_text="memory_app.interop.key_order skeleton of content/metadata"
+    )
+    run = models.ForeignKey(
+        Run,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="messages",
+        db_index=False,
+    )
+    step = models.ForeignKey(
+        Step,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="messages",
+        db_index=False,
+    )
+    token_count = models.IntegerField(default=0)
+    tokenizer = models.CharField(max_length=50, blank=True, default="")
+    # The client's own timestamp string, kept verbatim (AgentScope's is local time, no zone).
+    source_timestamp = models.CharField(max_length=64, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    pruned_at = models.DateTimeField(null=True, blank=True)
+    pruned_by = models.CharField(max_length=200, blank=True, default="")
+    # The full-text vector lives in MessageSearch, computed off the write path.
+
+    class Meta:
+        ordering = ["context", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["context", "seq"], name="message_context_seq_unique"),
+            models.UniqueConstraint(
+                fields=["context", "client_id"],
+                condition=Q(client_id__isnull=False),
+                name="message_client_id_unique",
+            ),
+            models.CheckConstraint(condition=Q(seq__gte=1), name="message_seq_positive"),
+            models.CheckConstraint(condition=Q(token_count__gte=0), name="message_tokens_nonneg"),
+            choices_check("role", MessageRole, "message_role_valid"),
+        ]
+        indexes = [
+            GinIndex(fields=["tags"], name="message_tags_gin"),
+            # The agent's hot read: a context's latest live messages. Not message_context_seq_unique
+            # walked backwards: a history pruned as a whole (AgentScope's clear()) would be read
+            # row by row to find the live ones.
+            models.Index(
+                fields=["context", "-seq"],
+                condition=Q(pruned_at__isnull=True),
+                name="message_live_recent_idx",
+            ),
+            # Composite's system message, however far back it lies (the last user message is
+            # found walking back message_live_recent_idx over the current turn, which composite
+            # reads anyway).
+            models.Index(
+                fields=["context", "seq"],
+                condition=Q(pruned_at__isnull=True, role="system"),
+                name="message_live_system_idx",
+            ),
+            models.Index(fields=["run"], condition=Q(run__isnull=False), name="message_run_idx"),
+            models.Index(fields=["step"], condition=Q(step__isnull=False), name="message_step_idx"),
+            # token_window's skip policy reads on only rows that can still fit the budget.
+            models.Index(
+                fields=["context", "token_count", "seq"],
+                condition=Q(pruned_at__isnull=True),
+                name="message_live_tokens_idx",
+            ),
+            # Finding rows counted under another tokenizer (to recount them) without a scan.
+            models.Index(fields=["context", "tokenizer"], name="message_tokenizer_idx"),
+            # Pruned rows only: the dashboard's live/pruned counts and purge's "pruned before".
+            models.Index(
+                fields=["context", "pruned_at"],
+                condition=Q(pruned_at__isnull=False),
+                name="message_pruned_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.role}: {self.text[:60]}"
+
+    @property
+    def is_pruned(self) -> bool:
+        return self.pruned_at is not None
+
+
+class MessageSearch(models.Model):
+    """The full-text vector (`to_tsvector(FTS_CONFIG, text)`) of a live message, kept beside the
+    message rather than in it, so that storing a message does not wait for its text to be parsed.
+
+    Keyed like the message's own natural key, (context, seq): keyword search walks a context's
+    vectors newest first on this primary key, or takes the GIN index for rare words, without
+    touching the messages, and joins them only for the few candidates it ranks.
+
+    Small appends write their vectors in their own transaction; a large batch leaves them to the
+    indexer (`memory_app.search.fulltext`), and keyword search matches those messages from their
+    text meanwhile: every message past its context's `search_seq` is read exactly, none is ever
+    unsearchable. Database triggers (migration 0013) keep it in step with the messages, whoever
+    writes them: an edited text is parsed again, a pruned or deleted message takes its vector
+    along, a restored one gets it back.
+    """
+
+    pk = models.CompositePrimaryKey("context_id", "seq")
+    context_id = models.BigIntegerField()
+    seq = models.BigIntegerField()
+    search_vector = SearchVectorField()
+
+    class Meta:
+        indexes = [GinIndex(fields=["search_vector"], name="message_search_gin")]
+
+    def __str__(self) -> str:
+        return f"context {self.context_id} #{self.seq}"

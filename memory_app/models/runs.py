@@ -1,0 +1,180 @@
+"""An agent's runs and their logbook: steps, tool calls, and the OpenTelemetry spans traces
+bring."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from memory_app.models.contexts import Context
+from memory_app.models.shared import RunStatus, StepKind, choices_check
+
+
+class Run(models.Model):
+    """One execution of an agent inside a context."""
+
+    # No index of its own: run_context_recent_idx leads with context.
+    context = models.ForeignKey(
+        Context, on_delete=models.CASCADE, related_name="runs", db_index=False
+    )
+    client_id = models.CharField(max_length=200, null=True, blank=True)
+    task = models.TextField(blank=True, default="")
+    system_prompt = models.TextField(blank=True, default="")
+    agent_name = models.CharField(max_length=200, blank=True, default="")
+    framework = models.CharField(max_length=50, blank=True, default="")
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.RUNNING)
+    final_answer = models.JSONField(null=True, blank=True)
+    input_tokens = models.BigIntegerField(null=True, blank=True)
+    output_tokens = models.BigIntegerField(null=True, blank=True)
+    total_tokens = models.BigIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration = models.FloatField(null=True, blank=True, help_text="seconds")
+    step_count = models.IntegerField(default=0)
+    error_count = models.IntegerField(default=0)
+    last_position = models.IntegerField(default=0)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["context", "client_id"],
+                condition=Q(client_id__isnull=False),
+                name="run_client_id_unique",
+            ),
+            choices_check("status", RunStatus, "run_status_valid"),
+        ]
+        indexes = [models.Index(fields=["context", "-created_at"], name="run_context_recent_idx")]
+
+    def __str__(self) -> str:
+        return f"run {self.pk}: {self.task[:60]}"
+
+
+class Step(models.Model):
+    """One entry of a run's logbook (smolagents TaskStep / PlanningStep / ActionStep / final
+    answer).
+
+    Normalised columns serve the dashboard and the transcripts; `payload` keeps the framework's
+    own dict verbatim so an export gives back exactly what was imported.
+    """
+
+    # No index of its own: step_run_position_unique leads with run.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
+    position = models.IntegerField()
+    client_id = models.CharField(max_length=200, null=True, blank=True)
+    kind = models.CharField(max_length=20, choices=StepKind.choices)
+    step_number = models.IntegerField(null=True, blank=True)
+    task = models.TextField(null=True, blank=True)
+    plan = models.TextField(null=True, blank=True)
+    model_input_messages = models.JSONField(null=True, blank=True)
+    model_output_message = models.JSONField(null=True, blank=True)
+    model_output = models.JSONField(null=True, blank=True)
+    code_action = models.TextField(null=True, blank=True)
+    observations = models.TextField(null=True, blank=True)
+    action_output = models.JSONField(null=True, blank=True)
+    error_type = models.CharField(max_length=200, null=True, blank=True)
+    error_message = models.TextField(null=True, blank=True)
+    start_time = models.FloatField(null=True, blank=True, help_text="unix epoch seconds")
+    end_time = models.FloatField(null=True, blank=True, help_text="unix epoch seconds")
+    duration = models.FloatField(null=True, blank=True, help_text="seconds")
+    input_tokens = models.IntegerField(null=True, blank=True)
+    output_tokens = models.IntegerField(null=True, blank=True)
+    total_tokens = models.IntegerField(null=True, blank=True)
+    # The model that wrote this step and what the call cost, when the agent or trace says so
+    # (the dashboard otherwise prices tokens with settings.AGENTMEMORY_MODEL_PRICES).
+    model = models.CharField(max_length=200, blank=True, default="", db_default="")
+    cost = models.FloatField(null=True, blank=True, help_text="USD, as reported by the agent")
+    is_final_answer = models.BooleanField(default=False)
+    payload = models.JSONField(null=True, blank=True)
+    pruned_at = models.DateTimeField(null=True, blank=True)
+    pruned_by = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "position"], name="step_run_position_unique"),
+            models.UniqueConstraint(
+                fields=["run", "client_id"],
+                condition=Q(client_id__isnull=False),
+                name="step_client_id_unique",
+            ),
+            models.CheckConstraint(condition=Q(position__gte=1), name="step_position_positive"),
+            choices_check("kind", StepKind, "step_kind_valid"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["run", "position"],
+                condition=Q(error_type__isnull=False),
+                name="step_run_errors_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"step {self.position} ({self.kind}) of run {self.run_id}"
+
+    @property
+    def is_pruned(self) -> bool:
+        return self.pruned_at is not None
+
+
+class ToolCall(models.Model):
+    """One tool invocation inside a step."""
+
+    # No index of its own: toolcall_step_position_unique leads with step.
+    step = models.ForeignKey(
+        Step, on_delete=models.CASCADE, related_name="tool_calls", db_index=False
+    )
+    position = models.IntegerField()
+    call_id = models.CharField(max_length=200, blank=True, default="")
+    name = models.CharField(max_length=200)
+    arguments = models.JSONField(null=True, blank=True)
+    output = models.TextField(null=True, blank=True)
+    success = models.BooleanField(null=True, blank=True)
+    duration = models.FloatField(null=True, blank=True, help_text="seconds")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["step", "position"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["step", "position"], name="toolcall_step_position_unique"
+            ),
+        ]
+        indexes = [models.Index(fields=["name"], name="toolcall_name_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.name}({self.call_id})"
+
+
+class TraceSpan(models.Model):
+    """An OpenTelemetry span as received at /v1/traces, kept until (and after) it became steps.
+
+    Spans of one trace arrive in several requests, children before their parents (an exporter
+    sends a span when it ends). Keeping them lets a later request build a step from spans an
+    earlier one brought; the steps themselves are written through `memory_app.services.runs`.
+    """
+
+    context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey(Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    trace_id = models.CharField(max_length=32)
+    span_id = models.CharField(max_length=16)
+    parent_span_id = models.CharField(max_length=16, blank=True, default="")
+    name = models.CharField(max_length=500, blank=True, default="")
+    role = models.CharField(max_length=10, help_text="agent, step, llm, tool or other")
+    start_ns = models.BigIntegerField()
+    end_ns = models.BigIntegerField()
+    data = models.JSONField(help_text="status, attributes, events, resource and scope as received")
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["context", "trace_id", "span_id"], name="tracespan_ids_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"span {self.span_id} ({self.role}) of trace {self.trace_id}"

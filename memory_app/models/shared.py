@@ -1,0 +1,61 @@
+"""What the entity modules share: the choices their check constraints hold a column to, the
+full-text configuration and the digest that identifies a context by its keys."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from django.db import models
+from django.db.models import Q
+
+# Full-text configuration: `simple` would not stem; `english` ranks "weathers" with "weather".
+# Migration 0013's triggers parse with it too: changing it needs a migration that replaces them
+# and re-parses MessageSearch.
+FTS_CONFIG = "english"
+
+
+def keys_digest(keys: dict) -> str:
+    """Order-insensitive digest of a context-keys dict (the identity of a context)."""
+    canonical = json.dumps(keys, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class MessageRole(models.TextChoices):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+    FUNCTION = "function"
+    AGENT = "agent"
+    LLM = "llm"
+    TOOL_CALL = "tool-call"
+    TOOL_RESPONSE = "tool-response"
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILED = "failed"
+    MAX_STEPS_ERROR = "max_steps_error"
+    CANCELLED = "cancelled"
+
+
+class StepKind(models.TextChoices):
+    TASK = "task"
+    PLANNING = "planning"
+    ACTION = "action"
+    FINAL_ANSWER = "final_answer"
+
+
+class MemoryKind(models.TextChoices):
+    FACT = "fact"
+    PREFERENCE = "preference"
+    TASK = "task"
+    TOOL = "tool"
+
+
+def choices_check(
+    field: str, choices: type[models.TextChoices], name: str
+) -> models.CheckConstraint:
+    return models.CheckConstraint(condition=Q(**{f"{field}__in": choices.values}), name=name)
