@@ -6,6 +6,7 @@ the same plan in words."""
 
 from __future__ import annotations
 
+import ast
 import sys
 from pathlib import Path
 
@@ -71,6 +72,27 @@ def _cycles(graph) -> list[list[str]]:
 def test_no_two_modules_import_each_other_even_through_others():
     graph = grimp.build_graph(*PACKAGES, cache_dir=None)
     assert _cycles(graph) == []
+
+
+def test_modules_stay_under_the_size_a_reader_takes_in():
+    sizes = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in _sources()}
+    assert {name: n for name, n in sizes.items() if n > MODULE_MAX_LINES} == {}
+
+
+def test_long_functions_say_why_they_stay_whole():
+    """A function over the limit carries a comment right above its `def` saying why."""
+    unexplained = []
+    for path in _sources():
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            if node.end_lineno - node.lineno + 1 <= FUNCTION_MAX_LINES:
+                continue
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            if not lines[first - 2].lstrip().startswith("#"):
+                unexplained.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert unexplained == []
 
 
 def test_docs_architecture_names_every_room():

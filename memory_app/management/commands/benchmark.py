@@ -64,6 +64,7 @@ class Command(BaseCommand):
     # System checks would open the site's database before the switch; nothing here needs them.
     requires_system_checks: list = []
 
+    # One option after another, in the order --help lists them: split up, they are harder to find.
     def add_arguments(self, parser):
         d = Sizes()
         parser.add_argument(
