@@ -215,6 +215,8 @@ if HTTPS:
     SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 
 # --- Agent memory ---------------------------------------------------------------------------
+# How long `serve` keeps an idle client connection open (gunicorn's and uvicorn's keep-alive).
+AGENTMEMORY_KEEPALIVE_SECONDS = int(os.environ.get("AGENTMEMORY_KEEPALIVE_SECONDS", "75"))
 AGENTMEMORY_TOKENIZER = os.environ.get("AGENTMEMORY_TOKENIZER", "cl100k_base")
 AGENTMEMORY_EMBEDDING_PROVIDER = os.environ.get("AGENTMEMORY_EMBEDDING_PROVIDER", "none")
 AGENTMEMORY_EMBEDDING_MODEL = os.environ.get("AGENTMEMORY_EMBEDDING_MODEL", "")

@@ -86,6 +86,27 @@ def _postgres_running(data_dir: Path) -> bool:
 
 
 @pytest.mark.slow
+def _reuse_after_idle(port: int, *, idle: float) -> None:
+    """A pooled client's connection, idle longer than the server's old keep-alive (2 s), is
+    still open when the client reuses it (a closed one answers RemoteDisconnected)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/healthz")
+        first = conn.getresponse()
+        first.read()
+        sock = conn.sock
+        time.sleep(idle)  # the idle time itself is what is tested
+        conn.request("GET", "/healthz")
+        second = conn.getresponse()
+        second.read()
+        assert (first.status, second.status) == (200, 200)
+        assert conn.sock is sock
+    finally:
+        conn.close()
+
+
 def test_serve_starts_fast_stops_cleanly_and_keeps_data(tmp_path):
     data_dir = tmp_path / "var"
     os.chmod(tmp_path, 0o755)
@@ -98,6 +119,7 @@ def test_serve_starts_fast_stops_cleanly_and_keeps_data(tmp_path):
     assert _status(f"http://127.0.0.1:{port}/healthz") == 200
     # The MCP server is served with the site (ASGI): it asks for a key.
     assert _status(f"http://127.0.0.1:{port}/mcp") == 401
+    _reuse_after_idle(port, idle=3.0)
     first_output = _stop(proc)
     assert "gunicorn" in first_output.lower()
     password = re.search(r"operator login: operator / (\S+)", first_output)

@@ -146,6 +146,11 @@ class Command(BaseCommand):
             "10",
             "--timeout",
             "60",
+            # Above the idle timeouts of pooled HTTP clients (httpx keeps a connection 5 s, most
+            # others longer, load balancers often 60 s): a connection the client reuses must not
+            # have been closed under it by the server a moment before.
+            "--keep-alive",
+            str(settings.AGENTMEMORY_KEEPALIVE_SECONDS),
         ]
         proc = subprocess.Popen(cmd)
         try:
