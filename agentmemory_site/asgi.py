@@ -3,7 +3,8 @@ SDK's Streamable HTTP transport, memory_app/mcp_server.py), everything else is D
 
 Django does not speak the ASGI lifespan protocol; the MCP app does (it starts its session
 manager), so lifespan events go to it. Hosts are checked against ALLOWED_HOSTS for `/mcp` as
-Django checks them for its own paths.
+Django checks them for its own paths, and `/mcp` answers carry the security headers Django's
+middleware gives every other answer.
 """
 
 import os
@@ -26,6 +27,7 @@ from django.conf import settings  # noqa: E402
 from django.http.request import split_domain_port, validate_host  # noqa: E402
 
 from memory_app import mcp_server  # noqa: E402
+from memory_app.middleware import CONTENT_SECURITY_POLICY  # noqa: E402
 
 mcp_app = mcp_server.asgi_app()
 
@@ -54,12 +56,43 @@ def _host_allowed(scope) -> bool:
     return bool(domain) and validate_host(domain, allowed)
 
 
+def _security_headers() -> list[tuple[bytes, bytes]]:
+    """What SecurityMiddleware, XFrameOptionsMiddleware and the CSP middleware add to Django's
+    answers, for JSON answers: no sniffing into HTML, no framing, no referrer outside the site,
+    and a policy under which nothing loads if a browser opens one. HSTS is the reverse proxy's
+    or Django's on HTTPS pages; Cross-Origin-Opener-Policy concerns documents only."""
+    headers = {"X-Frame-Options": settings.X_FRAME_OPTIONS}
+    if settings.SECURE_CONTENT_TYPE_NOSNIFF:
+        headers["X-Content-Type-Options"] = "nosniff"
+    if settings.SECURE_REFERRER_POLICY:
+        headers["Referrer-Policy"] = settings.SECURE_REFERRER_POLICY
+    headers["Content-Security-Policy"] = getattr(
+        settings, "CONTENT_SECURITY_POLICY", CONTENT_SECURITY_POLICY
+    )
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+SECURITY_HEADERS = _security_headers()
+
+
+def _with_security_headers(send):
+    async def send_with_headers(message):
+        if message["type"] == "http.response.start":
+            present = {k.lower() for k, _ in message.get("headers", [])}
+            extra = [(k, v) for k, v in SECURITY_HEADERS if k not in present]
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+
+    return send_with_headers
+
+
 async def application(scope, receive, send):
     if scope["type"] == "lifespan":
         await mcp_app(scope, receive, send)
     elif scope["type"] == "http" and (
         scope["path"] == mcp_server.PATH or scope["path"].startswith(mcp_server.PATH + "/")
     ):
+        send = _with_security_headers(send)
         if not _host_allowed(scope):
             await _bad_host(send)
             return

@@ -16,7 +16,9 @@ session to find), and there is nothing to stream.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -34,13 +36,14 @@ from mcp.server.fastmcp import Context as ToolContext
 from mcp.server.fastmcp import FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
 from mcp.server.fastmcp.server import StreamableHTTPASGIApp
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.transport_security import RequestBodyLimitMiddleware, TransportSecuritySettings
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic_core import to_jsonable_python
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from memory_app import auth, errors
 from memory_app.models import ApiKey
@@ -494,6 +497,100 @@ async def read_run(
     )
 
 
+# --- request bodies: RFC 8259 JSON only ---------------------------------------------------------
+
+# Deeper than any tool's arguments nest, and far below where Python's parsers run out of stack
+# (10,000 levels end in RecursionError, which the SDK answers with a 500 and a broken stream).
+MAX_DEPTH = 200
+PARSE_ERROR = -32700
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether `value` nests more than `limit` arrays/objects (walked without recursion)."""
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        item, depth = stack.pop()
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, dict | list):
+                if depth == limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def body_problem(body: bytes) -> str | None:
+    """Why a request body is not JSON the tools can take, or None.
+
+    The SDK parses with `json.loads`, which turns NaN, Infinity and 1e400 into floats that end
+    as null (or break a write), and answers invalid UTF-8 and deep nesting with a 500.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return "the body is not UTF-8"
+    try:
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        return f"nested deeper than {MAX_DEPTH} levels"
+    except ValueError as exc:  # json.JSONDecodeError too
+        return str(exc)
+    # Only a body with that many brackets (in strings or not) can nest that deep: one count in C.
+    if body.count(b"[") + body.count(b"{") > MAX_DEPTH and _depth_over(value, MAX_DEPTH):
+        return f"nested deeper than {MAX_DEPTH} levels"
+    return None
+
+
+class StrictJsonBody:
+    """Answers a POST whose body is not RFC 8259 JSON with a JSON-RPC parse error (400) before
+    the SDK reads it; other bodies go on unchanged. Sits behind the SDK's body limit, so the
+    whole body is already in memory and arrives as one message."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        chunks, messages = [], []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        problem = body_problem(b"".join(chunks))
+        if problem is not None:
+            await _parse_error(send, problem)
+            return
+
+        async def replay():
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _parse_error(send: Send, problem: str) -> None:
+    error = {"code": PARSE_ERROR, "message": f"Parse error: {problem}"}
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": 400, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 # --- the ASGI app -------------------------------------------------------------------------------
 
 
@@ -503,7 +600,9 @@ def asgi_app() -> Starlette:
     Built as the SDK's `streamable_http_app()` builds it with a token verifier, minus the OAuth
     metadata routes (operators issue keys; there is no authorization server to point to): the
     SDK's Bearer middleware over our key verifier answers 401 with `WWW-Authenticate` before the
-    MCP transport sees a request. Build it once per process: a session manager runs only once.
+    MCP transport sees a request; then a body over the limit is a 413 and one that is not JSON a
+    parse error, before the SDK parses it. Build it once per process: a session manager runs only
+    once.
     """
     server.streamable_http_app()  # creates server.session_manager
     manager = server.session_manager
@@ -511,7 +610,13 @@ def asgi_app() -> Starlette:
         routes=[
             Route(
                 PATH,
-                endpoint=RequireAuthMiddleware(StreamableHTTPASGIApp(manager), required_scopes=[]),
+                endpoint=RequireAuthMiddleware(
+                    RequestBodyLimitMiddleware(
+                        StrictJsonBody(StreamableHTTPASGIApp(manager)),
+                        settings.MAX_REQUEST_BODY_BYTES,
+                    ),
+                    required_scopes=[],
+                ),
             )
         ],
         middleware=[

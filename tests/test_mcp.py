@@ -380,3 +380,72 @@ def test_a_host_outside_allowed_hosts_is_refused(asgi_live_server):
         asgi_live_server.url + "/mcp", json={}, headers={"Host": "evil.example"}, timeout=60
     )
     assert response.status_code == 400
+
+
+# --- malformed bodies and response headers ------------------------------------------------------
+
+
+def _raw_post(server, body: bytes, secret: str | None = None) -> httpx.Response:
+    headers = {
+        "Authorization": f"Bearer {secret or _secret()}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+    return httpx.post(server.url + "/mcp", content=body, headers=headers, timeout=60)
+
+
+def _append_call(context_id: int, arguments: str) -> bytes:
+    return (
+        b'{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": '
+        b'{"name": "append_message", "arguments": ' + (arguments % context_id).encode() + b"}}"
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "x": "\xff\xfe"}',
+        b"[" * 10_000 + b"]" * 10_000,
+        b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": '
+        + b'{"a": ' * 10_000
+        + b"1"
+        + b"}" * 10_001,
+    ],
+    ids=["invalid-utf8", "deep-array", "deep-object"],
+)
+def test_a_body_that_is_not_json_is_a_parse_error(asgi_live_server, body):
+    response = _raw_post(asgi_live_server, body)
+    assert response.status_code == 400
+    answer = response.json()
+    assert answer["jsonrpc"] == "2.0" and answer["id"] is None
+    assert answer["error"]["code"] == -32700  # JSON-RPC "Parse error"
+    # The server still answers afterwards (the transport was not broken by the bad body).
+    listed = _raw_post(asgi_live_server, b'{"jsonrpc": "2.0", "id": 2, "method": "tools/list"}')
+    assert listed.status_code == 200 and listed.json()["result"]["tools"]
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400", "-1e400"])
+def test_numbers_json_cannot_hold_are_refused_not_made_null(asgi_live_server, number):
+    context = make_context()
+    arguments = (
+        '{"context_id": %d, "role": "user", "text": "hi", "metadata": {"x": ' + number + "}}"
+    )
+    finite = _raw_post(asgi_live_server, _append_call(context.pk, arguments.replace(number, "1.5")))
+    assert finite.status_code == 200 and not finite.json()["result"]["isError"]  # the same call
+    Message.objects.filter(context=context).delete()
+    response = _raw_post(asgi_live_server, _append_call(context.pk, arguments))
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == -32700
+    assert not Message.objects.filter(context=context).exists()
+
+
+def test_mcp_responses_carry_the_site_security_headers(asgi_live_server, client):
+    page = client.get("/healthz")
+    listed = _raw_post(asgi_live_server, b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}')
+    refused = httpx.post(asgi_live_server.url + "/mcp", json={}, timeout=60)  # 401, no key
+    bad = _raw_post(asgi_live_server, b"{")
+    assert (listed.status_code, refused.status_code, bad.status_code) == (200, 401, 400)
+    for response in (listed, refused, bad):
+        for header in ("X-Content-Type-Options", "Referrer-Policy", "X-Frame-Options"):
+            assert response.headers[header] == page.headers[header], header
+        assert "frame-ancestors 'none'" in response.headers["Content-Security-Policy"]
