@@ -276,6 +276,15 @@ def test_admin_creates_a_key_sees_the_secret_once_and_revokes_it(world):
     )
 
 
+@pytest.mark.parametrize("htmx", [False, True])
+def test_the_answer_showing_a_new_secret_is_never_stored_by_a_cache(world, htmx):
+    admin = client_for("admin")
+    headers = {"HX-Request": "true", "HX-Target": "keys-panel"} if htmx else {}
+    response = admin.post(reverse("keys"), {"name": "bot", "scopes": ["read"]}, headers=headers)
+    assert "am_" in response.content.decode()
+    assert "no-store" in response.headers["Cache-Control"]
+
+
 def test_admin_purge_needs_the_typed_confirmation(world):
     admin = client_for("admin")
     ctx = world["context"]

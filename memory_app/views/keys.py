@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.shortcuts import get_object_or_404, redirect
+from django.utils.cache import patch_cache_control
 from django.views.decorators.http import require_http_methods, require_POST
 
 from memory_app.audit import Actor
@@ -41,8 +42,11 @@ def keys(request):
     if form.errors:
         # Back in its panel with the reason, and with what was typed.
         return page(request, KEYS, _page(form=form), status=400)
-    # The secret goes into this one response only (never into a redirect URL or the session).
-    return page(request, KEYS, _page(issued=issued))
+    # The secret goes into this one response only (never into a redirect URL or the session),
+    # and no cache (the browser's back/forward or disk cache, a proxy) keeps a copy of it.
+    response = page(request, KEYS, _page(issued=issued))
+    patch_cache_control(response, no_store=True)
+    return response
 
 
 @require("keys")
