@@ -1,13 +1,24 @@
 """Django admin for every model: power users' view of the raw store.
 
 Pruned items stay visible (filter "pruned") and can be pruned/restored with audited actions.
+Every create, edit and delete made here leaves an audit event, as the dashboard's changes do.
+Deleting what agents wrote (contexts, messages, runs, steps, tool calls, memories, trace spans)
+is a purge: irreversible, so Django admin's own delete pages (one object, or "Delete selected")
+ask for the dashboard's typed purge phrase, and messages and steps go through the purge of the
+write path (counters kept, the text of their edit events erased). Admin users keep the delete
+button they know; what changes is the one field on the page that already asks "are you sure?".
 """
 
+import json
 from collections import defaultdict
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.actions import delete_selected
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
 
-from memory_app.audit import Actor
+from memory_app.audit import Actor, audit_record
 from memory_app.models import (
     ApiKey,
     AuditEvent,
@@ -78,8 +89,212 @@ def restore_selected(modeladmin, request, queryset):
     _set_pruned(modeladmin, request, queryset, prune=False)
 
 
+# --- audit of every change, typed confirmation of every purge -----------------------------------
+
+# The dashboard's purge phrase (services.curation.PURGE_CONFIRMATION, tests/test_admin.py holds
+# them equal), copied so that loading the admin at startup does not load the write path.
+PURGE_PHRASE = "purge pruned items"
+
+
+def _attnames(model, names) -> list[str]:
+    return [f.attname for f in model._meta.concrete_fields if f.name in set(names)]
+
+
+def _values(model, pk, attnames: list[str]) -> dict | None:
+    if not attnames:
+        return None
+    row = model._default_manager.filter(pk=pk).values(*attnames).first()
+    # As JSON stores them: datetimes as ISO text, decimals and UUIDs as strings.
+    return json.loads(json.dumps(row, cls=DjangoJSONEncoder)) if row is not None else None
+
+
+def _context_id(obj) -> int | None:
+    if isinstance(obj, Context):
+        return obj.pk
+    if isinstance(obj, Step):
+        return Run.objects.filter(pk=obj.run_id).values_list("context_id", flat=True).first()
+    return getattr(obj, "context_id", None)
+
+
+def _audit(request, action, model, ids, *, context_id=None, before=None, after=None):
+    audit_record(
+        actor=Actor.for_user(request.user),
+        action=action,
+        target_type=model._meta.model_name,
+        target_ids=list(ids),
+        context_id=context_id,
+        before=before,
+        after=after,
+        note="via admin",
+    )
+
+
+class AuditedAdmin(admin.ModelAdmin):
+    """Creates, edits (before/after of the changed fields) and deletes leave audit events."""
+
+    delete_action = "delete"
+
+    def save_model(self, request, obj, form, change):
+        fields = _attnames(type(obj), form.changed_data)
+        before = _values(type(obj), obj.pk, fields) if change else None
+        super().save_model(request, obj, form, change)
+        if change and not fields:
+            return  # saved unchanged: nothing to record
+        after = _values(type(obj), obj.pk, fields)
+        action = "edit" if change else "create"
+        _audit(
+            request,
+            action,
+            type(obj),
+            [obj.pk],
+            context_id=_context_id(obj),
+            **{
+                "before": before,
+                "after": after,
+            },
+        )
+
+    def save_formset(self, request, form, formset, change):
+        model = formset.model
+        deleted = [f.instance.pk for f in formset.deleted_forms if f.instance.pk]
+        edited = {
+            f.instance.pk: _attnames(model, f.changed_data)
+            for f in formset.initial_forms
+            if f.instance.pk and f.has_changed() and f.instance.pk not in deleted
+        }
+        before = {pk: _values(model, pk, fields) for pk, fields in edited.items()}
+        super().save_formset(request, form, formset, change)
+        context_id = _context_id(form.instance)
+        for obj in formset.new_objects:
+            _audit(request, "create", model, [obj.pk], context_id=context_id)
+        for pk, fields in edited.items():
+            if fields:
+                after = _values(model, pk, fields)
+                _audit(
+                    request,
+                    "edit",
+                    model,
+                    [pk],
+                    context_id=context_id,
+                    before=before[pk],
+                    after=after,
+                )
+        if deleted:
+            _audit(request, self.delete_action, model, deleted, context_id=context_id)
+
+    def delete_model(self, request, obj):
+        # A deleted context's events keep its id in target_ids (the column points at live rows).
+        pk, context_id = obj.pk, None if isinstance(obj, Context) else _context_id(obj)
+        self.delete_ids(request, [pk])
+        _audit(request, self.delete_action, type(obj), [pk], context_id=context_id)
+
+    def delete_queryset(self, request, queryset):
+        ids = list(queryset.values_list("pk", flat=True))
+        self.delete_ids(request, ids)
+        _audit(request, self.delete_action, queryset.model, ids)
+
+    def delete_ids(self, request, ids):
+        self.model._default_manager.filter(pk__in=ids).delete()
+
+
+def _typed(request) -> bool:
+    return request.POST.get("confirmation", "").strip() == PURGE_PHRASE
+
+
+def _refused(modeladmin, request):
+    modeladmin.message_user(
+        request, f"Type {PURGE_PHRASE!r} to confirm: nothing was deleted.", messages.ERROR
+    )
+
+
+@admin.action(permissions=["delete"], description="Delete selected %(verbose_name_plural)s")
+def purge_selected(modeladmin, request, queryset):
+    """Django's "Delete selected" whose confirmation page asks for the purge phrase."""
+    if request.POST.get("post") and not _typed(request):
+        _refused(modeladmin, request)
+        request.POST = request.POST.copy()
+        del request.POST["post"]  # shows the confirmation page again
+    response = delete_selected(modeladmin, request, queryset)
+    if isinstance(response, TemplateResponse):
+        response.context_data["purge_phrase"] = PURGE_PHRASE
+    return response
+
+
+class PurgeAdmin(AuditedAdmin):
+    """Deleting agent content is a purge: the typed phrase on both of Django's delete pages."""
+
+    delete_action = "purge"
+    delete_confirmation_template = "admin/memory_app/purge_delete_confirmation.html"
+    delete_selected_confirmation_template = (
+        "admin/memory_app/purge_delete_selected_confirmation.html"
+    )
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        if "delete_selected" in actions:
+            actions["delete_selected"] = (
+                purge_selected,
+                "delete_selected",
+                purge_selected.short_description,
+            )
+        return actions
+
+    def delete_view(self, request, object_id, extra_context=None):
+        if request.method == "POST" and not _typed(request):
+            _refused(self, request)
+            return HttpResponseRedirect(request.get_full_path())
+        extra = {"purge_phrase": PURGE_PHRASE, **(extra_context or {})}
+        return super().delete_view(request, object_id, extra)
+
+    def delete_model(self, request, obj):
+        if self.model in (Message, Step):
+            self.delete_ids(request, [obj.pk])  # the write path's purge audits it
+        else:
+            super().delete_model(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        if self.model in (Message, Step):
+            self.delete_ids(request, list(queryset.values_list("pk", flat=True)))
+        else:
+            super().delete_queryset(request, queryset)
+
+    def delete_ids(self, request, ids):
+        from memory_app.services import curation  # the write path, loaded when used
+
+        # Messages and steps (and those a context or run takes with it) go through the write
+        # path's purge: counters kept, their edit events' text erased, one event per context.
+        if self.model is Context:
+            message_ids = list(
+                Message.objects.filter(context_id__in=ids).values_list("pk", flat=True)
+            )
+            step_ids = list(
+                Step.objects.filter(run__context_id__in=ids).values_list("pk", flat=True)
+            )
+        elif self.model is Run:
+            message_ids, step_ids = (
+                [],
+                list(Step.objects.filter(run_id__in=ids).values_list("pk", flat=True)),
+            )
+        elif self.model is Message:
+            message_ids, step_ids = ids, []
+        elif self.model is Step:
+            message_ids, step_ids = [], ids
+        else:
+            message_ids, step_ids = [], []
+        if message_ids or step_ids:
+            curation.selected_purge(
+                message_ids=message_ids,
+                step_ids=step_ids,
+                confirmation=request.POST.get("confirmation", ""),
+                actor=Actor.for_user(request.user),
+                note="via admin",
+            )
+        if self.model not in (Message, Step):
+            super().delete_ids(request, ids)
+
+
 @admin.register(Context)
-class ContextAdmin(admin.ModelAdmin):
+class ContextAdmin(PurgeAdmin):
     list_display = [
         "id",
         "title",
@@ -107,7 +322,7 @@ class ContextAdmin(admin.ModelAdmin):
 
 
 @admin.register(Message)
-class MessageAdmin(admin.ModelAdmin):
+class MessageAdmin(PurgeAdmin):
     list_display = [
         "id",
         "context_id",
@@ -145,11 +360,13 @@ class MessageAdmin(admin.ModelAdmin):
 class ToolCallInline(admin.TabularInline):
     model = ToolCall
     extra = 0
+    # Deleting a tool call is a purge: its own delete page asks for the typed phrase.
+    can_delete = False
     fields = ["position", "call_id", "name", "arguments", "output", "success", "duration"]
 
 
 @admin.register(Step)
-class StepAdmin(admin.ModelAdmin):
+class StepAdmin(PurgeAdmin):
     list_display = [
         "id",
         "run_id",
@@ -187,7 +404,7 @@ class StepInline(admin.TabularInline):
 
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(PurgeAdmin):
     list_display = [
         "id",
         "context_id",
@@ -206,7 +423,7 @@ class RunAdmin(admin.ModelAdmin):
 
 
 @admin.register(ToolCall)
-class ToolCallAdmin(admin.ModelAdmin):
+class ToolCallAdmin(PurgeAdmin):
     list_display = ["id", "step_id", "position", "call_id", "name", "success", "duration"]
     list_filter = ["name", "success"]
     search_fields = ["call_id", "name", "output"]
@@ -214,7 +431,7 @@ class ToolCallAdmin(admin.ModelAdmin):
 
 
 @admin.register(MemoryRecord)
-class MemoryRecordAdmin(admin.ModelAdmin):
+class MemoryRecordAdmin(PurgeAdmin):
     list_display = [
         "id",
         "kind",
@@ -236,7 +453,7 @@ class MemoryRecordAdmin(admin.ModelAdmin):
 
 
 @admin.register(Embedding)
-class EmbeddingAdmin(admin.ModelAdmin):
+class EmbeddingAdmin(AuditedAdmin):
     list_display = ["id", "model", "dimensions", "message_id", "memory_record_id", "indexed"]
     list_filter = ["model", "indexed"]
     raw_id_fields = ["message", "memory_record", "context"]
@@ -245,7 +462,7 @@ class EmbeddingAdmin(admin.ModelAdmin):
 
 
 @admin.register(EmbeddingRetry)
-class EmbeddingRetryAdmin(admin.ModelAdmin):
+class EmbeddingRetryAdmin(AuditedAdmin):
     """Items whose provider call failed: the operator's view of a failing embedding provider."""
 
     list_display = ["embedding_id", "attempts", "next_attempt_at", "last_error"]
@@ -254,7 +471,7 @@ class EmbeddingRetryAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(AuditedAdmin):
     list_display = [
         "id",
         "name",
@@ -272,11 +489,14 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
+class AuditEventAdmin(AuditedAdmin):
     list_display = ["id", "at", "actor", "action", "target_type", "target_ids", "context_id"]
     list_filter = ["action", "target_type"]
     search_fields = ["actor", "note"]
     raw_id_fields = ["context", "user", "api_key", "undone_by"]
+
+    def has_add_permission(self, request):
+        return False  # the audit trail is written by the changes it records
 
     def has_change_permission(self, request, obj=None):
         return False  # the audit trail is append-only
@@ -286,7 +506,7 @@ class AuditEventAdmin(admin.ModelAdmin):
 
 
 @admin.register(TraceSpan)
-class TraceSpanAdmin(admin.ModelAdmin):
+class TraceSpanAdmin(PurgeAdmin):
     list_display = [
         "id",
         "trace_id",

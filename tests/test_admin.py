@@ -5,7 +5,7 @@ from django.apps import apps
 from django.contrib import admin
 from django.urls import reverse
 
-from memory_app.models import AuditEvent, Message, MessageSearch, Step
+from memory_app.models import AuditEvent, Message, MessageSearch, Step, ToolCall
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.curation import messages_set_pruned
 from memory_app.services.messages import messages_append
@@ -98,3 +98,124 @@ def test_steps_can_be_pruned_from_the_admin(superuser_client, history):
     assert Step.objects.get(pk=steps[1].pk).pruned_at is not None
     assert Step.objects.get(pk=steps[0].pk).pruned_at is None
     assert Message.objects.filter(pruned_at__isnull=False).count() == 0
+
+
+# --- audited like the dashboard, purge with the typed phrase -------------------------------------
+
+
+def _change_form_data(client, url) -> dict:
+    """What the admin's change page would post back unchanged."""
+    form = client.get(url).context["adminform"].form
+    data = {}
+    for name, field in form.fields.items():
+        value = form[name].value()
+        if hasattr(field.widget, "widgets"):  # split date and time
+            parts = field.widget.decompress(value)
+            for i, part in enumerate(parts):
+                data[f"{name}_{i}"] = "" if part is None else str(part)
+        elif value is not None:
+            data[name] = value
+    return data
+
+
+@pytest.mark.django_db
+def test_an_edit_in_the_admin_is_audited_with_before_and_after(superuser_client, history):
+    context = history[0]
+    url = reverse("admin:memory_app_context_change", args=[context.pk])
+    data = _change_form_data(superuser_client, url)
+    data["title"] = "renamed"
+    response = superuser_client.post(url, data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    event = AuditEvent.objects.get(action="edit", target_type="context")
+    assert event.actor == "user:root" and event.target_ids == [context.pk]
+    assert event.before["title"] == "" and event.after["title"] == "renamed"
+    assert event.context_id == context.pk
+
+
+@pytest.mark.django_db
+def test_a_create_and_a_delete_in_the_admin_are_audited(superuser_client, history):
+    from memory_app.models import ApiKey
+
+    key = ApiKey.objects.create(name="k", prefix="abcdefabcdef", secret_hash="x" * 64)
+    add = reverse("admin:memory_app_toolcall_add")
+    data = _change_form_data(superuser_client, add)
+    step = Step.objects.first()
+    data.update({"step": step.pk, "position": 9, "name": "lookup", "arguments": "{}"})
+    assert superuser_client.post(add, data).status_code == 302
+    made = ToolCall.objects.get(step=step, position=9)
+    event = AuditEvent.objects.get(action="create", target_type="toolcall")
+    assert event.target_ids == [made.pk] and event.after["name"] == "lookup"
+
+    delete = reverse("admin:memory_app_apikey_delete", args=[key.pk])
+    assert superuser_client.post(delete, {"post": "yes"}).status_code == 302
+    event = AuditEvent.objects.get(action="delete", target_type="apikey")
+    assert event.target_ids == [key.pk] and event.actor == "user:root"
+
+
+@pytest.mark.django_db
+def test_the_admin_phrase_is_the_dashboard_purge_phrase():
+    from memory_app import admin as memory_admin
+    from memory_app.services.curation import PURGE_CONFIRMATION
+
+    assert memory_admin.PURGE_PHRASE == PURGE_CONFIRMATION
+
+
+@pytest.mark.django_db
+def test_deleting_a_message_in_the_admin_needs_the_typed_phrase(superuser_client, history):
+    context, messages, _, _ = history
+    gone = messages[1]
+    url = reverse("admin:memory_app_message_delete", args=[gone.pk])
+    page = superuser_client.get(url).content.decode()
+    assert 'name="confirmation"' in page and "purge pruned items" in page
+    refused = superuser_client.post(url, {"post": "yes"}, follow=True)
+    assert "nothing was deleted" in refused.content.decode()
+    refused = superuser_client.post(url, {"post": "yes", "confirmation": "yes"})
+    assert Message.objects.filter(pk=gone.pk).exists()
+    done = superuser_client.post(url, {"post": "yes", "confirmation": "purge pruned items"})
+    assert done.status_code == 302
+    assert not Message.objects.filter(pk=gone.pk).exists()
+    context.refresh_from_db()
+    assert context.message_count == 1  # the write path's purge keeps the counters
+    event = AuditEvent.objects.get(action="purge", target_type="message")
+    assert event.target_ids == [gone.pk] and event.actor == "user:root"
+
+
+@pytest.mark.django_db
+def test_delete_selected_in_the_admin_needs_the_typed_phrase(superuser_client, history):
+    _, _, run, steps = history
+    url = reverse("admin:memory_app_step_changelist")
+    chosen = {"action": "delete_selected", "_selected_action": [s.pk for s in steps]}
+    page = superuser_client.post(url, chosen).content.decode()
+    assert 'name="confirmation"' in page and "purge pruned items" in page
+    refused = superuser_client.post(url, {**chosen, "post": "yes", "confirmation": "nope"})
+    assert refused.status_code == 200 and "nothing was deleted" in refused.content.decode()
+    assert Step.objects.filter(run=run).count() == 2
+    superuser_client.post(url, {**chosen, "post": "yes", "confirmation": "purge pruned items"})
+    assert not Step.objects.filter(run=run).exists()
+    run.refresh_from_db()
+    assert run.step_count == 0
+    event = AuditEvent.objects.get(action="purge", target_type="step")
+    assert sorted(event.target_ids) == sorted(s.pk for s in steps)
+
+
+@pytest.mark.django_db
+def test_deleting_a_memory_or_a_context_in_the_admin_needs_the_typed_phrase(
+    superuser_client, history, system_actor
+):
+    from memory_app.memories import Scope
+    from memory_app.models import Context, MemoryRecord
+    from memory_app.services.memories import memories_record
+
+    context = history[0]
+    items = [{"content": "ada likes tea"}]
+    record = memories_record(scope=Scope(context=context), items=items, actor=system_actor)[0]
+    record = MemoryRecord.objects.get(pk=getattr(record, "record", record).pk)
+    for obj, name in ((record, "memoryrecord"), (context, "context")):
+        url = reverse(f"admin:memory_app_{name}_delete", args=[obj.pk])
+        superuser_client.post(url, {"post": "yes"})
+        assert type(obj).objects.filter(pk=obj.pk).exists()
+        superuser_client.post(url, {"post": "yes", "confirmation": "purge pruned items"})
+        assert not type(obj).objects.filter(pk=obj.pk).exists()
+        assert AuditEvent.objects.filter(action="purge", target_type=name).exists()
+    assert not Message.objects.exists() and not MemoryRecord.objects.exists()
+    assert not Context.objects.exists()

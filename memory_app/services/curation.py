@@ -314,57 +314,86 @@ def pruned_purge(
         raise Invalid(f"type {PURGE_CONFIRMATION!r} to confirm the purge")
     if timezone.is_naive(older_than):
         raise Invalid("the purge date must carry a time zone")
-    events: list[AuditEvent] = []
     with transaction.atomic():
         messages, steps = _purgeable(older_than, context)
-        lock_contexts(messages.values_list("context_id", flat=True).distinct())
-        rows = list(messages.select_for_update().values_list("pk", "context_id", "token_count"))
-        step_rows = list(steps.select_for_update().values_list("pk", "run_id", "run__context_id"))
         when = {"older_than": older_than.isoformat()}
-        if rows:
-            ids = [pk for pk, _, _ in rows]
-            per_context: dict[int, list[int]] = {}
-            for _pk, context_id, count in rows:
-                agg = per_context.setdefault(context_id, [0, 0])
-                agg[0] += 1
-                agg[1] += count
-            Message.objects.filter(pk__in=ids).delete()
-            for context_id, (n, tokens) in per_context.items():
-                Context.objects.filter(pk=context_id).update(
-                    message_count=F("message_count") - n, token_count=F("token_count") - tokens
+        return _purge(messages, steps, actor=actor, after=when, what="pruned ")
+
+
+def selected_purge(
+    *, message_ids=(), step_ids=(), confirmation: str, actor: Actor, note: str = ""
+) -> list[AuditEvent]:
+    """Delete for good these messages and steps, pruned or not (Django admin's delete).
+
+    The same typed confirmation as `pruned_purge`, the same counters kept and edits scrubbed.
+    """
+    if (confirmation or "").strip() != PURGE_CONFIRMATION:
+        raise Invalid(f"type {PURGE_CONFIRMATION!r} to confirm the purge")
+    with transaction.atomic():
+        return _purge(
+            Message.objects.filter(pk__in=list(message_ids)),
+            Step.objects.filter(pk__in=list(step_ids)),
+            actor=actor,
+            after={"selected": True},
+            what="",
+            note=note,
+        )
+
+
+def _purge(
+    messages: QuerySet, steps: QuerySet, *, actor: Actor, after: dict, what: str, note: str = ""
+) -> list[AuditEvent]:
+    """Delete these messages and steps (in the caller's transaction), keep the counters of their
+    contexts and runs, scrub the text from their edit events, audit one purge per context/run."""
+    events: list[AuditEvent] = []
+    lock_contexts(messages.values_list("context_id", flat=True).distinct())
+    rows = list(messages.select_for_update().values_list("pk", "context_id", "token_count"))
+    step_rows = list(steps.select_for_update().values_list("pk", "run_id", "run__context_id"))
+    why = f" ({note})" if note else ""
+    if rows:
+        ids = [pk for pk, _, _ in rows]
+        per_context: dict[int, list[int]] = {}
+        for _pk, context_id, count in rows:
+            agg = per_context.setdefault(context_id, [0, 0])
+            agg[0] += 1
+            agg[1] += count
+        Message.objects.filter(pk__in=ids).delete()
+        for context_id, (n, tokens) in per_context.items():
+            Context.objects.filter(pk=context_id).update(
+                message_count=F("message_count") - n, token_count=F("token_count") - tokens
+            )
+        _scrub_edits(target_type="message", ids=ids)
+        for context_id in per_context:
+            ctx_ids = [pk for pk, c, _ in rows if c == context_id]
+            events.append(
+                audit_record(
+                    actor=actor,
+                    action="purge",
+                    target_type="message",
+                    target_ids=ctx_ids,
+                    context_id=context_id,
+                    after={**after, "count": len(ctx_ids)},
+                    note=f"purged {len(ctx_ids)} {what}messages{why}",
                 )
-            _scrub_edits(target_type="message", ids=ids)
-            for context_id in per_context:
-                ctx_ids = [pk for pk, c, _ in rows if c == context_id]
-                events.append(
-                    audit_record(
-                        actor=actor,
-                        action="purge",
-                        target_type="message",
-                        target_ids=ctx_ids,
-                        context_id=context_id,
-                        after={**when, "count": len(ctx_ids)},
-                        note=f"purged {len(ctx_ids)} pruned messages",
-                    )
+            )
+    if step_rows:
+        per_run: dict[tuple[int, int], list[int]] = {}
+        for pk, run_id, context_id in step_rows:
+            per_run.setdefault((run_id, context_id), []).append(pk)
+        Step.objects.filter(pk__in=[r[0] for r in step_rows]).delete()
+        for (run_id, context_id), ids in per_run.items():
+            Run.objects.filter(pk=run_id).update(step_count=F("step_count") - len(ids))
+            events.append(
+                audit_record(
+                    actor=actor,
+                    action="purge",
+                    target_type="step",
+                    target_ids=ids,
+                    context_id=context_id,
+                    after={**after, "count": len(ids), "run": run_id},
+                    note=f"purged {len(ids)} {what}steps of run {run_id}{why}",
                 )
-        if step_rows:
-            per_run: dict[tuple[int, int], list[int]] = {}
-            for pk, run_id, context_id in step_rows:
-                per_run.setdefault((run_id, context_id), []).append(pk)
-            Step.objects.filter(pk__in=[r[0] for r in step_rows]).delete()
-            for (run_id, context_id), ids in per_run.items():
-                Run.objects.filter(pk=run_id).update(step_count=F("step_count") - len(ids))
-                events.append(
-                    audit_record(
-                        actor=actor,
-                        action="purge",
-                        target_type="step",
-                        target_ids=ids,
-                        context_id=context_id,
-                        after={**when, "count": len(ids), "run": run_id},
-                        note=f"purged {len(ids)} pruned steps of run {run_id}",
-                    )
-                )
+            )
     return events
 
 
