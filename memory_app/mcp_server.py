@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -50,6 +49,7 @@ from memory_app.models import ApiKey
 from memory_app.queries.lists import runs_list, steps_list
 from memory_app.schemas.contexts import ContextOut
 from memory_app.schemas.fields import Id, JsonObject, Role, Short, Text
+from memory_app.schemas.json_values import depth_over, finite_float, reject_constant
 from memory_app.schemas.memories import (
     Keywords,
     Kind,
@@ -505,30 +505,6 @@ MAX_DEPTH = 200
 PARSE_ERROR = -32700
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text} is out of range")
-    return value
-
-
-def _depth_over(value: Any, limit: int) -> bool:
-    """Whether `value` nests more than `limit` arrays/objects (walked without recursion)."""
-    stack = [(value, 1)] if isinstance(value, dict | list) else []
-    while stack:
-        item, depth = stack.pop()
-        for child in item.values() if isinstance(item, dict) else item:
-            if isinstance(child, dict | list):
-                if depth == limit:
-                    return True
-                stack.append((child, depth + 1))
-    return False
-
-
 def body_problem(body: bytes) -> str | None:
     """Why a request body is not JSON the tools can take, or None.
 
@@ -540,13 +516,13 @@ def body_problem(body: bytes) -> str | None:
     except UnicodeDecodeError:
         return "the body is not UTF-8"
     try:
-        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        value = json.loads(text, parse_constant=reject_constant, parse_float=finite_float)
     except RecursionError:
         return f"nested deeper than {MAX_DEPTH} levels"
     except ValueError as exc:  # json.JSONDecodeError too
         return str(exc)
     # Only a body with that many brackets (in strings or not) can nest that deep: one count in C.
-    if body.count(b"[") + body.count(b"{") > MAX_DEPTH and _depth_over(value, MAX_DEPTH):
+    if body.count(b"[") + body.count(b"{") > MAX_DEPTH and depth_over(value, MAX_DEPTH):
         return f"nested deeper than {MAX_DEPTH} levels"
     return None
 
