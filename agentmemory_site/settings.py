@@ -171,6 +171,8 @@ AXES_COOLOFF_TIME = timedelta(
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# Its start-up banner would open every command's output.
+AXES_VERBOSE = False
 # Behind a reverse proxy the client's address is in X-Forwarded-For (see AGENTMEMORY_HTTPS).
 AXES_IPWARE_PROXY_COUNT = int(os.environ.get("AGENTMEMORY_PROXY_COUNT", "0")) or None
 LOGIN_URL = "login"
