@@ -45,11 +45,11 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from memory_app import auth, errors
+from memory_app.json_values import depth_over, finite_float, reject_constant
 from memory_app.models import ApiKey
 from memory_app.queries.lists import runs_list, steps_list
 from memory_app.schemas.contexts import ContextOut
 from memory_app.schemas.fields import Id, JsonObject, Role, Short, Text
-from memory_app.schemas.json_values import depth_over, finite_float, reject_constant
 from memory_app.schemas.memories import (
     Keywords,
     Kind,

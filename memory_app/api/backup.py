@@ -17,6 +17,7 @@ from memory_app.api.common import WRITE_ERRORS, json_loads, require_scope, respo
 from memory_app.audit import Actor
 from memory_app.backup.export import contexts_matching, export_lines
 from memory_app.backup.restore import import_records
+from memory_app.json_values import depth_over
 from memory_app.schemas.fields import Id, _check_json, _examples
 
 router = Router(tags=["backup"])
@@ -78,19 +79,6 @@ MAX_DEPTH = 500
 _ESCAPE_TO_CHECK = re.compile(rb"\\u(?:[dD][89a-fA-F]|0000)")
 
 
-def _depth_over(value: Any, limit: int) -> bool:
-    """Whether `value` nests more than `limit` arrays/objects (walked without recursion)."""
-    stack = [(value, 1)] if isinstance(value, dict | list) else []
-    while stack:
-        item, depth = stack.pop()
-        for child in item.values() if isinstance(item, dict) else item:
-            if isinstance(child, dict | list):
-                if depth == limit:
-                    return True
-                stack.append((child, depth + 1))
-    return False
-
-
 def _record(line: bytes, number: int) -> Any:
     """One backup line as Python values, or a 422 naming the line: not UTF-8, not RFC 8259 JSON
     (NaN, 1e400), nested deeper than MAX_DEPTH (10,000 levels exhaust Python's recursion limit
@@ -106,7 +94,7 @@ def _record(line: bytes, number: int) -> Any:
     except ValueError as exc:  # json.JSONDecodeError too
         raise HttpError(422, f"line {number} is not JSON: {getattr(exc, 'msg', exc)}") from None
     # Only a line with that many brackets (in strings or not) can nest that deep: one count in C.
-    if line.count(b"[") + line.count(b"{") > MAX_DEPTH and _depth_over(value, MAX_DEPTH):
+    if line.count(b"[") + line.count(b"{") > MAX_DEPTH and depth_over(value, MAX_DEPTH):
         raise too_deep
     if _ESCAPE_TO_CHECK.search(line):
         try:

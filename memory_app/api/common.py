@@ -7,7 +7,6 @@ contract for the routers other modules add (see `memory_app/api/__init__.py`).
 from __future__ import annotations
 
 import json
-import math
 import re
 from datetime import datetime
 from typing import Annotated, Any
@@ -22,6 +21,7 @@ from pydantic import ConfigDict
 
 from memory_app import auth as keys
 from memory_app.audit import Actor
+from memory_app.json_values import finite_float, reject_constant
 from memory_app.models import ApiKey, Context, Message, Run, Step
 from memory_app.schemas.fields import INT64_MAX
 
@@ -129,17 +129,6 @@ def _may_hold_long_integer(body: bytes) -> bool:
     return False
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text} is out of range")
-    return value
-
-
 def json_loads(body: bytes) -> Any:
     """A request body as Python values: RFC 8259 only (NaN, Infinity, 1e400 are refused)."""
     if not _may_hold_long_integer(body):
@@ -147,7 +136,7 @@ def json_loads(body: bytes) -> Any:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
             pass
-    return json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
+    return json.loads(body, parse_constant=reject_constant, parse_float=finite_float)
 
 
 _ENCODER = NinjaJSONEncoder(allow_nan=False)

@@ -40,6 +40,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
+from memory_app.json_values import reject_constant
+
 PROTOBUF = "application/x-protobuf"
 
 
@@ -88,7 +90,7 @@ def decode_request(body: bytes, *, content_type: str) -> list[dict[str, Any]]:
             ) from None
     elif content_type == JSON:
         try:
-            data = json.loads(body, parse_constant=_reject_constant)
+            data = json.loads(body, parse_constant=reject_constant)
         except (ValueError, RecursionError) as exc:
             raise TraceFormatError(f"body is not JSON: {exc}") from None
         if not isinstance(data, dict):
@@ -143,10 +145,6 @@ def encode_error(*, content_type: str, status: int, message: str) -> tuple[bytes
     if content_type == PROTOBUF:
         return error.SerializeToString(), PROTOBUF
     return json.dumps(json_format.MessageToDict(error)).encode(), JSON
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
 
 
 def _ids_hex_to_base64(data: dict) -> dict:
