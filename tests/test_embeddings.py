@@ -30,6 +30,7 @@ from memory_app.search.messages import search_messages
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.memories import memories_record
 from memory_app.services.messages import message_edit, messages_append
+from tests.builders import register_models
 
 DIMS = 32
 
@@ -244,7 +245,7 @@ def test_client_vectors_fix_the_models_dimensions(settings):
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
     context, _ = context_get_or_create(keys={"test": "client-vectors"})
     a, b, c = append(context, "red apples", "green pears", "blue sky")
-    client_vectors._known_dimensions.pop("client-3", None)
+    register_models(**{"client-3": 3})
     client_vectors.vector_put(model="client-3", vector=[1, 0, 0], message=a)
     client_vectors.vector_put(model="client-3", vector=[0, 1, 0], message=b)
     client_vectors.vector_put(model="client-3", vector=[0.9, 0.1, 0], message=c)
@@ -271,7 +272,7 @@ def test_client_vector_endpoint_refuses_a_wrong_dimension_with_422(settings):
     api = make_key(scopes=["read", "write"])
     cid = new_context(api, {"test": "vector-api"})
     mid = api_append(api, cid, text="hello")["id"]
-    client_vectors._known_dimensions.pop("client-api", None)
+    register_models(**{"client-api": 4})
     ok = api.post(
         f"/api/v1/messages/{mid}/embeddings",
         {"model": "client-api", "vector": [0.1, 0.2, 0.3, 0.4]},
