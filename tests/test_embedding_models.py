@@ -122,3 +122,21 @@ def test_a_backup_line_under_an_unregistered_model_is_refused():
     with pytest.raises(BackupFormatError, match="never-registered.*not registered"):
         import_lines([json.dumps(line) + "\n" for line in lines])
     assert not Embedding.objects.filter(model="never-registered").exists()
+
+
+def test_an_admin_registers_a_model_on_the_dashboard(client):
+    from tests.builders import make_user
+
+    client.force_login(make_user(role="admin"))
+    response = client.post("/keys/embedding-models/", {"name": "dash-8", "dimensions": "8"})
+    assert response.status_code == 302
+    row = EmbeddingModel.objects.get(name="dash-8")
+    assert row.dimensions == 8 and row.created_by.startswith("user:")
+    page = client.get("/keys/").content.decode()
+    assert "dash-8" in page and "Embedding models" in page
+    refused = client.post("/keys/embedding-models/", {"name": "dash-8", "dimensions": "9"})
+    assert refused.status_code == 400 and "registered with 8 dimensions" in refused.content.decode()
+    client.force_login(make_user(role="curator"))
+    assert (
+        client.post("/keys/embedding-models/", {"name": "x", "dimensions": "2"}).status_code == 403
+    )
