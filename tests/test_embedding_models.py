@@ -140,3 +140,16 @@ def test_an_admin_registers_a_model_on_the_dashboard(client):
     assert (
         client.post("/keys/embedding-models/", {"name": "x", "dimensions": "2"}).status_code == 403
     )
+
+
+def test_the_configured_local_model_registers_itself(settings):
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "local"
+    settings.AGENTMEMORY_EMBEDDING_MODEL = ""
+    settings.AGENTMEMORY_LOCAL_MODEL_PATH = ""
+    context, _ = context_get_or_create(keys={"test": "local-registers"})
+    result = messages_append(
+        context=context, items=[{"role": "user", "text": "a", "vector": [0.01] * 384}]
+    )
+    assert Embedding.objects.get(message=result.messages[0]).model == "all-MiniLM-L6-v2"
+    row = EmbeddingModel.objects.get(name="all-MiniLM-L6-v2")
+    assert (row.dimensions, row.created_by) == (384, "system:provider")

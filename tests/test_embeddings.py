@@ -24,7 +24,7 @@ from django.utils import timezone
 from memory_app import errors
 from memory_app.backlog import run_worker
 from memory_app.embeddings import client_vectors, indexer, providers, queue, worker
-from memory_app.models import Embedding, EmbeddingRetry, Message
+from memory_app.models import Embedding, EmbeddingModel, EmbeddingRetry, Message
 from memory_app.queries.memories import memories_retrieve
 from memory_app.search.messages import search_messages
 from memory_app.services.contexts import context_get_or_create
@@ -315,6 +315,11 @@ def test_reembed_adds_the_new_model_while_the_old_keeps_serving(stand_in, settin
         stdout=open(os.devnull, "w"),
     )  # noqa: SIM115
     assert queue.model_coverage(model="toy-32-v2", context_id=context.pk) == (3, 3)
+    # The worker registered each model it embedded with, with its answer's dimensions.
+    assert dict(EmbeddingModel.objects.values_list("name", "dimensions")) == {
+        "toy-32": 32,
+        "toy-32-v2": 32,
+    }
     assert queue.model_coverage(model="toy-32", context_id=context.pk) == (3, 3)
     settings.AGENTMEMORY_EMBEDDING_MODEL = "toy-32-v2"
     providers._cached_provider.cache_clear()

@@ -8,10 +8,11 @@ nobody registered is refused before it is stored or indexed."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import transaction
 
 from memory_app.audit import Actor, audit_record
-from memory_app.embeddings.providers import get_provider
+from memory_app.embeddings.providers import LOCAL_DIMENSIONS, get_provider
 from memory_app.errors import UnregisteredModel
 from memory_app.models import EmbeddingModel
 
@@ -28,15 +29,16 @@ def forget() -> None:
 
 def registered_dimensions(name: str) -> int | None:
     """The dimensions `name` is registered with, or None when it is not registered. The
-    configured local model registers itself here on first use: its dimensions are known
-    without embedding anything."""
+    configured local model, when it is the bundled one, registers itself here on first use: its
+    dimensions are known without loading it (a model from AGENTMEMORY_LOCAL_MODEL_PATH may have
+    others, so the worker registers it from its first answer, like a remote one)."""
     if name in _registered:
         return _registered[name]
     dims = EmbeddingModel.objects.filter(name=name).values_list("dimensions", flat=True).first()
-    if dims is None:
+    if dims is None and not settings.AGENTMEMORY_LOCAL_MODEL_PATH:
         provider = get_provider()
         if provider is not None and provider.model == name and provider.kind == "local":
-            dims = register_provider_model(name, provider.dimensions)
+            dims = register_provider_model(name, LOCAL_DIMENSIONS)
     if dims is not None:
         _registered[name] = dims
     return dims
