@@ -43,6 +43,10 @@ class DimensionMismatch(Invalid):
     """A vector's length differs from the dimensions its model already has."""
 
 
+class UnregisteredModel(Invalid):
+    """A vector under a model name no operator registered (the message lists the registered)."""
+
+
 class SemanticUnavailable(Invalid):
     """Semantic search was asked for with no provider and no query vector."""
 

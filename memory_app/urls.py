@@ -85,6 +85,7 @@ curation_urlpatterns = [
     path("audit/<int:event_id>/undo/", audit.audit_undo_view, name="audit-undo"),
     path("keys/", keys.keys, name="keys"),
     path("keys/<int:key_id>/revoke/", keys.key_revoke, name="key-revoke"),
+    path("keys/embedding-models/", keys.embedding_model_add, name="embedding-model-add"),
     path("purge/", audit.purge, name="purge"),
 ]
 

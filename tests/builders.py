@@ -119,3 +119,13 @@ def make_run(
     for start in range(0, len(items), batch):
         steps_append(run=run, items=items[start : start + batch])
     return run_finish(run=run, status=status)
+
+
+def register_models(**dimensions: int) -> None:
+    """Register embedding models by name (`register_models(**{"inline-3": 3})`) through the
+    service, as an operator would: vectors are accepted only under registered names."""
+    from memory_app.audit import Actor
+    from memory_app.services.embedding_models import embedding_model_register
+
+    for name, dims in dimensions.items():
+        embedding_model_register(name=name, dimensions=dims, actor=Actor.system("test"))

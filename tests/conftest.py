@@ -22,6 +22,17 @@ def _no_indexer_thread(settings):
     settings.AGENTMEMORY_INDEXER_THREAD = False
 
 
+@pytest.fixture(autouse=True)
+def _fresh_model_registry():
+    """The registry's per-process cache holds names only a test's rolled-back transaction
+    registered: each test starts from what its database says."""
+    from memory_app.embeddings import registry
+
+    registry.forget()
+    yield
+    registry.forget()
+
+
 @pytest.fixture
 def system_actor() -> Actor:
     return Actor.system("test")

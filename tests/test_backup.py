@@ -27,6 +27,7 @@ from memory_app.search.messages import search_messages
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import messages_append
 from memory_app.services.runs import run_create, run_finish, steps_append
+from tests.builders import register_models
 
 pytestmark = pytest.mark.django_db
 
@@ -209,6 +210,7 @@ def test_context_with_10000_messages_and_100_runs_restores_field_by_field(tmp_pa
     mem = _memory(ctx, "Ada prefers metric units", source=source_msg)
     _memory(None, "Every ada context: be brief", scope={"user": "ada"})
     Embedding.objects.filter(message__context=ctx).delete()
+    register_models(m3=3)
     Embedding.objects.create(
         message=source_msg, context=ctx, model="m3", dimensions=3, vector=[0.1, 0.2, 0.3]
     )

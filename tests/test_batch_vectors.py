@@ -8,12 +8,13 @@ import math
 import pytest
 from django.db import connection
 
-from memory_app.embeddings import client_vectors, indexer, queue
+from memory_app.embeddings import indexer, queue
 from memory_app.models import Embedding, MemoryRecord, Message
 from memory_app.search.messages import semantic_ranking
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import messages_append
 from tests.api_helpers import make_key, new_context
+from tests.builders import register_models
 
 pytestmark = pytest.mark.django_db
 
@@ -33,10 +34,9 @@ def angle(i: int) -> list[float]:
 @pytest.fixture
 def api(settings):
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
-    # Each test's transaction rolls back the indexes and rows the process caches remember.
-    for model in ("inline-3", "inline-4", "conf-model"):
-        client_vectors._known_dimensions.pop(model, None)
+    # Each test's transaction rolls back the indexes the process cache remembers.
     indexer._ensured.clear()
+    register_models(**{"inline-3": 3, "inline-4": 4, "conf-model": 3, "m": 2})
     return make_key(scopes=["read", "write"])
 
 
@@ -123,9 +123,9 @@ def test_a_wrong_dimension_is_422_naming_the_item_and_nothing_is_written(api):
     assert (Message.objects.count(), Embedding.objects.count()) == before
 
 
-def test_a_new_models_first_vector_fixes_its_dimensions_within_the_batch(api):
+def test_a_registered_models_dimensions_hold_for_every_item_of_the_batch(api):
     cid = new_context(api, {"test": "inline-mixed"})
-    client_vectors._known_dimensions.pop("inline-new", None)
+    register_models(**{"inline-new": 2})
     bad = api.post(
         BATCH.format(cid=cid),
         {

@@ -10,8 +10,8 @@ from memory_app import auth
 from memory_app.client import ApiError, MemoryClient, NotFoundError
 from memory_app.client.agentscope import ServerMemory
 from memory_app.client.smolagents import RunRecorder, import_run, load_steps
-from memory_app.embeddings import client_vectors
 from tests.aio import run_coroutine
+from tests.builders import register_models
 from tests.smol_agents import AGENTS, ScriptedModel, jsonable, messages_as_dicts, run_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -269,7 +269,7 @@ def test_client_sends_numpy_vectors_with_a_batch_and_with_memories(client, setti
     from memory_app.models import Embedding
 
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
-    client_vectors._known_dimensions.pop("client-np", None)
+    register_models(**{"client-np": 4})
     ctx = client.context(keys={"test": "client-vectors"})
     vectors = np.eye(4, dtype=np.float32)[:3]
     answer = client.append_messages(

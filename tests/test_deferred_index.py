@@ -17,6 +17,7 @@ from memory_app.search.messages import search_messages, semantic_ranking
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.memories import memories_record
 from memory_app.services.messages import messages_append
+from tests.builders import register_models
 
 MODEL = "defer-4"
 
@@ -59,6 +60,7 @@ def defer(settings):
     settings.AGENTMEMORY_INDEX_DEFER_MIN = 8
     settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 10  # the walk, not the small-context scan
     indexer._ensured.discard((MODEL, 4))
+    register_models(**{MODEL: 4})
     yield settings
     indexer._ensured.discard((MODEL, 4))
 

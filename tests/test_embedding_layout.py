@@ -54,7 +54,12 @@ ROUND_TRIP_SCRIPT = textwrap.dedent(
     )
 
     from memory_app.embeddings import indexer
-    indexer.ensure_model_index(model="layout-384", dimensions=384)
+    # The index as `ensure_model_index` builds it; at 0014 there is no model registry to ask yet.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            indexer.index_sql(model="layout-384", dimensions=384, concurrently=False)
+            .as_string(connection.connection)
+        )
 
     def per_page():
         with connection.cursor() as cursor:

@@ -24,12 +24,13 @@ from django.utils import timezone
 from memory_app import errors
 from memory_app.backlog import run_worker
 from memory_app.embeddings import client_vectors, indexer, providers, queue, worker
-from memory_app.models import Embedding, EmbeddingRetry, Message
+from memory_app.models import Embedding, EmbeddingModel, EmbeddingRetry, Message
 from memory_app.queries.memories import memories_retrieve
 from memory_app.search.messages import search_messages
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.memories import memories_record
 from memory_app.services.messages import message_edit, messages_append
+from tests.builders import register_models
 
 DIMS = 32
 
@@ -244,7 +245,7 @@ def test_client_vectors_fix_the_models_dimensions(settings):
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
     context, _ = context_get_or_create(keys={"test": "client-vectors"})
     a, b, c = append(context, "red apples", "green pears", "blue sky")
-    client_vectors._known_dimensions.pop("client-3", None)
+    register_models(**{"client-3": 3})
     client_vectors.vector_put(model="client-3", vector=[1, 0, 0], message=a)
     client_vectors.vector_put(model="client-3", vector=[0, 1, 0], message=b)
     client_vectors.vector_put(model="client-3", vector=[0.9, 0.1, 0], message=c)
@@ -271,7 +272,7 @@ def test_client_vector_endpoint_refuses_a_wrong_dimension_with_422(settings):
     api = make_key(scopes=["read", "write"])
     cid = new_context(api, {"test": "vector-api"})
     mid = api_append(api, cid, text="hello")["id"]
-    client_vectors._known_dimensions.pop("client-api", None)
+    register_models(**{"client-api": 4})
     ok = api.post(
         f"/api/v1/messages/{mid}/embeddings",
         {"model": "client-api", "vector": [0.1, 0.2, 0.3, 0.4]},
@@ -314,6 +315,11 @@ def test_reembed_adds_the_new_model_while_the_old_keeps_serving(stand_in, settin
         stdout=open(os.devnull, "w"),
     )  # noqa: SIM115
     assert queue.model_coverage(model="toy-32-v2", context_id=context.pk) == (3, 3)
+    # The worker registered each model it embedded with, with its answer's dimensions.
+    assert dict(EmbeddingModel.objects.values_list("name", "dimensions")) == {
+        "toy-32": 32,
+        "toy-32-v2": 32,
+    }
     assert queue.model_coverage(model="toy-32", context_id=context.pk) == (3, 3)
     settings.AGENTMEMORY_EMBEDDING_MODEL = "toy-32-v2"
     providers._cached_provider.cache_clear()

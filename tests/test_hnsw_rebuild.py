@@ -15,6 +15,7 @@ from memory_app.embeddings import indexer
 from memory_app.search.messages import semantic_ranking, vector_literal
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import messages_append
+from tests.builders import register_models
 
 MODEL = "rebuild-4"
 
@@ -40,6 +41,7 @@ def stored(settings):
     settings.AGENTMEMORY_HNSW_M, settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION = 8, 24
     settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 50
     indexer._ensured.discard((MODEL, 4))
+    register_models(**{MODEL: 4})
     context, _ = context_get_or_create(keys={"test": "hnsw-rebuild"})
     result = messages_append(
         context=context,

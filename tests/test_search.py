@@ -14,7 +14,7 @@ from django.test import override_settings
 
 from memory_app import errors
 from memory_app.embeddings import indexer
-from memory_app.models import Context, Embedding, Message, keys_digest
+from memory_app.models import Context, Embedding, EmbeddingModel, Message, keys_digest
 from memory_app.search.messages import (
     MAX_EF_SEARCH,
     ef_search_for,
@@ -119,6 +119,7 @@ def store(django_db_setup, django_db_blocker):
             cur.execute("ANALYZE memory_app_message")
             cur.execute("ANALYZE memory_app_embedding")
         indexer._ensured.discard((MODEL, DIMS))
+        EmbeddingModel.objects.get_or_create(name=MODEL, defaults={"dimensions": DIMS})
         with connection.cursor() as cur:
             # A bigger build memory keeps the graph in RAM (the default 64MB spills and crawls).
             cur.execute("SET maintenance_work_mem = '256MB'")
@@ -128,6 +129,7 @@ def store(django_db_setup, django_db_blocker):
         texts = dict(Message.objects.filter(context=small).values_list("pk", "text"))
         yield {"small": small, "texts": texts, "big": big}
         Context.objects.filter(pk__in=[c.pk for c in big] + [small.pk]).delete()
+        EmbeddingModel.objects.filter(name=MODEL).delete()
 
 
 def brute_force_semantic(context, query):

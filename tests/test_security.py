@@ -26,6 +26,7 @@ from memory_app.models import (
     keys_digest,
 )
 from tests.api_helpers import make_key, new_context
+from tests.builders import register_models
 
 pytestmark = pytest.mark.django_db
 
@@ -137,6 +138,7 @@ def test_an_import_cannot_attach_vectors_to_another_tenants_memories(tenants):
     a, b, a_ctx, _ = tenants
     a.post("/api/v1/memories", {"context_id": a_ctx, "content": A_FACT})
     target = MemoryRecord.objects.get(content=A_FACT)
+    register_models(squat=3)  # a registered name: what is tested here is the confinement
     line = {
         "type": "embedding",
         "item": "memory",
@@ -173,6 +175,7 @@ def test_a_foreign_context_and_an_unknown_one_are_refused_alike(tenants):
 def test_derived_values_in_an_imported_file_are_recomputed(tenants):
     _, b, _, _ = tenants
     keys = {"tenant": "b", "chat": "restored"}
+    register_models(m3=3)
     lies = {"last_seq": 900, "message_count": 5000, "token_count": 7, "run_count": 40}
     lines = [
         HEADER,
@@ -231,6 +234,80 @@ def test_derived_values_in_an_imported_file_are_recomputed(tenants):
     assert event.actor == b.key.actor and event.api_key_id == b.key.pk
     assert event.target_ids == [ctx.pk]
     assert event.after["created"]["messages"] == 2
+
+
+# --- embedding model names ------------------------------------------------------------------
+
+
+def _hnsw_indexes() -> set[str]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename = 'memory_app_embedding'"
+            " AND indexdef ILIKE '%% USING hnsw %%'"
+        )
+        return {name for (name,) in cursor.fetchall()}
+
+
+def test_a_tenants_vector_under_an_unregistered_name_is_422_listing_the_registered(
+    tenants, settings
+):
+    """A tenant cannot take the name of the operator's next model: every vector path refuses a
+    name no operator registered, says which are, and stores nothing, not even an index."""
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    a, _, a_ctx, _ = tenants
+    register_models(**{"operator-3": 3})
+    squat = "text-embedding-4-large"
+    indexes = _hnsw_indexes()
+    messages, embeddings = Message.objects.count(), Embedding.objects.count()
+    item = {"role": "user", "text": "x", "vector": [0.1, 0.2, 0.3], "vector_model": squat}
+    mid = a.post(f"/api/v1/contexts/{a_ctx}/messages", {"role": "user", "text": "y"}).json()["id"]
+    messages += 1
+    refused = [
+        a.post(f"/api/v1/contexts/{a_ctx}/messages", item),
+        a.post(f"/api/v1/contexts/{a_ctx}/messages/batch", {"messages": [item]}),
+        a.post(f"/api/v1/messages/{mid}/embeddings", {"model": squat, "vector": [0.1, 0.2]}),
+        a.post(
+            "/api/v1/memories",
+            {"context_id": a_ctx, "content": "c", "vector": [0.1], "vector_model": squat},
+        ),
+        a.post(
+            f"/api/v1/contexts/{a_ctx}/select",
+            {"selector": "search", "mode": "semantic", "model": squat, "query_vector": [1.0]},
+        ),
+    ]
+    for response in refused:
+        assert response.status_code == 422, response.content
+        detail = response.json()["detail"]
+        assert squat in detail and "not registered" in detail and "'operator-3'" in detail
+    assert (Message.objects.count(), Embedding.objects.count()) == (messages, embeddings)
+    assert not MemoryRecord.objects.filter(content="c").exists()
+    assert _hnsw_indexes() == indexes
+
+
+def test_a_confined_admin_key_cannot_register_a_model(tenants):
+    _, b, _, _ = tenants
+    response = b.post("/api/v1/embedding-models", {"name": "squatted", "dimensions": 3})
+    assert response.status_code == 403 and "confined" in response.json()["detail"]
+    assert b.get("/api/v1/embedding-models").status_code == 200
+    from memory_app.models import EmbeddingModel
+
+    assert not EmbeddingModel.objects.filter(name="squatted").exists()
+
+
+def test_new_names_add_no_index(tenants, settings):
+    """Each name used to add an HNSW index (460 names made vector writes 3x slower): the number
+    of indexes is bounded by the registered models, whatever names requests use."""
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    a, _, a_ctx, _ = tenants
+    before = _hnsw_indexes()
+    for n in range(20):
+        item = {"role": "user", "text": f"m{n}", "vector": [1.0, n, 0.5], "vector_model": f"x{n}"}
+        response = a.post(f"/api/v1/contexts/{a_ctx}/messages/batch", {"messages": [item]})
+        assert response.status_code == 422
+    assert _hnsw_indexes() == before
+    assert not Embedding.objects.filter(model__startswith="x").exists()
 
 
 # --- login throttling and HTTPS --------------------------------------------------------------

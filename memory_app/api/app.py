@@ -115,3 +115,7 @@ api.add_router("/v1/", memories_api.router)
 from memory_app.api import traces as traces_api  # noqa: E402
 
 api.add_router("/v1/", traces_api.router)
+
+from memory_app.api import embedding_models as embedding_models_api  # noqa: E402
+
+api.add_router("/v1/", embedding_models_api.router)

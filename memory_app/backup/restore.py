@@ -29,6 +29,8 @@ from memory_app.backup.format import (
     load_fields,
 )
 from memory_app.db import lock_contexts
+from memory_app.embeddings.providers import active_model_name
+from memory_app.embeddings.registry import registered_dimensions, unregistered
 from memory_app.errors import BackupFormatError, Forbidden
 from memory_app.models import (
     Context,
@@ -383,6 +385,7 @@ class _Importer:
         for rec in records:
             emb = Embedding(**load_fields(rec, EMBEDDING_FIELDS), vector=rec.get("vector"))
             emb.dimensions = len(rec["vector"]) if rec.get("vector") is not None else None
+            _check_model(emb.model, emb.dimensions)
             if rec["item"] == "message":
                 ctx_pk = self.context_id(rec["context"])
                 emb.message_id = (
@@ -422,6 +425,23 @@ class _Importer:
             target_ids=touched,
             context_id=touched[0] if len(touched) == 1 else None,
             after={"created": self.result.created, "skipped": self.result.skipped},
+        )
+
+
+def _check_model(model: str, dimensions: int | None) -> None:
+    """An embedding line's model must be registered here, its vector of the registered length,
+    like any vector a client sends: a backup is no way around the registry. A pending line (no
+    vector yet) may also name the configured provider's model, which registers itself when the
+    worker first embeds with it."""
+    if dimensions is None and model == active_model_name():
+        return
+    expected = registered_dimensions(model)
+    if expected is None:
+        raise BackupFormatError(f"an embedding line: {unregistered(model)}")
+    if dimensions is not None and dimensions != expected:
+        raise BackupFormatError(
+            f"an embedding line: model {model!r} has {expected} dimensions, "
+            f"this vector has {dimensions}"
         )
 
 

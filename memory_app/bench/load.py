@@ -43,7 +43,7 @@ from memory_app.bench.dataset import (
     run_sizes,
 )
 from memory_app.embeddings import indexer
-from memory_app.models import FTS_CONFIG, keys_digest
+from memory_app.models import FTS_CONFIG, EmbeddingModel, keys_digest
 
 # Messages generated, counted and loaded at a time (bounds the builder's memory).
 CHUNK = 100_000
@@ -86,6 +86,11 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print, chunk: int = CHUN
         for cid in range(1, len(per_context) + 1)
     }
     tokenizer = tokens.default_tokenizer_name()
+    # Vectors are stored and searched only under a registered model; the dataset's is the
+    # bench's own, in a database of its own.
+    EmbeddingModel.objects.update_or_create(
+        name=BENCH_MODEL, defaults={"dimensions": sizes.dims, "created_by": "system:benchmark"}
+    )
     dropped = _open_for_load()
     raw = connection.connection.cursor()
     _copy_contexts(raw, rng, len(per_context), start)

@@ -1,5 +1,6 @@
-"""Vectors sent by clients: checked against their model's dimensions, then stored (one row, or
-a binary COPY for a batch)."""
+"""Vectors sent by clients: checked against their model's registration (an unregistered name is
+refused, listing the registered ones) and dimensions, then stored (one row, or a binary COPY for
+a batch)."""
 
 from __future__ import annotations
 
@@ -11,36 +12,13 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from memory_app.embeddings.indexer import ensure_model_index
-from memory_app.embeddings.providers import LOCAL_DIMENSIONS, active_model_name, get_provider
+from memory_app.embeddings.providers import active_model_name
+from memory_app.embeddings.registry import require_registered
 from memory_app.errors import DimensionMismatch, Invalid
 from memory_app.models import Embedding, EmbeddingRetry, MemoryRecord, Message
 
 # The largest magnitude a half-precision float (the HNSW index's `halfvec`) holds.
 HALFVEC_MAX = 65504.0
-_known_dimensions: dict[str, int] = {}
-
-
-def remember_dimensions(model: str, dimensions: int) -> None:
-    """The dimensions a model's first stored vector fixed (a cache of `model_dimensions`)."""
-    _known_dimensions.setdefault(model, dimensions)
-
-
-def model_dimensions(model: str) -> int | None:
-    """Dimensions a model's stored vectors have (None when it has none yet)."""
-    if model in _known_dimensions:
-        return _known_dimensions[model]
-    dims = (
-        Embedding.objects.filter(model=model, dimensions__isnull=False)
-        .values_list("dimensions", flat=True)
-        .first()
-    )
-    if dims is None:
-        provider = get_provider()
-        if provider is not None and provider.model == model and provider.kind == "local":
-            dims = LOCAL_DIMENSIONS
-    if dims is not None:
-        _known_dimensions[model] = dims
-    return dims
 
 
 def check_vector(*, model: str, vector: Sequence[float]) -> list[float]:
@@ -73,7 +51,6 @@ def vector_put(
         row.vector, row.dimensions = values, len(values)
         row.save()
         EmbeddingRetry.objects.filter(embedding=row).delete()
-    _known_dimensions.setdefault(model, len(values))
     ensure_model_index(model=model, dimensions=len(values))
     return row
 
@@ -90,12 +67,12 @@ def client_vectors(items: Sequence[dict], *, label: str) -> list[ClientVector | 
     """Check the `vector` / `vector_model` of every item of a batch before anything is written.
 
     The model is the item's `vector_model`, else the configured one (a vector with neither is
-    refused). Every vector of a model must have that model's dimensions (the stored ones, or the
-    first of the batch); a failure names the item (its `where`, else `label[i]`). Returns one
-    entry per item.
+    refused). The model must be registered (`registry`: a 422 listing the registered names, so a
+    tenant can neither fix the dimensions of a name nor add an index), and every vector of it
+    must have its registered dimensions; a failure names the item (its `where`, else
+    `label[i]`). Returns one entry per item.
     """
     out: list[ClientVector | None] = []
-    batch_dims: dict[str, int] = {}
     active = None
     for n, item in enumerate(items):
         where = item.get("where") or f"{label}[{n}]"
@@ -128,12 +105,11 @@ def client_vectors(items: Sequence[dict], *, label: str) -> list[ClientVector | 
                 f"{where}: the vector holds a value beyond ±65,504, which its index (half "
                 "precision) cannot hold; embeddings are normally within ±1"
             )
-        expected = batch_dims.get(model) or model_dimensions(model)
-        if expected is not None and len(values) != expected:
+        expected = require_registered(model, where=where)
+        if len(values) != expected:
             raise DimensionMismatch(
                 f"{where}: model {model!r} has {expected} dimensions, this vector has {len(values)}"
             )
-        batch_dims[model] = len(values)
         out.append(ClientVector(model, values))
     return out
 
@@ -192,8 +168,6 @@ def vectors_copy(
                         not deferred,
                     )
                 )
-    for _, _, _, v in rows:
-        _known_dimensions.setdefault(v.model, len(v.values))
     return deferred
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection, transaction
 
+from memory_app.embeddings.registry import registered_dimensions
+
 log = logging.getLogger(__name__)
 # HNSW indexes on the `vector` type take at most 2,000 dimensions; wider models are scanned exactly.
 HNSW_MAX_DIMENSIONS = 2000
@@ -67,10 +69,14 @@ def ensure_model_index(*, model: str, dimensions: int) -> bool:
     (at half precision) restricted to the model's rows; searches use the same expression and
     predicate so the planner can pick it. Built CONCURRENTLY outside a transaction so writes go on
     meanwhile; an advisory lock keeps two workers from building it at the same time. Returns False
-    when the model is too wide for an HNSW index (it is then always scanned exactly).
+    when the model is too wide for an HNSW index (it is then always scanned exactly), or is not
+    registered with these dimensions: the number of indexes is bounded by registered models.
     """
     if (model, dimensions) in _ensured:
         return True
+    if registered_dimensions(model) != dimensions:
+        log.warning("model %s (%d-d) is not registered: no HNSW index", model, dimensions)
+        return False
     if dimensions > HNSW_MAX_DIMENSIONS:
         log.warning(
             "model %s has %d dimensions: no HNSW index, exact scans only", model, dimensions

@@ -12,9 +12,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from memory_app.embeddings.client_vectors import model_dimensions, remember_dimensions
 from memory_app.embeddings.indexer import ensure_model_index
 from memory_app.embeddings.providers import EmbeddingProvider
+from memory_app.embeddings.registry import register_provider_model, registered_dimensions
 from memory_app.errors import ProviderError
 from memory_app.models import Embedding, EmbeddingRetry
 
@@ -78,8 +78,12 @@ def embed_batch(
         texts = [r.message.text if r.message_id else r.memory_record.content for r in rows]
         try:
             vectors = provider.embed(texts)
-            expected = model_dimensions(provider.model)
-            if expected is not None and any(len(v) != expected for v in vectors):
+            # The provider's model registers itself with its first answer's dimensions: the
+            # operator chose it in the settings (or on `reembed`'s command line).
+            expected = registered_dimensions(provider.model) or register_provider_model(
+                provider.model, len(vectors[0])
+            )
+            if any(len(v) != expected for v in vectors):
                 raise ProviderError(
                     f"provider answered vectors of other than {expected} dimensions"
                 )
@@ -99,9 +103,7 @@ def embed_batch(
         if done_retrying := [r.pk for r in rows if r.pk in tried]:
             EmbeddingRetry.objects.filter(embedding__in=done_retrying).delete()
         result.embedded = len(rows)
-    dims = len(vectors[0])
-    remember_dimensions(provider.model, dims)
-    ensure_model_index(model=provider.model, dimensions=dims)
+    ensure_model_index(model=provider.model, dimensions=len(vectors[0]))
     return result
 
 

@@ -9,7 +9,7 @@ Integrity lives in the database (the constraints and indexes of the modules belo
 # `from memory_app.models import X` reaches any of them.
 from memory_app.models.access import ApiKey, AuditEvent
 from memory_app.models.contexts import Context
-from memory_app.models.embeddings import Embedding, EmbeddingRetry
+from memory_app.models.embeddings import Embedding, EmbeddingModel, EmbeddingRetry
 from memory_app.models.memories import MemoryRecord
 from memory_app.models.messages import Message, MessageSearch
 from memory_app.models.runs import Run, Step, ToolCall, TraceSpan
@@ -28,6 +28,7 @@ __all__ = [
     "AuditEvent",
     "Context",
     "Embedding",
+    "EmbeddingModel",
     "EmbeddingRetry",
     "MemoryKind",
     "MemoryRecord",

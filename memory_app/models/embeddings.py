@@ -11,6 +11,34 @@ from memory_app.models.memories import MemoryRecord
 from memory_app.models.messages import Message
 
 
+class EmbeddingModel(models.Model):
+    """A model vectors may be stored and searched under, with its dimensions: the store's one
+    registry of names. Global, not per context: a name is an HNSW index and a claim on what
+    vectors under it mean, so only an operator registers one (an unconfined admin key, the
+    `embedding_model` command, the dashboard); the configured provider's model registers itself.
+    A vector under any other name is refused, so tenants can neither squat the operator's next
+    model nor add an index per request."""
+
+    name = models.CharField(max_length=200, unique=True)
+    dimensions = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    # The actor's label (`user:…`, `key:…`, `system:…`), as audit events name it.
+    created_by = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            # What `vector` and the client-vector check take: 1 to 16,000 numbers.
+            models.CheckConstraint(
+                condition=Q(dimensions__gte=1) & Q(dimensions__lte=16000),
+                name="embedding_model_dimensions_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.dimensions}-d)"
+
+
 class Embedding(models.Model):
     """A vector for one item under one model; several models coexist (one HNSW index per model).
 

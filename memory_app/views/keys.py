@@ -1,4 +1,5 @@
-"""API keys (admin): create with scopes and a context-key restriction, secret shown once, revoke."""
+"""API keys (admin): create with scopes and a context-key restriction, secret shown once, revoke;
+and the embedding models agents may send vectors under (admin): list, register."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from django.utils.cache import patch_cache_control
 from django.views.decorators.http import require_http_methods, require_POST
 
 from memory_app.audit import Actor
-from memory_app.errors import Invalid
+from memory_app.embeddings.registry import registered_models
+from memory_app.errors import DomainError, Invalid
 from memory_app.models import ApiKey
 from memory_app.roles import require
 from memory_app.services import curation
+from memory_app.services.embedding_models import embedding_model_register
 from memory_app.views.common import htmx_partial, page, wants_fragment
 from memory_app.views.forms import ApiKeyForm
 
@@ -19,7 +22,13 @@ KEYS = "memory_app/curate/keys.html"
 
 def _page(**extra) -> dict:
     keys = ApiKey.objects.select_related("created_by").order_by("revoked_at", "-created_at")[:200]
-    return {"keys": keys, "scopes": ApiKey.SCOPES, "nav_active": "keys", **extra}
+    return {
+        "keys": keys,
+        "scopes": ApiKey.SCOPES,
+        "embedding_models": registered_models(),
+        "nav_active": "keys",
+        **extra,
+    }
 
 
 @require("keys")
@@ -58,3 +67,22 @@ def key_revoke(request, key_id: int):
     if not wants_fragment(request):
         return redirect("keys")
     return page(request, KEYS, _page())
+
+
+@require("keys")
+@require_POST
+def embedding_model_add(request):
+    """Register an embedding model (name and dimensions) on the keys page; a refusal comes back
+    on that page with the reason."""
+    name = request.POST.get("name", "")
+    try:
+        dimensions = int(request.POST.get("dimensions", ""))
+    except ValueError:
+        return page(request, KEYS, _page(model_error="dimensions is a whole number"), status=400)
+    try:
+        embedding_model_register(
+            name=name, dimensions=dimensions, actor=Actor.for_user(request.user)
+        )
+    except DomainError as exc:
+        return page(request, KEYS, _page(model_error=str(exc)), status=400)
+    return redirect("keys")
