@@ -273,3 +273,12 @@ def test_fast_renderer_writes_what_ninjas_encoder_writes():
         assert json.loads(common.json_dumps(value)) == json.loads(
             json.dumps(value, cls=NinjaJSONEncoder)
         )
+
+
+@pytest.mark.parametrize("match_keys", ['{"user": "a\\u0000"}', '{"us\\u0000er": "a"}'])
+def test_an_export_filter_holding_a_nul_is_422_before_the_stream_starts(api, cid, match_keys):
+    """PostgreSQL refuses the NUL in the first query, which used to run after the 200 went out:
+    the body then broke off mid-stream."""
+    response = api.get("/api/v1/export", {"match_keys": match_keys})
+    assert response.status_code == 422
+    assert "match_keys" in response.json()["detail"]

@@ -57,6 +57,12 @@ def export(
             raise HttpError(422, f"match_keys is not JSON: {exc.msg}") from exc
         if not isinstance(subset, dict):
             raise HttpError(422, "match_keys must be a JSON object")
+        # Checked before the stream starts: PostgreSQL refuses a NUL in the first query, which
+        # runs after the 200 has gone out and would cut the body short.
+        try:
+            _check_json(subset)
+        except ValueError as exc:
+            raise HttpError(422, f"match_keys: {exc}") from exc
     contexts = contexts_matching(context_ids=context_id, keys=subset)
     contexts = contexts.filter(pk__in=auth.visible_contexts(key).values("pk"))
     response = StreamingHttpResponse(
