@@ -56,6 +56,7 @@ POST_ONLY = {
     "memory-promote-step",
     "audit-undo",
     "key-revoke",
+    "embedding-model-add",
 }
 
 

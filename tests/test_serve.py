@@ -193,3 +193,23 @@ def test_serve_on_a_busy_port_says_so_and_stops_the_database(tmp_path):
     assert f"port {port} on 127.0.0.1 is already in use" in out, out
     assert "serving on" not in out
     assert not _postgres_running(data_dir)
+
+
+def test_a_second_serve_on_the_same_data_folder_says_so_and_leaves_the_first_serving(tmp_path):
+    data_dir = tmp_path / "var"
+    os.chmod(tmp_path, 0o755)
+    port = _free_port()
+    first, started = _start(data_dir, port)
+    try:
+        _wait_for_login(port, started, first)
+        second, _ = _start(data_dir, _free_port())
+        out, _ = second.communicate(timeout=120)
+        assert second.returncode != 0
+        assert f"is already serving the data folder {data_dir}" in out, out
+        assert f"pid {first.pid}" in out
+        assert "serving on" not in out
+        # The first one was not disturbed: its database still answers.
+        assert _status(f"http://127.0.0.1:{port}/healthz") == 200
+    finally:
+        _stop(first)
+    assert not _postgres_running(data_dir)

@@ -416,6 +416,11 @@ class ApiKeyForm(DashboardForm):
         )
 
 
+class EmbeddingModelForm(DashboardForm):
+    name = forms.CharField(max_length=200, label="model name")
+    dimensions = WholeNumberField(minimum=1, required=True, max_value=16_000)
+
+
 class PlaygroundForm(DashboardForm):
     """One side of the playground. Side B's fields are prefixed `b_` and default to side A's."""
 

@@ -15,7 +15,7 @@ from memory_app.roles import require
 from memory_app.services import curation
 from memory_app.services.embedding_models import embedding_model_register
 from memory_app.views.common import htmx_partial, page, wants_fragment
-from memory_app.views.forms import ApiKeyForm
+from memory_app.views.forms import ApiKeyForm, EmbeddingModelForm
 
 KEYS = "memory_app/curate/keys.html"
 
@@ -74,15 +74,16 @@ def key_revoke(request, key_id: int):
 def embedding_model_add(request):
     """Register an embedding model (name and dimensions) on the keys page; a refusal comes back
     on that page with the reason."""
-    name = request.POST.get("name", "")
-    try:
-        dimensions = int(request.POST.get("dimensions", ""))
-    except ValueError:
-        return page(request, KEYS, _page(model_error="dimensions is a whole number"), status=400)
-    try:
-        embedding_model_register(
-            name=name, dimensions=dimensions, actor=Actor.for_user(request.user)
-        )
-    except DomainError as exc:
-        return page(request, KEYS, _page(model_error=str(exc)), status=400)
+    model_form = EmbeddingModelForm(request.POST)
+    if model_form.is_valid():
+        try:
+            embedding_model_register(
+                name=model_form.cleaned_data["name"],
+                dimensions=model_form.cleaned_data["dimensions"],
+                actor=Actor.for_user(request.user),
+            )
+        except DomainError as exc:
+            model_form.add_error(None, str(exc))
+    if model_form.errors:
+        return page(request, KEYS, _page(model_form=model_form), status=400)
     return redirect("keys")

@@ -9,6 +9,7 @@ A port already in use is reported before anything is announced.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import signal
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -80,6 +82,28 @@ def wait_until_listening(proc: subprocess.Popen, host: str, port: int, timeout: 
     return False
 
 
+def _hold_data_folder(data_dir: Path):
+    """An exclusive lock on the data folder for this process's life (released by the kernel
+    when it dies, even by kill -9); a CommandError naming the holder when another serve has it."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(data_dir / "serve.lock", "a+")  # noqa: SIM115 - held until serve ends
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise CommandError(
+            f"another `manage.py serve` ({holder}) is already serving the data folder {data_dir};"
+            " stop it first, or give this one its own AGENTMEMORY_DATA_DIR"
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()}")
+    lock.flush()
+    return lock
+
+
 class Command(BaseCommand):
     help = "Migrate, create the operator account and demo data once, and serve with gunicorn."
 
@@ -94,6 +118,9 @@ class Command(BaseCommand):
         parser.add_argument("--no-demo", action="store_true", help="do not load the demo data")
 
     def handle(self, *args, **options):
+        # One server per data folder: a second one would attach to the same database and serve
+        # it from another port, and each stop would pull the database from under the other.
+        lock = _hold_data_folder(settings.DATA_DIR)
         previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
         try:
             self._serve(**options)
@@ -106,6 +133,7 @@ class Command(BaseCommand):
                 # Workers killed without running their exit handlers would otherwise keep the
                 # database "held" and it would never stop.
                 self._forget_dead_holders()
+            lock.close()
 
     def _serve(self, *, host, port, workers, no_demo, **options):
         call_command("migrate", interactive=False, verbosity=0)
