@@ -291,5 +291,7 @@ LOGGING = {
         "django.db.backends": {"level": "INFO"},
         # The MCP SDK logs every request and session at INFO; the access log has them already.
         "mcp": {"level": "WARNING"},
+        # django-axes logs every login attempt and reset at INFO; lockouts are WARNING.
+        "axes": {"level": "WARNING"},
     },
 }

@@ -24,6 +24,7 @@ from memory_app.models import (
     AuditEvent,
     Context,
     Embedding,
+    EmbeddingModel,
     EmbeddingRetry,
     MemoryRecord,
     Message,
@@ -486,6 +487,25 @@ class ApiKeyAdmin(AuditedAdmin):
     search_fields = ["name", "prefix"]
     # The secret is never stored in clear; its hash is not editable here.
     readonly_fields = ["prefix", "secret_hash", "created_at", "last_used_at"]
+
+
+@admin.register(EmbeddingModel)
+class EmbeddingModelAdmin(AuditedAdmin):
+    """The registry of names agents may send vectors under. Read-only here: a registration goes
+    through the keys page, the API or `manage.py embedding_model` (checked and audited there),
+    and a name's dimensions never change once vectors are stored under it."""
+
+    list_display = ["name", "dimensions", "created_at", "created_by"]
+    search_fields = ["name"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(AuditEvent)
