@@ -8,7 +8,6 @@ import hashlib
 import logging
 import re
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -36,19 +35,18 @@ def index_sql(
     dimensions: int,
     concurrently: bool,
     name: str | None = None,
-    indexed_only: bool = True,
 ):
     """CREATE INDEX for a model's partial HNSW index (cosine, on `vector::halfvec(D)`) of its
     rows that are `indexed` (not waiting for the indexer), built with the configured m and
-    ef_construction; `name` other than the model's is for a rebuild. `indexed_only=False` is
-    migration 0010's index, before the column existed."""
+    ef_construction; `name` other than the model's is for a rebuild. (The migrations that
+    changed the definition carry their own copies of the statement as it was.)"""
     from psycopg import sql
 
     return sql.SQL(
         "CREATE INDEX {concurrently} IF NOT EXISTS {name} ON memory_app_embedding "
         "USING hnsw ((vector::halfvec({dims})) halfvec_cosine_ops) "
         "WITH (m = {m}, ef_construction = {efc}) "
-        "WHERE model = {model} AND dimensions = {dims}" + (" AND indexed" if indexed_only else "")
+        "WHERE model = {model} AND dimensions = {dims} AND indexed"
     ).format(
         concurrently=sql.SQL("CONCURRENTLY" if concurrently else ""),
         name=sql.Identifier(name or index_name(model, dimensions)),
@@ -108,38 +106,6 @@ def ensure_model_index(*, model: str, dimensions: int) -> bool:
             cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [name])
     _ensured.add((model, dimensions))
     return True
-
-
-def replace_model_indexes(db, *, prefix: str, indexed_only: bool, retired: Sequence[str]) -> None:
-    """For the migrations that change the index definition: build every model's HNSW index
-    (named with `prefix`), then drop the indexes named with a `retired` prefix once the new ones
-    serve. Outside a transaction (a non-atomic migration) both are CONCURRENTLY, so the store
-    stays readable and writable meanwhile."""
-    concurrently = not db.in_atomic_block
-    drop = "DROP INDEX CONCURRENTLY" if concurrently else "DROP INDEX"
-    with db.cursor() as cursor:
-        cursor.execute(
-            "SELECT DISTINCT model, dimensions FROM memory_app_embedding"
-            " WHERE vector IS NOT NULL AND dimensions BETWEEN 1 AND %s",
-            [HNSW_MAX_DIMENSIONS],
-        )
-        for model, dims in cursor.fetchall():
-            statement = index_sql(
-                model=model,
-                dimensions=dims,
-                concurrently=concurrently,
-                name=index_name(model, dims, prefix=prefix),
-                indexed_only=indexed_only,
-            )
-            cursor.execute(statement.as_string(db.connection))
-        for old in retired:
-            cursor.execute(
-                "SELECT indexname FROM pg_indexes WHERE tablename = 'memory_app_embedding'"
-                " AND indexname LIKE %s",
-                [old.replace("_", r"\_") + "%"],
-            )
-            for (name,) in cursor.fetchall():
-                cursor.execute(f'{drop} IF EXISTS "{name}"')
 
 
 # pgvector's own values for an index built without them.
