@@ -72,23 +72,34 @@ def require_registered(name: str, *, where: str = "") -> int:
     return dims
 
 
-def register_provider_model(name: str, dimensions: int) -> int:
-    """Register the configured provider's model (the operator chose it in the settings) with the
-    dimensions its vectors have; returns the registered dimensions, which an earlier registration
-    keeps (the worker then refuses vectors of another length)."""
-    # get_or_create takes a concurrent registration of the same name (it reads it back).
+def store_registration(
+    name: str, dimensions: int, *, actor: Actor, note: str = ""
+) -> tuple[EmbeddingModel, bool]:
+    """The registration of `name` (and whether this call made it, audited): an earlier one is
+    answered as it stands, whatever its dimensions. get_or_create also takes a concurrent
+    registration of the same name (it reads it back)."""
     with transaction.atomic():
         row, created = EmbeddingModel.objects.get_or_create(
-            name=name, defaults={"dimensions": dimensions, "created_by": PROVIDER_ACTOR.label}
+            name=name, defaults={"dimensions": dimensions, "created_by": actor.label}
         )
         if created:
             audit_record(
-                actor=PROVIDER_ACTOR,
+                actor=actor,
                 action="register",
                 target_type="embedding_model",
                 target_ids=[row.pk],
                 after={"name": name, "dimensions": dimensions},
-                note="the configured embedding provider's model",
+                note=note,
             )
+    return row, created
+
+
+def register_provider_model(name: str, dimensions: int) -> int:
+    """Register the configured provider's model (the operator chose it in the settings) with the
+    dimensions its vectors have; returns the registered dimensions, which an earlier registration
+    keeps (the worker then refuses vectors of another length)."""
+    row, _ = store_registration(
+        name, dimensions, actor=PROVIDER_ACTOR, note="the configured embedding provider's model"
+    )
     _registered[name] = row.dimensions
     return row.dimensions

@@ -4,9 +4,8 @@ reads it)."""
 
 from __future__ import annotations
 
-from django.db import transaction
-
-from memory_app.audit import Actor, audit_record
+from memory_app.audit import Actor
+from memory_app.embeddings.registry import store_registration
 from memory_app.errors import Conflict, Forbidden, Invalid
 from memory_app.models import EmbeddingModel
 
@@ -38,22 +37,10 @@ def embedding_model_register(
         raise Invalid("dimensions is a whole number")
     if not 1 <= dimensions <= MAX_DIMENSIONS:
         raise Invalid(f"dimensions is between 1 and {MAX_DIMENSIONS:,}")
-    with transaction.atomic():
-        row, created = EmbeddingModel.objects.get_or_create(
-            name=name, defaults={"dimensions": dimensions, "created_by": actor.label}
+    row, created = store_registration(name, dimensions, actor=actor)
+    if not created and row.dimensions != dimensions:
+        raise Conflict(
+            f"embedding model {name!r} is registered with {row.dimensions} dimensions",
+            {"dimensions": {"stored": row.dimensions, "sent": dimensions}},
         )
-        if not created:
-            if row.dimensions != dimensions:
-                raise Conflict(
-                    f"embedding model {name!r} is registered with {row.dimensions} dimensions",
-                    {"dimensions": {"stored": row.dimensions, "sent": dimensions}},
-                )
-            return row, False
-        audit_record(
-            actor=actor,
-            action="register",
-            target_type="embedding_model",
-            target_ids=[row.pk],
-            after={"name": name, "dimensions": dimensions},
-        )
-    return row, True
+    return row, created
