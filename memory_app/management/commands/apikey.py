@@ -6,9 +6,13 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from memory_app import auth
-from memory_app.audit import Actor, audit_record
+from memory_app.audit import Actor
+from memory_app.errors import Invalid
 from memory_app.models import ApiKey
+from memory_app.services import curation
+
+# Keys are issued and revoked as on the dashboard's keys page, audited with this actor.
+COMMAND = Actor.system("manage.py apikey")
 
 
 class Command(BaseCommand):
@@ -41,25 +45,14 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(f"--context-keys is not JSON: {exc}") from None
         try:
-            issued = auth.apikey_create(
+            issued = curation.apikey_issue(
                 name=name,
                 scopes=[s.strip() for s in scopes.split(",") if s.strip()],
                 context_keys=confinement,
+                actor=COMMAND,
             )
-        except ValueError as exc:
+        except Invalid as exc:
             raise CommandError(str(exc)) from None
-        audit_record(
-            actor=Actor.system("manage.py apikey"),
-            action="key_create",
-            target_type="apikey",
-            target_ids=[issued.key.pk],
-            after={
-                "name": name,
-                "prefix": issued.key.prefix,
-                "scopes": issued.key.scopes,
-                "context_keys": confinement,
-            },
-        )
         self.stdout.write(
             f"created key {issued.key.prefix} ({name}) scopes={','.join(issued.key.scopes)}"
         )
@@ -79,15 +72,5 @@ class Command(BaseCommand):
         key = ApiKey.objects.filter(prefix=prefix).first()
         if key is None:
             raise CommandError(f"no key with prefix {prefix!r}")
-        was_revoked = key.revoked_at is not None
-        auth.apikey_revoke(key=key)
-        if not was_revoked:
-            audit_record(
-                actor=Actor.system("manage.py apikey"),
-                action="key_revoke",
-                target_type="apikey",
-                target_ids=[key.pk],
-                before={"revoked_at": None},
-                after={"revoked_at": key.revoked_at.isoformat()},
-            )
+        curation.apikey_withdraw(key=key, actor=COMMAND)
         self.stdout.write(f"revoked key {key.prefix} ({key.name})")
