@@ -70,8 +70,9 @@ class _Importer:
         self.grown: set[int] = set()
         self.grown_runs: set[int] = set()
         # The file's (scope_digest, content_hash) of each memory line -> the record it resolved
-        # to here (inside the importer's confinement), for the embedding lines that follow.
-        self.memories: dict[tuple[str, str], int] = {}
+        # to here (inside the importer's confinement) and its context (the one its recomputed
+        # scope names), for the embedding lines that follow.
+        self.memories: dict[tuple[str, str], tuple[int, int | None]] = {}
         self.pending: list[dict] = []
         self.pending_type: str | None = None
 
@@ -352,7 +353,7 @@ class _Importer:
                 .first()
             )
             if found is not None:
-                self.memories[file_ref] = found
+                self.memories[file_ref] = (found, mem.context_id)
                 self.result.count("memories", 0, 1)
                 continue
             if rec.get("source_message"):
@@ -377,7 +378,10 @@ class _Importer:
         unique = {(m.scope_digest, m.content_hash): m for _, m in rows}
         self._insert(MemoryRecord, list(unique.values()), ["created_at", "updated_at"])
         for file_ref, mem in rows:
-            self.memories[file_ref] = unique[(mem.scope_digest, mem.content_hash)].pk
+            self.memories[file_ref] = (
+                unique[(mem.scope_digest, mem.content_hash)].pk,
+                mem.context_id,
+            )
         self.result.count("memories", len(unique), len(rows) - len(unique))
 
     def _import_embedding(self, records):
@@ -400,11 +404,8 @@ class _Importer:
             else:
                 # Only a memory a line of this file resolved to (inside the importer's
                 # confinement): a digest and hash of any other record attach nothing.
-                emb.memory_record_id = self.memories.get((rec["scope_digest"], rec["content_hash"]))
-                emb.context_id = (
-                    MemoryRecord.objects.filter(pk=emb.memory_record_id)
-                    .values_list("context_id", flat=True)
-                    .first()
+                emb.memory_record_id, emb.context_id = self.memories.get(
+                    (rec["scope_digest"], rec["content_hash"]), (None, None)
                 )
                 exists = Embedding.objects.filter(
                     memory_record_id=emb.memory_record_id, model=emb.model
