@@ -11,7 +11,7 @@ from django.db import migrations
 from psycopg import sql
 
 # What this migration builds, as the code built it when the migration was written (from
-# memory_app/embeddings.py, kept here so that a later change there never changes this step): each
+# memory_app/embeddings/indexer.py, kept here so that a later change there never changes this step): each
 # model's partial HNSW index, cosine on `vector::halfvec(D)`, of every row of the model (0011 adds
 # `AND indexed`); m and ef_construction are the configured ones.
 HNSW_MAX_DIMENSIONS = 2000

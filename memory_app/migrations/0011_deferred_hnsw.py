@@ -1,5 +1,5 @@
 # Vectors of a large batch are stored first and inserted into their model's HNSW graph later
-# (`Embedding.indexed`, see memory_app.embeddings.index_batch): each model's index now holds the
+# (`Embedding.indexed`, see memory_app.embeddings.indexer.index_batch): each model's index now holds the
 # `indexed` rows only (embedding_hnswh_… becomes embedding_hnswi_… with `AND indexed` in its
 # predicate), and a small partial btree finds the rows still waiting. The new index is built
 # CONCURRENTLY before the old one is dropped, so searches walk a graph throughout; this takes as
@@ -13,7 +13,7 @@ from django.db import migrations, models
 from psycopg import sql
 
 # What this migration builds, as the code built it when the migration was written (from
-# memory_app/embeddings.py, kept here so that a later change there never changes this step): each
+# memory_app/embeddings/indexer.py, kept here so that a later change there never changes this step): each
 # model's partial HNSW index, cosine on `vector::halfvec(D)`, of the model's `indexed` rows; m and
 # ef_construction are the configured ones.
 HNSW_MAX_DIMENSIONS = 2000

@@ -2,7 +2,7 @@
 
 The stored generated `search_vector` parsed every message's text inside the INSERT or COPY that
 stored it: a third of PostgreSQL's work for a batch of text. Now a large batch is stored
-without it and the indexer (`memory_app.fulltext`) parses it afterwards; `Context.search_seq`
+without it and the indexer (`memory_app.search.fulltext`) parses it afterwards; `Context.search_seq`
 tells searches up to where the vectors exist (later messages are matched from their text).
 
 The existing vectors of live messages are copied, not recomputed, and every context starts

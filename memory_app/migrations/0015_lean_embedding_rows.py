@@ -28,7 +28,7 @@ from psycopg import sql
 COLUMNS = "id, message_id, memory_record_id, context_id, model, dimensions, vector, indexed"
 
 # What this migration builds, as the code built it when the migration was written (from
-# memory_app/embeddings.py, kept here so that a later change there never changes this step): each
+# memory_app/embeddings/indexer.py, kept here so that a later change there never changes this step): each
 # model's partial HNSW index, cosine on `vector::halfvec(D)`, of the model's `indexed` rows; m and
 # ef_construction are the configured ones.
 HNSW_MAX_DIMENSIONS = 2000

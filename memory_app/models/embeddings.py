@@ -45,11 +45,11 @@ class Embedding(models.Model):
     A row with `vector` NULL is pending: the embed worker claims it with FOR UPDATE SKIP LOCKED;
     a provider failure is kept beside it in `EmbeddingRetry` until it succeeds.
     The HNSW index for a model is a partial expression index created when the model is first
-    used (`memory_app.embeddings.ensure_model_index`), because vector dimensions differ by model.
-    Only rows with `indexed` true are in that index: a large batch of client vectors is written
-    with `indexed` false (COPY speed, no graph insertion) and the indexer
-    (`memory_app.embeddings.index_pending`) adds them later; searches scan those rows exactly
-    meanwhile, so none is ever unsearchable.
+    used (`memory_app.embeddings.indexer.ensure_model_index`), because vector dimensions differ
+    by model. Only rows with `indexed` true are in that index: a large batch of client vectors is
+    written with `indexed` false (COPY speed, no graph insertion) and the indexer
+    (`memory_app.embeddings.indexer.index_pending`) adds them later; searches scan those rows
+    exactly meanwhile, so none is ever unsearchable.
 
     The row holds eight columns and nothing else (migration 0015): a 384-d row is then 1,617
     bytes with a 24-byte header, so five fit a page where four did (a ninth column, or any
