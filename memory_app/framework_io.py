@@ -19,6 +19,7 @@ from memory_app.errors import Invalid
 from memory_app.interop import agentscope as as_map
 from memory_app.interop import smolagents as smol
 from memory_app.models import Context, Message, Run, RunStatus, Step, ToolCall
+from memory_app.new_message import NewMessage
 from memory_app.services.curation import messages_set_pruned
 from memory_app.services.messages import MAX_BATCH, messages_append, messages_retag
 from memory_app.services.runs import STEP_FIELDS, run_create, run_finish, steps_append
@@ -206,7 +207,7 @@ def _free_client_ids(context: Context, msg_ids: list[str]) -> dict[str, int]:
     return {mid: taken[mid] + 1 if mid in taken else 0 for mid in msg_ids}
 
 
-def _items_for(context: Context, entries: list[tuple[dict, list[str]]]) -> list[dict]:
+def _items_for(context: Context, entries: list[tuple[dict, list[str]]]) -> list[NewMessage]:
     """Message items for new entries, each copy under the next free client id."""
     next_free = _free_client_ids(context, [m["id"] for m, _ in entries])
     items = []

@@ -206,8 +206,7 @@ async def open_context(
 
 def _append(key, **fields):
     context = auth.context_for_key(key, fields.pop("context_id"))
-    item = MessageIn(**fields).to_item()
-    result = messages_append(context=context, items=[item])
+    result = messages_append(context=context, items=[MessageIn(**fields).to_new_message()])
     return {"message": message_out(result.messages[0]), "created": result.any_created}
 
 

@@ -39,7 +39,9 @@ def _append(request, context_id: int, items: list[MessageIn]) -> messages_servic
     require_scope(request, "write")
     context = context_for(request, context_id)
     # Links to runs or steps of another context are a NotFound (404) from the write path.
-    return messages_service.messages_append(context=context, items=[m.to_item() for m in items])
+    return messages_service.messages_append(
+        context=context, items=[m.to_new_message() for m in items]
+    )
 
 
 @router.post(

@@ -25,9 +25,7 @@ def check_vector(*, model: str, vector: Sequence[float]) -> list[float]:
     """One client vector checked against its model's dimensions (see `client_vectors`)."""
     if not model or len(model) > 200:
         raise Invalid("model must be a non-empty name of at most 200 characters")
-    [checked] = client_vectors(
-        [{"vector": vector, "vector_model": model, "where": "vector"}], label=""
-    )
+    [checked] = client_vectors([(vector, model, "vector")], label="")
     return checked.values.tolist()
 
 
@@ -63,52 +61,58 @@ class ClientVector:
     values: np.ndarray  # float32, one dimension
 
 
-def client_vectors(items: Sequence[dict], *, label: str) -> list[ClientVector | None]:
-    """Check the `vector` / `vector_model` of every item of a batch before anything is written.
+def client_vectors(
+    items: Sequence[tuple[Sequence[float] | None, str | None, str | None]],
+    *,
+    label: str,
+) -> list[ClientVector | None]:
+    """Check the `(vector, vector_model, where)` of every item of a batch before anything is
+    written.
 
     The model is the item's `vector_model`, else the configured one (a vector with neither is
     refused). The model must be registered (`registry`: a 422 listing the registered names, so a
     tenant can neither fix the dimensions of a name nor add an index), and every vector of it
     must have its registered dimensions; a failure names the item (its `where`, else
-    `label[i]`). Returns one entry per item.
+    `label[i]`).
+    Returns one entry per item.
     """
     out: list[ClientVector | None] = []
     active = None
-    for n, item in enumerate(items):
-        where = item.get("where") or f"{label}[{n}]"
-        vector, model = item.get("vector"), item.get("vector_model")
+    for n, (vector, model, where) in enumerate(items):
+        item_where = where or f"{label}[{n}]"
         if vector is None:
             if model:
-                raise Invalid(f"{where}: vector_model given without a vector")
+                raise Invalid(f"{item_where}: vector_model given without a vector")
             out.append(None)
             continue
         if not model:
             active = active or active_model_name()
             if active is None:
                 raise Invalid(
-                    f"{where}: give vector_model (no embedding provider is configured, "
+                    f"{item_where}: give vector_model (no embedding provider is configured, "
                     "so the vector's model cannot be implied)"
                 )
             model = active
         if len(model) > 200:
-            raise Invalid(f"{where}: vector_model is longer than 200 characters")
+            raise Invalid(f"{item_where}: vector_model is longer than 200 characters")
         try:
             values = np.asarray(vector, dtype=np.float32)
         except (TypeError, ValueError) as exc:
-            raise Invalid(f"{where}: the vector must be a list of numbers") from exc
+            raise Invalid(f"{item_where}: the vector must be a list of numbers") from exc
         if values.ndim != 1 or not 1 <= len(values) <= 16000:
-            raise DimensionMismatch(f"{where}: a vector is a flat list of 1 to 16,000 numbers")
+            raise DimensionMismatch(f"{item_where}: a vector is a flat list of 1 to 16,000 numbers")
         if not np.isfinite(values).all():
-            raise Invalid(f"{where}: the vector holds NaN or infinite values")
+            raise Invalid(f"{item_where}: the vector holds NaN or infinite values")
         if np.abs(values).max() > HALFVEC_MAX:
             raise Invalid(
-                f"{where}: the vector holds a value beyond ±65,504, which its index (half "
+                f"{item_where}: the vector holds a value beyond ±65,504, which its index (half "
                 "precision) cannot hold; embeddings are normally within ±1"
             )
-        expected = require_registered(model, where=where)
+        expected = require_registered(model, where=item_where)
         if len(values) != expected:
             raise DimensionMismatch(
-                f"{where}: model {model!r} has {expected} dimensions, this vector has {len(values)}"
+                f"{item_where}: model {model!r} has {expected} dimensions, "
+                f"this vector has {len(values)}"
             )
         out.append(ClientVector(model, values))
     return out

@@ -23,6 +23,7 @@ import re
 from typing import Any
 
 from memory_app.interop import key_order
+from memory_app.new_message import NewMessage
 
 FRAMEWORK = "agentscope"
 DUP_SEPARATOR = "#dup"
@@ -105,25 +106,25 @@ def validate_msg(msg: Any) -> dict[str, Any]:
 
 def msg_to_message(
     msg: dict[str, Any], marks: list[str] | None = None, *, client_id: str | None = None
-) -> dict:
-    """A `Msg.to_dict()` (+ marks) -> the item `messages_append` takes."""
+) -> NewMessage:
+    """A `Msg.to_dict()` (+ marks) -> the message `messages_append` takes."""
     validate_msg(msg)
     marks = list(marks or [])
     if not all(isinstance(m, str) for m in marks):
         raise StateFormatError("marks must be strings")
     metadata = msg.get("metadata") if msg.get("metadata") is not None else {}
-    return {
-        "client_id": client_id or dup_client_id(msg["id"], 0),
-        "role": msg["role"],
-        "name": msg["name"],
-        "text": msg_text(msg.get("content")),
-        "content": msg.get("content"),
-        "tags": marks,
-        "metadata": metadata,
-        "source_timestamp": msg.get("timestamp") or "",
+    return NewMessage(
+        client_id=client_id or dup_client_id(msg["id"], 0),
+        role=msg["role"],
+        name=msg["name"],
+        text=msg_text(msg.get("content")),
+        content=msg.get("content"),
+        tags=marks,
+        metadata=metadata,
+        source_timestamp=msg.get("timestamp") or "",
         # A tool_use block's `input` becomes json.dumps(input) in the prompt: keep its key order.
-        "key_order": key_order.capture({"content": msg.get("content"), "metadata": metadata}),
-    }
+        key_order=key_order.capture({"content": msg.get("content"), "metadata": metadata}),
+    )
 
 
 def message_to_msg(

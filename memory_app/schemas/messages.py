@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from ninja import Schema
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from memory_app.new_message import NewMessage
 from memory_app.schemas.fields import (
     VECTOR_MODEL_DESCRIPTION,
     BulkIn,
@@ -124,16 +125,26 @@ class MessageIn(BulkIn):
     )
     vector_model: Short(200) | None = Field(None, description=VECTOR_MODEL_DESCRIPTION)
 
-    def to_item(self) -> dict[str, Any]:
-        item = self.model_dump(exclude={"content", "vector"})
-        item["vector"] = self.vector
-        # Blocks are stored as sent (exclude_unset): a repeat compares equal to the stored row.
-        item["content"] = (
-            None
-            if self.content is None
-            else [b.model_dump(exclude_unset=True) for b in self.content]
+    def to_new_message(self) -> NewMessage:
+        return NewMessage(
+            client_id=self.client_id,
+            role=self.role,
+            name=self.name,
+            text=self.text,
+            # Blocks are stored as sent (exclude_unset): a repeat compares equal to the stored row.
+            content=(
+                None
+                if self.content is None
+                else [b.model_dump(exclude_unset=True) for b in self.content]
+            ),
+            tags=self.tags,
+            metadata=self.metadata,
+            run_id=self.run_id,
+            step_id=self.step_id,
+            source_timestamp=self.source_timestamp,
+            vector=self.vector,
+            vector_model=self.vector_model,
         )
-        return item
 
 
 class MessageBatchIn(BulkIn):

@@ -85,7 +85,9 @@ def _record(
             "scope_keys must name at least one key (an empty set would reach every context)"
         )
     # Client vectors are checked before anything is written (a wrong dimension names the item).
-    vectors = client_vectors.client_vectors(items, label="items")
+    vectors = client_vectors.client_vectors(
+        [(i.get("vector"), i.get("vector_model"), i.get("where")) for i in items], label="items"
+    )
     results: list[Recorded] = []
     with transaction.atomic():
         for item in items:

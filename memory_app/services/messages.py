@@ -7,6 +7,7 @@ that differ when it is not."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,36 +29,16 @@ from memory_app.models import (
     Run,
     Step,
 )
+from memory_app.new_message import MESSAGE_FIELDS, NewMessage
 from memory_app.search import fulltext
 
 MAX_BATCH = 1000
-MESSAGE_FIELDS = (
-    "role",
-    "name",
-    "text",
-    "content",
-    "tags",
-    "metadata",
-    "run_id",
-    "step_id",
-    "source_timestamp",
-)
 
 
-def _message_defaults(item: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "role": item["role"],
-        "name": item.get("name") or "",
-        "text": item.get("text") or "",
-        "content": item.get("content"),
-        "tags": list(item.get("tags") or []),
-        "metadata": item.get("metadata") or {},
-        "run_id": item.get("run_id"),
-        "step_id": item.get("step_id"),
-        "source_timestamp": item.get("source_timestamp") or "",
-        # Not in MESSAGE_FIELDS: a repeat that differs only in key order is the same message.
-        "key_order": item.get("key_order"),
-    }
+def _as_new_message(item: NewMessage | Mapping[str, Any]) -> NewMessage:
+    # A mapping of NewMessage's fields is taken too (scripts, tests); an unknown key is a
+    # TypeError, as for NewMessage(...) itself.
+    return item if isinstance(item, NewMessage) else NewMessage(**item)
 
 
 @dataclass
@@ -71,14 +52,17 @@ class AppendResult:
 
 
 def messages_append(
-    *, context: Context, items: list[dict[str, Any]], tokenizer: str | None = None
+    *,
+    context: Context,
+    items: Sequence[NewMessage | Mapping[str, Any]],
+    tokenizer: str | None = None,
 ) -> AppendResult:
-    """Append messages to a context, all or nothing.
+    """Append messages (`NewMessage`, or mappings of its fields) to a context, all or nothing.
 
-    `items` are dicts with role, name, text, content, tags, metadata, run_id, step_id,
-    source_timestamp and an optional client_id. Seqs are allocated under the context's row lock,
-    so they are gap-free and strictly increasing whatever the number of concurrent writers.
+    Seqs are allocated under the context's row lock, so they are gap-free and strictly
+    increasing whatever the number of concurrent writers.
     """
+    items = [_as_new_message(i) for i in items]
     if len(items) < COPY_THRESHOLD:
         return _messages_append(context=context, items=items, tokenizer=tokenizer)
     with gc_paused():
@@ -86,27 +70,27 @@ def messages_append(
 
 
 def _messages_append(
-    *, context: Context, items: list[dict[str, Any]], tokenizer: str | None
+    *, context: Context, items: list[NewMessage], tokenizer: str | None
 ) -> AppendResult:
     if not items:
         return AppendResult(messages=[])
     if len(items) > MAX_BATCH:
         raise Invalid(f"at most {MAX_BATCH} messages per request, got {len(items)}")
-    client_ids = [i.get("client_id") for i in items if i.get("client_id")]
+    client_ids = [i.client_id for i in items if i.client_id]
     if len(set(client_ids)) != len(client_ids):
         raise Invalid("client ids repeat within the batch")
 
     # Client vectors are checked before anything is written (a wrong dimension names the item).
-    vectors = client_vectors.client_vectors(items, label="messages")
+    vectors = client_vectors.client_vectors(
+        [(i.vector, i.vector_model, None) for i in items], label="messages"
+    )
     tokenizer = tokenizer or tokens.default_tokenizer_name()
     tokens.get_encoding(tokenizer)  # an unknown tokenizer fails before any work
-    prepared = [_message_defaults(i) for i in items]
-    _check_links(context=context, items=prepared)
+    _check_links(context=context, items=items)
 
     args = {
         "context": context,
         "items": items,
-        "prepared": prepared,
         "vectors": vectors,
         "client_ids": client_ids,
         "tokenizer": tokenizer,
@@ -123,12 +107,12 @@ def _messages_append(
     return result
 
 
-def _append_once(*, context, items, prepared, vectors, client_ids, tokenizer) -> AppendResult:
+def _append_once(*, context, items, vectors, client_ids, tokenizer) -> AppendResult:
     with transaction.atomic():
         existing = _stored_by_client_id(context, client_ids)
-        results, created_flags, new = _match_repeats(items, prepared, existing)
+        results, created_flags, new = _match_repeats(items, existing)
         if new:
-            specs = [(items[n].get("client_id") or None, prepared[n]) for n in new]
+            specs = [items[n] for n in new]
             copy = len(new) >= COPY_THRESHOLD
             # Repeats are not counted. A small batch is counted before the lock (the UPDATE in
             # `_allocate_seqs` takes it); a large one inside its COPY stream (`_copy_messages`).
@@ -136,7 +120,7 @@ def _append_once(*, context, items, prepared, vectors, client_ids, tokenizer) ->
                 None
                 if copy
                 else tokens.count_tokens(
-                    [tokens.token_text(d["text"], d["content"]) for _, d in specs],
+                    [tokens.token_text(m.text, m.content) for m in specs],
                     tokenizer=tokenizer,
                 )
             )
@@ -177,20 +161,20 @@ def _stored_by_client_id(context: Context, client_ids: list[str]) -> dict[str, M
 
 
 def _match_repeats(
-    items: list[dict[str, Any]], prepared: list[dict[str, Any]], existing: dict[str, Message]
+    items: list[NewMessage], existing: dict[str, Message]
 ) -> tuple[list[Message | None], list[bool], list[int]]:
     """Each item's stored message when it repeats one (`Conflict` when its content differs),
     None where it is new; whether each is created; and the positions in `items` of the new."""
     results: list[Message | None] = []
     created_flags: list[bool] = []
     new: list[int] = []
-    for n, (item, data) in enumerate(zip(items, prepared, strict=True)):
-        cid = item.get("client_id")
+    for n, item in enumerate(items):
+        cid = item.client_id
         if cid and cid in existing:
             stored = existing[cid]
             diff = differences(
                 {k: getattr(stored, k) for k in MESSAGE_FIELDS},
-                {k: data[k] for k in MESSAGE_FIELDS},
+                {k: getattr(item, k) for k in MESSAGE_FIELDS},
             )
             if diff:
                 raise Conflict(f"message {cid!r} already exists with different content", diff)
@@ -237,7 +221,7 @@ def _add_tokens(context: Context, token_count: int) -> None:
 
 def _insert_messages(
     context: Context,
-    specs: list[tuple[str | None, dict[str, Any]]],
+    specs: list[NewMessage],
     counts: list[int],
     first_seq: int,
     tokenizer: str,
@@ -245,14 +229,13 @@ def _insert_messages(
     """A small batch's new messages, seqs from `first_seq` on, in one multi-row INSERT."""
     rows = [
         _new_message(
+            m,
             context_id=context.pk,
-            client_id=cid,
             seq=first_seq + offset,
             token_count=count,
             tokenizer=tokenizer,
-            **data,
         )
-        for offset, ((cid, data), count) in enumerate(zip(specs, counts, strict=True))
+        for offset, (m, count) in enumerate(zip(specs, counts, strict=True))
     ]
     Message.objects.bulk_create(rows)
     return rows
@@ -266,10 +249,17 @@ _MESSAGE_COLUMNS = [(f.attname, f) for f in Message._meta.concrete_fields]
 _MESSAGE_ATTNAMES = frozenset(a for a, _ in _MESSAGE_COLUMNS)
 
 
-def _new_message(**values: Any) -> Message:
-    """`Message(**values)` built positionally, as `Model.from_db` builds rows: Django's keyword
-    path (a default and a descriptor per field) is a visible share of a large batch."""
+# The row's columns that come from the message as written (the write path adds the others).
+_WRITTEN = (*MESSAGE_FIELDS, "client_id", "key_order")
+
+
+def _new_message(message: NewMessage, **values: Any) -> Message:
+    """The row of `message` with the write path's `values` (seq, counts...), built positionally
+    as `Model.from_db` builds rows: Django's keyword path (a default and a descriptor per field)
+    is a visible share of a large batch."""
     _check_message_fields(values)
+    for name in _WRITTEN:
+        values[name] = getattr(message, name)
     return Message(*[values[a] if a in values else f.get_default() for a, f in _MESSAGE_COLUMNS])
 
 
@@ -287,12 +277,14 @@ def _message_factory():
         return _new_message
     new, state, defaults = Message.__new__, ModelState, _MESSAGE_COLUMNS
 
-    def build(**values: Any) -> Message:
+    def build(message: NewMessage, **values: Any) -> Message:
         _check_message_fields(values)
         row = new(Message)
         row._state = state()
         fields = row.__dict__
         fields.update(values)
+        for name in _WRITTEN:
+            fields[name] = getattr(message, name)
         for attname, f in defaults:
             if attname not in fields:
                 fields[attname] = f.get_default()
@@ -335,11 +327,11 @@ _COPY_COLUMNS = (
 def _copy_messages(
     *,
     context_id: int,
-    specs: list[tuple[str | None, dict[str, Any]]],
+    specs: list[NewMessage],
     first_seq: int,
     tokenizer: str,
 ) -> list[Message]:
-    """Insert new messages (`(client_id, prepared fields)`, seqs from `first_seq` on) with one
+    """Insert new messages (seqs from `first_seq` on) with one
     COPY and return them as saved rows; ids are drawn from the table's sequence first so the
     objects come back with their primary keys, as bulk_create would give them.
 
@@ -370,22 +362,19 @@ def _copy_messages(
         ):  # noqa: S608 - constants
             for lo in range(0, len(specs), COPY_CHUNK):
                 chunk = specs[lo : lo + COPY_CHUNK]
-                counts = [len(encode(token_text(d["text"], d["content"]))) for _, d in chunk]
+                counts = [len(encode(token_text(m.text, m.content))) for m in chunk]
                 lines = []
-                for offset, ((cid, d), count) in enumerate(
-                    zip(chunk, counts, strict=True), start=lo
-                ):
+                for offset, (m, count) in enumerate(zip(chunk, counts, strict=True), start=lo):
                     pk, seq = ids[offset], first_seq + offset
                     r = build(
+                        m,
                         id=pk,
                         context_id=context_id,
-                        client_id=cid,
                         seq=seq,
                         tokenizer=tokenizer,
                         token_count=count,
                         created_at=now,
                         updated_at=now,
-                        **d,
                     )
                     rows.append(r)
                     lines.append(
@@ -394,7 +383,7 @@ def _copy_messages(
                                 pk,
                                 context_id,
                                 seq,
-                                cid,
+                                r.client_id,
                                 r.role,
                                 r.name,
                                 r.text,
@@ -417,13 +406,13 @@ def _copy_messages(
     return rows
 
 
-def _check_links(*, context: Context, items: list[dict[str, Any]]) -> None:
+def _check_links(*, context: Context, items: list[NewMessage]) -> None:
     """Messages may link only to runs and steps of their own context (others: NotFound)."""
     for link, qs in (
         ("run_id", Run.objects.filter(context=context)),
         ("step_id", Step.objects.filter(run__context=context)),
     ):
-        wanted = {i[link] for i in items if i.get(link)}
+        wanted = {getattr(i, link) for i in items if getattr(i, link)}
         if wanted:
             found = set(qs.filter(pk__in=wanted).values_list("pk", flat=True))
             if missing := wanted - found:
