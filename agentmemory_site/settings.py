@@ -5,6 +5,7 @@ See the configuration table in README.md.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 from datetime import timedelta
@@ -41,6 +42,11 @@ DEBUG = env_bool("DJANGO_DEBUG")
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
 
+# django-ninja's Swagger page and its offline assets, by folder: installing ninja as an app imports
+# it (pydantic and all) in every process that loads the settings, the largest share of start-up.
+# The API's docs page renders ninja's template from these folders (memory_app.api.app).
+NINJA_DIR = Path(importlib.util.find_spec("ninja").origin).parent
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -54,7 +60,6 @@ INSTALLED_APPS = [
     # htmx.js from PyPI (django-js-lib-htmx) rather than a CDN or a vendored copy: the dashboard
     # works offline and the version is pinned and upgraded like any other dependency.
     "js_lib_htmx",
-    "ninja",
     # Login throttling and lockout (see AXES_* below).
     "axes",
     "memory_app",
@@ -95,7 +100,7 @@ ASGI_APPLICATION = "agentmemory_site.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [BASE_DIR / "templates", NINJA_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -185,7 +190,7 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [BASE_DIR / "static", NINJA_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "staticfiles"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 # whitenoise serves straight from the finders: no collectstatic step on a fresh clone.

@@ -6,8 +6,6 @@ from __future__ import annotations
 from django.core import checks
 from django.db import connections
 
-from memory_app.embeddings import indexer
-
 # hnsw.iterative_scan (filtered HNSW searches that return k rows) arrived in pgvector 0.8.0.
 MIN_PGVECTOR = (0, 8)
 
@@ -77,6 +75,10 @@ def check_model_prices(app_configs, **kwargs):
 def check_hnsw_parameters(app_configs, databases=None, **kwargs):
     """An index built before AGENTMEMORY_HNSW_M / _EF_CONSTRUCTION changed keeps its old graph:
     say so, and how to rebuild it, instead of leaving the change silently without effect."""
+
+    # Imported here: the checks module loads with the app registry in every process, and the
+    # indexer brings the embedding providers (numpy, httpx) only a database check needs.
+    from memory_app.embeddings import indexer
 
     warnings = []
     for alias in databases or ():

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
 from django.db import DataError, IntegrityError
 from django.http import HttpRequest
-from ninja import NinjaAPI
+from ninja import NinjaAPI, Swagger
 from ninja.errors import AuthenticationError
 from ninja.parser import Parser
 from ninja.renderers import JSONRenderer
@@ -29,6 +30,14 @@ class StrictJSONRenderer(JSONRenderer):
         return common.json_dumps(data)
 
 
+class OfflineSwagger(Swagger):
+    """ninja's Swagger page with ninja's own bundled assets. ninja renders its CDN page unless it
+    is an installed app; it is not one here (settings.NINJA_DIR says why), so the page it
+    renders is the offline one, found in the same folders."""
+
+    template_cdn = str(settings.NINJA_DIR / "templates" / "ninja" / "swagger.html")
+
+
 api = NinjaAPI(
     title="agentmemory Agent API",
     version="1",
@@ -42,6 +51,7 @@ api = NinjaAPI(
     renderer=StrictJSONRenderer(),
     openapi_url="openapi.json",
     docs_url="docs",
+    docs=OfflineSwagger(),
     urls_namespace="api",
 )
 
