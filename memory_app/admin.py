@@ -266,42 +266,40 @@ class PurgeAdmin(AuditedAdmin):
 
     def delete_ids(self, request, ids):
         from memory_app.services import curation  # the write path, loaded when used
+        from memory_app.services.memories import memory_purge
 
-        # Messages, steps and runs (and those a context takes with it) go through the write
-        # path's purge: counters kept, their edit events' text and trace spans erased, one event
-        # per context.
+        # Messages, steps, runs and memories (and those a context takes with it) go through the
+        # write path's purge: counters kept, their text erased from edit events, trace spans and
+        # audit payloads, one event per context.
+        message_ids, step_ids, run_ids, memory_ids = [], [], [], []
         if self.model is Context:
             message_ids = list(
                 Message.objects.filter(context_id__in=ids).values_list("pk", flat=True)
             )
-            step_ids = list(
-                Step.objects.filter(run__context_id__in=ids).values_list("pk", flat=True)
+            run_ids = list(Run.objects.filter(context_id__in=ids).values_list("pk", flat=True))
+            memory_ids = list(
+                MemoryRecord.objects.filter(context_id__in=ids).values_list("pk", flat=True)
             )
         elif self.model is Run:
-            message_ids, step_ids = [], []
+            run_ids = ids
         elif self.model is Message:
-            message_ids, step_ids = ids, []
+            message_ids = ids
         elif self.model is Step:
-            message_ids, step_ids = [], ids
-        else:
-            message_ids, step_ids = [], []
-        if self.model is MemoryRecord:
-            from memory_app.services.memories import memory_purge
-
-            actor = Actor.for_user(request.user)
-            for record in MemoryRecord.objects.filter(pk__in=ids):
-                memory_purge(record=record, actor=actor, note="via admin")
-            return
-        run_ids = ids if self.model is Run else []
+            step_ids = ids
+        elif self.model is MemoryRecord:
+            memory_ids = ids
+        actor = Actor.for_user(request.user)
         if message_ids or step_ids or run_ids:
             curation.selected_purge(
                 message_ids=message_ids,
                 step_ids=step_ids,
                 run_ids=run_ids,
                 confirmation=request.POST.get("confirmation", ""),
-                actor=Actor.for_user(request.user),
+                actor=actor,
                 note="via admin",
             )
+        for record in MemoryRecord.objects.filter(pk__in=memory_ids):
+            memory_purge(record=record, actor=actor, note="via admin")
         if self.model not in WRITE_PATH_PURGES:
             super().delete_ids(request, ids)
 

@@ -409,3 +409,20 @@ def test_the_dashboard_purges_a_memory_after_the_typed_phrase_for_admins_only(cl
     event = AuditEvent.objects.get(action="purge", target_type="memoryrecord")
     assert event.actor == f"user:{admin.username}"
     assert tables_holding(SECRET) == []
+
+
+def test_deleting_a_context_in_the_admin_purges_everything_it_held(writer, client):
+    run = traced_run(writer)
+    context = run.context
+    record = _memory(context, f"remember {SECRET}")
+    memory_edit(record=record, actor=ACTOR, content=f"remember {SECRET} well")
+    messages_append(context=context, items=[{"role": "user", "text": f"said {SECRET}"}])
+    superuser = make_user(role=None, username="root")
+    superuser.is_staff = superuser.is_superuser = True
+    superuser.save()
+    client.force_login(superuser)
+    url = reverse("admin:memory_app_context_delete", args=[context.pk])
+    client.post(url, {"post": "yes", "confirmation": PURGE_CONFIRMATION})
+    assert not Context.objects.filter(pk=context.pk).exists()
+    assert tables_holding(SECRET) == []
+    assert AuditEvent.objects.filter(action="purge", target_type="memoryrecord").exists()

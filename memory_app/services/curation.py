@@ -389,7 +389,14 @@ def _purge(
     """Delete these messages and steps (in the caller's transaction), keep the counters of their
     contexts and runs, scrub the text from their edit events, audit one purge per context/run."""
     events: list[AuditEvent] = []
-    lock_contexts(messages.values_list("context_id", flat=True).distinct())
+    # The steps' contexts too: trace ingest holds a context's row while it maps a trace's spans,
+    # so it never reads spans this purge is erasing.
+    lock_contexts(
+        [
+            *messages.values_list("context_id", flat=True).distinct(),
+            *steps.values_list("run__context_id", flat=True).distinct(),
+        ]
+    )
     rows = list(messages.select_for_update().values_list("pk", "context_id", "token_count"))
     step_rows = list(
         steps.select_for_update().values_list("pk", "run_id", "run__context_id", "client_id")
