@@ -175,7 +175,7 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
     done = set(Step.objects.filter(run=run).values_list("client_id", flat=True))
     items, root, sources = _steps(spans)
     purged = _tombstones(spans)
-    # A span that arrives after its step was purged (a retried batch) is purged on arrival.
+    # A span of a purged step that arrives later (a child sent after its parent) is erased too.
     _redact(context, spans, {c: sources[c] for c in purged if c in sources})
     done |= purged
     # In start order, so renumbering is needed only when a step starts before one already written.
