@@ -426,3 +426,19 @@ def test_deleting_a_context_in_the_admin_purges_everything_it_held(writer, clien
     assert not Context.objects.filter(pk=context.pk).exists()
     assert tables_holding(SECRET) == []
     assert AuditEvent.objects.filter(action="purge", target_type="memoryrecord").exists()
+
+
+def test_a_span_of_a_purged_step_arriving_late_is_erased_on_arrival(writer):
+    first = json.loads(FIRST)
+    spans = first["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    tool = next(s for s in spans if s["spanId"] == TOOL1)
+    spans.remove(tool)
+    send(writer, json.dumps(first).encode())
+    run = Run.objects.get(client_id=f"otel:{TRACE}")
+    step = Step.objects.get(run=run, client_id=STEP1)
+    curation.selected_purge(step_ids=[step.pk], confirmation=PURGE_CONFIRMATION, actor=ACTOR)
+    assert tables_holding(SECRET) == []
+    send(writer, otlp(tool))
+    assert TraceSpan.objects.get(run=run, span_id=TOOL1).data == {"purged": True}
+    assert not Step.objects.filter(run=run, client_id=STEP1).exists()
+    assert tables_holding(SECRET) == []
