@@ -266,6 +266,9 @@ AGENTMEMORY_INDEX_DEFER_MIN = int(os.environ.get("AGENTMEMORY_INDEX_DEFER_MIN", 
 # off, only `manage.py embed_worker` / `manage.py index_pending` drain it.
 AGENTMEMORY_INDEXER_THREAD = env_bool("AGENTMEMORY_INDEXER_THREAD", True)
 AGENTMEMORY_INDEXER_BATCH = int(os.environ.get("AGENTMEMORY_INDEXER_BATCH", "1000"))
+# Trace spans received more than this many days ago are deleted (the steps and runs made from them
+# stay) by `embed_worker` and `manage.py expire_spans`; 0 keeps them.
+AGENTMEMORY_SPAN_RETENTION_DAYS = int(os.environ.get("AGENTMEMORY_SPAN_RETENTION_DAYS", "0"))
 
 # What the run logbook prices a step at when the agent reports no cost: USD per million input
 # and output tokens, by model name (a dated name such as gpt-4o-2024-08-06 takes the price of its

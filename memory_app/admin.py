@@ -4,9 +4,10 @@ Pruned items stay visible (filter "pruned") and can be pruned/restored with audi
 Every create, edit and delete made here leaves an audit event, as the dashboard's changes do.
 Deleting what agents wrote (contexts, messages, runs, steps, tool calls, memories, trace spans)
 is a purge: irreversible, so Django admin's own delete pages (one object, or "Delete selected")
-ask for the dashboard's typed purge phrase, and messages and steps go through the purge of the
-write path (counters kept, the text of their edit events erased). Admin users keep the delete
-button they know; what changes is the one field on the page that already asks "are you sure?".
+ask for the dashboard's typed purge phrase, and messages, steps, runs and memories go through the
+purge of the write path (counters kept, their text erased from edit events and trace spans).
+Admin users keep the delete button they know; what changes is the one field on the page that
+already asks "are you sure?".
 """
 
 import json
@@ -221,6 +222,10 @@ def purge_selected(modeladmin, request, queryset):
     return response
 
 
+# Deleted (and audited) by the write path's purge, which also erases their derived copies.
+WRITE_PATH_PURGES = (Message, Step, Run, MemoryRecord)
+
+
 class PurgeAdmin(AuditedAdmin):
     """Deleting agent content is a purge: the typed phrase on both of Django's delete pages."""
 
@@ -248,49 +253,54 @@ class PurgeAdmin(AuditedAdmin):
         return super().delete_view(request, object_id, extra)
 
     def delete_model(self, request, obj):
-        if self.model in (Message, Step):
+        if self.model in WRITE_PATH_PURGES:
             self.delete_ids(request, [obj.pk])  # the write path's purge audits it
         else:
             super().delete_model(request, obj)
 
     def delete_queryset(self, request, queryset):
-        if self.model in (Message, Step):
+        if self.model in WRITE_PATH_PURGES:
             self.delete_ids(request, list(queryset.values_list("pk", flat=True)))
         else:
             super().delete_queryset(request, queryset)
 
     def delete_ids(self, request, ids):
         from memory_app.services import curation  # the write path, loaded when used
+        from memory_app.services.memories import memory_purge
 
-        # Messages and steps (and those a context or run takes with it) go through the write
-        # path's purge: counters kept, their edit events' text erased, one event per context.
+        # Messages, steps, runs and memories (and those a context takes with it) go through the
+        # write path's purge: counters kept, their text erased from edit events, trace spans and
+        # audit payloads, one event per context.
+        message_ids, step_ids, run_ids, memory_ids = [], [], [], []
         if self.model is Context:
             message_ids = list(
                 Message.objects.filter(context_id__in=ids).values_list("pk", flat=True)
             )
-            step_ids = list(
-                Step.objects.filter(run__context_id__in=ids).values_list("pk", flat=True)
+            run_ids = list(Run.objects.filter(context_id__in=ids).values_list("pk", flat=True))
+            memory_ids = list(
+                MemoryRecord.objects.filter(context_id__in=ids).values_list("pk", flat=True)
             )
         elif self.model is Run:
-            message_ids, step_ids = (
-                [],
-                list(Step.objects.filter(run_id__in=ids).values_list("pk", flat=True)),
-            )
+            run_ids = ids
         elif self.model is Message:
-            message_ids, step_ids = ids, []
+            message_ids = ids
         elif self.model is Step:
-            message_ids, step_ids = [], ids
-        else:
-            message_ids, step_ids = [], []
-        if message_ids or step_ids:
+            step_ids = ids
+        elif self.model is MemoryRecord:
+            memory_ids = ids
+        actor = Actor.for_user(request.user)
+        if message_ids or step_ids or run_ids:
             curation.selected_purge(
                 message_ids=message_ids,
                 step_ids=step_ids,
+                run_ids=run_ids,
                 confirmation=request.POST.get("confirmation", ""),
-                actor=Actor.for_user(request.user),
+                actor=actor,
                 note="via admin",
             )
-        if self.model not in (Message, Step):
+        for record in MemoryRecord.objects.filter(pk__in=memory_ids):
+            memory_purge(record=record, actor=actor, note="via admin")
+        if self.model not in WRITE_PATH_PURGES:
             super().delete_ids(request, ids)
 
 

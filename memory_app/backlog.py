@@ -1,6 +1,7 @@
 """Deferred work and who does it: vectors waiting for a provider, vectors waiting for their HNSW
-graph, messages waiting for their full-text vector. A per-process thread drains the last two
-after a large batch commits; `manage.py embed_worker` (`run_worker`) loops over all three."""
+graph, messages waiting for their full-text vector, trace spans past their retention. A
+per-process thread drains the middle two after a large batch commits; `manage.py embed_worker`
+(`run_worker`) loops over all four; `manage.py expire_spans` applies the retention once."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ import logging
 import os
 import threading
 import time
+from datetime import timedelta
 
 from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
 
 from memory_app.embeddings.indexer import index_batch, index_pending
 from memory_app.embeddings.providers import EmbeddingProvider
 from memory_app.embeddings.worker import BACKOFF_BASE_SECONDS, BatchResult, embed_batch
+from memory_app.models import TraceSpan
 from memory_app.search import fulltext
 
 log = logging.getLogger(__name__)
@@ -97,6 +102,42 @@ def wake_indexer() -> None:
     indexer.wake()
 
 
+SPAN_EXPIRE_BATCH = 1000
+
+
+def expire_spans_batch(*, batch_size: int = SPAN_EXPIRE_BATCH) -> int | None:
+    """Delete up to `batch_size` trace spans received more than AGENTMEMORY_SPAN_RETENTION_DAYS
+    ago, oldest first, in one committed transaction; None when the retention is off.
+
+    The steps and runs made from them stay. A span marking a purged step (`purged`,
+    `purged_task`) keeps its marker and loses the rest: deleted, a re-sent copy of it would make
+    the purged step again. Markers go with their run."""
+    days = settings.AGENTMEMORY_SPAN_RETENTION_DAYS
+    if days <= 0:
+        return None
+    cutoff = timezone.now() - timedelta(days=days)
+    with transaction.atomic():
+        rows = list(
+            TraceSpan.objects.filter(received_at__lt=cutoff)
+            .exclude(data__has_key="purged")
+            .order_by("received_at")
+            .select_for_update(skip_locked=True)
+            .values_list("pk", "data__purged_task")[:batch_size]
+        )
+        marked = [pk for pk, task in rows if task]
+        TraceSpan.objects.filter(pk__in=[pk for pk, task in rows if not task]).delete()
+        TraceSpan.objects.filter(pk__in=marked).update(data={"purged": True, "purged_task": True})
+    return len(rows)
+
+
+def expire_spans(*, batch_size: int = SPAN_EXPIRE_BATCH) -> int:
+    """Apply the span retention until nothing is left to expire; answers the spans expired."""
+    total = 0
+    while written := expire_spans_batch(batch_size=batch_size):
+        total += written
+    return total
+
+
 def run_worker(
     *,
     provider: EmbeddingProvider,
@@ -116,14 +157,16 @@ def run_worker(
             break
         res = embed_batch(provider=provider, batch_size=batch_size, backoff_base=backoff_base)
         # The deferred HNSW insertions too, one batch per turn (several workers share them).
-        indexed, parsed = 0, None
+        indexed, parsed, expired = 0, None, 0
         try:
             indexed = index_batch()
             # And the messages waiting for their full-text vector, one context's batch a turn
             # (None: no context behind; 0 can still be progress, over a range of pruned messages).
             parsed = fulltext.index_batch()
+            # And the trace spans past their retention, one batch a turn.
+            expired = expire_spans_batch() or 0
         except Exception:
-            log.exception("indexer: deferred vectors or full-text vectors failed; retrying")
+            log.exception("indexer: deferred vectors, full-text vectors or span expiry failed")
         totals.indexed += indexed
         totals.parsed += parsed or 0
         batches += 1 if res.claimed else 0
@@ -142,7 +185,9 @@ def run_worker(
                 provider.describe(),
                 totals.embedded,
             )
-        if (not res.claimed and not indexed and parsed is None) or res.failed:
+        if expired:
+            log.info("expired %d trace spans past their retention", expired)
+        if (not res.claimed and not indexed and parsed is None and not expired) or res.failed:
             if once:
                 break
             time.sleep(idle_sleep)

@@ -74,6 +74,7 @@ curation_urlpatterns = [
     path("memories/merge/", memories.memory_merge, name="memory-merge"),
     path("memories/<int:memory_id>/edit/", memories.memory_edit, name="memory-edit"),
     path("memories/<int:memory_id>/archive/", memories.memory_archive, name="memory-archive"),
+    path("memories/<int:memory_id>/purge/", memories.memory_purge_view, name="memory-purge"),
     path(
         "messages/<int:message_id>/promote/",
         memories.promote_message,

@@ -1,4 +1,5 @@
-"""Long-term memories: record, retrieve, get, edit, archive, restore (`/api/v1/memories`).
+"""Long-term memories: record, retrieve, get, edit, archive, restore, purge
+(`/api/v1/memories`).
 
 A record's scope is one context (`context_id`) or a key subset (`scope_keys`) shared by every
 context whose keys contain it. A key confined to `{"tenant": "acme"}` may only use scopes inside
@@ -18,6 +19,7 @@ from memory_app.schemas.fields import INT64_MAX
 from memory_app.schemas.memories import (
     MemoryEditIn,
     MemoryNoteIn,
+    MemoryPurgedOut,
     MemoryRecordBatchOut,
     MemoryRecordIn,
     MemoryRecordOut,
@@ -27,7 +29,7 @@ from memory_app.schemas.memories import (
     retrieve_out,
 )
 from memory_app.services import memories as memories_services
-from memory_app.services.memories import memory_set_archived
+from memory_app.services.memories import memory_purge, memory_set_archived
 
 router = Router(tags=["memories"])
 MemoryId = Annotated[int, Path(ge=1, le=INT64_MAX, description="memory id", examples=[5])]
@@ -124,3 +126,21 @@ def memory_restore(request, memory_id: MemoryId, body: MemoryNoteIn | None = Non
         note=(body.note if body else "") or "",
     )
     return Status(200, record)
+
+
+@router.delete(
+    "/memories/{memory_id}",
+    response=responses({200: MemoryPurgedOut}, WRITE_ERRORS),
+    summary="Purge a memory",
+)
+def memory_delete(request, memory_id: MemoryId, body: MemoryNoteIn | None = None):
+    """Irreversible, 'admin' scope: the record, its vectors and its content in the audit trail
+    are deleted for good (archive hides a memory and keeps it). The purge is audited without the
+    content."""
+    require_scope(request, "admin")
+    event = memory_purge(
+        record=_memory_for(request, memory_id),
+        actor=actor_for(request),
+        note=(body.note if body else "") or "",
+    )
+    return Status(200, {"id": memory_id, "audit_event_id": event.pk})

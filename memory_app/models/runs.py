@@ -155,10 +155,14 @@ class TraceSpan(models.Model):
     Spans of one trace arrive in several requests, children before their parents (an exporter
     sends a span when it ends). Keeping them lets a later request build a step from spans an
     earlier one brought; the steps themselves are written through `memory_app.services.runs`.
+    A purged step's spans keep only their ids, name, role and times (`data` is `{"purged": true}`)
+    so that the trace's later spans do not make it again.
     """
 
     context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="+")
-    run = models.ForeignKey(Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    # Deleted with their run: kept, they would make its steps again when the trace's next span
+    # arrives.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, null=True, blank=True, related_name="+")
     trace_id = models.CharField(max_length=32)
     span_id = models.CharField(max_length=16)
     parent_span_id = models.CharField(max_length=16, blank=True, default="")
@@ -175,6 +179,8 @@ class TraceSpan(models.Model):
                 fields=["context", "trace_id", "span_id"], name="tracespan_ids_unique"
             ),
         ]
+        # The retention's batches (AGENTMEMORY_SPAN_RETENTION_DAYS) take the oldest first.
+        indexes = [models.Index(fields=["received_at"], name="tracespan_received_idx")]
 
     def __str__(self) -> str:
         return f"span {self.span_id} ({self.role}) of trace {self.trace_id}"

@@ -230,6 +230,14 @@ class MemoryNoteIn(Schema):
     note: Text | None = Field(None, max_length=2000)
 
 
+class MemoryPurgedOut(Schema):
+    """A purged record's id and the audit event that records the purge."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"id": 5, "audit_event_id": 812}]})
+    id: int
+    audit_event_id: int
+
+
 def record(key, body: MemoryRecordIn) -> list[Recorded]:
     """Record what `body` says, in the scope it names, as `key` (REST and MCP call this)."""
     scope = memories.scope_for_key(key, context_id=body.context_id, scope_keys=body.scope_keys)

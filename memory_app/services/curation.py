@@ -19,8 +19,18 @@ from django.utils import timezone
 from memory_app.audit import Actor, audit_record
 from memory_app.db import lock_contexts
 from memory_app.errors import Conflict, Invalid, NotFound
-from memory_app.models import AuditEvent, Context, Message, MessageRole, Run, Step
+from memory_app.models import (
+    AuditEvent,
+    Context,
+    Message,
+    MessageRole,
+    Run,
+    Step,
+    ToolCall,
+    TraceSpan,
+)
 from memory_app.services.messages import message_edit
+from memory_app.services.traces import trace_steps_purge
 
 PREVIEW_SAMPLE = 50
 MAX_TEXT_FILTER = 500
@@ -321,23 +331,56 @@ def pruned_purge(
 
 
 def selected_purge(
-    *, message_ids=(), step_ids=(), confirmation: str, actor: Actor, note: str = ""
+    *, message_ids=(), step_ids=(), run_ids=(), confirmation: str, actor: Actor, note: str = ""
 ) -> list[AuditEvent]:
-    """Delete for good these messages and steps, pruned or not (Django admin's delete).
+    """Delete for good these messages, steps and runs, pruned or not (Django admin's delete).
 
     The same typed confirmation as `pruned_purge`, the same counters kept and edits scrubbed.
+    A run goes with its steps and the trace spans it was made from.
     """
     if (confirmation or "").strip() != PURGE_CONFIRMATION:
         raise Invalid(f"type {PURGE_CONFIRMATION!r} to confirm the purge")
+    run_ids = list(run_ids)
     with transaction.atomic():
-        return _purge(
+        events = _purge(
             Message.objects.filter(pk__in=list(message_ids)),
-            Step.objects.filter(pk__in=list(step_ids)),
+            Step.objects.filter(Q(pk__in=list(step_ids)) | Q(run_id__in=run_ids)),
             actor=actor,
             after={"selected": True},
             what="",
             note=note,
         )
+        return events + _purge_runs(run_ids, actor=actor, note=note)
+
+
+def _purge_runs(run_ids: list[int], *, actor: Actor, note: str) -> list[AuditEvent]:
+    """Delete these runs (their steps already purged) with their trace spans and tool calls,
+    keep their contexts' run counts, scrub their edit events; one purge event per context."""
+    rows = list(
+        Run.objects.filter(pk__in=run_ids).select_for_update().values_list("pk", "context_id")
+    )
+    per_context: dict[int, list[int]] = {}
+    for pk, context_id in rows:
+        per_context.setdefault(context_id, []).append(pk)
+    events = []
+    why = f" ({note})" if note else ""
+    for context_id, ids in sorted(per_context.items()):
+        TraceSpan.objects.filter(context_id=context_id, run_id__in=ids).delete()
+        Run.objects.filter(context_id=context_id, pk__in=ids).delete()
+        Context.objects.filter(pk=context_id).update(run_count=F("run_count") - len(ids))
+        _scrub_edits(target_type="run", ids=ids)
+        events.append(
+            audit_record(
+                actor=actor,
+                action="purge",
+                target_type="run",
+                target_ids=ids,
+                context_id=context_id,
+                after={"count": len(ids)},
+                note=f"purged {len(ids)} runs{why}",
+            )
+        )
+    return events
 
 
 def _purge(
@@ -346,9 +389,18 @@ def _purge(
     """Delete these messages and steps (in the caller's transaction), keep the counters of their
     contexts and runs, scrub the text from their edit events, audit one purge per context/run."""
     events: list[AuditEvent] = []
-    lock_contexts(messages.values_list("context_id", flat=True).distinct())
+    # The steps' contexts too: trace ingest holds a context's row while it maps a trace's spans,
+    # so it never reads spans this purge is erasing.
+    lock_contexts(
+        [
+            *messages.values_list("context_id", flat=True).distinct(),
+            *steps.values_list("run__context_id", flat=True).distinct(),
+        ]
+    )
     rows = list(messages.select_for_update().values_list("pk", "context_id", "token_count"))
-    step_rows = list(steps.select_for_update().values_list("pk", "run_id", "run__context_id"))
+    step_rows = list(
+        steps.select_for_update().values_list("pk", "run_id", "run__context_id", "client_id")
+    )
     why = f" ({note})" if note else ""
     if rows:
         ids = [pk for pk, _, _ in rows]
@@ -378,9 +430,23 @@ def _purge(
             )
     if step_rows:
         per_run: dict[tuple[int, int], list[int]] = {}
-        for pk, run_id, context_id in step_rows:
+        for pk, run_id, context_id, _ in step_rows:
             per_run.setdefault((run_id, context_id), []).append(pk)
-        Step.objects.filter(pk__in=[r[0] for r in step_rows]).delete()
+        step_ids = [r[0] for r in step_rows]
+        # Every copy of the steps' text: the trace spans they were made from (else the trace's
+        # next span makes them again), their own and their tool calls' edit events.
+        client_ids: dict[int, list[str]] = {}
+        for _pk, run_id, _, client_id in step_rows:
+            if client_id:
+                client_ids.setdefault(run_id, []).append(client_id)
+        for run in Run.objects.filter(pk__in=list(client_ids)):
+            trace_steps_purge(run=run, client_ids=client_ids[run.pk])
+        _scrub_edits(
+            target_type="toolcall",
+            ids=list(ToolCall.objects.filter(step_id__in=step_ids).values_list("pk", flat=True)),
+        )
+        _scrub_edits(target_type="step", ids=step_ids)
+        Step.objects.filter(pk__in=step_ids).delete()
         for (run_id, context_id), ids in per_run.items():
             Run.objects.filter(pk=run_id).update(step_count=F("step_count") - len(ids))
             events.append(
@@ -398,6 +464,8 @@ def _purge(
 
 
 def _scrub_edits(*, target_type: str, ids: list[int]) -> None:
+    if not ids:
+        return
     AuditEvent.objects.filter(
         action="edit", target_type=target_type, target_ids__overlap=ids
     ).update(before={"purged": True}, after={"purged": True})

@@ -1,6 +1,6 @@
 """Writes of long-term memories: record (all or nothing, the same content in a scope once),
-edit, archive and restore, promote a message or step, merge. Every change is audited with
-before/after."""
+edit, archive and restore, promote a message or step, merge, purge. Every change is audited with
+before/after, except that a purge erases the purged record's content from the audit too."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from memory_app.memories import (
     no_nul,
 )
 from memory_app.models import (
+    AuditEvent,
     MemoryRecord,
     Message,
     Step,
@@ -289,3 +290,59 @@ def memories_merge(*, keep_id: int, ids: Sequence[int], actor: Actor) -> MemoryR
             after={"kept": keep.pk, **_snapshot(keep)},
         )
     return keep
+
+
+def memory_purge(*, record: MemoryRecord, actor: Actor, note: str = "") -> AuditEvent:
+    """Delete a record for good with every copy of its content: its vectors (and their retries),
+    its full-text vector (a column of its row), and its versions in the audit trail (each event
+    keeps who did what and when, the record's content becomes `{"purged": true}`). Audited as a
+    purge, without the content. Callers ask for the typed confirmation first."""
+    with transaction.atomic():
+        record = MemoryRecord.objects.select_for_update().filter(pk=record.pk).first()
+        if record is None:
+            raise NotFound("memory not found")
+        pk, context_id = record.pk, record.context_id
+        # Its embeddings go with it (their retries by the database's cascade).
+        MemoryRecord.objects.filter(pk=pk).delete()
+        events = AuditEvent.objects.select_for_update().filter(
+            target_type="memoryrecord", target_ids__contains=[pk]
+        )
+        for event in events:
+            sole = list(event.target_ids) == [pk]
+            before, after = _redacted(event.before, pk, sole), _redacted(event.after, pk, sole)
+            if (before, after) != (event.before, event.after):
+                event.before, event.after = before, after
+                event.save(update_fields=["before", "after"])
+        return audit_record(
+            actor=actor,
+            action="purge",
+            target_type="memoryrecord",
+            target_ids=[pk],
+            context_id=context_id,
+            after={"count": 1},
+            note=note,
+        )
+
+
+PURGED = {"purged": True}
+
+
+def _redacted(payload: Any, pk: int, sole: bool) -> Any:
+    """An audit payload without record `pk`'s content. Events about several records keep the
+    others': a list of `{"id", ...}` (record, promote), a dict of versions by id (merge), the
+    kept record's version beside `kept` (merge). An event about this record alone loses it all."""
+    if payload is None:
+        return None
+    if sole:
+        return PURGED
+    if isinstance(payload, list):
+        return [
+            {"id": pk, **PURGED} if isinstance(i, dict) and i.get("id") == pk else i
+            for i in payload
+        ]
+    if isinstance(payload, dict):
+        if payload.get("kept") == pk:
+            return {"kept": pk, **PURGED}
+        if str(pk) in payload:
+            return {**payload, str(pk): PURGED}
+    return payload

@@ -117,6 +117,21 @@ def _row(span: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# What a purged span's content reads as: its ids, name, role and times stay (they place the
+# spans around it in the trace), everything the agent wrote is gone.
+_EMPTY = {
+    "status": "unset",
+    "status_message": "",
+    "attributes": {},
+    "events": [],
+    "resource": {},
+    "scope": "",
+}
+# A purged task step's text on the root span (`otlp_steps.run_task` reads these); the rest of the
+# root (outcome, final answer, token totals) still describes the run.
+TASK_ATTRIBUTES = ("smolagents.task", "input.value", "gen_ai.input.messages")
+
+
 def _span(row: TraceSpan) -> dict[str, Any]:
     return {
         "trace_id": row.trace_id,
@@ -126,8 +141,20 @@ def _span(row: TraceSpan) -> dict[str, Any]:
         "role": row.role,
         "start_ns": row.start_ns,
         "end_ns": row.end_ns,
+        **_EMPTY,
         **row.data,
     }
+
+
+def _tombstones(spans: list[dict[str, Any]]) -> set[str]:
+    """Client ids of the purged steps of a trace: no later span brings them back."""
+    out = set()
+    for s in spans:
+        if s.get("purged"):
+            out.add(s["span_id"])
+        if s.get("purged_task"):
+            out.add(f"{s['span_id']}:task")
+    return out
 
 
 def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
@@ -146,7 +173,11 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
         )
     TraceSpan.objects.filter(context=context, trace_id=trace_id, run__isnull=True).update(run=run)
     done = set(Step.objects.filter(run=run).values_list("client_id", flat=True))
-    items, root = _steps(spans)
+    items, root, sources = _steps(spans)
+    purged = _tombstones(spans)
+    # A span of a purged step that arrives later (a child sent after its parent) is erased too.
+    _redact(context, spans, {c: sources[c] for c in purged if c in sources})
+    done |= purged
     # In start order, so renumbering is needed only when a step starts before one already written.
     items = sorted(
         (i for i in items if i["client_id"] not in done), key=lambda i: i.get("start_time") or 0.0
@@ -156,8 +187,11 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
     if items:
         steps_order_by_start(run=run)
     # The root ends last, but a retried batch may bring steps after it: then finish again.
-    if root is not None and (run.status == RunStatus.RUNNING or items):
-        task = run_task(root) if root["role"] == otlp.AGENT else None
+    # A purged root (or one whose content expired) no longer says how the run ended.
+    if root is not None and not root.get("purged") and (run.status == RunStatus.RUNNING or items):
+        task = (
+            run_task(root) if root["role"] == otlp.AGENT and not root.get("purged_task") else None
+        )
         run_update(
             run=run,
             task=task,
@@ -174,8 +208,11 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
     return run
 
 
-def _steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """The logbook items the kept spans of one trace make so far, and its root span if it came."""
+def _steps(
+    spans: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None, dict[str, list[str]]]:
+    """The logbook items the kept spans of one trace make so far, its root span if it came, and
+    for each item's client id the ids of the spans it was made from (what a purge erases)."""
     by_id = {s["span_id"]: s for s in spans}
     children: dict[str, list[dict]] = defaultdict(list)
     for s in spans:
@@ -197,38 +234,42 @@ def _steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str,
             parent = by_id.get(parent["parent_span_id"])
         return False
 
-    items = []
+    items: list[dict[str, Any]] = []
+    sources: dict[str, list[str]] = {}
+
+    def add(item: dict[str, Any], made_of: list[dict]) -> None:
+        items.append(item)
+        sources[item["client_id"]] = [s["span_id"] for s in made_of]
+
     steps = [s for s in spans if s["role"] == otlp.STEP and not inside_step(s)]
     for step in steps:
         inner = descendants(step["span_id"])
-        items.append(
+        add(
             action_step(
                 step,
                 llms=[s for s in inner if s["role"] == otlp.LLM],
                 tools=[s for s in inner if s["role"] == otlp.TOOL],
-            )
+            ),
+            [step, *inner],
         )
     # smolagents plans outside its steps: a model call beside a step (same parent) is a planning
     # step, written as soon as that is known, so it shows while the run goes on.
     step_parents = {s["parent_span_id"] for s in steps if s["parent_span_id"]}
-    items.extend(
-        planning_step(s)
-        for s in spans
-        if s["role"] == otlp.LLM and s["parent_span_id"] in step_parents and not inside_step(s)
-    )
+    for s in spans:
+        if s["role"] == otlp.LLM and s["parent_span_id"] in step_parents and not inside_step(s):
+            add(planning_step(s), [s])
     root = next((s for s in spans if not s["parent_span_id"]), None)
     if root is None or root["role"] == otlp.STEP:
-        return items, root
+        return items, root, sources
     if root["role"] in (otlp.LLM, otlp.TOOL):
         # A lone model or tool call is a one-step run.
-        items.append(
-            flat_step(root, [s for s in descendants(root["span_id"]) if s["role"] == otlp.TOOL])
-        )
-        return items, root
+        tools = [s for s in descendants(root["span_id"]) if s["role"] == otlp.TOOL]
+        add(flat_step(root, tools), [root, *tools])
+        return items, root, sources
     if root["role"] == otlp.AGENT:
-        items.append(task_step(root))
+        add(task_step(root), [root])
     if steps:
-        return items, root
+        return items, root, sources
     loose = [s for s in children.get(root["span_id"], []) if s["role"] in (otlp.LLM, otlp.TOOL)]
     # GenAI-style: model calls and tool executions side by side; each tool joins the call before it.
     anchors: list[tuple[dict, list[dict]]] = []
@@ -237,8 +278,60 @@ def _steps(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str,
             anchors.append((s, []))
         if s["role"] == otlp.TOOL:
             anchors[-1][1].append(s)
-    items.extend(flat_step(anchor, tools) for anchor, tools in anchors)
-    return items, root
+    for anchor, tools in anchors:
+        add(flat_step(anchor, tools), [anchor, *tools])
+    return items, root, sources
+
+
+def _redact(context: Context, spans: list[dict[str, Any]], made_of: dict[str, list[str]]) -> None:
+    """Erase what the agent wrote from the spans these purged steps were made of.
+
+    `made_of` maps a purged step's client id to its spans (`_steps`). A span keeps its ids,
+    name, role and times, so the rest of the trace still maps as before, and `purged` marks it:
+    the step it made is not written again. A task step's span is the run's root: only the task
+    leaves it (`purged_task`), the outcome stays with the run.
+    """
+    by_id = {s["span_id"]: s for s in spans}
+    whole, task_roots = set(), set()
+    for client_id, span_ids in made_of.items():
+        if client_id.endswith(":task"):
+            task_roots.update(i for i in span_ids if not by_id[i].get("purged_task"))
+        else:
+            whole.update(i for i in span_ids if not by_id[i].get("purged"))
+    if not (whole or task_roots):
+        return
+    trace_ids = {s["trace_id"] for s in spans}
+    rows = TraceSpan.objects.filter(
+        context=context, trace_id__in=trace_ids, span_id__in=whole | task_roots
+    )
+    for row in rows.select_for_update():
+        if row.span_id in whole:
+            row.data = {"purged": True}
+        else:
+            data = dict(row.data)
+            data["attributes"] = {
+                k: v for k, v in data.get("attributes", {}).items() if k not in TASK_ATTRIBUTES
+            }
+            row.data = {**data, "purged_task": True}
+        row.save(update_fields=["data"])
+        by_id[row.span_id].update(_EMPTY if row.span_id in whole else {}, **row.data)
+
+
+def trace_steps_purge(*, run: Run, client_ids: list[str]) -> int:
+    """Erase the spans the run's steps with these client ids were made from (a purge of those
+    steps, in the caller's transaction); answers how many spans changed.
+
+    Without it a later span of the same trace would map the kept spans again and bring the
+    purged steps back live."""
+    rows = TraceSpan.objects.filter(context_id=run.context_id, run=run).order_by("start_ns")
+    spans = [_span(r) for r in rows]
+    if not spans:
+        return 0
+    _, _, sources = _steps(spans)
+    wanted = {c: sources[c] for c in client_ids if c in sources}
+    before = [dict(s) for s in spans]
+    _redact(run.context, spans, wanted)
+    return sum(1 for a, b in zip(before, spans, strict=True) if a != b)
 
 
 SPAN_FIELDS = ("parent_span_id", "name", "role", "start_ns", "end_ns", "data")

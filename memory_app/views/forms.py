@@ -264,6 +264,10 @@ class MemoryMergeForm(DashboardForm):
         return data
 
 
+class MemoryPurgeForm(DashboardForm):
+    confirmation = forms.CharField(required=False, strip=False)
+
+
 class PromoteForm(DashboardForm):
     kind = TextField(missing="fact")
 

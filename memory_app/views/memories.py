@@ -1,4 +1,4 @@
-"""Long-term memories: list and search per scope, edit, archive/restore, merge, promote."""
+"""Long-term memories: list and search per scope, edit, archive/restore, merge, promote, purge."""
 
 from __future__ import annotations
 
@@ -13,13 +13,20 @@ from memory_app.models import MemoryKind, MemoryRecord, Message, Step
 from memory_app.queries.memories import memories_search
 from memory_app.roles import require
 from memory_app.services import memories as memories_services
-from memory_app.services.memories import memories_merge, memory_promote, memory_set_archived
+from memory_app.services.curation import PURGE_CONFIRMATION
+from memory_app.services.memories import (
+    memories_merge,
+    memory_promote,
+    memory_purge,
+    memory_set_archived,
+)
 from memory_app.views.common import bad_request, htmx_partial, invalid_form, page, wants_fragment
 from memory_app.views.forms import (
     ArchiveForm,
     MemoryEditForm,
     MemoryListForm,
     MemoryMergeForm,
+    MemoryPurgeForm,
     PromoteForm,
 )
 
@@ -51,6 +58,7 @@ def memory_list(request):
         "records": records,
         "params": form.typed(),
         "kinds": MemoryKind.values,
+        "purge_phrase": PURGE_CONFIRMATION,
         "nav_active": "memories",
     }
     return page(request, LIST, context)
@@ -61,7 +69,13 @@ def _record_page(request, record, **extra):
     record = MemoryRecord.objects.select_related("context", "source_message", "source_step").get(
         pk=record.pk
     )
-    context = {"records": [record], "r": record, "params": {}, "kinds": MemoryKind.values}
+    context = {
+        "records": [record],
+        "r": record,
+        "params": {},
+        "kinds": MemoryKind.values,
+        "purge_phrase": PURGE_CONFIRMATION,
+    }
     return page(request, LIST, {**context, **extra})
 
 
@@ -127,6 +141,28 @@ def memory_merge(request):
     except NotFound as exc:
         raise Http404(str(exc)) from exc
     return redirect(reverse("memories") + f"?id={record.pk}")
+
+
+@require("purge")
+@require_POST
+@htmx_partial("memory")
+def memory_purge_view(request, memory_id: int):
+    """Irreversible: asks for the typed phrase of the dashboard's other purge."""
+    record = get_object_or_404(MemoryRecord, pk=memory_id)
+    form = MemoryPurgeForm(request.POST)
+    if not form.is_valid():
+        return invalid_form(request, form)
+    if form.cleaned_data["confirmation"].strip() != PURGE_CONFIRMATION:
+        message = f"type {PURGE_CONFIRMATION!r} to confirm the purge: nothing was deleted"
+        if not wants_fragment(request):
+            return bad_request(request, message)
+        response = _record_page(request, record, purge_error=message)
+        response.status_code = 400
+        return response
+    event = memory_purge(record=record, actor=Actor.for_user(request.user))
+    if not wants_fragment(request):
+        return redirect(reverse("audit-entry", kwargs={"event_id": event.pk}))
+    return page(request, f"{LIST}#memory-purged", {"purged": memory_id, "event": event})
 
 
 def _promote(request, target_id: str, **source):

@@ -1,0 +1,444 @@
+"""A purge is total: the purged text is gone from every table (trace spans, vectors, full-text
+rows, audit payloads), a later span of the same trace does not bring a purged step back, memories
+can be purged (service, REST, dashboard, admin), spans go with their run and expire after their
+retention."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.urls import reverse
+from django.utils import timezone
+
+from memory_app import backlog
+from memory_app.audit import Actor, audit_record
+from memory_app.memories import Scope
+from memory_app.models import (
+    AuditEvent,
+    Context,
+    Embedding,
+    MemoryRecord,
+    MessageSearch,
+    Run,
+    Step,
+    TraceSpan,
+)
+from memory_app.services import curation
+from memory_app.services.curation import PURGE_CONFIRMATION
+from memory_app.services.memories import (
+    memories_merge,
+    memories_record,
+    memory_edit,
+    memory_purge,
+)
+from memory_app.services.messages import message_edit, messages_append
+from tests.api_helpers import make_key
+from tests.builders import make_context, make_user, register_models
+
+pytestmark = pytest.mark.django_db
+
+# One word the English full-text parser keeps as it is, so a tsvector holding it is found too.
+SECRET = "zqxjplugh"
+ACTOR = Actor.system("purge-test")
+
+
+def tables_holding(text: str) -> list[str]:
+    """Every table of the database with a row whose text form contains `text` (all columns:
+    JSON, arrays and tsvectors included)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT table_name FROM information_schema.tables"
+            " WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'"
+        )
+        names = sorted(r[0] for r in cursor.fetchall())
+        found = []
+        for name in names:
+            table = connection.ops.quote_name(name)
+            cursor.execute(
+                f"SELECT EXISTS (SELECT 1 FROM {table} t WHERE t::text ILIKE %s)",  # noqa: S608
+                [f"%{text}%"],
+            )
+            if cursor.fetchone()[0]:
+                found.append(name)
+    return found
+
+
+# --- OTLP/JSON spans, written out by hand -------------------------------------------------------
+
+TRACE = "0af7651916cd43dd8448eb211c80319c"
+ROOT, STEP1, LLM1, TOOL1, STEP2 = (f"{i:016x}" for i in range(1, 6))
+T0 = 1_760_000_000_000_000_000
+MS = 1_000_000  # span times below are milliseconds after T0
+RESOURCE = {"agentmemory.context.user": "ada", "service.name": "purge-bot"}
+
+
+def _attrs(values: dict) -> list[dict]:
+    out = []
+    for key, value in values.items():
+        kind = "intValue" if isinstance(value, int) else "stringValue"
+        out.append({"key": key, "value": {kind: str(value) if kind == "intValue" else value}})
+    return out
+
+
+def span(span_id, parent, name, kind, start, end, **attributes) -> dict:
+    return {
+        "traceId": TRACE,
+        "spanId": span_id,
+        "parentSpanId": parent,
+        "name": name,
+        "kind": 1,
+        "startTimeUnixNano": str(T0 + start * MS),
+        "endTimeUnixNano": str(T0 + end * MS),
+        "attributes": _attrs({"openinference.span.kind": kind, **attributes}),
+        "status": {"code": 1},
+    }
+
+
+def otlp(*spans: dict) -> bytes:
+    return json.dumps(
+        {
+            "resourceSpans": [
+                {
+                    "resource": {"attributes": _attrs(RESOURCE)},
+                    "scopeSpans": [
+                        {
+                            "scope": {"name": "openinference.instrumentation.smolagents"},
+                            "spans": list(spans),
+                        }
+                    ],
+                }
+            ]
+        }
+    ).encode()
+
+
+# Step 1 ends before Step 2 and the root, so an exporter sends it in an earlier request.
+FIRST = otlp(
+    span(
+        LLM1,
+        STEP1,
+        "LiteLLMModel.generate",
+        "LLM",
+        20,
+        30,
+        **{
+            "llm.output_messages.0.message.role": "assistant",
+            "llm.output_messages.0.message.content": f"I will look up {SECRET}",
+            "llm.token_count.prompt": 10,
+            "llm.token_count.completion": 5,
+        },
+    ),
+    span(
+        TOOL1,
+        STEP1,
+        "lookup",
+        "TOOL",
+        31,
+        40,
+        **{"tool.name": "lookup", "output.value": f"{SECRET} is a password"},
+    ),
+    span(STEP1, ROOT, "Step 1", "CHAIN", 10, 50, **{"output.value": f"found {SECRET}"}),
+)
+SECOND = otlp(
+    span(STEP2, ROOT, "Step 2", "CHAIN", 60, 70, **{"output.value": "nothing to see"}),
+    span(
+        ROOT,
+        "",
+        "CodeAgent.run",
+        "AGENT",
+        0,
+        100,
+        **{"smolagents.task": "find the word", "output.value": "done"},
+    ),
+)
+
+
+def send(client, body: bytes):
+    response = client.client.generic(
+        "POST", "/v1/traces", body, content_type="application/json", **client._headers()
+    )
+    assert response.status_code == 200, response.content
+    return response
+
+
+@pytest.fixture
+def writer():
+    return make_key(scopes=("read", "write"))
+
+
+def traced_run(writer) -> Run:
+    send(writer, FIRST)
+    return Run.objects.get(client_id=f"otel:{TRACE}")
+
+
+def test_a_purged_step_stays_purged_when_its_trace_sends_more_spans(writer):
+    run = traced_run(writer)
+    step = Step.objects.get(run=run, client_id=STEP1)
+    assert step.observations == f"found {SECRET}"
+    # An edit made in the Django admin keeps the step's text in its audit event.
+    audit_record(
+        actor=ACTOR,
+        action="edit",
+        target_type="step",
+        target_ids=[step.pk],
+        context_id=run.context_id,
+        before={"observations": f"found {SECRET}"},
+        after={"observations": "found it"},
+    )
+    curation.steps_set_pruned(run=run, ids=[step.pk], pruned=True, actor=ACTOR)
+    curation.pruned_purge(
+        older_than=timezone.now() + timedelta(seconds=1),
+        confirmation=PURGE_CONFIRMATION,
+        actor=ACTOR,
+    )
+    assert tables_holding(SECRET) == []
+
+    send(writer, SECOND)
+    run.refresh_from_db()
+    assert run.status == "success" and run.final_answer == "done"
+    assert [(s.kind, s.client_id) for s in run.steps.order_by("position")] == [
+        ("task", f"{ROOT}:task"),
+        ("action", STEP2),
+    ]
+    assert run.step_count == 2
+    # A retried batch of the purged spans neither writes the step again nor its text.
+    assert send(writer, FIRST).json().get("partialSuccess", {}).get("rejectedSpans") == "3"
+    assert not Step.objects.filter(run=run, client_id=STEP1).exists()
+    assert tables_holding(SECRET) == []
+    # The purged spans keep their place in the trace, nothing the agent wrote.
+    kept = {s.span_id: s.data for s in TraceSpan.objects.filter(run=run)}
+    assert kept[STEP1] == kept[LLM1] == kept[TOOL1] == {"purged": True}
+    assert kept[STEP2]["attributes"]["output.value"] == "nothing to see"
+
+
+def test_a_purged_task_step_leaves_the_runs_outcome_and_does_not_come_back(writer):
+    send(writer, FIRST)
+    send(writer, SECOND)
+    run = Run.objects.get(client_id=f"otel:{TRACE}")
+    task = Step.objects.get(run=run, kind="task")
+    curation.selected_purge(step_ids=[task.pk], confirmation=PURGE_CONFIRMATION, actor=ACTOR)
+    root = TraceSpan.objects.get(run=run, span_id=ROOT)
+    assert root.data["purged_task"] is True
+    assert "smolagents.task" not in root.data["attributes"]
+    assert root.data["attributes"]["output.value"] == "done"
+    # A late span of the trace maps the kept spans again: the task step stays purged.
+    late = otlp(span("00000000000000aa", ROOT, "Step 3", "CHAIN", 80, 90))
+    send(writer, late)
+    run.refresh_from_db()
+    assert not Step.objects.filter(run=run, kind="task").exists()
+    assert run.final_answer == "done" and run.task == "find the word"
+
+
+def test_spans_are_deleted_with_their_run_and_do_not_bring_it_back(writer, client):
+    run = traced_run(writer)
+    context = run.context
+    assert context.run_count == 1
+    admin = make_user(role=None, username="root")
+    admin.is_staff = admin.is_superuser = True
+    admin.save()
+    client.force_login(admin)
+    url = reverse("admin:memory_app_run_delete", args=[run.pk])
+    client.post(url, {"post": "yes", "confirmation": "no"})
+    assert Run.objects.filter(pk=run.pk).exists()
+    client.post(url, {"post": "yes", "confirmation": PURGE_CONFIRMATION})
+    assert not Run.objects.filter(pk=run.pk).exists()
+    assert not TraceSpan.objects.filter(trace_id=TRACE).exists()
+    context.refresh_from_db()
+    assert context.run_count == 0
+    assert AuditEvent.objects.filter(action="purge", target_type="run", target_ids=[run.pk])
+    assert tables_holding(SECRET) == []
+    # The trace's next spans start afresh: the purged run's steps are not made again.
+    send(writer, SECOND)
+    [again] = Run.objects.filter(client_id=f"otel:{TRACE}")
+    assert again.pk != run.pk
+    assert sorted(again.steps.values_list("client_id", flat=True)) == sorted(
+        [f"{ROOT}:task", STEP2]
+    )
+    assert tables_holding(SECRET) == []
+
+
+# --- span retention ------------------------------------------------------------------------------
+
+
+def test_spans_past_their_retention_expire_in_batches_and_the_steps_stay(writer, settings):
+    run = traced_run(writer)
+    task_purged = otlp(span(ROOT, "", "CodeAgent.run", "AGENT", 0, 100, **{"input.value": "t"}))
+    send(writer, task_purged)
+    curation.selected_purge(
+        step_ids=list(Step.objects.filter(run=run, kind="task").values_list("pk", flat=True)),
+        confirmation=PURGE_CONFIRMATION,
+        actor=ACTOR,
+    )
+    old = timezone.now() - timedelta(days=10)
+    TraceSpan.objects.filter(run=run).exclude(span_id=TOOL1).update(received_at=old)
+    call_command("expire_spans")  # retention off: nothing happens
+    assert TraceSpan.objects.filter(run=run).count() == 4
+    settings.AGENTMEMORY_SPAN_RETENTION_DAYS = 7
+    assert backlog.expire_spans_batch(batch_size=1) == 1
+    call_command("expire_spans", batch_size=1)
+    left = {s.span_id: s.data for s in TraceSpan.objects.filter(run=run)}
+    # The recent span stays; the purged task's marker stays without the rest of the root.
+    assert set(left) == {TOOL1, ROOT}
+    assert left[ROOT] == {"purged": True, "purged_task": True}
+    assert Step.objects.filter(run=run, client_id=STEP1).exists()
+    settings.AGENTMEMORY_SPAN_RETENTION_DAYS = 0
+    assert backlog.expire_spans_batch() is None
+
+
+def test_the_embed_worker_applies_the_span_retention(writer, settings):
+    from memory_app.embeddings import providers
+
+    class NothingToEmbed(providers.EmbeddingProvider):
+        kind, model = "test", "nothing-pending"
+
+    run = traced_run(writer)
+    TraceSpan.objects.filter(run=run).update(received_at=timezone.now() - timedelta(days=3))
+    settings.AGENTMEMORY_SPAN_RETENTION_DAYS = 2
+    backlog.run_worker(provider=NothingToEmbed(), once=True)
+    assert not TraceSpan.objects.filter(run=run).exists()
+    assert Step.objects.filter(run=run, client_id=STEP1).exists()
+
+
+# --- messages -----------------------------------------------------------------------------------
+
+
+def test_a_purged_message_leaves_no_vector_full_text_row_or_audit_text():
+    register_models(**{"inline-3": 3})
+    context = make_context()
+    [message, kept] = messages_append(
+        context=context,
+        items=[
+            {"role": "user", "text": f"the word is {SECRET}"},
+            {"role": "user", "text": "keep me", "vector": [1, 0, 0], "vector_model": "inline-3"},
+        ],
+    ).messages
+    message_edit(message=message, actor=ACTOR, text=f"the word is still {SECRET}")
+    from memory_app.embeddings.client_vectors import vector_put
+
+    vector_put(message=message, model="inline-3", vector=[0, 1, 0])
+    assert MessageSearch.objects.filter(context_id=context.pk, seq=message.seq).exists()
+    assert set(tables_holding(SECRET)) >= {
+        "memory_app_message",
+        "memory_app_messagesearch",
+        "memory_app_auditevent",
+    }
+    curation.selected_purge(message_ids=[message.pk], confirmation=PURGE_CONFIRMATION, actor=ACTOR)
+    assert tables_holding(SECRET) == []
+    assert not Embedding.objects.filter(message_id=message.pk).exists()
+    assert Embedding.objects.filter(message_id=kept.pk).exists()
+
+
+# --- memories -----------------------------------------------------------------------------------
+
+
+def _memory(context: Context, content: str, **extra) -> MemoryRecord:
+    [recorded] = memories_record(
+        scope=Scope(context=context), items=[{"content": content, **extra}], actor=ACTOR
+    )
+    return recorded.record
+
+
+def test_a_purged_memory_leaves_no_vector_and_no_content_in_the_audit():
+    register_models(**{"inline-3": 3})
+    context = make_context()
+    record = _memory(
+        context, f"the password is {SECRET}", vector=[1, 0, 0], vector_model="inline-3"
+    )
+    other = _memory(context, "ada likes tea", keywords=["tea"])
+    record = memory_edit(record=record, actor=ACTOR, content=f"the password was {SECRET}")
+    memories_merge(keep_id=other.pk, ids=[record.pk, other.pk], actor=ACTOR)
+    assert Embedding.objects.filter(memory_record_id=record.pk).exists()
+    assert "memory_app_auditevent" in tables_holding(SECRET)
+
+    event = memory_purge(record=record, actor=ACTOR)
+
+    assert tables_holding(SECRET) == []
+    assert not MemoryRecord.objects.filter(pk=record.pk).exists()
+    assert not Embedding.objects.filter(memory_record_id=record.pk).exists()
+    assert (event.action, event.target_type, event.target_ids) == (
+        "purge",
+        "memoryrecord",
+        [record.pk],
+    )
+    assert SECRET not in json.dumps([event.before, event.after, event.note])
+    # The other record of the merge keeps its versions in the trail.
+    merge = AuditEvent.objects.get(action="memory_merge")
+    assert merge.before[str(record.pk)] == {"purged": True}
+    assert merge.before[str(other.pk)]["content"] == "ada likes tea"
+    assert merge.after["kept"] == other.pk and merge.after["content"] == "ada likes tea"
+
+
+def test_the_rest_purge_of_a_memory_needs_the_admin_scope_and_stays_in_the_tenant():
+    context = make_context(keys={"tenant": "acme", "user": "ada"})
+    record = _memory(context, f"acme's {SECRET}")
+    writer = make_key(scopes=("read", "write"))
+    assert writer.send("DELETE", f"/api/v1/memories/{record.pk}").status_code == 403
+    other_tenant = make_key(scopes=("read", "write", "admin"), context_keys={"tenant": "zen"})
+    assert other_tenant.send("DELETE", f"/api/v1/memories/{record.pk}").status_code == 404
+    admin = make_key(scopes=("read", "write", "admin"), context_keys={"tenant": "acme"})
+    response = admin.send("DELETE", f"/api/v1/memories/{record.pk}", {"note": "asked by ada"})
+    assert response.status_code == 200, response.content
+    event = AuditEvent.objects.get(pk=response.json()["audit_event_id"])
+    assert response.json()["id"] == record.pk
+    assert (event.action, event.note, event.actor) == ("purge", "asked by ada", admin.key.actor)
+    assert admin.get(f"/api/v1/memories/{record.pk}").status_code == 404
+    assert admin.send("DELETE", f"/api/v1/memories/{record.pk}").status_code == 404
+    assert tables_holding(SECRET) == []
+
+
+def test_the_dashboard_purges_a_memory_after_the_typed_phrase_for_admins_only(client):
+    context = make_context()
+    record = _memory(context, f"dashboard {SECRET}")
+    url = reverse("memory-purge", args=[record.pk])
+    client.force_login(make_user(role="curator"))
+    assert client.post(url, {"confirmation": PURGE_CONFIRMATION}).status_code == 403
+    admin = make_user(role="admin")
+    client.force_login(admin)
+    listing = client.get(reverse("memories") + f"?id={record.pk}").content.decode()
+    assert f'action="{url}"' in listing and PURGE_CONFIRMATION in listing
+    refused = client.post(url, {"confirmation": "purge"}, headers={"HX-Request": "true"})
+    assert refused.status_code == 400 and "nothing was deleted" in refused.content.decode()
+    assert MemoryRecord.objects.filter(pk=record.pk).exists()
+    done = client.post(url, {"confirmation": PURGE_CONFIRMATION}, headers={"HX-Request": "true"})
+    assert done.status_code == 200 and f"Memory {record.pk} purged" in done.content.decode()
+    assert not MemoryRecord.objects.filter(pk=record.pk).exists()
+    event = AuditEvent.objects.get(action="purge", target_type="memoryrecord")
+    assert event.actor == f"user:{admin.username}"
+    assert tables_holding(SECRET) == []
+
+
+def test_deleting_a_context_in_the_admin_purges_everything_it_held(writer, client):
+    run = traced_run(writer)
+    context = run.context
+    record = _memory(context, f"remember {SECRET}")
+    memory_edit(record=record, actor=ACTOR, content=f"remember {SECRET} well")
+    messages_append(context=context, items=[{"role": "user", "text": f"said {SECRET}"}])
+    superuser = make_user(role=None, username="root")
+    superuser.is_staff = superuser.is_superuser = True
+    superuser.save()
+    client.force_login(superuser)
+    url = reverse("admin:memory_app_context_delete", args=[context.pk])
+    client.post(url, {"post": "yes", "confirmation": PURGE_CONFIRMATION})
+    assert not Context.objects.filter(pk=context.pk).exists()
+    assert tables_holding(SECRET) == []
+    assert AuditEvent.objects.filter(action="purge", target_type="memoryrecord").exists()
+
+
+def test_a_span_of_a_purged_step_arriving_late_is_erased_on_arrival(writer):
+    first = json.loads(FIRST)
+    spans = first["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    tool = next(s for s in spans if s["spanId"] == TOOL1)
+    spans.remove(tool)
+    send(writer, json.dumps(first).encode())
+    run = Run.objects.get(client_id=f"otel:{TRACE}")
+    step = Step.objects.get(run=run, client_id=STEP1)
+    curation.selected_purge(step_ids=[step.pk], confirmation=PURGE_CONFIRMATION, actor=ACTOR)
+    assert tables_holding(SECRET) == []
+    send(writer, otlp(tool))
+    assert TraceSpan.objects.get(run=run, span_id=TOOL1).data == {"purged": True}
+    assert not Step.objects.filter(run=run, client_id=STEP1).exists()
+    assert tables_holding(SECRET) == []
