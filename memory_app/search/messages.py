@@ -142,13 +142,15 @@ def keyword_ranking(
 # The keyword passes of `_keyword_candidates` as SQL text: seq bounds are ints written into the
 # text, the rest are parameters.
 def _parsed_pass(after: int, upto: int) -> str:
-    """A keyword pass over messages the indexer has not reached: their text is parsed."""
+    """A keyword pass over messages the indexer has not reached: their text is parsed (its first
+    part, as the indexer parses it)."""
     return f"""
-        SELECT m.id, m.seq, ts_rank(to_tsvector(%(config)s::regconfig, m.text), %(q)s::tsquery)
+        SELECT m.id, m.seq,
+               ts_rank(memory_app_search_vector(%(config)s::regconfig, m.text), %(q)s::tsquery)
         FROM memory_app_message m
         WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
           AND m.seq > {int(after)} AND m.seq <= {int(upto)}
-          AND to_tsvector(%(config)s::regconfig, m.text) @@ %(q)s::tsquery
+          AND memory_app_search_vector(%(config)s::regconfig, m.text) @@ %(q)s::tsquery
           AND NOT (m.id = ANY(%(exclude)s))
         ORDER BY m.seq DESC LIMIT %(need)s
     """  # noqa: S608 - constant SQL
@@ -543,7 +545,20 @@ def search_messages(
     sem = {mid: (i, d) for i, (mid, d) in enumerate(semantic, start=1)}
     order = _ranked_order(mode, keyword, semantic, kw=kw, sem=sem)[:k]
     hits = _hits(order, kw=kw, sem=sem)
+    if mode in ("keyword", "hybrid"):
+        notes += _truncation_notes(hits)
     return SearchResult(hits=hits, mode=mode, model=used_model, notes=notes)
+
+
+def _truncation_notes(hits: list[Hit]) -> list[str]:
+    """A note for each hit whose text is longer than its full-text vector covers."""
+    limit = fulltext.indexed_chars()
+    return [
+        f"message #{h.message.seq} is longer than {limit} characters: keyword search reads its"
+        f" first {limit} only"
+        for h in hits
+        if len(h.message.text) > limit
+    ]
 
 
 def _checked_query(query: str, *, mode: str, k: Any, match: str | None) -> str:
