@@ -63,6 +63,14 @@ def _row_fault(exc: DatabaseError) -> bool:
     return bool(state) and state[:2] not in PASSING_FAULTS
 
 
+def _error_text(exc: DatabaseError) -> str:
+    """SQLSTATE and primary message: the detail may quote the whole row."""
+    cause = exc.__cause__
+    diag = getattr(cause, "diag", None)
+    message = (diag.message_primary if diag else None) or str(exc).split("\n", 1)[0]
+    return f"{getattr(cause, 'sqlstate', None) or 'error'}: {message}"
+
+
 def _write_range(cursor, context_id: int, after: int, upto: int) -> int:
     """Parse and store the vectors of the context's live messages with after < seq <= upto.
 
@@ -88,8 +96,9 @@ def _write_range(cursor, context_id: int, after: int, upto: int) -> int:
         except DatabaseError as exc:
             if not _row_fault(exc):
                 raise
-            log.warning("full-text vector of context %s seq %s failed: %s", context_id, seq, exc)
-            cursor.execute(FAILED_SQL, [context_id, seq, str(exc)])
+            error = _error_text(exc)
+            log.warning("full-text vector of context %s seq %s failed: %s", context_id, seq, error)
+            cursor.execute(FAILED_SQL, [context_id, seq, error])
     return len(seqs)
 
 
