@@ -17,10 +17,15 @@ from django.test import Client
 from django.urls import reverse
 
 from memory_app.audit import Actor
-from memory_app.models import Context, Message, MessageSearch
+from memory_app.backup.export import contexts_matching, export_lines
+from memory_app.backup.restore import import_lines
+from memory_app.errors import BackupFormatError
+from memory_app.memories import Scope
+from memory_app.models import Context, MemoryRecord, Message, MessageSearch
 from memory_app.queries.dashboard import HistoryFilters, _history_qs
 from memory_app.search import fulltext
 from memory_app.services.curation import messages_set_pruned
+from memory_app.services.memories import memories_record
 from memory_app.services.messages import COPY_THRESHOLD, message_edit, messages_append
 from tests.api_helpers import make_key, new_context
 from tests.builders import make_context, make_user
@@ -262,3 +267,34 @@ def test_a_large_message_appended_over_mcp_is_stored_and_found(asgi_live_server,
     limit = fulltext.indexed_chars()
     assert any(f"keyword search reads its first {limit} only" in n for n in hits["notes"])
     assert mcp.ok("search_memory", context_id=cid, query=TAIL, mode="keyword")["hits"] == []
+
+
+# --- backups ----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_backup_brings_a_large_message_in_and_refuses_an_oversized_memory(system_actor):
+    context = make_context(keys={"big": "backup"})
+    text = log_text(MB)
+    messages_append(context=context, items=[{"role": "tool", "text": text}])
+    memories_record(scope=Scope(context=context), items=[{"content": "tea"}], actor=system_actor)
+    lines = list(export_lines(contexts=contexts_matching(context_ids=[context.pk])))
+    MemoryRecord.objects.all().delete()
+    Context.objects.all().delete()
+
+    result = import_lines(lines, actor=system_actor)
+    assert result.created["messages"] == 1
+    big = Message.objects.get(context__keys={"big": "backup"}, seq=1)
+    assert big.text == text
+    api = make_key()
+    assert_found_by_its_first_part(api, big.context_id, big.pk)
+    fulltext.index_pending()
+    assert caught_up(big.context_id)
+    assert_found_by_its_first_part(api, big.context_id, big.pk)
+
+    # Memory content is held to MAX_CONTENT_CHARS on every path, a backup's too.
+    memory = json.loads(next(line for line in lines if '"type":"memory"' in line))
+    memory["content"] = log_text(MB)
+    with pytest.raises(BackupFormatError, match="longer than 20000 characters"):
+        import_lines([*lines[:2], json.dumps(memory)], actor=system_actor)
+    assert list(MemoryRecord.objects.values_list("content", flat=True)) == ["tea"]
