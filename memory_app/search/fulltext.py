@@ -189,3 +189,14 @@ def reindex_from(context_id: int, seq: int) -> None:
             "UPDATE memory_app_context SET search_seq = LEAST(search_seq, %s) WHERE id = %s",
             [max(seq - 1, 0), context_id],
         )
+
+
+def truncation_notes(messages) -> list[str]:
+    """A note for each message whose text is longer than its full-text vector covers."""
+    limit = indexed_chars()
+    return [
+        f"message #{m.seq} is longer than {limit} characters: keyword search reads its"
+        f" first {limit} only"
+        for m in messages
+        if len(m.text) > limit
+    ]

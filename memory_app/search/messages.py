@@ -546,19 +546,8 @@ def search_messages(
     order = _ranked_order(mode, keyword, semantic, kw=kw, sem=sem)[:k]
     hits = _hits(order, kw=kw, sem=sem)
     if mode in ("keyword", "hybrid"):
-        notes += _truncation_notes(hits)
+        notes += fulltext.truncation_notes([h.message for h in hits])
     return SearchResult(hits=hits, mode=mode, model=used_model, notes=notes)
-
-
-def _truncation_notes(hits: list[Hit]) -> list[str]:
-    """A note for each hit whose text is longer than its full-text vector covers."""
-    limit = fulltext.indexed_chars()
-    return [
-        f"message #{h.message.seq} is longer than {limit} characters: keyword search reads its"
-        f" first {limit} only"
-        for h in hits
-        if len(h.message.text) > limit
-    ]
 
 
 def _checked_query(query: str, *, mode: str, k: Any, match: str | None) -> str:
