@@ -336,6 +336,12 @@ class _Importer:
         for rec in records:
             scope = self._memory_scope(rec)
             mem = MemoryRecord(**load_fields(rec, MEMORY_FIELDS))
+            # The limit every other path holds content to (a longer text could exceed what its
+            # full-text vector may hold).
+            if isinstance(mem.content, str) and len(mem.content) > memories.MAX_CONTENT_CHARS:
+                raise BackupFormatError(
+                    f"a memory's content is longer than {memories.MAX_CONTENT_CHARS} characters"
+                )
             mem.context_id = scope.context.pk if scope.context is not None else None
             mem.scope_keys = scope.scope_keys
             mem.scope_digest = scope.digest

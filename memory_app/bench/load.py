@@ -446,7 +446,8 @@ def _fill_fulltext() -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO memory_app_messagesearch (context_id, seq, search_vector)"
-            " SELECT context_id, seq, to_tsvector(%s::regconfig, text) FROM memory_app_message"
+            " SELECT context_id, seq, memory_app_search_vector(%s::regconfig, text)"
+            " FROM memory_app_message"
             " WHERE pruned_at IS NULL ORDER BY context_id, seq",
             [FTS_CONFIG],
         )

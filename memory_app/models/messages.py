@@ -119,7 +119,8 @@ class Message(models.Model):
 
 
 class MessageSearch(models.Model):
-    """The full-text vector (`to_tsvector(FTS_CONFIG, text)`) of a live message, kept beside the
+    """The full-text vector of a live message (`memory_app_search_vector(FTS_CONFIG, text)`: the
+    vector of its first `memory_app_search_chars()` characters, migration 0018), kept beside the
     message rather than in it, so that storing a message does not wait for its text to be parsed.
 
     Keyed like the message's own natural key, (context, seq): keyword search walks a context's
@@ -132,12 +133,17 @@ class MessageSearch(models.Model):
     unsearchable. Database triggers (migration 0013) keep it in step with the messages, whoever
     writes them: an edited text is parsed again, a pruned or deleted message takes its vector
     along, a restored one gets it back.
+
+    A vector that cannot be written leaves `search_vector` null and the database's `error`: the
+    indexer goes on past it, and keyword search does not find that message until its text is
+    edited (parsed again, the error cleared).
     """
 
     pk = models.CompositePrimaryKey("context_id", "seq")
     context_id = models.BigIntegerField()
     seq = models.BigIntegerField()
-    search_vector = SearchVectorField()
+    search_vector = SearchVectorField(null=True)
+    error = models.TextField(null=True)
 
     class Meta:
         indexes = [GinIndex(fields=["search_vector"], name="message_search_gin")]

@@ -10,7 +10,7 @@ from django.db import models
 from django.db.models import Q
 
 # Full-text configuration: `simple` would not stem; `english` ranks "weathers" with "weather".
-# Migration 0013's triggers parse with it too: changing it needs a migration that replaces them
+# Migration 0018's triggers parse with it too: changing it needs a migration that replaces them
 # and re-parses MessageSearch.
 FTS_CONFIG = "english"
 

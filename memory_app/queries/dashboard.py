@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.contrib.postgres.search import SearchQuery, SearchVector
+from django.contrib.postgres.search import SearchQuery
 from django.db.models import Count, F, Q, QuerySet
 
 from memory_app.models import (
@@ -25,6 +25,7 @@ from memory_app.models import (
     MessageSearch,
     Run,
 )
+from memory_app.search import fulltext
 
 PAGE_SIZE = 50
 RUNS_PAGE_SIZE = 20
@@ -200,7 +201,7 @@ def _history_qs(context: Context, filters: HistoryFilters) -> QuerySet[Message]:
             "seq"
         )
         parsed = Q(seq__gt=context.search_seq) | Q(pruned_at__isnull=False)
-        qs = qs.alias(text_vector=SearchVector("text", config=FTS_CONFIG)).filter(
+        qs = qs.alias(text_vector=fulltext.text_vector()).filter(
             Q(seq__in=indexed) | (parsed & Q(text_vector=query))
         )
     return qs

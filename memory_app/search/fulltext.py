@@ -12,6 +12,12 @@ What a search may rely on, for every context:
   vector of a pruned or deleted message and write it back for a restored one);
 - a message with `seq > search_seq` may not: searches match it from its text, so it is found the
   moment its batch commits, only more slowly until the indexer catches up.
+
+Every vector is `memory_app_search_vector(config, text)` (migration 0018): the vector of the
+text's first `memory_app_search_chars()` characters, so that no text, however long, exceeds
+PostgreSQL's limit on a tsvector; a message is found by the words of that first part. A vector
+that cannot be written all the same (a fault of that row, not of the connection) is stored null
+with its error, and the indexer goes on: one message never holds up the others.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.contrib.postgres.search import SearchConfig, SearchVectorField
+from django.db import DatabaseError, connection, transaction
+from django.db.models import F, Func
 
 from memory_app.models import FTS_CONFIG
 
@@ -32,17 +40,90 @@ PENDING_SQL = (
     "WHERE search_seq < last_seq"
 )
 
+WRITE_SQL = (
+    f"INSERT INTO {TABLE} (context_id, seq, search_vector)"  # noqa: S608 - constants
+    " SELECT context_id, seq, memory_app_search_vector(%s::regconfig, text)"
+    " FROM memory_app_message"
+    " WHERE context_id = %s AND seq > %s AND seq <= %s AND pruned_at IS NULL"
+    " ON CONFLICT (context_id, seq) DO UPDATE"
+    " SET search_vector = EXCLUDED.search_vector, error = NULL"
+)
+FAILED_SQL = (
+    f"INSERT INTO {TABLE} (context_id, seq, search_vector, error) VALUES (%s, %s, NULL, %s)"  # noqa: S608
+    " ON CONFLICT (context_id, seq) DO UPDATE SET search_vector = NULL, error = EXCLUDED.error"
+)
+# SQLSTATE classes of faults that are not one row's: connection, transaction rollback
+# (deadlock, serialization), resources, lock not available, cancel or shutdown, system error.
+# They propagate, and the whole range is tried again later.
+PASSING_FAULTS = {"08", "40", "53", "55", "57", "58"}
+
+
+def _row_fault(exc: DatabaseError) -> bool:
+    state = getattr(exc.__cause__, "sqlstate", None)
+    return bool(state) and state[:2] not in PASSING_FAULTS
+
+
+def _error_text(exc: DatabaseError) -> str:
+    """SQLSTATE and primary message: the detail may quote the whole row."""
+    cause = exc.__cause__
+    diag = getattr(cause, "diag", None)
+    message = (diag.message_primary if diag else None) or str(exc).split("\n", 1)[0]
+    return f"{getattr(cause, 'sqlstate', None) or 'error'}: {message}"
+
 
 def _write_range(cursor, context_id: int, after: int, upto: int) -> int:
-    """Parse and store the vectors of the context's live messages with after < seq <= upto."""
+    """Parse and store the vectors of the context's live messages with after < seq <= upto.
+
+    In one statement; when a row's vector fails it, each message is written on its own (a
+    savepoint each) and the ones that fail are stored without a vector, with their error."""
+    try:
+        with transaction.atomic():
+            cursor.execute(WRITE_SQL, [FTS_CONFIG, context_id, after, upto])
+            return cursor.rowcount
+    except DatabaseError as exc:
+        if not _row_fault(exc):
+            raise
     cursor.execute(
-        f"INSERT INTO {TABLE} (context_id, seq, search_vector)"  # noqa: S608 - constants
-        " SELECT context_id, seq, to_tsvector(%s::regconfig, text) FROM memory_app_message"
-        " WHERE context_id = %s AND seq > %s AND seq <= %s AND pruned_at IS NULL"
-        " ON CONFLICT (context_id, seq) DO UPDATE SET search_vector = EXCLUDED.search_vector",
-        [FTS_CONFIG, context_id, after, upto],
+        "SELECT seq FROM memory_app_message WHERE context_id = %s AND seq > %s AND seq <= %s"
+        " AND pruned_at IS NULL ORDER BY seq",
+        [context_id, after, upto],
     )
-    return cursor.rowcount
+    seqs = [seq for (seq,) in cursor.fetchall()]
+    for seq in seqs:
+        try:
+            with transaction.atomic():
+                cursor.execute(WRITE_SQL, [FTS_CONFIG, context_id, seq - 1, seq])
+        except DatabaseError as exc:
+            if not _row_fault(exc):
+                raise
+            error = _error_text(exc)
+            log.warning("full-text vector of context %s seq %s failed: %s", context_id, seq, error)
+            cursor.execute(FAILED_SQL, [context_id, seq, error])
+    return len(seqs)
+
+
+def text_vector(column: str = "text") -> Func:
+    """The ORM expression of a message's vector, as MessageSearch holds it."""
+    return Func(
+        SearchConfig(FTS_CONFIG),
+        F(column),
+        function="memory_app_search_vector",
+        output_field=SearchVectorField(),
+    )
+
+
+_indexed_chars: int | None = None
+
+
+def indexed_chars() -> int:
+    """How many leading characters of a message's text its full-text vector covers (the
+    database's `memory_app_search_chars()`, read once per process)."""
+    global _indexed_chars
+    if _indexed_chars is None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT memory_app_search_chars()")
+            _indexed_chars = int(cursor.fetchone()[0])
+    return _indexed_chars
 
 
 def index_messages(context_id: int, first_seq: int, last_seq: int) -> None:
@@ -108,3 +189,14 @@ def reindex_from(context_id: int, seq: int) -> None:
             "UPDATE memory_app_context SET search_seq = LEAST(search_seq, %s) WHERE id = %s",
             [max(seq - 1, 0), context_id],
         )
+
+
+def truncation_notes(messages) -> list[str]:
+    """A note for each message whose text is longer than its full-text vector covers."""
+    limit = indexed_chars()
+    return [
+        f"message #{m.seq} is longer than {limit} characters: keyword search reads its"
+        f" first {limit} only"
+        for m in messages
+        if len(m.text) > limit
+    ]

@@ -142,13 +142,15 @@ def keyword_ranking(
 # The keyword passes of `_keyword_candidates` as SQL text: seq bounds are ints written into the
 # text, the rest are parameters.
 def _parsed_pass(after: int, upto: int) -> str:
-    """A keyword pass over messages the indexer has not reached: their text is parsed."""
+    """A keyword pass over messages the indexer has not reached: their text is parsed (its first
+    part, as the indexer parses it)."""
     return f"""
-        SELECT m.id, m.seq, ts_rank(to_tsvector(%(config)s::regconfig, m.text), %(q)s::tsquery)
+        SELECT m.id, m.seq,
+               ts_rank(memory_app_search_vector(%(config)s::regconfig, m.text), %(q)s::tsquery)
         FROM memory_app_message m
         WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
           AND m.seq > {int(after)} AND m.seq <= {int(upto)}
-          AND to_tsvector(%(config)s::regconfig, m.text) @@ %(q)s::tsquery
+          AND memory_app_search_vector(%(config)s::regconfig, m.text) @@ %(q)s::tsquery
           AND NOT (m.id = ANY(%(exclude)s))
         ORDER BY m.seq DESC LIMIT %(need)s
     """  # noqa: S608 - constant SQL
@@ -543,6 +545,8 @@ def search_messages(
     sem = {mid: (i, d) for i, (mid, d) in enumerate(semantic, start=1)}
     order = _ranked_order(mode, keyword, semantic, kw=kw, sem=sem)[:k]
     hits = _hits(order, kw=kw, sem=sem)
+    if mode in ("keyword", "hybrid"):
+        notes += fulltext.truncation_notes([h.message for h in hits])
     return SearchResult(hits=hits, mode=mode, model=used_model, notes=notes)
 
 
