@@ -332,6 +332,10 @@ class ContextAdmin(PurgeAdmin):
     list_per_page = 50
 
 
+# The message fields whose edits go through the write path (`message_edit`).
+EDITED_BY_WRITE_PATH = ("text", "tags", "metadata")
+
+
 @admin.register(Message)
 class MessageAdmin(PurgeAdmin):
     list_display = [
@@ -362,6 +366,24 @@ class MessageAdmin(PurgeAdmin):
     actions = [prune_selected, restore_selected]
     list_per_page = 100
     show_full_result_count = False
+
+    def save_model(self, request, obj, form, change):
+        # Text, tags and metadata change through the write path, as a dashboard edit does: the
+        # token count is recounted, the vector re-queued, the edit audited with before and
+        # after. The other fields are saved (and audited) as any admin edit.
+        written = [f for f in EDITED_BY_WRITE_PATH if f in form.changed_data] if change else []
+        if not written:
+            return super().save_model(request, obj, form, change)
+        from memory_app.services.messages import message_edit  # the write path, loaded when used
+
+        values = {f: getattr(obj, f) for f in written}
+        stored = Message.objects.get(pk=obj.pk)
+        for f in written:
+            setattr(obj, f, getattr(stored, f))
+        form.changed_data = [f for f in form.changed_data if f not in written]
+        if form.changed_data:
+            super().save_model(request, obj, form, change)
+        message_edit(message=obj, actor=Actor.for_user(request.user), **values)
 
     @admin.display(description="text")
     def short_text(self, obj):

@@ -10,6 +10,7 @@ from memory_app.services.contexts import context_get_or_create
 from memory_app.services.curation import messages_set_pruned
 from memory_app.services.messages import messages_append
 from memory_app.services.runs import run_create, steps_append
+from memory_app.tokens import count_tokens
 
 
 @pytest.fixture
@@ -130,6 +131,29 @@ def test_an_edit_in_the_admin_is_audited_with_before_and_after(superuser_client,
     assert event.actor == "user:root" and event.target_ids == [context.pk]
     assert event.before["title"] == "" and event.after["title"] == "renamed"
     assert event.context_id == context.pk
+
+
+@pytest.mark.django_db
+def test_a_message_edit_in_the_admin_goes_through_the_write_path(superuser_client, history):
+    context, (message, _), _, _ = history
+    url = reverse("admin:memory_app_message_change", args=[message.pk])
+    data = _change_form_data(superuser_client, url)
+    data["text"] = "keep me, and these many more words in the edited text"
+    data["name"] = "ada"
+    response = superuser_client.post(url, data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+
+    message.refresh_from_db()
+    context.refresh_from_db()
+    assert message.text == data["text"] and message.name == "ada"
+    # The token counts follow the text, as after a dashboard or API edit.
+    assert message.token_count == count_tokens([data["text"]])[0]
+    assert context.token_count == sum(Message.objects.values_list("token_count", flat=True))
+    edit = AuditEvent.objects.get(action="edit", target_type="message", before__has_key="text")
+    assert edit.actor == "user:root" and edit.before["text"] == "keep me"
+    assert edit.after["text"] == data["text"]
+    named = AuditEvent.objects.get(action="edit", target_type="message", before__has_key="name")
+    assert named.before == {"name": ""} and named.after == {"name": "ada"}
 
 
 @pytest.mark.django_db
