@@ -16,6 +16,7 @@ from collections import defaultdict
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import transaction
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 
@@ -187,13 +188,16 @@ class AuditedAdmin(admin.ModelAdmin):
     def delete_model(self, request, obj):
         # A deleted context's events keep its id in target_ids (the column points at live rows).
         pk, context_id = obj.pk, None if isinstance(obj, Context) else _context_id(obj)
-        self.delete_ids(request, [pk])
-        _audit(request, self.delete_action, type(obj), [pk], context_id=context_id)
+        with transaction.atomic():
+            self.delete_ids(request, [pk])
+            _audit(request, self.delete_action, type(obj), [pk], context_id=context_id)
 
     def delete_queryset(self, request, queryset):
-        ids = list(queryset.values_list("pk", flat=True))
-        self.delete_ids(request, ids)
-        _audit(request, self.delete_action, queryset.model, ids)
+        # All or nothing: Django's "delete selected" action runs outside a transaction.
+        with transaction.atomic():
+            ids = list(queryset.values_list("pk", flat=True))
+            self.delete_ids(request, ids)
+            _audit(request, self.delete_action, queryset.model, ids)
 
     def delete_ids(self, request, ids):
         self.model._default_manager.filter(pk__in=ids).delete()
@@ -260,7 +264,8 @@ class PurgeAdmin(AuditedAdmin):
 
     def delete_queryset(self, request, queryset):
         if self.model in WRITE_PATH_PURGES:
-            self.delete_ids(request, list(queryset.values_list("pk", flat=True)))
+            with transaction.atomic():  # several purges (one per context): all or none
+                self.delete_ids(request, list(queryset.values_list("pk", flat=True)))
         else:
             super().delete_queryset(request, queryset)
 

@@ -243,3 +243,42 @@ def test_deleting_a_memory_or_a_context_in_the_admin_needs_the_typed_phrase(
         assert AuditEvent.objects.filter(action="purge", target_type=name).exists()
     assert not Message.objects.exists() and not MemoryRecord.objects.exists()
     assert not Context.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_delete_selected_in_the_admin_is_all_or_nothing(superuser_client):
+    from django.db import connection
+
+    from memory_app.models import Context
+
+    first, _ = context_get_or_create(keys={"user": "ada"})
+    second, _ = context_get_or_create(keys={"user": "bob"})
+    for context in (first, second):
+        messages_append(context=context, items=[{"role": "user", "text": "hello"}])
+    # A database fault on the second context's purge, after the first is already deleted.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF OLD.id = {second.pk} THEN RAISE EXCEPTION 'refused'; END IF; RETURN OLD; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER test_refuse BEFORE DELETE ON memory_app_context "
+            "FOR EACH ROW EXECUTE FUNCTION test_refuse()"
+        )
+    try:
+        url = reverse("admin:memory_app_context_changelist")
+        data = {
+            "action": "delete_selected",
+            "_selected_action": [first.pk, second.pk],
+            "post": "yes",
+            "confirmation": "purge pruned items",
+        }
+        with pytest.raises(Exception, match="refused"):
+            superuser_client.post(url, data)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER test_refuse ON memory_app_context")
+            cursor.execute("DROP FUNCTION test_refuse()")
+    assert Context.objects.filter(pk__in=[first.pk, second.pk]).count() == 2
+    assert Message.objects.count() == 2
+    assert not AuditEvent.objects.filter(action="purge").exists()
