@@ -89,6 +89,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "memory_app.middleware.ContentSecurityPolicyMiddleware",
+    # A database fault in a view is a 503 with Retry-After (README "Operations").
+    "memory_app.middleware.DatabaseUnavailableMiddleware",
     # Last, as django-axes asks: it answers a locked-out login with the lockout page.
     "axes.middleware.AxesMiddleware",
 ]
