@@ -8,6 +8,10 @@ a script, the test session, `dbshell`) finds the server running, new commands in
 process that started or attached holds the server until it exits (`manage.py serve` holds it for
 the site's whole life); a process forked after that, such as a gunicorn worker under --preload,
 shares its parent's hold.
+
+A connection that fails because the server is gone (kill -9, a crash) starts it again, in the
+background, in one of the processes holding it (`revive_in_background`); the request that
+noticed answers its 503 meanwhile.
 """
 
 from __future__ import annotations
