@@ -20,6 +20,8 @@ from memory_app import db
 from memory_app.url_prefixes import API_PREFIXES
 from memory_app.views.common import TITLES, error_response
 
+logger = logging.getLogger(__name__)
+
 
 def bad_request(request, exception=None):
     # The exception's text may quote request headers: not echoed.
@@ -49,9 +51,6 @@ def csrf_failure(request, reason=""):
     return error_response(
         request, 403, "The form expired or came from another site: reload the page and try again."
     )
-
-
-logger = logging.getLogger(__name__)
 
 
 def server_error(request):
