@@ -52,6 +52,7 @@ POST_ONLY = {
     "curate-steps-prune",
     "memory-merge",
     "memory-archive",
+    "memory-purge",
     "memory-promote-message",
     "memory-promote-step",
     "audit-undo",
