@@ -62,10 +62,12 @@ CATALOG_SQL = {
     """,
     "foreign": """
         SELECT f.conname, f.conrelid::regclass::text, f.confrelid::regclass::text,
-            array(SELECT a.attname FROM unnest(f.conkey) k
-                  JOIN pg_attribute a ON a.attrelid = f.conrelid AND a.attnum = k),
-            array(SELECT a.attname FROM unnest(f.confkey) k
-                  JOIN pg_attribute a ON a.attrelid = f.confrelid AND a.attnum = k)
+            array(SELECT a.attname FROM unnest(f.conkey) WITH ORDINALITY AS k (num, ord)
+                  JOIN pg_attribute a ON a.attrelid = f.conrelid AND a.attnum = k.num
+                  ORDER BY k.ord),
+            array(SELECT a.attname FROM unnest(f.confkey) WITH ORDINALITY AS k (num, ord)
+                  JOIN pg_attribute a ON a.attrelid = f.confrelid AND a.attnum = k.num
+                  ORDER BY k.ord)
         FROM pg_constraint f
         WHERE f.contype = 'f' AND f.connamespace = 'public'::regnamespace
     """,
