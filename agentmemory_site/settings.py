@@ -89,6 +89,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "memory_app.middleware.ContentSecurityPolicyMiddleware",
+    # A database fault in a view is a 503 with Retry-After (README "Operations").
+    "memory_app.middleware.DatabaseUnavailableMiddleware",
     # Last, as django-axes asks: it answers a locked-out login with the lockout page.
     "axes.middleware.AxesMiddleware",
 ]
@@ -136,18 +138,21 @@ if EMBEDDED_DATABASE:
     # Django's PostgreSQL backend that starts (or attaches to) the server on its first connection.
     DATABASES["default"]["ENGINE"] = "agentmemory_site.embedded_postgres"
     DATABASES["default"]["EMBEDDED_DATA_DIR"] = DATA_DIR
-DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = int(
-    os.environ.get("AGENTMEMORY_DB_CONNECT_TIMEOUT", "5")
-)
+# How long a connection, or a request waiting for a pooled one, waits for the database before
+# the request answers 503 (README "Operations").
+DB_CONNECT_TIMEOUT = int(os.environ.get("AGENTMEMORY_DB_CONNECT_TIMEOUT", "5"))
+DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = DB_CONNECT_TIMEOUT
 # Under ASGI (what `make run` serves, agentmemory_site/asgi.py turns this on) Django runs each
 # request's sync code on a thread of its own: a per-thread persistent connection would never be
 # reused, so a worker's threads share a psycopg pool instead (Django requires CONN_MAX_AGE 0).
 if env_bool("AGENTMEMORY_DB_POOL"):
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # A request waits this long for a pooled connection; the embedded backend checks an idle
+    # one with a deadline (agentmemory_site/db_pool.py).
     DATABASES["default"]["OPTIONS"]["pool"] = {
         "min_size": 1,
         "max_size": int(os.environ.get("AGENTMEMORY_DB_POOL_SIZE", "10")),
-        "timeout": int(os.environ.get("AGENTMEMORY_DB_CONNECT_TIMEOUT", "5")),
+        "timeout": DB_CONNECT_TIMEOUT,
     }
 # Parallel test runs (several developers or tools on one embedded server) need distinct names.
 DATABASES["default"]["TEST"] = {

@@ -16,6 +16,7 @@ from collections import defaultdict
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import transaction
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 
@@ -185,13 +186,16 @@ class AuditedAdmin(admin.ModelAdmin):
     def delete_model(self, request, obj):
         # A deleted context's events keep its id in target_ids (the column points at live rows).
         pk, context_id = obj.pk, None if isinstance(obj, Context) else _context_id(obj)
-        self.delete_ids(request, [pk])
-        _audit(request, self.delete_action, type(obj), [pk], context_id=context_id)
+        with transaction.atomic():
+            self.delete_ids(request, [pk])
+            _audit(request, self.delete_action, type(obj), [pk], context_id=context_id)
 
     def delete_queryset(self, request, queryset):
-        ids = list(queryset.values_list("pk", flat=True))
-        self.delete_ids(request, ids)
-        _audit(request, self.delete_action, queryset.model, ids)
+        # All or nothing: Django's "delete selected" action runs outside a transaction.
+        with transaction.atomic():
+            ids = list(queryset.values_list("pk", flat=True))
+            self.delete_ids(request, ids)
+            _audit(request, self.delete_action, queryset.model, ids)
 
     def delete_ids(self, request, ids):
         self.model._default_manager.filter(pk__in=ids).delete()
@@ -258,7 +262,8 @@ class PurgeAdmin(AuditedAdmin):
 
     def delete_queryset(self, request, queryset):
         if self.model in WRITE_PATH_PURGES:
-            self.delete_ids(request, list(queryset.values_list("pk", flat=True)))
+            with transaction.atomic():  # several purges (one per context): all or none
+                self.delete_ids(request, list(queryset.values_list("pk", flat=True)))
         else:
             super().delete_queryset(request, queryset)
 
@@ -330,6 +335,10 @@ class ContextAdmin(PurgeAdmin):
     list_per_page = 50
 
 
+# The message fields whose edits go through the write path (`message_edit`).
+EDITED_BY_WRITE_PATH = ("text", "tags", "metadata")
+
+
 @admin.register(Message)
 class MessageAdmin(PurgeAdmin):
     list_display = [
@@ -360,6 +369,24 @@ class MessageAdmin(PurgeAdmin):
     actions = [prune_selected, restore_selected]
     list_per_page = 100
     show_full_result_count = False
+
+    def save_model(self, request, obj, form, change):
+        # Text, tags and metadata change through the write path, as a dashboard edit does: the
+        # token count is recounted, the vector re-queued, the edit audited with before and
+        # after. The other fields are saved (and audited) as any admin edit.
+        written = [f for f in EDITED_BY_WRITE_PATH if f in form.changed_data] if change else []
+        if not written:
+            return super().save_model(request, obj, form, change)
+        from memory_app.services.messages import message_edit  # the write path, loaded when used
+
+        values = {f: getattr(obj, f) for f in written}
+        stored = Message.objects.get(pk=obj.pk)
+        for f in written:
+            setattr(obj, f, getattr(stored, f))
+        form.changed_data = [f for f in form.changed_data if f not in written]
+        if form.changed_data:
+            super().save_model(request, obj, form, change)
+        message_edit(message=obj, actor=Actor.for_user(request.user), **values)
 
     @admin.display(description="text")
     def short_text(self, obj):

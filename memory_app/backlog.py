@@ -12,9 +12,10 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
+from memory_app import db
 from memory_app.embeddings.indexer import index_batch, index_pending
 from memory_app.embeddings.providers import EmbeddingProvider
 from memory_app.embeddings.worker import BACKOFF_BASE_SECONDS, BatchResult, embed_batch
@@ -22,6 +23,41 @@ from memory_app.models import TraceSpan
 from memory_app.search import fulltext
 
 log = logging.getLogger(__name__)
+
+
+class Outage:
+    """Waits between attempts while the database is unavailable (down, restarting, stalled):
+    doubling from BASE_SECONDS up to MAX_SECONDS, logged once when it begins and once when it
+    ends, instead of a traceback per attempt or the loop exiting."""
+
+    BASE_SECONDS = 0.5
+    MAX_SECONDS = 30.0
+
+    def __init__(self, who: str):
+        self.who = who
+        self.failures = 0
+        self.since = 0.0
+
+    def failed(self, exc: BaseException) -> float:
+        """Seconds to wait before the next attempt."""
+        if not self.failures:
+            self.since = time.monotonic()
+            log.warning(
+                "%s: the database is unavailable (%s); retrying with backoff",
+                self.who,
+                str(exc).strip()[:200],
+            )
+        self.failures += 1
+        # Its connection is broken: the next attempt opens a new one.
+        connections.close_all()
+        return min(self.BASE_SECONDS * 2 ** (self.failures - 1), self.MAX_SECONDS)
+
+    def succeeded(self) -> None:
+        if self.failures:
+            log.warning(
+                "%s: the database is back after %.1f s", self.who, time.monotonic() - self.since
+            )
+            self.failures = 0
 
 
 class _Indexer:
@@ -65,8 +101,7 @@ class _Indexer:
         return self._idle.wait(timeout)
 
     def _run(self) -> None:
-        from django.db import connections
-
+        outage = Outage("indexer")
         while True:
             self._wake.wait()
             self._wake.clear()
@@ -81,6 +116,11 @@ class _Indexer:
                     # Contexts locked by writers that do not wake the indexer (edits, prunes).
                     time.sleep(self.BUSY_SECONDS)
                     self._wake.set()
+                outage.succeeded()
+            except db.DATABASE_FAULTS as exc:
+                time.sleep(outage.failed(exc))
+                self._wake.set()
+                continue
             except Exception:
                 log.exception("indexer: draining the backlog failed; retrying")
                 connections.close_all()
@@ -152,10 +192,20 @@ def run_worker(
     sleeps when idle and after failures. Returns the totals."""
     totals = BatchResult()
     batches = 0
+    outage = Outage("embed worker")
     while not (stop and stop.is_set()):
         if max_batches is not None and batches >= max_batches:
             break
-        res = embed_batch(provider=provider, batch_size=batch_size, backoff_base=backoff_base)
+        try:
+            res = embed_batch(provider=provider, batch_size=batch_size, backoff_base=backoff_base)
+            outage.succeeded()
+        except db.DATABASE_FAULTS as exc:
+            delay = outage.failed(exc)
+            if stop:
+                stop.wait(delay)
+            else:
+                time.sleep(delay)
+            continue
         # The deferred HNSW insertions too, one batch per turn (several workers share them).
         indexed, parsed, expired = 0, None, 0
         try:

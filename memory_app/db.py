@@ -1,5 +1,6 @@
 """Database helpers shared by the writes: row locks on contexts in one order, the text form of
-values in a COPY stream, and the cyclic GC paused around large writes."""
+values in a COPY stream, the cyclic GC paused around large writes, and what every surface
+answers when the database itself fails."""
 
 from __future__ import annotations
 
@@ -14,9 +15,21 @@ from typing import Any
 
 import orjson
 import psycopg
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, InterfaceError, OperationalError, connection
 
 from memory_app.models import Context
+
+# The database is down, stalled, restarting or out of pooled connections (Django wraps psycopg's
+# errors and the pool's timeout in these): the request was not served, and the same request
+# may succeed a moment later. Every surface answers 503 with Retry-After, never 500.
+DATABASE_FAULTS = (OperationalError, InterfaceError)
+UNAVAILABLE = "the database is unavailable right now; retry shortly"
+RETRY_AFTER_SECONDS = 2
+
+
+def is_database_fault(exc: BaseException | None) -> bool:
+    return isinstance(exc, DATABASE_FAULTS)
+
 
 _gc_lock = threading.Lock()
 _gc_pauses = 0

@@ -9,6 +9,7 @@ from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from memory_app import db
 from memory_app.search import fulltext
 
 
@@ -26,10 +27,12 @@ def healthz(request):
     except DatabaseError as exc:
         # A dead connection stays dead in this worker; drop it so the next probe reconnects.
         connection.close_if_unusable_or_obsolete()
-        return JsonResponse(
+        response = JsonResponse(
             {"status": "error", "database": "unavailable", "detail": str(exc).strip()[:200]},
             status=503,
         )
+        response["Retry-After"] = str(db.RETRY_AFTER_SECONDS)
+        return response
     return JsonResponse(
         {
             "status": "ok",

@@ -44,8 +44,9 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from memory_app import auth, errors
+from memory_app import auth, db, errors
 from memory_app.json_values import depth_over, finite_float, reject_constant
+from memory_app.mcp_unavailable import DATABASE_FAULT, DatabaseUnavailableAnswer
 from memory_app.models import ApiKey
 from memory_app.queries.lists import runs_list, steps_list
 from memory_app.schemas.contexts import ContextOut
@@ -151,7 +152,16 @@ async def _run(ctx: ToolContext, scope: str, fn: Callable[..., Any], **kwargs: A
     key = _key(ctx)
     if not auth.has_scope(key, scope):
         raise ToolError(f"this API key lacks the '{scope}' scope")
-    return await sync_to_async(_call, thread_sensitive=True)(key, fn, kwargs)
+    try:
+        return await sync_to_async(_call, thread_sensitive=True)(key, fn, kwargs)
+    except db.DATABASE_FAULTS as exc:
+        # The SDK answers any tool exception with a tool error (HTTP 200): marked on the
+        # request, DatabaseUnavailableAnswer turns that answer into a 503 the client retries.
+        logger.warning("database unavailable (MCP tool): %s", str(exc).strip()[:200])
+        request = ctx.request_context.request
+        if request is not None:
+            request.scope[DATABASE_FAULT] = True
+        raise ToolError(db.UNAVAILABLE) from exc
 
 
 def _drop_none(**kwargs: Any) -> dict[str, Any]:
@@ -595,6 +605,7 @@ def asgi_app() -> Starlette:
             )
         ],
         middleware=[
+            Middleware(DatabaseUnavailableAnswer),
             Middleware(AuthenticationMiddleware, backend=BearerAuthBackend(ApiKeyVerifier())),
             Middleware(AuthContextMiddleware),
         ],

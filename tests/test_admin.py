@@ -10,6 +10,7 @@ from memory_app.services.contexts import context_get_or_create
 from memory_app.services.curation import messages_set_pruned
 from memory_app.services.messages import messages_append
 from memory_app.services.runs import run_create, steps_append
+from memory_app.tokens import count_tokens
 
 
 @pytest.fixture
@@ -133,6 +134,29 @@ def test_an_edit_in_the_admin_is_audited_with_before_and_after(superuser_client,
 
 
 @pytest.mark.django_db
+def test_a_message_edit_in_the_admin_goes_through_the_write_path(superuser_client, history):
+    context, (message, _), _, _ = history
+    url = reverse("admin:memory_app_message_change", args=[message.pk])
+    data = _change_form_data(superuser_client, url)
+    data["text"] = "keep me, and these many more words in the edited text"
+    data["name"] = "ada"
+    response = superuser_client.post(url, data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+
+    message.refresh_from_db()
+    context.refresh_from_db()
+    assert message.text == data["text"] and message.name == "ada"
+    # The token counts follow the text, as after a dashboard or API edit.
+    assert message.token_count == count_tokens([data["text"]])[0]
+    assert context.token_count == sum(Message.objects.values_list("token_count", flat=True))
+    edit = AuditEvent.objects.get(action="edit", target_type="message", before__has_key="text")
+    assert edit.actor == "user:root" and edit.before["text"] == "keep me"
+    assert edit.after["text"] == data["text"]
+    named = AuditEvent.objects.get(action="edit", target_type="message", before__has_key="name")
+    assert named.before == {"name": ""} and named.after == {"name": "ada"}
+
+
+@pytest.mark.django_db
 def test_a_create_and_a_delete_in_the_admin_are_audited(superuser_client, history):
     from memory_app.models import ApiKey
 
@@ -219,3 +243,42 @@ def test_deleting_a_memory_or_a_context_in_the_admin_needs_the_typed_phrase(
         assert AuditEvent.objects.filter(action="purge", target_type=name).exists()
     assert not Message.objects.exists() and not MemoryRecord.objects.exists()
     assert not Context.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_delete_selected_in_the_admin_is_all_or_nothing(superuser_client):
+    from django.db import connection
+
+    from memory_app.models import Context
+
+    first, _ = context_get_or_create(keys={"user": "ada"})
+    second, _ = context_get_or_create(keys={"user": "bob"})
+    for context in (first, second):
+        messages_append(context=context, items=[{"role": "user", "text": "hello"}])
+    # A database fault on the second context's purge, after the first is already deleted.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF OLD.id = {second.pk} THEN RAISE EXCEPTION 'refused'; END IF; RETURN OLD; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER test_refuse BEFORE DELETE ON memory_app_context "
+            "FOR EACH ROW EXECUTE FUNCTION test_refuse()"
+        )
+    try:
+        url = reverse("admin:memory_app_context_changelist")
+        data = {
+            "action": "delete_selected",
+            "_selected_action": [first.pk, second.pk],
+            "post": "yes",
+            "confirmation": "purge pruned items",
+        }
+        with pytest.raises(Exception, match="refused"):
+            superuser_client.post(url, data)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER test_refuse ON memory_app_context")
+            cursor.execute("DROP FUNCTION test_refuse()")
+    assert Context.objects.filter(pk__in=[first.pk, second.pk]).count() == 2
+    assert Message.objects.count() == 2
+    assert not AuditEvent.objects.filter(action="purge").exists()

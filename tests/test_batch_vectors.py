@@ -366,3 +366,24 @@ def test_the_halfvec_migration_replaces_a_full_precision_index(api):
     current = indexer.index_name("inline-3", 3)
     assert list(indexes) == [current] and indexes[current].endswith("AND indexed)")
     assert Embedding.objects.filter(model="inline-3").count() == count
+
+
+def test_a_models_store_size_counts_its_own_vectors_not_every_models(api, settings):
+    """The HNSW search's ef_search grows with the store: a second model's vectors (a re-embed
+    keeps the old ones) must not make every search of the first walk further."""
+    from memory_app.search import messages as message_search
+
+    settings.AGENTMEMORY_INDEX_DEFER_MIN = 10_000  # every vector straight into its index
+    context, _ = context_get_or_create(keys={"test": "store-size"})
+    for model, dims, n in (("inline-3", 3, 300), ("inline-4", 4, 100)):
+        items = [
+            {"role": "user", "text": f"{model} {i}", "vector_model": model}
+            | {"vector": unit(1.0, i / n, *[0.1] * (dims - 2))}
+            for i in range(n)
+        ]
+        messages_append(context=context, items=items)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE memory_app_embedding")
+    message_search._store_sizes.clear()
+    assert message_search.store_size("inline-3", 3) == 300
+    assert message_search.store_size("inline-4", 4) == 100

@@ -8,10 +8,15 @@ a script, the test session, `dbshell`) finds the server running, new commands in
 process that started or attached holds the server until it exits (`manage.py serve` holds it for
 the site's whole life); a process forked after that, such as a gunicorn worker under --preload,
 shares its parent's hold.
+
+A connection that fails because the server is gone (kill -9, a crash) starts it again, in the
+background, in one of the processes holding it (`revive_in_background`); the request that
+noticed answers its 503 meanwhile.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -19,11 +24,15 @@ from urllib.parse import parse_qs, urlsplit
 from django.db.backends.postgresql import base, client
 
 from agentmemory_site import embedded_db
+from agentmemory_site.db_pool import check_connection
 
 # The socket directory of each data folder this process holds (started or attached): every
 # later connection, from any thread, goes straight to it.
 _held: dict[Path, str] = {}
 _lock = threading.Lock()
+# Held while this process's revival thread runs: one at a time per process.
+_reviving = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 def ensure_server(settings_dict: dict) -> str:
@@ -40,6 +49,28 @@ def ensure_server(settings_dict: dict) -> str:
                 host = _held[data_dir] = parse_qs(urlsplit(url).query)["host"][0]
     settings_dict["HOST"] = host
     return host
+
+
+def revive_in_background(settings_dict: dict) -> None:
+    """After a failed connection: when the server this process holds is gone, start it again in
+    a thread of its own, so the request that noticed answers its 503 without waiting for it."""
+    data_dir = Path(settings_dict["EMBEDDED_DATA_DIR"])
+    if data_dir not in _held or not _reviving.acquire(blocking=False):
+        return
+    threading.Thread(
+        target=_revive, args=(data_dir,), name="agentmemory-db-revive", daemon=True
+    ).start()
+
+
+def _revive(data_dir: Path) -> None:
+    try:
+        embedded_db.revive_server(data_dir)
+    except Exception:
+        # Still down (its old processes may hold its shared memory a moment longer): the next
+        # failed connection tries again.
+        log.exception("starting the embedded PostgreSQL again failed")
+    finally:
+        _reviving.release()
 
 
 def start_embedded_database(using: str = "default") -> None:
@@ -66,3 +97,19 @@ class DatabaseWrapper(base.DatabaseWrapper):
         # Called before every new connection and when a pool is made: the one place to start.
         ensure_server(self.settings_dict)
         return super().get_connection_params()
+
+    @property
+    def pool(self):
+        pool = super().pool
+        if pool is not None and pool._check is not None:
+            # Django hands psycopg_pool its own check, which waits on a stalled server for as
+            # long as it stays stalled; this one gives up within a second.
+            pool._check = check_connection
+        return pool
+
+    def get_new_connection(self, conn_params):
+        try:
+            return super().get_new_connection(conn_params)
+        except self.Database.OperationalError:  # refused, timed out, or no pooled connection
+            revive_in_background(self.settings_dict)
+            raise

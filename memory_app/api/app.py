@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
-from django.db import DataError, IntegrityError
+from django.db import DataError, IntegrityError, InterfaceError, OperationalError
 from django.http import HttpRequest
 from ninja import NinjaAPI, Swagger
 from ninja.errors import AuthenticationError
 from ninja.parser import Parser
 from ninja.renderers import JSONRenderer
 
+from memory_app import db
 from memory_app.api import common
 from memory_app.errors import Conflict, Forbidden, Invalid, NotFound
 
@@ -101,6 +102,17 @@ def _integrity_error(request, exc):
     return api.create_response(
         request, {"detail": "conflicting concurrent write; retry the request"}, status=409
     )
+
+
+@api.exception_handler(OperationalError)
+@api.exception_handler(InterfaceError)
+def _database_unavailable(request, exc):
+    # Down, stalled, restarting or out of pooled connections: the client retries (its writes
+    # carry client ids), so nothing it sent is lost, as it would be after a 500.
+    logger.warning("database unavailable (%s): %s", request.path, str(exc).strip()[:200])
+    response = api.create_response(request, {"detail": db.UNAVAILABLE}, status=503)
+    response["Retry-After"] = str(db.RETRY_AFTER_SECONDS)
+    return response
 
 
 # --- routers: one line per area (see memory_app/api/__init__.py) -------------------------------

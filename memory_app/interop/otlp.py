@@ -135,7 +135,19 @@ def encode_response(*, content_type: str, rejected: int = 0, message: str = "") 
 
 
 # google.rpc.Code for the HTTP statuses the receiver answers (OTLP clients only log it).
-_RPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 409: 10, 413: 8, 415: 3, 422: 3, 500: 13}
+_RPC_CODES = {
+    400: 3,
+    401: 16,
+    403: 7,
+    404: 5,
+    405: 12,
+    409: 10,
+    413: 8,
+    415: 3,
+    422: 3,
+    500: 13,
+    503: 14,  # UNAVAILABLE: the exporter retries, after Retry-After
+}
 
 
 def encode_error(*, content_type: str, status: int, message: str) -> tuple[bytes, str]:

@@ -380,7 +380,13 @@ STORE_SIZE_TTL = 300.0
 
 def store_size(model: str, dims: int) -> int:
     """How many vectors the model's HNSW index holds, from the planner's statistics (kept up to
-    date by autovacuum's ANALYZE), cached per process for a few minutes."""
+    date by autovacuum's ANALYZE, which estimates a partial index's own rows), cached per
+    process for a few minutes.
+
+    The index's own estimate, not the table's: the table holds every model's vectors (a
+    re-embed keeps the old ones), and a store counted too large makes every search walk
+    further. Only an index with no estimate yet (never analysed, or built empty and filled
+    since) falls back to the table's."""
     import time
 
     key = (model, dims)
@@ -390,8 +396,9 @@ def store_size(model: str, dims: int) -> int:
         return cached[1]
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT greatest(coalesce((SELECT reltuples FROM pg_class WHERE relname = %s), -1),"
-            " (SELECT reltuples FROM pg_class WHERE relname = 'memory_app_embedding'), 0)::bigint",
+            "SELECT greatest(CASE WHEN i.reltuples > 0 THEN i.reltuples ELSE t.reltuples END, 0)"
+            "::bigint FROM pg_class t LEFT JOIN pg_class i ON i.relname = %s"
+            " WHERE t.relname = 'memory_app_embedding'",
             [indexer.index_name(model, dims)],
         )
         size = int(cursor.fetchone()[0])

@@ -68,6 +68,7 @@ TITLES = {
     403: "Not allowed",
     404: "Not found",
     500: "Something went wrong on the server",
+    503: "The database is unavailable",
 }
 
 

@@ -26,6 +26,7 @@ from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from agentmemory_site.gunicorn_hooks import skip_final_collection
 from memory_app import backlog
 from memory_app.models import Context
 
@@ -134,6 +135,9 @@ class Command(BaseCommand):
                 # database "held" and it would never stop.
                 self._forget_dead_holders()
             lock.close()
+            # Stopping ends here: the embedded server's exit handler runs, not a last garbage
+            # collection that only delays the exit.
+            skip_final_collection()
 
     def _serve(self, *, host, port, workers, no_demo, **options):
         call_command("migrate", interactive=False, verbosity=0)
@@ -164,6 +168,9 @@ class Command(BaseCommand):
             "--worker-class",
             "uvicorn_worker.UvicornWorker",
             "--preload",
+            # Its processes die with their parents (a kill -9 leaves no orphan on the port).
+            "--config",
+            "python:agentmemory_site.gunicorn_hooks",
             "--bind",
             f"{host}:{port}",
             "--workers",

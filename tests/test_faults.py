@@ -1,0 +1,373 @@
+"""Database faults under a real `manage.py serve` and its embedded PostgreSQL: stalled (SIGSTOP)
+and killed (kill -9) under write load, every answer is a success or a 503 with Retry-After,
+never a 500; the server starts PostgreSQL again by itself; no acknowledged write is lost. And the
+processes around it: a killed gunicorn master leaves no worker on the port, the embed worker
+rides out an outage, SIGINT stops everything promptly."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.test_serve import _free_port, _postgres_running
+
+ROOT = Path(__file__).resolve().parent.parent
+CONNECT_TIMEOUT = 3
+# What a 503 may take: the connect (or pool) timeout, plus the second the issue allows, plus
+# slack for a loaded two-core test machine.
+UNAVAILABLE_WITHIN = CONNECT_TIMEOUT + 1 + 1.5
+PASSWORD = "fault-test-Operator-9"
+
+pytestmark = pytest.mark.slow
+
+
+def _env(data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    return env | {
+        "AGENTMEMORY_DATA_DIR": str(data_dir),
+        "AGENTMEMORY_WORKERS": "2",
+        "AGENTMEMORY_DB_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT),
+        "AGENTMEMORY_OPERATOR_PASSWORD": PASSWORD,
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _wait(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not within {timeout} s")
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class Serve:
+    """`manage.py serve` on its own data folder and port, its output collected."""
+
+    def __init__(self, data_dir: Path, port: int | None = None):
+        self.data_dir, self.port = data_dir, port or _free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "serve", "--port", str(self.port), "--no-demo"],
+            cwd=ROOT,
+            env=_env(data_dir),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        _wait(lambda: _healthy(self.port) or self.proc.poll() is not None, 90, "serve up")
+        assert self.proc.poll() is None, self.output
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def postmaster(self) -> psutil.Process:
+        pid = int((self.data_dir / "pgdata" / "postmaster.pid").read_text().split()[0])
+        return psutil.Process(pid)
+
+    def command(self, *args: str) -> str:
+        return subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=_env(self.data_dir),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    def stop(self) -> float:
+        started = time.monotonic()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)  # Ctrl-C in a terminal
+        self.proc.wait(timeout=60)
+        self._reader.join(timeout=10)
+        return time.monotonic() - started
+
+
+@pytest.fixture
+def serve(tmp_path):
+    server = Serve(tmp_path / "data")
+    yield server
+    server.stop()
+
+
+def _secret(serve: Serve) -> str:
+    return serve.command("apikey", "create", "faults").strip().splitlines()[-1]
+
+
+def _dashboard_session(serve: Serve) -> httpx.Client:
+    client = httpx.Client(base_url=serve.url, timeout=30)
+    page = client.get("/accounts/login/")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+    answer = client.post(
+        "/accounts/login/",
+        data={"username": "operator", "password": PASSWORD, "csrfmiddlewaretoken": token},
+    )
+    assert answer.status_code == 302, answer.text
+    assert client.get("/").status_code == 200
+    return client
+
+
+class Writers:
+    """Threads appending messages with client ids as fast as answers come; a 503 is retried
+    with the same client id, as the Python client does."""
+
+    def __init__(self, serve: Serve, secret: str, context_id: int, count: int = 6):
+        self.url = f"{serve.url}/api/v1/contexts/{context_id}/messages"
+        self.headers = {"Authorization": f"Bearer {secret}"}
+        self.stop = threading.Event()
+        self.answers: list[tuple[int | str, float, str | None]] = []
+        self.acknowledged: set[str] = set()
+        self.threads = [threading.Thread(target=self._write, args=(i,)) for i in range(count)]
+        for thread in self.threads:
+            thread.start()
+
+    def _write(self, writer: int) -> None:
+        n = 0
+        with httpx.Client(headers=self.headers, timeout=60) as client:
+            while not self.stop.is_set():
+                client_id = f"w{writer}-{n}"
+                started = time.monotonic()
+                try:
+                    answer = client.post(
+                        self.url, json={"role": "user", "text": client_id, "client_id": client_id}
+                    )
+                except httpx.HTTPError as exc:
+                    self.answers.append((type(exc).__name__, time.monotonic() - started, None))
+                    continue
+                elapsed = time.monotonic() - started
+                self.answers.append(
+                    (answer.status_code, elapsed, answer.headers.get("Retry-After"))
+                )
+                if answer.status_code in (200, 201):
+                    self.acknowledged.add(client_id)
+                    n += 1
+                elif answer.status_code == 503:
+                    time.sleep(0.2)
+
+    def count(self, status) -> int:
+        return sum(1 for answer in self.answers if answer[0] == status)
+
+    def finish(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=90)
+
+
+def _probe_surfaces(serve: Serve, secret: str, dashboard: httpx.Client) -> dict:
+    """One REST, OTLP, MCP and dashboard request at once: name -> (status, seconds, headers,
+    body)."""
+    auth = {"Authorization": f"Bearer {secret}"}
+    calls = {
+        "rest": lambda c: c.get(f"{serve.url}/api/v1/contexts", headers=auth),
+        "otlp": lambda c: c.post(
+            f"{serve.url}/v1/traces", json={"resourceSpans": []}, headers=auth
+        ),
+        "mcp": lambda c: c.post(
+            f"{serve.url}/mcp",
+            json={
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "tools/call",
+                "params": {"name": "open_context", "arguments": {"keys": {"probe": "mcp"}}},
+            },
+            headers=auth | {"Accept": "application/json, text/event-stream"},
+        ),
+    }
+    results = {}
+
+    def run(name, call):
+        started = time.monotonic()
+        if name == "dashboard":
+            answer = dashboard.get("/")
+        else:
+            with httpx.Client(timeout=60) as client:
+                answer = call(client)
+        results[name] = (answer.status_code, time.monotonic() - started, answer.headers, answer)
+
+    threads = [threading.Thread(target=run, args=item) for item in calls.items()]
+    threads.append(threading.Thread(target=run, args=("dashboard", None)))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=90)
+    return results
+
+
+def _stored_client_ids(serve: Serve, secret: str, context_id: int) -> set[str]:
+    stored, after = set(), 0
+    with httpx.Client(headers={"Authorization": f"Bearer {secret}"}, timeout=30) as client:
+        while True:
+            page = client.get(
+                f"{serve.url}/api/v1/contexts/{context_id}/messages",
+                params={"after": after, "limit": 500},
+            ).json()
+            items = page["items"]
+            if not items:
+                return stored
+            stored |= {item["client_id"] for item in items}
+            after = items[-1]["seq"]
+
+
+def test_stalled_and_killed_postgres_answer_503_then_heal_with_no_acknowledged_write_lost(
+    serve,
+):
+    secret = _secret(serve)
+    context = httpx.post(
+        f"{serve.url}/api/v1/contexts",
+        json={"keys": {"test": "faults"}},
+        headers={"Authorization": f"Bearer {secret}"},
+        timeout=30,
+    ).json()
+    dashboard = _dashboard_session(serve)
+    writers = Writers(serve, secret, context["id"])
+    try:
+        _wait(lambda: len(writers.acknowledged) >= 20, 30, "writes before the faults")
+
+        # Stalled: the postmaster and every backend frozen. In-flight requests wait for it; a
+        # new request gives up on its pooled connection and answers 503.
+        postmaster = serve.postmaster()
+        frozen = [postmaster, *postmaster.children()]
+        for process in frozen:
+            process.suspend()
+        try:
+            time.sleep(0.5)
+            stalled = _probe_surfaces(serve, secret, dashboard)
+        finally:
+            for process in frozen:
+                process.resume()
+        _wait(lambda: _healthy(serve.port), 30, "health after the stall")
+
+        # Killed: the server starts PostgreSQL again by itself.
+        acknowledged_before_kill = len(writers.acknowledged)
+        postmaster.kill()
+        _wait(lambda: writers.count(503) and True, 30, "a 503 after the kill")
+        _wait(lambda: _healthy(serve.port), 60, "health after the kill")
+        _wait(
+            lambda: len(writers.acknowledged) >= acknowledged_before_kill + 20,
+            30,
+            "writes after the restart",
+        )
+        assert serve.postmaster().pid != postmaster.pid
+    finally:
+        writers.finish()
+
+    for name, (status, seconds, headers, answer) in stalled.items():
+        assert status == 503, (name, status, answer.text[:300])
+        assert headers["Retry-After"] == "2", name
+        assert seconds < UNAVAILABLE_WITHIN, (name, seconds)
+    assert stalled["rest"][3].json() == {
+        "detail": "the database is unavailable right now; retry shortly"
+    }
+    assert stalled["otlp"][3].json()["code"] == 14  # google.rpc UNAVAILABLE
+    assert stalled["mcp"][3].json()["error"]["code"] == -32603
+    assert "The database is unavailable" in stalled["dashboard"][3].text
+
+    statuses = {answer[0] for answer in writers.answers}
+    assert statuses <= {200, 201, 503}, statuses
+    unavailable = [answer for answer in writers.answers if answer[0] == 503]
+    assert unavailable and all(retry == "2" for _, _, retry in unavailable)
+    assert max(seconds for _, seconds, _ in unavailable) < UNAVAILABLE_WITHIN
+    stored = _stored_client_ids(serve, secret, context["id"])
+    assert writers.acknowledged and writers.acknowledged <= stored
+    assert "starting it again" in serve.output and "running again" in serve.output
+
+    # The restarted PostgreSQL is the one serve stops, promptly, with no false alarm.
+    assert serve.stop() < 5, serve.output
+    assert serve.proc.returncode == 0, serve.output
+    assert "Perhaps out of memory" not in serve.output
+    assert not _postgres_running(serve.data_dir)
+
+
+def test_a_killed_gunicorn_master_leaves_no_worker_on_the_port(tmp_path):
+    first = Serve(tmp_path / "data")
+    try:
+        master = next(
+            p for p in psutil.Process(first.proc.pid).children() if "gunicorn" in p.cmdline()
+        )
+        workers = master.children()
+        assert workers
+        master.kill()
+        psutil.wait_procs(workers, timeout=10)
+        assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+        first.proc.wait(timeout=30)
+        assert first.proc.returncode != 0
+    finally:
+        first.stop()
+    # The same data folder and port serve again.
+    second = Serve(tmp_path / "data", port=first.port)
+    try:
+        assert _healthy(second.port)
+    finally:
+        second.stop()
+
+
+def test_the_embed_worker_rides_out_a_database_outage(serve):
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "manage.py",
+            "embed_worker",
+            "--provider",
+            "openai",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--model",
+            "fault-test-model",
+            "--idle-sleep",
+            "0.2",
+        ],
+        cwd=ROOT,
+        env=_env(serve.data_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(worker.stdout), daemon=True)
+    reader.start()
+    try:
+        _wait(lambda: any("pending" in line for line in lines), 60, "the worker up")
+        serve.postmaster().kill()
+        _wait(lambda: any("back after" in line for line in lines), 60, "the worker's recovery")
+        assert worker.poll() is None, "".join(lines)
+        outage = [line for line in lines if "the database is unavailable" in line]
+        assert len(outage) == 1, "".join(lines)  # logged once, not once per attempt
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+        reader.join(timeout=10)
+    assert worker.returncode == 0, "".join(lines)
+    assert "Traceback" not in "".join(lines)
+    # Whichever process started PostgreSQL again, serve (the last to hold it) stops it.
+    serve.stop()
+    assert not _postgres_running(serve.data_dir)
