@@ -114,8 +114,6 @@ def _values(model, pk, attnames: list[str]) -> dict | None:
 def _context_id(obj) -> int | None:
     if isinstance(obj, Context):
         return obj.pk
-    if isinstance(obj, Step):
-        return Run.objects.filter(pk=obj.run_id).values_list("context_id", flat=True).first()
     return getattr(obj, "context_id", None)
 
 
@@ -395,6 +393,27 @@ class MessageAdmin(PurgeAdmin):
         return obj.text[:80]
 
 
+class CopiesItsContext:
+    """A step's, tool call's or retry's context is its parent's, which the database's composite
+    keys hold it to: set from the parent when saved, never edited, and the parent fixed once
+    the row exists (moving it to another context would break its children's keys)."""
+
+    parent = ""
+
+    def get_readonly_fields(self, request, obj=None):
+        fixed = ["context", *([self.parent] if obj is not None else [])]
+        return [*super().get_readonly_fields(request, obj), *fixed]
+
+    def save_model(self, request, obj, form, change):
+        obj.context_id = getattr(obj, self.parent).context_id
+        super().save_model(request, obj, form, change)
+
+    def save_formset(self, request, form, formset, change):
+        for row in formset.forms:  # a step's tool calls added inline
+            row.instance.context_id = form.instance.context_id
+        super().save_formset(request, form, formset, change)
+
+
 class ToolCallInline(admin.TabularInline):
     model = ToolCall
     extra = 0
@@ -404,7 +423,8 @@ class ToolCallInline(admin.TabularInline):
 
 
 @admin.register(Step)
-class StepAdmin(PurgeAdmin):
+class StepAdmin(CopiesItsContext, PurgeAdmin):
+    parent = "run"
     list_display = [
         "id",
         "run_id",
@@ -461,7 +481,8 @@ class RunAdmin(PurgeAdmin):
 
 
 @admin.register(ToolCall)
-class ToolCallAdmin(PurgeAdmin):
+class ToolCallAdmin(CopiesItsContext, PurgeAdmin):
+    parent = "step"
     list_display = ["id", "step_id", "position", "call_id", "name", "success", "duration"]
     list_filter = ["name", "success"]
     search_fields = ["call_id", "name", "output"]
@@ -500,9 +521,10 @@ class EmbeddingAdmin(AuditedAdmin):
 
 
 @admin.register(EmbeddingRetry)
-class EmbeddingRetryAdmin(AuditedAdmin):
+class EmbeddingRetryAdmin(CopiesItsContext, AuditedAdmin):
     """Items whose provider call failed: the operator's view of a failing embedding provider."""
 
+    parent = "embedding"
     list_display = ["embedding_id", "attempts", "next_attempt_at", "last_error"]
     raw_id_fields = ["embedding"]
     ordering = ["next_attempt_at"]

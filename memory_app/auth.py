@@ -215,7 +215,7 @@ def message_for_key(key: ApiKey, message_id: int) -> Message:
 
 def step_for_key(key: ApiKey, step_id: int) -> Step:
     visible = visible_contexts(key)
-    step = Step.objects.filter(pk=step_id, run__context__in=visible).select_related("run").first()
+    step = Step.objects.filter(pk=step_id, context__in=visible).select_related("run").first()
     if step is None:
         raise NotFound(f"step {step_id} not found")
     return step

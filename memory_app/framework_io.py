@@ -105,13 +105,13 @@ def smolagents_steps_append(
 
 def smolagents_run_export(*, run: Run, include_pruned: bool = False) -> dict[str, Any]:
     """The run as `{system_prompt, task, status, final_answer, steps: get_full_steps()}`."""
-    qs = Step.objects.filter(run=run).order_by("position")
+    qs = Step.objects.filter(context_id=run.context_id, run=run).order_by("position")
     if not include_pruned:
         qs = qs.filter(pruned_at__isnull=True)
     steps = list(qs)
     calls: dict[int, list[dict]] = {}
     for tc in (
-        ToolCall.objects.filter(step__in=[s.pk for s in steps])
+        ToolCall.objects.filter(context_id=run.context_id, step__in=[s.pk for s in steps])
         .order_by("step_id", "position")
         .values()
     ):

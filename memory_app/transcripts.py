@@ -118,7 +118,7 @@ def run_messages(
     messages: list[dict[str, Any]] = []
     if not summary_mode and run.system_prompt:
         messages.append(_chat_message("system", run.system_prompt))
-    live = Step.objects.filter(run=run, pruned_at__isnull=True)
+    live = Step.objects.filter(context_id=run.context_id, run=run, pruned_at__isnull=True)
     if upto_position is not None:
         live = live.filter(position__lte=upto_position)
     steps = [
@@ -136,7 +136,9 @@ def run_messages(
         )
     ]
     calls: dict[int, list[CallRow]] = {}
-    call_rows = ToolCall.objects.filter(step__in=live).order_by("step_id", "position")
+    call_rows = ToolCall.objects.filter(context_id=run.context_id, step__in=live).order_by(
+        "step_id", "position"
+    )
     for step_id, call_id, name, arguments in call_rows.values_list(
         "step_id", "call_id", "name", "arguments"
     ):
@@ -175,7 +177,9 @@ def context_tool_input(
     intermediate: dict[str, Any] = {}
     if run is not None:
         rows = (
-            ToolCall.objects.filter(step__run=run, step__pruned_at__isnull=True)
+            ToolCall.objects.filter(
+                context_id=run.context_id, step__run=run, step__pruned_at__isnull=True
+            )
             .order_by("step__position", "position")
             .values_list("name", "output")
         )

@@ -148,12 +148,23 @@ def snapshot():
             key=lambda d: (d["context"], str(d["client_id"]), d["created_at"]),
         ),
         "steps": sorted(
-            ({**_fields(s, ("run",)), "run": run_key[s.run_id]} for s in Step.objects.all()),
+            (
+                {
+                    **_fields(s, ("run", "context")),
+                    "run": run_key[s.run_id],
+                    "context": ctx_key[s.context_id],
+                }
+                for s in Step.objects.all()
+            ),
             key=lambda d: (str(d["run"]), d["position"]),
         ),
         "tool_calls": sorted(
             (
-                {**_fields(t, ("step",)), "step": step_key[t.step_id]}
+                {
+                    **_fields(t, ("step", "context")),
+                    "step": step_key[t.step_id],
+                    "context": ctx_key[t.context_id],
+                }
                 for t in ToolCall.objects.all()
             ),
             key=lambda d: (str(d["step"]), d["position"]),

@@ -180,7 +180,11 @@ def test_deleting_a_context_drops_its_retries_without_loading_its_vectors():
     [m] = messages_append(context=context, items=[{"role": "user", "text": "x"}]).messages
     row = Embedding.objects.create(message=m, context=context, model="cascade-3")
     EmbeddingRetry.objects.create(
-        embedding=row, attempts=2, next_attempt_at=timezone.now(), last_error="HTTP 503"
+        embedding=row,
+        context=context,
+        attempts=2,
+        next_attempt_at=timezone.now(),
+        last_error="HTTP 503",
     )
     with CaptureQueriesContext(connection) as queries:
         Context.objects.filter(pk=context.pk).delete()

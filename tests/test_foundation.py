@@ -101,9 +101,9 @@ def test_message_seq_is_unique_per_context_in_the_database():
 def test_step_position_is_unique_per_run_in_the_database():
     context, _ = context_get_or_create(keys={"u": "1"})
     run = Run.objects.create(context=context)
-    Step.objects.create(run=run, position=1, kind="task")
+    Step.objects.create(run=run, context=context, position=1, kind="task")
     with pytest.raises(IntegrityError), transaction.atomic():
-        Step.objects.create(run=run, position=1, kind="action")
+        Step.objects.create(run=run, context=context, position=1, kind="action")
 
 
 @pytest.mark.django_db

@@ -113,7 +113,10 @@ SCHEMA_SCRIPT = textwrap.dedent(
                     problems.append(f"{table}.{f.column}: not unique")
                 if f.remote_field and f.db_constraint and not any(c["foreign_key"] for c in covered):
                     problems.append(f"{table}.{f.column}: no foreign key")
-                if (f.db_index or f.remote_field) and not f.unique and not covered:
+                # A row's copied context (Step.context, ...) is followed by nothing: neither
+                # constrained nor cascaded, it needs no index of its own.
+                followed = f.remote_field and f.remote_field.on_delete is not models.DO_NOTHING
+                if (f.db_index or followed) and not f.unique and not covered:
                     problems.append(f"{table}.{f.column}: not indexed")
             for fields_together in meta.unique_together:
                 cols = [meta.get_field(name).column for name in fields_together]

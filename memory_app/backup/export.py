@@ -92,7 +92,7 @@ def _step_records(
     ctx: Context, run_refs: dict[int, dict], chunk_size: int
 ) -> Iterator[dict[str, Any]]:
     steps = (
-        Step.objects.filter(run__context=ctx)
+        Step.objects.filter(context=ctx)
         .order_by("run_id", "position")
         .prefetch_related(
             models.Prefetch("tool_calls", queryset=ToolCall.objects.order_by("position"))
@@ -111,8 +111,8 @@ def _step_records(
 def _message_records(
     ctx: Context, run_refs: dict[int, dict], chunk_size: int
 ) -> Iterator[dict[str, Any]]:
-    step_positions = dict(Step.objects.filter(run__context=ctx).values_list("pk", "position"))
-    step_runs = dict(Step.objects.filter(run__context=ctx).values_list("pk", "run_id"))
+    step_positions = dict(Step.objects.filter(context=ctx).values_list("pk", "position"))
+    step_runs = dict(Step.objects.filter(context=ctx).values_list("pk", "run_id"))
     for msg in Message.objects.filter(context=ctx).order_by("seq").iterator(chunk_size=chunk_size):
         record = {
             "type": "message",

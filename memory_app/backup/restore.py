@@ -204,31 +204,33 @@ class _Importer:
     def _import_step(self, records):
         new, calls = [], []
         run_cache: dict[str, int | None] = {}
+        ctx_pk = self._current_context
         for rec in records:
             key = json.dumps(rec["run"], sort_keys=True)
             if key not in run_cache:
-                ctx_pk = self._current_context
                 run_cache[key] = self.run_id(ctx_pk, rec["run"]) if ctx_pk else None
             run_pk = run_cache[key]
             if run_pk is None:
                 raise BackupFormatError("a step refers to a run that is not in the backup")
             new.append((run_pk, rec))
         existing = set(
-            Step.objects.filter(run_id__in={r for r, _ in new}).values_list("run_id", "position")
+            Step.objects.filter(context_id=ctx_pk, run_id__in={r for r, _ in new}).values_list(
+                "run_id", "position"
+            )
         )
         rows = []
         for run_pk, rec in new:
             if (run_pk, rec["position"]) in existing:
                 self.result.count("steps", 0, 1)
                 continue
-            step = Step(run_id=run_pk, **load_fields(rec, STEP_FIELDS))
+            step = Step(run_id=run_pk, context_id=ctx_pk, **load_fields(rec, STEP_FIELDS))
             rows.append(step)
             calls.append(rec.get("tool_calls") or [])
         self._insert(Step, rows, ["created_at"])
         self._insert(
             ToolCall,
             [
-                ToolCall(step_id=s.pk, **load_fields(c, TOOL_CALL_FIELDS))
+                ToolCall(step_id=s.pk, context_id=ctx_pk, **load_fields(c, TOOL_CALL_FIELDS))
                 for s, cs in zip(rows, calls, strict=True)
                 for c in cs
             ],

@@ -194,10 +194,13 @@ def append_loop_with_vectors(context_id: int, texts: list[str], model: str, vect
 
 def steps_loop(run_id: int, steps: list[dict]) -> None:
     """One ORM INSERT per step and per tool call."""
+    context_id = Run.objects.filter(pk=run_id).values_list("context_id", flat=True).get()
     last = Step.objects.filter(run_id=run_id).aggregate(p=Max("position"))["p"] or 0
     for i, item in enumerate(steps, start=1):
         calls = item.get("tool_calls", [])
         fields = {k: v for k, v in item.items() if k != "tool_calls"}
-        step = Step.objects.create(run_id=run_id, position=last + i, **fields)
+        step = Step.objects.create(
+            run_id=run_id, context_id=context_id, position=last + i, **fields
+        )
         for pos, call in enumerate(calls, start=1):
-            ToolCall.objects.create(step=step, position=pos, **call)
+            ToolCall.objects.create(step=step, context_id=context_id, position=pos, **call)

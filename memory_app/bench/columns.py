@@ -20,7 +20,9 @@ MESSAGE_COLUMNS = (
     "pruned_at",
     "pruned_by",
 )
+# Steps and tool calls lead with their run's context (the loader prepends it to each row).
 STEP_COLUMNS = (
+    "context_id",
     "id",
     "run_id",
     "position",
@@ -44,6 +46,7 @@ STEP_COLUMNS = (
     "created_at",
 )
 TOOLCALL_COLUMNS = (
+    "context_id",
     "id",
     "step_id",
     "position",

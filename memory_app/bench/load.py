@@ -113,8 +113,8 @@ def build(*, sizes: Sizes, log: Callable[[str], None] = print, chunk: int = CHUN
 
     t_runs = time.perf_counter()
     per_run = run_sizes(sizes, rng)
-    _copy_runs(raw, gen, per_run, context_topics, start)
-    steps_rows, calls_rows = _steps_and_calls(gen, per_run, now)
+    run_contexts = _copy_runs(raw, gen, per_run, context_topics, start)
+    steps_rows, calls_rows = _steps_and_calls(gen, per_run, run_contexts, now)
     _copy_rows(raw, "memory_app_step", STEP_COLUMNS, steps_rows)
     _copy_rows(raw, "memory_app_toolcall", TOOLCALL_COLUMNS, calls_rows)
     raw.close()
@@ -306,13 +306,15 @@ def _copy_runs(
     per_run: list[int],
     context_topics: dict[int, list[int]],
     start: datetime,
-) -> None:
+) -> list[int]:
     """The runs: the first two (the longest and the transcript one) in the largest context, the
-    others anywhere; counters 0, set from the steps afterwards."""
+    others anywhere; counters 0, set from the steps afterwards. Returns each run's context."""
     rng, n_contexts = gen.rng, len(context_topics)
+    run_contexts = []
     with raw.copy(copy_sql("memory_app_run", RUN_COLUMNS)) as copy:
         for rid, n_steps in enumerate(per_run, start=1):
             cid = 1 if rid <= 2 else int(rng.integers(1, n_contexts + 1))
+            run_contexts.append(cid)
             topic = context_topics[cid][0]
             task = gen.texts(np.array([topic]))[0]
             started = start + timedelta(seconds=int(rng.integers(0, 86400 * 25)))
@@ -338,10 +340,11 @@ def _copy_runs(
                     finished,
                 )
             )
+    return run_contexts
 
 
 def _steps_and_calls(
-    gen: Generator, per_run: list[int], now: datetime
+    gen: Generator, per_run: list[int], run_contexts: list[int], now: datetime
 ) -> tuple[list[tuple], list[tuple]]:
     """Step rows and tool-call rows of every run: a task step, action steps (1 in 33 failing, each
     with one or two tool calls) and, in runs of more than two steps, a final answer. Ids are
@@ -349,7 +352,7 @@ def _steps_and_calls(
     rng = gen.rng
     steps_rows: list[tuple] = []
     calls_rows: list[tuple] = []
-    for rid, n_steps in enumerate(per_run, start=1):
+    for rid, (n_steps, cid) in enumerate(zip(per_run, run_contexts, strict=True), start=1):
         outputs = gen.texts(rng.integers(0, N_TOPICS, size=n_steps))
         observations = gen.texts(rng.integers(0, N_TOPICS, size=n_steps))
         t = time.time() - 86400
@@ -363,12 +366,15 @@ def _steps_and_calls(
             tin, tout = int(rng.integers(500, 4000)), int(rng.integers(20, 400))
             step_id = len(steps_rows) + 1
             output, observation = outputs[pos - 1], observations[pos - 1]
-            steps_rows.append(
-                _step_row(step_id, rid, pos, kind, output, observation, error, (tin, tout), t, now)
-            )
+            tokens = (tin, tout)
+            row = _step_row(step_id, rid, pos, kind, output, observation, error, tokens, t, now)
+            steps_rows.append((cid, *row))
             t += 3
             if kind == "action":
-                calls_rows += _tool_calls(rng, step_id, len(calls_rows), observation, error, now)
+                calls_rows += [
+                    (cid, *row)
+                    for row in _tool_calls(rng, step_id, len(calls_rows), observation, error, now)
+                ]
     return steps_rows, calls_rows
 
 

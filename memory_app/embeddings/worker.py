@@ -118,6 +118,7 @@ def _postpone(
         retries.append(
             EmbeddingRetry(
                 embedding=r,
+                context_id=r.context_id,
                 attempts=attempts,
                 next_attempt_at=now + backoff(attempts, base=backoff_base),
                 last_error=error[:2000],

@@ -9,6 +9,7 @@ from pgvector.django import VectorField
 from memory_app.models.contexts import Context
 from memory_app.models.memories import MemoryRecord
 from memory_app.models.messages import Message
+from memory_app.models.shared import context_of_row
 
 
 class EmbeddingModel(models.Model):
@@ -142,6 +143,9 @@ class EmbeddingRetry(models.Model):
         primary_key=True,
         related_name="retry",
     )
+    # The embedding's context, NULL as its is for a key-subset memory's vector. Copied, not
+    # checked: the embedding's own foreign key takes the retry along.
+    context = context_of_row(null=True)
     attempts = models.IntegerField()
     next_attempt_at = models.DateTimeField()
     last_error = models.TextField(blank=True, default="")

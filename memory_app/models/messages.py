@@ -35,6 +35,8 @@ class Message(models.Model):
     key_order = models.JSONField(
         null=True, blank=True, help_text="memory_app.interop.key_order skeleton of content/metadata"
     )
+    # In the database these foreign keys are (run_id, context_id) and (step_id, context_id)
+    # (migration 0020): a message points at a run or step of its own context only.
     run = models.ForeignKey(
         Run,
         on_delete=models.SET_NULL,
@@ -42,6 +44,7 @@ class Message(models.Model):
         blank=True,
         related_name="messages",
         db_index=False,
+        db_constraint=False,
     )
     step = models.ForeignKey(
         Step,
@@ -50,6 +53,7 @@ class Message(models.Model):
         blank=True,
         related_name="messages",
         db_index=False,
+        db_constraint=False,
     )
     token_count = models.IntegerField(default=0)
     tokenizer = models.CharField(max_length=50, blank=True, default="")

@@ -7,7 +7,7 @@ from django.db import models
 from django.db.models import Q
 
 from memory_app.models.contexts import Context
-from memory_app.models.shared import RunStatus, StepKind, choices_check
+from memory_app.models.shared import RunStatus, StepKind, choices_check, context_of_row
 
 
 class Run(models.Model):
@@ -60,8 +60,14 @@ class Step(models.Model):
     own dict verbatim so an export gives back exactly what was imported.
     """
 
-    # No index of its own: step_run_position_unique leads with run.
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
+    # No index of its own: step_run_position_unique leads with run. The database's foreign key
+    # is (run_id, context_id) (migration 0020): Django, which cannot follow a composite key,
+    # neither writes nor checks one of its own.
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="steps", db_index=False, db_constraint=False
+    )
+    # The run's context, part of every key of the row (see docs/scale-out.md).
+    context = context_of_row()
     position = models.IntegerField()
     client_id = models.CharField(max_length=200, null=True, blank=True)
     kind = models.CharField(max_length=20, choices=StepKind.choices)
@@ -95,9 +101,11 @@ class Step(models.Model):
     class Meta:
         ordering = ["run", "position"]
         constraints = [
-            models.UniqueConstraint(fields=["run", "position"], name="step_run_position_unique"),
             models.UniqueConstraint(
-                fields=["run", "client_id"],
+                fields=["run", "position", "context"], name="step_run_position_unique"
+            ),
+            models.UniqueConstraint(
+                fields=["run", "client_id", "context"],
                 condition=Q(client_id__isnull=False),
                 name="step_client_id_unique",
             ),
@@ -123,10 +131,16 @@ class Step(models.Model):
 class ToolCall(models.Model):
     """One tool invocation inside a step."""
 
-    # No index of its own: toolcall_step_position_unique leads with step.
+    # No index of its own: toolcall_step_position_unique leads with step. In the database the
+    # foreign key is (step_id, context_id), as Step.run's.
     step = models.ForeignKey(
-        Step, on_delete=models.CASCADE, related_name="tool_calls", db_index=False
+        Step,
+        on_delete=models.CASCADE,
+        related_name="tool_calls",
+        db_index=False,
+        db_constraint=False,
     )
+    context = context_of_row()
     position = models.IntegerField()
     call_id = models.CharField(max_length=200, blank=True, default="")
     name = models.CharField(max_length=200)
@@ -140,7 +154,7 @@ class ToolCall(models.Model):
         ordering = ["step", "position"]
         constraints = [
             models.UniqueConstraint(
-                fields=["step", "position"], name="toolcall_step_position_unique"
+                fields=["step", "position", "context"], name="toolcall_step_position_unique"
             ),
         ]
         indexes = [models.Index(fields=["name"], name="toolcall_name_idx")]
@@ -161,8 +175,15 @@ class TraceSpan(models.Model):
 
     context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="+")
     # Deleted with their run: kept, they would make its steps again when the trace's next span
-    # arrives.
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, null=True, blank=True, related_name="+")
+    # arrives. The database's foreign key is (run_id, context_id).
+    run = models.ForeignKey(
+        Run,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_constraint=False,
+    )
     trace_id = models.CharField(max_length=32)
     span_id = models.CharField(max_length=16)
     parent_span_id = models.CharField(max_length=16, blank=True, default="")

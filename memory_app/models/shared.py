@@ -55,6 +55,22 @@ class MemoryKind(models.TextChoices):
     TOOL = "tool"
 
 
+def context_of_row(*, null: bool = False) -> models.ForeignKey:
+    """The context of a row that belongs to another context-scoped row (a step's run, a tool
+    call's step), copied from it. Part of the row's keys in the database, where the composite
+    foreign keys hold it equal to its parent's (migration 0020): Django neither checks nor
+    cascades it, the parent's cascade takes the row along."""
+    return models.ForeignKey(
+        "memory_app.Context",
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        null=null,
+        blank=null,
+        related_name="+",
+    )
+
+
 def choices_check(
     field: str, choices: type[models.TextChoices], name: str
 ) -> models.CheckConstraint:

@@ -96,23 +96,27 @@ def runs_list(*, context: Context, after: int | None = None, limit: int = 50) ->
     return _page_forward(qs.order_by("pk"), limit=_clamp(limit), cursor_field="pk")
 
 
-def _with_tool_calls(qs: QuerySet) -> QuerySet:
-    return qs.prefetch_related(
-        Prefetch("tool_calls", queryset=ToolCall.objects.order_by("position"))
-    )
+def _with_tool_calls(qs: QuerySet, context_id: int | None = None) -> QuerySet:
+    """Prefetch each step's tool calls, within the steps' context when the caller knows it."""
+    calls = ToolCall.objects.order_by("position")
+    if context_id is not None:
+        calls = calls.filter(context_id=context_id)
+    return qs.prefetch_related(Prefetch("tool_calls", queryset=calls))
 
 
 def steps_list(
     *, run: Run, after: int | None = None, limit: int = 100, include_pruned: bool = True
 ) -> Page[Step]:
     """A run's steps by position (cursor = position), each with its tool calls prefetched."""
-    qs = Step.objects.filter(run=run)
+    qs = Step.objects.filter(context_id=run.context_id, run=run)
     if not include_pruned:
         qs = qs.filter(pruned_at__isnull=True)
     if after is not None:
         qs = qs.filter(position__gt=after)
     return _page_forward(
-        _with_tool_calls(qs.order_by("position")), limit=_clamp(limit), cursor_field="position"
+        _with_tool_calls(qs.order_by("position"), run.context_id),
+        limit=_clamp(limit),
+        cursor_field="position",
     )
 
 

@@ -48,7 +48,7 @@ class StepNav:
 
 
 def step_nav(*, run: Run, position: int) -> StepNav:
-    errors = Step.objects.filter(run=run, error_type__isnull=False)
+    errors = Step.objects.filter(context_id=run.context_id, run=run, error_type__isnull=False)
     next_error = (
         errors.filter(position__gt=position).order_by("position").values_list("position", flat=True)
     )
@@ -85,13 +85,15 @@ def step_window(*, run: Run, position: int, radius: int = STEP_RADIUS) -> StepWi
     if high > run.last_position:
         low = max(1, min(low, run.last_position - 2 * radius))
     steps = list(
-        Step.objects.filter(run=run, position__gte=low, position__lte=high)
+        Step.objects.filter(
+            context_id=run.context_id, run=run, position__gte=low, position__lte=high
+        )
         .only(*STEP_LIST_FIELDS)
         .order_by("position")
     )
     return StepWindow(
         steps=steps,
-        tool_names=_tool_names(steps),
+        tool_names=_tool_names(run, steps),
         has_earlier=low > 1,
         has_later=high < run.last_position,
     )
@@ -101,18 +103,18 @@ def steps_after(*, run: Run, after: int, limit: int = LIVE_MAX_STEPS) -> StepWin
     """Steps written since the page last saw position `after` (a live run's new entries), in
     order; `has_later` says more are waiting beyond `limit` (the next poll brings them)."""
     rows = list(
-        Step.objects.filter(run=run, position__gt=after)
+        Step.objects.filter(context_id=run.context_id, run=run, position__gt=after)
         .only(*STEP_LIST_FIELDS)
         .order_by("position")[: limit + 1]
     )
     steps = rows[:limit]
-    return StepWindow(steps=steps, tool_names=_tool_names(steps), has_later=len(rows) > limit)
+    return StepWindow(steps=steps, tool_names=_tool_names(run, steps), has_later=len(rows) > limit)
 
 
-def _tool_names(steps: list[Step]) -> dict[int, list[str]]:
+def _tool_names(run: Run, steps: list[Step]) -> dict[int, list[str]]:
     names: dict[int, list[str]] = {}
     for step_id, name in (
-        ToolCall.objects.filter(step__in=[s.pk for s in steps])
+        ToolCall.objects.filter(context_id=run.context_id, step__in=[s.pk for s in steps])
         .order_by("step_id", "position")
         .values_list("step_id", "name")
     ):
@@ -123,7 +125,7 @@ def _tool_names(steps: list[Step]) -> dict[int, list[str]]:
 def step_detail(*, run: Run, position: int) -> Step | None:
     """The step with its tool calls; its model input and raw payload are left for later reads."""
     step = (
-        Step.objects.filter(run=run, position=position)
+        Step.objects.filter(context_id=run.context_id, run=run, position=position)
         .defer("model_input_messages", "payload")
         .first()
     )
@@ -168,7 +170,7 @@ def run_cost(*, run: Run) -> RunCost:
     """One GROUP BY over the run's steps (by model): reported costs summed, the rest priced."""
     unreported = Q(cost__isnull=True)
     rows = (
-        Step.objects.filter(run=run)
+        Step.objects.filter(context_id=run.context_id, run=run)
         .values("model")
         .annotate(
             steps=Count("id"),
@@ -319,7 +321,7 @@ def _timeline_bars(*, run: Run, per: int) -> list[TimelineBar]:
     """The run's steps in groups of `per` positions, one bar per group, in order: summed
     durations, tokens and errors, and when the group's first step began and its last ended."""
     rows = (
-        Step.objects.filter(run=run)
+        Step.objects.filter(context_id=run.context_id, run=run)
         .annotate(bucket=(F("position") - 1) / per)
         .values("bucket")
         .annotate(
@@ -350,7 +352,7 @@ def _timeline_bars(*, run: Run, per: int) -> list[TimelineBar]:
 def step_model_input(*, run: Run, position: int) -> list[dict[str, Any]] | None:
     """What the model saw at that step (smolagents `model_input_messages`), or None."""
     return (
-        Step.objects.filter(run=run, position=position)
+        Step.objects.filter(context_id=run.context_id, run=run, position=position)
         .values_list("model_input_messages", flat=True)
         .first()
     )

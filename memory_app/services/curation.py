@@ -302,7 +302,7 @@ def _purgeable(older_than: datetime, context: Context | None):
     steps = Step.objects.filter(pruned_at__isnull=False, pruned_at__lt=older_than)
     if context is not None:
         messages = messages.filter(context=context)
-        steps = steps.filter(run__context=context)
+        steps = steps.filter(context=context)
     return messages, steps
 
 
@@ -394,12 +394,12 @@ def _purge(
     lock_contexts(
         [
             *messages.values_list("context_id", flat=True).distinct(),
-            *steps.values_list("run__context_id", flat=True).distinct(),
+            *steps.values_list("context_id", flat=True).distinct(),
         ]
     )
     rows = list(messages.select_for_update().values_list("pk", "context_id", "token_count"))
     step_rows = list(
-        steps.select_for_update().values_list("pk", "run_id", "run__context_id", "client_id")
+        steps.select_for_update().values_list("pk", "run_id", "context_id", "client_id")
     )
     why = f" ({note})" if note else ""
     if rows:

@@ -410,7 +410,7 @@ def _check_links(*, context: Context, items: list[NewMessage]) -> None:
     """Messages may link only to runs and steps of their own context (others: NotFound)."""
     for link, qs in (
         ("run_id", Run.objects.filter(context=context)),
-        ("step_id", Step.objects.filter(run__context=context)),
+        ("step_id", Step.objects.filter(context=context)),
     ):
         wanted = {getattr(i, link) for i in items if getattr(i, link)}
         if wanted:

@@ -168,7 +168,12 @@ def steps_append(*, run: Run, items: list[dict[str, Any]]) -> StepsResult:
             Run.objects.select_for_update().only("id", "last_position", "context_id").get(pk=run.pk)
         )
         existing = (
-            {s.client_id: s for s in Step.objects.filter(run=run, client_id__in=client_ids)}
+            {
+                s.client_id: s
+                for s in Step.objects.filter(
+                    context_id=locked.context_id, run=run, client_id__in=client_ids
+                )
+            }
             if client_ids
             else {}
         )
@@ -193,7 +198,7 @@ def steps_append(*, run: Run, items: list[dict[str, Any]]) -> StepsResult:
                 results.append(stored)
                 created.append(False)
                 continue
-            step = Step(run_id=run.pk, client_id=cid or None, **data)
+            step = Step(run_id=run.pk, context_id=locked.context_id, client_id=cid or None, **data)
             new_steps.append((step, calls))
             results.append(step)
             created.append(True)
@@ -203,7 +208,7 @@ def steps_append(*, run: Run, items: list[dict[str, Any]]) -> StepsResult:
             Step.objects.bulk_create([s for s, _ in new_steps])
             ToolCall.objects.bulk_create(
                 [
-                    ToolCall(step=s, position=i, **c)
+                    ToolCall(step=s, context_id=s.context_id, position=i, **c)
                     for s, calls in new_steps
                     for i, c in enumerate(calls, start=1)
                 ]
@@ -272,13 +277,19 @@ def steps_order_by_start(*, run: Run) -> bool:
     positions changed. Positions stay 1..n; step ids, and the links to them, do not change."""
     with transaction.atomic():
         Run.objects.select_for_update().filter(pk=run.pk).first()
-        rows = list(Step.objects.filter(run=run).values_list("pk", "position", "start_time"))
+        rows = list(
+            Step.objects.filter(context_id=run.context_id, run=run).values_list(
+                "pk", "position", "start_time"
+            )
+        )
         wanted = sorted(rows, key=lambda r: (r[2] is None, r[2] or 0.0, r[1]))
         if [r[0] for r in wanted] == [r[0] for r in sorted(rows, key=lambda r: r[1])]:
             return False
         # (run, position) is unique and checked row by row: move every step out of the way first.
         shift = max(r[1] for r in rows)
-        Step.objects.filter(run=run).update(position=F("position") + shift)
+        Step.objects.filter(context_id=run.context_id, run=run).update(
+            position=F("position") + shift
+        )
         for position, (pk, _, _) in enumerate(wanted, start=1):
             Step.objects.filter(pk=pk).update(position=position)
     return True

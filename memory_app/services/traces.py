@@ -172,7 +172,9 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
             started_at=_when(spans[0]["start_ns"]),
         )
     TraceSpan.objects.filter(context=context, trace_id=trace_id, run__isnull=True).update(run=run)
-    done = set(Step.objects.filter(run=run).values_list("client_id", flat=True))
+    done = set(
+        Step.objects.filter(context_id=run.context_id, run=run).values_list("client_id", flat=True)
+    )
     items, root, sources = _steps(spans)
     purged = _tombstones(spans)
     # A span of a purged step that arrives later (a child sent after its parent) is erased too.
@@ -200,7 +202,9 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
             started_at=_when(root["start_ns"]),
         )
         outcome = run_outcome(root)
-        if Step.objects.filter(run=run, total_tokens__isnull=False).exists():
+        if Step.objects.filter(
+            context_id=run.context_id, run=run, total_tokens__isnull=False
+        ).exists():
             # The steps' own usage, as for any other run (smolagents' AGENT span leaves the
             # planning calls out of its totals).
             outcome.update(input_tokens=None, output_tokens=None, total_tokens=None)

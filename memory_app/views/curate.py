@@ -249,7 +249,7 @@ def bulk_prune_apply(request, context_id: int):
 def _steps_state(run: Run, *, after: int = 0) -> dict:
     """The curate list of a run's steps after position `after`."""
     rows = list(
-        Step.objects.filter(run=run, position__gt=after)
+        Step.objects.filter(context_id=run.context_id, run=run, position__gt=after)
         .order_by("position")
         .only(
             "id",

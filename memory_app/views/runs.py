@@ -83,7 +83,11 @@ def _logbook_context(run: Run, position: int | None) -> dict:
 
 
 def _step_id(run: Run, position: int) -> int | None:
-    return Step.objects.filter(run=run, position=position).values_list("pk", flat=True).first()
+    return (
+        Step.objects.filter(context_id=run.context_id, run=run, position=position)
+        .values_list("pk", flat=True)
+        .first()
+    )
 
 
 @require("view")
@@ -114,7 +118,11 @@ def run_live(request, run_id: int):
     step_id, last_id = data["step"], data["last"]
     if position is not None and _renumbered(run, (position, step_id), (after, last_id)):
         # Steps moved under the page: the whole logbook, at the same step under its new number.
-        moved = Step.objects.filter(run=run, pk=step_id).values_list("position", flat=True).first()
+        moved = (
+            Step.objects.filter(context_id=run.context_id, run=run, pk=step_id)
+            .values_list("position", flat=True)
+            .first()
+        )
         response = page(request, "memory_app/run.html", _logbook_context(run, moved or 1))
         response["HX-Retarget"] = "#logbook"
         response["HX-Reswap"] = "outerHTML"
@@ -151,9 +159,9 @@ def _renumbered(run: Run, *held: tuple[int, int | None]) -> bool:
     if not held:
         return False
     now = dict(
-        Step.objects.filter(run=run, position__in=[p for p, _ in held]).values_list(
-            "position", "pk"
-        )
+        Step.objects.filter(
+            context_id=run.context_id, run=run, position__in=[p for p, _ in held]
+        ).values_list("position", "pk")
     )
     return any(now.get(position) != pk for position, pk in held)
 
@@ -161,7 +169,11 @@ def _renumbered(run: Run, *held: tuple[int, int | None]) -> bool:
 def _step_position(run: Run, position: int, step_id: int | None) -> int:
     """The position of the step asked for: `?step=<id>` (what a page loads its details by, so they
     stay right when steps are renumbered) wins over the URL's position."""
-    found = Step.objects.filter(run=run, **({"pk": step_id} if step_id else {"position": position}))
+    found = Step.objects.filter(
+        context_id=run.context_id,
+        run=run,
+        **({"pk": step_id} if step_id else {"position": position}),
+    )
     moved = found.values_list("position", flat=True).first()
     if moved is None:
         raise Http404(f"run {run.pk} has no step {step_id or position}")
@@ -203,7 +215,9 @@ def step_prune(request, run_id: int, position: int):
     """Prune or restore one step (a pruned step is left out of every transcript); under htmx
     the logbook at that step comes back."""
     run = _run(run_id)
-    step = get_object_or_404(Step.objects.only("id"), run=run, position=position)
+    step = get_object_or_404(
+        Step.objects.only("id"), context_id=run.context_id, run=run, position=position
+    )
     form = PrunedForm(request.POST)
     if not form.is_valid():
         return invalid_form(request, form)
