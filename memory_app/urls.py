@@ -12,13 +12,14 @@ from memory_app.views import (
     keys,
     memories,
     playground,
+    run_table,
     runs,
 )
 
 reading_urlpatterns = [
     path("accounts/login/", accounts.login, name="login"),
     path("accounts/logout/", accounts.logout, name="logout"),
-    path("", contexts.context_list, name="home"),
+    path("", contexts.home, name="home"),
     path("contexts/", contexts.context_list, name="contexts"),
     path("contexts/<int:context_id>/", context_detail.context_page, name="context"),
     path("contexts/<int:context_id>/runs/", context_detail.context_runs, name="context-runs"),
@@ -27,6 +28,7 @@ reading_urlpatterns = [
         context_detail.message_prune,
         name="message-prune",
     ),
+    path("runs/", run_table.run_table, name="runs"),
     path("runs/<int:run_id>/", runs.run_start, name="run"),
     path("runs/<int:run_id>/live/", runs.run_live, name="run-live"),
     path("runs/<int:run_id>/steps/<int:position>/", runs.run_step, name="run-step"),

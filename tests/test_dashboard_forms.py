@@ -27,6 +27,7 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 GET_ONLY = {
     "home",
     "contexts",
+    "runs",
     "context",
     "context-runs",
     "run",
@@ -176,6 +177,8 @@ def test_one_date_field_reads_the_browsers_datetime_local_in_the_server_time_zon
     [
         ("contexts", {"q": "a\x00b"}),
         ("contexts", {"key": "user=a\x00"}),
+        ("runs", {"error": "a\x00"}),
+        ("runs", {"key": "user=a\x00"}),
         ("context", {"q": "\x00"}),
         ("context", {"tag": "t\x00"}),
         ("memories", {"q": "\x00"}),

@@ -12,7 +12,15 @@ from memory_app.models.contexts import Context
 from memory_app.models.embeddings import Embedding, EmbeddingModel, EmbeddingRetry
 from memory_app.models.memories import MemoryRecord
 from memory_app.models.messages import Message, MessageSearch
-from memory_app.models.runs import Run, Step, ToolCall, TraceSpan
+from memory_app.models.runs import (
+    RUN_COST,
+    RUN_DURATION,
+    RUN_STARTED,
+    Run,
+    Step,
+    ToolCall,
+    TraceSpan,
+)
 from memory_app.models.shared import (
     FTS_CONFIG,
     MemoryKind,
@@ -24,6 +32,9 @@ from memory_app.models.shared import (
 
 __all__ = [
     "FTS_CONFIG",
+    "RUN_COST",
+    "RUN_DURATION",
+    "RUN_STARTED",
     "ApiKey",
     "AuditEvent",
     "Context",

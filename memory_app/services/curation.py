@@ -30,6 +30,7 @@ from memory_app.models import (
     TraceSpan,
 )
 from memory_app.services.messages import message_edit
+from memory_app.services.runs import runs_recount
 from memory_app.services.traces import trace_steps_purge
 
 PREVIEW_SAMPLE = 50
@@ -447,8 +448,9 @@ def _purge(
         )
         _scrub_edits(target_type="step", ids=step_ids)
         Step.objects.filter(pk__in=step_ids).delete()
+        # The run's counters, models and cost lose what the purged steps brought.
+        runs_recount(run_ids=sorted({run_id for run_id, _ in per_run}))
         for (run_id, context_id), ids in per_run.items():
-            Run.objects.filter(pk=run_id).update(step_count=F("step_count") - len(ids))
             events.append(
                 audit_record(
                     actor=actor,
