@@ -62,7 +62,7 @@ def test_the_write_path_keeps_tool_calls_models_and_cost_on_the_run():
     )
     run.refresh_from_db()
     assert run.step_count == 4 and run.error_count == 1 and run.tool_call_count == 2
-    assert run.model_names == ["gpt-4o-mini", "gpt-4o", "unpriced-x"]
+    assert run.model_names == ["gpt-4o", "gpt-4o-mini", "unpriced-x"]
     expected = (101 * 0.15 + 21 * 0.60) / 1_000_000 + 0.5
     assert run.cost == pytest.approx(expected)
     assert run.cost == pytest.approx(run_cost(run=run).total)
@@ -77,7 +77,7 @@ def test_the_write_path_keeps_tool_calls_models_and_cost_on_the_run():
     )
     run.refresh_from_db()
     assert (run.step_count, run.error_count, run.tool_call_count) == (2, 0, 0)
-    assert run.model_names == ["gpt-4o-mini", "gpt-4o"]
+    assert run.model_names == ["gpt-4o", "gpt-4o-mini"]
     assert run.cost == pytest.approx(0.5)
 
 

@@ -1,6 +1,6 @@
 """The runs table's columns on the run, and the indexes it sorts and filters by.
 
-`tool_call_count`, `model_names` (the models the steps name, after the run's `metadata.model`)
+`tool_call_count`, `model_names` (the models the steps and the run's `metadata.model` name, sorted)
 and `cost` (the steps' reported costs, the rest priced from their tokens) are kept by the write
 path from now on, so that a page of the runs table across every context reads runs only, never
 their steps. They are filled in here from the stored steps.
@@ -29,13 +29,17 @@ UPDATE memory_app_run r SET tool_call_count = t.n
           GROUP BY s.run_id, s.context_id) t
     WHERE r.id = t.run_id AND r.context_id = t.context_id;
 UPDATE memory_app_run r SET model_names = m.names
-    FROM (SELECT run_id, context_id, array_agg(DISTINCT left(model, 200) ORDER BY left(model, 200))
-              AS names
-          FROM memory_app_step WHERE model <> '' GROUP BY run_id, context_id) m
-    WHERE r.id = m.run_id AND r.context_id = m.context_id;
-UPDATE memory_app_run SET model_names = array_prepend(left(metadata->>'model', 200), model_names)
-    WHERE jsonb_typeof(metadata->'model') = 'string' AND metadata->>'model' <> ''
-        AND NOT left(metadata->>'model', 200) = ANY(model_names);
+    FROM (SELECT r2.id, r2.context_id, array_agg(DISTINCT x.name ORDER BY x.name) AS names
+          FROM memory_app_run r2
+          CROSS JOIN LATERAL (
+              SELECT left(s.model, 200) AS name FROM memory_app_step s
+              WHERE s.run_id = r2.id AND s.context_id = r2.context_id AND s.model <> ''
+              UNION
+              SELECT left(r2.metadata->>'model', 200)
+              WHERE jsonb_typeof(r2.metadata->'model') = 'string' AND r2.metadata->>'model' <> ''
+          ) x
+          GROUP BY r2.id, r2.context_id) m
+    WHERE r.id = m.id AND r.context_id = m.context_id;
 """
 
 COST_GROUPS_SQL = """

@@ -42,8 +42,8 @@ class Run(models.Model):
     error_count = models.IntegerField(default=0)
     last_position = models.IntegerField(default=0)
     # Kept by the write path (steps appended, purged, restored) so the runs table lists, filters
-    # and sorts runs without reading their steps: tool calls, the models the steps name (and the
-    # run's `metadata.model`), and the cost of the steps, as reported or priced when written.
+    # and sorts runs without reading their steps: tool calls, the models the steps and the run's
+    # `metadata.model` name (sorted), and the cost of the steps, as reported or priced when written.
     tool_call_count = models.IntegerField(default=0, db_default=0)
     model_names = ArrayField(
         models.CharField(max_length=200), default=list, blank=True, db_default=Value([])

@@ -153,7 +153,7 @@ class RunRowOut(Schema):
     framework: str
     status: str
     model_names: list[str] = Field(
-        description="the models its steps name, after the run's metadata.model"
+        description="the models its steps and its metadata.model name, sorted"
     )
     started_at: datetime | None
     finished_at: datetime | None

@@ -243,13 +243,9 @@ MODEL_NAME_CHARS = 200
 
 
 def _with_models(known: list[str], more: list[str]) -> list[str]:
-    """`known` and then the names of `more` not in it yet, in the order first seen."""
-    names = list(known)
-    for name in more:
-        name = name[:MODEL_NAME_CHARS]
-        if name and name not in names:
-            names.append(name)
-    return names
+    """The distinct names of `known` and `more`, sorted (so every path that writes them, and a
+    restore, gives the same list)."""
+    return sorted({name[:MODEL_NAME_CHARS] for name in [*known, *more] if name})
 
 
 def _steps_cost(run: Run, steps: list[Step]) -> float | None:
@@ -278,7 +274,7 @@ def runs_recount(*, run_ids: list[int]) -> None:
             n=Count("pk"),
             errors=Count("pk", filter=Q(error_type__isnull=False) & ~Q(error_type="")),
         )
-        models = steps.exclude(model="").order_by("model").values_list("model", flat=True)
+        models = steps.exclude(model="").order_by().values_list("model", flat=True)
         Run.objects.filter(pk=run.pk).update(
             step_count=counts["n"],
             error_count=counts["errors"],
