@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from typing import Annotated, Any
 
+import pydantic_core
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DataError, IntegrityError, close_old_connections
@@ -15,11 +16,13 @@ from mcp.server.fastmcp import Context as ToolContext
 from mcp.server.fastmcp import FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.types import TextContent
 from pydantic import Field, ValidationError
 from pydantic_core import to_jsonable_python
 
 from memory_app import auth, db, errors
 from memory_app.mcp_server.keys import key_of
+from memory_app.mcp_server.schema import callable_by_every_client, without_nulls
 from memory_app.mcp_server.unavailable import DATABASE_FAULT
 from memory_app.models import ApiKey
 
@@ -31,9 +34,12 @@ INSTRUCTIONS = """\
 agentmemory keeps an agent's memory: contexts (one conversation or task thread, named by keys
 such as {"user": "ada", "chat": "42"}), their messages, runs of the agent with their steps and
 tool calls, and long-term memories (facts, preferences) shared by contexts.
-Start with open_context to get a context id; append_message to write the conversation;
-select_context to choose what goes into the next prompt; search_memory to find past messages;
-record_memory / retrieve_memories for long-term facts; list_runs / read_run to look at runs."""
+Start with open_context to get a context id (find_contexts finds existing ones without
+creating any); append_message to write the conversation; select_context to choose what goes into
+the next prompt; search_memory to find past messages; record_memory / retrieve_memories for
+long-term facts, list_memories / correct_memory / delete_memory to look after them;
+list_runs / read_run to look at runs. Leaving out an optional parameter and passing null are the
+same."""
 
 
 # --- running a tool: scope check, sync domain call, errors as clear tool errors ------------------
@@ -88,7 +94,34 @@ def drop_none(**kwargs: Any) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
-server = FastMCP(
+class Server(FastMCP):
+    """FastMCP whose tool schemas every MCP client can call (see `schema`), which takes an
+    explicit null for an optional parameter as that parameter left out, and whose text answer
+    is compact JSON (the SDK indents it: a third more tokens in an agent's context for nothing).
+    """
+
+    def add_tool(self, fn: Callable[..., Any], name: str | None = None, **options: Any) -> None:
+        super().add_tool(fn, name=name, **options)
+        tool = self._tool_manager.get_tool(name or fn.__name__)
+        tool.parameters = callable_by_every_client(tool.parameters)
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+        tool = self._tool_manager.get_tool(name)
+        if tool is not None:
+            arguments = without_nulls(tool.parameters, arguments)
+        result = await super().call_tool(name, arguments)
+        if isinstance(result, tuple) and isinstance(result[1], dict):
+            structured = result[1]
+            return [TextContent(type="text", text=compact_json(structured))], structured
+        return result
+
+
+def compact_json(value: Any) -> str:
+    """The text of a tool's answer: its structured content as JSON without indentation."""
+    return pydantic_core.to_json(value, fallback=str).decode()
+
+
+server = Server(
     name="agentmemory",
     instructions=INSTRUCTIONS,
     streamable_http_path=PATH,

@@ -1,5 +1,5 @@
-"""The tools over contexts and their messages: open a context, append, select what goes into the
-next prompt, search past messages."""
+"""The tools over contexts and their messages: open or find a context, append, select what goes
+into the next prompt, search past messages."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from typing import Annotated, Any, Literal
 from mcp.server.fastmcp import Context as ToolContext
 from pydantic import Field
 
-from memory_app import auth
+from memory_app import auth, errors
 from memory_app.mcp_server.app import READ, WRITE, ContextIdArg, drop_none, run, server
-from memory_app.schemas.contexts import ContextOut
-from memory_app.schemas.fields import Id, JsonObject, Role, Short, Text
+from memory_app.queries.lists import context_by_keys, contexts_list
+from memory_app.schemas.contexts import ContextOut, ContextPage
+from memory_app.schemas.fields import INT64_MAX, Id, JsonObject, Role, Short, Text
 from memory_app.schemas.messages import ContentBlock, MessageIn, message_out
 from memory_app.schemas.selectors import SelectIn, select_out
 from memory_app.search.messages import MAX_QUERY_CHARS, search_messages
@@ -43,6 +44,53 @@ async def open_context(
     return await run(ctx, "write", _open_context, keys=keys, title=title)
 
 
+def _find_contexts(key, *, keys=None, exact=False, after=None, limit=20):
+    within = auth.visible_contexts(key)
+    if exact:
+        if not keys:
+            raise errors.Invalid("exact needs keys: the keys that name the context")
+        context = context_by_keys(within=within, keys=keys)
+        page = {
+            "items": [] if context is None else [context],
+            "has_more": False,
+            "next_cursor": None,
+        }
+        return ContextPage.from_orm(page).dict()
+    return ContextPage.from_orm(
+        contexts_list(within=within, keys=keys, after=after, limit=limit)
+    ).dict()
+
+
+@server.tool(annotations=READ)
+async def find_contexts(
+    ctx: ToolContext,
+    keys: Annotated[
+        JsonObject | None,
+        Field(
+            description='contexts whose keys contain these, e.g. {"user": "ada"}; every context '
+            "this API key may see when left out"
+        ),
+    ] = None,
+    exact: Annotated[
+        bool,
+        Field(
+            description="only the context named by exactly `keys` (the one open_context would "
+            "return), or no item when there is none; nothing is created"
+        ),
+    ] = False,
+    after: Annotated[
+        int | None, Field(ge=0, le=INT64_MAX, description="next_cursor of the previous page")
+    ] = None,
+    limit: Annotated[int, Field(ge=1, le=200, description="contexts per page")] = 20,
+) -> dict[str, Any]:
+    """Find contexts and their ids without creating any: by exact keys, or every context whose
+    keys contain `keys`, oldest first, a page at a time (`next_cursor` while `has_more`). Only
+    contexts this API key may use are listed. Needs the 'read' scope."""
+    return await run(
+        ctx, "read", _find_contexts, **drop_none(keys=keys, exact=exact, after=after, limit=limit)
+    )
+
+
 def _append(key, **fields):
     context = auth.context_for_key(key, fields.pop("context_id"))
     result = messages_append(context=context, items=[MessageIn(**fields).to_new_message()])
@@ -64,8 +112,12 @@ async def append_message(
         list[ContentBlock] | None,
         Field(max_length=1000, description="structured blocks (text, tool_use, tool_result, ...)"),
     ] = None,
-    tags: Annotated[list[Short(200)] | None, Field(max_length=1000)] = None,
-    metadata: JsonObject | None = None,
+    tags: Annotated[
+        list[Short(200)] | None, Field(max_length=1000, description="labels to filter by later")
+    ] = None,
+    metadata: Annotated[
+        JsonObject | None, Field(description="any JSON object, stored and returned as written")
+    ] = None,
     run_id: Annotated[Id | None, Field(description="the run this message belongs to")] = None,
     step_id: Annotated[Id | None, Field(description="the step this message belongs to")] = None,
 ) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import json
 
 from django.conf import settings
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
-from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
+from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend
 from mcp.server.fastmcp.server import StreamableHTTPASGIApp
 from mcp.server.transport_security import RequestBodyLimitMiddleware
 from starlette.applications import Starlette
@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from memory_app.json_values import depth_over, finite_float, reject_constant
 from memory_app.mcp_server.app import PATH, server
-from memory_app.mcp_server.keys import ApiKeyVerifier
+from memory_app.mcp_server.keys import ApiKeyVerifier, RequireKey
 from memory_app.mcp_server.unavailable import DatabaseUnavailableAnswer
 
 # Deeper than any tool's arguments nest, and far below where Python's parsers run out of stack
@@ -97,10 +97,10 @@ def asgi_app() -> Starlette:
 
     Built as the SDK's `streamable_http_app()` builds it with a token verifier, minus the OAuth
     metadata routes (operators issue keys; there is no authorization server to point to): the
-    SDK's Bearer middleware over our key verifier answers 401 with `WWW-Authenticate` before the
-    MCP transport sees a request; then a body over the limit is a 413 and one that is not JSON a
-    parse error, before the SDK parses it. Build it once per process: a session manager runs only
-    once.
+    SDK's Bearer backend over our key verifier, then `RequireKey`, answer a missing key (401) or a
+    wrong one (403) before the MCP transport sees a request; then a body over the limit is a 413
+    and one that is not JSON a parse error, before the SDK parses it. Build it once per process: a
+    session manager runs only once.
     """
     server.streamable_http_app()  # creates server.session_manager
     manager = server.session_manager
@@ -108,12 +108,11 @@ def asgi_app() -> Starlette:
         routes=[
             Route(
                 PATH,
-                endpoint=RequireAuthMiddleware(
+                endpoint=RequireKey(
                     RequestBodyLimitMiddleware(
                         StrictJsonBody(StreamableHTTPASGIApp(manager)),
                         settings.MAX_REQUEST_BODY_BYTES,
-                    ),
-                    required_scopes=[],
+                    )
                 ),
             )
         ],
