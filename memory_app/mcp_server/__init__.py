@@ -1,13 +1,13 @@
 """The memory as Model Context Protocol tools: Streamable HTTP at `/mcp` (official `mcp` SDK).
 
 Agents that speak MCP connect with the same Bearer API keys as the REST API, and get the same
-scopes and confinement: no key (or a bad one) is a 401 before any MCP message is read; a tool the
-key's scope does not allow answers a tool error naming the scope; ids outside the key's context
-keys answer "not found", as unknown ids do.
+scopes and confinement: no key is a 401 and a wrong one a 403 before any MCP message is read; a
+tool the key's scope does not allow answers a tool error naming the scope; ids outside the key's
+context keys answer "not found", as unknown ids do.
 
-One module per job: `keys` (Bearer keys), `app` (the server and how a tool runs),
-`contexts`, `memories` and `runs` (the tools), `transport` (JSON bodies, the ASGI app) and
-`unavailable` (a database fault as a 503).
+One module per job: `keys` (Bearer keys), `app` (the server and how a tool runs), `schema`
+(input schemas every client can call), `contexts`, `memories` and `runs` (the tools),
+`transport` (JSON bodies, the ASGI app) and `unavailable` (a database fault as a 503).
 
 The tools are thin: they validate their arguments with the REST API's input schemas and call the
 domain functions the routers call (auth, services, search, selectors, memories, queries), so an
