@@ -28,6 +28,7 @@ from memory_app.backup.format import (
     check_record,
     load_fields,
 )
+from memory_app.backup.lines import read_backup
 from memory_app.db import lock_contexts
 from memory_app.embeddings.providers import active_model_name
 from memory_app.embeddings.registry import registered_dimensions, unregistered
@@ -500,16 +501,13 @@ def import_records(
     return importer.result
 
 
-def import_lines(lines: Iterable[str | bytes], *, actor: Actor | None = None) -> ImportResult:
-    def records():
-        for number, line in enumerate(lines, start=1):
-            if isinstance(line, bytes):
-                line = line.decode("utf-8")
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BackupFormatError(f"line {number} is not JSON: {exc.msg}") from exc
-
-    return import_records(records(), actor=actor)
+def import_lines(
+    lines: Iterable[str | bytes],
+    *,
+    allowed: Callable[[dict[str, Any]], bool] | None = None,
+    actor: Actor | None = None,
+) -> ImportResult:
+    """Import a backup file's lines (with their line ends, as read from the file), each read as
+    strict JSON and the trailer checked (`memory_app.backup.lines`); see `import_records`."""
+    as_bytes = (line.encode("utf-8") if isinstance(line, str) else line for line in lines)
+    return import_records(read_backup(as_bytes), allowed=allowed, actor=actor)

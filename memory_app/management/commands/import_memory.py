@@ -1,4 +1,7 @@
-"""Import a JSON Lines backup written by `export_memory` (idempotent: twice changes nothing)."""
+"""Import a JSON Lines backup written by `export_memory` (idempotent: twice changes nothing).
+
+The file is read as bytes, line by line: its trailer's digest is over the bytes export wrote, so
+no newline or encoding translation may come between the file and the check."""
 
 from __future__ import annotations
 
@@ -22,9 +25,9 @@ class Command(BaseCommand):
     def handle(self, *args, path, **options):
         try:
             if path == "-":
-                result = import_lines(sys.stdin, actor=IMPORTER)
+                result = import_lines(sys.stdin.buffer, actor=IMPORTER)
             else:
-                with open(path, encoding="utf-8") as fh:
+                with open(path, "rb") as fh:
                     result = import_lines(fh, actor=IMPORTER)
         except (OSError, errors.BackupFormatError) as exc:
             raise CommandError(str(exc)) from exc
