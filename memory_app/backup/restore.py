@@ -295,9 +295,8 @@ class _Importer:
 
     def recount(self) -> None:
         """The counters of the contexts and runs this import wrote into, counted from their
-        rows, never taken from the file: after a file cut short (the first lines of a backup)
-        the full file finds the context the first one created already here, and a file's
-        counters may say anything."""
+        rows, never taken from the file: a merge adds to what a stored context already holds,
+        and a file's counters may say anything."""
         for run_pk in sorted(self.grown_runs):
             steps = Step.objects.filter(run_id=run_pk).aggregate(
                 n=Count("pk"),
