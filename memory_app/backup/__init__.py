@@ -21,8 +21,8 @@ by its keys digest, a run by its client id (or its creation instant when it has 
 Import (`import_lines`) reads the same lines in chunks and writes each chunk with bulk inserts,
 all in one transaction: a file that fails half-way (a bad line, a context the key may not
 write) leaves nothing behind, and so does one whose trailer is missing or does not match the
-lines read (`lines`: a copy cut at a line boundary is well-formed line by line). A row whose natural key is already stored is left as it is, so
-importing twice changes nothing.
+lines read (`lines`: a copy cut at a line boundary is well-formed line by line). A row whose
+natural key is already stored is left as it is, so importing twice changes nothing.
 Timestamps and agent-written values are restored verbatim; every value the server derives is
 derived again, never taken from the file: keys and scope digests, content hashes, token counts,
 vector dimensions, `recorded_by` (the importer), and the counters of every context and run the
