@@ -226,6 +226,32 @@ def test_the_cli_import_checks_the_trailer_and_reads_strict_json(tmp_path):
     assert Message.objects.count() == 20
 
 
+def test_a_version_1_file_goes_in_only_when_the_operator_says_so(tmp_path):
+    """Files written before the trailer cannot be checked: the API refuses them (tested above),
+    the command imports one only with --unchecked-version-1 (the documented way over an upgrade
+    that needs an export from the old version)."""
+    _fill(20)
+    path = tmp_path / "backup.jsonl"
+    call_command("export_memory", "-o", str(path))
+    old = tmp_path / "v1.jsonl"
+    old.write_bytes(b"".join(_as_version_1(path.read_bytes().splitlines(keepends=True))))
+    _wipe()
+    with pytest.raises(CommandError, match="version 1 .* --unchecked-version-1"):
+        call_command("import_memory", str(old))
+    assert _nothing_stored()
+
+    call_command("import_memory", "--unchecked-version-1", str(old), stdout=io.StringIO())
+    ctx = Context.objects.get(keys_digest=keys_digest(KEYS))
+    assert (ctx.last_seq, ctx.message_count, ctx.run_count) == (20, 20, 1)
+    # The option checks nothing less in a file that has a trailer.
+    _wipe()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(b"".join(_cut_after(path.read_bytes().splitlines(keepends=True), 12)))
+    with pytest.raises(CommandError, match="without its trailer"):
+        call_command("import_memory", "--unchecked-version-1", str(cut))
+    assert _nothing_stored()
+
+
 def _over_the_body_limit(admin) -> bytes:
     """An export a little over the API's body limit (64 KiB here), and proof that limit holds:
     a message of the same size is a 413."""

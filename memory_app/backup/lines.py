@@ -79,13 +79,15 @@ def parse_line(line: bytes, number: int) -> Any:
     return value
 
 
-def read_backup(lines: Iterable[bytes]) -> Iterator[Any]:
+def read_backup(lines: Iterable[bytes], *, unchecked_version_1: bool = False) -> Iterator[Any]:
     """The records of a backup file, the trailer checked once the last one is read (so a caller
     writing as it reads must do so in a transaction the error rolls back). Blank lines carry no
-    record but are part of the digest."""
+    record but are part of the digest. A version 1 file (no trailer) is refused unless
+    `unchecked_version_1` (the operator's explicit choice at the command line)."""
     summary = Summary()
     trailer: tuple[int, Any] | None = None
     number = 0
+    checked = True
     for number, line in enumerate(lines, start=1):
         if trailer is not None:
             raise BackupFormatError(
@@ -96,13 +98,22 @@ def read_backup(lines: Iterable[bytes]) -> Iterator[Any]:
             continue
         record = parse_line(line, number)
         kind = record.get("type") if isinstance(record, dict) else None
-        if kind == TRAILER:
+        if checked and kind == TRAILER:
             trailer = (number, record)
             continue
-        if number == 1 and kind == "header":
-            _check_version(record)
+        if number == 1 and kind == "header" and _is_version_1(record):
+            if not unchecked_version_1:
+                raise BackupFormatError(
+                    f"a version 1 backup has no trailer, so whether it is whole cannot be "
+                    f"checked; this server imports {FORMAT} version {VERSION} (export again to "
+                    f"get one, or import this file with `manage.py import_memory "
+                    f"--unchecked-version-1`)"
+                )
+            checked = False
         summary.add(line, kind)
         yield record
+    if not checked:
+        return
     if trailer is None:
         raise BackupFormatError(
             f"the backup ends at line {number} without its trailer: the file is cut short (or "
@@ -111,12 +122,8 @@ def read_backup(lines: Iterable[bytes]) -> Iterator[Any]:
     _check_trailer(trailer[1], summary)
 
 
-def _check_version(header: dict[str, Any]) -> None:
-    if header.get("format") == FORMAT and header.get("version") == 1:
-        raise BackupFormatError(
-            f"a version 1 backup has no trailer, so whether it is whole cannot be checked; this "
-            f"server imports {FORMAT} version {VERSION} (export again to get one)"
-        )
+def _is_version_1(header: dict[str, Any]) -> bool:
+    return header.get("format") == FORMAT and header.get("version") == 1
 
 
 def _check_trailer(trailer: dict[str, Any], summary: Summary) -> None:

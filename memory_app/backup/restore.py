@@ -115,7 +115,9 @@ class _Importer:
     def feed(self, record: dict[str, Any]) -> None:
         kind = record.get("type")
         if kind == "header":
-            if record.get("format") != FORMAT or record.get("version") != VERSION:
+            # Version 1 differs only in having no trailer; `read_backup` lets one through only
+            # when the operator asked for it.
+            if record.get("format") != FORMAT or record.get("version") not in (1, VERSION):
                 raise BackupFormatError(f"not an {FORMAT} v{VERSION} file")
             return
         if kind not in ("context", "run", "step", "message", "memory", "embedding"):
@@ -505,8 +507,11 @@ def import_lines(
     *,
     allowed: Callable[[dict[str, Any]], bool] | None = None,
     actor: Actor | None = None,
+    unchecked_version_1: bool = False,
 ) -> ImportResult:
     """Import a backup file's lines (with their line ends, as read from the file), each read as
-    strict JSON and the trailer checked (`memory_app.backup.lines`); see `import_records`."""
+    strict JSON and the trailer checked (`memory_app.backup.lines.read_backup`, which also says
+    what `unchecked_version_1` allows); see `import_records`."""
     as_bytes = (line.encode("utf-8") if isinstance(line, str) else line for line in lines)
-    return import_records(read_backup(as_bytes), allowed=allowed, actor=actor)
+    records = read_backup(as_bytes, unchecked_version_1=unchecked_version_1)
+    return import_records(records, allowed=allowed, actor=actor)
