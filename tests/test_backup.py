@@ -283,6 +283,14 @@ def test_import_rejects_what_is_not_a_backup():
                 '{"type": "bogus"}',
             ]
         )
+    # A kind that is no string is refused by name like an unknown one (it cannot be counted).
+    with pytest.raises(errors.BackupFormatError, match="unknown record type"):
+        import_lines(
+            [
+                '{"type": "header", "format": "agentmemory-backup", "version": 2}\n',
+                '{"type": []}\n',
+            ]
+        )
 
 
 def test_importing_into_an_existing_context_moves_its_counters_on():

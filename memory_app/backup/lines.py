@@ -97,7 +97,10 @@ def read_backup(lines: Iterable[bytes], *, unchecked_version_1: bool = False) ->
             summary.add(line)
             continue
         record = parse_line(line, number)
+        # Any JSON value may stand where a kind belongs; only a string is one (the import
+        # refuses the rest by name).
         kind = record.get("type") if isinstance(record, dict) else None
+        kind = kind if isinstance(kind, str) else None
         if checked and kind == TRAILER:
             trailer = (number, record)
             continue
