@@ -128,6 +128,30 @@ def memories_record(
     return _record(scope=scope, items=items, actor=actor, thinking=thinking, action="record")
 
 
+def _fields(
+    scope: Scope, item: dict[str, Any], *, thinking: str, actor: Actor, status: str
+) -> dict[str, Any]:
+    """The columns of a new record of `item`, checked (provenance from the scope's contexts)."""
+    content = clean_content(item.get("content"))
+    source_message_id, source_step_id = item.get("source_message_id"), item.get("source_step_id")
+    _check_source(scope, message_id=source_message_id, step_id=source_step_id)
+    return {
+        "context": scope.context,
+        "scope_keys": scope.scope_keys,
+        "scope_digest": scope.digest,
+        "content": content,
+        "content_hash": content_hash(content),
+        "kind": clean_kind(item.get("kind")),
+        "thinking": no_nul(item.get("thinking") or thinking or "", "thinking"),
+        "keywords": clean_keywords(item.get("keywords")),
+        "metadata": item.get("metadata") or {},
+        "source_message_id": source_message_id,
+        "source_step_id": source_step_id,
+        "recorded_by": actor.label,
+        "status": status,
+    }
+
+
 def _record(
     *,
     scope: Scope,
@@ -156,27 +180,8 @@ def _record(
     near_vectors = _near_copy_vectors(items, vectors)
     with transaction.atomic():
         for item, (near_vector, near_model) in zip(items, near_vectors, strict=True):
-            content = clean_content(item.get("content"))
-            source_message_id, source_step_id = (
-                item.get("source_message_id"),
-                item.get("source_step_id"),
-            )
-            _check_source(scope, message_id=source_message_id, step_id=source_step_id)
-            fields = {
-                "context": scope.context,
-                "scope_keys": scope.scope_keys,
-                "scope_digest": scope.digest,
-                "content": content,
-                "content_hash": content_hash(content),
-                "kind": clean_kind(item.get("kind")),
-                "thinking": no_nul(item.get("thinking") or thinking or "", "thinking"),
-                "keywords": clean_keywords(item.get("keywords")),
-                "metadata": item.get("metadata") or {},
-                "source_message_id": source_message_id,
-                "source_step_id": source_step_id,
-                "recorded_by": actor.label,
-                "status": status,
-            }
+            fields = _fields(scope, item, thinking=thinking, actor=actor, status=status)
+            content = fields["content"]
             # The same content answers its record, whatever its status; else a near-copy of a
             # live record answers that record.
             same = MemoryRecord.objects.filter(
