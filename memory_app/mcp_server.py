@@ -55,10 +55,11 @@ from memory_app.schemas.memories import (
     Keywords,
     Kind,
     MemoryRecordIn,
-    MemoryRecordOut,
     MemoryRetrieveIn,
     record,
+    recorded_out,
     retrieve_out,
+    status_out,
 )
 from memory_app.schemas.messages import ContentBlock, MessageIn, message_out
 from memory_app.schemas.runs import RunDetailOut, RunPage
@@ -77,7 +78,8 @@ such as {"user": "ada", "chat": "42"}), their messages, runs of the agent with t
 tool calls, and long-term memories (facts, preferences) shared by contexts.
 Start with open_context to get a context id; append_message to write the conversation;
 select_context to choose what goes into the next prompt; search_memory to find past messages;
-record_memory / retrieve_memories for long-term facts; list_runs / read_run to look at runs."""
+record_memory / retrieve_memories for long-term facts, memory_status for a proposal's review;
+list_runs / read_run to look at runs."""
 
 
 # --- authentication: the REST API's Bearer keys -------------------------------------------------
@@ -371,13 +373,7 @@ async def search_memory(
 
 
 def _record(key, **fields):
-    results = record(key, MemoryRecordIn(**fields))
-    return {
-        "items": [
-            {"memory": MemoryRecordOut.from_orm(r.record).dict(), "created": r.created}
-            for r in results
-        ]
-    }
+    return recorded_out(record(key, MemoryRecordIn(**fields)))
 
 
 @server.tool(annotations=WRITE)
@@ -408,7 +404,8 @@ async def record_memory(
 ) -> dict[str, Any]:
     """Remember long-term facts, for one context (`context_id`) or for every context sharing
     `scope_keys`. Content already remembered in that scope is returned as stored
-    (`created: false`). Needs the 'write' scope."""
+    (`created: false`), so is a live memory nearly identical to it (`near_copy`). A reviewed
+    key's memories are `proposed`, recalled once approved. Needs the 'write' scope."""
     return await _run(
         ctx,
         "write",
@@ -461,6 +458,16 @@ async def retrieve_memories(
             include_archived=include_archived,
         ),
     )
+
+
+@server.tool(annotations=READ)
+async def memory_status(
+    ctx: ToolContext,
+    memory_ids: Annotated[list[Id], Field(min_length=1, max_length=100)],
+) -> dict[str, Any]:
+    """The memories of `memory_ids` this key may see with their review `status` (proposed, live,
+    rejected, merged into `metadata.merged_into`); `missing` lists the others. 'read' scope."""
+    return await _run(ctx, "read", status_out, ids=memory_ids)
 
 
 def _list_runs(key, *, context_id, after, limit):

@@ -26,6 +26,7 @@ TOOLS = {
     "search_memory",
     "record_memory",
     "retrieve_memories",
+    "memory_status",
     "list_runs",
     "read_run",
 }
