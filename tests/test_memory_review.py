@@ -247,6 +247,8 @@ def test_a_near_copy_answers_the_live_memory_by_words(db, settings):
     assert MemoryRecord.objects.count() == 1
     different = _record(api, cid, "Ada prefers black tea in the evening")
     assert different["created"] is True and different["near_copy"] is None
+    negated = _record(api, cid, "Ada does not prefer green tea in the morning")
+    assert negated["created"] is True
     settings.AGENTMEMORY_MEMORY_NEAR_COPY_SIMILARITY = 0
     off = _record(api, cid, "ada prefers green tea in the morning!")
     assert off["created"] is True and off["near_copy"] is None

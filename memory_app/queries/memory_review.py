@@ -48,14 +48,18 @@ _BY_STORED_VECTOR = f"""
     GROUP BY r.id ORDER BY similarity DESC, r.id LIMIT %s
 """  # noqa: S608 - a constant fragment
 
+# Both texts parsed with one configuration: `english` (stemmed, stopwords left out) relates
+# memories about the same thing; `simple` keeps every word, "not" included, for near-copies.
 _BY_WORDS = f"""
     WITH n AS (SELECT tsvector_to_array(to_tsvector(%s::regconfig, %s)) AS lex)
     SELECT id, similarity FROM (
         SELECT r.id,
             cardinality(ARRAY(
-                SELECT unnest(tsvector_to_array(r.search_vector)) INTERSECT SELECT unnest(n.lex)
+                SELECT unnest(tsvector_to_array(to_tsvector(%s::regconfig, r.content)))
+                INTERSECT SELECT unnest(n.lex)
             ))::float / NULLIF(cardinality(ARRAY(
-                SELECT unnest(tsvector_to_array(r.search_vector)) UNION SELECT unnest(n.lex)
+                SELECT unnest(tsvector_to_array(to_tsvector(%s::regconfig, r.content)))
+                UNION SELECT unnest(n.lex)
             )), 0) AS similarity
         FROM memory_app_memoryrecord r, n WHERE {_LIVE_OF_SCOPE}
     ) s WHERE similarity > 0 ORDER BY similarity DESC, id LIMIT %s
@@ -88,10 +92,12 @@ def similar_live(
     model: str | None = None,
     record_id: int | None = None,
     limit: int = SIMILAR_LIMIT,
+    words: str = FTS_CONFIG,
 ) -> list[Similar]:
     """The live records of the scope most like `content`, most similar first, `record_id`
     left out. By `vector` (under `model`) when given, else by the stored vectors of `record_id`,
-    when any live record of the scope has one to compare; otherwise by words."""
+    when any live record of the scope has one to compare; otherwise by the words both texts
+    hold as the text search configuration `words` parses them."""
     exclude = record_id or 0
     rows: list[tuple[int, float]] = []
     if vector is not None and model:
@@ -103,7 +109,7 @@ def similar_live(
         rows = _rows(_BY_STORED_VECTOR, [record_id, scope_digest, exclude, limit])
     if rows:
         return _records(rows, "semantic")
-    rows = _rows(_BY_WORDS, [FTS_CONFIG, content, scope_digest, exclude, limit])
+    rows = _rows(_BY_WORDS, [words, content, words, words, scope_digest, exclude, limit])
     return _records(rows, "words")
 
 

@@ -108,8 +108,14 @@ def _near_copy(scope: Scope, content: str, vector, model) -> tuple[MemoryRecord,
     threshold = settings.AGENTMEMORY_MEMORY_NEAR_COPY_SIMILARITY
     if not threshold:
         return None
+    # Without vectors, every word counts: "Ada is not vegan" is no copy of "Ada is vegan".
     similar = similar_live(
-        scope_digest=scope.digest, content=content, vector=vector, model=model, limit=1
+        scope_digest=scope.digest,
+        content=content,
+        vector=vector,
+        model=model,
+        limit=1,
+        words="simple",
     )
     if similar and similar[0].similarity >= threshold:
         return similar[0].record, similar[0].similarity
