@@ -89,6 +89,9 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "memory_app.middleware.ContentSecurityPolicyMiddleware",
+    # With a read replica: a write's response names its WAL position, and a request that sends
+    # it back reads the replica only once it has replayed that far (README "Read replicas").
+    "memory_app.middleware.ReplicaPositionMiddleware",
     # A database fault in a view is a 503 with Retry-After (README "Operations").
     "memory_app.middleware.DatabaseUnavailableMiddleware",
     # Last, as django-axes asks: it answers a locked-out login with the lockout page.

@@ -11,6 +11,12 @@ checks). Every write, every migration and every other read goes to the primary.
 
 A replica that cannot be reached is skipped for a few seconds and its reads go to the primary:
 the pages stay up, only the load moves back.
+
+Read-your-writes across requests: after a write (any POST, PUT, PATCH or DELETE) the response
+carries the primary's WAL position in `X-Agentmemory-LSN` (and, for the dashboard, a cookie). A
+request that sends it back reads from the replica only once the replica has replayed that far,
+from the primary until then (memory_app/middleware.py). A curator who prunes a message and is
+sent to the page sees it pruned.
 """
 
 from __future__ import annotations
@@ -18,12 +24,18 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import re
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 REPLICA = "replica"
+LSN_HEADER = "X-Agentmemory-LSN"
+LSN_COOKIE = "agentmemory_lsn"
+# A PostgreSQL WAL position as pg_current_wal_lsn() writes it.
+LSN_FORMAT = re.compile(r"[0-9A-F]{1,8}/[0-9A-F]{1,8}", re.IGNORECASE)
 # How long reads stay on the primary after the replica failed to answer a connection.
 RETRY_SECONDS = 5.0
 
@@ -33,6 +45,52 @@ _stale_ok: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 # When the replica may be tried again (time.monotonic()); 0 while it answers.
 _down_until = 0.0
+
+
+@dataclass
+class Position:
+    """A WAL position the client has seen written; whether the replica has replayed it is
+    asked once per request (then every read of the request agrees)."""
+
+    lsn: str
+    replayed: bool | None = None
+
+
+_after: contextvars.ContextVar[Position | None] = contextvars.ContextVar(
+    "agentmemory_replica_after", default=None
+)
+
+
+@contextlib.contextmanager
+def reads_after(position: Position | None) -> Iterator[None]:
+    """Inside the block, the replica serves reads only once it has replayed `position`."""
+    token = _after.set(position)
+    try:
+        yield
+    finally:
+        _after.reset(token)
+
+
+def written_position() -> str | None:
+    """The primary's WAL position now (after this request's commits), None when it cannot say."""
+    try:
+        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+            cursor.execute("SELECT pg_current_wal_lsn()::text")
+            return cursor.fetchone()[0]
+    except DatabaseError:
+        return None
+
+
+def _replayed(position: Position) -> bool:
+    if position.replayed is None:
+        try:
+            with connections[REPLICA].cursor() as cursor:
+                cursor.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", [position.lsn])
+                # NULL when the server is no longer a replica: the primary then.
+                position.replayed = bool(cursor.fetchone()[0])
+        except DatabaseError:
+            position.replayed = False
+    return position.replayed
 
 
 @contextlib.contextmanager
@@ -48,10 +106,14 @@ def replica_reads() -> Iterator[None]:
 
 def replica_stream(items: Iterable) -> Iterator:
     """`items` (a generator that reads the database as it goes, such as a streamed export),
-    each step read under `replica_reads()`: a stream runs after its view has returned."""
-    iterator = iter(items)
+    each step read under `replica_reads()` and the position of the request that made it: a
+    stream runs after its view, and the request's middleware, have returned."""
+    return _stream(iter(items), _after.get())
+
+
+def _stream(iterator: Iterator, position: Position | None) -> Iterator:
     while True:
-        with replica_reads():
+        with replica_reads(), reads_after(position):
             try:
                 item = next(iterator)
             except StopIteration:
@@ -94,6 +156,7 @@ def use_replica(model) -> bool:
         and configured()
         and not connections[DEFAULT_DB_ALIAS].in_atomic_block
         and _reachable()
+        and (_after.get() is None or _replayed(_after.get()))
     )
 
 

@@ -258,9 +258,73 @@ def test_reads_inside_writes_stay_on_the_primary(replica_db):
     curator.force_login(make_user(role="curator"))
     message = Message.objects.get(context=ctx)
     with CaptureQueriesContext(connections[REPLICA]) as on_replica:
-        response = curator.post(f"/contexts/{ctx.pk}/messages/{message.pk}/prune/", {"pruned": "1"})
-    assert response.status_code == 200, response.content[:500]
+        response = curator.post(f"/contexts/{ctx.pk}/messages/{message.pk}/prune/")
+    assert response.status_code == 302
     assert on_replica.captured_queries == []
+
+
+def test_the_page_after_a_dashboard_write_shows_it_before_the_replica_has_it(replica_db):
+    ctx = make_context(keys={"user": "ada", "chat": "p"}, title="pruning", messages=1)
+    message = Message.objects.get(context=ctx)
+    replica_db.caught_up()
+    replica_db.pause_replay()
+    curator = Client()
+    curator.force_login(make_user(role="curator"))
+    response = curator.post(f"/contexts/{ctx.pk}/messages/{message.pk}/prune/", {"pruned": "1"})
+    assert response.status_code == 302
+    position = response.cookies[replica.LSN_COOKIE].value
+    assert response[replica.LSN_HEADER] == position
+    # The page it leads to: the replica has not replayed the prune, so the primary answers.
+    with CaptureQueriesContext(connections[REPLICA]) as on_replica:
+        page = curator.get(response.url)
+    assert page.status_code == 200
+    assert Message.objects.get(pk=message.pk).pruned_at is not None
+    assert ">pruned</span>" in page.content.decode()
+    assert "memory_app_" not in _tables(on_replica)
+    assert "pg_last_wal_replay_lsn" in _tables(on_replica)
+    # Someone who did not write sees the replica's older copy meanwhile.
+    with CaptureQueriesContext(connections[REPLICA]) as on_replica:
+        other = _viewer().get(f"/contexts/{ctx.pk}/")
+    assert "memory_app_message" in _tables(on_replica)
+    assert ">pruned</span>" not in other.content.decode()
+    # Once replayed, the writer's pages come from the replica again and the cookie goes.
+    replica_db.resume_replay()
+    replica_db.caught_up()
+    with CaptureQueriesContext(connections[REPLICA]) as on_replica:
+        page = curator.get(response.url)
+    assert "memory_app_message" in _tables(on_replica)
+    assert page.cookies[replica.LSN_COOKIE].value == ""
+
+
+def test_an_api_client_sends_the_position_back_to_read_its_write_from_an_export(replica_db):
+    api = make_key()
+    context_id = new_context(api, {"user": "ada", "chat": "lsn"})
+    replica_db.caught_up()
+    replica_db.pause_replay()
+    written = api.post(f"/api/v1/contexts/{context_id}/messages", {"role": "user", "text": "mine"})
+    assert written.status_code in (200, 201)
+    position = written[replica.LSN_HEADER]
+    assert replica.LSN_FORMAT.fullmatch(position)
+    assert replica.LSN_COOKIE not in written.cookies  # the API's clients keep the header
+    stale = api.get("/api/v1/export", {"context_id": context_id})
+    assert "mine" not in b"".join(stale.streaming_content).decode()
+    with CaptureQueriesContext(connections[REPLICA]) as on_replica:
+        fresh = api.client.get(
+            "/api/v1/export",
+            {"context_id": context_id},
+            HTTP_AUTHORIZATION=f"Bearer {api.secret}",
+            HTTP_X_AGENTMEMORY_LSN=position,
+        )
+        text = b"".join(fresh.streaming_content).decode()
+    assert '"text":"mine"' in text
+    assert "memory_app_" not in _tables(on_replica)
+    bad = api.client.get(
+        "/api/v1/export",
+        HTTP_AUTHORIZATION=f"Bearer {api.secret}",
+        HTTP_X_AGENTMEMORY_LSN="yesterday",
+    )
+    assert bad.status_code == 400
+    assert "X-Agentmemory-LSN" in bad.json()["detail"]
 
 
 def test_migrations_never_run_on_the_replica(replica_db):
