@@ -9,9 +9,11 @@ paused (`pg_wal_replay_pause()`) where a test needs the replica to be behind.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,10 +35,9 @@ from memory_app.services.messages import messages_append
 from tests.api_helpers import append, make_key, new_context
 from tests.builders import make_context, make_user
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.django_db(transaction=True, databases=[DEFAULT_DB_ALIAS, REPLICA]),
-]
+pytestmark = pytest.mark.slow
+# Committed writes (a rolled-back test transaction never reaches the replica), both aliases.
+on_both = pytest.mark.django_db(transaction=True, databases=[DEFAULT_DB_ALIAS, REPLICA])
 
 REPLAY_TIMEOUT = 30
 
@@ -72,8 +73,8 @@ class StreamingReplica:
         )
         assert done.returncode == 0, f"{tool} failed: {done.stderr}"
 
-    def start(self) -> float:
-        """Base backup and start; returns the seconds both took."""
+    def start(self) -> tuple[float, float]:
+        """Base backup, then start; returns the seconds each took."""
         began = time.monotonic()
         self._run(
             "pg_basebackup",
@@ -83,11 +84,12 @@ class StreamingReplica:
         )
         # Listening on its socket only, with PostgreSQL's default memory (the copied settings
         # size the primary's buffers from the whole machine).
+        backed_up = time.monotonic()
         options = f'-h "" -k {self.socket_dir} -p {self.port} -c shared_buffers=128MB'
         self._run(
             "pg_ctl", *("-w", "-D", str(self.pgdata), "-l", str(self.log), "-o", options, "start")
         )
-        return time.monotonic() - began
+        return backed_up - began, time.monotonic() - backed_up
 
     def stop(self) -> None:
         self._run("pg_ctl", "-w", "-D", str(self.pgdata), "-m", "fast", "stop")
@@ -139,8 +141,8 @@ def streaming_replica(django_db_setup, django_db_blocker, tmp_path_factory):
     with django_db_blocker.unblock():
         primary = dict(connections[DEFAULT_DB_ALIAS].settings_dict)
     server = StreamingReplica(primary, tmp_path_factory.mktemp("replica"))
-    seconds = server.start()
-    print(f"base backup + start of the replica: {seconds:.2f} s")
+    backup, start = server.start()
+    print(f"replica: base backup {backup:.2f} s, start {start:.2f} s")
     configured = connections.configure_settings(
         {
             DEFAULT_DB_ALIAS: connections.settings[DEFAULT_DB_ALIAS],
@@ -182,6 +184,7 @@ def _tables(queries) -> str:
     return " ".join(q["sql"] for q in queries)
 
 
+@on_both
 def test_dashboard_pages_read_from_the_replica_and_show_what_it_has_replayed(replica_db):
     ctx = make_context(keys={"user": "ada"}, title="replicated title", messages=3)
     replica_db.caught_up()
@@ -210,6 +213,7 @@ def test_dashboard_pages_read_from_the_replica_and_show_what_it_has_replayed(rep
     assert "renamed on the primary" in client.get("/contexts/").content.decode()
 
 
+@on_both
 def test_an_agent_reads_its_own_write_at_once_while_the_replica_is_behind(replica_db):
     api = make_key()
     context_id = new_context(api, {"user": "ada", "chat": "fresh"})
@@ -238,6 +242,7 @@ def test_an_agent_reads_its_own_write_at_once_while_the_replica_is_behind(replic
     assert "written just now" in b"".join(exported.streaming_content).decode()
 
 
+@on_both
 def test_reads_inside_writes_stay_on_the_primary(replica_db):
     ctx = make_context(keys={"user": "ada", "chat": "w"})
     replica_db.caught_up()
@@ -263,6 +268,7 @@ def test_reads_inside_writes_stay_on_the_primary(replica_db):
     assert on_replica.captured_queries == []
 
 
+@on_both
 def test_the_page_after_a_dashboard_write_shows_it_before_the_replica_has_it(replica_db):
     ctx = make_context(keys={"user": "ada", "chat": "p"}, title="pruning", messages=1)
     message = Message.objects.get(context=ctx)
@@ -296,6 +302,7 @@ def test_the_page_after_a_dashboard_write_shows_it_before_the_replica_has_it(rep
     assert page.cookies[replica.LSN_COOKIE].value == ""
 
 
+@on_both
 def test_an_api_client_sends_the_position_back_to_read_its_write_from_an_export(replica_db):
     api = make_key()
     context_id = new_context(api, {"user": "ada", "chat": "lsn"})
@@ -327,6 +334,7 @@ def test_an_api_client_sends_the_position_back_to_read_its_write_from_an_export(
     assert "X-Agentmemory-LSN" in bad.json()["detail"]
 
 
+@on_both
 def test_migrations_never_run_on_the_replica(replica_db):
     assert router.allow_migrate(DEFAULT_DB_ALIAS, "memory_app")
     assert not router.allow_migrate(REPLICA, "memory_app")
@@ -339,6 +347,7 @@ def test_migrations_never_run_on_the_replica(replica_db):
 
 
 # Last: it stops the module's replica.
+@on_both
 def test_a_replica_that_is_down_leaves_the_pages_on_the_primary(replica_db):
     ctx = make_context(keys={"user": "ada"}, title="served anyway")
     client = _viewer()
@@ -351,3 +360,44 @@ def test_a_replica_that_is_down_leaves_the_pages_on_the_primary(replica_db):
     assert "served anyway" in response.content.decode()
     assert "memory_app_context" in _tables(on_primary)
     assert client.get(f"/contexts/{ctx.pk}/").status_code == 200
+
+
+SETTINGS_SCRIPT = (
+    "import json, django; django.setup(); from django.conf import settings as s; "
+    "print(json.dumps({'aliases': sorted(s.DATABASES), "
+    "'routers': getattr(s, 'DATABASE_ROUTERS', []), "
+    "'replica': s.DATABASES.get('replica')}, default=str))"
+)
+
+
+def _settings_with(env: dict) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", SETTINGS_SCRIPT],
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "agentmemory_site.settings", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_database_replica_url_adds_the_replica_alias_and_its_router():
+    found = _settings_with(
+        {"DATABASE_REPLICA_URL": "postgresql://reader:pw@:6/agentmemory?host=/run/replica"}
+    )
+    assert found["aliases"] == ["default", "replica"]
+    assert found["routers"] == ["memory_app.replica.ReplicaRouter"]
+    db = found["replica"]
+    assert (db["HOST"], db["PORT"], db["NAME"], db["USER"]) == (
+        "/run/replica",
+        6,
+        "agentmemory",
+        "reader",
+    )
+    assert db["ENGINE"] == "django.db.backends.postgresql"
+    assert db["OPTIONS"]["connect_timeout"] == django_settings.DB_CONNECT_TIMEOUT
+    assert db["TEST"]["MIRROR"] == "default"  # a test run reads its own test database there
+    env = {k: "" for k in ("DATABASE_REPLICA_URL",)}
+    assert _settings_with(env) == {"aliases": ["default"], "routers": [], "replica": None}
