@@ -5,12 +5,20 @@ from django.views.decorators.http import require_GET
 
 from memory_app.queries.dashboard import CONTEXT_ORDERS, BadQuery, contexts_page
 from memory_app.roles import require
-from memory_app.views.common import bad_request, htmx_partial, invalid_form, page, query_string
+from memory_app.views.common import (
+    bad_request,
+    htmx_partial,
+    invalid_form,
+    page,
+    query_string,
+    replica_page,
+)
 from memory_app.views.forms import ContextListForm
 
 
 @require("view")
 @require_GET
+@replica_page
 @htmx_partial("results")
 def context_list(request):
     form = ContextListForm(request.GET)
