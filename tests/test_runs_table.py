@@ -91,7 +91,7 @@ def test_the_migration_fills_the_columns_from_the_stored_steps():
     kept = (run.tool_call_count, run.model_names, run.cost)
     assert kept[0] == 3 and kept[1] == ["gpt-4o"] and kept[2] > 0
     Run.objects.filter(pk=run.pk).update(tool_call_count=0, model_names=[], cost=None)
-    migration = importlib.import_module("memory_app.migrations.0021_run_table_columns")
+    migration = importlib.import_module("memory_app.migrations.0022_run_table_columns")
     with connection.schema_editor(atomic=False) as editor:
         migration.fill(None, editor)
     run.refresh_from_db()

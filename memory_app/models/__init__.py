@@ -24,6 +24,8 @@ from memory_app.models.runs import (
 from memory_app.models.shared import (
     FTS_CONFIG,
     MemoryKind,
+    MemoryReview,
+    MemoryStatus,
     MessageRole,
     RunStatus,
     StepKind,
@@ -43,6 +45,8 @@ __all__ = [
     "EmbeddingRetry",
     "MemoryKind",
     "MemoryRecord",
+    "MemoryReview",
+    "MemoryStatus",
     "Message",
     "MessageRole",
     "MessageSearch",

@@ -13,6 +13,7 @@ from memory_app.views.common import (
     invalid_form,
     page,
     query_string,
+    replica_page,
     wants_fragment,
 )
 from memory_app.views.forms import ContextListForm
@@ -20,6 +21,7 @@ from memory_app.views.forms import ContextListForm
 
 @require("view")
 @require_GET
+@replica_page
 @htmx_partial("results")
 def home(request):
     return _context_list(request, attention=True)
@@ -27,6 +29,7 @@ def home(request):
 
 @require("view")
 @require_GET
+@replica_page
 @htmx_partial("results")
 def context_list(request):
     return _context_list(request, attention=False)

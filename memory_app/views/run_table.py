@@ -7,7 +7,14 @@ from django.views.decorators.http import require_GET
 from memory_app.models import RunStatus
 from memory_app.queries.runs_table import ORDERS, BadQuery, runs_table
 from memory_app.roles import require
-from memory_app.views.common import bad_request, htmx_partial, invalid_form, page, query_string
+from memory_app.views.common import (
+    bad_request,
+    htmx_partial,
+    invalid_form,
+    page,
+    query_string,
+    replica_page,
+)
 from memory_app.views.forms import RunTableForm
 
 # The form's fields carried from one page to the next (the cursor and the one-off `add` aside).
@@ -26,6 +33,7 @@ CARRIED = (
 
 @require("view")
 @require_GET
+@replica_page
 @htmx_partial("results")
 def run_table(request):
     form = RunTableForm(request.GET)

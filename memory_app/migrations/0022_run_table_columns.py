@@ -100,7 +100,7 @@ def fill(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("memory_app", "0020_context_keys")]
+    dependencies = [("memory_app", "0021_memory_review")]
 
     operations = [
         migrations.AddField(
