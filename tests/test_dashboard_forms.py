@@ -41,6 +41,7 @@ GET_ONLY = {
     "playground",
     "curate-run",
     "memories",
+    "memory-inbox",
     "audit",
     "audit-entry",
 }
@@ -54,6 +55,10 @@ POST_ONLY = {
     "memory-merge",
     "memory-archive",
     "memory-purge",
+    "memory-inbox-decide",
+    "memory-inbox-merge",
+    "memory-inbox-edit",
+    "key-review",
     "memory-promote-message",
     "memory-promote-step",
     "audit-undo",
