@@ -205,6 +205,9 @@ WHITENOISE_AUTOREFRESH = DEBUG
 # Request bodies over this size answer 413 (API) instead of being read.
 MAX_REQUEST_BODY_BYTES = int(os.environ.get("AGENTMEMORY_MAX_BODY_BYTES", str(16 * 1024 * 1024)))
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
+# POST /api/v1/import reads its body line by line, never whole, so a backup may be far larger
+# than any other request: it has a limit of its own (413 past it). README "Backup and restore".
+MAX_IMPORT_BYTES = int(os.environ.get("AGENTMEMORY_MAX_IMPORT_BYTES", str(1024**3)))
 
 # A refused CSRF check answers like every other dashboard error (styled, and under htmx in #flash).
 CSRF_FAILURE_VIEW = "memory_app.views.errors.csrf_failure"

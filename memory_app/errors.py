@@ -67,5 +67,12 @@ class BackupFormatError(ValueError):
     """A line that is not part of an agentmemory backup."""
 
 
+class BodyTooLarge(Exception):
+    """A request body streamed without a length read past its limit (413)."""
+
+    def __init__(self, limit: int, setting: str) -> None:
+        super().__init__(f"request body is over the limit of {limit} bytes ({setting})")
+
+
 def differences(stored: dict[str, Any], sent: dict[str, Any]) -> dict[str, Any]:
     return {k: {"stored": stored[k], "sent": sent[k]} for k in sent if stored.get(k) != sent[k]}

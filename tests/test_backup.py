@@ -27,7 +27,7 @@ from memory_app.search.messages import search_messages
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import messages_append
 from memory_app.services.runs import run_create, run_finish, steps_append
-from tests.builders import register_models
+from tests.builders import register_models, signed_backup
 
 pytestmark = pytest.mark.django_db
 
@@ -290,8 +290,16 @@ def test_import_rejects_what_is_not_a_backup():
     with pytest.raises(errors.BackupFormatError):
         import_lines(
             [
-                '{"type": "header", "format": "agentmemory-backup", "version": 1}',
+                '{"type": "header", "format": "agentmemory-backup", "version": 2}',
                 '{"type": "bogus"}',
+            ]
+        )
+    # A kind that is no string is refused by name like an unknown one (it cannot be counted).
+    with pytest.raises(errors.BackupFormatError, match="unknown record type"):
+        import_lines(
+            [
+                '{"type": "header", "format": "agentmemory-backup", "version": 2}\n',
+                '{"type": []}\n',
             ]
         )
 
@@ -329,25 +337,32 @@ def test_importing_into_an_existing_context_moves_its_counters_on():
     assert ctx.search_seq == 6 and MessageSearch.objects.filter(context_id=ctx.pk).count() == 6
 
 
-def test_a_backup_cut_short_then_imported_whole_counts_each_message_once():
+def test_a_backup_cut_short_at_a_line_boundary_is_refused_and_writes_nothing():
+    """Every line of a copy cut after a line's newline is well-formed: only the trailer tells it
+    from the whole file. The cut copy is refused (it used to go in as a context of 179 messages
+    that looked restored); the whole file then restores all of them, and the next append follows
+    the last seq restored."""
     keys = {"user": "ada", "chat": "resumed"}
     ctx, _ = context_get_or_create(keys=keys)
-    messages_append(context=ctx, items=[{"role": "user", "text": f"m{n}"} for n in range(5)])
+    messages_append(context=ctx, items=[{"role": "user", "text": f"m{n}"} for n in range(300)])
     run_create(context=ctx, client_id="run-a", task="t")
     lines = list(export_lines(contexts=contexts_matching(context_ids=[ctx.pk])))
     _wipe()
-    # A copy cut after two of the messages: the context it makes has the whole file's counters.
     kinds = [json.loads(line)["type"] for line in lines]
-    stop = [i for i, kind in enumerate(kinds) if kind == "message"][1] + 1
-    import_lines(lines[:stop])
-    assert Message.objects.filter(context__keys_digest=keys_digest(keys)).count() == 2
+    assert kinds[-1] == "trailer"
+    stop = [i for i, kind in enumerate(kinds) if kind == "message"][178] + 1
+    with pytest.raises(errors.BackupFormatError, match="without its trailer"):
+        import_lines(lines[:stop])
+    assert not Context.objects.exists() and not Message.objects.exists()
 
     import_lines(lines)
     ctx = Context.objects.get(keys_digest=keys_digest(keys))
-    assert (ctx.last_seq, ctx.message_count, ctx.run_count) == (5, 5, 1)
+    assert (ctx.last_seq, ctx.message_count, ctx.run_count) == (300, 300, 1)
     assert ctx.token_count == sum(
         Message.objects.filter(context=ctx).values_list("token_count", flat=True)
     )
+    [later] = messages_append(context=ctx, items=[{"role": "user", "text": "after"}]).messages
+    assert later.seq == 301
 
 
 def test_an_import_that_fails_half_way_writes_nothing():
@@ -357,10 +372,12 @@ def test_an_import_that_fails_half_way_writes_nothing():
     _fill(ctx, messages=30, runs=2)
     lines = list(export_lines(contexts=contexts_matching(context_ids=[ctx.pk])))
     _wipe()
-    bad = json.loads(lines[-1])
+    # The last message line (the trailer follows it).
+    assert json.loads(lines[-2])["type"] == "message"
+    bad = json.loads(lines[-2])
     bad["seq"] = "seven"
     with pytest.raises(errors.BackupFormatError, match="seq"):
-        import_lines([*lines[:-1], json.dumps(bad)])
+        import_lines([*lines[:-2], json.dumps(bad) + "\n", lines[-1]])
     assert (
         not Context.objects.exists() and not Message.objects.exists() and not Run.objects.exists()
     )
@@ -382,7 +399,7 @@ def _api_backup_with(*, text: str = '"m1"', metadata: str = "{}"):
     admin = make_key(scopes=["read", "write", "admin"])
     ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "fuzzed-import"})
     messages_append(context=ctx, items=[{"role": "user", "text": f"m{n}"} for n in range(3)])
-    lines = list(export_lines(contexts=contexts_matching(context_ids=[ctx.pk])))
+    *lines, _trailer = export_lines(contexts=contexts_matching(context_ids=[ctx.pk]))
     _wipe()
     [n] = [i for i, line in enumerate(lines) if json.loads(line).get("text") == "m1"]
     assert '"text":"m1"' in lines[n] and '"metadata":{}' in lines[n]
@@ -391,7 +408,8 @@ def _api_backup_with(*, text: str = '"m1"', metadata: str = "{}"):
         .replace('"text":"m1"', f'"text":{text}')
         .replace('"metadata":{}', f'"metadata":{metadata}')
     )
-    return admin, "".join(line if line.endswith("\n") else line + "\n" for line in lines), n + 1
+    # Signed again: the line is what is tested, not the trailer.
+    return admin, signed_backup(lines), n + 1
 
 
 def _api_import(admin, body: str):
@@ -436,7 +454,7 @@ def test_an_api_import_line_that_is_not_storable_json_is_a_422_naming_it_and_wri
 def test_an_api_import_keeps_paired_surrogates_and_json_nested_up_to_the_limit():
     """What the 422s above refuse is narrow: an emoji written as an escaped surrogate pair is
     text, and a line nested MAX_DEPTH deep (the line's object, then its metadata) is stored."""
-    from memory_app.api.backup import MAX_DEPTH
+    from memory_app.backup.lines import MAX_DEPTH
 
     depth = MAX_DEPTH - 1
     nested = '{"a": ' * depth + "1" + "}" * depth

@@ -238,10 +238,14 @@ def test_agentscope_state_round_trip_and_tool_input_over_http(client):
 
 def test_backup_export_import_over_http(client, ctx):
     import_run(client, ctx["id"], run_agent("code"), client_id="b1")
+    # Characters str.splitlines ends a line at: export writes them unescaped inside one line.
+    client.append_message(ctx["id"], role="user", text="one\u2028line\x85not\x1cthree")
     other = client.context(keys={"test": "not-exported"})
     lines = list(client.export_lines(context_ids=[ctx["id"]]))
     assert json.loads(lines[0])["type"] == "header"
+    assert json.loads(lines[-1])["type"] == "trailer"
     exported = [json.loads(line) for line in lines[1:]]
+    assert "one\u2028line\x85not\x1cthree" in [row.get("text") for row in exported]
     context_rows = [row for row in exported if row["type"] == "context"]
     assert len(context_rows) == 1 and context_rows[0]["keys"] == ctx["keys"]
     assert {"test": "not-exported"} not in [row.get("keys") for row in exported]

@@ -5,7 +5,6 @@ stored names are registered by migration 0017, the configured provider's model b
 from __future__ import annotations
 
 import io
-import json
 from importlib import import_module
 from types import SimpleNamespace
 
@@ -99,10 +98,11 @@ def test_a_backup_line_under_an_unregistered_model_is_refused():
     from memory_app.backup.restore import import_lines
     from memory_app.errors import BackupFormatError
     from memory_app.models import keys_digest
+    from tests.builders import BACKUP_HEADER, backup_file
 
     keys = {"test": "backup-model"}
     lines = [
-        {"type": "header", "format": "agentmemory-backup", "version": 1, "embeddings": True},
+        BACKUP_HEADER,
         {
             "type": "context",
             "digest": keys_digest(keys),
@@ -120,7 +120,7 @@ def test_a_backup_line_under_an_unregistered_model_is_refused():
         },
     ]
     with pytest.raises(BackupFormatError, match="never-registered.*not registered"):
-        import_lines([json.dumps(line) + "\n" for line in lines])
+        import_lines(backup_file(lines).splitlines(keepends=True))
     assert not Embedding.objects.filter(model="never-registered").exists()
 
 

@@ -14,6 +14,7 @@ from memory_app.services.contexts import context_get_or_create
 from memory_app.services.runs import run_create
 from tests.aio import run_coroutine
 from tests.api_helpers import make_key
+from tests.builders import backup_file
 from tests.smol_agents import jsonable, run_agent
 
 pytestmark = pytest.mark.django_db
@@ -209,7 +210,9 @@ def _backup_lines(api):
         "/api/v1/memories", {"scope_keys": {"test": "backup-fuzz"}, "content": "a subset memory"}
     )
     body = b"".join(api.get("/api/v1/export", {"context_id": cid}).streaming_content)
-    return [json.loads(line) for line in body.splitlines()]
+    *records, trailer = [json.loads(line) for line in body.splitlines()]
+    assert trailer["type"] == "trailer"
+    return records  # each changed body is signed again (`backup_file`): its lines are the test
 
 
 @pytest.mark.slow
@@ -235,9 +238,7 @@ def test_backup_import_with_every_field_swapped_for_every_type_is_a_json_answer(
             for value in SWEEP:
                 Context.objects.all().delete()  # a fresh store: nothing is skipped as known
                 body = [*lines[:i], replaced(line, [(path, value)]), *lines[i + 1 :]]
-                response = api.post(
-                    "/api/v1/import", raw="".join(json.dumps(r) + "\n" for r in body)
-                )
+                response = api.post("/api/v1/import", raw=backup_file(body))
                 seen.add(response.status_code)
                 if response.status_code not in {200, 403, 422} or not response[
                     "Content-Type"

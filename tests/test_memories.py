@@ -17,6 +17,7 @@ from memory_app.services.memories import (
     memory_set_archived,
 )
 from memory_app.services.messages import messages_append
+from tests.builders import BACKUP_HEADER, backup_file
 
 
 @pytest.fixture
@@ -401,12 +402,11 @@ def test_a_confined_key_exports_only_the_memories_it_may_recall(db):
 def test_a_confined_admin_key_cannot_import_memories_outside_its_confinement(db):
     """The import takes a memory record's scope as written: a confined key could place a record in
     another tenant's key subset (or the empty one) that POST /memories refuses it (403)."""
-    import json
 
     from tests.api_helpers import make_key
 
     acme = make_key(scopes=["read", "write", "admin"], context_keys={"tenant": "acme"})
-    header = {"type": "header", "format": "agentmemory-backup", "version": 1, "embeddings": False}
+    header = {**BACKUP_HEADER, "embeddings": False}
 
     def memory(scope_keys, content):
         return {
@@ -422,8 +422,7 @@ def test_a_confined_admin_key_cannot_import_memories_outside_its_confinement(db)
         }
 
     def imported(*records):
-        body = "".join(json.dumps(r) + "\n" for r in (header, *records))
-        return acme.post("/api/v1/import", raw=body)
+        return acme.post("/api/v1/import", raw=backup_file([header, *records]))
 
     for scope in ({"user": "ada"}, {}, {"tenant": "beta", "user": "ada"}):
         response = imported(memory({"tenant": "acme"}, "fine"), memory(scope, "planted"))
@@ -443,7 +442,6 @@ def test_a_confined_admin_key_cannot_import_into_another_tenants_context(db):
     way a key confined to acme wrote into beta's context. Lines reach only the contexts the file
     defines, so beta's digest fails like an unknown one (422, not a 403 that would tell acme beta's
     context exists), and a disguised context line is refused; nothing is written."""
-    import json
 
     from memory_app.models import keys_digest
     from tests.api_helpers import make_key, new_context
@@ -451,7 +449,7 @@ def test_a_confined_admin_key_cannot_import_into_another_tenants_context(db):
     admin = make_key(scopes=["read", "write", "admin"])
     beta_ctx = Context.objects.get(pk=new_context(admin, {"tenant": "beta", "user": "bo"}))
     acme = make_key(scopes=["read", "write", "admin"], context_keys={"tenant": "acme"})
-    header = {"type": "header", "format": "agentmemory-backup", "version": 1, "embeddings": False}
+    header = {**BACKUP_HEADER, "embeddings": False}
     stamp = {"created_at": "2026-11-20T10:00:00+00:00", "updated_at": "2026-11-20T10:00:00+00:00"}
     acme_keys = {"tenant": "acme", "user": "ann"}
     message = {
@@ -486,9 +484,7 @@ def test_a_confined_admin_key_cannot_import_into_another_tenants_context(db):
     }
 
     def imported(*records):
-        return acme.post(
-            "/api/v1/import", raw="".join(json.dumps(r) + "\n" for r in (header, *records))
-        )
+        return acme.post("/api/v1/import", raw=backup_file([header, *records]))
 
     assert imported(message).status_code == 422
     assert imported(memory).status_code == 422

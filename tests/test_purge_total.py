@@ -215,7 +215,7 @@ def test_a_purged_step_stays_purged_when_its_trace_sends_more_spans(writer):
     assert kept[STEP2]["attributes"]["output.value"] == "nothing to see"
 
 
-def test_a_purged_task_step_leaves_the_runs_outcome_and_does_not_come_back(writer):
+def test_a_purged_task_step_takes_the_runs_task_and_does_not_come_back(writer):
     send(writer, FIRST)
     send(writer, SECOND)
     run = Run.objects.get(client_id=f"otel:{TRACE}")
@@ -230,7 +230,9 @@ def test_a_purged_task_step_leaves_the_runs_outcome_and_does_not_come_back(write
     send(writer, late)
     run.refresh_from_db()
     assert not Step.objects.filter(run=run, kind="task").exists()
-    assert run.final_answer == "done" and run.task == "find the word"
+    # The run's task was a copy of the step's text and went with it; its outcome stays.
+    assert run.final_answer == "done" and run.task == ""
+    assert tables_holding("find the word") == []
 
 
 def test_spans_are_deleted_with_their_run_and_do_not_bring_it_back(writer, client):

@@ -26,7 +26,7 @@ from memory_app.models import (
     keys_digest,
 )
 from tests.api_helpers import make_key, new_context
-from tests.builders import register_models
+from tests.builders import BACKUP_HEADER, backup_file, register_models
 
 pytestmark = pytest.mark.django_db
 
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 A_KEYS = {"tenant": "a", "chat": "1"}
 B_KEYS = {"tenant": "b", "chat": "1"}
 A_FACT = "Ada's card ends in 4242"
-HEADER = {"type": "header", "format": "agentmemory-backup", "version": 1, "embeddings": True}
+HEADER = BACKUP_HEADER
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def tenants():
 
 
 def _import(client, lines):
-    body = "".join(json.dumps(line) + "\n" for line in lines)
+    body = backup_file(lines)
     return client.client.generic(
         "POST", "/api/v1/import", body, content_type="application/x-ndjson", **client._headers()
     )

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
-from typing import Any
 
 from django.db import IntegrityError
 from django.http import StreamingHttpResponse
@@ -13,22 +11,31 @@ from ninja.errors import HttpError
 from psycopg.errors import CheckViolation, NotNullViolation
 
 from memory_app import auth, errors
-from memory_app.api.common import WRITE_ERRORS, json_loads, require_scope, responses
+from memory_app.api.common import WRITE_ERRORS, require_scope, responses
 from memory_app.audit import Actor
 from memory_app.backup.export import contexts_matching, export_lines
-from memory_app.backup.restore import import_records
-from memory_app.json_values import depth_over
+from memory_app.backup.lines import Summary
+from memory_app.backup.restore import import_lines
 from memory_app.schemas.fields import Id, _check_json, _examples
 
 router = Router(tags=["backup"])
 
-# Two lines of a backup (the header, then a context); real files go on with its runs, steps,
-# messages and memories. Documented as JSON Lines, not as a JSON schema: the body is not one value.
+# A whole backup of one empty context: the header, the context, the trailer (its counts and the
+# digest of the lines before it, computed here as export computes them). Real files go on with
+# the context's runs, steps, messages and memories before the trailer. Documented as JSON Lines,
+# not as a JSON schema: the body is not one value.
+_EXAMPLE_LINES = [
+    b'{"type":"header","format":"agentmemory-backup","version":2,"embeddings":false}\n',
+    b'{"type":"context","digest":"b074f81dcd237c9c0e0da95dd6588a94fb4b16f89de21146dd19ede8500f1348",'
+    b'"keys":{"chat":"42","user":"ada"},"title":"Ada\'s chat","metadata":{}}\n',
+]
+_example_summary = Summary()
+for _line in _EXAMPLE_LINES:
+    _example_summary.add(_line, json.loads(_line)["type"])
 BACKUP_EXAMPLE = (
-    '{"type":"header","format":"agentmemory-backup","version":1,"embeddings":false}\n'
-    '{"type":"context","digest":"b074f81dcd237c9c0e0da95dd6588a94fb4b16f89de21146dd19ede8500f1348",'
-    '"keys":{"chat":"42","user":"ada"},'
-    '"title":"Ada\'s chat","metadata":{}}\n'
+    b"".join(_EXAMPLE_LINES).decode()
+    + json.dumps(_example_summary.trailer(), separators=(",", ":"))
+    + "\n"
 )
 JSONL = {"application/x-ndjson": {"schema": {"type": "string"}, "example": BACKUP_EXAMPLE}}
 
@@ -75,41 +82,6 @@ def export(
     return response
 
 
-# Deeper lines are refused: the import writes each value with encoders that recurse once per
-# level, and about 1,000 levels (less the request's own stack) end in RecursionError. No backup
-# of agent data nests anywhere near this.
-MAX_DEPTH = 500
-
-# A JSON escape that may spell what PostgreSQL cannot store: a surrogate (lone, or one half of a
-# pair) or NUL. Only lines holding one are walked, so a large import pays a byte search per line.
-_ESCAPE_TO_CHECK = re.compile(rb"\\u(?:[dD][89a-fA-F]|0000)")
-
-
-def _record(line: bytes, number: int) -> Any:
-    """One backup line as Python values, or a 422 naming the line: not UTF-8, not RFC 8259 JSON
-    (NaN, 1e400), nested deeper than MAX_DEPTH (10,000 levels exhaust Python's recursion limit
-    in the parser already), or a string or key PostgreSQL cannot store (a lone surrogate, NUL).
-    Raised while the import's transaction is open, so nothing of the lines before it is written."""
-    too_deep = HttpError(422, f"line {number} is nested deeper than {MAX_DEPTH} levels")
-    try:
-        value = json_loads(line)
-    except RecursionError:
-        raise too_deep from None
-    except UnicodeDecodeError:
-        raise HttpError(422, f"line {number} is not UTF-8") from None
-    except ValueError as exc:  # json.JSONDecodeError too
-        raise HttpError(422, f"line {number} is not JSON: {getattr(exc, 'msg', exc)}") from None
-    # Only a line with that many brackets (in strings or not) can nest that deep: one count in C.
-    if line.count(b"[") + line.count(b"{") > MAX_DEPTH and depth_over(value, MAX_DEPTH):
-        raise too_deep
-    if _ESCAPE_TO_CHECK.search(line):
-        try:
-            _check_json(value)
-        except ValueError as exc:
-            raise HttpError(422, f"line {number}: {exc}") from None
-    return value
-
-
 class BackupImportOut(Schema):
     model_config = _examples(
         {
@@ -129,21 +101,19 @@ class BackupImportOut(Schema):
     openapi_extra={"requestBody": {"required": True, "content": JSONL}},
 )
 def import_(request):
+    """The body is read line by line as it arrives (never whole), under its own size limit
+    (`AGENTMEMORY_MAX_IMPORT_BYTES`, memory_app/api/limits.py), and written in one transaction
+    that a bad line, a forbidden context or a missing or wrong trailer rolls back."""
     key = require_scope(request, "admin")
-
-    def records():
-        for number, line in enumerate(iter(request.readline, b""), start=1):
-            if not line.strip():
-                continue
-            yield _record(line, number)
-
     try:
-        result = import_records(
-            records(),
+        result = import_lines(
+            iter(request.readline, b""),
             # A confined key writes only inside its context keys (contexts and key-subset memories).
             allowed=(lambda keys: auth.keys_allowed(key, keys)) if key.context_keys else None,
             actor=Actor.for_key(key),
         )
+    except errors.BodyTooLarge as exc:
+        raise HttpError(413, str(exc)) from exc
     except errors.BackupFormatError as exc:
         raise HttpError(422, str(exc)) from exc
     except IntegrityError as exc:

@@ -4,6 +4,11 @@
 A declared Content-Length is checked without reading anything. A body streamed without a
 length (chunked transfer encoding) is read at most limit + 1 bytes: more than the limit is a
 413; otherwise the bytes read become the request body.
+
+The backup import (`IMPORT_PATH`) reads its body line by line and never whole, so it has a limit
+of its own, `MAX_IMPORT_BYTES`: a declared length is checked the same way, and a body without
+one is counted as the import reads it (`CappedStream`), the import answering 413 and writing
+nothing once it is past the limit.
 """
 
 from __future__ import annotations
@@ -13,13 +18,36 @@ import io
 from django.conf import settings
 from django.http import JsonResponse
 
-from memory_app.url_prefixes import API_PREFIXES
+from memory_app.errors import BodyTooLarge
+from memory_app.url_prefixes import API_PREFIXES, IMPORT_PATH
 
 BODYLESS = {"GET", "HEAD", "OPTIONS", "TRACE"}
 
 
-def _too_large(limit: int) -> JsonResponse:
-    return JsonResponse({"detail": f"request body is over the limit of {limit} bytes"}, status=413)
+def _too_large(limit: int, setting: str) -> JsonResponse:
+    return JsonResponse({"detail": str(BodyTooLarge(limit, setting))}, status=413)
+
+
+class CappedStream:
+    """A body stream that raises `BodyTooLarge` once more than `limit` bytes are read from it."""
+
+    def __init__(self, stream, limit: int, setting: str) -> None:
+        self.stream, self.limit, self.setting, self.seen = stream, limit, setting, 0
+
+    def _count(self, data: bytes) -> bytes:
+        self.seen += len(data)
+        if self.seen > self.limit:
+            raise BodyTooLarge(self.limit, self.setting)
+        return data
+
+    def read(self, size: int = -1) -> bytes:
+        return self._count(self.stream.read(size))
+
+    def readline(self, size: int = -1) -> bytes:
+        return self._count(self.stream.readline(size))
+
+    def close(self) -> None:
+        self.stream.close()
 
 
 class RequestBodyLimitMiddleware:
@@ -34,20 +62,27 @@ class RequestBodyLimitMiddleware:
         return self.get_response(request)
 
     def _check(self, request) -> JsonResponse | None:
-        limit = settings.MAX_REQUEST_BODY_BYTES
+        importing = request.path == IMPORT_PATH
+        if importing:
+            limit, setting = settings.MAX_IMPORT_BYTES, "AGENTMEMORY_MAX_IMPORT_BYTES"
+        else:
+            limit, setting = settings.MAX_REQUEST_BODY_BYTES, "AGENTMEMORY_MAX_BODY_BYTES"
         declared = request.META.get("CONTENT_LENGTH")
         if declared:
             try:
                 length = int(declared)
             except ValueError:
                 return JsonResponse({"detail": "Content-Length is not a number"}, status=400)
-            return _too_large(limit) if length > limit else None
+            return _too_large(limit, setting) if length > limit else None
         stream = self._lengthless_stream(request)
         if stream is None:
             return None
+        if importing:
+            request._stream = CappedStream(stream, limit, setting)
+            return None
         data = stream.read(limit + 1)
         if len(data) > limit:
-            return _too_large(limit)
+            return _too_large(limit, setting)
         # Hand the bytes already read to Django as the body.
         request._body = data
         request._stream = io.BytesIO(data)

@@ -2,7 +2,7 @@
 
 Export (`export_lines`) yields one JSON object per line, referents before what refers to them:
 
-    {"type": "header", "format": "agentmemory-backup", "version": 1, "embeddings": bool}
+    {"type": "header", "format": "agentmemory-backup", "version": 2, "embeddings": bool}
     {"type": "context", "digest", "keys", ...}              per context, then its
     {"type": "run", "ref", "context", ...}                  runs,
     {"type": "step", "run", "position", ..., "tool_calls": [...]}   steps with their tool calls,
@@ -10,6 +10,8 @@ Export (`export_lines`) yields one JSON object per line, referents before what r
     {"type": "memory", "ref", ...}                          memory records (context-scoped ones and
                                                             key-scoped ones the contexts fall under)
     {"type": "embedding", "item": "message"|"memory", ...}  vectors, when asked for
+    {"type": "trailer", "counts": {kind: n}, "sha256": hex} last: the lines of each kind and the
+                                                            digest of every byte before it
 
 Rows are read with server-side cursors (`iterator(chunk_size=...)`), so memory does not grow with
 the size of a context. References use natural keys, never the source's primary keys: a context
@@ -18,8 +20,9 @@ by its keys digest, a run by its client id (or its creation instant when it has 
 
 Import (`import_lines`) reads the same lines in chunks and writes each chunk with bulk inserts,
 all in one transaction: a file that fails half-way (a bad line, a context the key may not
-write) leaves nothing behind. A row whose natural key is already stored is left as it is, so
-importing twice changes nothing.
+write) leaves nothing behind, and so does one whose trailer is missing or does not match the
+lines read (`lines`: a copy cut at a line boundary is well-formed line by line). A row whose
+natural key is already stored is left as it is, so importing twice changes nothing.
 Timestamps and agent-written values are restored verbatim; every value the server derives is
 derived again, never taken from the file: keys and scope digests, content hashes, token counts,
 vector dimensions, `recorded_by` (the importer), and the counters of every context and run the

@@ -22,6 +22,7 @@ from memory_app.backup.format import (
     VERSION,
     dump_fields,
 )
+from memory_app.backup.lines import Summary
 from memory_app.models import Context, Embedding, MemoryRecord, Message, Run, Step, ToolCall
 from memory_app.queries.memories import memories_visible
 
@@ -191,6 +192,10 @@ def _memory_record(mem: MemoryRecord) -> dict[str, Any]:
 
 
 def export_lines(**kwargs) -> Iterator[str]:
-    """The backup as JSON Lines (each line ends with a newline)."""
+    """The backup as JSON Lines (each line ends with a newline), its trailer last."""
+    summary = Summary()
     for record in export_records(**kwargs):
-        yield json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+        summary.add(line.encode("utf-8"), record["type"])
+        yield line
+    yield json.dumps(summary.trailer(), separators=(",", ":")) + "\n"

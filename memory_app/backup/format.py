@@ -13,7 +13,10 @@ from memory_app.errors import BackupFormatError
 from memory_app.models import Context, Embedding, MemoryRecord, Message, Run, Step, ToolCall
 
 FORMAT = "agentmemory-backup"
-VERSION = 1
+# Version 2 ends with a trailer (memory_app.backup.lines); version 1 files had none.
+VERSION = 2
+# The record kinds after the header, in the order export writes a context's records.
+KINDS = ("context", "run", "step", "message", "memory", "embedding")
 CHUNK = 1000
 
 

@@ -28,6 +28,7 @@ from memory_app.backup.format import (
     check_record,
     load_fields,
 )
+from memory_app.backup.lines import read_backup
 from memory_app.db import lock_contexts
 from memory_app.embeddings.providers import active_model_name
 from memory_app.embeddings.registry import registered_dimensions, unregistered
@@ -114,7 +115,9 @@ class _Importer:
     def feed(self, record: dict[str, Any]) -> None:
         kind = record.get("type")
         if kind == "header":
-            if record.get("format") != FORMAT or record.get("version") != VERSION:
+            # Version 1 differs only in having no trailer; `read_backup` lets one through only
+            # when the operator asked for it.
+            if record.get("format") != FORMAT or record.get("version") not in (1, VERSION):
                 raise BackupFormatError(f"not an {FORMAT} v{VERSION} file")
             return
         if kind not in ("context", "run", "step", "message", "memory", "embedding"):
@@ -296,9 +299,8 @@ class _Importer:
 
     def recount(self) -> None:
         """The counters of the contexts and runs this import wrote into, counted from their
-        rows, never taken from the file: after a file cut short (the first lines of a backup)
-        the full file finds the context the first one created already here, and a file's
-        counters may say anything."""
+        rows, never taken from the file: a merge adds to what a stored context already holds,
+        and a file's counters may say anything."""
         for run_pk in sorted(self.grown_runs):
             steps = Step.objects.filter(run_id=run_pk).aggregate(
                 n=Count("pk"),
@@ -508,16 +510,16 @@ def import_records(
     return importer.result
 
 
-def import_lines(lines: Iterable[str | bytes], *, actor: Actor | None = None) -> ImportResult:
-    def records():
-        for number, line in enumerate(lines, start=1):
-            if isinstance(line, bytes):
-                line = line.decode("utf-8")
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BackupFormatError(f"line {number} is not JSON: {exc.msg}") from exc
-
-    return import_records(records(), actor=actor)
+def import_lines(
+    lines: Iterable[str | bytes],
+    *,
+    allowed: Callable[[dict[str, Any]], bool] | None = None,
+    actor: Actor | None = None,
+    unchecked_version_1: bool = False,
+) -> ImportResult:
+    """Import a backup file's lines (with their line ends, as read from the file), each read as
+    strict JSON and the trailer checked (`memory_app.backup.lines.read_backup`, which also says
+    what `unchecked_version_1` allows); see `import_records`."""
+    as_bytes = (line.encode("utf-8") if isinstance(line, str) else line for line in lines)
+    records = read_backup(as_bytes, unchecked_version_1=unchecked_version_1)
+    return import_records(records, allowed=allowed, actor=actor)

@@ -470,7 +470,19 @@ class MemoryClient:
             if response.status_code >= 400:
                 response.read()
                 self._answer(response, raw=True)
-            yield from response.iter_lines()
+            # Lines end at "\n" only: the export writes text unescaped, and a message may hold
+            # characters other splitters end a line at (U+2028, \x85, \x1c), which would cut
+            # one record in two.
+            pending: list[bytes] = []
+            for chunk in response.iter_bytes():
+                start = 0
+                while (end := chunk.find(b"\n", start)) != -1:
+                    pending.append(chunk[start:end])
+                    yield b"".join(pending).decode("utf-8")
+                    pending, start = [], end + 1
+                pending.append(chunk[start:])
+            if any(pending):
+                yield b"".join(pending).decode("utf-8")
 
     def import_lines(self, lines: Iterable[str]) -> dict:
         body = "".join(line if line.endswith("\n") else line + "\n" for line in lines).encode()

@@ -3,51 +3,17 @@ surrogates, JSON values, vectors, and the helpers that document examples."""
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
+from memory_app.json_values import check_json as _check_json
+from memory_app.json_values import check_text as _check_text
 from memory_app.models import MessageRole, RunStatus
 
 # PostgreSQL integer ranges: larger values would fail in the database, so they answer 422 here.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
-
-
-def _check_text(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("NUL characters (\\u0000) cannot be stored")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("text must be valid Unicode (lone surrogate found)") from None
-    return value
-
-
-def _check_json(value: Any) -> Any:
-    """Walk a JSON value: no NUL / lone surrogate in any string or key, no NaN or infinity."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            _check_text(item)
-        elif isinstance(item, bool) or item is None or isinstance(item, int):
-            continue
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                raise ValueError("NaN and infinity are not valid JSON numbers")
-        elif isinstance(item, dict):
-            for k, v in item.items():
-                if not isinstance(k, str):
-                    raise ValueError("JSON object keys must be strings")
-                _check_text(k)
-                stack.append(v)
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-        else:
-            raise ValueError(f"not a JSON value: {type(item).__name__}")
-    return value
 
 
 Text = Annotated[str, AfterValidator(_check_text)]

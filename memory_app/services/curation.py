@@ -464,6 +464,7 @@ def _purge(
             ids=list(ToolCall.objects.filter(step_id__in=step_ids).values_list("pk", flat=True)),
         )
         _scrub_edits(target_type="step", ids=step_ids)
+        _clear_run_copies(step_ids)
         Step.objects.filter(pk__in=step_ids).delete()
         for (run_id, context_id), ids in per_run.items():
             Run.objects.filter(pk=run_id).update(step_count=F("step_count") - len(ids))
@@ -479,6 +480,22 @@ def _purge(
                 )
             )
     return events
+
+
+def _clear_run_copies(step_ids: list[int]) -> None:
+    """A run's `task` and `final_answer` are copies of its task and final-answer steps' text:
+    they go with the step when they are still the same text."""
+    copies = Step.objects.filter(pk__in=step_ids).filter(
+        Q(kind="task", task__gt="") | Q(is_final_answer=True, action_output__isnull=False)
+    )
+    for run_id, context_id, kind, task, output in copies.values_list(
+        "run_id", "context_id", "kind", "task", "action_output"
+    ):
+        run = Run.objects.filter(pk=run_id, context_id=context_id)
+        if kind == "task":
+            run.filter(task=task).update(task="")
+        else:
+            run.filter(final_answer=output).update(final_answer=None)
 
 
 def _scrub_edits(*, target_type: str, ids: list[int]) -> None:
@@ -509,53 +526,6 @@ def message_versions(*, message_id: int) -> list[dict[str, Any]]:
     if current is not None:
         versions.append(current)
     return versions
-
-
-# --- API keys from the dashboard (audited) -------------------------------------------------------
-
-
-def apikey_issue(*, name: str, scopes: list[str], context_keys: dict | None, actor: Actor):
-    """Create a key (memory_app.auth) and record who did; the secret is never audited."""
-    from memory_app import auth
-
-    name = (name or "").strip()
-    if not name or len(name) > 200 or "\x00" in name:
-        raise Invalid("a key needs a name of at most 200 characters")
-    try:
-        issued = auth.apikey_create(
-            name=name, scopes=scopes, context_keys=context_keys, created_by=actor.user
-        )
-    except ValueError as exc:
-        raise Invalid(str(exc)) from exc
-    audit_record(
-        actor=actor,
-        action="key_create",
-        target_type="apikey",
-        target_ids=[issued.key.pk],
-        after={
-            "name": name,
-            "prefix": issued.key.prefix,
-            "scopes": issued.key.scopes,
-            "context_keys": issued.key.context_keys,
-        },
-    )
-    return issued
-
-
-def apikey_withdraw(*, key, actor: Actor):
-    from memory_app import auth
-
-    if key.revoked_at is not None:
-        return key
-    auth.apikey_revoke(key=key)
-    audit_record(
-        actor=actor,
-        action="key_revoke",
-        target_type="apikey",
-        target_ids=[key.pk],
-        before={"name": key.name, "prefix": key.prefix},
-    )
-    return key
 
 
 # Long-term memory curation (promote, edit, archive, merge, list) lives in memory_app.memories,

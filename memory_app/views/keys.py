@@ -12,7 +12,7 @@ from memory_app.embeddings.registry import registered_models
 from memory_app.errors import DomainError, Invalid
 from memory_app.models import ApiKey
 from memory_app.roles import require
-from memory_app.services import curation
+from memory_app.services import apikeys
 from memory_app.services.embedding_models import embedding_model_register
 from memory_app.views.common import htmx_partial, page, wants_fragment
 from memory_app.views.forms import ApiKeyForm, EmbeddingModelForm
@@ -40,7 +40,7 @@ def keys(request):
     form = ApiKeyForm(request.POST)
     if form.is_valid():
         try:
-            issued = curation.apikey_issue(
+            issued = apikeys.apikey_issue(
                 name=form.cleaned_data["name"],
                 scopes=form.cleaned_data["scopes"],
                 context_keys=form.cleaned_data["context_keys"],
@@ -63,7 +63,7 @@ def keys(request):
 @htmx_partial("keys-panel")
 def key_revoke(request, key_id: int):
     key = get_object_or_404(ApiKey, pk=key_id)
-    curation.apikey_withdraw(key=key, actor=Actor.for_user(request.user))
+    apikeys.apikey_withdraw(key=key, actor=Actor.for_user(request.user))
     if not wants_fragment(request):
         return redirect("keys")
     return page(request, KEYS, _page())

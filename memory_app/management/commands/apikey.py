@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from memory_app.audit import Actor
 from memory_app.errors import Invalid
 from memory_app.models import ApiKey
-from memory_app.services import curation
+from memory_app.services import apikeys
 
 # Keys are issued and revoked as on the dashboard's keys page, audited with this actor.
 COMMAND = Actor.system("manage.py apikey")
@@ -45,7 +45,7 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(f"--context-keys is not JSON: {exc}") from None
         try:
-            issued = curation.apikey_issue(
+            issued = apikeys.apikey_issue(
                 name=name,
                 scopes=[s.strip() for s in scopes.split(",") if s.strip()],
                 context_keys=confinement,
@@ -72,5 +72,5 @@ class Command(BaseCommand):
         key = ApiKey.objects.filter(prefix=prefix).first()
         if key is None:
             raise CommandError(f"no key with prefix {prefix!r}")
-        curation.apikey_withdraw(key=key, actor=COMMAND)
+        apikeys.apikey_withdraw(key=key, actor=COMMAND)
         self.stdout.write(f"revoked key {key.prefix} ({key.name})")

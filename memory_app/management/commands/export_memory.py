@@ -41,8 +41,13 @@ class Command(BaseCommand):
                 raise CommandError("--keys must be a JSON object")
         contexts = contexts_matching(context_ids=context_ids, keys=subset)
         lines = export_lines(contexts=contexts, embeddings=embeddings)
+        # Bytes, not text: a text stream would translate newlines on some platforms, and the
+        # trailer's digest is over the bytes as written.
+        data = (line.encode("utf-8") for line in lines)
         if output:
-            with open(output, "w", encoding="utf-8") as fh:
-                fh.writelines(lines)
+            with open(output, "wb") as fh:
+                fh.writelines(data)
         else:
-            sys.stdout.writelines(lines)
+            sys.stdout.flush()
+            sys.stdout.buffer.writelines(data)
+            sys.stdout.buffer.flush()
