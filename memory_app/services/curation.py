@@ -572,7 +572,7 @@ def _set_pruned(*, model, scope, ids, pruned, actor, context_id, note):
             lock_contexts([context_id])
         rows = list(
             model.objects.select_for_update()
-            .filter(pk__in=ids, **scope)
+            .filter(pk__in=ids, context_id=context_id, **scope)
             .values_list("pk", "pruned_at")
         )
         if len(rows) != len(ids):
