@@ -377,3 +377,22 @@ def test_no_trigger_on_context_rows_is_statement_level_or_spans_contexts():
             if (why := unroutable(statement)) is not None:
                 problems.append(f"{table}.{name}: {why}")
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.django_db
+def test_the_claims_first_steps_read_an_index():
+    """Step 1 of each claim reads the partial index of what waits, not the whole table (a
+    sequential scan is ruled out so that an empty test table cannot hide a missing index)."""
+    make_context(messages=3)
+    candidates = (
+        Embedding.objects.filter(vector__isnull=True, model="m", pk__gt=0)
+        .exclude(retry__next_attempt_at__gt=timezone.now())
+        .order_by("id")
+        .values_list("pk", "context_id")[:100]
+    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        assert "embedding_pending_idx" in candidates.explain()
+        cursor.execute("EXPLAIN " + fulltext.BEHIND_SQL, [0, fulltext.CANDIDATES])
+        plan = "\n".join(line for (line,) in cursor.fetchall())
+        assert "context_search_behind_idx" in plan

@@ -389,17 +389,15 @@ def _purge_runs(run_ids: list[int], *, actor: Actor, note: str) -> list[AuditEve
     return events
 
 
-def _purge(
-    messages: QuerySet, steps: QuerySet, *, actor: Actor, after: dict, what: str, note: str = ""
-) -> list[AuditEvent]:
-    """Delete these messages and steps (in the caller's transaction), keep the counters of their
-    contexts and runs, scrub the text from their edit events, audit one purge per context/run."""
-    events: list[AuditEvent] = []
-    # The steps' contexts too: trace ingest holds a context's row while it maps a trace's spans,
-    # so it never reads spans this purge is erasing.
-    # A plain read finds the contexts; each is then locked, and its rows read under lock, by
-    # statements naming it (on Citus a row lock names one distribution value). A context whose
-    # rows became purgeable after that read is left for the next purge.
+def _lock_purged(messages: QuerySet, steps: QuerySet) -> tuple[list, list]:
+    """Lock the contexts of these messages and steps, then the rows themselves; answers the
+    messages' (pk, context, tokens) and the steps' (pk, run, context, client id).
+
+    The steps' contexts too: trace ingest holds a context's row while it maps a trace's spans,
+    so it never reads spans this purge is erasing. A plain read finds the contexts; each is
+    then locked, and its rows read under lock, by statements naming it (on Citus a row lock
+    names one distribution value). A context whose rows became purgeable after that read is
+    left for the next purge."""
     context_ids = sorted(
         {
             *messages.order_by().values_list("context_id", flat=True).distinct(),
@@ -419,6 +417,16 @@ def _purge(
             .select_for_update()
             .values_list("pk", "run_id", "context_id", "client_id")
         )
+    return rows, step_rows
+
+
+def _purge(
+    messages: QuerySet, steps: QuerySet, *, actor: Actor, after: dict, what: str, note: str = ""
+) -> list[AuditEvent]:
+    """Delete these messages and steps (in the caller's transaction), keep the counters of their
+    contexts and runs, scrub the text from their edit events, audit one purge per context/run."""
+    events: list[AuditEvent] = []
+    rows, step_rows = _lock_purged(messages, steps)
     why = f" ({note})" if note else ""
     if rows:
         ids = [pk for pk, _, _ in rows]
