@@ -1,6 +1,7 @@
 """What a context recalls: the records of its own scope and of every key subset its keys
 contain, by keywords (AgentScope: up to `limit` per keyword) or by a query (full-text, semantic
-or both fused), and the dashboard's memory search."""
+or both fused), an agent's list of the records its key may see, and the dashboard's memory
+search."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from memory_app.models import (
     MemoryKind,
     MemoryRecord,
 )
+from memory_app.queries.lists import Page
 from memory_app.search.messages import nearest_vectors, rrf_scores
 
 
@@ -229,6 +231,41 @@ def memory_for_key(key: ApiKey, memory_id: int) -> MemoryRecord:
     if not visible:
         raise NotFound(f"memory {memory_id} not found")
     return record
+
+
+def memories_listed(
+    *,
+    key: ApiKey,
+    context: Context | None = None,
+    scope_keys: dict[str, Any] | None = None,
+    include_archived: bool = False,
+    after: int | None = None,
+    limit: int = 20,
+) -> Page[MemoryRecord]:
+    """An agent's list of the records `key` may see, by ascending id (a cursor page): those
+    `context` sees, or those of contexts and key subsets whose keys contain `scope_keys`, or
+    all of them. A confined key sees neither other contexts' records nor key subsets outside
+    its confinement, exactly as `memory_for_key` answers one record."""
+    if context is not None:
+        qs = memories_visible(
+            context=context, include_archived=include_archived, confined_to=key.context_keys
+        )
+    else:
+        own = Q(context__in=auth.visible_contexts(key))
+        shared = Q(context__isnull=True, scope_keys__contains=key.context_keys or {})
+        qs = MemoryRecord.objects.filter(own | shared)
+        if scope_keys:
+            qs = qs.filter(
+                Q(scope_keys__contains=scope_keys) | Q(context__keys__contains=scope_keys)
+            )
+        if not include_archived:
+            qs = qs.filter(archived_at__isnull=True)
+    if after is not None:
+        qs = qs.filter(pk__gt=after)
+    rows = list(qs.order_by("pk")[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return Page(items=rows, has_more=more, next_cursor=rows[-1].pk if more else None)
 
 
 def memories_search(
