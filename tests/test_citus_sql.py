@@ -19,12 +19,12 @@ import pytest
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from memory_app import memories
+from memory_app import backlog, memories
 from memory_app.backup.export import export_lines
 from memory_app.backup.restore import import_lines
 from memory_app.db import lock_contexts
 from memory_app.embeddings import indexer, providers, worker
-from memory_app.models import Context, Embedding, Message, Step
+from memory_app.models import Context, Embedding, Message, Step, TraceSpan
 from memory_app.search import fulltext
 from memory_app.services import curation
 from memory_app.services.memories import memories_record
@@ -327,6 +327,28 @@ def test_an_import_of_several_contexts_locks_one_per_statement(statements, setti
     import_lines(lines)
     assert Message.objects.count() == 9
     assert_routable(statements, at_least=3)
+
+
+@pytest.mark.django_db
+def test_span_expiry_claims_one_context_per_lock(statements, settings):
+    old = timezone.now() - timedelta(days=10)
+    for context in (make_context(), make_context()):
+        for i in range(3):
+            span = TraceSpan.objects.create(
+                context=context,
+                trace_id=f"{context.pk:032x}",
+                span_id=f"{i:016x}",
+                role="other",
+                start_ns=i,
+                end_ns=i + 1,
+                data={},
+            )
+            TraceSpan.objects.filter(pk=span.pk).update(received_at=old)
+    settings.AGENTMEMORY_SPAN_RETENTION_DAYS = 7
+    statements.clear()
+    assert backlog.expire_spans_batch(batch_size=10) == 6
+    assert_routable(statements, at_least=2)
+    assert not TraceSpan.objects.exists()
 
 
 def _trigger_functions() -> list[tuple[str, str, int, str]]:
