@@ -6,6 +6,7 @@ See the configuration table in README.md.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import secrets
 from datetime import timedelta
@@ -241,6 +242,32 @@ AGENTMEMORY_OPENAI_API_KEY = os.environ.get("AGENTMEMORY_OPENAI_API_KEY", "")
 AGENTMEMORY_OPENAI_TIMEOUT = float(os.environ.get("AGENTMEMORY_OPENAI_TIMEOUT", "30"))
 AGENTMEMORY_EMBEDDING_BATCH_SIZE = int(os.environ.get("AGENTMEMORY_EMBEDDING_BATCH_SIZE", "64"))
 AGENTMEMORY_LOCAL_MODEL_PATH = os.environ.get("AGENTMEMORY_LOCAL_MODEL_PATH", "")
+# Memory review (README "Curating memory"). The review inbox shows a proposal's live memories
+# of the same scope as near-duplicates from DUPLICATE on, as likely conflicts from CONFLICT on:
+# cosine similarity of their vectors, or without vectors the share of the stemmed words they
+# have in common (Jaccard, the *_OVERLAP settings).
+AGENTMEMORY_MEMORY_DUPLICATE_SIMILARITY = float(
+    os.environ.get("AGENTMEMORY_MEMORY_DUPLICATE_SIMILARITY", "0.9")
+)
+AGENTMEMORY_MEMORY_CONFLICT_SIMILARITY = float(
+    os.environ.get("AGENTMEMORY_MEMORY_CONFLICT_SIMILARITY", "0.75")
+)
+AGENTMEMORY_MEMORY_DUPLICATE_OVERLAP = float(
+    os.environ.get("AGENTMEMORY_MEMORY_DUPLICATE_OVERLAP", "0.6")
+)
+AGENTMEMORY_MEMORY_CONFLICT_OVERLAP = float(
+    os.environ.get("AGENTMEMORY_MEMORY_CONFLICT_OVERLAP", "0.3")
+)
+# Recording a memory this similar to a live one of its scope (the same measures) answers the
+# live one instead of storing a near-copy; 0 turns the check off.
+AGENTMEMORY_MEMORY_NEAR_COPY_SIMILARITY = float(
+    os.environ.get("AGENTMEMORY_MEMORY_NEAR_COPY_SIMILARITY", "0.97") or 0
+)
+# Key subsets whose memories are proposed for review whoever records them, as JSON: a list of
+# objects, e.g. [{"tenant": "acme"}]; a memory is proposed when its scope's keys contain one.
+AGENTMEMORY_MEMORY_REVIEW_SCOPES = json.loads(
+    os.environ.get("AGENTMEMORY_MEMORY_REVIEW_SCOPES", "[]") or "[]"
+)
 # Contexts with fewer messages are scanned exactly (faster than an index walk at that size).
 AGENTMEMORY_SEARCH_EXACT_THRESHOLD = int(
     os.environ.get("AGENTMEMORY_SEARCH_EXACT_THRESHOLD", "3000")

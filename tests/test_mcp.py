@@ -28,6 +28,7 @@ TOOLS = {
     "record_memory",
     "retrieve_memories",
     "list_memories",
+    "memory_status",
     "correct_memory",
     "delete_memory",
     "list_runs",
@@ -474,3 +475,26 @@ def test_mcp_responses_carry_the_site_security_headers(asgi_live_server, client)
         for header in ("X-Content-Type-Options", "Referrer-Policy", "X-Frame-Options"):
             assert response.headers[header] == page.headers[header], header
         assert "frame-ancestors 'none'" in response.headers["Content-Security-Policy"]
+
+
+def test_a_reviewed_keys_proposal_is_not_recalled_and_its_status_is_read(asgi_live_server):
+    issued = auth.apikey_create(name="reviewed", scopes=["read", "write"])
+    issued.key.memory_review = "proposed"
+    issued.key.save(update_fields=["memory_review"])
+    mcp = Session(asgi_live_server, issued.secret)
+    context = make_context(keys={"user": "ada", "chat": "11"})
+    [item] = mcp.ok("record_memory", context_id=context.pk, content="Ada sails")["items"]
+    assert item["created"] is True and item["memory"]["status"] == "proposed"
+    assert item["near_copy"] is None
+    pk = item["memory"]["id"]
+    assert mcp.ok("retrieve_memories", context_id=context.pk, query="Ada sails")["items"] == []
+    assert mcp.ok("list_memories", context_id=context.pk)["items"] == []
+    assert mcp.ok("list_memories")["items"] == []
+    status = mcp.ok("memory_status", memory_ids=[pk, 987_654])
+    assert [m["status"] for m in status["items"]] == ["proposed"]
+    assert status["missing"] == [987_654]
+    # A reviewed key cannot change a live memory (that would bypass the review).
+    live = MemoryRecord.objects.create(
+        context=context, scope_digest="d", content="Ada rows", content_hash="h"
+    )
+    assert "reviewed" in mcp.error("correct_memory", memory_id=live.pk, content="Ada swims")

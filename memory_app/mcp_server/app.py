@@ -37,7 +37,8 @@ tool calls, and long-term memories (facts, preferences) shared by contexts.
 Start with open_context to get a context id (find_contexts finds existing ones without
 creating any); append_message to write the conversation; select_context to choose what goes into
 the next prompt; search_memory to find past messages; record_memory / retrieve_memories for
-long-term facts, list_memories / correct_memory / delete_memory to look after them;
+long-term facts, list_memories / correct_memory / delete_memory to look after them,
+memory_status for what review decided;
 list_runs / read_run to look at runs. Leaving out an optional parameter and passing null are the
 same."""
 

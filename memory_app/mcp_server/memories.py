@@ -1,4 +1,4 @@
-"""The tools over long-term memories: record, retrieve, list, correct and delete.
+"""The tools over long-term memories: record, retrieve, list, status, correct and delete.
 
 Deleting is archiving (hidden from recall, kept, restorable with the REST API's
 `POST /memories/{id}/restore` or on the dashboard), with the 'write' scope an agent's key has;
@@ -26,7 +26,9 @@ from memory_app.schemas.memories import (
     MemoryRecordOut,
     MemoryRetrieveIn,
     record,
+    recorded_out,
     retrieve_out,
+    status_out,
 )
 from memory_app.services.memories import memory_edit, memory_purge, memory_set_archived
 
@@ -35,13 +37,7 @@ NoteArg = Annotated[Text | None, Field(max_length=2000, description="why, kept i
 
 
 def _record(key, **fields):
-    results = record(key, MemoryRecordIn(**fields))
-    return {
-        "items": [
-            {"memory": MemoryRecordOut.from_orm(r.record).dict(), "created": r.created}
-            for r in results
-        ]
-    }
+    return recorded_out(record(key, MemoryRecordIn(**fields)))
 
 
 @server.tool(annotations=WRITE)
@@ -74,7 +70,9 @@ async def record_memory(
 ) -> dict[str, Any]:
     """Remember long-term facts, for one context (`context_id`) or for every context sharing
     `scope_keys`. Content already remembered in that scope is returned as stored
-    (`created: false`). Needs the 'write' scope."""
+    (`created: false`), and so is a live memory nearly identical to it (`near_copy`: its
+    similarity). With a reviewed key a memory is `proposed`: not recalled until an operator
+    approves it (see memory_status). Needs the 'write' scope."""
     return await run(
         ctx,
         "write",
@@ -131,6 +129,19 @@ async def retrieve_memories(
             include_archived=include_archived,
         ),
     )
+
+
+@server.tool(annotations=READ)
+async def memory_status(
+    ctx: ToolContext,
+    memory_ids: Annotated[
+        list[Id], Field(min_length=1, max_length=100, description="the memories' ids")
+    ],
+) -> dict[str, Any]:
+    """The memories of `memory_ids` this key may see, each with its review `status`: proposed
+    (waiting for an operator), live (recalled), rejected, or merged (`metadata.merged_into`
+    names the memory it went into); `missing` lists the others. Needs the 'read' scope."""
+    return await run(ctx, "read", status_out, ids=memory_ids)
 
 
 def _memory_out(record) -> dict[str, Any]:

@@ -16,6 +16,8 @@ from memory_app.models.runs import Run, Step, ToolCall, TraceSpan
 from memory_app.models.shared import (
     FTS_CONFIG,
     MemoryKind,
+    MemoryReview,
+    MemoryStatus,
     MessageRole,
     RunStatus,
     StepKind,
@@ -32,6 +34,8 @@ __all__ = [
     "EmbeddingRetry",
     "MemoryKind",
     "MemoryRecord",
+    "MemoryReview",
+    "MemoryStatus",
     "Message",
     "MessageRole",
     "MessageSearch",

@@ -410,6 +410,7 @@ class ApiKeyForm(DashboardForm):
     name = TextField(strip=False)
     scopes = ListField(item=forms.CharField(required=False))
     context_keys = TextField(label="context-key restriction")
+    memory_review = TextField(missing="live", label="memory review")
 
     def clean_context_keys(self) -> dict:
         raw = self.cleaned_data["context_keys"]
@@ -418,6 +419,21 @@ class ApiKeyForm(DashboardForm):
         return _json_object(
             raw, 'the context-key restriction must be a JSON object like {"tenant": "acme"}'
         )
+
+
+class KeyReviewForm(DashboardForm):
+    memory_review = TextField(label="memory review")
+
+
+class InboxDecideForm(DashboardForm):
+    ids = ListField(item=WholeNumberField(minimum=1, required=True))
+    action = forms.ChoiceField(choices=[("approve", "approve"), ("reject", "reject")])
+    note = TextField()
+
+
+class InboxMergeForm(DashboardForm):
+    proposal = WholeNumberField(minimum=1, required=True)
+    into = WholeNumberField(minimum=1, required=True)
 
 
 class EmbeddingModelForm(DashboardForm):
