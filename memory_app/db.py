@@ -74,7 +74,7 @@ def lock_contexts(ids) -> None:
     """Take the row locks of these contexts (in id order) before any of their messages' rows.
 
     Writers that change a message's text, pruned state or existence fire the message search
-    triggers (migration 0021), which lock the message's context row (the full-text indexer
+    triggers (migration 0022), which lock the message's context row (the full-text indexer
     holds it while it writes a context's vectors). Locking the context first keeps one order,
     context then message, with appenders and AgentScope's state import, which lock it first
     too: two writers never each hold what the other waits for.

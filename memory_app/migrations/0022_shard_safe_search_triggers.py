@@ -105,7 +105,7 @@ CREATE TRIGGER message_search_delete AFTER DELETE ON memory_app_message
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("memory_app", "0020_context_keys"),
+        ("memory_app", "0021_memory_review"),
     ]
 
     operations = [migrations.RunSQL(FORWARD_SQL, REVERSE_SQL)]
