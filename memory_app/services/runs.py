@@ -174,7 +174,7 @@ def steps_append(*, run: Run, items: list[dict[str, Any]]) -> StepsResult:
         locked = (
             Run.objects.select_for_update()
             .only("id", "last_position", "context_id", "metadata", "model_names")
-            .get(pk=run.pk)
+            .get(pk=run.pk, context_id=run.context_id)
         )
         existing = (
             {
@@ -307,7 +307,7 @@ def run_finish(
             f"status must be one of {[s for s in RunStatus.values if s != RunStatus.RUNNING]}"
         )
     with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run.pk)
+        run = Run.objects.select_for_update().get(pk=run.pk, context_id=run.context_id)
         sums = run.steps.aggregate(
             i=Sum("input_tokens"), o=Sum("output_tokens"), t=Sum("total_tokens"), **STEP_SPAN
         )
@@ -339,7 +339,7 @@ def steps_order_by_start(*, run: Run) -> bool:
     with one), for writers whose steps arrive out of order (OpenTelemetry spans). True when
     positions changed. Positions stay 1..n; step ids, and the links to them, do not change."""
     with transaction.atomic():
-        Run.objects.select_for_update().filter(pk=run.pk).first()
+        Run.objects.select_for_update().filter(pk=run.pk, context_id=run.context_id).first()
         rows = list(
             Step.objects.filter(context_id=run.context_id, run=run).values_list(
                 "pk", "position", "start_time"
