@@ -40,7 +40,7 @@ def context_get_or_create(request, body: ContextIn):
     return Status(201 if created else 200, context)
 
 
-def keys_filter(raw: str | None) -> dict | None:
+def parse_keys_filter(raw: str | None) -> dict | None:
     """The `keys` query parameter: a JSON object the listed contexts' keys contain."""
     if raw is None or raw == "":
         return None
@@ -68,7 +68,10 @@ def context_list(
 ):
     key = require_scope(request, "read")
     page = contexts_list(
-        within=auth.visible_contexts(key), keys=keys_filter(keys_filter), after=after, limit=limit
+        within=auth.visible_contexts(key),
+        keys=parse_keys_filter(keys_filter),
+        after=after,
+        limit=limit,
     )
     return Status(200, page)
 

@@ -18,7 +18,7 @@ from memory_app.api.common import (
     run_for,
     step_for,
 )
-from memory_app.api.contexts import keys_filter
+from memory_app.api.contexts import parse_keys_filter
 from memory_app.queries.lists import (
     MAX_LIMIT,
     runs_list,
@@ -87,7 +87,7 @@ def run_table(request, params: Query[RunTableQuery]):
         has_error=params.has_error,
         error=params.error,
         model=params.model,
-        keys_contain=keys_filter(params.keys),
+        keys_contain=parse_keys_filter(params.keys),
         started_after=params.started_after,
         started_before=params.started_before,
         min_duration=params.min_duration,
