@@ -20,8 +20,8 @@ from memory_app.embeddings import providers
 from memory_app.models import Context, Message, MessageSearch
 from memory_app.queries.dashboard import HistoryFilters, _history_qs
 from memory_app.search import fulltext
-from memory_app.search import messages as message_search
-from memory_app.search.messages import _tsquery_text, keyword_ranking
+from memory_app.search import keyword as message_search
+from memory_app.search.keyword import _tsquery_text, keyword_ranking
 from memory_app.services import curation
 from memory_app.services.curation import messages_set_pruned
 from memory_app.services.messages import COPY_THRESHOLD, message_edit, messages_append

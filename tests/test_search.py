@@ -15,12 +15,12 @@ from django.test import override_settings
 from memory_app import errors
 from memory_app.embeddings import indexer
 from memory_app.models import Context, Embedding, EmbeddingModel, Message, keys_digest
-from memory_app.search.messages import (
+from memory_app.search.messages import search_messages
+from memory_app.search.semantic import (
     MAX_EF_SEARCH,
     ef_search_for,
     hnsw_settings_sql,
     nearest_vectors,
-    search_messages,
     semantic_ranking,
 )
 from memory_app.services.contexts import context_get_or_create

@@ -21,8 +21,9 @@ from django.urls import reverse
 from memory_app import selectors
 from memory_app.models import Message
 from memory_app.search import fulltext
-from memory_app.search import messages as message_search
-from memory_app.search.messages import keyword_ranking, search_messages
+from memory_app.search import keyword as message_search
+from memory_app.search.keyword import keyword_ranking
+from memory_app.search.messages import search_messages
 from memory_app.services.messages import messages_append
 from tests.builders import make_context, make_user
 
