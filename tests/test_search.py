@@ -25,6 +25,7 @@ from memory_app.search.semantic import (
 )
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.curation import messages_set_pruned
+from tests.bm25_truth import bm25_truth, split
 
 # Every test here, and so the module fixture, runs on the test database (pytest-django sets it
 # up only for sessions holding a django_db test).
@@ -127,6 +128,9 @@ def store(django_db_setup, django_db_blocker):
         with override_settings(AGENTMEMORY_HNSW_M=8, AGENTMEMORY_HNSW_EF_CONSTRUCTION=24):
             assert indexer.ensure_model_index(model=MODEL, dimensions=DIMS)
         texts = dict(Message.objects.filter(context=small).values_list("pk", "text"))
+        # The small context's counters as an append keeps them (BM25 reads its message count).
+        Context.objects.filter(pk=small.pk).update(message_count=20, last_seq=20)
+        small.refresh_from_db()
         yield {"small": small, "texts": texts, "big": big}
         Context.objects.filter(pk__in=[c.pk for c in big] + [small.pk]).delete()
         EmbeddingModel.objects.filter(name=MODEL).delete()
@@ -144,18 +148,10 @@ def brute_force_semantic(context, query):
     return [mid for _, mid in sorted(scored)]
 
 
-def brute_force_keyword(context, query):
-    """Every message of the context, ranked in Python on ts_rank computed row by row."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT id, seq, ts_rank(to_tsvector('english', text), "
-            "websearch_to_tsquery('english', %s)), "
-            "to_tsvector('english', text) @@ websearch_to_tsquery('english', %s) "
-            "FROM memory_app_message WHERE context_id = %s AND pruned_at IS NULL",
-            [query, query, context.pk],
-        )
-        rows = [r for r in cur.fetchall() if r[3]]
-    return [r[0] for r in sorted(rows, key=lambda r: (-r[2], -r[1]))]
+def brute_force_keyword(context, query, match="any"):
+    """Every message of the context, ranked in Python by BM25 over all of them."""
+    strict = query if match == "all" else None
+    return [mid for mid, _ in bm25_truth(context, **split(query), strict=strict)]
 
 
 def test_the_models_hnsw_index_is_present(store):
@@ -324,12 +320,17 @@ def test_small_context_exact_scan_keeps_only_k_rows_in_memory(store, settings):
 
 
 @pytest.mark.parametrize("k", [1, 3, 10, 50])
-@pytest.mark.parametrize("query", ["alpha", "beta", "alpha beta", "alpha -beta"])
-def test_keyword_search_in_the_small_context_equals_brute_force(store, k, query):
+@pytest.mark.parametrize("query", ["alpha", "beta", "alpha beta", "alpha -beta", "alpha gamma"])
+@pytest.mark.parametrize("match", ["any", "all"])
+def test_keyword_search_in_the_small_context_equals_brute_force(store, k, query, match):
     small = store["small"]
-    expected = brute_force_keyword(small, query)
+    expected = brute_force_keyword(small, query, match)
+    if match == "all" and "gamma" in query:
+        # No message holds "gamma": every word required, nothing matches.
+        assert not search_messages(context=small, query=query, k=k, match=match).hits
+        return
     assert expected, "the query must match something"
-    result = search_messages(context=small, query=query, k=k, mode="keyword")
+    result = search_messages(context=small, query=query, k=k, mode="keyword", match=match)
     assert [h.message.pk for h in result.hits] == expected[:k]
     assert len(result.hits) == min(k, len(expected))
 

@@ -37,7 +37,7 @@ class Hit:
     def explain(self) -> str:
         parts = []
         if self.keyword_rank is not None:
-            parts.append(f"keyword #{self.keyword_rank}, ts_rank {self.keyword_score:.4f}")
+            parts.append(f"keyword #{self.keyword_rank}, bm25 {self.keyword_score:.4f}")
         if self.semantic_rank is not None:
             parts.append(f"semantic #{self.semantic_rank}, cosine distance {self.distance:.4f}")
         return "; ".join(parts)
@@ -65,12 +65,12 @@ def search_messages(
     """Top `k` live messages of `context` for `query`.
 
     `auto` is hybrid when vectors can be had (a provider, or a client query vector), keyword
-    otherwise. Keyword search in hybrid/auto mode matches any word of the query (natural-language
-    prompts); in keyword mode it reads the query as a web search unless `match="any"`.
+    otherwise. Keyword search matches any word or "phrase" of the query and none of its
+    -exclusions, ranked by BM25 (natural-language prompts rarely hold every word of a message);
+    `match="all"` requires every word, as websearch_to_tsquery reads the query.
     """
     query = _checked_query(query, mode=mode, k=k, match=match)
     notes: list[str] = []
-    asked_auto = mode == "auto"
     if mode == "auto":
         available = query_vector is not None or providers.get_provider() is not None
         mode = "hybrid" if available else "keyword"
@@ -87,9 +87,10 @@ def search_messages(
             query=query,
             limit=fetch,
             exclude_ids=exclude_ids,
-            match=match or ("all" if mode == "keyword" and not asked_auto else "any"),
+            match=match or "any",
             last_seq=context.last_seq,
             search_seq=context.search_seq,
+            message_count=context.message_count,
         )
     if mode in ("semantic", "hybrid"):
         try:
