@@ -137,16 +137,13 @@ def bm25_ranker(conversation: Conversation) -> Callable[[str], list[str]]:
     return rank
 
 
-def dense_ranker(
-    conversation: Conversation, embed: Callable[[list[str]], list[list[float]]]
-) -> Callable[[str], list[str]]:
-    """Exact cosine over every turn, with the model the server embeds with."""
-    ids = [t[0] for t in conversation.turns]
-    matrix = np.asarray(embed([t[2] for t in conversation.turns]), dtype=np.float64)
+def dense_ranker(ids: Sequence[str], vectors: np.ndarray) -> Callable[[Sequence[float]], list[str]]:
+    """Exact cosine over every turn's vector (the model the server embeds with)."""
+    matrix = np.asarray(vectors, dtype=np.float64)
     matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
 
-    def rank(question: str) -> list[str]:
-        q = np.asarray(embed([question])[0], dtype=np.float64)
+    def rank(query_vector: Sequence[float]) -> list[str]:
+        q = np.asarray(query_vector, dtype=np.float64)
         scores = matrix @ (q / np.linalg.norm(q))
         return [ids[i] for i in np.argsort(-scores, kind="stable")[:K]]
 
@@ -177,10 +174,16 @@ def store(conversation: Conversation, log: Callable[[str], None]) -> tuple[objec
     return context, {m.pk: t[0] for m, t in zip(messages, conversation.turns, strict=True)}
 
 
+# Timed with the question's text (its embedding included) for this many questions of each
+# conversation; the others pass the question's vector, embedded in one batch per conversation.
+TIMED_PER_CONVERSATION = 20
+
+
 def run(conversations: Iterable[Conversation], log: Callable[[str], None]) -> dict:
     """Every question of every conversation in each mode and baseline: the scores, and the
     semantic queries' latencies (embedding the question included)."""
     from memory_app.embeddings import providers
+    from memory_app.models import Embedding
     from memory_app.search.messages import search_messages
 
     provider = providers.get_provider()
@@ -191,17 +194,37 @@ def run(conversations: Iterable[Conversation], log: Callable[[str], None]) -> di
     provider.embed(["warm-up"])  # the model is loaded before anything is timed
     for conversation in conversations:
         context, dia = store(conversation, log)
+        stored = dict(
+            Embedding.objects.filter(context=context, model=provider.model).values_list(
+                "message_id", "vector"
+            )
+        )
+        by_dia = {d: stored[mid] for mid, d in dia.items()}
+        ids = [t[0] for t in conversation.turns]
+        dense = dense_ranker(ids, np.asarray([by_dia[i] for i in ids]))
         bm25 = bm25_ranker(conversation)
-        dense = dense_ranker(conversation, provider.embed)
-        for question, evidence in conversation.questions:
+        vectors = provider.embed([q for q, _ in conversation.questions])
+        for n, ((question, evidence), vector) in enumerate(
+            zip(conversation.questions, vectors, strict=True)
+        ):
+            timed = n < TIMED_PER_CONVERSATION
             for mode in MODES:
+                given = (
+                    {}
+                    if timed or mode == "keyword"
+                    else {
+                        "query_vector": vector,
+                        "model": provider.model,
+                    }
+                )
                 t = time.perf_counter()
-                hits = search_messages(context=context, query=question, k=K, mode=mode).hits
-                if mode == "semantic":
+                found = search_messages(context=context, query=question, k=K, mode=mode, **given)
+                hits = found.hits
+                if mode == "semantic" and timed:
                     latencies.append(time.perf_counter() - t)
                 scores[mode].add([dia[h.message.pk] for h in hits], evidence)
             scores["bm25 baseline"].add(bm25(question), evidence)
-            scores["dense baseline"].add(dense(question), evidence)
+            scores["dense baseline"].add(dense(vector), evidence)
         log(
             f"  {conversation.sample_id}: {len(conversation.turns)} turns, "
             f"{len(conversation.questions)} questions"
