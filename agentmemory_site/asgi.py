@@ -1,5 +1,5 @@
 """The site as one ASGI app (what `manage.py serve` runs): `/mcp` is the MCP server (the `mcp`
-SDK's Streamable HTTP transport, memory_app/mcp_server.py), everything else is Django.
+SDK's Streamable HTTP transport, memory_app/mcp_server/), everything else is Django.
 
 Django does not speak the ASGI lifespan protocol; the MCP app does (it starts its session
 manager), so lifespan events go to it. Hosts are checked against ALLOWED_HOSTS for `/mcp` as

@@ -6,6 +6,7 @@ See the configuration table in README.md.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import secrets
 from datetime import timedelta
@@ -89,6 +90,9 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "memory_app.middleware.ContentSecurityPolicyMiddleware",
+    # With a read replica: a write's response names its WAL position, and a request that sends
+    # it back reads the replica only once it has replayed that far (README "Read replicas").
+    "memory_app.middleware.ReplicaPositionMiddleware",
     # A database fault in a view is a 503 with Retry-After (README "Operations").
     "memory_app.middleware.DatabaseUnavailableMiddleware",
     # Last, as django-axes asks: it answers a locked-out login with the lockout page.
@@ -131,9 +135,16 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
-# A socket directory given as ?host=... belongs in HOST (where Django and tools look for it).
-if not DATABASES["default"]["HOST"] and "host" in DATABASES["default"].get("OPTIONS", {}):
-    DATABASES["default"]["HOST"] = DATABASES["default"]["OPTIONS"].pop("host")
+
+
+def _socket_host(db: dict) -> dict:
+    """A socket directory given as ?host=... belongs in HOST (where Django and tools look)."""
+    if not db["HOST"] and "host" in db.get("OPTIONS", {}):
+        db["HOST"] = db["OPTIONS"].pop("host")
+    return db
+
+
+_socket_host(DATABASES["default"])
 if EMBEDDED_DATABASE:
     # Django's PostgreSQL backend that starts (or attaches to) the server on its first connection.
     DATABASES["default"]["ENGINE"] = "agentmemory_site.embedded_postgres"
@@ -158,6 +169,28 @@ if env_bool("AGENTMEMORY_DB_POOL"):
 DATABASES["default"]["TEST"] = {
     "NAME": os.environ.get("AGENTMEMORY_TEST_DB_NAME", "test_agentmemory"),
 }
+
+
+def replica_database(url: str) -> dict:
+    """The `replica` alias: a streaming replica of the primary at `url`, connected as the primary
+    is (timeout, pool). In a test run it mirrors the primary's test database."""
+    primary = DATABASES["default"]
+    db = _socket_host(
+        dj_database_url.parse(url, conn_max_age=primary["CONN_MAX_AGE"], conn_health_checks=True)
+    )
+    db.setdefault("OPTIONS", {})["connect_timeout"] = DB_CONNECT_TIMEOUT
+    if "pool" in primary["OPTIONS"]:
+        db["OPTIONS"]["pool"] = dict(primary["OPTIONS"]["pool"])
+    db["TEST"] = {"MIRROR": "default"}
+    return db
+
+
+# A read replica (README "Read replicas"): only reads declared to tolerate a moment's staleness
+# go there (memory_app/replica.py); writes, migrations and every other read stay on the primary.
+DATABASE_REPLICA_URL = os.environ.get("DATABASE_REPLICA_URL", "")
+if DATABASE_REPLICA_URL:
+    DATABASES["replica"] = replica_database(DATABASE_REPLICA_URL)
+    DATABASE_ROUTERS = ["memory_app.replica.ReplicaRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -241,6 +274,32 @@ AGENTMEMORY_OPENAI_API_KEY = os.environ.get("AGENTMEMORY_OPENAI_API_KEY", "")
 AGENTMEMORY_OPENAI_TIMEOUT = float(os.environ.get("AGENTMEMORY_OPENAI_TIMEOUT", "30"))
 AGENTMEMORY_EMBEDDING_BATCH_SIZE = int(os.environ.get("AGENTMEMORY_EMBEDDING_BATCH_SIZE", "64"))
 AGENTMEMORY_LOCAL_MODEL_PATH = os.environ.get("AGENTMEMORY_LOCAL_MODEL_PATH", "")
+# Memory review (README "Curating memory"). The review inbox shows a proposal's live memories
+# of the same scope as near-duplicates from DUPLICATE on, as likely conflicts from CONFLICT on:
+# cosine similarity of their vectors, or without vectors the share of the stemmed words they
+# have in common (Jaccard, the *_OVERLAP settings).
+AGENTMEMORY_MEMORY_DUPLICATE_SIMILARITY = float(
+    os.environ.get("AGENTMEMORY_MEMORY_DUPLICATE_SIMILARITY", "0.9")
+)
+AGENTMEMORY_MEMORY_CONFLICT_SIMILARITY = float(
+    os.environ.get("AGENTMEMORY_MEMORY_CONFLICT_SIMILARITY", "0.75")
+)
+AGENTMEMORY_MEMORY_DUPLICATE_OVERLAP = float(
+    os.environ.get("AGENTMEMORY_MEMORY_DUPLICATE_OVERLAP", "0.6")
+)
+AGENTMEMORY_MEMORY_CONFLICT_OVERLAP = float(
+    os.environ.get("AGENTMEMORY_MEMORY_CONFLICT_OVERLAP", "0.3")
+)
+# Recording a memory this similar to a live one of its scope (the same measures) answers the
+# live one instead of storing a near-copy; 0 turns the check off.
+AGENTMEMORY_MEMORY_NEAR_COPY_SIMILARITY = float(
+    os.environ.get("AGENTMEMORY_MEMORY_NEAR_COPY_SIMILARITY", "0.97") or 0
+)
+# Key subsets whose memories are proposed for review whoever records them, as JSON: a list of
+# objects, e.g. [{"tenant": "acme"}]; a memory is proposed when its scope's keys contain one.
+AGENTMEMORY_MEMORY_REVIEW_SCOPES = json.loads(
+    os.environ.get("AGENTMEMORY_MEMORY_REVIEW_SCOPES", "[]") or "[]"
+)
 # Contexts with fewer messages are scanned exactly (faster than an index walk at that size).
 AGENTMEMORY_SEARCH_EXACT_THRESHOLD = int(
     os.environ.get("AGENTMEMORY_SEARCH_EXACT_THRESHOLD", "3000")

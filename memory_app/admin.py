@@ -501,10 +501,11 @@ class MemoryRecordAdmin(PurgeAdmin):
         "archived_at",
         "created_at",
     ]
-    list_filter = ["kind", ("archived_at", admin.EmptyFieldListFilter)]
+    list_filter = ["kind", "status", ("archived_at", admin.EmptyFieldListFilter)]
     search_fields = ["content", "thinking"]
     raw_id_fields = ["context", "source_message", "source_step"]
-    readonly_fields = ["scope_digest", "content_hash"]
+    # A proposal is decided in the review inbox (the approve permission), not here.
+    readonly_fields = ["scope_digest", "content_hash", "status"]
 
     @admin.display(description="content")
     def short_content(self, obj):
@@ -538,11 +539,12 @@ class ApiKeyAdmin(AuditedAdmin):
         "prefix",
         "scopes",
         "context_keys",
+        "memory_review",
         "created_at",
         "last_used_at",
         "revoked_at",
     ]
-    list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
+    list_filter = ["memory_review", ("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["name", "prefix"]
     # The secret is never stored in clear; its hash is not editable here.
     readonly_fields = ["prefix", "secret_hash", "created_at", "last_used_at"]

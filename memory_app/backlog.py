@@ -13,6 +13,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from memory_app import db
@@ -156,14 +157,33 @@ def expire_spans_batch(*, batch_size: int = SPAN_EXPIRE_BATCH) -> int | None:
     if days <= 0:
         return None
     cutoff = timezone.now() - timedelta(days=days)
+    expired = TraceSpan.objects.filter(received_at__lt=cutoff).exclude(data__has_key="purged")
     with transaction.atomic():
-        rows = list(
-            TraceSpan.objects.filter(received_at__lt=cutoff)
-            .exclude(data__has_key="purged")
-            .order_by("received_at")
-            .select_for_update(skip_locked=True)
-            .values_list("pk", "data__purged_task")[:batch_size]
-        )
+        # Two steps, as the other claims: a plain read finds the oldest, then each context's
+        # share is locked by a statement naming it (SKIP LOCKED; the lock re-reads each row).
+        # When every span read was taken, the next older ones are read.
+        rows: list[tuple[int, bool | None]] = []
+        after = Q()
+        while len(rows) < batch_size:
+            found = list(
+                expired.filter(after)
+                .order_by("received_at", "pk")
+                .values_list("pk", "context_id", "received_at")[: batch_size - len(rows)]
+            )
+            if not found:
+                break
+            per_context: dict[int, list[int]] = {}
+            for pk, context_id, _ in found:
+                per_context.setdefault(context_id, []).append(pk)
+            for context_id, ids in per_context.items():
+                rows += (
+                    expired.filter(context_id=context_id, pk__in=ids)
+                    .order_by("pk")
+                    .select_for_update(skip_locked=True)
+                    .values_list("pk", "data__purged_task")
+                )
+            last_pk, _, last_at = found[-1]
+            after = Q(received_at__gt=last_at) | Q(received_at=last_at, pk__gt=last_pk)
         marked = [pk for pk, task in rows if task]
         TraceSpan.objects.filter(pk__in=[pk for pk, task in rows if not task]).delete()
         TraceSpan.objects.filter(pk__in=marked).update(data={"purged": True, "purged_task": True})

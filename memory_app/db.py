@@ -73,18 +73,21 @@ def gc_paused() -> Iterator[None]:
 def lock_contexts(ids) -> None:
     """Take the row locks of these contexts (in id order) before any of their messages' rows.
 
-    Writers that change a message's text, pruned state or existence fire migration 0013's
-    triggers, which lock the message's context row (the full-text indexer holds it while it
-    writes a context's vectors). Locking the context first keeps one order, context then
-    message, with appenders and AgentScope's state import, which lock it first too: two
-    writers never each hold what the other waits for."""
-    ids = sorted({int(i) for i in ids})
-    if ids:
-        with connection.cursor() as cursor:
+    Writers that change a message's text, pruned state or existence fire the message search
+    triggers (migration 0022), which lock the message's context row (the full-text indexer
+    holds it while it writes a context's vectors). Locking the context first keeps one order,
+    context then message, with appenders and AgentScope's state import, which lock it first
+    too: two writers never each hold what the other waits for.
+
+    One statement per context, all in the caller's transaction: on Citus a row lock names one
+    distribution value (a lock of several contexts in one statement is refused), and the
+    transaction keeps what the caller writes all-or-nothing across them."""
+    with connection.cursor() as cursor:
+        for context_id in sorted({int(i) for i in ids}):
             cursor.execute(
-                f"SELECT id FROM {Context._meta.db_table} WHERE id = ANY(%s) "  # noqa: S608
-                "ORDER BY id FOR NO KEY UPDATE",
-                [ids],
+                f"SELECT id FROM {Context._meta.db_table} WHERE id = %s "  # noqa: S608
+                "FOR NO KEY UPDATE",
+                [context_id],
             )
 
 

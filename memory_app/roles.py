@@ -4,8 +4,9 @@ Roles are cumulative: a curator can do what a viewer can, an admin what a curato
 plain Django groups holding model permissions (created by migration `0002_dashboard_roles`), so
 an operator can also grant a single permission to a single user in the Django admin.
 
-Views name a *capability* (`view`, `read_memories`, `curate`, `memories`, `keys`, `purge`,
-`users`) rather than a permission codename, so templates and views agree on what a button needs.
+Views name a *capability* (`view`, `read_memories`, `curate`, `memories`, `approve`, `keys`,
+`purge`, `users`) rather than a permission codename, so templates and views agree on what a
+button needs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
         "memory_app.change_memoryrecord",
         "memory_app.view_memoryrecord",
     ),
+    # Approve, reject or merge what agents propose (no API key scope grants it).
+    "approve": ("memory_app.approve_memoryrecord", "memory_app.view_memoryrecord"),
     "audit": ("memory_app.view_auditevent",),
     "keys": ("memory_app.add_apikey", "memory_app.change_apikey", "memory_app.view_apikey"),
     # Irreversible deletion.
@@ -45,8 +48,18 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
 
 ROLE_CAPABILITIES: dict[str, tuple[str, ...]] = {
     VIEWER: ("view", "read_memories"),
-    CURATOR: ("view", "read_memories", "curate", "memories", "audit"),
-    ADMIN: ("view", "read_memories", "curate", "memories", "audit", "keys", "purge", "users"),
+    CURATOR: ("view", "read_memories", "curate", "memories", "approve", "audit"),
+    ADMIN: (
+        "view",
+        "read_memories",
+        "curate",
+        "memories",
+        "approve",
+        "audit",
+        "keys",
+        "purge",
+        "users",
+    ),
 }
 
 

@@ -18,6 +18,7 @@ from django.urls import reverse
 
 from memory_app.audit import Actor
 from memory_app.backup.export import contexts_matching, export_lines
+from memory_app.backup.lines import Summary
 from memory_app.backup.restore import import_lines
 from memory_app.errors import BackupFormatError
 from memory_app.memories import Scope
@@ -296,6 +297,11 @@ def test_a_backup_brings_a_large_message_in_and_refuses_an_oversized_memory(syst
     # Memory content is held to MAX_CONTENT_CHARS on every path, a backup's too.
     memory = json.loads(next(line for line in lines if '"type":"memory"' in line))
     memory["content"] = log_text(MB)
+    tampered = [*lines[:2], json.dumps(memory) + "\n"]
+    summary = Summary()  # a trailer that holds: the refusal is the content's, not the file's
+    for line in tampered:
+        summary.add(line.encode("utf-8"), json.loads(line)["type"])
+    tampered.append(json.dumps(summary.trailer()) + "\n")
     with pytest.raises(BackupFormatError, match="longer than 20000 characters"):
-        import_lines([*lines[:2], json.dumps(memory)], actor=system_actor)
+        import_lines(tampered, actor=system_actor)
     assert list(MemoryRecord.objects.values_list("content", flat=True)) == ["tea"]

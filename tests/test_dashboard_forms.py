@@ -27,6 +27,7 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 GET_ONLY = {
     "home",
     "contexts",
+    "runs",
     "context",
     "context-runs",
     "run",
@@ -40,6 +41,7 @@ GET_ONLY = {
     "playground",
     "curate-run",
     "memories",
+    "memory-inbox",
     "audit",
     "audit-entry",
 }
@@ -53,6 +55,10 @@ POST_ONLY = {
     "memory-merge",
     "memory-archive",
     "memory-purge",
+    "memory-inbox-decide",
+    "memory-inbox-merge",
+    "memory-inbox-edit",
+    "key-review",
     "memory-promote-message",
     "memory-promote-step",
     "audit-undo",
@@ -176,6 +182,8 @@ def test_one_date_field_reads_the_browsers_datetime_local_in_the_server_time_zon
     [
         ("contexts", {"q": "a\x00b"}),
         ("contexts", {"key": "user=a\x00"}),
+        ("runs", {"error": "a\x00"}),
+        ("runs", {"key": "user=a\x00"}),
         ("context", {"q": "\x00"}),
         ("context", {"tag": "t\x00"}),
         ("memories", {"q": "\x00"}),

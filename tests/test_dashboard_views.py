@@ -185,8 +185,10 @@ def test_markdown_keeps_safe_links_and_highlights_code():
 
 
 @pytest.mark.slow
-def test_big_context_and_long_run_pages_stay_fast_and_small(client):
-    """100,000 messages and 2,000 steps: one page under 150 ms server time and 300 KB."""
+def test_big_context_and_long_run_pages_stay_bounded_and_small(client):
+    """100,000 messages and 2,000 steps: one page in a bounded number of queries and under
+    300 KB. Its time is the benchmark's (`manage.py benchmark --only dashboard`): a timed test
+    on a shared machine measures the neighbours' load."""
     ctx = make_context(title="big")
     add_messages(context=ctx, count=100_000, batch=1000)
     run = make_run(context=ctx, steps=2000, error_at=(1500,))
@@ -213,6 +215,5 @@ def test_big_context_and_long_run_pages_stay_fast_and_small(client):
             f"{url}: {min(timings) * 1000:.0f} ms, {len(response.content) / 1024:.0f} KB, "
             f"{len(queries)} queries"
         )
-        assert min(timings) < 0.150, url
         assert len(response.content) < 300 * 1024, url
         assert len(queries) < 20, url

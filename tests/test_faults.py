@@ -31,15 +31,21 @@ PASSWORD = "fault-test-Operator-9"
 pytestmark = pytest.mark.slow
 
 
-def _env(data_dir: Path) -> dict[str, str]:
+def _env(data_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    return env | {
-        "AGENTMEMORY_DATA_DIR": str(data_dir),
-        "AGENTMEMORY_WORKERS": "2",
-        "AGENTMEMORY_DB_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT),
-        "AGENTMEMORY_OPERATOR_PASSWORD": PASSWORD,
-        "PYTHONUNBUFFERED": "1",
-    }
+    return (
+        env
+        | extra
+        | {
+            "AGENTMEMORY_DATA_DIR": str(data_dir),
+            "AGENTMEMORY_WORKERS": extra.get("AGENTMEMORY_WORKERS", "2"),
+            "AGENTMEMORY_DB_CONNECT_TIMEOUT": extra.get(
+                "AGENTMEMORY_DB_CONNECT_TIMEOUT", str(CONNECT_TIMEOUT)
+            ),
+            "AGENTMEMORY_OPERATOR_PASSWORD": PASSWORD,
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
 
 
 def _wait(condition, timeout: float, what: str):
@@ -61,12 +67,12 @@ def _healthy(port: int) -> bool:
 class Serve:
     """`manage.py serve` on its own data folder and port, its output collected."""
 
-    def __init__(self, data_dir: Path, port: int | None = None):
+    def __init__(self, data_dir: Path, port: int | None = None, **env: str):
         self.data_dir, self.port = data_dir, port or _free_port()
         self.proc = subprocess.Popen(
             [sys.executable, "manage.py", "serve", "--port", str(self.port), "--no-demo"],
             cwd=ROOT,
-            env=_env(data_dir),
+            env=_env(data_dir, **env),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -306,6 +312,61 @@ def test_stalled_and_killed_postgres_answer_503_then_heal_with_no_acknowledged_w
     assert serve.proc.returncode == 0, serve.output
     assert "Perhaps out of memory" not in serve.output
     assert not _postgres_running(serve.data_dir)
+
+
+def test_an_exhausted_pool_answers_503_and_loses_no_acknowledged_batch(tmp_path):
+    """More concurrent 1,000-message batches than pooled connections: a request that waits
+    longer than the pool timeout for one answers 503 (retried with the same client ids, as the
+    Python client does), never 500, and every acknowledged batch is stored."""
+    serve = Serve(
+        tmp_path / "data",
+        AGENTMEMORY_WORKERS="1",
+        AGENTMEMORY_DB_POOL_SIZE="1",
+        AGENTMEMORY_DB_CONNECT_TIMEOUT="1",
+    )
+    try:
+        secret = _secret(serve)
+        headers = {"Authorization": f"Bearer {secret}"}
+        context = httpx.post(
+            f"{serve.url}/api/v1/contexts", json={"keys": {"test": "pool"}}, headers=headers
+        ).json()
+        url = f"{serve.url}/api/v1/contexts/{context['id']}/messages/batch"
+        answers: list[tuple[int, str | None, float]] = []
+        acknowledged: set[str] = set()
+
+        def write(writer: int) -> None:
+            with httpx.Client(headers=headers, timeout=120) as client:
+                for batch in range(3):
+                    ids = [f"p{writer}-{batch}-{i}" for i in range(1000)]
+                    body = {"messages": [{"role": "user", "text": c, "client_id": c} for c in ids]}
+                    while True:
+                        started = time.monotonic()
+                        answer = client.post(url, json=body)
+                        elapsed = time.monotonic() - started
+                        answers.append(
+                            (answer.status_code, answer.headers.get("Retry-After"), elapsed)
+                        )
+                        if answer.status_code != 503:
+                            break
+                    if answer.status_code in (200, 201):
+                        acknowledged.update(ids)
+
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=600)
+        statuses = {status for status, _, _ in answers}
+        assert statuses <= {200, 201, 503}, statuses
+        unavailable = [(retry, seconds) for status, retry, seconds in answers if status == 503]
+        assert unavailable, "the pool was never exhausted"
+        assert all(retry == "2" for retry, _ in unavailable)
+        # The pool timeout (1 s) plus the second allowed, with the same slack as above.
+        assert max(seconds for _, seconds in unavailable) < 1 + 1 + 1.5
+        assert len(acknowledged) == 12 * 3 * 1000
+        assert _stored_client_ids(serve, secret, context["id"]) == acknowledged
+    finally:
+        serve.stop()
 
 
 def test_a_killed_gunicorn_master_leaves_no_worker_on_the_port(tmp_path):

@@ -21,11 +21,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 TOOLS = {
     "open_context",
+    "find_contexts",
     "append_message",
     "select_context",
     "search_memory",
     "record_memory",
     "retrieve_memories",
+    "list_memories",
+    "memory_status",
+    "correct_memory",
+    "delete_memory",
     "list_runs",
     "read_run",
 }
@@ -223,23 +228,44 @@ def test_runs_listed_and_read_with_steps_and_tool_calls(mcp):
 # --- keys ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("header", [None, "Bearer am_000000000000_nope", "Basic abc", "Bearer"])
-def test_no_or_bad_key_is_401_before_any_mcp_message(asgi_live_server, header):
+def _list_tools_with(server, header: str | None) -> httpx.Response:
     headers = {"Accept": "application/json, text/event-stream"}
     if header is not None:
         headers["Authorization"] = header
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
-    response = httpx.post(asgi_live_server.url + "/mcp", json=body, headers=headers, timeout=60)
+    return httpx.post(server.url + "/mcp", json=body, headers=headers, timeout=60)
+
+
+@pytest.mark.parametrize("header", [None, "Basic abc", "Bearer"])
+def test_no_key_is_401_saying_which_header_to_send(asgi_live_server, header):
+    response = _list_tools_with(asgi_live_server, header)
     assert response.status_code == 401
-    assert response.headers["www-authenticate"].startswith("Bearer ")
+    challenge = response.headers["www-authenticate"]
+    # No pointer to OAuth metadata: there is no authorization server to send a client to.
+    assert challenge.startswith("Bearer ") and "resource_metadata" not in challenge
+    assert "error=" not in challenge  # RFC 6750: no error code when no credentials came
+    assert "Authorization: Bearer" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("token", ["am_000000000000_nope", "not-a-key-at-all"])
+def test_a_wrong_key_is_403_saying_the_key_is_wrong(asgi_live_server, token):
+    response = _list_tools_with(asgi_live_server, f"Bearer {token}")
+    assert response.status_code == 403  # not 401: MCP clients answer a 401 with an OAuth flow
+    challenge = response.headers["www-authenticate"]
+    assert 'error="invalid_token"' in challenge and "resource_metadata" not in challenge
+    assert "API key is wrong or revoked" in response.json()["error"]["message"]
 
 
 def test_a_revoked_key_cannot_open_a_session(asgi_live_server):
     issued = auth.apikey_create(name="gone", scopes=["read", "write"])
+    assert _list_tools_with(asgi_live_server, f"Bearer {issued.secret}").status_code == 200
     auth.apikey_revoke(key=issued.key)
+    refused = _list_tools_with(asgi_live_server, f"Bearer {issued.secret}")
+    assert refused.status_code == 403
+    assert "wrong or revoked" in refused.json()["error"]["message"]
     with pytest.raises(Exception) as caught:  # the SDK raises from its task group
         Session(asgi_live_server, issued.secret).run(lambda s: s.list_tools())
-    assert "401" in repr(caught.value) or "Unauthorized" in repr(caught.value)
+    assert "403" in repr(caught.value) or "Forbidden" in repr(caught.value)
 
 
 def test_a_key_without_the_scope_gets_a_tool_error_naming_it(asgi_live_server):
@@ -449,3 +475,26 @@ def test_mcp_responses_carry_the_site_security_headers(asgi_live_server, client)
         for header in ("X-Content-Type-Options", "Referrer-Policy", "X-Frame-Options"):
             assert response.headers[header] == page.headers[header], header
         assert "frame-ancestors 'none'" in response.headers["Content-Security-Policy"]
+
+
+def test_a_reviewed_keys_proposal_is_not_recalled_and_its_status_is_read(asgi_live_server):
+    issued = auth.apikey_create(name="reviewed", scopes=["read", "write"])
+    issued.key.memory_review = "proposed"
+    issued.key.save(update_fields=["memory_review"])
+    mcp = Session(asgi_live_server, issued.secret)
+    context = make_context(keys={"user": "ada", "chat": "11"})
+    [item] = mcp.ok("record_memory", context_id=context.pk, content="Ada sails")["items"]
+    assert item["created"] is True and item["memory"]["status"] == "proposed"
+    assert item["near_copy"] is None
+    pk = item["memory"]["id"]
+    assert mcp.ok("retrieve_memories", context_id=context.pk, query="Ada sails")["items"] == []
+    assert mcp.ok("list_memories", context_id=context.pk)["items"] == []
+    assert mcp.ok("list_memories")["items"] == []
+    status = mcp.ok("memory_status", memory_ids=[pk, 987_654])
+    assert [m["status"] for m in status["items"]] == ["proposed"]
+    assert status["missing"] == [987_654]
+    # A reviewed key cannot change a live memory (that would bypass the review).
+    live = MemoryRecord.objects.create(
+        context=context, scope_digest="d", content="Ada rows", content_hash="h"
+    )
+    assert "reviewed" in mcp.error("correct_memory", memory_id=live.pk, content="Ada swims")

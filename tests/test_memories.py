@@ -198,6 +198,7 @@ def test_memories_api_record_retrieve_edit_archive_restore(db):
     assert again.status_code == 200 and again.json()["items"][0] == {
         "memory": first,
         "created": False,
+        "near_copy": None,
     }
 
     other_chat = new_context(api, {"user": "ada", "chat": "8"})

@@ -40,7 +40,8 @@ def context_get_or_create(request, body: ContextIn):
     return Status(201 if created else 200, context)
 
 
-def _keys_filter(raw: str | None) -> dict | None:
+def keys_filter(raw: str | None) -> dict | None:
+    """The `keys` query parameter: a JSON object the listed contexts' keys contain."""
     if raw is None or raw == "":
         return None
     try:
@@ -67,7 +68,7 @@ def context_list(
 ):
     key = require_scope(request, "read")
     page = contexts_list(
-        within=auth.visible_contexts(key), keys=_keys_filter(keys_filter), after=after, limit=limit
+        within=auth.visible_contexts(key), keys=keys_filter(keys_filter), after=after, limit=limit
     )
     return Status(200, page)
 

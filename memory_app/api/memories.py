@@ -1,4 +1,4 @@
-"""Long-term memories: record, retrieve, get, edit, archive, restore, purge
+"""Long-term memories: record, retrieve, get, status, edit, archive, restore, purge
 (`/api/v1/memories`).
 
 A record's scope is one context (`context_id`) or a key subset (`scope_keys`) shared by every
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from ninja import Path, Router, Status
+from ninja import Path, Query, Router, Status
 
 from memory_app.api.common import WRITE_ERRORS, actor_for, request_key, require_scope, responses
 from memory_app.models import MemoryRecord
@@ -25,8 +25,12 @@ from memory_app.schemas.memories import (
     MemoryRecordOut,
     MemoryRetrieveIn,
     MemoryRetrieveOut,
+    MemoryStatusOut,
+    MemoryStatusQuery,
     record,
+    recorded_out,
     retrieve_out,
+    status_out,
 )
 from memory_app.services import memories as memories_services
 from memory_app.services.memories import memory_purge, memory_set_archived
@@ -46,11 +50,26 @@ def _memory_for(request, memory_id: int) -> MemoryRecord:
 )
 def memories_record(request, body: MemoryRecordIn):
     """201 when at least one record is new; content already in the scope returns the stored
-    record (`created: false`), 200 when nothing was new."""
+    record (`created: false`), 200 when nothing was new. Content nearly identical to a live
+    memory of the scope returns that memory (`created: false`, `near_copy` its similarity).
+    A key whose memories are reviewed records proposals (`status: proposed`): they are not
+    recalled until an operator approves them."""
     key = require_scope(request, "write")
     results = record(key, body)
     status = 201 if any(r.created for r in results) else 200
-    return Status(status, {"items": [{"memory": r.record, "created": r.created} for r in results]})
+    return Status(status, recorded_out(results))
+
+
+@router.get(
+    "/memories/status",
+    response=responses({200: MemoryStatusOut}),
+    summary="Status of memories",
+)
+def memories_status(request, params: Query[MemoryStatusQuery]):
+    """The memories of `ids` this key may see, each with its review `status` (proposed, live,
+    rejected, merged: `metadata.merged_into` names the memory it went into); `missing` lists the
+    others."""
+    return Status(200, status_out(require_scope(request, "read"), params.ids))
 
 
 @router.post(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from ninja import Query, Router, Status
+from ninja.errors import HttpError
 
+from memory_app import auth
 from memory_app.api.common import (
     WRITE_ERRORS,
     ContextId,
@@ -16,6 +18,7 @@ from memory_app.api.common import (
     run_for,
     step_for,
 )
+from memory_app.api.contexts import keys_filter
 from memory_app.queries.lists import (
     MAX_LIMIT,
     runs_list,
@@ -23,6 +26,7 @@ from memory_app.queries.lists import (
     steps_by_ids,
     steps_list,
 )
+from memory_app.queries.runs_table import BadQuery, RunFilters, runs_table
 from memory_app.schemas.fields import INT64_MAX
 from memory_app.schemas.runs import (
     RunDetailOut,
@@ -30,6 +34,8 @@ from memory_app.schemas.runs import (
     RunIn,
     RunOut,
     RunPage,
+    RunRowPage,
+    RunTableQuery,
     StepOut,
     StepPage,
     StepsAppendOut,
@@ -64,6 +70,43 @@ def run_list(
     require_scope(request, "read")
     context = context_for(request, context_id)
     return Status(200, runs_list(context=context, after=after, limit=limit))
+
+
+# One parameter per filter of the dashboard's runs table, so a view reads the same in both.
+@router.get(
+    "/runs",
+    response=responses({200: RunRowPage}),
+    summary="List runs across the contexts the key may see",
+)
+def run_table(request, params: Query[RunTableQuery]):
+    """Newest first by default; a key confined to some context keys sees only the runs of its
+    contexts. The cursor is opaque: pass back `next_cursor` with the same filters."""
+    key = require_scope(request, "read")
+    filters = RunFilters(
+        statuses=list(params.status),
+        has_error=params.has_error,
+        error=params.error,
+        model=params.model,
+        keys_contain=keys_filter(params.keys),
+        started_after=params.started_after,
+        started_before=params.started_before,
+        min_duration=params.min_duration,
+        min_cost=params.min_cost,
+    )
+    try:
+        found = runs_table(
+            filters=filters,
+            order=params.sort,
+            cursor=params.cursor or None,
+            limit=params.limit,
+            # An unconfined key sees every context: no filter to join.
+            contexts=auth.visible_contexts(key) if key.context_keys else None,
+            full_task=True,
+        )
+    except BadQuery as exc:
+        raise HttpError(422, str(exc)) from None
+    page = {"items": found.runs, "has_more": found.next_cursor is not None}
+    return Status(200, {**page, "next_cursor": found.next_cursor})
 
 
 @router.get(

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import models, transaction
-from django.db.models import Count, Max, Q, Sum, Value
+from django.db.models import Count, Max, Sum, Value
 from django.db.models.functions import Coalesce, Greatest
 
 from memory_app import backlog, errors, memories, tokens
@@ -44,6 +44,7 @@ from memory_app.models import (
     keys_digest,
 )
 from memory_app.search import fulltext
+from memory_app.services.runs import runs_recount
 
 
 @dataclass
@@ -302,14 +303,10 @@ class _Importer:
         rows, never taken from the file: a merge adds to what a stored context already holds,
         and a file's counters may say anything."""
         for run_pk in sorted(self.grown_runs):
-            steps = Step.objects.filter(run_id=run_pk).aggregate(
-                n=Count("pk"),
-                errors=Count("pk", filter=Q(error_type__isnull=False) & ~Q(error_type="")),
-                last=Coalesce(Max("position"), 0),
-            )
-            Run.objects.filter(pk=run_pk).update(
-                step_count=steps["n"], error_count=steps["errors"], last_position=steps["last"]
-            )
+            steps = Step.objects.filter(run_id=run_pk).aggregate(last=Coalesce(Max("position"), 0))
+            Run.objects.filter(pk=run_pk).update(last_position=steps["last"])
+        # Steps, errors, tool calls, models and cost, as the write path keeps them.
+        runs_recount(run_ids=sorted(self.grown_runs))
         for ctx_pk in sorted(self.grown):
             with transaction.atomic():
                 lock_contexts([ctx_pk])

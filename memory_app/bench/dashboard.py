@@ -3,11 +3,13 @@ context and the longest run."""
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 from django.urls import NoReverseMatch, reverse
 
 from memory_app.bench.harness import MAX_TOKENS, WINDOW_K, Bench, BenchError
 from memory_app.bench.measure import Amount, Row, Target, time_calls
-from memory_app.models import Context, Run
+from memory_app.models import Context, Run, Step
 
 
 def dashboard(b: Bench) -> None:
@@ -22,6 +24,7 @@ def dashboard(b: Bench) -> None:
         ),
         (f"run logbook ({run.step_count:,} steps)", _url("run", data.long_run_id)),
     ]
+    pages += _runs_table_pages(largest)
     playground = _url("playground", data.largest_context_id)
     if playground:
         pages.append((f"selector playground ({largest.message_count:,} msgs)", playground))
@@ -70,6 +73,24 @@ def dashboard(b: Bench) -> None:
             ),
             b.log,
         )
+
+
+def _runs_table_pages(largest: Context) -> list[tuple[str, str | None]]:
+    """The runs table across every context (one page of 50), as a reviewer opens it: unfiltered,
+    the failed runs with errors, one context's key and the costliest first; and the home page,
+    which leads with the failed and running runs."""
+    runs = _url("runs")
+    if runs is None:
+        return [("runs table", None)]
+    size = f"{Run.objects.count():,} runs, {Step.objects.count():,} steps"
+    key, value = next(iter(largest.keys.items()))
+    return [
+        ("home page (failed and running runs)", _url("home")),
+        (f"runs table ({size})", runs),
+        (f"runs table, failed with errors ({size})", f"{runs}?status=failed&has_error=1"),
+        (f"runs table, one context's key ({size})", f"{runs}?key={quote(f'{key}={value}')}"),
+        (f"runs table, costliest first ({size})", f"{runs}?sort=cost"),
+    ]
 
 
 def _landing(b: Bench, url: str) -> str:

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 from django.db import connection, transaction
 
-from memory_app import tokens
+from memory_app import pricing, tokens
 from memory_app.bench.columns import (
     CONTEXT_COLUMNS,
     EMBEDDING_COLUMNS,
@@ -45,6 +45,9 @@ from memory_app.bench.dataset import (
 from memory_app.embeddings import indexer
 from memory_app.models import FTS_CONFIG, EmbeddingModel, keys_digest
 
+RUN_STATUSES = ["success", "failed", "max_steps_error", "cancelled", "running"]
+RUN_STATUS_SHARES = [0.88, 0.06, 0.02, 0.02, 0.02]
+RUN_MODELS = ["gpt-4o-mini", "gpt-4o", "claude-sonnet-4"]
 # Messages generated, counted and loaded at a time (bounds the builder's memory).
 CHUNK = 100_000
 LOADED_TABLES = (
@@ -319,6 +322,9 @@ def _copy_runs(
             task = gen.texts(np.array([topic]))[0]
             started = start + timedelta(seconds=int(rng.integers(0, 86400 * 25)))
             finished = started + timedelta(seconds=n_steps * 3)
+            # Most runs succeed; the runs table's filters need some of every status and model.
+            status = "success" if rid <= 2 else str(rng.choice(RUN_STATUSES, p=RUN_STATUS_SHARES))
+            running = status == "running"
             copy.write_row(
                 (
                     rid,
@@ -327,15 +333,15 @@ def _copy_runs(
                     "You are an expert assistant who can solve any task using tools.",
                     "bench-agent",
                     "smolagents",
-                    "success",
-                    json.dumps("done"),
+                    status,
+                    None if running else json.dumps("done"),
                     started,
-                    finished,
-                    n_steps * 3.0,
+                    None if running else finished,
+                    None if running else n_steps * 3.0,
                     0,
                     0,
                     0,
-                    "{}",
+                    json.dumps({"model": RUN_MODELS[rid % len(RUN_MODELS)]}),
                     started,
                     finished,
                 )
@@ -553,3 +559,24 @@ def _set_counters(cursor) -> None:
         WHERE r.id = s.run_id
         """
     )
+    cursor.execute(
+        """
+        UPDATE memory_app_run r SET tool_call_count = c.n
+        FROM (SELECT s.run_id, count(*) AS n FROM memory_app_toolcall t
+              JOIN memory_app_step s ON s.id = t.step_id GROUP BY s.run_id) c
+        WHERE r.id = c.run_id
+        """
+    )
+    # The steps name no model: the run's metadata does, and prices their tokens (as the write
+    # path's `runs_recount` would).
+    for model in RUN_MODELS:
+        price = pricing.model_price(model) or (0.0, 0.0)
+        cursor.execute(
+            """
+            UPDATE memory_app_run SET model_names = ARRAY[%s]::varchar[],
+                cost = (coalesce(input_tokens, 0) * %s + coalesce(output_tokens, 0) * %s)
+                    / 1000000.0
+            WHERE metadata->>'model' = %s
+            """,
+            [model, price[0], price[1], model],
+        )

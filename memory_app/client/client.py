@@ -335,6 +335,11 @@ class MemoryClient:
     def get_memory(self, memory_id: int) -> dict:
         return self.request("GET", f"memories/{memory_id}")
 
+    def memory_status(self, memory_ids: list[int]) -> dict:
+        """`{"items": [memory, ...], "missing": [id, ...]}`, each memory with its review
+        `status` (proposed, live, rejected, merged)."""
+        return self.request("GET", "memories/status", params={"ids": list(memory_ids)})
+
     # --- smolagents ------------------------------------------------------------------------------
     def import_smolagents_run(
         self,

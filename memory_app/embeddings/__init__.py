@@ -2,9 +2,9 @@
 
 Writes never wait for a provider: they only enqueue pending `Embedding` rows (vector NULL) that
 `manage.py embed_worker` fills in (`embed_batch` below). Several workers may run at once on any
-number of machines: each claims its batch with `SELECT ... FOR UPDATE SKIP LOCKED`, so no item is
-embedded twice, and a provider failure only postpones the batch (exponential backoff kept in
-an `EmbeddingRetry` row beside each failed item).
+number of machines: each claims its batch with `SELECT ... FOR UPDATE SKIP LOCKED`, one context
+per statement (`worker._claim`), so no item is embedded twice, and a provider failure only
+postpones the batch (exponential backoff kept in an `EmbeddingRetry` row beside each failed item).
 
 Providers (settings `AGENTMEMORY_EMBEDDING_PROVIDER`):
 - `none`   keyword search only;

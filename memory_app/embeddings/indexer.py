@@ -220,21 +220,53 @@ def rebuild_model_index(index: BuiltIndex) -> BuiltIndex:
     return rebuilt
 
 
+# Waiting vectors, read without a lock (any number of contexts, on Citus any number of shards).
+WAITING_SQL = (
+    "SELECT id, context_id FROM memory_app_embedding WHERE NOT indexed AND id > %s"
+    " ORDER BY id LIMIT %s"
+)
+# One context's rows among those read: on Citus a row lock names its distribution value. A
+# key-subset memory's vector has no context (it goes with the memories, not with a shard).
+CLAIM_SQL = (
+    "UPDATE memory_app_embedding SET indexed = true WHERE id IN ("
+    " SELECT id FROM memory_app_embedding WHERE {scope} AND id = ANY(%s) AND NOT indexed"
+    " ORDER BY id FOR UPDATE SKIP LOCKED)"
+)
+CLAIM_CONTEXT_SQL = CLAIM_SQL.format(scope="context_id = %s")
+CLAIM_UNSCOPED_SQL = CLAIM_SQL.format(scope="context_id IS NULL")
+
+
 def index_batch(*, batch_size: int | None = None) -> int:
     """Insert up to `batch_size` waiting vectors into their HNSW graph, oldest first, in one
-    committed transaction; returns how many. The rows are claimed with FOR UPDATE SKIP LOCKED,
-    so indexers in several processes share the backlog and never take a row twice. Setting
-    `indexed` makes PostgreSQL write a new row version, which the partial index now takes: that
-    is the graph insertion the batch's COPY skipped."""
+    committed transaction; returns how many. Setting `indexed` makes PostgreSQL write a new row
+    version, which the partial index now takes: that is the graph insertion the batch's COPY
+    skipped.
+
+    Claimed in two steps, so indexers in several processes share the backlog and never take a
+    row twice: the oldest waiting rows are read without a lock, then each context's share of
+    them is locked and set by one statement naming that context (FOR UPDATE SKIP LOCKED: rows
+    another indexer holds are passed over, and the lock re-reads each row, so one indexed
+    meanwhile is too). When every row read was taken, the next older ones are read, as the
+    single SKIP LOCKED scan did before."""
     size = batch_size or settings.AGENTMEMORY_INDEXER_BATCH
+    done, after = 0, 0
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE memory_app_embedding SET indexed = true WHERE id IN ("
-            " SELECT id FROM memory_app_embedding WHERE NOT indexed"
-            " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)",
-            [size],
-        )
-        return cursor.rowcount
+        while done < size:
+            cursor.execute(WAITING_SQL, [after, size - done])
+            rows = cursor.fetchall()
+            if not rows:
+                break
+            per_context: dict[int | None, list[int]] = {}
+            for pk, context_id in rows:
+                per_context.setdefault(context_id, []).append(pk)
+            for context_id, ids in per_context.items():
+                if context_id is None:
+                    cursor.execute(CLAIM_UNSCOPED_SQL, [ids])
+                else:
+                    cursor.execute(CLAIM_CONTEXT_SQL, [context_id, ids])
+                done += cursor.rowcount
+            after = rows[-1][0]
+    return done
 
 
 def index_pending(

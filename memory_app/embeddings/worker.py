@@ -16,7 +16,7 @@ from memory_app.embeddings.indexer import ensure_model_index
 from memory_app.embeddings.providers import EmbeddingProvider
 from memory_app.embeddings.registry import register_provider_model, registered_dimensions
 from memory_app.errors import ProviderError
-from memory_app.models import Embedding, EmbeddingRetry
+from memory_app.models import Embedding, EmbeddingRetry, MemoryRecord, Message
 
 log = logging.getLogger(__name__)
 BACKOFF_BASE_SECONDS = 2.0
@@ -49,19 +49,13 @@ def embed_batch(
     The rows stay locked (FOR UPDATE SKIP LOCKED) until their vectors are written, so another
     worker skips them: every item is embedded once. On a provider failure each row's
     `EmbeddingRetry` gets `attempts + 1` and a `next_attempt_at` that doubles each time; a row
-    is not claimed again before then. Oldest first.
+    is not claimed again before then. Oldest first (`_claim`).
     """
     batch_size = batch_size or settings.AGENTMEMORY_EMBEDDING_BATCH_SIZE
     now = now or timezone.now()
     result = BatchResult()
     with transaction.atomic():
-        rows = list(
-            Embedding.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(vector__isnull=True, model=provider.model)
-            .exclude(retry__next_attempt_at__gt=now)
-            .select_related("message", "memory_record")
-            .order_by("id")[:batch_size]
-        )
+        rows = _claim(model=provider.model, batch_size=batch_size, now=now)
         # Read once the rows are locked, in a statement of its own: a failure another worker
         # committed after this claim's snapshot (a new retry row; the embedding row unchanged,
         # so the claim did not look at it again) shows here, and that item waits its turn.
@@ -75,7 +69,7 @@ def embed_batch(
         result.claimed = len(rows)
         if not rows:
             return result
-        texts = [r.message.text if r.message_id else r.memory_record.content for r in rows]
+        texts = _texts(rows)
         try:
             vectors = provider.embed(texts)
             # The provider's model registers itself with its first answer's dimensions: the
@@ -105,6 +99,58 @@ def embed_batch(
         result.embedded = len(rows)
     ensure_model_index(model=provider.model, dimensions=len(vectors[0]))
     return result
+
+
+def _claim(*, model: str, batch_size: int, now: datetime) -> list[Embedding]:
+    """Lock up to `batch_size` due pending rows of `model`, oldest first, in two steps.
+
+    The oldest due pending rows are read without a lock (`embedding_pending_idx`; a plain read
+    may span every context, on Citus every shard); then each context's share of them is locked
+    by a statement naming that context and the embedding table alone (FOR UPDATE SKIP LOCKED:
+    a row lock on Citus names one distribution value). Rows another worker holds are passed
+    over, and the lock re-reads each row, so one embedded meanwhile is too; when every row read
+    was taken, the next older ones are read, as the single SKIP LOCKED scan did before. A
+    key-subset memory's vector has no context: those are locked together (they go with the
+    memories, not with a shard)."""
+    claimed: list[Embedding] = []
+    after = 0
+    while len(claimed) < batch_size:
+        candidates = list(
+            Embedding.objects.filter(vector__isnull=True, model=model, pk__gt=after)
+            .exclude(retry__next_attempt_at__gt=now)
+            .order_by("id")
+            .values_list("pk", "context_id")[: batch_size - len(claimed)]
+        )
+        if not candidates:
+            break
+        per_context: dict[int | None, list[int]] = {}
+        for pk, context_id in candidates:
+            per_context.setdefault(context_id, []).append(pk)
+        for context_id, ids in per_context.items():
+            # Whether a row is due is read again once it is locked (embed_batch's `tried`).
+            claimed += (
+                Embedding.objects.select_for_update(skip_locked=True)
+                .filter(context_id=context_id, pk__in=ids, vector__isnull=True, model=model)
+                .order_by("id")
+                .only("pk", "message_id", "memory_record_id", "context_id")
+            )
+        after = candidates[-1][0]
+    return sorted(claimed, key=lambda r: r.pk)
+
+
+def _texts(rows: list[Embedding]) -> list[str]:
+    """The claimed items' texts, read after the claim (its lock statement reads one table)."""
+    messages = dict(
+        Message.objects.filter(pk__in=[r.message_id for r in rows if r.message_id]).values_list(
+            "pk", "text"
+        )
+    )
+    records = dict(
+        MemoryRecord.objects.filter(
+            pk__in=[r.memory_record_id for r in rows if r.memory_record_id]
+        ).values_list("pk", "content")
+    )
+    return [messages[r.message_id] if r.message_id else records[r.memory_record_id] for r in rows]
 
 
 def _postpone(

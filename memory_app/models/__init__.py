@@ -12,10 +12,20 @@ from memory_app.models.contexts import Context
 from memory_app.models.embeddings import Embedding, EmbeddingModel, EmbeddingRetry
 from memory_app.models.memories import MemoryRecord
 from memory_app.models.messages import Message, MessageSearch
-from memory_app.models.runs import Run, Step, ToolCall, TraceSpan
+from memory_app.models.runs import (
+    RUN_COST,
+    RUN_DURATION,
+    RUN_STARTED,
+    Run,
+    Step,
+    ToolCall,
+    TraceSpan,
+)
 from memory_app.models.shared import (
     FTS_CONFIG,
     MemoryKind,
+    MemoryReview,
+    MemoryStatus,
     MessageRole,
     RunStatus,
     StepKind,
@@ -24,6 +34,9 @@ from memory_app.models.shared import (
 
 __all__ = [
     "FTS_CONFIG",
+    "RUN_COST",
+    "RUN_DURATION",
+    "RUN_STARTED",
     "ApiKey",
     "AuditEvent",
     "Context",
@@ -32,6 +45,8 @@ __all__ = [
     "EmbeddingRetry",
     "MemoryKind",
     "MemoryRecord",
+    "MemoryReview",
+    "MemoryStatus",
     "Message",
     "MessageRole",
     "MessageSearch",

@@ -9,6 +9,7 @@ from django.db import models
 from django.db.models import Q
 
 from memory_app.models.contexts import Context
+from memory_app.models.shared import MemoryReview, choices_check
 
 
 class ApiKey(models.Model):
@@ -26,6 +27,10 @@ class ApiKey(models.Model):
     scopes = ArrayField(models.CharField(max_length=10), default=list)
     # A key confined to {"tenant": "acme"} sees only contexts whose keys contain tenant=acme.
     context_keys = models.JSONField(default=dict, blank=True)
+    # Memories this key records are live at once, or proposed for an operator's review.
+    memory_review = models.CharField(
+        max_length=10, choices=MemoryReview.choices, default=MemoryReview.LIVE
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
     )
@@ -39,6 +44,7 @@ class ApiKey(models.Model):
                 condition=Q(scopes__contained_by=["read", "write", "admin"]),
                 name="apikey_scopes_valid",
             ),
+            choices_check("memory_review", MemoryReview, "apikey_memory_review_valid"),
         ]
 
     def __str__(self) -> str:

@@ -6,11 +6,12 @@ from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.db import models
+from django.db.models import Q
 
 from memory_app.models.contexts import Context
 from memory_app.models.messages import Message
 from memory_app.models.runs import Step
-from memory_app.models.shared import FTS_CONFIG, MemoryKind, choices_check
+from memory_app.models.shared import FTS_CONFIG, MemoryKind, MemoryStatus, choices_check
 
 
 class MemoryRecord(models.Model):
@@ -34,6 +35,10 @@ class MemoryRecord(models.Model):
         Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="memory_records"
     )
     recorded_by = models.CharField(max_length=200, blank=True, default="")
+    # Only live records are recalled; a proposal waits for an operator's approval.
+    status = models.CharField(
+        max_length=20, choices=MemoryStatus.choices, default=MemoryStatus.LIVE
+    )
     archived_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -50,11 +55,20 @@ class MemoryRecord(models.Model):
                 fields=["scope_digest", "content_hash"], name="memory_scope_content_unique"
             ),
             choices_check("kind", MemoryKind, "memory_kind_valid"),
+            choices_check("status", MemoryStatus, "memory_status_valid"),
         ]
+        # A dashboard permission: no API key scope grants it.
+        permissions = [("approve_memoryrecord", "Can approve proposed memories")]
         indexes = [
             GinIndex(fields=["search_vector"], name="memory_fts_gin"),
             GinIndex(fields=["scope_keys"], name="memory_scope_gin", opclasses=["jsonb_path_ops"]),
             GinIndex(fields=["keywords"], name="memory_keywords_gin"),
+            # The review inbox: the (few) proposals, oldest first.
+            models.Index(
+                fields=["created_at", "id"],
+                condition=Q(status="proposed"),
+                name="memory_proposed_idx",
+            ),
         ]
 
     def __str__(self) -> str:

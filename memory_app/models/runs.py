@@ -3,11 +3,19 @@ bring."""
 
 from __future__ import annotations
 
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
 
 from memory_app.models.contexts import Context
 from memory_app.models.shared import RunStatus, StepKind, choices_check, context_of_row
+
+# What the runs table sorts by, as indexed below.
+RUN_STARTED = Coalesce("started_at", "created_at")
+RUN_DURATION = Coalesce("duration", Value(-1.0))
+RUN_COST = Coalesce("cost", Value(-1.0))
 
 
 class Run(models.Model):
@@ -33,6 +41,14 @@ class Run(models.Model):
     step_count = models.IntegerField(default=0)
     error_count = models.IntegerField(default=0)
     last_position = models.IntegerField(default=0)
+    # Kept by the write path (steps appended, purged, restored) so the runs table lists, filters
+    # and sorts runs without reading their steps: tool calls, the models the steps and the run's
+    # `metadata.model` name (sorted), and the cost of the steps, as reported or priced when written.
+    tool_call_count = models.IntegerField(default=0, db_default=0)
+    model_names = ArrayField(
+        models.CharField(max_length=200), default=list, blank=True, db_default=Value([])
+    )
+    cost = models.FloatField(null=True, blank=True, help_text="USD")
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -46,7 +62,17 @@ class Run(models.Model):
             ),
             choices_check("status", RunStatus, "run_status_valid"),
         ]
-        indexes = [models.Index(fields=["context", "-created_at"], name="run_context_recent_idx")]
+        indexes = [
+            models.Index(fields=["context", "-created_at"], name="run_context_recent_idx"),
+            # The runs table's orders (memory_app.queries.runs_table), each a keyset on
+            # (value, id); an unknown start, duration or cost sorts as the server's creation
+            # time or -1.
+            models.Index(RUN_STARTED, F("id"), name="run_started_idx"),
+            models.Index(F("status"), RUN_STARTED, F("id"), name="run_status_started_idx"),
+            models.Index(RUN_DURATION, F("id"), name="run_duration_idx"),
+            models.Index(RUN_COST, F("id"), name="run_cost_idx"),
+            GinIndex(fields=["model_names"], name="run_model_names_gin"),
+        ]
 
     def __str__(self) -> str:
         return f"run {self.pk}: {self.task[:60]}"

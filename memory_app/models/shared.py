@@ -55,6 +55,23 @@ class MemoryKind(models.TextChoices):
     TOOL = "tool"
 
 
+class MemoryStatus(models.TextChoices):
+    """Where a memory stands in review. Only `live` records are recalled; the others are kept
+    (an agent reads its proposal's outcome, the audit trail says who decided)."""
+
+    PROPOSED = "proposed"
+    LIVE = "live"
+    REJECTED = "rejected"
+    MERGED = "merged"
+
+
+class MemoryReview(models.TextChoices):
+    """What becomes of the memories an API key records: live at once, or proposed for review."""
+
+    LIVE = "live"
+    PROPOSED = "proposed"
+
+
 def context_of_row(*, null: bool = False) -> models.ForeignKey:
     """The context of a row that belongs to another context-scoped row (a step's run, a tool
     call's step), copied from it. Part of the row's keys in the database, where the composite

@@ -15,7 +15,7 @@ from django.db.models import F, Max, Min, Prefetch, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from memory_app.models import Context, Message, Run, Step, ToolCall
+from memory_app.models import Context, Message, Run, Step, ToolCall, keys_digest
 
 T = TypeVar("T")
 MAX_LIMIT = 1000
@@ -57,6 +57,12 @@ def contexts_list(
     if after is not None:
         qs = qs.filter(pk__gt=after)
     return _page_forward(qs.order_by("pk"), limit=_clamp(limit), cursor_field="pk")
+
+
+def context_by_keys(*, within: QuerySet, keys: dict[str, Any]) -> Context | None:
+    """The context named by exactly `keys` (in any order) among `within`, or None: the one
+    `context_get_or_create` would return, found without creating it."""
+    return within.filter(keys_digest=keys_digest(keys)).first()
 
 
 def messages_list(

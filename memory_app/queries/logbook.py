@@ -143,7 +143,12 @@ def step_detail(*, run: Run, position: int) -> Step | None:
 
 def run_model(run: Run) -> str:
     """The run's model when its steps do not name theirs (`metadata.model`, as agents send it)."""
-    model = (run.metadata or {}).get("model") if isinstance(run.metadata, dict) else None
+    return metadata_model(run.metadata)
+
+
+def metadata_model(metadata: Any) -> str:
+    """The model a run's metadata names (`metadata.model`), or ""."""
+    model = metadata.get("model") if isinstance(metadata, dict) else None
     return model if isinstance(model, str) else ""
 
 

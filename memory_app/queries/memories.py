@@ -1,6 +1,7 @@
 """What a context recalls: the records of its own scope and of every key subset its keys
 contain, by keywords (AgentScope: up to `limit` per keyword) or by a query (full-text, semantic
-or both fused), and the dashboard's memory search."""
+or both fused), an agent's list of the records its key may see, and the dashboard's memory
+search."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from memory_app.models import (
     Context,
     MemoryKind,
     MemoryRecord,
+    MemoryStatus,
 )
+from memory_app.queries.lists import Page
 from memory_app.search.fusion import rrf_scores
 from memory_app.search.semantic import nearest_vectors
 
@@ -31,7 +34,8 @@ from memory_app.search.semantic import nearest_vectors
 def memories_visible(
     *, context: Context, include_archived: bool = False, confined_to: dict[str, Any] | None = None
 ) -> QuerySet[MemoryRecord]:
-    """Records a context sees: its own, and those of every non-empty key subset its keys contain.
+    """Live records a context sees: its own, and those of every non-empty key subset its keys
+    contain.
 
     `confined_to` (an API key's context keys) also leaves out key subsets outside that
     confinement, as `GET /memories/{id}` does: a confined key never reads a record its tenant
@@ -40,7 +44,8 @@ def memories_visible(
     subsets = Q(context__isnull=True, scope_keys__contained_by=context.keys) & ~Q(scope_keys={})
     if confined_to:
         subsets &= Q(scope_keys__contains=confined_to)
-    qs = MemoryRecord.objects.filter(Q(context=context) | subsets)
+    # Proposals, and what review rejected or merged, are never recalled.
+    qs = MemoryRecord.objects.filter(Q(context=context) | subsets, status=MemoryStatus.LIVE)
     return qs if include_archived else qs.filter(archived_at__isnull=True)
 
 
@@ -68,7 +73,7 @@ def _keyword_hits(qs: QuerySet, keyword: str, limit: int) -> list[tuple[MemoryRe
     return [(r, float(r.text_rank) + float(r.tag_hit)) for r in rows]
 
 
-def _query_vectors(texts: Sequence[str]) -> tuple[list[list[float] | None], str | None]:
+def text_vectors(texts: Sequence[str]) -> tuple[list[list[float] | None], str | None]:
     """The provider's vectors for `texts` (one call) and its model; Nones when there is no
     provider or it is down (retrieval then stays full-text, as without vectors)."""
     provider = providers.get_provider()
@@ -143,7 +148,7 @@ def _query_hits(qs: QuerySet, query: str, limit: int) -> list[tuple[MemoryRecord
             .filter(search_vector=tsq)
             .order_by("-rank", "-id")[:fetch]
         ]
-    [vector], model = _query_vectors([query])
+    [vector], model = text_vectors([query])
     semantic = _semantic_hits(qs, vector, model, fetch) if vector is not None else []
     return _fused(text, semantic, limit)
 
@@ -197,7 +202,7 @@ def memories_retrieve(
         qs = qs.filter(kind__in=list(kinds))
     seen: set[int] = set()
     out: list[Recalled] = []
-    vectors, model = _query_vectors(keywords)
+    vectors, model = text_vectors(keywords)
     for kw, vector in zip(keywords, vectors, strict=True):
         for record, score, why in _keyword_recall(qs, kw, vector, model, limit):
             if record.pk not in seen:
@@ -232,21 +237,59 @@ def memory_for_key(key: ApiKey, memory_id: int) -> MemoryRecord:
     return record
 
 
+def memories_listed(
+    *,
+    key: ApiKey,
+    context: Context | None = None,
+    scope_keys: dict[str, Any] | None = None,
+    include_archived: bool = False,
+    after: int | None = None,
+    limit: int = 20,
+) -> Page[MemoryRecord]:
+    """An agent's list of the records `key` may see, by ascending id (a cursor page): those
+    `context` sees, or those of contexts and key subsets whose keys contain `scope_keys`, or
+    all of them. A confined key sees neither other contexts' records nor key subsets outside
+    its confinement, exactly as `memory_for_key` answers one record. Live records only:
+    proposals and what review rejected or merged are left out, as from recall."""
+    if context is not None:
+        qs = memories_visible(
+            context=context, include_archived=include_archived, confined_to=key.context_keys
+        )
+    else:
+        own = Q(context__in=auth.visible_contexts(key))
+        shared = Q(context__isnull=True, scope_keys__contains=key.context_keys or {})
+        # Live records only, as recall: a proposal's outcome is read by its id (status).
+        qs = MemoryRecord.objects.filter(own | shared, status=MemoryStatus.LIVE)
+        if scope_keys:
+            qs = qs.filter(
+                Q(scope_keys__contains=scope_keys) | Q(context__keys__contains=scope_keys)
+            )
+        if not include_archived:
+            qs = qs.filter(archived_at__isnull=True)
+    if after is not None:
+        qs = qs.filter(pk__gt=after)
+    rows = list(qs.order_by("pk")[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return Page(items=rows, has_more=more, next_cursor=rows[-1].pk if more else None)
+
+
 def memories_search(
     *,
     query: str = "",
     context_id: int | None = None,
     scope: dict | None = None,
     archived: bool = False,
+    status: str = MemoryStatus.LIVE,
     limit: int = 100,
 ) -> list[MemoryRecord]:
     """Records for the operator's list (not an agent's recall, see `memories_retrieve`): archived
-    or live ones, of one context and/or whose scope mentions `scope`'s keys, matching `query` by
-    full-text, substring or exact keyword."""
+    or not, of one review `status`, of one context and/or whose scope mentions `scope`'s keys,
+    matching `query` by full-text, substring or exact keyword."""
     qs = MemoryRecord.objects.select_related("context", "source_message", "source_step").defer(
         "search_vector"
     )
-    qs = qs.filter(archived_at__isnull=not archived)
+    qs = qs.filter(archived_at__isnull=not archived, status=status)
     if context_id is not None:
         qs = qs.filter(context_id=context_id)
     if scope:

@@ -13,6 +13,7 @@ from memory_app import auth, memories
 from memory_app.audit import Actor
 from memory_app.errors import Invalid
 from memory_app.queries.memories import memories_retrieve
+from memory_app.queries.memory_review import memories_status
 from memory_app.schemas.fields import (
     VECTOR_MODEL_DESCRIPTION,
     Id,
@@ -137,6 +138,7 @@ MEMORY_EXAMPLE = {
     "source_message_id": 101,
     "source_step_id": None,
     "recorded_by": "key:agent-1",
+    "status": "live",
     "archived_at": None,
     "created_at": "2025-01-01T10:06:00Z",
     "updated_at": "2025-01-01T10:06:00Z",
@@ -156,15 +158,37 @@ class MemoryRecordOut(Schema):
     source_message_id: int | None
     source_step_id: int | None
     recorded_by: str
+    status: Literal["proposed", "live", "rejected", "merged"] = Field(
+        description="only live memories are recalled; a proposal waits for an operator's review"
+    )
     archived_at: datetime | None
     created_at: datetime
     updated_at: datetime
 
 
 class MemoryRecordedOut(Schema):
-    model_config = _examples({"memory": MEMORY_EXAMPLE, "created": True})
+    model_config = _examples({"memory": MEMORY_EXAMPLE, "created": True, "near_copy": None})
     memory: MemoryRecordOut
     created: bool
+    near_copy: float | None = Field(
+        None,
+        description="set when `memory` is a live memory nearly identical to what was sent "
+        "(its similarity), answered instead of storing a near-copy",
+    )
+
+
+def recorded_out(results: list[Recorded]) -> dict:
+    """The `MemoryRecordBatchOut` dict of a record call (REST and MCP answer it)."""
+    return {
+        "items": [
+            {
+                "memory": MemoryRecordOut.from_orm(r.record).dict(),
+                "created": r.created,
+                "near_copy": r.near_copy,
+            }
+            for r in results
+        ]
+    }
 
 
 class MemoryRecordBatchOut(Schema):
@@ -230,6 +254,18 @@ class MemoryNoteIn(Schema):
     note: Text | None = Field(None, max_length=2000)
 
 
+class MemoryStatusQuery(Schema):
+    ids: list[Id] = Field(description="memory ids (up to 100)", examples=[[5, 9]])
+
+
+class MemoryStatusOut(Schema):
+    """The records asked for that the key may see, with their `status`; the others' ids."""
+
+    model_config = _examples({"items": [MEMORY_EXAMPLE], "missing": [9]})
+    items: list[MemoryRecordOut]
+    missing: list[int]
+
+
 class MemoryPurgedOut(Schema):
     """A purged record's id and the audit event that records the purge."""
 
@@ -263,3 +299,19 @@ def retrieve_out(key, body: MemoryRetrieveIn) -> dict:
         for r in recalled
     ]
     return {"items": items}
+
+
+MAX_STATUS_IDS = 100
+
+
+def status_out(key, ids: list[int]) -> dict:
+    """The `MemoryStatusOut` dict of `ids` as `key` may see them (REST and MCP answer it)."""
+    if not ids:
+        raise Invalid("give at least one memory id")
+    if len(ids) > MAX_STATUS_IDS:
+        raise Invalid(f"at most {MAX_STATUS_IDS} ids at once")
+    found = memories_status(key, ids)
+    return {
+        "items": [MemoryRecordOut.from_orm(r).dict() for r in found["items"]],
+        "missing": found["missing"],
+    }

@@ -8,7 +8,10 @@ from typing import Annotated, Any, Literal
 from ninja import Schema
 from pydantic import AwareDatetime, Field
 
-from memory_app.models import StepKind
+from memory_app.models import RunStatus, StepKind
+from memory_app.queries.dashboard import MAX_QUERY_CHARS
+from memory_app.queries.lists import MAX_LIMIT
+from memory_app.queries.runs_table import ORDERS as RUN_ORDERS
 from memory_app.schemas.fields import (
     BulkIn,
     ClientId,
@@ -110,6 +113,103 @@ class RunPage(Schema):
     items: list[RunOut]
     has_more: bool
     next_cursor: int | None
+
+
+RUN_ROW_EXAMPLE = {
+    "id": 3,
+    "context_id": 7,
+    "context_keys": {"user": "ada"},
+    "client_id": "run-2025-01-01-a",
+    "task": "What's the weather in Paris?",
+    "agent_name": "weather-bot",
+    "framework": "smolagents",
+    "status": "failed",
+    "model_names": ["gpt-4o"],
+    "started_at": "2025-01-01T10:00:00Z",
+    "finished_at": "2025-01-01T10:00:12Z",
+    "duration": 12.0,
+    "step_count": 4,
+    "tool_call_count": 3,
+    "error_count": 1,
+    "input_tokens": 5200,
+    "output_tokens": 310,
+    "total_tokens": 5510,
+    "cost": 0.0161,
+    "created_at": "2025-01-01T10:00:00Z",
+}
+
+
+class RunRowOut(Schema):
+    """A run as the runs table lists it: no system prompt, final answer or metadata (`GET
+    /runs/{id}` has them)."""
+
+    model_config = _examples(RUN_ROW_EXAMPLE)
+    id: int
+    context_id: int
+    context_keys: Any = Field(description="the keys of the run's context")
+    client_id: str | None
+    task: str
+    agent_name: str
+    framework: str
+    status: str
+    model_names: list[str] = Field(
+        description="the models its steps and its metadata.model name, sorted"
+    )
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration: float | None
+    step_count: int
+    tool_call_count: int
+    error_count: int
+    input_tokens: int | None
+    output_tokens: int | None
+    total_tokens: int | None
+    cost: float | None = Field(
+        description="USD: the steps' reported costs, the rest priced from their tokens when "
+        "they were written; null when no step's cost is known"
+    )
+    created_at: datetime
+
+    @staticmethod
+    def resolve_context_keys(run) -> Any:
+        return run.context.keys
+
+
+class RunRowPage(Schema):
+    model_config = _examples(
+        {"items": [RUN_ROW_EXAMPLE], "has_more": True, "next_cursor": "WyIyMDI1LTAxLTAxIiwzXQ"}
+    )
+    items: list[RunRowOut]
+    has_more: bool
+    next_cursor: str | None = Field(description="pass back as `cursor` for the next page")
+
+
+RunStatusName = Literal[tuple(RunStatus.values)]  # type: ignore[valid-type]
+RunOrder = Literal[tuple(RUN_ORDERS)]  # type: ignore[valid-type]
+
+
+class RunTableQuery(Schema):
+    """The filters of `GET /runs`, those of the dashboard's runs table."""
+
+    status: list[RunStatusName] = Field(
+        default_factory=list, description="any of these statuses (repeat the parameter)"
+    )
+    has_error: bool = Field(False, description="only runs with at least one erroneous step")
+    error: str = Field("", max_length=MAX_QUERY_CHARS, description="text in a step's error")
+    model: str = Field("", max_length=200, description="a model the run used")
+    keys: str | None = Field(
+        None,
+        description='JSON object; runs of contexts whose keys contain it, e.g. {"user": "ada"}',
+    )
+    started_after: AwareDatetime | None = Field(None, description="started at or after")
+    started_before: AwareDatetime | None = Field(None, description="started before")
+    min_duration: float | None = Field(None, ge=0, description="seconds")
+    min_cost: float | None = Field(None, ge=0, description="USD")
+    sort: RunOrder = Field(
+        "started", description="started (newest first), oldest, duration or cost (largest first)"
+    )
+    cursor: str | None = Field(None, max_length=500, description="the last page's `next_cursor`")
+    limit: int = Field(50, ge=1, le=MAX_LIMIT)
 
 
 class ToolCallIn(BulkIn):

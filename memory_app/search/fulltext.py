@@ -133,6 +133,38 @@ def index_messages(context_id: int, first_seq: int, last_seq: int) -> None:
         _write_range(cursor, context_id, first_seq - 1, last_seq)
 
 
+# Contexts behind, read per round of the claim (plain reads, any number of shards on Citus).
+CANDIDATES = 16
+BEHIND_SQL = (
+    "SELECT id FROM memory_app_context WHERE search_seq < last_seq AND id > %s ORDER BY id LIMIT %s"
+)
+# One context's row by its id: on Citus a row lock names its distribution value.
+CLAIM_SQL = (
+    "SELECT id, search_seq, last_seq FROM memory_app_context"
+    " WHERE id = %s AND search_seq < last_seq FOR NO KEY UPDATE SKIP LOCKED"
+)
+
+
+def claim_behind(cursor) -> tuple[int, int, int] | None:
+    """Lock the first context that is behind and not held by a writer or another indexer:
+    (id, search_seq, last_seq), or None.
+
+    Two steps: the contexts behind are read without a lock (`context_search_behind_idx`, a few
+    at a time in id order), then each is locked by its id with SKIP LOCKED until one is free;
+    the lock re-reads the row, so a context that caught up meanwhile is passed over."""
+    after = 0
+    while True:
+        cursor.execute(BEHIND_SQL, [after, CANDIDATES])
+        ids = [i for (i,) in cursor.fetchall()]
+        for context_id in ids:
+            cursor.execute(CLAIM_SQL, [context_id])
+            if (row := cursor.fetchone()) is not None:
+                return row
+        if len(ids) < CANDIDATES:
+            return None
+        after = ids[-1]
+
+
 def index_batch(*, batch_size: int | None = None) -> int | None:
     """Parse the next up to `batch_size` seqs of one context that is behind, in one committed
     transaction; returns the messages written, or None when no context is behind.
@@ -144,11 +176,7 @@ def index_batch(*, batch_size: int | None = None) -> int | None:
     the context (runs, audit events) are not held up."""
     size = batch_size or settings.AGENTMEMORY_INDEXER_BATCH
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT id, search_seq, last_seq FROM memory_app_context WHERE search_seq < last_seq"
-            " ORDER BY id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED"
-        )
-        row = cursor.fetchone()
+        row = claim_behind(cursor)
         if row is None:
             return None
         context_id, done, last = row

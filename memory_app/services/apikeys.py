@@ -1,13 +1,22 @@
-"""API keys issued and withdrawn by people (dashboard, `manage.py apikey`), audited; the secret
-is never in the audit trail. Creating and verifying keys themselves is `memory_app.auth`."""
+"""API keys issued and withdrawn by people (dashboard, `manage.py apikey`), and their memory
+review policy set, audited; the secret is never in the audit trail. Creating and verifying
+keys themselves is `memory_app.auth`."""
 
 from __future__ import annotations
 
 from memory_app.audit import Actor, audit_record
 from memory_app.errors import Invalid
+from memory_app.models import MemoryReview
 
 
-def apikey_issue(*, name: str, scopes: list[str], context_keys: dict | None, actor: Actor):
+def apikey_issue(
+    *,
+    name: str,
+    scopes: list[str],
+    context_keys: dict | None,
+    actor: Actor,
+    memory_review: str = MemoryReview.LIVE,
+):
     """Create a key (memory_app.auth) and record who did; the secret is never audited."""
     from memory_app import auth
 
@@ -20,6 +29,10 @@ def apikey_issue(*, name: str, scopes: list[str], context_keys: dict | None, act
         )
     except ValueError as exc:
         raise Invalid(str(exc)) from exc
+    if memory_review != MemoryReview.LIVE:
+        _check_review(memory_review)
+        issued.key.memory_review = memory_review
+        issued.key.save(update_fields=["memory_review"])
     audit_record(
         actor=actor,
         action="key_create",
@@ -30,6 +43,7 @@ def apikey_issue(*, name: str, scopes: list[str], context_keys: dict | None, act
             "prefix": issued.key.prefix,
             "scopes": issued.key.scopes,
             "context_keys": issued.key.context_keys,
+            "memory_review": issued.key.memory_review,
         },
     )
     return issued
@@ -47,5 +61,29 @@ def apikey_withdraw(*, key, actor: Actor):
         target_type="apikey",
         target_ids=[key.pk],
         before={"name": key.name, "prefix": key.prefix},
+    )
+    return key
+
+
+def _check_review(review: str) -> None:
+    if review not in MemoryReview.values:
+        raise Invalid(f"memory review must be one of {', '.join(MemoryReview.values)}")
+
+
+def apikey_set_review(*, key, memory_review: str, actor: Actor):
+    """Whether the memories `key` records are live at once or proposed for review."""
+    _check_review(memory_review)
+    if key.memory_review == memory_review:
+        return key
+    before = key.memory_review
+    key.memory_review = memory_review
+    key.save(update_fields=["memory_review"])
+    audit_record(
+        actor=actor,
+        action="key_review",
+        target_type="apikey",
+        target_ids=[key.pk],
+        before={"prefix": key.prefix, "memory_review": before},
+        after={"prefix": key.prefix, "memory_review": memory_review},
     )
     return key

@@ -30,6 +30,7 @@ from memory_app.models import (
     TraceSpan,
 )
 from memory_app.services.messages import message_edit
+from memory_app.services.runs import runs_recount
 from memory_app.services.traces import trace_steps_purge
 
 PREVIEW_SAMPLE = 50
@@ -356,15 +357,21 @@ def selected_purge(
 def _purge_runs(run_ids: list[int], *, actor: Actor, note: str) -> list[AuditEvent]:
     """Delete these runs (their steps already purged) with their trace spans and tool calls,
     keep their contexts' run counts, scrub their edit events; one purge event per context."""
-    rows = list(
-        Run.objects.filter(pk__in=run_ids).select_for_update().values_list("pk", "context_id")
-    )
+    # Found by a plain read, then locked one context's runs per statement (as `_purge` does).
+    found = Run.objects.filter(pk__in=run_ids)
     per_context: dict[int, list[int]] = {}
-    for pk, context_id in rows:
-        per_context.setdefault(context_id, []).append(pk)
+    for context_id in sorted(set(found.order_by().values_list("context_id", flat=True))):
+        per_context[context_id] = list(
+            found.filter(context_id=context_id)
+            .order_by("pk")
+            .select_for_update()
+            .values_list("pk", flat=True)
+        )
     events = []
     why = f" ({note})" if note else ""
     for context_id, ids in sorted(per_context.items()):
+        if not ids:
+            continue
         TraceSpan.objects.filter(context_id=context_id, run_id__in=ids).delete()
         Run.objects.filter(context_id=context_id, pk__in=ids).delete()
         Context.objects.filter(pk=context_id).update(run_count=F("run_count") - len(ids))
@@ -383,24 +390,44 @@ def _purge_runs(run_ids: list[int], *, actor: Actor, note: str) -> list[AuditEve
     return events
 
 
+def _lock_purged(messages: QuerySet, steps: QuerySet) -> tuple[list, list]:
+    """Lock the contexts of these messages and steps, then the rows themselves; answers the
+    messages' (pk, context, tokens) and the steps' (pk, run, context, client id).
+
+    The steps' contexts too: trace ingest holds a context's row while it maps a trace's spans,
+    so it never reads spans this purge is erasing. A plain read finds the contexts; each is
+    then locked, and its rows read under lock, by statements naming it (on Citus a row lock
+    names one distribution value). A context whose rows became purgeable after that read is
+    left for the next purge."""
+    context_ids = sorted(
+        {
+            *messages.order_by().values_list("context_id", flat=True).distinct(),
+            *steps.order_by().values_list("context_id", flat=True).distinct(),
+        }
+    )
+    lock_contexts(context_ids)
+    rows, step_rows = [], []
+    for context_id in context_ids:
+        rows += (
+            messages.filter(context_id=context_id)
+            .select_for_update()
+            .values_list("pk", "context_id", "token_count")
+        )
+        step_rows += (
+            steps.filter(context_id=context_id)
+            .select_for_update()
+            .values_list("pk", "run_id", "context_id", "client_id")
+        )
+    return rows, step_rows
+
+
 def _purge(
     messages: QuerySet, steps: QuerySet, *, actor: Actor, after: dict, what: str, note: str = ""
 ) -> list[AuditEvent]:
     """Delete these messages and steps (in the caller's transaction), keep the counters of their
     contexts and runs, scrub the text from their edit events, audit one purge per context/run."""
     events: list[AuditEvent] = []
-    # The steps' contexts too: trace ingest holds a context's row while it maps a trace's spans,
-    # so it never reads spans this purge is erasing.
-    lock_contexts(
-        [
-            *messages.values_list("context_id", flat=True).distinct(),
-            *steps.values_list("context_id", flat=True).distinct(),
-        ]
-    )
-    rows = list(messages.select_for_update().values_list("pk", "context_id", "token_count"))
-    step_rows = list(
-        steps.select_for_update().values_list("pk", "run_id", "context_id", "client_id")
-    )
+    rows, step_rows = _lock_purged(messages, steps)
     why = f" ({note})" if note else ""
     if rows:
         ids = [pk for pk, _, _ in rows]
@@ -448,8 +475,9 @@ def _purge(
         _scrub_edits(target_type="step", ids=step_ids)
         _clear_run_copies(step_ids)
         Step.objects.filter(pk__in=step_ids).delete()
+        # The run's counters, models and cost lose what the purged steps brought.
+        runs_recount(run_ids=sorted({run_id for run_id, _ in per_run}))
         for (run_id, context_id), ids in per_run.items():
-            Run.objects.filter(pk=run_id).update(step_count=F("step_count") - len(ids))
             events.append(
                 audit_record(
                     actor=actor,
@@ -554,7 +582,7 @@ def _set_pruned(*, model, scope, ids, pruned, actor, context_id, note):
             lock_contexts([context_id])
         rows = list(
             model.objects.select_for_update()
-            .filter(pk__in=ids, **scope)
+            .filter(pk__in=ids, context_id=context_id, **scope)
             .values_list("pk", "pruned_at")
         )
         if len(rows) != len(ids):

@@ -1,19 +1,22 @@
-"""Writes of long-term memories: record (all or nothing, the same content in a scope once),
-edit, archive and restore, promote a message or step, merge, purge. Every change is audited with
-before/after, except that a purge erases the purged record's content from the audit too."""
+"""Writes of long-term memories: record (all or nothing, the same content in a scope once, a
+near-copy of a live record answered by that record; live or proposed for review), edit, archive
+and restore, promote a message or step, merge, purge. Every change is audited with before/after,
+except that a purge erases the purged record's content from the audit too."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from memory_app import backlog
 from memory_app.audit import Actor, audit_record
 from memory_app.embeddings import client_vectors, providers, queue
-from memory_app.errors import Conflict, Invalid, NotFound
+from memory_app.errors import Conflict, Forbidden, Invalid, NotFound
 from memory_app.memories import (
     EDITABLE,
     MAX_ITEMS,
@@ -27,14 +30,19 @@ from memory_app.memories import (
 from memory_app.models import (
     AuditEvent,
     MemoryRecord,
+    MemoryReview,
+    MemoryStatus,
     Message,
     Step,
 )
+from memory_app.queries.memories import text_vectors
+from memory_app.queries.memory_review import similar_live
 
 
-def _snapshot(record: MemoryRecord) -> dict[str, Any]:
+def snapshot(record: MemoryRecord) -> dict[str, Any]:
     return {f: getattr(record, f) for f in EDITABLE} | {
-        "archived_at": record.archived_at.isoformat() if record.archived_at else None
+        "archived_at": record.archived_at.isoformat() if record.archived_at else None,
+        "status": record.status,
     }
 
 
@@ -50,11 +58,68 @@ def _check_source(scope: Scope, *, message_id: int | None, step_id: int | None) 
             raise NotFound(f"step {step_id} not found in this scope")
 
 
-class Recorded(NamedTuple):
-    """A tuple, so callers may write `record, created = ...`."""
+@dataclass(frozen=True)
+class Recorded:
+    """Unpacks as `record, created = ...`. `near_copy` is the similarity of the live record
+    answered in place of a near-copy (None when the content was new or the same)."""
 
     record: MemoryRecord
     created: bool
+    near_copy: float | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.record, self.created))
+
+
+def _status_for(scope: Scope, actor: Actor) -> str:
+    """What an agent records is proposed when its key's policy says so, or when the scope lies in
+    a key subset under review (`AGENTMEMORY_MEMORY_REVIEW_SCOPES`); an operator's is live."""
+    key = actor.api_key
+    if key is None:
+        return MemoryStatus.LIVE
+    if key.memory_review == MemoryReview.PROPOSED:
+        return MemoryStatus.PROPOSED
+    keys = scope.scope_keys
+    for reviewed in settings.AGENTMEMORY_MEMORY_REVIEW_SCOPES:
+        if isinstance(reviewed, dict) and reviewed and reviewed.items() <= keys.items():
+            return MemoryStatus.PROPOSED
+    return MemoryStatus.LIVE
+
+
+def _near_copy_vectors(items: Sequence[dict[str, Any]], vectors: list) -> list[tuple]:
+    """(vector, model) per item to look for near-copies with: the client's vector, else the
+    provider's (one call for the batch; none when the check is off or no provider answers)."""
+    out: list[tuple] = [(None, None)] * len(items)
+    if not settings.AGENTMEMORY_MEMORY_NEAR_COPY_SIMILARITY:
+        return out
+    missing = [n for n, v in enumerate(vectors) if v is None]
+    texts = [items[n].get("content") for n in missing]
+    embedded, model = text_vectors([t for t in texts if isinstance(t, str)])
+    if len(embedded) == len(missing):
+        for n, vector in zip(missing, embedded, strict=True):
+            out[n] = (vector, model if vector is not None else None)
+    for n, v in enumerate(vectors):
+        if v is not None:
+            out[n] = (v.values.tolist(), v.model)
+    return out
+
+
+def _near_copy(scope: Scope, content: str, vector, model) -> tuple[MemoryRecord, float] | None:
+    threshold = settings.AGENTMEMORY_MEMORY_NEAR_COPY_SIMILARITY
+    if not threshold:
+        return None
+    # Without vectors, every word counts: "Ada is not vegan" is no copy of "Ada is vegan".
+    similar = similar_live(
+        scope_digest=scope.digest,
+        content=content,
+        vector=vector,
+        model=model,
+        limit=1,
+        words="simple",
+    )
+    if similar and similar[0].similarity >= threshold:
+        return similar[0].record, similar[0].similarity
+    return None
 
 
 def memories_record(
@@ -62,8 +127,35 @@ def memories_record(
 ) -> list[Recorded]:
     """Record facts into `scope`, all or nothing. Each item: content, and optionally kind,
     thinking (defaults to the shared `thinking`), keywords, metadata, source_message_id,
-    source_step_id. Content already in the scope returns the stored record (created False)."""
+    source_step_id. Content already in the scope returns the stored record (created False), and
+    so does content nearly identical to a live record of the scope (`near_copy` its similarity,
+    `AGENTMEMORY_MEMORY_NEAR_COPY_SIMILARITY`). An agent's records are live, or proposed for
+    review by its key's policy (`_status_for`)."""
     return _record(scope=scope, items=items, actor=actor, thinking=thinking, action="record")
+
+
+def _fields(
+    scope: Scope, item: dict[str, Any], *, thinking: str, actor: Actor, status: str
+) -> dict[str, Any]:
+    """The columns of a new record of `item`, checked (provenance from the scope's contexts)."""
+    content = clean_content(item.get("content"))
+    source_message_id, source_step_id = item.get("source_message_id"), item.get("source_step_id")
+    _check_source(scope, message_id=source_message_id, step_id=source_step_id)
+    return {
+        "context": scope.context,
+        "scope_keys": scope.scope_keys,
+        "scope_digest": scope.digest,
+        "content": content,
+        "content_hash": content_hash(content),
+        "kind": clean_kind(item.get("kind")),
+        "thinking": no_nul(item.get("thinking") or thinking or "", "thinking"),
+        "keywords": clean_keywords(item.get("keywords")),
+        "metadata": item.get("metadata") or {},
+        "source_message_id": source_message_id,
+        "source_step_id": source_step_id,
+        "recorded_by": actor.label,
+        "status": status,
+    }
 
 
 def _record(
@@ -90,28 +182,24 @@ def _record(
         [(i.get("vector"), i.get("vector_model"), i.get("where")) for i in items], label="items"
     )
     results: list[Recorded] = []
+    status = _status_for(scope, actor)
+    near_vectors = _near_copy_vectors(items, vectors)
     with transaction.atomic():
-        for item in items:
-            content = clean_content(item.get("content"))
-            source_message_id, source_step_id = (
-                item.get("source_message_id"),
-                item.get("source_step_id"),
-            )
-            _check_source(scope, message_id=source_message_id, step_id=source_step_id)
-            fields = {
-                "context": scope.context,
-                "scope_keys": scope.scope_keys,
-                "scope_digest": scope.digest,
-                "content": content,
-                "content_hash": content_hash(content),
-                "kind": clean_kind(item.get("kind")),
-                "thinking": no_nul(item.get("thinking") or thinking or "", "thinking"),
-                "keywords": clean_keywords(item.get("keywords")),
-                "metadata": item.get("metadata") or {},
-                "source_message_id": source_message_id,
-                "source_step_id": source_step_id,
-                "recorded_by": actor.label,
-            }
+        for item, (near_vector, near_model) in zip(items, near_vectors, strict=True):
+            fields = _fields(scope, item, thinking=thinking, actor=actor, status=status)
+            content = fields["content"]
+            # The same content answers its record, whatever its status; else a near-copy of a
+            # live record answers that record.
+            same = MemoryRecord.objects.filter(
+                scope_digest=fields["scope_digest"], content_hash=fields["content_hash"]
+            ).first()
+            if same is not None:
+                results.append(Recorded(same, False))
+                continue
+            near = _near_copy(scope, content, near_vector, near_model)
+            if near is not None:
+                results.append(Recorded(near[0], False, near_copy=near[1]))
+                continue
             try:
                 with transaction.atomic():
                     record = MemoryRecord.objects.create(**fields)
@@ -148,6 +236,21 @@ def _record(
     return results
 
 
+def _check_may_change(record: MemoryRecord, actor: Actor) -> None:
+    """A key whose memories are reviewed changes its proposals only: editing, archiving or
+    restoring a live record would bypass the review."""
+    key = actor.api_key
+    if (
+        key is not None
+        and key.memory_review == MemoryReview.PROPOSED
+        and record.status != MemoryStatus.PROPOSED
+    ):
+        raise Forbidden(
+            "this API key's memories are reviewed: it may change its proposals only "
+            "(record a new memory to propose a change)"
+        )
+
+
 def memory_edit(
     *,
     record: MemoryRecord,
@@ -162,7 +265,8 @@ def memory_edit(
     """Edit a record; the audit event keeps the previous version."""
     with transaction.atomic():
         record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
-        before = _snapshot(record)
+        _check_may_change(record, actor)
+        before = snapshot(record)
         if content is not None:
             record.content = clean_content(content)
             record.content_hash = content_hash(record.content)
@@ -176,7 +280,7 @@ def memory_edit(
             if not isinstance(metadata, dict):
                 raise Invalid("metadata must be an object")
             record.metadata = metadata
-        after = _snapshot(record)
+        after = snapshot(record)
         if after == before:
             return record
         try:
@@ -205,9 +309,10 @@ def memory_set_archived(
     """Archive (hide from retrieval) or restore a record; audited, nothing is lost."""
     with transaction.atomic():
         record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
+        _check_may_change(record, actor)
         if (record.archived_at is not None) == archived:
             return record
-        before = _snapshot(record)
+        before = snapshot(record)
         record.archived_at = timezone.now() if archived else None
         record.save(update_fields=["archived_at", "updated_at"])
         audit_record(
@@ -217,7 +322,7 @@ def memory_set_archived(
             target_ids=[record.pk],
             context_id=record.context_id,
             before=before,
-            after=_snapshot(record),
+            after=snapshot(record),
             note=note,
         )
     return record
@@ -268,9 +373,11 @@ def memories_merge(*, keep_id: int, ids: Sequence[int], actor: Actor) -> MemoryR
         rows = {r.pk: r for r in MemoryRecord.objects.select_for_update().filter(pk__in=ids)}
         if len(rows) != len(ids):
             raise NotFound(f"memory {sorted(set(ids) - set(rows))[0]} not found")
+        if any(r.status != MemoryStatus.LIVE for r in rows.values()):
+            raise Invalid("merge live memories only (a proposal is merged from the review inbox)")
         keep = rows[keep_id]
         others = [rows[i] for i in ids if i != keep_id]
-        before = {str(r.pk): _snapshot(r) for r in rows.values()}
+        before = {str(r.pk): snapshot(r) for r in rows.values()}
         keep.keywords = list(
             dict.fromkeys([*keep.keywords, *(k for r in others for k in r.keywords)])
         )
@@ -287,7 +394,7 @@ def memories_merge(*, keep_id: int, ids: Sequence[int], actor: Actor) -> MemoryR
             target_ids=ids,
             context_id=keep.context_id,
             before=before,
-            after={"kept": keep.pk, **_snapshot(keep)},
+            after={"kept": keep.pk, **snapshot(keep)},
         )
     return keep
 

@@ -456,7 +456,9 @@ def message_edit(
         )
     with transaction.atomic():
         lock_contexts([message.context_id])
-        message = Message.objects.select_for_update().get(pk=message.pk)
+        message = Message.objects.select_for_update().get(
+            pk=message.pk, context_id=message.context_id
+        )
         before = {"text": message.text, "tags": message.tags, "metadata": message.metadata}
         update_fields = ["updated_at"]
         if text is not None and text != message.text:

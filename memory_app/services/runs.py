@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, Sum
+from django.db.models import Count, F, Q, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from memory_app import pricing
 from memory_app.errors import Conflict, Invalid, differences
 from memory_app.models import (
     Context,
@@ -21,6 +23,7 @@ from memory_app.models import (
     ToolCall,
 )
 from memory_app.queries.lists import STEP_SPAN, run_span
+from memory_app.queries.logbook import metadata_model, run_cost, run_model
 from memory_app.services.messages import MAX_BATCH
 
 RUN_FIELDS = ("task", "system_prompt", "agent_name", "framework", "metadata")
@@ -57,7 +60,11 @@ def run_create(
                 # No started_at unless the agent gives one: the server's clock at this call is not
                 # when the agent started (an import arrives long after); run_finish fills it in.
                 run = Run.objects.create(
-                    context=context, client_id=client_id or None, started_at=started_at, **data
+                    context=context,
+                    client_id=client_id or None,
+                    started_at=started_at,
+                    model_names=_with_models([], [metadata_model(data["metadata"])]),
+                    **data,
                 )
         except IntegrityError:
             # A concurrent writer created it first: answer as a repeat would.
@@ -165,7 +172,9 @@ def steps_append(*, run: Run, items: list[dict[str, Any]]) -> StepsResult:
         raise Invalid("client ids repeat within the batch")
     with transaction.atomic():
         locked = (
-            Run.objects.select_for_update().only("id", "last_position", "context_id").get(pk=run.pk)
+            Run.objects.select_for_update()
+            .only("id", "last_position", "context_id", "metadata", "model_names")
+            .get(pk=run.pk, context_id=run.context_id)
         )
         existing = (
             {
@@ -214,13 +223,67 @@ def steps_append(*, run: Run, items: list[dict[str, Any]]) -> StepsResult:
                 ]
             )
             errors = sum(1 for s, _ in new_steps if s.error_type)
+            counters = {}
+            added = _steps_cost(locked, [s for s, _ in new_steps])
+            if added is not None:
+                counters["cost"] = Coalesce(F("cost"), 0.0) + added
             Run.objects.filter(pk=run.pk).update(
                 last_position=F("last_position") + len(new_steps),
                 step_count=F("step_count") + len(new_steps),
                 error_count=F("error_count") + errors,
+                tool_call_count=F("tool_call_count") + sum(len(c) for _, c in new_steps),
+                model_names=_with_models(locked.model_names, [s.model for s, _ in new_steps]),
+                **counters,
             )
             Context.objects.filter(pk=locked.context_id).update(last_activity_at=timezone.now())
     return StepsResult(steps=results, created=created)
+
+
+MODEL_NAME_CHARS = 200
+
+
+def _with_models(known: list[str], more: list[str]) -> list[str]:
+    """The distinct names of `known` and `more`, sorted (so every path that writes them, and a
+    restore, gives the same list)."""
+    return sorted({name[:MODEL_NAME_CHARS] for name in [*known, *more] if name})
+
+
+def _steps_cost(run: Run, steps: list[Step]) -> float | None:
+    """What `steps` cost (as `run_cost` counts it), or None when no step's cost is known."""
+    fallback = run_model(run)
+    costs = [
+        pricing.step_cost(
+            model=s.model or fallback,
+            cost=s.cost,
+            input_tokens=s.input_tokens,
+            output_tokens=s.output_tokens,
+        )
+        for s in steps
+    ]
+    known = [c for c in costs if c is not None]
+    return sum(known) if known else None
+
+
+def runs_recount(*, run_ids: list[int]) -> None:
+    """Count again, from their steps, what the runs table reads on each run (steps, errors, tool
+    calls, models, cost): after steps were purged or restored from a backup. Positions stay as
+    they are (a purged step leaves its number unused)."""
+    for run in Run.objects.filter(pk__in=run_ids).only("id", "context_id", "metadata"):
+        steps = Step.objects.filter(context_id=run.context_id, run=run)
+        counts = steps.aggregate(
+            n=Count("pk"),
+            errors=Count("pk", filter=Q(error_type__isnull=False) & ~Q(error_type="")),
+        )
+        models = steps.exclude(model="").order_by().values_list("model", flat=True)
+        Run.objects.filter(pk=run.pk).update(
+            step_count=counts["n"],
+            error_count=counts["errors"],
+            tool_call_count=ToolCall.objects.filter(
+                context_id=run.context_id, step__run=run
+            ).count(),
+            model_names=_with_models([metadata_model(run.metadata)], list(models.distinct())),
+            cost=run_cost(run=run).total,
+        )
 
 
 def run_finish(
@@ -244,7 +307,7 @@ def run_finish(
             f"status must be one of {[s for s in RunStatus.values if s != RunStatus.RUNNING]}"
         )
     with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run.pk)
+        run = Run.objects.select_for_update().get(pk=run.pk, context_id=run.context_id)
         sums = run.steps.aggregate(
             i=Sum("input_tokens"), o=Sum("output_tokens"), t=Sum("total_tokens"), **STEP_SPAN
         )
@@ -276,7 +339,7 @@ def steps_order_by_start(*, run: Run) -> bool:
     with one), for writers whose steps arrive out of order (OpenTelemetry spans). True when
     positions changed. Positions stay 1..n; step ids, and the links to them, do not change."""
     with transaction.atomic():
-        Run.objects.select_for_update().filter(pk=run.pk).first()
+        Run.objects.select_for_update().filter(pk=run.pk, context_id=run.context_id).first()
         rows = list(
             Step.objects.filter(context_id=run.context_id, run=run).values_list(
                 "pk", "position", "start_time"

@@ -19,6 +19,7 @@ from memory_app.views.common import (
     invalid_form,
     page,
     query_string,
+    replica_page,
     wants_fragment,
 )
 from memory_app.views.forms import AuditFilterForm, PurgeForm, UndoForm
@@ -66,6 +67,7 @@ def target_links(event: AuditEvent, limit: int = 20) -> list[tuple[str, str | No
 
 @require("audit")
 @require_GET
+@replica_page
 @htmx_partial("audit-list")
 def audit_log(request):
     form = AuditFilterForm(request.GET)
@@ -124,6 +126,7 @@ def audit_log(request):
 
 @require("audit")
 @require_GET
+@replica_page
 def audit_entry(request, event_id: int):
     event = get_object_or_404(
         AuditEvent.objects.select_related("context", "undone_by"), pk=event_id

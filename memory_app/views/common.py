@@ -12,9 +12,10 @@ from urllib.parse import urlencode
 
 from django.http import HttpResponse, JsonResponse
 from django.template.loader import render_to_string
-from django.template.response import TemplateResponse
+from django.template.response import SimpleTemplateResponse, TemplateResponse
 from django.utils.cache import patch_cache_control, patch_vary_headers
 
+from memory_app.replica import replica_reads
 from memory_app.url_prefixes import API_PREFIXES
 
 
@@ -53,6 +54,26 @@ def htmx_partial(name: str, *, targets: dict[str, str] | None = None):
         return wrapped
 
     return decorator
+
+
+def replica_page(view):
+    """View decorator: a GET of this page reads from the read replica when one is configured (a
+    page a moment behind the primary is fine to look at; memory_app/replica.py). Its template
+    is rendered inside too, since querysets are read as the template reaches them. Any other
+    method, and any read inside a transaction, stays on the primary. Above `htmx_partial`, which
+    picks the template to render."""
+
+    @wraps(view)
+    def wrapped(request, *args, **kwargs):
+        if request.method not in ("GET", "HEAD"):
+            return view(request, *args, **kwargs)
+        with replica_reads():
+            response = view(request, *args, **kwargs)
+            if isinstance(response, SimpleTemplateResponse):
+                response.render()
+        return response
+
+    return wrapped
 
 
 def private(response: HttpResponse) -> HttpResponse:

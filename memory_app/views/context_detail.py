@@ -25,6 +25,7 @@ from memory_app.views.common import (
     invalid_form,
     page,
     query_string,
+    replica_page,
     wants_fragment,
 )
 from memory_app.views.forms import HistoryForm, MessagePruneForm, RunsPageForm
@@ -34,6 +35,7 @@ from memory_app.views.forms import HistoryForm, MessagePruneForm, RunsPageForm
 # messages replacing the "load earlier/later" control that asked for it.
 @require("view")
 @require_GET
+@replica_page
 @htmx_partial(
     "history", targets={"history-earlier": "earlier-chunk", "history-later": "later-chunk"}
 )
@@ -80,6 +82,7 @@ def context_page(request, context_id: int):
 
 @require("view")
 @require_GET
+@replica_page
 @htmx_partial("runs")
 def context_runs(request, context_id: int):
     context_obj = get_object_or_404(Context, pk=context_id)

@@ -1,18 +1,41 @@
-"""Contexts browser: filter by key=value chips, search text, sort by activity, cursor pages."""
+"""Contexts browser: filter by key=value chips, search text, sort by activity, cursor pages. The
+home page is the same browser led by the latest failed and running runs."""
 
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from memory_app.queries.dashboard import CONTEXT_ORDERS, BadQuery, contexts_page
+from memory_app.queries.runs_table import runs_needing_attention
 from memory_app.roles import require
-from memory_app.views.common import bad_request, htmx_partial, invalid_form, page, query_string
+from memory_app.views.common import (
+    bad_request,
+    htmx_partial,
+    invalid_form,
+    page,
+    query_string,
+    replica_page,
+    wants_fragment,
+)
 from memory_app.views.forms import ContextListForm
 
 
 @require("view")
 @require_GET
+@replica_page
+@htmx_partial("results")
+def home(request):
+    return _context_list(request, attention=True)
+
+
+@require("view")
+@require_GET
+@replica_page
 @htmx_partial("results")
 def context_list(request):
+    return _context_list(request, attention=False)
+
+
+def _context_list(request, *, attention: bool):
     form = ContextListForm(request.GET)
     if not form.is_valid():
         return invalid_form(request, form)
@@ -50,6 +73,10 @@ def context_list(request):
         "paged": bool(cursor),
         "first_url": base + "?" + query_string(key=chip_values, q=text, sort=order),
         "nav_active": "contexts",
+        # Only the whole home page shows them (its htmx answers are the contexts alone).
+        "attention": runs_needing_attention()
+        if attention and not wants_fragment(request)
+        else None,
     }
     response = page(request, "memory_app/contexts.html", context)
     if request.htmx:

@@ -14,7 +14,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from memory_app.errors import Invalid
-from memory_app.models import MessageRole
+from memory_app.models import MessageRole, RunStatus
 from memory_app.queries.dashboard import (
     CONTEXT_ORDERS,
     MAX_QUERY_CHARS,
@@ -22,6 +22,8 @@ from memory_app.queries.dashboard import (
     HistoryFilters,
     parse_key_chips,
 )
+from memory_app.queries.runs_table import ORDERS as RUN_ORDERS
+from memory_app.queries.runs_table import RunFilters
 from memory_app.services.curation import PruneFilter
 
 # --- fields ------------------------------------------------------------------------------------
@@ -189,6 +191,71 @@ class HistoryForm(DashboardForm):
         data = self.cleaned_data
         return HistoryFilters(
             role=data["role"], tag=data["tag"], text=data["q"], show_pruned=data["pruned"]
+        )
+
+
+class AmountField(forms.FloatField):
+    """An optional amount of at least 0 (seconds, dollars)."""
+
+    default_error_messages = {"min_value": "must be at least %(limit_value)s"}
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("required", False)
+        super().__init__(min_value=0, **kwargs)
+
+    def to_python(self, value):
+        try:
+            return super().to_python(value)
+        except ValidationError:
+            raise ValidationError(f"must be a number, got {value!r}", code="invalid") from None
+
+
+class RunTableForm(DashboardForm):
+    """The runs table's filters, order and page: every one in the URL, so a view can be shared."""
+
+    status = forms.MultipleChoiceField(
+        choices=RunStatus.choices,
+        required=False,
+        error_messages={"invalid_choice": f"must be among {RunStatus.values}, got %(value)s"},
+    )
+    has_error = FlagField(label="has errors")
+    error = TextField(label="error text", max_length=MAX_QUERY_CHARS)
+    model = TextField(max_length=200)
+    key = ListField(item=forms.CharField(required=False, strip=False))
+    add = TextField()
+    started_after = MomentField(label="started from")
+    started_before = MomentField(label="started before")
+    min_duration = AmountField(label="min duration (s)")
+    min_cost = AmountField(label="min cost (USD)")
+    sort = forms.ChoiceField(
+        choices=[(name, label) for name, (label, _, _) in RUN_ORDERS.items()],
+        required=False,
+        error_messages={"invalid_choice": f"must be one of {sorted(RUN_ORDERS)}"},
+    )
+    cursor = TextField()
+
+    def clean_key(self):
+        return _chips(self.cleaned_data["key"])
+
+    def clean_add(self):
+        added = self.cleaned_data["add"]
+        return _chips([added]) if added else []
+
+    def clean_sort(self):
+        return self.cleaned_data["sort"] or "started"
+
+    def filters(self) -> RunFilters:
+        data = self.cleaned_data
+        return RunFilters(
+            statuses=data["status"],
+            has_error=data["has_error"],
+            error=data["error"],
+            model=data["model"],
+            keys=data["key"] + data["add"],
+            started_after=data["started_after"],
+            started_before=data["started_before"],
+            min_duration=data["min_duration"],
+            min_cost=data["min_cost"],
         )
 
 
@@ -410,6 +477,7 @@ class ApiKeyForm(DashboardForm):
     name = TextField(strip=False)
     scopes = ListField(item=forms.CharField(required=False))
     context_keys = TextField(label="context-key restriction")
+    memory_review = TextField(missing="live", label="memory review")
 
     def clean_context_keys(self) -> dict:
         raw = self.cleaned_data["context_keys"]
@@ -418,6 +486,21 @@ class ApiKeyForm(DashboardForm):
         return _json_object(
             raw, 'the context-key restriction must be a JSON object like {"tenant": "acme"}'
         )
+
+
+class KeyReviewForm(DashboardForm):
+    memory_review = TextField(label="memory review")
+
+
+class InboxDecideForm(DashboardForm):
+    ids = ListField(item=WholeNumberField(minimum=1, required=True))
+    action = forms.ChoiceField(choices=[("approve", "approve"), ("reject", "reject")])
+    note = TextField()
+
+
+class InboxMergeForm(DashboardForm):
+    proposal = WholeNumberField(minimum=1, required=True)
+    into = WholeNumberField(minimum=1, required=True)
 
 
 class EmbeddingModelForm(DashboardForm):

@@ -1,5 +1,6 @@
-"""API keys (admin): create with scopes and a context-key restriction, secret shown once, revoke;
-and the embedding models agents may send vectors under (admin): list, register."""
+"""API keys (admin): create with scopes, a context-key restriction and a memory review policy,
+secret shown once, set the review policy, revoke; and the embedding models agents may send
+vectors under (admin): list, register."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from memory_app.models import ApiKey
 from memory_app.roles import require
 from memory_app.services import apikeys
 from memory_app.services.embedding_models import embedding_model_register
-from memory_app.views.common import htmx_partial, page, wants_fragment
-from memory_app.views.forms import ApiKeyForm, EmbeddingModelForm
+from memory_app.views.common import bad_request, htmx_partial, invalid_form, page, wants_fragment
+from memory_app.views.forms import ApiKeyForm, EmbeddingModelForm, KeyReviewForm
 
 KEYS = "memory_app/curate/keys.html"
 
@@ -45,6 +46,7 @@ def keys(request):
                 scopes=form.cleaned_data["scopes"],
                 context_keys=form.cleaned_data["context_keys"],
                 actor=Actor.for_user(request.user),
+                memory_review=form.cleaned_data["memory_review"] or "live",
             )
         except Invalid as exc:
             form.add_error(None, str(exc))
@@ -64,6 +66,28 @@ def keys(request):
 def key_revoke(request, key_id: int):
     key = get_object_or_404(ApiKey, pk=key_id)
     apikeys.apikey_withdraw(key=key, actor=Actor.for_user(request.user))
+    if not wants_fragment(request):
+        return redirect("keys")
+    return page(request, KEYS, _page())
+
+
+@require("keys")
+@require_POST
+@htmx_partial("keys-panel")
+def key_review(request, key_id: int):
+    """Whether the memories a key records are live at once or proposed for review."""
+    key = get_object_or_404(ApiKey, pk=key_id)
+    form = KeyReviewForm(request.POST)
+    if not form.is_valid():
+        return invalid_form(request, form)
+    try:
+        apikeys.apikey_set_review(
+            key=key,
+            memory_review=form.cleaned_data["memory_review"],
+            actor=Actor.for_user(request.user),
+        )
+    except Invalid as exc:
+        return bad_request(request, exc)
     if not wants_fragment(request):
         return redirect("keys")
     return page(request, KEYS, _page())

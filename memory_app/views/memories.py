@@ -20,7 +20,14 @@ from memory_app.services.memories import (
     memory_purge,
     memory_set_archived,
 )
-from memory_app.views.common import bad_request, htmx_partial, invalid_form, page, wants_fragment
+from memory_app.views.common import (
+    bad_request,
+    htmx_partial,
+    invalid_form,
+    page,
+    replica_page,
+    wants_fragment,
+)
 from memory_app.views.forms import (
     ArchiveForm,
     MemoryEditForm,
@@ -35,6 +42,7 @@ LIST = "memory_app/curate/memories.html"
 
 @require("read_memories")
 @require_GET
+@replica_page
 @htmx_partial("memory-list")
 def memory_list(request):
     form = MemoryListForm(request.GET)

@@ -20,7 +20,7 @@ from memory_app.errors import Invalid
 from memory_app.models import Context
 from memory_app.roles import require
 from memory_app.selectors import CompositeSpec, SearchSpec, TokenWindowSpec, WindowSpec
-from memory_app.views.common import htmx_partial, page
+from memory_app.views.common import htmx_partial, page, replica_page
 from memory_app.views.forms import PlaygroundForm
 
 # The environment variable the copied snippets read the API key from.
@@ -170,6 +170,7 @@ def _run(request, context: Context, name: str, form: PlaygroundForm) -> Side:
 # Bad parameters are shown beside the form (a 200): the page stays usable while typing.
 @require("view")
 @require_GET
+@replica_page
 @htmx_partial("playground-results")
 def playground(request, context_id: int):
     # The counters too: a search reads last_seq, search_seq and message_count.

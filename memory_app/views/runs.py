@@ -30,7 +30,7 @@ from memory_app.queries.logbook import (
 )
 from memory_app.roles import require
 from memory_app.services.curation import steps_set_pruned
-from memory_app.views.common import htmx_partial, invalid_form, page, wants_fragment
+from memory_app.views.common import htmx_partial, invalid_form, page, replica_page, wants_fragment
 from memory_app.views.forms import PrunedForm, RunLiveForm, StepDetailForm
 
 
@@ -42,6 +42,7 @@ def _run(run_id: int) -> Run:
 
 @require("view")
 @require_GET
+@replica_page
 def run_start(request, run_id: int):
     run = _run(run_id)
     if run.last_position == 0:
@@ -92,6 +93,7 @@ def _step_id(run: Run, position: int) -> int | None:
 
 @require("view")
 @require_GET
+@replica_page
 @htmx_partial("logbook")
 def run_step(request, run_id: int, position: int):
     return page(request, "memory_app/run.html", _logbook_context(_run(run_id), position))
@@ -182,6 +184,7 @@ def _step_position(run: Run, position: int, step_id: int | None) -> int:
 
 @require("view")
 @require_GET
+@replica_page
 @htmx_partial("model-input")
 def step_model_input(request, run_id: int, position: int):
     run = _run(run_id)
@@ -196,6 +199,7 @@ def step_model_input(request, run_id: int, position: int):
 
 @require("view")
 @require_GET
+@replica_page
 @htmx_partial("transcript")
 def step_transcript(request, run_id: int, position: int):
     run = get_object_or_404(Run.objects.select_related("context"), pk=run_id)

@@ -29,7 +29,7 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
-WIDTHS = {"desktop": (1280, 860), "narrow": (390, 844)}
+WIDTHS = {"desktop": (1280, 860), "wide": (1440, 900), "narrow": (390, 844)}
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
 

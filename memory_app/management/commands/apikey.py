@@ -32,6 +32,15 @@ class Command(BaseCommand):
             default="",
             help='confine the key to contexts containing these keys, e.g. \'{"tenant": "acme"}\'',
         )
+        create.add_argument(
+            "--memory-review",
+            default="live",
+            choices=["live", "proposed"],
+            help="memories the key records are live at once (default) or proposed for review",
+        )
+        review = sub.add_parser("review", help="set a key's memory review policy")
+        review.add_argument("prefix")
+        review.add_argument("memory_review", choices=["live", "proposed"])
         sub.add_parser("list", help="list keys (never their secrets)")
         revoke = sub.add_parser("revoke", help="revoke a key by its prefix")
         revoke.add_argument("prefix")
@@ -39,7 +48,7 @@ class Command(BaseCommand):
     def handle(self, *args, action, **options):
         getattr(self, f"_{action}")(**options)
 
-    def _create(self, *, name, scopes, context_keys, **_):
+    def _create(self, *, name, scopes, context_keys, memory_review, **_):
         try:
             confinement = json.loads(context_keys) if context_keys else {}
         except ValueError as exc:
@@ -50,11 +59,13 @@ class Command(BaseCommand):
                 scopes=[s.strip() for s in scopes.split(",") if s.strip()],
                 context_keys=confinement,
                 actor=COMMAND,
+                memory_review=memory_review,
             )
         except Invalid as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(
-            f"created key {issued.key.prefix} ({name}) scopes={','.join(issued.key.scopes)}"
+            f"created key {issued.key.prefix} ({name}) scopes={','.join(issued.key.scopes)} "
+            f"memory_review={issued.key.memory_review}"
         )
         self.stdout.write("secret (shown once, store it now):")
         self.stdout.write(issued.secret)
@@ -65,7 +76,8 @@ class Command(BaseCommand):
             used = f"{key.last_used_at:%Y-%m-%d %H:%M}" if key.last_used_at else "never"
             self.stdout.write(
                 f"{key.prefix}  {key.name}  scopes={','.join(key.scopes)}  "
-                f"context_keys={json.dumps(key.context_keys)}  last_used={used}  {state}"
+                f"context_keys={json.dumps(key.context_keys)}  "
+                f"memory_review={key.memory_review}  last_used={used}  {state}"
             )
 
     def _revoke(self, *, prefix, **_):
@@ -74,3 +86,10 @@ class Command(BaseCommand):
             raise CommandError(f"no key with prefix {prefix!r}")
         apikeys.apikey_withdraw(key=key, actor=COMMAND)
         self.stdout.write(f"revoked key {key.prefix} ({key.name})")
+
+    def _review(self, *, prefix, memory_review, **_):
+        key = ApiKey.objects.filter(prefix=prefix).first()
+        if key is None:
+            raise CommandError(f"no key with prefix {prefix!r}")
+        apikeys.apikey_set_review(key=key, memory_review=memory_review, actor=COMMAND)
+        self.stdout.write(f"key {key.prefix} ({key.name}) memory_review={memory_review}")

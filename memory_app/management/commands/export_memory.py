@@ -8,6 +8,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 
 from memory_app.backup.export import contexts_matching, export_lines
+from memory_app.replica import replica_stream
 
 
 class Command(BaseCommand):
@@ -40,7 +41,8 @@ class Command(BaseCommand):
             if not isinstance(subset, dict):
                 raise CommandError("--keys must be a JSON object")
         contexts = contexts_matching(context_ids=context_ids, keys=subset)
-        lines = export_lines(contexts=contexts, embeddings=embeddings)
+        # From the read replica when there is one, as the API's export reads.
+        lines = replica_stream(export_lines(contexts=contexts, embeddings=embeddings))
         # Bytes, not text: a text stream would translate newlines on some platforms, and the
         # trailer's digest is over the bytes as written.
         data = (line.encode("utf-8") for line in lines)
