@@ -10,7 +10,7 @@ import pytest
 from rank_bm25 import BM25Okapi
 
 from memory_app.bench import quality
-from memory_app.search import bm25
+from memory_app.search import bm25, fusion
 
 
 def test_a_web_search_splits_into_words_phrases_and_exclusions():
@@ -61,6 +61,23 @@ def test_rank_scores_each_candidate_once_best_first_ties_newest_first():
     rows = [(1, 1, 2, "'x':1A"), (2, 2, 2, "'x':1A"), (2, 2, 2, "'x':1A"), (3, 3, 2, "'x':1A,2A")]
     ranked = bm25.rank(rows, terms=terms, idfs=[1.0], avgdl=2.0)
     assert [mid for mid, _, _ in ranked] == [3, 2, 1]
+
+
+def test_hybrid_weighs_a_clear_keyword_winner_above_a_flat_cosine_list():
+    keyword = [(1, 9.0), (2, 3.0)]
+    # Message 3 is the nearest by cosine, barely: the scaled similarity still gives it the
+    # semantic part in full, but not the keyword part.
+    semantic = [(3, 0.50), (1, 0.51), (2, 0.60)]
+    kw = {mid: (rank, s) for rank, (mid, s) in enumerate(keyword, start=1)}
+    sem = {mid: (rank, d) for rank, (mid, d) in enumerate(semantic, start=1)}
+    order = fusion.ranked_order("hybrid", keyword, semantic, kw=kw, sem=sem)
+    assert [mid for mid, _ in order] == [1, 2, 3]
+    scores = dict(order)
+    assert scores[1] == pytest.approx(0.8 + 0.2 * (0.49 - 0.40) / 0.10)
+    assert scores[2] == pytest.approx(0.8 * 3 / 9)
+    assert scores[3] == pytest.approx(0.2)
+    # One list alone ranks as it is.
+    assert fusion.ranked_order("hybrid", keyword, [], kw=kw, sem={}) == keyword
 
 
 # --- the quality benchmark's scoring -------------------------------------------------------------

@@ -15,6 +15,7 @@ from django.test import override_settings
 from memory_app import errors
 from memory_app.embeddings import indexer
 from memory_app.models import Context, Embedding, EmbeddingModel, Message, keys_digest
+from memory_app.search.keyword import keyword_ranking
 from memory_app.search.messages import search_messages
 from memory_app.search.semantic import (
     MAX_EF_SEARCH,
@@ -350,7 +351,7 @@ def test_search_excludes_pruned_messages(store, system_actor):
     assert top.pk not in [h.message.pk for h in hits] and len(hits) == 19
 
 
-def test_hybrid_fuses_both_rankings_by_reciprocal_rank(store):
+def test_hybrid_fuses_both_rankings_by_their_weighted_scores(store):
     small = store["small"]
     first = Message.objects.get(context=small, seq=1)  # its text holds "alpha"
     query_vec = np.asarray(Embedding.objects.get(message=first, model=MODEL).vector).tolist()
@@ -360,10 +361,18 @@ def test_hybrid_fuses_both_rankings_by_reciprocal_rank(store):
         context=small, query=first.text, k=5, mode="hybrid", model=MODEL, query_vector=query_vec
     )
     assert result.mode == "hybrid" and len(result.hits) == 5
+    # 0.8 × BM25 over the best BM25 of the keyword list, 0.2 × cosine similarity scaled over
+    # the semantic list (each list the 20 best: hybrid reads three times k, at least 20).
+    keyword = keyword_ranking(context_id=small.pk, query=first.text, limit=20)
+    semantic, _ = semantic_ranking(context_id=small.pk, model=MODEL, vector=query_vec, limit=20)
+    best = max(score for _, score in keyword)
+    sims = {mid: 1 - d for mid, d in semantic}
+    low, high = min(sims.values()), max(sims.values())
     for h in result.hits:
-        assert h.score == pytest.approx(
-            sum(1 / (60 + r) for r in (h.keyword_rank, h.semantic_rank) if r)
-        )
+        expected = 0.8 * dict(keyword).get(h.message.pk, 0.0) / best
+        if h.message.pk in sims:
+            expected += 0.2 * (sims[h.message.pk] - low) / (high - low)
+        assert h.score == pytest.approx(expected)
     assert [h.score for h in result.hits] == sorted((h.score for h in result.hits), reverse=True)
     both = [h for h in result.hits if h.keyword_rank and h.semantic_rank]
     assert first.pk in [h.message.pk for h in both]
