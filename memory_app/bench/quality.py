@@ -1,8 +1,9 @@
 """`manage.py benchmark --quality`: retrieval quality on a public long-term conversation benchmark.
 
 LoCoMo (Maharana et al., "Evaluating Very Long-Term Conversational Memory of LLM Agents", ACL
-2024; github.com/snap-research/locomo, `data/locomo10.json`, licensed by its authors for
-non-commercial use: it is fetched when the benchmark runs, never committed). Ten conversations
+2024; github.com/snap-research/locomo, `data/locomo10.json`, released by its authors for
+non-commercial use (CC BY-NC 4.0 as we understand it; the snapshot read while writing this had
+no licence file): it is fetched when the benchmark runs, never committed). Ten conversations
 of up to 35 sessions between two people; each question is annotated with the turns ("evidence",
 dialogue ids) that answer it.
 
