@@ -81,6 +81,9 @@ class SearchSpec:
     mode: Literal["auto", "keyword", "semantic", "hybrid"] = "auto"
     model: str | None = None
     query_vector: tuple[float, ...] | None = None
+    # "prompt": the hits in conversation order (oldest first), as a prompt takes them; "rank":
+    # best first, for a caller that reads the ranking itself.
+    order: Literal["prompt", "rank"] = "prompt"
     kind: Literal["search"] = "search"
 
 
@@ -388,7 +391,9 @@ def select_search(*, context: Context, spec: SearchSpec) -> Selection:
         query_vector=list(spec.query_vector) if spec.query_vector is not None else None,
     )
     counter = _TokenCounter(None)
-    hits = sorted(result.hits, key=lambda h: h.message.seq)
+    if spec.order not in ("prompt", "rank"):
+        raise Invalid("order must be 'prompt' or 'rank'")
+    hits = result.hits if spec.order == "rank" else sorted(result.hits, key=lambda h: h.message.seq)
     items = [
         Selected(h.message, f"search: rank {h.rank} ({h.explain})", counter(h.message), h.score)
         for h in hits

@@ -10,7 +10,7 @@ from django.db import connection
 
 from memory_app.embeddings import indexer, queue
 from memory_app.models import Embedding, MemoryRecord, Message
-from memory_app.search.messages import semantic_ranking
+from memory_app.search.semantic import semantic_ranking
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import messages_append
 from tests.api_helpers import make_key, new_context
@@ -371,7 +371,7 @@ def test_the_halfvec_migration_replaces_a_full_precision_index(api):
 def test_a_models_store_size_counts_its_own_vectors_not_every_models(api, settings):
     """The HNSW search's ef_search grows with the store: a second model's vectors (a re-embed
     keeps the old ones) must not make every search of the first walk further."""
-    from memory_app.search import messages as message_search
+    from memory_app.search import semantic as message_search
 
     settings.AGENTMEMORY_INDEX_DEFER_MIN = 10_000  # every vector straight into its index
     context, _ = context_get_or_create(keys={"test": "store-size"})

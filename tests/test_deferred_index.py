@@ -13,7 +13,8 @@ from memory_app import backlog
 from memory_app.embeddings import indexer, queue
 from memory_app.models import Embedding, Message
 from memory_app.queries.memories import _semantic_hits, memories_visible
-from memory_app.search.messages import search_messages, semantic_ranking
+from memory_app.search.messages import search_messages
+from memory_app.search.semantic import semantic_ranking
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.memories import memories_record
 from memory_app.services.messages import messages_append

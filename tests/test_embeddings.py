@@ -364,6 +364,10 @@ def test_real_minilm_ranks_the_paris_weather_first(settings):
         context=context, query="what is the weather in Paris", k=5, mode="semantic"
     ).hits
     assert hits[0].message.text == "Sunny, 25C in Paris today"
+    # The model runs on one intra-op thread (a query's forward pass is too small to share).
+    import torch
+
+    assert torch.get_num_threads() == 1
     providers._cached_provider.cache_clear()
 
 

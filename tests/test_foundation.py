@@ -21,7 +21,7 @@ from memory_app import db, errors, tokens
 from memory_app.db import gc_paused
 from memory_app.models import Context, Message, MessageSearch, Run, Step, keys_digest
 from memory_app.search import fulltext
-from memory_app.search.messages import keyword_ranking
+from memory_app.search.keyword import keyword_ranking
 from memory_app.services import messages as message_service
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import COPY_CHUNK, COPY_THRESHOLD, message_edit, messages_append

@@ -12,7 +12,7 @@ from django.db import connection, transaction
 
 from memory_app.checks import check_hnsw_parameters
 from memory_app.embeddings import indexer
-from memory_app.search.messages import semantic_ranking, vector_literal
+from memory_app.search.semantic import semantic_ranking, vector_literal
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import messages_append
 from tests.builders import register_models

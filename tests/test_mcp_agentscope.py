@@ -52,7 +52,7 @@ class ScriptedModel(ChatModelBase):
                         type="tool_use",
                         id="call_1",
                         name="search_memory",
-                        input={"context_id": self.context_id, "query": "Lyon", "k": 1},
+                        input={"context_id": self.context_id, "query": "rainy Lyon", "k": 1},
                     )
                 ]
             )

@@ -15,16 +15,18 @@ from django.test import override_settings
 from memory_app import errors
 from memory_app.embeddings import indexer
 from memory_app.models import Context, Embedding, EmbeddingModel, Message, keys_digest
-from memory_app.search.messages import (
+from memory_app.search.keyword import keyword_ranking
+from memory_app.search.messages import search_messages
+from memory_app.search.semantic import (
     MAX_EF_SEARCH,
     ef_search_for,
     hnsw_settings_sql,
     nearest_vectors,
-    search_messages,
     semantic_ranking,
 )
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.curation import messages_set_pruned
+from tests.bm25_truth import bm25_truth, split
 
 # Every test here, and so the module fixture, runs on the test database (pytest-django sets it
 # up only for sessions holding a django_db test).
@@ -127,6 +129,9 @@ def store(django_db_setup, django_db_blocker):
         with override_settings(AGENTMEMORY_HNSW_M=8, AGENTMEMORY_HNSW_EF_CONSTRUCTION=24):
             assert indexer.ensure_model_index(model=MODEL, dimensions=DIMS)
         texts = dict(Message.objects.filter(context=small).values_list("pk", "text"))
+        # The small context's counters as an append keeps them (BM25 reads its message count).
+        Context.objects.filter(pk=small.pk).update(message_count=20, last_seq=20)
+        small.refresh_from_db()
         yield {"small": small, "texts": texts, "big": big}
         Context.objects.filter(pk__in=[c.pk for c in big] + [small.pk]).delete()
         EmbeddingModel.objects.filter(name=MODEL).delete()
@@ -144,18 +149,10 @@ def brute_force_semantic(context, query):
     return [mid for _, mid in sorted(scored)]
 
 
-def brute_force_keyword(context, query):
-    """Every message of the context, ranked in Python on ts_rank computed row by row."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT id, seq, ts_rank(to_tsvector('english', text), "
-            "websearch_to_tsquery('english', %s)), "
-            "to_tsvector('english', text) @@ websearch_to_tsquery('english', %s) "
-            "FROM memory_app_message WHERE context_id = %s AND pruned_at IS NULL",
-            [query, query, context.pk],
-        )
-        rows = [r for r in cur.fetchall() if r[3]]
-    return [r[0] for r in sorted(rows, key=lambda r: (-r[2], -r[1]))]
+def brute_force_keyword(context, query, match="any"):
+    """Every message of the context, ranked in Python by BM25 over all of them."""
+    strict = query if match == "all" else None
+    return [mid for mid, _ in bm25_truth(context, **split(query), strict=strict)]
 
 
 def test_the_models_hnsw_index_is_present(store):
@@ -324,12 +321,17 @@ def test_small_context_exact_scan_keeps_only_k_rows_in_memory(store, settings):
 
 
 @pytest.mark.parametrize("k", [1, 3, 10, 50])
-@pytest.mark.parametrize("query", ["alpha", "beta", "alpha beta", "alpha -beta"])
-def test_keyword_search_in_the_small_context_equals_brute_force(store, k, query):
+@pytest.mark.parametrize("query", ["alpha", "beta", "alpha beta", "alpha -beta", "alpha gamma"])
+@pytest.mark.parametrize("match", ["any", "all"])
+def test_keyword_search_in_the_small_context_equals_brute_force(store, k, query, match):
     small = store["small"]
-    expected = brute_force_keyword(small, query)
+    expected = brute_force_keyword(small, query, match)
+    if match == "all" and "gamma" in query:
+        # No message holds "gamma": every word required, nothing matches.
+        assert not search_messages(context=small, query=query, k=k, match=match).hits
+        return
     assert expected, "the query must match something"
-    result = search_messages(context=small, query=query, k=k, mode="keyword")
+    result = search_messages(context=small, query=query, k=k, mode="keyword", match=match)
     assert [h.message.pk for h in result.hits] == expected[:k]
     assert len(result.hits) == min(k, len(expected))
 
@@ -349,7 +351,7 @@ def test_search_excludes_pruned_messages(store, system_actor):
     assert top.pk not in [h.message.pk for h in hits] and len(hits) == 19
 
 
-def test_hybrid_fuses_both_rankings_by_reciprocal_rank(store):
+def test_hybrid_fuses_both_rankings_by_their_weighted_scores(store):
     small = store["small"]
     first = Message.objects.get(context=small, seq=1)  # its text holds "alpha"
     query_vec = np.asarray(Embedding.objects.get(message=first, model=MODEL).vector).tolist()
@@ -359,10 +361,18 @@ def test_hybrid_fuses_both_rankings_by_reciprocal_rank(store):
         context=small, query=first.text, k=5, mode="hybrid", model=MODEL, query_vector=query_vec
     )
     assert result.mode == "hybrid" and len(result.hits) == 5
+    # 0.8 × BM25 over the best BM25 of the keyword list, 0.2 × cosine similarity scaled over
+    # the semantic list (each list the 20 best: hybrid reads three times k, at least 20).
+    keyword = keyword_ranking(context_id=small.pk, query=first.text, limit=20)
+    semantic, _ = semantic_ranking(context_id=small.pk, model=MODEL, vector=query_vec, limit=20)
+    best = max(score for _, score in keyword)
+    sims = {mid: 1 - d for mid, d in semantic}
+    low, high = min(sims.values()), max(sims.values())
     for h in result.hits:
-        assert h.score == pytest.approx(
-            sum(1 / (60 + r) for r in (h.keyword_rank, h.semantic_rank) if r)
-        )
+        expected = 0.8 * dict(keyword).get(h.message.pk, 0.0) / best
+        if h.message.pk in sims:
+            expected += 0.2 * (sims[h.message.pk] - low) / (high - low)
+        assert h.score == pytest.approx(expected)
     assert [h.score for h in result.hits] == sorted((h.score for h in result.hits), reverse=True)
     both = [h for h in result.hits if h.keyword_rank and h.semantic_rank]
     assert first.pk in [h.message.pk for h in both]

@@ -21,9 +21,11 @@ from django.urls import reverse
 from memory_app import selectors
 from memory_app.models import Message
 from memory_app.search import fulltext
-from memory_app.search import messages as message_search
-from memory_app.search.messages import keyword_ranking, search_messages
+from memory_app.search import keyword as message_search
+from memory_app.search.keyword import keyword_ranking
+from memory_app.search.messages import search_messages
 from memory_app.services.messages import messages_append
+from tests.bm25_truth import bm25_truth, split
 from tests.builders import make_context, make_user
 
 pytestmark = pytest.mark.django_db
@@ -52,9 +54,21 @@ def test_auto_without_vectors_ranks_any_word_matches(kyoto):
     assert result.mode == "keyword"
     # Both words first; then the one-word matches, the two-"weather" message above "Kyoto" once.
     assert [h.message.pk for h in result.hits] == [ids[2], ids[3], ids[1]]
-    # Asked for keyword mode, the query still reads as a web search (every word).
-    strict = search_messages(context=context, query="weather in Kyoto", k=5, mode="keyword")
+    # Keyword mode ranks the same way (BM25: equal IDFs here, equal lengths, newest first).
+    keyword = search_messages(context=context, query="weather in Kyoto", k=5, mode="keyword")
+    assert [h.message.pk for h in keyword.hits] == [ids[2], ids[3], ids[1]]
+    truth = bm25_truth(context, **split("weather Kyoto"))
+    assert [h.score for h in keyword.hits] == pytest.approx([score for _, score in truth])
+    # Every word asked for, the query reads as a web search.
+    strict = search_messages(
+        context=context, query="weather in Kyoto", k=5, mode="keyword", match="all"
+    )
     assert [h.message.pk for h in strict.hits] == [ids[2]]
+    # "Phrases" and -exclusions as websearch syntax writes them, any word matching.
+    phrase = search_messages(context=context, query='"kyoto temples" coast', k=5, mode="keyword")
+    assert [h.message.pk for h in phrase.hits] == [ids[3], ids[1]]
+    excluded = search_messages(context=context, query="weather kyoto -mild", k=5, mode="keyword")
+    assert [h.message.pk for h in excluded.hits] == [ids[3], ids[1]]
 
 
 def test_playground_search_for_weather_in_kyoto_ranks_any_word_matches(kyoto):
@@ -81,16 +95,6 @@ def test_playground_search_for_weather_in_kyoto_ranks_any_word_matches(kyoto):
 # --- the bounded candidate set -----------------------------------------------------------------
 
 
-def _ranked_by_ts_rank(context, tsquery: str, ids: list[int]) -> list[int]:
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT id FROM memory_app_message WHERE id = ANY(%s) "
-            "ORDER BY ts_rank(to_tsvector('english', text), %s::tsquery) DESC, seq DESC",
-            [ids, tsquery],
-        )
-        return [r[0] for r in cur.fetchall()]
-
-
 def test_keyword_ranks_the_newest_matches_when_more_match_than_the_candidates(
     settings, monkeypatch
 ):
@@ -106,18 +110,21 @@ def test_keyword_ranks_the_newest_matches_when_more_match_than_the_candidates(
         )
     messages = messages_append(context=context, items=items).messages
     context.refresh_from_db()
-    matching = [m.pk for m in messages if "alpha" in m.text]
+    matching = [m for m in messages if "alpha" in m.text]
     hits = keyword_ranking(
         context_id=context.pk, query="alpha", limit=10, last_seq=context.last_seq
     )
-    newest = matching[-20:]
-    assert [h for h, _ in hits] == _ranked_by_ts_rank(context, "'alpha'", newest)[:10]
+    # The newest 20 matches, by term frequency (their lengths are equal), newest first.
+    newest = sorted(matching[-20:], key=lambda m: (-m.text.count("alpha"), -m.seq))
+    assert [h for h, _ in hits] == [m.pk for m in newest[:10]]
     assert messages[0].pk not in [h for h, _ in hits]
     # With room for every match the oldest (and best) one leads: small contexts rank exactly.
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 1000
     hits = keyword_ranking(context_id=context.pk, query="alpha", limit=10)
     assert hits[0][0] == messages[0].pk
-    assert [h for h, _ in hits] == _ranked_by_ts_rank(context, "'alpha'", matching)[:10]
+    expected = bm25_truth(context, words=["alpha"])[:10]
+    assert [h for h, _ in hits] == [mid for mid, _ in expected]
+    assert [s for _, s in hits] == pytest.approx([s for _, s in expected])
 
 
 def test_a_rare_old_match_is_found_by_widening_the_window(settings, monkeypatch):

@@ -9,7 +9,8 @@ import pytest
 
 from memory_app import errors, selectors, tokens
 from memory_app.errors import Invalid
-from memory_app.models import Message
+from memory_app.models import Context, Message
+from memory_app.search.messages import search_messages
 from memory_app.selectors import CompositeSpec, SearchSpec, TokenWindowSpec, WindowSpec, select
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.curation import messages_set_pruned
@@ -290,7 +291,16 @@ def test_status_messages_of_any_role_are_never_selected(db):
     # The last user message is u2 (st3 is a status), and only real function calls follow it.
     assert got[0] == "s" and got[-2:] == ["u2", "f3"]
     assert [n for n in got if n.startswith("u")][-1] == "u2"
-    assert len([i for i in composite.items if i.reason.startswith("search hit")]) == 2
+    # search_k hits kept after the statuses among the search's answers are skipped (the system
+    # message may be one: it is then listed once, as the system message).
+    u2 = Message.objects.get(context=context, seq=7)
+    found = search_messages(
+        context=context, query=u2.text, k=8, mode="keyword", exclude_ids=[u2.pk]
+    ).hits
+    assert {"st1", "st2", "st3"} & {id_to_name[h.message.pk] for h in found}
+    kept = [id_to_name[h.message.pk] for h in found if id_to_name[h.message.pk][:2] != "st"][:2]
+    assert len(kept) == 2 and set(kept) <= set(got)
+    assert [i for i in composite.items if i.reason.startswith("search hit")]
 
 
 @pytest.mark.parametrize(
@@ -391,9 +401,35 @@ def test_select_endpoint_answers_the_same_as_the_domain_function(db):
     assert [ids[i["message"]["id"]] for i in composite.json()["items"]][0] == "b0"
 
 
+def test_search_answers_in_rank_order_with_scores_when_asked(db, settings):
+    from tests.api_helpers import make_key
+
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    api = make_key(scopes=["read", "write"])
+    cid, ids = _api_history(api)
+    body = {"selector": "search", "query": "is it sunny weather", "k": 5, "mode": "keyword"}
+    prompt = api.post(f"/api/v1/contexts/{cid}/select", body).json()["items"]
+    ranked = api.post(f"/api/v1/contexts/{cid}/select", {**body, "order": "rank"}).json()["items"]
+    assert len(ranked) >= 3
+    # The prompt order (the default) is the conversation's, oldest first.
+    seqs = [i["message"]["seq"] for i in prompt]
+    assert seqs == sorted(seqs)
+    # Ranked: the same hits, best first, each with its score and rank.
+    assert sorted(i["message"]["id"] for i in ranked) == sorted(i["message"]["id"] for i in prompt)
+    scores = [i["score"] for i in ranked]
+    assert scores == sorted(scores, reverse=True) and scores[0] > scores[-1]
+    assert [i["reason"].split()[2] for i in ranked] == [str(n) for n in range(1, len(ranked) + 1)]
+    domain = select(
+        context=Context.objects.get(pk=cid),
+        spec=SearchSpec(query=body["query"], k=5, mode="keyword", order="rank"),
+    )
+    assert [ids[i.message.pk] for i in domain.items] == [ids[i["message"]["id"]] for i in ranked]
+
+
 @pytest.mark.parametrize(
     ("body", "status"),
     [
+        ({"selector": "search", "query": "x", "order": "random"}, 422),
         ({"selector": "token_window", "max_tokens": 10, "tokenizer": "klingon"}, 422),
         ({"selector": "window"}, 422),
         ({"selector": "window", "k": 0}, 422),

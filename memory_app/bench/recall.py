@@ -9,7 +9,7 @@ from memory_app.bench.harness import SCALE_MESSAGES, SEARCH_K, Bench, context_si
 from memory_app.bench.measure import Amount, Row, Target
 from memory_app.embeddings import indexer
 from memory_app.models import Context
-from memory_app.search.messages import ef_search_for, semantic_ranking, store_size
+from memory_app.search.semantic import ef_search_for, semantic_ranking, store_size
 
 
 def recall(b: Bench) -> None:

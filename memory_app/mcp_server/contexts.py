@@ -237,7 +237,8 @@ async def search_memory(
         Field(
             min_length=1,
             max_length=MAX_QUERY_CHARS,
-            description='words to find; in keyword mode a web-search query ("quoted phrase", -not)',
+            description='words to find: any of them matches, "a quoted phrase" as a phrase, '
+            "-word excludes; keyword hits are ranked by BM25",
         ),
     ],
     k: Annotated[int, Field(ge=1, le=100, description="how many hits")] = 5,

@@ -27,7 +27,8 @@ from memory_app.models import (
     MemoryStatus,
 )
 from memory_app.queries.lists import Page
-from memory_app.search.messages import nearest_vectors, rrf_scores
+from memory_app.search.fusion import rrf_scores
+from memory_app.search.semantic import nearest_vectors
 
 
 def memories_visible(
@@ -134,7 +135,7 @@ def _fused(
 
 def _query_hits(qs: QuerySet, query: str, limit: int) -> list[tuple[MemoryRecord, float, str]]:
     """Full-text (any word) fused with cosine similarity when the records have vectors."""
-    from memory_app.search.messages import _any_terms_tsquery
+    from memory_app.search.keyword import _any_terms_tsquery
 
     fetch = max(limit * 3, 20)
     text: list[tuple[int, float]] = []

@@ -19,7 +19,7 @@ from django.db import connection
 from memory_app.errors import NotFound
 from memory_app.models import FTS_CONFIG, ApiKey, MemoryRecord, MemoryStatus
 from memory_app.queries.memories import memory_for_key
-from memory_app.search.messages import vector_literal
+from memory_app.search.semantic import vector_literal
 
 Measure = Literal["semantic", "words"]
 INBOX_LIMIT = 200

@@ -68,6 +68,11 @@ class SelectIn(Schema):
     mode: Literal["auto", "keyword", "semantic", "hybrid"] = "auto"
     model: Short(200) | None = Field(None, description="embedding model of `query_vector`")
     query_vector: list[FiniteFloat] | None = Field(None, max_length=16000)
+    order: Literal["prompt", "rank"] = Field(
+        "prompt",
+        description="search: `prompt` lists the hits oldest first (as a prompt takes them), "
+        "`rank` best first; each hit's `score` and `reason` give its rank either way",
+    )
     window: WindowOptionsIn | None = Field(None, description="composite: the recent window")
     search_k: int = Field(
         3, ge=1, le=100, description="composite: search hits for the last user message"
@@ -97,6 +102,7 @@ class SelectIn(Schema):
                 mode=self.mode,
                 model=self.model,
                 query_vector=tuple(self.query_vector) if self.query_vector is not None else None,
+                order=self.order,
             )
         window = (self.window or WindowOptionsIn()).to_spec()
         return selectors.CompositeSpec(

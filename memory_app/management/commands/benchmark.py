@@ -27,6 +27,7 @@ from memory_app.bench import (
     export,
     ingest,
     peers,
+    quality,
     recall,
     selectors,
     startup,
@@ -82,6 +83,20 @@ class Command(BaseCommand):
             action="store_true",
             help="also run langchain-postgres chat history, LangGraph PostgresStore and the naive "
             "baseline on the same data and print ours ÷ peer (needs agentmemory[peers])",
+        )
+        parser.add_argument(
+            "--quality",
+            action="store_true",
+            help="retrieval quality instead of speed: recall@5/10 and MRR of each search mode on "
+            "LoCoMo (fetched from its public URL into var/bench/ on first use), beside "
+            "in-process BM25 and exact dense baselines (needs agentmemory[bench,embeddings]; "
+            "database agentmemory_bench_quality unless --db-name)",
+        )
+        parser.add_argument(
+            "--dataset",
+            default=None,
+            help="with --quality: a LoCoMo JSON file (or a folder of its per-conversation files) "
+            "to read instead of fetching it",
         )
         parser.add_argument(
             "--messages",
@@ -152,6 +167,8 @@ class Command(BaseCommand):
         self.stdout.flush()
 
     def handle(self, *args, **opts):
+        if opts["quality"]:
+            return self._quality(opts)
         quick, scale = opts["quick"], opts["scale"]
         if quick and scale:
             raise CommandError("--quick and --scale exclude each other")
@@ -211,6 +228,38 @@ class Command(BaseCommand):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             self.log(f"\nwritten to {path}")
+
+    def _quality(self, opts) -> None:
+        path = Path(opts["dataset"] or Path(settings.BASE_DIR) / "var" / "bench" / "locomo10.json")
+        if not opts["dataset"]:
+            self.log(f"dataset: {path} (fetched from {quality.LOCOMO_URL} if absent)")
+            quality.fetch_dataset(path)
+        files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+        raw = []
+        for file in files:
+            loaded = json.loads(file.read_text())
+            raw += loaded if isinstance(loaded, list) else [{"sample_id": file.stem, **loaded}]
+        conversations = quality.parse_locomo(raw)
+        settings.AGENTMEMORY_EMBEDDING_PROVIDER = "local"
+        db_name = opts["db_name"] or "agentmemory_bench_quality"
+        try:
+            database.switch_to(db_name)
+            database.recreate_database(db_name)
+        except (database.BenchDatabaseError, psycopg.Error) as exc:
+            raise CommandError(f"cannot prepare the benchmark database {db_name!r}: {exc}") from exc
+        database.migrate()
+        self.log(
+            f"{len(conversations)} conversations, "
+            f"{sum(len(c.questions) for c in conversations)} questions"
+        )
+        try:
+            result = quality.run(conversations, self.log)
+        finally:
+            connection.close()
+            if not opts["keep"]:
+                database.drop_database(db_name)
+        self.log("")
+        self.log("\n".join(quality.report(result)))
 
     # --- database and dataset -----------------------------------------------------------------
 

@@ -1,0 +1,160 @@
+"""BM25 (Okapi, Lucene's IDF) over PostgreSQL full-text vectors: the pure part, no database.
+
+For a query of terms t (each stemmed word of the query, and each "quoted phrase") and a message d:
+
+    score(d) = sum over t in d of  idf(t) * tf(t, d) * (k1 + 1) / (tf(t, d) + k1 * norm(d))
+    idf(t)   = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))
+    norm(d)  = 1 - b + b * dl(d) / avgdl
+
+with k1 = 1.2 and b = 0.75. N is the context's live message count. What is approximated, so
+that a query's work stays bounded at a million messages in a context:
+
+- tf(t, d) is the number of positions the message's tsvector holds for the lexeme (PostgreSQL
+  keeps at most 256 per lexeme); a phrase's tf is the smallest tf of its lexemes (an upper
+  bound of its occurrences).
+- dl(d) is the number of distinct lexemes of the vector (`length(tsvector)`, no unnesting),
+  and avgdl their mean over the candidates scored (the messages matching the query, rather
+  than the whole context: no read beyond the candidates, and the same whether a message's
+  vector is stored yet or parsed from its text).
+- df(t) counts the messages the query can match (its exclusions applied). It is exact when
+  fewer than the per-term cap of messages match t; otherwise it is estimated from how far back
+  the newest `cap` matches reach (`estimated_df`): a term that frequent has an IDF near its
+  floor, where the estimate's error barely moves the score.
+- A message is a candidate when it is among the newest `cap` matches of at least one term: every
+  match of a rare term is scored, and a message holding only frequent terms older than their
+  newest `cap` matches is missed (its score, made of low IDFs, would rank it low anyway).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+K1 = 1.2
+B = 0.75
+
+# A web search's tokens as websearch_to_tsquery reads them: "quoted phrases" (an unclosed quote
+# runs to the end) and words, each possibly negated by a leading "-".
+_TOKEN = re.compile(r'(-?)"([^"]*)(?:"|$)|(-?)([^\s"]+)')
+# A lexeme and its positions in a tsvector's text: 'it''s':1A,5A
+_LEXEME = re.compile(r"'((?:[^'\\]|''|\\.)*)'(?::([0-9A-D,]+))?")
+
+
+@dataclass(frozen=True)
+class WebSearch:
+    """A query split as websearch syntax writes it: the words and phrases any of which a
+    message must hold, and the words and phrases excluded (`-word`, `-"a phrase"`)."""
+
+    words: tuple[str, ...]
+    phrases: tuple[str, ...]
+    excluded: tuple[str, ...]
+
+    @property
+    def exclusion_text(self) -> str:
+        """The exclusions as a web search of their own (websearch_to_tsquery reads it as
+        AND NOT each)."""
+        return " ".join(f'-"{x}"' if " " in x else f"-{x}" for x in self.excluded)
+
+
+def split_websearch(query: str) -> WebSearch:
+    """The words, "phrases" and -exclusions of a web search. The operator `or` is dropped: any
+    word matches already."""
+    words: list[str] = []
+    phrases: list[str] = []
+    excluded: list[str] = []
+    for token in _TOKEN.finditer(query):
+        if token.group(2) is not None:
+            text, negated = token.group(2).strip(), bool(token.group(1))
+        else:
+            text, negated = token.group(4).strip("-"), bool(token.group(3))
+        if not text:
+            continue
+        if negated:
+            excluded.append(text)
+        elif token.group(2) is not None:
+            phrases.append(text)
+        elif text.lower() != "or":
+            words.append(text)
+    return WebSearch(tuple(words), tuple(phrases), tuple(excluded))
+
+
+@dataclass(frozen=True)
+class Term:
+    """One term of the score: a lexeme, or a phrase of several (`tsquery` matches it)."""
+
+    tsquery: str
+    lexemes: tuple[str, ...]
+
+
+def quote_lexeme(lexeme: str) -> str:
+    """A lexeme as a tsquery operand."""
+    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def term_frequencies(vector_text: str) -> dict[str, int]:
+    """lexeme → number of positions, from a tsvector's text."""
+    found = {}
+    for raw, positions in _LEXEME.findall(vector_text):
+        lexeme = raw.replace("''", "'").replace("\\\\", "\\")
+        found[lexeme] = positions.count(",") + 1 if positions else 1
+    return found
+
+
+def term_frequency(term: Term, tfs: dict[str, int]) -> int:
+    return min((tfs.get(lexeme, 0) for lexeme in term.lexemes), default=0)
+
+
+def idf(df: float, n: int) -> float:
+    n = max(n, df, 1)
+    return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+
+
+def estimated_df(*, matches: int, cap: int, oldest_seq: int | None, last_seq: int, n: int) -> float:
+    """Messages holding a term: exact when fewer than `cap` matched (`matches`); else the
+    density of the newest `cap` matches (they reach back to `oldest_seq`) over the context's `n`
+    messages, never below what was seen."""
+    if matches < cap or oldest_seq is None:
+        return float(matches)
+    span = max(last_seq - oldest_seq + 1, matches)
+    return float(min(max(matches * n / span, matches), max(n, matches)))
+
+
+def score(
+    *,
+    terms: Sequence[Term],
+    idfs: Sequence[float],
+    tfs: dict[str, int],
+    length: int,
+    avgdl: float,
+) -> float:
+    """BM25 of one message: its term frequencies `tfs` and length `length` (distinct lexemes)."""
+    norm = 1.0 - B + B * (length / avgdl if avgdl > 0 else 1.0)
+    total = 0.0
+    for term, weight in zip(terms, idfs, strict=True):
+        tf = term_frequency(term, tfs)
+        if tf:
+            total += weight * tf * (K1 + 1.0) / (tf + K1 * norm)
+    return total
+
+
+def rank(
+    rows: Iterable[tuple[int, int, int, str]],
+    *,
+    terms: Sequence[Term],
+    idfs: Sequence[float],
+    avgdl: float,
+) -> list[tuple[int, int, float]]:
+    """(id, seq, score) of candidate rows (id, seq, length, vector text of the query's
+    lexemes), best first, ties newest first; each id once."""
+    seen: dict[int, tuple[int, int, float]] = {}
+    for mid, seq, length, vector_text in rows:
+        if mid not in seen:
+            tfs = term_frequencies(vector_text or "")
+            seen[mid] = (
+                mid,
+                seq,
+                score(terms=terms, idfs=idfs, tfs=tfs, length=length, avgdl=avgdl),
+            )
+    return sorted(seen.values(), key=lambda row: (-row[2], -row[1]))

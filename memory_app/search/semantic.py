@@ -1,0 +1,269 @@
+"""Vector search inside one context (pgvector cosine), and the query's vector.
+
+Within one context it returns min(k, n) results, whatever share of the table that context holds:
+
+- a context with fewer than `AGENTMEMORY_SEARCH_EXACT_THRESHOLD` messages is scanned exactly
+  (its rows through the (context, model) btree index, the k nearest kept by a top-N sort): for a
+  few thousand rows that is faster than any index walk, and exactly ranked;
+- a larger context walks the model's HNSW index with pgvector's iterative scan (0.8), which goes
+  on until k of the context's rows are found however small its share of the store, with
+  `hnsw.ef_search` grown with the store's size (`AGENTMEMORY_HNSW_EF_SEARCH[_STEPS]`). The walk
+  itself returns k; only a context with far fewer vectors than messages (most not embedded)
+  can come back short, and then holds few vectors: those are scanned exactly ("hnsw+exact").
+  Vectors of a large batch that wait for the indexer (not yet in the graph) are scanned exactly
+  beside the walk and merged by distance ("hnsw+pending"), so a stored vector is found at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from memory_app import errors
+from memory_app.embeddings import client_vectors, indexer, providers
+from memory_app.errors import Invalid, ProviderDown, SemanticUnavailable
+
+
+def vector_literal(vector: Sequence[float]) -> str:
+    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+
+
+def semantic_ranking(
+    *,
+    context_id: int,
+    model: str,
+    vector: Sequence[float],
+    limit: int,
+    exclude_ids: Sequence[int] = (),
+    context_size: int | None = None,
+) -> tuple[list[tuple[int, float]], str]:
+    """(message id, cosine distance) of the context's live messages nearest to `vector` under
+    `model`, nearest first, ties by id; and which path answered ("exact", "hnsw", or
+    "hnsw+exact" when the walk came back short, "hnsw+pending" when vectors waiting for the
+    indexer were merged in).
+
+    `context_size` (the context's message count, an upper bound on its vectors) spares the
+    count of its vectors that otherwise decides between the exact scan and the index."""
+    threshold = settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD
+    if context_size is None:
+        with connection.cursor() as cursor:
+            # Counted up to the threshold only: the decision needs no more.
+            cursor.execute(
+                "SELECT count(*) FROM (SELECT 1 FROM memory_app_embedding WHERE context_id = "
+                "%s AND model = %s LIMIT %s) s",
+                [context_id, model, max(threshold, limit)],
+            )
+            context_size = cursor.fetchone()[0]
+        if context_size == 0:
+            return [], "exact"
+    approximate = context_size >= threshold and len(vector) <= indexer.HNSW_MAX_DIMENSIONS
+    return nearest_vectors(
+        model=model,
+        vector=vector,
+        limit=limit,
+        item_column="message_id",
+        join_sql="JOIN memory_app_message m ON m.id = e.message_id",
+        # The context on both sides: the planner reaches the messages through its index
+        # rather than scanning the whole table for a hash join.
+        where_sql="e.context_id = %s AND m.context_id = %s AND m.pruned_at IS NULL"
+        " AND NOT (m.id = ANY(%s))",
+        params=[context_id, context_id, list(exclude_ids)],
+        approximate=approximate,
+        share=context_size,
+    )
+
+
+def nearest_vectors(
+    *,
+    model: str,
+    vector: Sequence[float],
+    limit: int,
+    item_column: str,
+    join_sql: str,
+    where_sql: str,
+    params: Sequence[Any],
+    approximate: bool,
+    share: int | None = None,
+) -> tuple[list[tuple[int, float]], str]:
+    """(item id, cosine distance) of the `model` vectors (alias `e`) nearest to `vector` among
+    those `where_sql` keeps, nearest first, ties by id; and the path that answered.
+
+    `approximate` walks the model's HNSW index with pgvector's iterative scan ("hnsw"): the walk
+    goes on until `limit` rows pass the filter, so a filter keeping a small share of the store
+    still gets `limit` rows (up to `hnsw.max_scan_tuples`, sized from `share`, the number of rows
+    the filter may keep). It comes back short only when the filter keeps far fewer vectors than
+    `share` says (messages not embedded yet, or most of the vectors still waiting for the
+    indexer): those few are then scanned exactly ("hnsw+exact"). Vectors waiting for the indexer
+    are scanned exactly beside the walk and merged by distance ("hnsw+pending" when any was).
+    Otherwise ("exact") every kept row is scanned and the `limit` nearest kept (a top-N sort in
+    memory: only `limit` rows are held, nothing spills to disk), exact and, for a few thousand
+    rows, faster than the index."""
+    dims = int(len(vector))
+    literal = vector_literal(vector)
+    # The query vector is written once (384 numbers of text, parsed once by the server) and
+    # referenced from each part; an uncorrelated subquery is a parameter the index scan takes.
+    query_cte = f"q AS MATERIALIZED (SELECT %s::vector({dims}) AS v)"
+    distance = f"e.vector::vector({dims}) <=> (SELECT v FROM q)"  # noqa: S608 - dims is an int
+    # The walk orders by the index's expression (half precision); the rows it keeps are then
+    # ranked by their full-precision distance.
+    walk_distance = f"e.vector::halfvec({dims}) <=> (SELECT v::halfvec({dims}) FROM q)"  # noqa: S608
+    rows = f"""
+        FROM memory_app_embedding e {join_sql}
+        WHERE e.model = %s AND e.dimensions = {dims} AND e.vector IS NOT NULL AND {where_sql}
+    """  # noqa: S608 - dims is an int; the fragments are the callers' constants
+    if approximate:
+        # Relaxed order lets the walk return rows slightly out of distance order (better recall
+        # per visited node); the materialized CTE sorts the `limit` rows it kept. The walk
+        # covers the rows in the graph (`e.indexed`, the index's predicate); rows of a deferred
+        # batch still waiting for the indexer are scanned exactly (through their small partial
+        # index) and merged by distance, so they are found at once.
+        sql = f"""
+            WITH {query_cte}, nearest AS MATERIALIZED (
+                SELECT e.{item_column} AS item_id, {distance} AS distance {rows} AND e.indexed
+                ORDER BY {walk_distance} LIMIT %s
+            ), waiting AS MATERIALIZED (
+                SELECT e.{item_column} AS item_id, {distance} AS distance {rows} AND NOT e.indexed
+                ORDER BY distance, item_id LIMIT %s
+            )
+            SELECT item_id, distance, false FROM nearest
+            UNION ALL SELECT item_id, distance, true FROM waiting
+        """  # noqa: S608
+        args = [literal, model, *params, limit, model, *params, limit]
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(hnsw_settings_sql(model=model, dims=dims, limit=limit, share=share))
+            cursor.execute(sql, args)
+            found = cursor.fetchall()
+        hits = sorted(((row[0], float(row[1])) for row in found), key=lambda hit: (hit[1], hit[0]))
+        walked = sum(1 for row in found if not row[2])
+        if walked == limit:
+            return hits[:limit], "hnsw" if len(found) == walked else "hnsw+pending"
+    # OFFSET 0 keeps the subquery apart, so the ORDER BY cannot be answered by the HNSW index.
+    sql = f"""
+        WITH {query_cte}
+        SELECT item_id, distance FROM (
+            SELECT e.{item_column} AS item_id, {distance} AS distance {rows} OFFSET 0
+        ) s ORDER BY distance, item_id LIMIT %s
+    """  # noqa: S608
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [literal, model, *params, limit])
+        hits = [(row[0], float(row[1])) for row in cursor.fetchall()]
+    return hits, "hnsw+exact" if approximate else "exact"
+
+
+# pgvector's defaults: hnsw.ef_search 40, hnsw.max_scan_tuples 20,000.
+MIN_SCAN_TUPLES = 20_000
+MAX_EF_SEARCH = 1000
+SCAN_WORK_MEM_MB = 64
+_store_sizes: dict[tuple[str, int], tuple[float, int]] = {}
+STORE_SIZE_TTL = 300.0
+
+
+def store_size(model: str, dims: int) -> int:
+    """How many vectors the model's HNSW index holds, from the planner's statistics (kept up to
+    date by autovacuum's ANALYZE, which estimates a partial index's own rows), cached per
+    process for a few minutes.
+
+    The index's own estimate, not the table's: the table holds every model's vectors (a
+    re-embed keeps the old ones), and a store counted too large makes every search walk
+    further. Only an index with no estimate yet (never analysed, or built empty and filled
+    since) falls back to the table's."""
+    import time
+
+    key = (model, dims)
+    now = time.monotonic()
+    cached = _store_sizes.get(key)
+    if cached and cached[0] > now:
+        return cached[1]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT greatest(CASE WHEN i.reltuples > 0 THEN i.reltuples ELSE t.reltuples END, 0)"
+            "::bigint FROM pg_class t LEFT JOIN pg_class i ON i.relname = %s"
+            " WHERE t.relname = 'memory_app_embedding'",
+            [indexer.index_name(model, dims)],
+        )
+        size = int(cursor.fetchone()[0])
+    _store_sizes[key] = (now + STORE_SIZE_TTL, size)
+    return size
+
+
+def ef_search_for(store: int, limit: int, share: int | None = None) -> int:
+    """hnsw.ef_search for a store of `store` vectors: `AGENTMEMORY_HNSW_EF_SEARCH` when set,
+    else grown with the store (a bigger graph needs a longer candidate list for the same recall)
+    along `AGENTMEMORY_HNSW_EF_SEARCH_STEPS`, log-linearly between two steps (the store size is
+    the planner's estimate: 999,963 and 1,000,000 must get about the same); never below twice
+    the rows asked for.
+
+    `share`: how many of the store's vectors the search's filter keeps (one context's). The
+    iterative scan finds `limit` of them however few they are, but the further the walk goes
+    past its first candidate list the likelier it is to step over some of the nearest: a filter
+    keeping a small share gets a longer list, by the square root of store / share (a context of
+    30,000 vectors in a store of 1,200,000: 6.3 times), up to MAX_EF_SEARCH."""
+    base = settings.AGENTMEMORY_HNSW_EF_SEARCH
+    if not base:
+        steps = settings.AGENTMEMORY_HNSW_EF_SEARCH_STEPS or [(0, 40)]
+        base = steps[0][1]
+        for (size, ef), (next_size, next_ef) in zip(steps, steps[1:], strict=False):
+            if store >= next_size:
+                base = next_ef
+            elif store > size > 0:
+                step = math.log(store / size) / math.log(next_size / size)
+                base = round(ef + (next_ef - ef) * step)
+                break
+            else:
+                break
+        if share and 0 < share < store:
+            base = math.ceil(base * math.sqrt(store / share))
+    return max(1, min(max(base, 2 * limit), MAX_EF_SEARCH))
+
+
+def hnsw_settings_sql(*, model: str, dims: int, limit: int, share: int | None) -> str:
+    """SET LOCAL statements for one HNSW query (only ints, no parameters: one round trip)."""
+    store = store_size(model, dims)
+    ef = ef_search_for(store, limit, share)
+    # To find `limit` rows of a filter keeping `share` of `store` rows, the walk visits about
+    # limit * store / share rows; four times that, so a clustered filter still gets its rows.
+    share = max(share or store or 1, 1)
+    scan = max(MIN_SCAN_TUPLES, 4 * limit * max(store, share) // share)
+    # The walk also stops when the tuples it holds outgrow work_mem * hnsw.scan_mem_multiplier
+    # (each holds its vector): room for `scan` of them.
+    multiplier = max(1, -(-scan * (dims * 4 + 256) // (SCAN_WORK_MEM_MB << 20)))
+    return (
+        f"SET LOCAL hnsw.ef_search = {int(ef)}; "
+        "SET LOCAL hnsw.iterative_scan = relaxed_order; "
+        f"SET LOCAL hnsw.max_scan_tuples = {int(scan)}; "
+        f"SET LOCAL work_mem = '{SCAN_WORK_MEM_MB}MB'; "
+        f"SET LOCAL hnsw.scan_mem_multiplier = {int(min(multiplier, 1000))}; "
+        # The index is the plan asked for: a sort over the filter's rows is what it replaces.
+        "SET LOCAL enable_sort = off"
+    )
+
+
+def query_vector_for(
+    *, query: str, model: str | None, query_vector: Sequence[float] | None
+) -> tuple[list[float], str]:
+    """The vector to search with and its model: the client's own, or the provider's."""
+    if query_vector is not None:
+        if not model:
+            raise Invalid("a query_vector needs the name of the model it comes from")
+        return client_vectors.check_vector(model=model, vector=query_vector), model
+    provider = providers.get_provider()
+    if provider is None:
+        raise SemanticUnavailable(
+            "semantic search needs an embedding provider (AGENTMEMORY_EMBEDDING_PROVIDER is "
+            "'none') "
+            "or a query_vector with its model; keyword search is available"
+        )
+    if model and model != provider.model:
+        raise SemanticUnavailable(
+            f"the server embeds queries with {provider.model!r}; send a query_vector to "
+            f"search {model!r}"
+        )
+    try:
+        [vector] = provider.embed([query])
+    except errors.ProviderError as exc:
+        raise ProviderDown(f"the embedding provider is unavailable: {exc}") from exc
+    return vector, provider.model
