@@ -154,17 +154,12 @@ class DashboardForm(forms.Form):
         return out
 
 
-class ContextListForm(DashboardForm):
+class KeyChipsForm(DashboardForm):
+    """A set of key=value chips (`key`, repeated) and the chip input adding one more (`add`)."""
+
     key = ListField(item=forms.CharField(required=False, strip=False))
     # The chip input: one more key=value added to the current set.
     add = TextField()
-    q = TextField(label="search text")
-    sort = forms.ChoiceField(
-        choices=list(CONTEXT_ORDERS.items()),
-        required=False,
-        error_messages={"invalid_choice": f"must be one of {sorted(CONTEXT_ORDERS)}"},
-    )
-    cursor = TextField()
 
     def clean_key(self):
         return _chips(self.cleaned_data["key"])
@@ -172,6 +167,16 @@ class ContextListForm(DashboardForm):
     def clean_add(self):
         added = self.cleaned_data["add"]
         return _chips([added]) if added else []
+
+
+class ContextListForm(KeyChipsForm):
+    q = TextField(label="search text")
+    sort = forms.ChoiceField(
+        choices=list(CONTEXT_ORDERS.items()),
+        required=False,
+        error_messages={"invalid_choice": f"must be one of {sorted(CONTEXT_ORDERS)}"},
+    )
+    cursor = TextField()
 
     def clean_sort(self):
         return self.cleaned_data["sort"] or "recent"
@@ -210,7 +215,7 @@ class AmountField(forms.FloatField):
             raise ValidationError(f"must be a number, got {value!r}", code="invalid") from None
 
 
-class RunTableForm(DashboardForm):
+class RunTableForm(KeyChipsForm):
     """The runs table's filters, order and page: every one in the URL, so a view can be shared."""
 
     status = forms.MultipleChoiceField(
@@ -221,8 +226,6 @@ class RunTableForm(DashboardForm):
     has_error = FlagField(label="has errors")
     error = TextField(label="error text", max_length=MAX_QUERY_CHARS)
     model = TextField(max_length=200)
-    key = ListField(item=forms.CharField(required=False, strip=False))
-    add = TextField()
     started_after = MomentField(label="started from")
     started_before = MomentField(label="started before")
     min_duration = AmountField(label="min duration (s)")
@@ -233,13 +236,6 @@ class RunTableForm(DashboardForm):
         error_messages={"invalid_choice": f"must be one of {sorted(RUN_ORDERS)}"},
     )
     cursor = TextField()
-
-    def clean_key(self):
-        return _chips(self.cleaned_data["key"])
-
-    def clean_add(self):
-        added = self.cleaned_data["add"]
-        return _chips([added]) if added else []
 
     def clean_sort(self):
         return self.cleaned_data["sort"] or "started"
