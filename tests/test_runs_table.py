@@ -377,3 +377,19 @@ def test_a_page_costs_the_same_at_100000_runs_and_1000000_steps(viewer):
             f"runs reads p50 {statistics.median(reads) * 1000:.0f} ms"
         )
         assert statistics.median(reads) < 0.150, url
+
+
+@pytest.mark.parametrize("offset", ["+22:33", "-20:00"])
+def test_a_time_with_an_offset_postgresql_cannot_hold_is_compared_in_utc(fleet, viewer, offset):
+    """Python takes offsets up to ±23:59, PostgreSQL up to ±15:59: the API and the dashboard
+    compare the instant (in UTC), so such a time is a filter like any other, not a 500."""
+    api = make_key(scopes=("read",))
+    answer = api.get("/api/v1/runs", {"started_after": f"2000-05-09T16:14:49{offset}"})
+    assert answer.status_code == 200, answer.content
+    assert len(answer.json()["items"]) == len(fleet)
+    # The request after it still answers: nothing was left half-done.
+    assert api.get("/api/v1/runs", {"min_cost": "1.5"}).status_code == 200
+    out_of_range = api.get("/api/v1/runs", {"started_after": f"0001-01-01T00:00:00{offset}"})
+    assert out_of_range.status_code in (200, 422), out_of_range.content
+    page = viewer.get(reverse("runs"), {"started_after": f"2000-05-09T16:14{offset}"})
+    assert page.status_code == 200

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import AwareDatetime, Field
+from pydantic import AfterValidator, AwareDatetime, Field
 
 from memory_app.models import RunStatus, StepKind
 from memory_app.queries.dashboard import MAX_QUERY_CHARS
@@ -188,6 +188,19 @@ RunStatusName = Literal[tuple(RunStatus.values)]  # type: ignore[valid-type]
 RunOrder = Literal[tuple(RUN_ORDERS)]  # type: ignore[valid-type]
 
 
+def _in_utc(value: datetime) -> datetime:
+    # PostgreSQL takes offsets up to ±15:59 where Python takes ±23:59: the instant in UTC is
+    # what the filter compares, and an instant beyond the calendar's ends is refused here.
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("the date and time is out of range") from None
+
+
+# A date and time with its offset, as the UTC instant it names.
+Moment = Annotated[AwareDatetime, AfterValidator(_in_utc)]
+
+
 class RunTableQuery(Schema):
     """The filters of `GET /runs`, those of the dashboard's runs table."""
 
@@ -201,8 +214,8 @@ class RunTableQuery(Schema):
         None,
         description='JSON object; runs of contexts whose keys contain it, e.g. {"user": "ada"}',
     )
-    started_after: AwareDatetime | None = Field(None, description="started at or after")
-    started_before: AwareDatetime | None = Field(None, description="started before")
+    started_after: Moment | None = Field(None, description="started at or after")
+    started_before: Moment | None = Field(None, description="started before")
     min_duration: float | None = Field(None, ge=0, description="seconds")
     min_cost: float | None = Field(None, ge=0, description="USD")
     sort: RunOrder = Field(

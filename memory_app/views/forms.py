@@ -9,6 +9,7 @@ with no form on screen, on the 400 page (`common.invalid_form`). Text fields ref
 from __future__ import annotations
 
 import json
+from datetime import UTC
 
 from django import forms
 from django.core.exceptions import ValidationError
@@ -54,6 +55,15 @@ class MomentField(forms.DateTimeField):
     def __init__(self, **kwargs):
         kwargs.setdefault("required", False)
         super().__init__(**kwargs)
+
+    def to_python(self, value):
+        # PostgreSQL takes offsets up to ±15:59 where Python takes ±23:59: compare the instant
+        # in UTC, and refuse one beyond the calendar's ends.
+        moment = super().to_python(value)
+        try:
+            return None if moment is None else moment.astimezone(UTC)
+        except OverflowError:
+            raise ValidationError("the date and time is out of range", code="invalid") from None
 
 
 class TextField(forms.CharField):
