@@ -22,7 +22,7 @@ $(STAMP): $(PY) pyproject.toml
 
 $(TEST_STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install --quiet -e ".[test,embeddings,dev]"
+	$(PY) -m pip install --quiet -e ".[test,embeddings,dev,langchain]"
 	@touch $@ $(STAMP)
 
 install: $(STAMP)
