@@ -23,9 +23,10 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
-from memory_app import errors
+from memory_app import errors, scale_out
 from memory_app.embeddings import client_vectors, indexer, providers
 from memory_app.errors import Invalid, ProviderDown, SemanticUnavailable
+from memory_app.models import Embedding
 
 
 def vector_literal(vector: Sequence[float]) -> str:
@@ -178,14 +179,19 @@ def store_size(model: str, dims: int) -> int:
     cached = _store_sizes.get(key)
     if cached and cached[0] > now:
         return cached[1]
+    table, index = Embedding._meta.db_table, indexer.index_name(model, dims)
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT greatest(CASE WHEN i.reltuples > 0 THEN i.reltuples ELSE t.reltuples END, 0)"
-            "::bigint FROM pg_class t LEFT JOIN pg_class i ON i.relname = %s"
-            " WHERE t.relname = 'memory_app_embedding'",
-            [indexer.index_name(model, dims)],
-        )
-        size = int(cursor.fetchone()[0])
+        if scale_out.is_distributed(cursor, table):
+            # On Citus the coordinator's index is an empty shell: the shards hold the rows.
+            size = scale_out.index_rows_on_shards(cursor, table, index)
+        else:
+            cursor.execute(
+                "SELECT greatest(CASE WHEN i.reltuples > 0 THEN i.reltuples"
+                " ELSE t.reltuples END, 0)::bigint"
+                " FROM pg_class t LEFT JOIN pg_class i ON i.relname = %s WHERE t.relname = %s",
+                [index, table],
+            )
+            size = int(cursor.fetchone()[0])
     _store_sizes[key] = (now + STORE_SIZE_TTL, size)
     return size
 

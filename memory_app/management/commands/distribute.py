@@ -1,0 +1,149 @@
+"""Turn a migrated database on a Citus coordinator into the distributed layout, then check it:
+`manage.py distribute [--shard-count N] [--plan] [--check]` (docs/scale-out.md).
+
+The layout comes from the catalog (`memory_app.scale_out`): contexts distributed by `id`, every
+table of context rows by `context_id` co-located with them, what those point at copied to every
+worker, the rest local on the coordinator. Nothing changes while the schema holds anything
+Citus would refuse: each such thing is named and the command stops. Run it again at any time:
+tables already distributed are checked, not touched.
+"""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection, transaction
+
+from memory_app.scale_out import CONTEXTS, DISTRIBUTED, REFERENCE, Layout, read_layout
+
+# Citus's own default: 32 shards of each table, co-located (shard n of every table together).
+DEFAULT_SHARDS = 32
+
+# Set on the database for every session of the site:
+DATABASE_SETTINGS = {
+    # The row triggers left on context tables touch their own row's context only
+    # (tests/test_citus_sql.py holds that), which is what Citus calls safe; it asks for this
+    # before it keeps any trigger on a distributed table.
+    "citus.enable_unsafe_triggers": "on",
+    # A search's `SET LOCAL hnsw.*` (memory_app.search.semantic) reaches the worker that runs
+    # the walk; without it the iterative scan and ef_search stay at the workers' defaults.
+    "citus.propagate_set_commands": "local",
+}
+
+_PLACED_SQL = """
+    SELECT logicalrelid::regclass::text, partmethod,
+        CASE WHEN partmethod = 'h' THEN column_to_column_name(logicalrelid, partkey) END,
+        colocationid
+    FROM pg_dist_partition
+"""
+
+
+class Command(BaseCommand):
+    help = "Distribute the tables on a Citus coordinator by context (and check the result)."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--shard-count", type=int, default=DEFAULT_SHARDS, help="shards per distributed table"
+        )
+        parser.add_argument(
+            "--plan", action="store_true", help="print what each table becomes; change nothing"
+        )
+        parser.add_argument(
+            "--check", action="store_true", help="check the layout in place; change nothing"
+        )
+
+    def handle(self, *args, **opts):
+        with connection.cursor() as cursor:
+            layout = read_layout(cursor)
+        if opts["plan"]:
+            self._print_plan(layout)
+            return
+        if layout.problems:
+            raise CommandError(
+                "the schema cannot be distributed yet:\n  " + "\n  ".join(layout.problems)
+            )
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'citus'")
+            row = cursor.fetchone()
+        if row is None:
+            raise CommandError(
+                "this database is not on a Citus coordinator (no citus extension): run "
+                "CREATE EXTENSION citus and add the workers first (docs/scale-out.md)"
+            )
+        if not opts["check"]:
+            self._distribute(layout, opts["shard_count"])
+        wrong = self._misplaced(layout)
+        if wrong:
+            raise CommandError("the layout is not as planned:\n  " + "\n  ".join(wrong))
+        self.stdout.write(
+            f"ok: citus {row[0]}, {len(layout.of_kind(DISTRIBUTED))} distributed tables "
+            f"co-located with {CONTEXTS}, {len(layout.of_kind(REFERENCE))} reference"
+        )
+
+    def _print_plan(self, layout: Layout) -> None:
+        for table in layout.tables:
+            by = f" by {table.column}" if table.column else ""
+            self.stdout.write(f"{table.name}: {table.kind}{by}")
+        for problem in layout.problems:
+            self.stdout.write(f"blocked: {problem}")
+
+    def _distribute(self, layout: Layout, shards: int) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(_PLACED_SQL)
+            placed = {row[0] for row in cursor.fetchall()}
+            cursor.execute("SELECT current_database()")
+            database = connection.ops.quote_name(cursor.fetchone()[0])
+            for name, value in DATABASE_SETTINGS.items():
+                cursor.execute(f"ALTER DATABASE {database} SET {name} = '{value}'")
+                cursor.execute(f"SET {name} = '{value}'")
+            for table in layout.tables:
+                if table.name in placed or table.kind not in (DISTRIBUTED, REFERENCE):
+                    continue
+                self.stdout.write(f"{table.name}: {table.kind} ...")
+                # One table per transaction: a failure leaves the earlier ones done and this
+                # one as it was, and the command picks up from there when run again.
+                with transaction.atomic():
+                    if table.kind == REFERENCE:
+                        cursor.execute("SELECT create_reference_table(%s)", [table.name])
+                    elif table.name == CONTEXTS or table.column != "context_id":
+                        cursor.execute(
+                            "SELECT create_distributed_table(%s, %s, shard_count => %s,"
+                            " colocate_with => 'none')",
+                            [table.name, table.column, shards],
+                        )
+                    else:
+                        cursor.execute(
+                            "SELECT create_distributed_table(%s, %s, colocate_with => %s)",
+                            [table.name, table.column, CONTEXTS],
+                        )
+                    # Rows already there were copied into the shards; the coordinator's own
+                    # copy is dead weight.
+                    cursor.execute(
+                        "SELECT truncate_local_data_after_distributing_table(%s)", [table.name]
+                    )
+
+    def _misplaced(self, layout: Layout) -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute(_PLACED_SQL)
+            placed = {row[0]: row[1:] for row in cursor.fetchall()}
+            cursor.execute(
+                "SELECT unnest(setconfig) FROM pg_db_role_setting s JOIN pg_database d"
+                " ON d.oid = s.setdatabase WHERE d.datname = current_database()"
+                " AND s.setrole = 0"
+            )
+            configured = {row[0] for row in cursor.fetchall()}
+        contexts_group = placed.get(CONTEXTS, (None, None, None))[2]
+        wrong = [
+            f"the database does not set {name} = {value}"
+            for name, value in DATABASE_SETTINGS.items()
+            if f"{name}={value}" not in configured
+        ]
+        for table in layout.tables:
+            method, column, group = placed.get(table.name, (None, None, None))
+            if table.kind == REFERENCE and method != "n":
+                wrong.append(f"{table.name}: not a reference table")
+            elif table.kind == DISTRIBUTED:
+                if method != "h" or column != table.column:
+                    wrong.append(f"{table.name}: not distributed by {table.column}")
+                elif table.column == "context_id" and group != contexts_group:
+                    wrong.append(f"{table.name}: not co-located with {CONTEXTS}")
+        return wrong
