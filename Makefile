@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 TEST_STAMP := $(VENV)/.installed-test-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test install install-test lint format bench clean-venv
+.PHONY: run test test-citus install install-test lint format bench clean-venv
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "Python 3.11 is needed ($(PYTHON) not found)"; exit 1; }
@@ -34,6 +34,13 @@ run: install
 
 test: install-test
 	$(BIN)/python -m pytest
+
+# The API, MCP, OTLP, worker and curation suites on a Citus coordinator plus two workers, when
+# a Citus build exists (scripts/build_citus.sh SOURCE_DIR makes one; docs/scale-out.md).
+CITUS_TREE ?= var/citus-pg
+test-citus: install-test
+	@if [ -f $(CITUS_TREE)/lib/postgresql/citus.so ]; then scripts/test_citus.sh $(CITUS_TREE); \
+	else echo "no Citus build in $(CITUS_TREE): the Citus suite is skipped (docs/scale-out.md)"; fi
 
 lint: install-test
 	$(BIN)/ruff check .

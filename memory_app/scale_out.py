@@ -1,7 +1,8 @@
 """What each table becomes on a Citus cluster, read from the catalog (docs/scale-out.md).
 
 The layout is derived, not listed: a table whose rows carry a NOT NULL `context_id` is
-distributed by it and co-located with the contexts (distributed by their `id`); a table a
+distributed by it and co-located with the contexts (distributed by their `id`); one whose
+`context_id` may be NULL (rows of no context: audit events, key-subset memories) is not; a table a
 distributed one points at with a foreign key and that is not distributed itself is a reference
 table (copied to every worker); the rest stay local on the coordinator. A table added later
 lands in its place by the same rules, and what would keep it from being distributed is named
@@ -84,11 +85,7 @@ def read_layout(cursor) -> Layout:
     cursor.execute(_UNIQUE_SQL)
     unique = cursor.fetchall()
 
-    problems = [
-        f"{t}: context_id may be NULL, so its rows cannot all be placed by context"
-        for t, not_null in context_column.items()
-        if not_null is False and t not in distributed
-    ]
+    problems = []
     reference: set[str] = set()
     pending = [target for _, table, target, _, _ in foreign if table in distributed]
     while pending:  # what a reference table points at must be a reference table too

@@ -10,10 +10,10 @@ from django.db.models import Q
 
 from memory_app.models.contexts import Context
 from memory_app.models.runs import Run, Step
-from memory_app.models.shared import MessageRole, choices_check
+from memory_app.models.shared import ContextRow, MessageRole, choices_check
 
 
-class Message(models.Model):
+class Message(ContextRow):
     """One entry of a context's chat history, ordered by a per-context `seq`."""
 
     # Foreign keys without their own index: message_context_seq_unique leads with context; run
@@ -122,7 +122,7 @@ class Message(models.Model):
         return self.pruned_at is not None
 
 
-class MessageSearch(models.Model):
+class MessageSearch(ContextRow):
     """The full-text vector of a live message (`memory_app_search_vector(FTS_CONFIG, text)`: the
     vector of its first `memory_app_search_chars()` characters, migration 0018), kept beside the
     message rather than in it, so that storing a message does not wait for its text to be parsed.

@@ -10,7 +10,7 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 
 from memory_app.models.contexts import Context
-from memory_app.models.shared import RunStatus, StepKind, choices_check, context_of_row
+from memory_app.models.shared import ContextRow, RunStatus, StepKind, choices_check, context_of_row
 
 # What the runs table sorts by, as indexed below.
 RUN_STARTED = Coalesce("started_at", "created_at")
@@ -18,7 +18,7 @@ RUN_DURATION = Coalesce("duration", Value(-1.0))
 RUN_COST = Coalesce("cost", Value(-1.0))
 
 
-class Run(models.Model):
+class Run(ContextRow):
     """One execution of an agent inside a context."""
 
     # No index of its own: run_context_recent_idx leads with context.
@@ -78,7 +78,7 @@ class Run(models.Model):
         return f"run {self.pk}: {self.task[:60]}"
 
 
-class Step(models.Model):
+class Step(ContextRow):
     """One entry of a run's logbook (smolagents TaskStep / PlanningStep / ActionStep / final
     answer).
 
@@ -154,7 +154,7 @@ class Step(models.Model):
         return self.pruned_at is not None
 
 
-class ToolCall(models.Model):
+class ToolCall(ContextRow):
     """One tool invocation inside a step."""
 
     # No index of its own: toolcall_step_position_unique leads with step. In the database the
@@ -189,7 +189,7 @@ class ToolCall(models.Model):
         return f"{self.name}({self.call_id})"
 
 
-class TraceSpan(models.Model):
+class TraceSpan(ContextRow):
     """An OpenTelemetry span as received at /v1/traces, kept until (and after) it became steps.
 
     Spans of one trace arrive in several requests, children before their parents (an exporter

@@ -72,6 +72,21 @@ class MemoryReview(models.TextChoices):
     PROPOSED = "proposed"
 
 
+class ContextRow(models.Model):
+    """A row of one context's data. Django's own `save()` of it updates the row by its id and
+    its context, and never writes the context: a row never moves to another context, and on
+    Citus the context is the distribution column, which an UPDATE may not set and which routes
+    the statement to the one shard holding the row (docs/scale-out.md)."""
+
+    class Meta:
+        abstract = True
+
+    def _do_update(self, base_qs, using, pk_val, values, update_fields, forced_update):
+        values = [value for value in values if value[0].attname != "context_id"]
+        base_qs = base_qs.filter(context_id=self.context_id)
+        return super()._do_update(base_qs, using, pk_val, values, update_fields, forced_update)
+
+
 def context_of_row(*, null: bool = False) -> models.ForeignKey:
     """The context of a row that belongs to another context-scoped row (a step's run, a tool
     call's step), copied from it. Part of the row's keys in the database, where the composite

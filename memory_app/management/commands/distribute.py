@@ -27,6 +27,10 @@ DATABASE_SETTINGS = {
     # A search's `SET LOCAL hnsw.*` (memory_app.search.semantic) reaches the worker that runs
     # the walk; without it the iterative scan and ef_search stay at the workers' defaults.
     "citus.propagate_set_commands": "local",
+    # What joins rows by id alone (a step with its run in the by-id routes, the dashboard's
+    # cross-context pages, Django's cascades) runs as a repartition join; the agent paths name
+    # their context and are routed to one shard.
+    "citus.enable_repartition_joins": "on",
 }
 
 _PLACED_SQL = """
@@ -115,8 +119,11 @@ class Command(BaseCommand):
                             "SELECT create_distributed_table(%s, %s, colocate_with => %s)",
                             [table.name, table.column, CONTEXTS],
                         )
-                    # Rows already there were copied into the shards; the coordinator's own
-                    # copy is dead weight.
+
+            # Rows already there were copied into the shards; the coordinator's own copy is
+            # dead weight, and goes once no table still local points at it.
+            for table in layout.tables:
+                if table.name not in placed and table.kind == DISTRIBUTED:
                     cursor.execute(
                         "SELECT truncate_local_data_after_distributing_table(%s)", [table.name]
                     )

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The suites that reach the database through the product's own paths (API, MCP, OTLP, workers,
+# curation, search), run against a Citus coordinator with two workers: the cluster is started
+# from the build scripts/build_citus.sh made, migrated and distributed as an operator would
+# (`manage.py migrate`, `manage.py distribute`), and stopped at the end.
+#
+#   scripts/test_citus.sh [CITUS_TREE] [pytest arguments...]
+set -euo pipefail
+
+tree=${1:-var/citus-pg}
+shift || true
+python=${PYTHON:-.venv/bin/python}
+if [ ! -f "$tree/lib/postgresql/citus.so" ]; then
+    echo "no Citus build in $tree: scripts/build_citus.sh SOURCE_DIR $tree makes one" >&2
+    exit 1
+fi
+data=var/citus-data
+database=test_agentmemory_citus
+"$python" scripts/citus_cluster.py start "$tree" "$data" --database "$database" >/dev/null
+trap '"$python" scripts/citus_cluster.py stop "$data"' EXIT
+export DATABASE_URL
+DATABASE_URL=$("$python" scripts/citus_cluster.py url "$data" --database "$database")
+"$python" manage.py migrate --no-input -v 0
+"$python" manage.py distribute
+# The test database is the cluster's own (made and distributed above), kept as it is.
+AGENTMEMORY_TEST_DB_NAME=$database AGENTMEMORY_CITUS_TREE="$tree" "$python" -m pytest --reuse-db \
+    -m "not browser" -p no:cacheprovider \
+    tests/test_api_*.py tests/test_mcp*.py tests/test_otel_*.py tests/test_embeddings.py \
+    tests/test_deferred_index.py tests/test_curation.py tests/test_memories.py \
+    tests/test_memory_review.py tests/test_search.py tests/test_selectors.py \
+    tests/test_client_live.py "$@"
