@@ -10,13 +10,18 @@ it, whichever request brought them:
   sent twice writes nothing new;
 - steps directly under the root (task, planning, GenAI-style flat steps) and the run's outcome
   are written when the root span arrives, which an exporter sends last;
-- steps are renumbered by start time, whatever order the requests came in.
+- steps are renumbered by start time, whatever order the requests came in;
+- log events (`POST /v1/logs`) are kept beside the spans, as rows of role `log` whose parent is
+  the span they belong to and whose id is a digest of their content (a log record has no id of
+  its own), so a re-sent record is not kept twice; they join their span's step when it is made.
 
 Every write goes through the run and context services (`memory_app.services`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
@@ -59,10 +64,52 @@ def traces_ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]
     Returns `{"spans", "new_spans", "rejected", "rejected_ids", "runs"}`; `rejected` counts spans
     sent again with different content (the first version is kept).
     """
+    return _ingest(key=key, spans=[{**s, "role": otlp.span_role(s)} for s in spans])
+
+
+def logs_ingest(*, key: ApiKey, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Keep decoded log records with the spans of their traces and bring those traces' runs up to
+    date, all or nothing. A record outside any span has no step to join: it is not kept and
+    counts as `rejected` (its index in `rejected_ids`)."""
+    kept, outside = [], []
+    for index, record in enumerate(records):
+        if record["trace_id"] and record["span_id"]:
+            kept.append(_log_span(record))
+        else:
+            outside.append(str(index))
+    result = _ingest(key=key, spans=kept)
+    return {**result, "rejected": len(outside), "rejected_ids": outside}
+
+
+def _log_span(record: dict[str, Any]) -> dict[str, Any]:
+    """A log record as a row beside the spans: its id a digest of its content."""
+    digest = hashlib.sha256(
+        json.dumps(record, sort_keys=True, ensure_ascii=False).encode()
+    ).hexdigest()
+    return {
+        "trace_id": record["trace_id"],
+        "span_id": digest[:16],
+        "parent_span_id": record["span_id"],
+        "name": record["name"],
+        "role": otlp.LOG,
+        "start_ns": record["time_ns"],
+        "end_ns": record["time_ns"],
+        "status": "unset",
+        "status_message": "",
+        "attributes": record["attributes"],
+        "events": [],
+        "body": record["body"],
+        "resource": record["resource"],
+        "scope": record["scope"],
+    }
+
+
+def _ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]:
     by_trace: dict[str, list[dict]] = defaultdict(list)
     for span in spans:
         by_trace[span["trace_id"]].append(span)
-    # A trace stays in the context its first spans went to (later spans may lack a session id).
+    # A trace stays in the context its first spans (or log events) went to (later spans may
+    # lack a session id).
     known = dict(
         TraceSpan.objects.filter(
             trace_id__in=list(by_trace), context__in=auth.visible_contexts(key)
@@ -80,18 +127,31 @@ def traces_ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]
                 f"spans name context keys {keys}; this API key may only use contexts whose keys "
                 f"contain {key.context_keys}"
             )
-    new_count, rejected, runs = 0, [], []
+    new_count, rejected, runs, pending = 0, [], [], []
     with transaction.atomic():
-        for keys, group in groups.values():
-            context, _ = context_get_or_create(keys=keys)
-            # One writer per context at a time: two requests of one trace must not both create
-            # its run.
-            context = Context.objects.select_for_update().get(pk=context.pk)
+        contexts = [context_get_or_create(keys=keys)[0] for keys, _ in groups.values()]
+        # One writer per context at a time: two requests of one trace must not both create
+        # its run. Locked in one order, so two requests over the same contexts do not deadlock.
+        locked = {
+            c.pk: c
+            for c in Context.objects.select_for_update()
+            .filter(pk__in=[c.pk for c in contexts])
+            .order_by("pk")
+        }
+        for context, (_, group) in zip(contexts, groups.values(), strict=True):
+            context = locked[context.pk]
             new, differing = trace_spans_record(context=context, spans=[_row(s) for s in group])
             new_count += len(new)
             rejected += differing
-            for trace_id in sorted({row.trace_id for row in new}):
-                runs.append(_bring_up_to_date(context=context, trace_id=trace_id).pk)
+            starts: dict[str, int] = {}
+            for row in new:
+                starts[row.trace_id] = min(starts.get(row.trace_id, row.start_ns), row.start_ns)
+            pending += [(start, trace_id, context) for trace_id, start in starts.items()]
+        # The runs of one export are made in the order their traces started.
+        for _, trace_id, context in sorted(pending, key=lambda p: (p[0], p[1])):
+            run = _bring_up_to_date(context=context, trace_id=trace_id)
+            if run is not None:
+                runs.append(run.pk)
     return {
         "spans": len(spans),
         "new_spans": new_count,
@@ -107,12 +167,21 @@ def _row(span: dict[str, Any]) -> dict[str, Any]:
         "span_id": span["span_id"],
         "parent_span_id": span["parent_span_id"],
         "name": span["name"][:500],
-        "role": otlp.span_role(span),
+        "role": span["role"],
         "start_ns": span["start_ns"],
         "end_ns": span["end_ns"],
         "data": {
             k: span[k]
-            for k in ("status", "status_message", "attributes", "events", "resource", "scope")
+            for k in (
+                "status",
+                "status_message",
+                "attributes",
+                "events",
+                "body",
+                "resource",
+                "scope",
+            )
+            if k in span
         },
     }
 
@@ -157,11 +226,28 @@ def _tombstones(spans: list[dict[str, Any]]) -> set[str]:
     return out
 
 
-def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
-    spans = [
+def _with_logs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The spans among a trace's kept rows, each with the log events of its own (`logs`, in time
+    order) attached."""
+    spans = [r for r in rows if r["role"] != otlp.LOG]
+    by_id = {s["span_id"]: s for s in spans}
+    for s in spans:
+        s["logs"] = []
+    for log in rows:
+        if log["role"] == otlp.LOG and log["parent_span_id"] in by_id:
+            by_id[log["parent_span_id"]]["logs"].append(log)
+    return spans
+
+
+def _bring_up_to_date(*, context: Context, trace_id: str) -> Run | None:
+    """The trace's run after its new rows, or None while only log events of it have come."""
+    rows = [
         _span(r)
         for r in TraceSpan.objects.filter(context=context, trace_id=trace_id).order_by("start_ns")
     ]
+    spans = _with_logs(rows)
+    if not spans:
+        return None
     run = Run.objects.filter(context=context, client_id=f"otel:{trace_id}").first()
     if run is None:
         run, _ = run_create(
@@ -176,9 +262,9 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
         Step.objects.filter(context_id=run.context_id, run=run).values_list("client_id", flat=True)
     )
     items, root, sources = _steps(spans)
-    purged = _tombstones(spans)
+    purged = _tombstones(rows)
     # A span of a purged step that arrives later (a child sent after its parent) is erased too.
-    _redact(context, spans, {c: sources[c] for c in purged if c in sources})
+    _redact(context, rows, {c: sources[c] for c in purged if c in sources})
     done |= purged
     # In start order, so renumbering is needed only when a step starts before one already written.
     items = sorted(
@@ -191,17 +277,20 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
     # The root ends last, but a retried batch may bring steps after it: then finish again.
     # A purged root (or one whose content expired) no longer says how the run ended.
     if root is not None and not root.get("purged") and (run.status == RunStatus.RUNNING or items):
+        llms = [s for s in spans if s["role"] == otlp.LLM]
         task = (
-            run_task(root) if root["role"] == otlp.AGENT and not root.get("purged_task") else None
+            run_task(root, llms)
+            if root["role"] != otlp.TOOL and not root.get("purged_task")
+            else None
         )
         run_update(
             run=run,
             task=task,
-            agent_name=run_agent_name(root) if root["role"] == otlp.AGENT else None,
-            system_prompt=system_prompt([s for s in spans if s["role"] == otlp.LLM]),
+            agent_name=run_agent_name(root) if root["role"] in _AGENT_ROOTS else None,
+            system_prompt=system_prompt(llms),
             started_at=_when(root["start_ns"]),
         )
-        outcome = run_outcome(root)
+        outcome = run_outcome(root, llms)
         if Step.objects.filter(
             context_id=run.context_id, run=run, total_tokens__isnull=False
         ).exists():
@@ -212,11 +301,19 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
     return run
 
 
+# Roots that stand for an agent (or a graph, or the caller's own span around model calls), not
+# for one model or tool call.
+_AGENT_ROOTS = (otlp.AGENT, otlp.OTHER)
+
+
+# Why long: one pass over the trace tree that tells each mapping (smolagents' steps, planning
+# calls beside them, a lone call, model calls under an agent or graph) apart.
 def _steps(
     spans: list[dict[str, Any]],
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None, dict[str, list[str]]]:
     """The logbook items the kept spans of one trace make so far, its root span if it came, and
-    for each item's client id the ids of the spans it was made from (what a purge erases)."""
+    for each item's client id the ids of the spans it was made from, their log events included
+    (what a purge erases). `spans` come from `_with_logs`."""
     by_id = {s["span_id"]: s for s in spans}
     children: dict[str, list[dict]] = defaultdict(list)
     for s in spans:
@@ -229,6 +326,18 @@ def _steps(
             out.append(s)
             stack.extend(children.get(s["span_id"], []))
         return out
+
+    def outermost_calls(span_id: str) -> list[dict]:
+        """The model and tool calls under a span that no other call contains (a LangChain
+        model call may hold the OpenAI client's own span)."""
+        out, stack = [], list(children.get(span_id, []))
+        while stack:
+            s = stack.pop()
+            if s["role"] in (otlp.LLM, otlp.TOOL):
+                out.append(s)
+            else:
+                stack.extend(children.get(s["span_id"], []))
+        return sorted(out, key=lambda s: s["start_ns"])
 
     def inside_step(span: dict) -> bool:
         parent = by_id.get(span["parent_span_id"])
@@ -243,7 +352,9 @@ def _steps(
 
     def add(item: dict[str, Any], made_of: list[dict]) -> None:
         items.append(item)
-        sources[item["client_id"]] = [s["span_id"] for s in made_of]
+        sources[item["client_id"]] = [s["span_id"] for s in made_of] + [
+            log["span_id"] for s in made_of for log in s.get("logs") or []
+        ]
 
     steps = [s for s in spans if s["role"] == otlp.STEP and not inside_step(s)]
     for step in steps:
@@ -270,12 +381,13 @@ def _steps(
         tools = [s for s in descendants(root["span_id"]) if s["role"] == otlp.TOOL]
         add(flat_step(root, tools), [root, *tools])
         return items, root, sources
-    if root["role"] == otlp.AGENT:
-        add(task_step(root), [root])
-    if steps:
-        return items, root, sources
-    loose = [s for s in children.get(root["span_id"], []) if s["role"] in (otlp.LLM, otlp.TOOL)]
-    # GenAI-style: model calls and tool executions side by side; each tool joins the call before it.
+    loose = [] if steps else outermost_calls(root["span_id"])
+    if root["role"] == otlp.AGENT or loose:
+        task = run_task(root, [s for s in loose if s["role"] == otlp.LLM])
+        if root["role"] == otlp.AGENT or task:
+            add(task_step(root, task), [root])
+    # GenAI-style and LangChain / LangGraph: every model call is a step; each tool call joins
+    # the model call before it.
     anchors: list[tuple[dict, list[dict]]] = []
     for s in loose:
         if s["role"] == otlp.LLM or not anchors:
@@ -331,7 +443,7 @@ def trace_steps_purge(*, run: Run, client_ids: list[str]) -> int:
     spans = [_span(r) for r in rows]
     if not spans:
         return 0
-    _, _, sources = _steps(spans)
+    _, _, sources = _steps(_with_logs([dict(s) for s in spans]))
     wanted = {c: sources[c] for c in client_ids if c in sources}
     before = [dict(s) for s in spans]
     _redact(run.context, spans, wanted)
