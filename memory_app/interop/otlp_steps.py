@@ -375,7 +375,9 @@ def _tool_calls(llms: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list
             used.add(len(calls) - 1)
         else:
             used.add(match)
-            if ran["arguments"] in (None, "", {}):
+            # The arguments the model wrote, where it wrote any: a tool span records the tool's
+            # own view of them (LangChain: a lone argument as a bare string).
+            if calls[match]["arguments"] not in (None, "", {}):
                 ran["arguments"] = calls[match]["arguments"]
             calls[match].update(ran)
     return calls
