@@ -29,6 +29,7 @@ from memory_app.models import Run, Step, ToolCall, TraceSpan
 from tests.api_helpers import make_key
 from tests.otel_agents import protobuf_body
 
+PROTO = "application/x-protobuf"
 TASK = "Weather in Paris in May for 2?"
 ANSWER = "It is sunny in Paris in May."
 ARGUMENTS = '{"month": "may", "to": "Paris", "adults": 2}'
@@ -147,9 +148,9 @@ def weather(month: str, to: str, adults: int) -> str:
     return f"Sunny in {to}"
 
 
-def run_agent(client: openai.OpenAI, tracer) -> None:
+def run_agent(client: openai.OpenAI, tracer, task: str = TASK) -> None:
     """A ReAct loop by hand, spanned as the GenAI conventions describe an agent and its tools."""
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": TASK}]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": task}]
     with tracer.start_as_current_span(
         "invoke_agent weather",
         attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "weather"},
@@ -266,13 +267,13 @@ def test_plain_model_calls_of_one_export_are_runs_in_start_order(
         assert run.status == "success" and run.total_tokens == 60
 
 
-def captured(fake_openai, monkeypatch) -> tuple[list, list]:
+def captured(fake_openai, monkeypatch, task: str = TASK) -> tuple[list, list]:
     """The spans and log records of one agent run, kept in memory."""
     span_exporter, log_exporter = InMemorySpanExporter(), InMemoryLogRecordExporter()
     with instrumented(
         SimpleSpanProcessor(span_exporter), SimpleLogRecordProcessor(log_exporter), monkeypatch
     ) as (tracer_provider, _):
-        run_agent(fake_openai, tracer_provider.get_tracer("weather-bot"))
+        run_agent(fake_openai, tracer_provider.get_tracer("weather-bot"), task)
     return list(span_exporter.get_finished_spans()), list(log_exporter.get_finished_logs())
 
 
@@ -367,3 +368,88 @@ def test_bad_log_requests_are_refused_and_write_nothing(fake_openai, monkeypatch
     confined = make_key(scopes=("write",), context_keys={"user": "bob"})
     assert post(confined, "/v1/logs", body, "application/x-protobuf").status_code == 403
     assert not TraceSpan.objects.exists()
+
+
+def stored() -> dict:
+    """What the run says, for comparing two deliveries of the same trace."""
+    [run] = Run.objects.all()
+    steps = [
+        {
+            **{
+                k: getattr(s, k)
+                for k in (
+                    "kind",
+                    "task",
+                    "model_input_messages",
+                    "model_output",
+                    "observations",
+                    "input_tokens",
+                )
+            },
+            "calls": [
+                (c.call_id, c.name, c.arguments, c.output, c.success)
+                for c in s.tool_calls.order_by("position")
+            ],
+        }
+        for s in run.steps.order_by("position")
+    ]
+    return {
+        "run": (run.task, run.final_answer, run.system_prompt, run.tool_call_count, run.status),
+        "steps": steps,
+    }
+
+
+@pytest.mark.django_db
+def test_log_events_arriving_after_their_spans_complete_the_steps(fake_openai, monkeypatch):
+    """Whichever provider an application flushes first: events sent after the spans fill what
+    the steps lacked, and the run ends up as when they came first."""
+    spans, records = captured(fake_openai, monkeypatch)
+    writer = make_key(scopes=("write",))
+    deliveries = {
+        "events first": [("/v1/logs", encode_logs(records)), ("/v1/traces", None)],
+        "spans first": [("/v1/traces", None), ("/v1/logs", encode_logs(records))],
+    }
+    results = {}
+    for order, requests in deliveries.items():
+        for path, message in requests:
+            body = protobuf_body(spans) if message is None else message.SerializeToString()
+            assert post(writer, path, body, "application/x-protobuf").status_code == 200
+        results[order] = stored()
+        if order == "spans first":
+            # Sent again, nothing changes.
+            for path, message in requests:
+                body = protobuf_body(spans) if message is None else message.SerializeToString()
+                assert post(writer, path, body, "application/x-protobuf").status_code == 200
+            assert stored() == results[order]
+        Run.objects.all().delete()
+        TraceSpan.objects.all().delete()
+    assert results["spans first"] == results["events first"]
+    assert results["events first"]["run"] == (TASK, ANSWER, "Be brief.", 1, "success")
+
+
+@pytest.mark.django_db
+def test_purging_the_steps_erases_their_log_events(fake_openai, monkeypatch):
+    from memory_app.audit import Actor
+    from memory_app.services import curation
+    from tests.test_purge_total import SECRET, tables_holding
+
+    spans, records = captured(fake_openai, monkeypatch, task=f"Weather in {SECRET}?")
+    writer = make_key(scopes=("write",))
+    assert (
+        post(writer, "/v1/logs", encode_logs(records).SerializeToString(), PROTO).status_code == 200
+    )
+    assert post(writer, "/v1/traces", protobuf_body(spans), PROTO).status_code == 200
+    assert "memory_app_tracespan" in tables_holding(SECRET)
+    curation.selected_purge(
+        step_ids=list(Step.objects.values_list("pk", flat=True)),
+        confirmation=curation.PURGE_CONFIRMATION,
+        actor=Actor.system("purge-test"),
+    )
+    assert tables_holding(SECRET) == []
+    purged = TraceSpan.objects.filter(role="log")
+    assert purged.count() == len(records) and {str(r.data) for r in purged} == {"{'purged': True}"}
+    # The events sent again do not bring the content back.
+    assert (
+        post(writer, "/v1/logs", encode_logs(records).SerializeToString(), PROTO).status_code == 200
+    )
+    assert tables_holding(SECRET) == []

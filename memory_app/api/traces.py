@@ -205,6 +205,23 @@ def traces_export(request: HttpRequest):
     return _export(request, logs=False)
 
 
+_LOGS_PARTIAL = {
+    "partialSuccess": {
+        "rejectedLogRecords": "1",
+        "errorMessage": "log records outside any span (no trace and span id) are not kept ...",
+    }
+}
+_PROTOBUF_ERRORS = {
+    code: {
+        "content": {
+            otlp.PROTOBUF: {
+                "schema": {"type": "string", "format": "binary"},
+                "example": "",
+            }
+        }
+    }
+    for code in _ERRORS
+}
 _LOG_EXAMPLE = {
     "resourceLogs": [
         {
@@ -263,10 +280,17 @@ _LOG_EXAMPLE = {
                     "counts the records outside any span, which are not kept)"
                 ),
                 "content": {
-                    otlp.PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
-                    otlp.JSON: {"schema": {"type": "object"}},
+                    otlp.PROTOBUF: {
+                        "schema": {"type": "string", "format": "binary"},
+                        "example": "",
+                    },
+                    otlp.JSON: {
+                        "schema": {"type": "object"},
+                        "examples": {"ok": {"value": {}}, "partial": {"value": _LOGS_PARTIAL}},
+                    },
                 },
             },
+            **_PROTOBUF_ERRORS,
         },
     },
 )

@@ -47,6 +47,7 @@ from memory_app.services.runs import (
     run_create,
     run_finish,
     run_update,
+    step_fill,
     steps_append,
     steps_order_by_start,
 )
@@ -144,12 +145,18 @@ def _ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]:
             new_count += len(new)
             rejected += differing
             starts: dict[str, int] = {}
+            late_logs: dict[str, set[str]] = defaultdict(set)
             for row in new:
                 starts[row.trace_id] = min(starts.get(row.trace_id, row.start_ns), row.start_ns)
-            pending += [(start, trace_id, context) for trace_id, start in starts.items()]
+                if row.role == otlp.LOG:
+                    late_logs[row.trace_id].add(row.span_id)
+            pending += [
+                (start, trace_id, context, late_logs[trace_id])
+                for trace_id, start in starts.items()
+            ]
         # The runs of one export are made in the order their traces started.
-        for _, trace_id, context in sorted(pending, key=lambda p: (p[0], p[1])):
-            run = _bring_up_to_date(context=context, trace_id=trace_id)
+        for _, trace_id, context, logs in sorted(pending, key=lambda p: (p[0], p[1])):
+            run = _bring_up_to_date(context=context, trace_id=trace_id, new_logs=logs)
             if run is not None:
                 runs.append(run.pk)
     return {
@@ -239,8 +246,10 @@ def _with_logs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return spans
 
 
-def _bring_up_to_date(*, context: Context, trace_id: str) -> Run | None:
-    """The trace's run after its new rows, or None while only log events of it have come."""
+def _bring_up_to_date(*, context: Context, trace_id: str, new_logs: set[str]) -> Run | None:
+    """The trace's run after its new rows, or None while only log events of it have come.
+    `new_logs` are the ids of the log events among the new rows: a step written before they came
+    is completed with what they hold."""
     rows = [
         _span(r)
         for r in TraceSpan.objects.filter(context=context, trace_id=trace_id).order_by("start_ns")
@@ -265,6 +274,13 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run | None:
     purged = _tombstones(rows)
     # A span of a purged step that arrives later (a child sent after its parent) is erased too.
     _redact(context, rows, {c: sources[c] for c in purged if c in sources})
+    # Log events that came after their span's step was written complete it (and the task step,
+    # whose task may be read from a model call's messages).
+    filled = False
+    for item in items:
+        late = new_logs & set(sources[item["client_id"]]) or (new_logs and item["kind"] == "task")
+        if late and item["client_id"] in done - purged:
+            filled = step_fill(run=run, item=item) or filled
     done |= purged
     # In start order, so renumbering is needed only when a step starts before one already written.
     items = sorted(
@@ -276,7 +292,11 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run | None:
         steps_order_by_start(run=run)
     # The root ends last, but a retried batch may bring steps after it: then finish again.
     # A purged root (or one whose content expired) no longer says how the run ended.
-    if root is not None and not root.get("purged") and (run.status == RunStatus.RUNNING or items):
+    if (
+        root is not None
+        and not root.get("purged")
+        and (run.status == RunStatus.RUNNING or items or filled)
+    ):
         llms = [s for s in spans if s["role"] == otlp.LLM]
         task = (
             run_task(root, llms)
