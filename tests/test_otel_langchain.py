@@ -24,6 +24,7 @@ from memory_app import auth
 from memory_app.interop import otlp
 from memory_app.models import Run, Step, ToolCall, TraceSpan
 from memory_app.services.traces import _steps, _with_logs
+from tests.api_helpers import make_key
 from tests.otel_agents import protobuf_body
 
 TASK = "Weather in Paris in May for 2, and how many live there?"
@@ -99,7 +100,7 @@ def instrumented(*processors, resource: dict | None = None):
         provider.shutdown()
 
 
-def run_agent() -> tuple[dict, ScriptedChatModel]:
+def run_agent(task: str = TASK) -> tuple[dict, ScriptedChatModel]:
     model = scripted_model()
     # A failing tool answers the model with its error, as LangGraph agents are usually built.
     tools = ToolNode([get_weather, get_population], handle_tool_errors=True)
@@ -107,13 +108,13 @@ def run_agent() -> tuple[dict, ScriptedChatModel]:
         # It names its successor in the `langchain` package, which this project does not use.
         warnings.simplefilter("ignore")
         agent = create_react_agent(model, tools)
-    return agent.invoke({"messages": [("user", TASK)]}), model
+    return agent.invoke({"messages": [("user", task)]}), model
 
 
-def traced_spans() -> list:
+def traced_spans(task: str = TASK) -> list:
     exporter = InMemorySpanExporter()
     with instrumented(SimpleSpanProcessor(exporter), resource={"service.name": "travel"}):
-        run_agent()
+        run_agent(task)
     return list(exporter.get_finished_spans())
 
 
@@ -178,24 +179,44 @@ def test_langgraph_react_agent_exported_over_otlp_http_is_one_run(live_server, s
     check_run(run, model)
 
 
+def send(writer, spans) -> None:
+    response = writer.client.generic(
+        "POST", "/v1/traces", protobuf_body(spans), content_type=otlp.PROTOBUF, **writer._headers()
+    )
+    assert response.status_code == 200, response.content
+
+
 @pytest.mark.django_db
 def test_the_same_export_twice_writes_nothing_new():
-    from tests.api_helpers import make_key
-
     spans = traced_spans()
     writer = make_key(scopes=("write",))
     for _ in range(2):
-        response = writer.client.generic(
-            "POST",
-            "/v1/traces",
-            protobuf_body(spans),
-            content_type=otlp.PROTOBUF,
-            **writer._headers(),
-        )
-        assert response.status_code == 200, response.content
+        send(writer, spans)
         counts = (Run.objects.count(), Step.objects.count(), ToolCall.objects.count())
         assert counts == (1, 3, 2)
     assert TraceSpan.objects.count() == len(spans)
+
+
+@pytest.mark.django_db
+def test_purging_the_steps_erases_every_span_holding_their_text():
+    """LangGraph's node, prompt and router spans carry copies of the messages: they go with the
+    step whose calls they hold, the graph's input and final state with the task."""
+    from memory_app.audit import Actor
+    from memory_app.services import curation
+    from tests.test_purge_total import SECRET, tables_holding
+
+    spans = traced_spans(task=f"Weather in {SECRET}?")
+    writer = make_key(scopes=("write",))
+    send(writer, spans)
+    assert "memory_app_tracespan" in tables_holding(SECRET)
+    curation.selected_purge(
+        step_ids=list(Step.objects.values_list("pk", flat=True)),
+        confirmation=curation.PURGE_CONFIRMATION,
+        actor=Actor.system("purge-test"),
+    )
+    assert tables_holding(SECRET) == []
+    send(writer, spans)
+    assert tables_holding(SECRET) == [] and not Step.objects.exists()
 
 
 def test_tool_arguments_keep_the_key_order_the_model_wrote():

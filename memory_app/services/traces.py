@@ -206,6 +206,8 @@ _EMPTY = {
 # A purged task step's text on the root span (`otlp_steps.run_task` reads these); the rest of the
 # root (outcome, final answer, token totals) still describes the run.
 TASK_ATTRIBUTES = ("smolagents.task", "input.value", "gen_ai.input.messages")
+# OpenInference flattens a LangChain root's input messages into these.
+TASK_PREFIXES = ("llm.input_messages.",)
 
 
 def _span(row: TraceSpan) -> dict[str, Any]:
@@ -398,8 +400,8 @@ def _steps(
         return items, root, sources
     if root["role"] in (otlp.LLM, otlp.TOOL):
         # A lone model or tool call is a one-step run.
-        tools = [s for s in descendants(root["span_id"]) if s["role"] == otlp.TOOL]
-        add(flat_step(root, tools), [root, *tools])
+        inner = descendants(root["span_id"])
+        add(flat_step(root, [s for s in inner if s["role"] == otlp.TOOL]), [root, *inner])
         return items, root, sources
     loose = [] if steps else outermost_calls(root["span_id"])
     if root["role"] == otlp.AGENT or loose:
@@ -414,9 +416,45 @@ def _steps(
             anchors.append((s, []))
         if s["role"] == otlp.TOOL:
             anchors[-1][1].append(s)
+    call_step: dict[str, str] = {}
     for anchor, tools in anchors:
-        add(flat_step(anchor, tools), [anchor, *tools])
+        inner = [d for c in (anchor, *tools) for d in descendants(c["span_id"])]
+        add(flat_step(anchor, tools), [anchor, *tools, *inner])
+        call_step.update({c["span_id"]: anchor["span_id"] for c in (anchor, *tools)})
+    for client_id, around in _runnables(spans, by_id, root, call_step).items():
+        sources[client_id] += [s["span_id"] for s in around]
     return items, root, sources
+
+
+def _runnables(
+    spans: list[dict[str, Any]], by_id: dict[str, dict], root: dict, call_step: dict[str, str]
+) -> dict[str, list[dict]]:
+    """The spans around the model and tool calls (LangChain's graph nodes, prompts, routers), by
+    the step they belong to: the one whose calls they hold or, holding none, their nearest
+    ancestor's. They carry copies of the messages, which a purge of the step erases with it; a
+    span holding the calls of several steps (the graph) stays out."""
+
+    def ancestors(span: dict):
+        parent = by_id.get(span["parent_span_id"])
+        while parent is not None and parent is not root:
+            yield parent
+            parent = by_id.get(parent["parent_span_id"])
+
+    below: dict[str, set[str]] = defaultdict(set)
+    for span_id, client_id in call_step.items():
+        for a in ancestors(by_id[span_id]):
+            below[a["span_id"]].add(client_id)
+    out: dict[str, list[dict]] = defaultdict(list)
+    for span in spans:
+        if span is root or span["span_id"] in call_step or span["role"] != otlp.OTHER:
+            continue
+        holder = next(
+            (below[s["span_id"]] for s in (span, *ancestors(span)) if below.get(s["span_id"])),
+            set(),
+        )
+        if len(holder) == 1:
+            out[next(iter(holder))].append(span)
+    return out
 
 
 def _redact(context: Context, spans: list[dict[str, Any]], made_of: dict[str, list[str]]) -> None:
@@ -431,7 +469,15 @@ def _redact(context: Context, spans: list[dict[str, Any]], made_of: dict[str, li
     whole, task_roots = set(), set()
     for client_id, span_ids in made_of.items():
         if client_id.endswith(":task"):
-            task_roots.update(i for i in span_ids if not by_id[i].get("purged_task"))
+            # The root's own log events hold nothing but what the agent wrote.
+            whole.update(
+                i for i in span_ids if by_id[i]["role"] == otlp.LOG and not by_id[i].get("purged")
+            )
+            task_roots.update(
+                i
+                for i in span_ids
+                if by_id[i]["role"] != otlp.LOG and not by_id[i].get("purged_task")
+            )
         else:
             whole.update(i for i in span_ids if not by_id[i].get("purged"))
     if not (whole or task_roots):
@@ -445,8 +491,14 @@ def _redact(context: Context, spans: list[dict[str, Any]], made_of: dict[str, li
             row.data = {"purged": True}
         else:
             data = dict(row.data)
+            # A LangGraph root's output is its final state: every message, the task first.
+            dropped = TASK_ATTRIBUTES + (
+                ("output.value",) if data.get("scope") == otlp.LANGCHAIN_SCOPE else ()
+            )
             data["attributes"] = {
-                k: v for k, v in data.get("attributes", {}).items() if k not in TASK_ATTRIBUTES
+                k: v
+                for k, v in data.get("attributes", {}).items()
+                if k not in dropped and not k.startswith(TASK_PREFIXES)
             }
             row.data = {**data, "purged_task": True}
         row.save(update_fields=["data"])
