@@ -227,3 +227,25 @@ def test_tool_arguments_keep_the_key_order_the_model_wrote():
     items, _, _ = _steps(_with_logs(rows))
     [call] = [c for i in items for c in i.get("tool_calls") or [] if c["name"] == "get_weather"]
     assert list(call["arguments"]) == ["month", "to", "adults"]
+
+
+@pytest.mark.django_db
+def test_a_lone_model_call_answers_with_the_models_text():
+    """A chat model called outside any graph: a one-step run whose task is the user's message and
+    whose answer is the model's text, not the serialized response."""
+    exporter = InMemorySpanExporter()
+    model = ScriptedChatModel(
+        replies=[
+            AIMessage(
+                content=ANSWER,
+                usage_metadata={"input_tokens": 9, "output_tokens": 4, "total_tokens": 13},
+            )
+        ]
+    )
+    with instrumented(SimpleSpanProcessor(exporter)):
+        model.invoke([("system", "Be brief."), ("user", TASK)])
+    send(make_key(scopes=("write",)), list(exporter.get_finished_spans()))
+    [run] = Run.objects.all()
+    assert (run.task, run.final_answer, run.system_prompt) == (TASK, ANSWER, "Be brief.")
+    [step] = run.steps.all()
+    assert (step.kind, step.model_output, step.total_tokens) == ("action", ANSWER, 13)
