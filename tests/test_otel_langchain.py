@@ -249,3 +249,20 @@ def test_a_lone_model_call_answers_with_the_models_text():
     assert (run.task, run.final_answer, run.system_prompt) == (TASK, ANSWER, "Be brief.")
     [step] = run.steps.all()
     assert (step.kind, step.model_output, step.total_tokens) == ("action", ANSWER, 13)
+
+
+@pytest.mark.django_db
+def test_a_langgraph_run_opens_in_the_logbook_step_by_step():
+    from django.test import Client
+
+    from tests.builders import make_user
+
+    send(make_key(scopes=("write",)), traced_spans())
+    [run] = Run.objects.all()
+    browser = Client()
+    browser.force_login(make_user(role="viewer"))
+    pages = [browser.get(f"/runs/{run.pk}/steps/{p}/") for p in range(1, run.step_count + 1)]
+    assert [p.status_code for p in pages] == [200] * 3
+    html = pages[1].content.decode()
+    assert "get_population" in html and "census service offline" in html
+    assert ANSWER in pages[2].content.decode()
