@@ -40,6 +40,13 @@ class MemoryRecord(models.Model):
         max_length=20, choices=MemoryStatus.choices, default=MemoryStatus.LIVE
     )
     archived_at = models.DateTimeField(null=True, blank=True)
+    # A namespace item (LangGraph's store): a record addressed by a namespace path and a key in
+    # its key-subset scope, whose content is the JSON text of its value.
+    namespace = ArrayField(models.TextField(), null=True, blank=True)
+    item_key = models.TextField(null=True, blank=True)
+    # Minutes an item lives after its last write (or read, when the reader refreshes it).
+    item_ttl = models.FloatField(null=True, blank=True)
+    item_expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     search_vector = models.GeneratedField(
@@ -53,6 +60,18 @@ class MemoryRecord(models.Model):
             # Recording the same content in the same scope returns the existing record.
             models.UniqueConstraint(
                 fields=["scope_digest", "content_hash"], name="memory_scope_content_unique"
+            ),
+            # One item per namespace and key in a scope: the namespace is the scope's data, so
+            # it stays in the key of the constraint (and of every query) beside the scope.
+            models.UniqueConstraint(
+                fields=["scope_digest", "namespace", "item_key"],
+                condition=Q(namespace__isnull=False),
+                name="memory_store_item_unique",
+            ),
+            models.CheckConstraint(
+                condition=Q(namespace__isnull=True, item_key__isnull=True)
+                | Q(namespace__isnull=False, item_key__isnull=False, context__isnull=True),
+                name="memory_store_item_shape",
             ),
             choices_check("kind", MemoryKind, "memory_kind_valid"),
             choices_check("status", MemoryStatus, "memory_status_valid"),
