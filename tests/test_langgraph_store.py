@@ -432,3 +432,19 @@ def test_values_come_back_as_written_and_items_are_memories_curated_in_the_dashb
     assert record.archived_at is not None
     actions = AuditEvent.objects.filter(target_ids=[record.pk]).values_list("action", flat=True)
     assert list(actions.order_by("id")) == ["record", "edit", "archive", "restore", "archive"]
+
+
+def test_items_are_recalled_by_the_contexts_of_their_key_subset_until_they_expire(store):
+    from memory_app.queries.memories import memories_retrieve
+    from memory_app.services.contexts import context_get_or_create
+
+    store.put(("facts",), "drink", {"text": "Ada drinks green tea"}, ttl=10)
+    chat, _ = context_get_or_create(keys={"user": "ada", "chat": "7"})
+    bob, _ = context_get_or_create(keys={"user": "bob"})
+    recalled = memories_retrieve(context=chat, query="green tea")
+    assert [r.record.item_key for r in recalled] == ["drink"]
+    assert memories_retrieve(context=bob, query="green tea") == []
+    MemoryRecord.objects.filter(item_key="drink").update(
+        item_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    assert memories_retrieve(context=chat, query="green tea") == []

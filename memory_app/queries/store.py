@@ -15,9 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import BooleanField, Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models import BooleanField, Exists, OuterRef, QuerySet, Subquery
 from django.db.models.expressions import RawSQL
-from django.db.models.functions import Now
 
 from memory_app.errors import Invalid
 from memory_app.memories import Scope
@@ -29,7 +28,7 @@ from memory_app.namespace_items import (
     clean_key,
     clean_namespace,
 )
-from memory_app.queries.memories import _semantic_hits, text_vectors
+from memory_app.queries.memories import UNEXPIRED, _semantic_hits, text_vectors
 
 TABLE = "memory_app_memoryrecord"
 
@@ -37,7 +36,7 @@ TABLE = "memory_app_memoryrecord"
 def items_visible(scope: Scope) -> QuerySet[MemoryRecord]:
     """The scope's items an agent reads: live, not deleted (archived), not expired."""
     return MemoryRecord.objects.filter(
-        Q(item_expires_at__isnull=True) | Q(item_expires_at__gt=Now()),
+        UNEXPIRED,
         scope_digest=scope.digest,
         namespace__isnull=False,
         status=MemoryStatus.LIVE,
