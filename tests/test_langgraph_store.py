@@ -4,6 +4,7 @@ side with LangGraph's own `InMemoryStore` doing the same operations."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import random
 from datetime import timedelta
@@ -448,3 +449,41 @@ def test_items_are_recalled_by_the_contexts_of_their_key_subset_until_they_expir
         item_expires_at=timezone.now() - timedelta(seconds=1)
     )
     assert memories_retrieve(context=chat, query="green tea") == []
+
+
+def test_a_backup_brings_items_back_with_their_namespaces_keys_and_values(store):
+    from memory_app.backup.export import contexts_matching, export_lines
+    from memory_app.backup.restore import import_lines
+    from memory_app.services.contexts import context_get_or_create
+
+    context_get_or_create(keys={"user": "ada", "chat": "1"})
+    # The same value under two keys: two items, which the import must not fold into one.
+    store.put(("prefs",), "a", {"theme": "dark"}, ttl=60)
+    store.put(("prefs",), "b", {"theme": "dark"})
+    store.put(("prefs", "old"), "c", {"z": 1, "a": 0})
+    lines = list(export_lines(contexts=contexts_matching(keys={"user": "ada"})))
+    before = rows(store.search(()))
+    MemoryRecord.objects.all().delete()
+    assert store.search(()) == []
+    import_lines(lines)
+    assert rows(store.search(())) == before
+    assert list(store.get(("prefs", "old"), "c").value) == ["z", "a"]
+    assert MemoryRecord.objects.get(item_key="a").item_ttl == 60
+    import_lines(lines)
+    assert MemoryRecord.objects.count() == 3
+
+
+def test_concurrent_puts_of_one_new_key_make_one_item(live_server, secret):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def put(n):
+        s = AgentMemoryStore(live_server.url, secret, scope_keys=SCOPE, retries=0)
+        try:
+            s.put(("race",), "k", {"n": n})
+        finally:
+            s.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(put, range(8)))
+    [record] = MemoryRecord.objects.filter(namespace=["race"], item_key="k")
+    assert record.archived_at is None and 0 <= json.loads(record.content)["n"] < 8
