@@ -487,3 +487,27 @@ def test_concurrent_puts_of_one_new_key_make_one_item(live_server, secret):
         list(pool.map(put, range(8)))
     [record] = MemoryRecord.objects.filter(namespace=["race"], item_key="k")
     assert record.archived_at is None and 0 <= json.loads(record.content)["n"] < 8
+
+
+def test_a_reviewed_key_proposes_its_items_and_they_read_once_approved(live_server):
+    from memory_app.audit import Actor
+    from memory_app.models import ApiKey
+    from memory_app.services.memory_review import proposals_approve
+
+    issued = auth.apikey_create(name="reviewed", context_keys={"tenant": "acme"})
+    ApiKey.objects.filter(pk=issued.key.pk).update(memory_review="proposed")
+    s = AgentMemoryStore(live_server.url, issued.secret, retries=0)
+    s.put(("prefs",), "theme", {"theme": "dark"})
+    record = MemoryRecord.objects.get(item_key="theme")
+    assert record.status == "proposed" and s.get(("prefs",), "theme") is None
+    assert s.search(()) == [] and s.list_namespaces() == []
+    # Until a curator decides, the key may revise its proposal.
+    s.put(("prefs",), "theme", {"theme": "light"})
+    proposals_approve([record.pk], actor=Actor.for_user(make_user(role="curator")))
+    assert s.get(("prefs",), "theme").value == {"theme": "light"}
+    # A live item is the curators' now: the reviewed key proposes a change by a new item.
+    with pytest.raises(ApiError) as exc:
+        s.put(("prefs",), "theme", {"theme": "pwned"})
+    assert exc.value.status == 403
+    assert s.get(("prefs",), "theme").value == {"theme": "light"}
+    s.close()
