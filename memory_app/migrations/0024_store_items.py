@@ -1,6 +1,6 @@
 """Namespace items (LangGraph's store): a memory record addressed by a namespace path and a key
 in its key-subset scope, with an optional time to live. Existing records get NULLs (no rewrite);
-the partial unique index holds the items only."""
+the partial indexes hold the items only."""
 
 import django.contrib.postgres.fields
 from django.db import migrations, models
@@ -36,6 +36,10 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name='memoryrecord',
             constraint=models.UniqueConstraint(condition=models.Q(('namespace__isnull', False)), fields=('scope_digest', 'namespace', 'item_key'), name='memory_store_item_unique'),
+        ),
+        migrations.AddIndex(
+            model_name='memoryrecord',
+            index=models.Index(condition=models.Q(('namespace__isnull', False)), fields=['scope_digest', 'namespace', 'id'], name='memory_store_ns_first_idx'),
         ),
         migrations.AddConstraint(
             model_name='memoryrecord',

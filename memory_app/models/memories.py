@@ -82,6 +82,12 @@ class MemoryRecord(models.Model):
             GinIndex(fields=["search_vector"], name="memory_fts_gin"),
             GinIndex(fields=["scope_keys"], name="memory_scope_gin", opclasses=["jsonb_path_ops"]),
             GinIndex(fields=["keywords"], name="memory_keywords_gin"),
+            # Where a namespace's items list: its first record, found by one index probe.
+            models.Index(
+                fields=["scope_digest", "namespace", "id"],
+                condition=Q(namespace__isnull=False),
+                name="memory_store_ns_first_idx",
+            ),
             # The review inbox: the (few) proposals, oldest first.
             models.Index(
                 fields=["created_at", "id"],
