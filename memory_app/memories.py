@@ -21,6 +21,7 @@ in the same scope is one record.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,20 @@ def scope_for_key(
 
 def content_hash(content: str) -> str:
     return hashlib.sha256(" ".join(content.split()).encode()).hexdigest()
+
+
+def item_hash(namespace: list[str], key: str) -> str:
+    """A namespace item's identity in its scope, in place of its content's hash: it keeps the
+    item one record under (scope, content hash) whatever its value (two items may hold the same
+    value; plain content, which holds no NUL, never hashes to it)."""
+    return hashlib.sha256(json.dumps(["item\x00", namespace, key]).encode()).hexdigest()
+
+
+def record_hash(record: MemoryRecord) -> str:
+    """The hash a record's row holds: its content's, or a namespace item's identity."""
+    if record.namespace is not None:
+        return item_hash(list(record.namespace), record.item_key)
+    return content_hash(record.content)
 
 
 def no_nul(value: str, what: str) -> str:

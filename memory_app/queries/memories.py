@@ -13,6 +13,7 @@ from django.conf import settings
 from django.contrib.postgres.search import SearchQuery, SearchRank
 from django.db.models import F, Q, QuerySet
 from django.db.models.expressions import RawSQL
+from django.db.models.functions import Now
 
 from memory_app import auth, errors
 from memory_app.embeddings import indexer, providers
@@ -30,6 +31,9 @@ from memory_app.queries.lists import Page
 from memory_app.search.fusion import rrf_scores
 from memory_app.search.semantic import nearest_vectors
 
+# A namespace item past its time to live is recalled nowhere, from the moment it expires.
+UNEXPIRED = Q(item_expires_at__isnull=True) | Q(item_expires_at__gt=Now())
+
 
 def memories_visible(
     *, context: Context, include_archived: bool = False, confined_to: dict[str, Any] | None = None
@@ -45,7 +49,9 @@ def memories_visible(
     if confined_to:
         subsets &= Q(scope_keys__contains=confined_to)
     # Proposals, and what review rejected or merged, are never recalled.
-    qs = MemoryRecord.objects.filter(Q(context=context) | subsets, status=MemoryStatus.LIVE)
+    qs = MemoryRecord.objects.filter(
+        Q(context=context) | subsets, UNEXPIRED, status=MemoryStatus.LIVE
+    )
     return qs if include_archived else qs.filter(archived_at__isnull=True)
 
 
@@ -259,7 +265,7 @@ def memories_listed(
         own = Q(context__in=auth.visible_contexts(key))
         shared = Q(context__isnull=True, scope_keys__contains=key.context_keys or {})
         # Live records only, as recall: a proposal's outcome is read by its id (status).
-        qs = MemoryRecord.objects.filter(own | shared, status=MemoryStatus.LIVE)
+        qs = MemoryRecord.objects.filter(own | shared, UNEXPIRED, status=MemoryStatus.LIVE)
         if scope_keys:
             qs = qs.filter(
                 Q(scope_keys__contains=scope_keys) | Q(context__keys__contains=scope_keys)

@@ -5,6 +5,7 @@ except that a purge erases the purged record's content from the audit too."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from memory_app.memories import (
     clean_kind,
     content_hash,
     no_nul,
+    record_hash,
 )
 from memory_app.models import (
     AuditEvent,
@@ -35,6 +37,7 @@ from memory_app.models import (
     Message,
     Step,
 )
+from memory_app.namespace_items import content_of
 from memory_app.queries.memories import text_vectors
 from memory_app.queries.memory_review import similar_live
 
@@ -236,6 +239,13 @@ def _record(
     return results
 
 
+def _json_object(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise Invalid("a namespace item's content is its value: a JSON object") from exc
+
+
 def _check_may_change(record: MemoryRecord, actor: Actor) -> None:
     """A key whose memories are reviewed changes its proposals only: editing, archiving or
     restoring a live record would bypass the review."""
@@ -269,7 +279,10 @@ def memory_edit(
         before = snapshot(record)
         if content is not None:
             record.content = clean_content(content)
-            record.content_hash = content_hash(record.content)
+            if record.namespace is not None:
+                # A namespace item's content is its value: it stays a JSON object.
+                record.content = content_of(_json_object(record.content))
+            record.content_hash = record_hash(record)
         if kind is not None:
             record.kind = clean_kind(kind)
         if thinking is not None:
