@@ -216,7 +216,7 @@ def test_the_dashboard_sets_an_expiry_and_pins(client):
     assert response.status_code in (200, 302), response.content
     record.refresh_from_db()
     assert record.expires_at is not None and not record.pinned
-    client.post(url, {"expires_at": "", "pinned": "on"})
+    client.post(url, {"expires_at": "", "pinned": "1"})
     record.refresh_from_db()
     assert record.expires_at is None and record.pinned
     assert client.post(url, {"expires_at": "soon"}).status_code == 400
@@ -343,3 +343,30 @@ def test_policies_are_checked_and_audited():
     )
     assert actions == ["retention_policy", "retention_policy", "retention_policy_delete"]
     assert not RetentionPolicy.objects.exists()
+
+
+def test_admins_manage_policies_in_the_dashboard(client):
+    client.force_login(make_user(role="curator"))
+    assert client.get("/retention/").status_code == 403
+    _admin(client)
+    assert client.get("/retention/").status_code == 200
+    form = {"name": "acme <b>chats</b>", "scope_keys": "tenant=acme", "kind": "messages"}
+    assert client.post("/retention/", {**form, "max_age_days": "0"}).status_code == 400
+    assert not RetentionPolicy.objects.exists()
+    response = client.post("/retention/", {**form, "max_age_days": "90", "enabled": "1"})
+    assert response.status_code == 302
+    policy = RetentionPolicy.objects.get()
+    assert (policy.scope_keys, policy.max_age_days, policy.enabled) == (
+        {"tenant": "acme"},
+        90,
+        True,
+    )
+    page = client.get("/retention/").content.decode()
+    # What an operator typed is escaped like the rest.
+    assert "acme &lt;b&gt;chats&lt;/b&gt;" in page and "<b>chats</b>" not in page
+    client.post("/retention/", {**form, "policy": policy.pk, "max_age_days": "30"})
+    policy.refresh_from_db()
+    assert (policy.max_age_days, policy.enabled) == (30, False)
+    client.post("/retention/", {"policy": policy.pk, "delete": "1"})
+    assert not RetentionPolicy.objects.exists()
+    assert AuditEvent.objects.filter(target_type="retentionpolicy").count() == 3
