@@ -370,3 +370,24 @@ def test_admins_manage_policies_in_the_dashboard(client):
     client.post("/retention/", {"policy": policy.pk, "delete": "1"})
     assert not RetentionPolicy.objects.exists()
     assert AuditEvent.objects.filter(target_type="retentionpolicy").count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mcp_records_with_a_ttl_and_corrects_the_expiry(asgi_live_server):
+    from tests.test_mcp import Session, _secret
+
+    context = make_context(keys={"user": "ada"})
+    mcp = Session(asgi_live_server, _secret())
+    made = mcp.ok("record_memory", content="Ada is at the dentist", context_id=context.pk,
+                  ttl_seconds=600)["items"][0]["memory"]  # fmt: skip
+    at = MemoryRecord.objects.get(pk=made["id"]).expires_at
+    assert timedelta(seconds=590) < at - timezone.now() <= timedelta(seconds=600)
+    fixed = mcp.ok("correct_memory", memory_id=made["id"], pinned=True)["memory"]
+    assert fixed["pinned"] is True
+    _expire(MemoryRecord.objects.get(pk=made["id"]))
+    # Pinned, it is still recalled past its date; unpinned, it is gone at once.
+    query = {"context_id": context.pk, "query": "dentist"}
+    assert [m["id"] for m in mcp.ok("retrieve_memories", **query)["items"]] == [made["id"]]
+    MemoryRecord.objects.filter(pk=made["id"]).update(pinned=False)
+    assert mcp.ok("retrieve_memories", **query)["items"] == []
+    assert "not found" in mcp.error("correct_memory", memory_id=made["id"], pinned=True)
