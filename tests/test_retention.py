@@ -10,6 +10,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.urls import reverse
 from django.utils import timezone
 
 from memory_app.audit import Actor
@@ -25,6 +26,7 @@ from memory_app.models import (
 )
 from memory_app.queries.memories import memories_listed, memories_retrieve, memories_search
 from memory_app.services import retention
+from memory_app.services.curation import PURGE_CONFIRMATION
 from memory_app.services.memories import (
     memories_record,
     memory_purge,
@@ -201,6 +203,20 @@ def test_a_legal_hold_is_set_by_dashboard_admins_only_and_blocks_purge(client):
     # An API key may not lift it: its edit fields do not reach the hold.
     api.patch(f"/api/v1/memories/{record.pk}", {"metadata": {"legal_hold": ""}})
     assert MemoryRecord.objects.get(pk=record.pk).legal_hold == "case 12"
+
+    # Nor does the Django admin delete it, one or selected, nor its context.
+    admin.is_staff = admin.is_superuser = True
+    admin.save()
+    delete = reverse("admin:memory_app_memoryrecord_delete", args=[record.pk])
+    answer = client.post(delete, {"post": "yes", "confirmation": PURGE_CONFIRMATION}, follow=True)
+    assert "Under legal hold: memory" in answer.content.decode()
+    changelist = reverse("admin:memory_app_memoryrecord_changelist")
+    client.post(
+        changelist,
+        {"action": "delete_selected", "_selected_action": [record.pk], "post": "yes",
+         "confirmation": PURGE_CONFIRMATION},
+    )  # fmt: skip
+    assert MemoryRecord.objects.filter(pk=record.pk).exists()
 
     client.post(url, {"reason": ""})
     assert MemoryRecord.objects.get(pk=record.pk).legal_hold == ""

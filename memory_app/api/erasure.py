@@ -15,13 +15,20 @@ from pydantic import Field
 from memory_app import auth
 from memory_app.api.common import WRITE_ERRORS, actor_for, require_scope, responses
 from memory_app.errors import Forbidden
-from memory_app.schemas.fields import JsonObject, Text
+from memory_app.schemas.fields import JsonObject, Text, _examples
 from memory_app.services import erasure
 
 router = Router(tags=["erasure"])
 
 
+RECEIPT_EXAMPLE = {kind: 0 for kind in erasure.KINDS} | {"contexts": 2, "messages": 40}
+
+
 class ErasureIn(Schema):
+    model_config = _examples(
+        {"keys": {"user": "ada"}},
+        {"keys": {"user": "ada"}, "confirmation": erasure.ERASE_CONFIRMATION},
+    )
     keys: JsonObject = Field(
         description="the key subset: every context whose keys contain it, and its memories",
         examples=[{"user": "ada"}],
@@ -34,6 +41,15 @@ class ErasureIn(Schema):
 
 
 class ErasureOut(Schema):
+    model_config = _examples(
+        {"erased": False, "receipt": RECEIPT_EXAMPLE},
+        {
+            "erased": True,
+            "receipt": RECEIPT_EXAMPLE,
+            "keys_digest": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+            "audit_event_id": 812,
+        },
+    )
     erased: bool
     receipt: dict[str, int] = Field(description="rows removed (or that would be) per kind")
     keys_digest: str | None = None
