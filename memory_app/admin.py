@@ -30,6 +30,7 @@ from memory_app.models import (
     EmbeddingRetry,
     MemoryRecord,
     Message,
+    RetentionPolicy,
     Run,
     Step,
     ToolCall,
@@ -513,6 +514,12 @@ class MemoryRecordAdmin(PurgeAdmin):
     @admin.display(description="content")
     def short_content(self, obj):
         return obj.content[:80]
+
+
+@admin.register(RetentionPolicy)
+class RetentionPolicyAdmin(AuditedAdmin):
+    list_display = ["id", "name", "kind", "max_age_days", "enabled", "last_applied_at"]
+    readonly_fields = ["progress", "last_applied_at", "last_summary", "created_by"]
 
 
 @admin.register(Embedding)

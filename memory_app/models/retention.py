@@ -3,6 +3,7 @@ contexts whose keys contain a key subset."""
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
@@ -49,3 +50,11 @@ class RetentionPolicy(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}: {self.kind} older than {self.max_age_days} days"
+
+    def clean(self) -> None:
+        # The Django admin's form checks this too (the dashboard's goes through the service).
+        keys = self.scope_keys
+        if not isinstance(keys, dict) or not all(
+            isinstance(v, str | int | float | bool) for v in keys.values()
+        ):
+            raise ValidationError({"scope_keys": "an object of plain values"})

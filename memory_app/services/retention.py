@@ -19,13 +19,14 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from memory_app.audit import Actor, audit_record
 from memory_app.errors import Invalid, LegalHold, NotFound
 from memory_app.models import (
+    Context,
     MemoryRecord,
     Message,
     RetentionKind,
@@ -179,54 +180,43 @@ def _cutoff(policy: RetentionPolicy):
     return timezone.now() - timedelta(days=policy.max_age_days)
 
 
-def _in_scope(policy: RetentionPolicy) -> Q:
-    return Q(context__keys__contains=policy.scope_keys) if policy.scope_keys else Q()
+def _contexts(policy: RetentionPolicy) -> QuerySet[Context]:
+    contexts = Context.objects.all()
+    return contexts.filter(keys__contains=policy.scope_keys) if policy.scope_keys else contexts
 
 
-def _first_context(qs: QuerySet, order: str) -> int | None:
-    """The context of the oldest row `qs` takes: a batch takes one context's rows."""
-    return qs.order_by(order, "pk").values_list("context_id", flat=True).first()
-
-
-def _messages_batch(policy: RetentionPolicy, batch_size: int) -> int:
-    old = Message.objects.filter(_in_scope(policy), created_at__lt=_cutoff(policy))
-    context_id = _first_context(old, "created_at")
-    if context_id is None:
-        return 0
+def _messages_of(policy: RetentionPolicy, context_id: int, batch_size: int) -> int:
     ids = list(
-        old.filter(context_id=context_id).order_by("seq").values_list("pk", flat=True)[:batch_size]
+        Message.objects.filter(context_id=context_id, created_at__lt=_cutoff(policy))
+        .order_by("seq")
+        .values_list("pk", flat=True)[:batch_size]
     )
-    selected_purge(
-        message_ids=ids, confirmation=PURGE_CONFIRMATION, actor=RETENTION, note=_why(policy)
-    )
+    if ids:
+        selected_purge(
+            message_ids=ids, confirmation=PURGE_CONFIRMATION, actor=RETENTION, note=_why(policy)
+        )
     return len(ids)
 
 
-def _runs_batch(policy: RetentionPolicy, batch_size: int) -> int:
-    old = Run.objects.filter(_in_scope(policy), created_at__lt=_cutoff(policy))
-    context_id = _first_context(old, "created_at")
-    if context_id is None:
-        return 0
+def _runs_of(policy: RetentionPolicy, context_id: int, batch_size: int) -> int:
     ids = list(
-        old.filter(context_id=context_id)
+        Run.objects.filter(context_id=context_id, created_at__lt=_cutoff(policy))
         .order_by("created_at", "pk")
         .values_list("pk", flat=True)[:batch_size]
     )
-    selected_purge(run_ids=ids, confirmation=PURGE_CONFIRMATION, actor=RETENTION, note=_why(policy))
+    if ids:
+        selected_purge(
+            run_ids=ids, confirmation=PURGE_CONFIRMATION, actor=RETENTION, note=_why(policy)
+        )
     return len(ids)
 
 
-def _spans_batch(policy: RetentionPolicy, batch_size: int) -> int:
+def _spans_of(policy: RetentionPolicy, context_id: int, batch_size: int) -> int:
     """Spans as `backlog.expire_spans_batch` expires them: a span marking a purged step keeps
     its marker (and is not counted again), the steps made from the others stay."""
-    old = TraceSpan.objects.filter(_in_scope(policy), received_at__lt=_cutoff(policy)).exclude(
-        data__has_key="purged"
-    )
-    context_id = _first_context(old, "received_at")
-    if context_id is None:
-        return 0
     rows = list(
-        old.filter(context_id=context_id)
+        TraceSpan.objects.filter(context_id=context_id, received_at__lt=_cutoff(policy))
+        .exclude(data__has_key="purged")
         .order_by("received_at", "pk")
         .select_for_update(skip_locked=True)
         .values_list("pk", "data__purged_task")[:batch_size]
@@ -239,11 +229,15 @@ def _spans_batch(policy: RetentionPolicy, batch_size: int) -> int:
     return len(rows)
 
 
-BATCHES: dict[str, Callable[[RetentionPolicy, int], int]] = {
-    RetentionKind.MESSAGES: _messages_batch,
-    RetentionKind.RUNS: _runs_batch,
-    RetentionKind.SPANS: _spans_batch,
+BATCHES: dict[str, Callable[[RetentionPolicy, int, int], int]] = {
+    RetentionKind.MESSAGES: _messages_of,
+    RetentionKind.RUNS: _runs_of,
+    RetentionKind.SPANS: _spans_of,
 }
+# Contexts a batch looks through (in id order, from the pass's cursor) for rows to remove.
+CONTEXTS_PER_BATCH = 200
+# How long the worker leaves a policy alone after a pass that found nothing more to remove.
+RECHECK = timedelta(hours=1)
 
 
 def _why(policy: RetentionPolicy) -> str:
@@ -253,43 +247,80 @@ def _why(policy: RetentionPolicy) -> str:
 @dataclass(frozen=True)
 class BatchDone:
     removed: int
-    # The pass's total so far, and its audited summary when this batch found nothing left.
+    # The pass's total so far; `finished` when the pass went through every context (then its
+    # summary's audit event, unless the worker's pass removed nothing).
     total: int
+    finished: bool = False
     summary_event_id: int | None = None
 
 
+def _batch(policy: RetentionPolicy, progress: dict, batch_size: int) -> tuple[int, bool]:
+    """Rows removed from the first context at or after the pass's cursor that has any (the
+    cursor stays on it: it may hold more), and whether the pass has gone through them all."""
+    cursor = progress.get("context", 0)
+    ids = list(
+        _contexts(policy)
+        .filter(pk__gte=cursor)
+        .order_by("pk")
+        .values_list("pk", flat=True)[:CONTEXTS_PER_BATCH]
+    )
+    for context_id in ids:
+        removed = BATCHES[policy.kind](policy, context_id, batch_size)
+        if removed:
+            progress["context"] = context_id
+            return removed, False
+        progress["context"] = context_id + 1
+    return 0, len(ids) < CONTEXTS_PER_BATCH
+
+
 def policy_apply_batch(
-    *, policy: RetentionPolicy, batch_size: int = BATCH_SIZE, summarize_empty: bool = True
+    *, policy: RetentionPolicy, batch_size: int = BATCH_SIZE, worker: bool = False
 ) -> BatchDone:
     """One committed batch of `policy`'s pass: up to `batch_size` rows of one context removed,
-    the pass's progress kept on the policy in the same transaction. A batch that finds nothing
-    ends the pass: its totals become one audit event and `last_summary` (unless the pass removed
-    nothing and `summarize_empty` is off: the worker, idle, does not audit every turn)."""
+    the pass's progress (its cursor over the contexts, its totals) kept on the policy in the same
+    transaction. The batch that goes past the last context ends the pass: its totals become one
+    audit event and `last_summary`. The `worker` leaves alone a policy another worker holds or
+    whose last pass ended less than `RECHECK` ago, and audits no pass that removed nothing."""
     check_batch_size(batch_size)
     with transaction.atomic():
-        policy = RetentionPolicy.objects.select_for_update().filter(pk=policy.pk).first()
+        policy = (
+            RetentionPolicy.objects.select_for_update(skip_locked=worker)
+            .filter(pk=policy.pk)
+            .first()
+        )
         if policy is None:
+            if worker:
+                return BatchDone(0, 0)
             raise NotFound("retention policy not found")
-        if not policy.enabled:
-            return BatchDone(0, 0)
         progress = dict(policy.progress or {})
-        removed = BATCHES[policy.kind](policy, batch_size)
+        if not policy.enabled or (
+            worker
+            and not progress
+            and policy.last_applied_at
+            and timezone.now() - policy.last_applied_at < RECHECK
+        ):
+            return BatchDone(0, 0)
+        progress.setdefault("started_at", timezone.now().isoformat())
+        removed, finished = _batch(policy, progress, batch_size)
         if removed:
-            progress.setdefault("started_at", timezone.now().isoformat())
             progress["removed"] = progress.get("removed", 0) + removed
             progress["batches"] = progress.get("batches", 0) + 1
+        if not finished:
             policy.progress = progress
             policy.save(update_fields=["progress"])
-            return BatchDone(removed, progress["removed"])
-        if not progress and not summarize_empty:
-            return BatchDone(0, 0)
+            return BatchDone(removed, progress.get("removed", 0))
         summary = {
             **_described(policy),
             "removed": progress.get("removed", 0),
             "batches": progress.get("batches", 0),
-            "started_at": progress.get("started_at"),
+            "started_at": progress["started_at"],
             "finished_at": timezone.now().isoformat(),
         }
+        policy.progress = {}
+        policy.last_applied_at = timezone.now()
+        if worker and not summary["removed"]:
+            policy.save(update_fields=["progress", "last_applied_at"])
+            return BatchDone(0, 0, finished=True)
         event = audit_record(
             actor=RETENTION,
             action="retention_applied",
@@ -298,11 +329,9 @@ def policy_apply_batch(
             after=summary,
             note=f"{_why(policy)}: {summary['removed']} {policy.kind} removed",
         )
-        policy.progress = {}
-        policy.last_applied_at = timezone.now()
         policy.last_summary = summary
         policy.save(update_fields=["progress", "last_applied_at", "last_summary"])
-        return BatchDone(0, summary["removed"], event.pk)
+        return BatchDone(removed, summary["removed"], finished=True, summary_event_id=event.pk)
 
 
 def policy_apply(
@@ -316,7 +345,7 @@ def policy_apply(
         done = policy_apply_batch(policy=policy, batch_size=batch_size)
         if progress is not None:
             progress(policy, done)
-        if not done.removed:
+        if done.finished or not RetentionPolicy.objects.filter(pk=policy.pk, enabled=True).exists():
             return done
 
 
@@ -326,7 +355,7 @@ def retention_batch(*, batch_size: int = BATCH_SIZE) -> int:
     the rows removed (0: nothing is due)."""
     removed = memories_expire_batch(batch_size=batch_size)
     for policy in RetentionPolicy.objects.filter(enabled=True).order_by("pk"):
-        done = policy_apply_batch(policy=policy, batch_size=batch_size, summarize_empty=False)
+        done = policy_apply_batch(policy=policy, batch_size=batch_size, worker=True)
         if done.removed:
             log.info(
                 "%s: %d %s removed (%d this pass)",
