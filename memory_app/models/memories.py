@@ -47,6 +47,13 @@ class MemoryRecord(models.Model):
     # Minutes an item lives after its last write (or read, when the reader refreshes it).
     item_ttl = models.FloatField(null=True, blank=True)
     item_expires_at = models.DateTimeField(null=True, blank=True)
+    # Past `expires_at` a record is no longer recalled and the retention removes it; a pinned
+    # record never expires, and one under legal hold is neither expired nor purged nor erased.
+    expires_at = models.DateTimeField(null=True, blank=True)
+    pinned = models.BooleanField(default=False, db_default=False)
+    legal_hold = models.TextField(
+        blank=True, default="", db_default="", help_text="why the record is held (empty: none)"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     search_vector = models.GeneratedField(
@@ -93,6 +100,12 @@ class MemoryRecord(models.Model):
                 fields=["created_at", "id"],
                 condition=Q(status="proposed"),
                 name="memory_proposed_idx",
+            ),
+            # The expiry's worklist: records with a date, soonest first.
+            models.Index(
+                fields=["expires_at", "id"],
+                condition=Q(expires_at__isnull=False),
+                name="memory_expires_idx",
             ),
         ]
 

@@ -19,7 +19,7 @@ from django.db.models import BooleanField, Exists, OuterRef, QuerySet, Subquery
 from django.db.models.expressions import RawSQL
 
 from memory_app.errors import Invalid
-from memory_app.memories import Scope
+from memory_app.memories import Scope, unexpired
 from memory_app.models import Embedding, MemoryRecord, MemoryStatus
 from memory_app.namespace_items import (
     MAX_NAMESPACES_LIMIT,
@@ -28,7 +28,7 @@ from memory_app.namespace_items import (
     clean_key,
     clean_namespace,
 )
-from memory_app.queries.memories import UNEXPIRED, _semantic_hits, text_vectors
+from memory_app.queries.memories import _semantic_hits, text_vectors
 
 TABLE = "memory_app_memoryrecord"
 
@@ -36,7 +36,7 @@ TABLE = "memory_app_memoryrecord"
 def items_visible(scope: Scope) -> QuerySet[MemoryRecord]:
     """The scope's items an agent reads: live, not deleted (archived), not expired."""
     return MemoryRecord.objects.filter(
-        UNEXPIRED,
+        unexpired(),
         scope_digest=scope.digest,
         namespace__isnull=False,
         status=MemoryStatus.LIVE,
