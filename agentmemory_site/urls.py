@@ -18,8 +18,9 @@ urlpatterns = [
     # Agent API: /api/v1/..., /api/openapi.json, /api/docs (see memory_app/api/__init__.py).
     path("api/", api_urls),
     # OTLP/HTTP at its standard path: exporters given OTEL_EXPORTER_OTLP_ENDPOINT=<server> post to
-    # <server>/v1/traces. The same operation as POST /api/v1/traces.
+    # <server>/v1/traces (and /v1/logs). The same operations as POST /api/v1/traces and /logs.
     path("v1/traces", _api_view("traces_export"), name="otlp-traces"),
+    path("v1/logs", _api_view("logs_export"), name="otlp-logs"),
     # Login and logout live in memory_app.urls (no e-mail password reset: nothing to send it with).
     path("", include("memory_app.urls")),
 ]

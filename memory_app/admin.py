@@ -30,6 +30,7 @@ from memory_app.models import (
     EmbeddingRetry,
     MemoryRecord,
     Message,
+    RetentionPolicy,
     Run,
     Step,
     ToolCall,
@@ -201,21 +202,24 @@ class AuditedAdmin(admin.ModelAdmin):
         self.model._default_manager.filter(pk__in=ids).delete()
 
 
-def _typed(request) -> bool:
-    return request.POST.get("confirmation", "").strip() == PURGE_PHRASE
-
-
-def _refused(modeladmin, request):
-    modeladmin.message_user(
-        request, f"Type {PURGE_PHRASE!r} to confirm: nothing was deleted.", messages.ERROR
-    )
+def _refused(modeladmin, request, ids) -> bool:
+    """Whether the purge is refused (said on the page): the phrase not typed, or a memory under
+    legal hold among what it would delete."""
+    if request.POST.get("confirmation", "").strip() != PURGE_PHRASE:
+        why = f"Type {PURGE_PHRASE!r} to confirm"
+    else:
+        held = {MemoryRecord: "pk__in", Context: "context_id__in"}.get(modeladmin.model)
+        rows = MemoryRecord.objects.filter(**{held: ids}).exclude(legal_hold="") if held else []
+        why = held and rows and f"Under legal hold: memory {', '.join(str(r.pk) for r in rows)}"
+    if why:
+        modeladmin.message_user(request, f"{why}: nothing was deleted.", messages.ERROR)
+    return bool(why)
 
 
 @admin.action(permissions=["delete"], description="Delete selected %(verbose_name_plural)s")
 def purge_selected(modeladmin, request, queryset):
     """Django's "Delete selected" whose confirmation page asks for the purge phrase."""
-    if request.POST.get("post") and not _typed(request):
-        _refused(modeladmin, request)
+    if request.POST.get("post") and _refused(modeladmin, request, [o.pk for o in queryset]):
         request.POST = request.POST.copy()
         del request.POST["post"]  # shows the confirmation page again
     response = delete_selected(modeladmin, request, queryset)
@@ -248,8 +252,7 @@ class PurgeAdmin(AuditedAdmin):
         return actions
 
     def delete_view(self, request, object_id, extra_context=None):
-        if request.method == "POST" and not _typed(request):
-            _refused(self, request)
+        if request.method == "POST" and _refused(self, request, [object_id]):
             return HttpResponseRedirect(request.get_full_path())
         extra = {"purge_phrase": PURGE_PHRASE, **(extra_context or {})}
         return super().delete_view(request, object_id, extra)
@@ -505,11 +508,18 @@ class MemoryRecordAdmin(PurgeAdmin):
     search_fields = ["content", "thinking"]
     raw_id_fields = ["context", "source_message", "source_step"]
     # A proposal is decided in the review inbox (the approve permission), not here.
-    readonly_fields = ["scope_digest", "content_hash", "status"]
+    # A legal hold is set and lifted on the dashboard, by admins, audited as such.
+    readonly_fields = ["scope_digest", "content_hash", "status", "legal_hold"]
 
     @admin.display(description="content")
     def short_content(self, obj):
         return obj.content[:80]
+
+
+@admin.register(RetentionPolicy)
+class RetentionPolicyAdmin(AuditedAdmin):
+    list_display = ["id", "name", "kind", "max_age_days", "enabled", "last_applied_at"]
+    readonly_fields = ["progress", "last_applied_at", "last_summary", "created_by"]
 
 
 @admin.register(Embedding)

@@ -9,6 +9,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from django.conf import settings
@@ -207,9 +208,11 @@ def run_worker(
     idle_sleep: float = 2.0,
     backoff_base: float = BACKOFF_BASE_SECONDS,
     stop: threading.Event | None = None,
+    chores: Sequence[Callable[[], int]] = (),
 ) -> BatchResult:
     """Loop over `embed_batch`; `once` stops when nothing is due (tests, cron), otherwise it
-    sleeps when idle and after failures. Returns the totals."""
+    sleeps when idle and after failures. `chores` run once a turn too (the retention's batches,
+    which live above this module), each answering the rows it changed. Returns the totals."""
     totals = BatchResult()
     batches = 0
     outage = Outage("embed worker")
@@ -235,8 +238,10 @@ def run_worker(
             parsed = fulltext.index_batch()
             # And the trace spans past their retention, one batch a turn.
             expired = expire_spans_batch() or 0
+            for chore in chores:
+                expired += chore()
         except Exception:
-            log.exception("indexer: deferred vectors, full-text vectors or span expiry failed")
+            log.exception("indexer: deferred vectors, full-text vectors or retention failed")
         totals.indexed += indexed
         totals.parsed += parsed or 0
         batches += 1 if res.claimed else 0
@@ -256,7 +261,7 @@ def run_worker(
                 totals.embedded,
             )
         if expired:
-            log.info("expired %d trace spans past their retention", expired)
+            log.info("removed %d rows past their retention", expired)
         if (not res.claimed and not indexed and parsed is None and not expired) or res.failed:
             if once:
                 break

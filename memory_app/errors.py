@@ -23,6 +23,11 @@ class Conflict(DomainError):
         self.differences = differences or {}
 
 
+class LegalHold(Conflict):
+    """A legal hold keeps the record: a purge or erasure that would delete it is refused (409),
+    naming the held records and why they are held."""
+
+
 class Invalid(DomainError):
     """Input the domain refuses: 422."""
 

@@ -21,8 +21,14 @@ in the same scope is one record.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
+
+from django.db.models import Q
+from django.db.models.functions import Now
+from django.utils import timezone
 
 from memory_app import auth
 from memory_app.errors import Forbidden, Invalid
@@ -37,6 +43,8 @@ from memory_app.models import (
 MAX_CONTENT_CHARS = 20_000
 MAX_ITEMS = 200
 MAX_LIMIT = 100
+# A time to live of at most about ten years: further is "never", which is no date at all.
+MAX_TTL_SECONDS = 10 * 366 * 24 * 3600
 EDITABLE = ("content", "kind", "thinking", "keywords", "metadata")
 
 
@@ -101,6 +109,20 @@ def content_hash(content: str) -> str:
     return hashlib.sha256(" ".join(content.split()).encode()).hexdigest()
 
 
+def item_hash(namespace: list[str], key: str) -> str:
+    """A namespace item's identity in its scope, in place of its content's hash: it keeps the
+    item one record under (scope, content hash) whatever its value (two items may hold the same
+    value; plain content, which holds no NUL, never hashes to it)."""
+    return hashlib.sha256(json.dumps(["item\x00", namespace, key]).encode()).hexdigest()
+
+
+def record_hash(record: MemoryRecord) -> str:
+    """The hash a record's row holds: its content's, or a namespace item's identity."""
+    if record.namespace is not None:
+        return item_hash(list(record.namespace), record.item_key)
+    return content_hash(record.content)
+
+
 def no_nul(value: str, what: str) -> str:
     # PostgreSQL text cannot hold NUL: refuse clearly instead of failing in the database.
     if "\x00" in value:
@@ -133,3 +155,32 @@ def clean_keywords(keywords: Any) -> list[str]:
     for k in keywords:
         no_nul(k, "keywords")
     return list(dict.fromkeys(k.strip() for k in keywords if k.strip()))
+
+
+def unexpired() -> Q:
+    """Records not past their `expires_at` (pinned ones never are), by the database's clock:
+    every retrieval filters with it, so an expired record drops out at once, before the
+    retention removes it. A namespace item's own time to live (LangGraph's store, refreshed by
+    reads) ends it the same way."""
+    return (Q(expires_at__isnull=True) | Q(pinned=True) | Q(expires_at__gt=Now())) & (
+        Q(item_expires_at__isnull=True) | Q(item_expires_at__gt=Now())
+    )
+
+
+def clean_expiry(expires_at: Any = None, ttl_seconds: Any = None) -> datetime | None:
+    """The expiry date `expires_at` names, or `ttl_seconds` from now; None when neither."""
+    if expires_at is not None and ttl_seconds is not None:
+        raise Invalid("give expires_at or ttl_seconds, not both")
+    if ttl_seconds is not None:
+        if (
+            isinstance(ttl_seconds, bool)
+            or not isinstance(ttl_seconds, int)
+            or not 1 <= ttl_seconds <= MAX_TTL_SECONDS
+        ):
+            raise Invalid(f"ttl_seconds must be a whole number from 1 to {MAX_TTL_SECONDS}")
+        return timezone.now() + timedelta(seconds=ttl_seconds)
+    if expires_at is None:
+        return None
+    if not isinstance(expires_at, datetime) or timezone.is_naive(expires_at):
+        raise Invalid("expires_at must be a date and time with a time zone")
+    return expires_at

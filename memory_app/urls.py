@@ -1,5 +1,5 @@
 """The dashboard's URLs: reading (contexts, runs), then curation (prune/edit/undo, bulk prune,
-playground, memories, audit, keys, purge)."""
+playground, memories, audit, keys, purge, retention and erasure)."""
 
 from django.urls import path
 
@@ -13,6 +13,7 @@ from memory_app.views import (
     keys,
     memories,
     playground,
+    retention,
     run_table,
     runs,
 )
@@ -96,6 +97,14 @@ curation_urlpatterns = [
     path("keys/<int:key_id>/review/", keys.key_review, name="key-review"),
     path("keys/embedding-models/", keys.embedding_model_add, name="embedding-model-add"),
     path("purge/", audit.purge, name="purge"),
+    path("retention/", retention.retention_policies, name="retention"),
+    path("erasure/", retention.erasure_page, name="erasure"),
+    path("memories/<int:memory_id>/expiry/", retention.memory_expiry, name="memory-expiry"),
+    path(
+        "memories/<int:memory_id>/legal-hold/",
+        retention.memory_legal_hold,
+        name="memory-legal-hold",
+    ),
 ]
 
 urlpatterns = [*reading_urlpatterns, *curation_urlpatterns]

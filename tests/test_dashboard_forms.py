@@ -55,6 +55,8 @@ POST_ONLY = {
     "memory-merge",
     "memory-archive",
     "memory-purge",
+    "memory-expiry",
+    "memory-legal-hold",
     "memory-inbox-decide",
     "memory-inbox-merge",
     "memory-inbox-edit",
@@ -105,7 +107,7 @@ def urls() -> dict[str, str]:
 
 
 def test_the_method_lists_cover_every_dashboard_url(urls):
-    both = {"login", "curate-message-edit", "memory-edit", "keys", "purge"}
+    both = {"login", "curate-message-edit", "memory-edit", "keys", "purge", "retention", "erasure"}
     assert set(urls) == GET_ONLY | POST_ONLY | both
 
 

@@ -141,3 +141,11 @@ api.add_router("/v1/", traces_api.router)
 from memory_app.api import embedding_models as embedding_models_api  # noqa: E402
 
 api.add_router("/v1/", embedding_models_api.router)
+
+from memory_app.api import store as store_api  # noqa: E402
+
+api.add_router("/v1/", store_api.router)
+
+from memory_app.api import erasure as erasure_api  # noqa: E402
+
+api.add_router("/v1/", erasure_api.router)

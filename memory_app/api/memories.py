@@ -99,12 +99,13 @@ def memory_get(request, memory_id: MemoryId):
 )
 def memory_edit(request, memory_id: MemoryId, body: MemoryEditIn):
     """The previous version is kept in the audit log; 409 when the new content already exists in
-    the same scope."""
+    the same scope. `expires_at` (null: never), `ttl_seconds` and `pinned` change its expiry."""
     require_scope(request, "write")
     record = _memory_for(request, memory_id)
-    record = memories_services.memory_edit(
+    record = memories_services.memory_change(
         record=record,
         actor=actor_for(request),
+        expiry=body.expiry(),
         content=body.content,
         kind=body.kind,
         thinking=body.thinking,
@@ -155,7 +156,7 @@ def memory_restore(request, memory_id: MemoryId, body: MemoryNoteIn | None = Non
 def memory_delete(request, memory_id: MemoryId, body: MemoryNoteIn | None = None):
     """Irreversible, 'admin' scope: the record, its vectors and its content in the audit trail
     are deleted for good (archive hides a memory and keeps it). The purge is audited without the
-    content."""
+    content. 409 when the memory is under legal hold (`differences.legal_hold` says why)."""
     require_scope(request, "admin")
     event = memory_purge(
         record=_memory_for(request, memory_id),

@@ -1,5 +1,7 @@
 """OTLP/HTTP trace receiver: `POST /api/v1/traces`, also served at the standard `POST /v1/traces`
 (agentmemory_site/urls.py), so OTEL_EXPORTER_OTLP_ENDPOINT=<server> is all an exporter needs.
+Log events of the traced spans (where GenAI instrumentations put message content) arrive at
+`POST /api/v1/logs` and `POST /v1/logs`, with the same encodings, limits and errors.
 
 Binary protobuf (`application/x-protobuf`, what the Python and most SDK exporters send) and the
 OTLP JSON encoding (`application/json`), optionally gzip- or deflate-compressed. Success answers
@@ -53,7 +55,7 @@ def _body(request: HttpRequest) -> bytes:
 
 
 # Where the receiver answers (agentmemory_site/urls.py).
-OTLP_PATHS = frozenset({"/api/v1/traces", "/v1/traces"})
+OTLP_PATHS = frozenset({"/api/v1/traces", "/v1/traces", "/api/v1/logs", "/v1/logs"})
 
 
 class OtlpStatusOut(Schema):
@@ -200,6 +202,107 @@ def traces_export(request: HttpRequest):
     """Spans following the OpenInference or OpenTelemetry GenAI conventions become runs, steps and
     tool calls (see README, "OpenTelemetry"). Re-sent or split batches are idempotent: span ids
     are client ids. Needs the `write` scope; context keys outside the key's confinement are 403."""
+    return _export(request, logs=False)
+
+
+_LOGS_PARTIAL = {
+    "partialSuccess": {
+        "rejectedLogRecords": "1",
+        "errorMessage": "log records outside any span (no trace and span id) are not kept ...",
+    }
+}
+_PROTOBUF_ERRORS = {
+    code: {
+        "content": {
+            otlp.PROTOBUF: {
+                "schema": {"type": "string", "format": "binary"},
+                "example": "",
+            }
+        }
+    }
+    for code in _ERRORS
+}
+_LOG_EXAMPLE = {
+    "resourceLogs": [
+        {
+            "scopeLogs": [
+                {
+                    "logRecords": [
+                        {
+                            "timeUnixNano": "1700000000500000000",
+                            "eventName": "gen_ai.user.message",
+                            "traceId": "5b8efff798038103d269b633813fc60c",
+                            "spanId": "eee19b7ec3c1b174",
+                            "body": {
+                                "kvlistValue": {
+                                    "values": [
+                                        {
+                                            "key": "content",
+                                            "value": {"stringValue": "Weather in Paris?"},
+                                        }
+                                    ]
+                                }
+                            },
+                        }
+                    ]
+                }
+            ]
+        }
+    ]
+}
+
+
+@router.post(
+    "/logs",
+    response={200: None, **dict.fromkeys(_ERRORS, OtlpStatusOut)},
+    summary="Receive OpenTelemetry log events (OTLP/HTTP)",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                otlp.PROTOBUF: {
+                    "schema": {"type": "string", "format": "binary"},
+                    "example": "<ExportLogsServiceRequest, binary protobuf>",
+                },
+                otlp.JSON: {
+                    "schema": {
+                        "type": "object",
+                        "properties": {"resourceLogs": {"type": "array"}},
+                    },
+                    "example": _LOG_EXAMPLE,
+                },
+            },
+        },
+        "responses": {
+            200: {
+                "description": (
+                    "ExportLogsServiceResponse in the request's encoding (partial success "
+                    "counts the records outside any span, which are not kept)"
+                ),
+                "content": {
+                    otlp.PROTOBUF: {
+                        "schema": {"type": "string", "format": "binary"},
+                        "example": "",
+                    },
+                    otlp.JSON: {
+                        "schema": {"type": "object"},
+                        "examples": {"ok": {"value": {}}, "partial": {"value": _LOGS_PARTIAL}},
+                    },
+                },
+            },
+            **_PROTOBUF_ERRORS,
+        },
+    },
+)
+def logs_export(request: HttpRequest):
+    """Log events of traced spans: the GenAI instrumentations (opentelemetry-instrumentation-
+    openai-v2) send a model call's messages and choices as events of its span; they join the step
+    that span makes (see README, "OpenTelemetry"). Re-sent records are kept once. Needs the
+    `write` scope; context keys outside the key's confinement are 403."""
+    return _export(request, logs=True)
+
+
+def _export(request: HttpRequest, *, logs: bool) -> HttpResponse:
     key = require_scope(request, "write")
     content_type = (request.content_type or "").lower()
     if content_type not in (otlp.PROTOBUF, otlp.JSON):
@@ -207,23 +310,32 @@ def traces_export(request: HttpRequest):
             415,
             f"Content-Type must be {otlp.PROTOBUF} or {otlp.JSON}, got {content_type or 'none'!r}",
         )
+    decode = otlp.decode_logs if logs else otlp.decode_request
     try:
-        spans = otlp.decode_request(_body(request), content_type=content_type)
+        items = decode(_body(request), content_type=content_type)
     except otlp.TraceFormatError as exc:
         raise HttpError(400, str(exc)) from None
     try:
-        result = traces.traces_ingest(key=key, spans=spans)
+        if logs:
+            result = traces.logs_ingest(key=key, records=items)
+        else:
+            result = traces.traces_ingest(key=key, spans=items)
     except errors.KeysNotAllowed as exc:
         raise HttpError(403, str(exc)) from None
     message = ""
-    if result["rejected"]:
+    if result["rejected"] and logs:
+        message = (
+            "log records outside any span (no trace and span id) are not kept: "
+            f"records {result['rejected_ids'][:10]}"
+        )
+    elif result["rejected"]:
         message = (
             "spans sent before with different content were kept as first received: "
             f"{result['rejected_ids'][:10]}"
         )
     return HttpResponse(
         otlp.encode_response(
-            content_type=content_type, rejected=result["rejected"], message=message
+            content_type=content_type, rejected=result["rejected"], message=message, logs=logs
         ),
         content_type=content_type,
     )

@@ -346,7 +346,7 @@ class _Importer:
             mem.context_id = scope.context.pk if scope.context is not None else None
             mem.scope_keys = scope.scope_keys
             mem.scope_digest = scope.digest
-            mem.content_hash = memories.content_hash(mem.content)
+            mem.content_hash = memories.record_hash(mem)
             mem.recorded_by = self.actor.label
             file_ref = (
                 rec.get("scope_digest", mem.scope_digest),

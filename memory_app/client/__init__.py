@@ -1,5 +1,6 @@
 """Pure-Python client for the agentmemory API (no Django needed): `MemoryClient`, plus
-framework adapters in `memory_app.client.smolagents` and `memory_app.client.agentscope`."""
+framework adapters in `memory_app.client.smolagents`, `memory_app.client.agentscope` and
+`memory_app.client.langgraph` (LangGraph's store; needs the `langchain` extra)."""
 
 from memory_app.client.client import (
     ApiError,

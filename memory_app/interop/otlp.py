@@ -5,7 +5,9 @@ Two halves, both without Django:
 
 1. `decode_request` turns an OTLP `ExportTraceServiceRequest` (binary protobuf or the OTLP JSON
    encoding, decoded with `opentelemetry-proto`) into plain span dicts with their resource
-   attributes, and refuses anything PostgreSQL could not store.
+   attributes, and refuses anything PostgreSQL could not store. `decode_logs` does the same for
+   an `ExportLogsServiceRequest`: the GenAI instrumentations (opentelemetry-instrumentation-
+   openai-v2) send the messages of a model call as log events of its span, not as attributes.
 2. The mappings read spans that follow the OpenInference semantic conventions
    (`openinference.span.kind` AGENT / CHAIN / LLM / TOOL, `llm.token_count.*`, `tool.name`,
    `input.value` / `output.value`, exception events) or the OpenTelemetry GenAI conventions
@@ -34,6 +36,10 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from google.rpc.status_pb2 import Status as RpcStatus
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -48,8 +54,8 @@ PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 
 
-# Span roles.
-AGENT, STEP, LLM, TOOL, OTHER = "agent", "step", "llm", "tool", "other"
+# Span roles; LOG is a log event kept beside the spans of its trace (see `log_rows`).
+AGENT, STEP, LLM, TOOL, OTHER, LOG = "agent", "step", "llm", "tool", "other", "log"
 
 
 _OPENINFERENCE_ROLES = {"AGENT": AGENT, "CHAIN": STEP, "LLM": LLM, "TOOL": TOOL}
@@ -78,27 +84,24 @@ class TraceFormatError(ValueError):
     """A request body that is not a valid OTLP trace export."""
 
 
-def decode_request(body: bytes, *, content_type: str) -> list[dict[str, Any]]:
-    """The spans of an OTLP export request, each a plain dict (see `_span`)."""
-    request = ExportTraceServiceRequest()
+def _parse(body: bytes, *, content_type: str, message, what: str, convert) -> None:
+    """Fill the protobuf `message` from a request body in either OTLP encoding."""
     if content_type == PROTOBUF:
         try:
-            request.ParseFromString(body)
+            message.ParseFromString(body)
         except (DecodeError, RuntimeError, ValueError) as exc:
-            raise TraceFormatError(
-                f"body is not an OTLP protobuf ExportTraceServiceRequest: {exc}"
-            ) from None
+            raise TraceFormatError(f"body is not an OTLP protobuf {what}: {exc}") from None
     elif content_type == JSON:
         try:
             data = json.loads(body, parse_constant=reject_constant)
         except (ValueError, RecursionError) as exc:
             raise TraceFormatError(f"body is not JSON: {exc}") from None
         if not isinstance(data, dict):
-            raise TraceFormatError("body must be a JSON object {resourceSpans: [...]}")
+            raise TraceFormatError(f"body must be a JSON object, an OTLP/JSON {what}")
         try:
             # "OTLP/JSON receivers MUST ignore message fields with unknown names" (a newer SDK's
             # fields must not make its spans a 400).
-            json_format.ParseDict(_ids_hex_to_base64(data), request, ignore_unknown_fields=True)
+            json_format.ParseDict(convert(data), message, ignore_unknown_fields=True)
         except (
             json_format.ParseError,
             TypeError,
@@ -106,11 +109,21 @@ def decode_request(body: bytes, *, content_type: str) -> list[dict[str, Any]]:
             AttributeError,
             RecursionError,
         ) as exc:
-            raise TraceFormatError(
-                f"body is not an OTLP/JSON ExportTraceServiceRequest: {exc}"
-            ) from None
+            raise TraceFormatError(f"body is not an OTLP/JSON {what}: {exc}") from None
     else:
         raise TraceFormatError(f"unsupported content type {content_type!r}")
+
+
+def decode_request(body: bytes, *, content_type: str) -> list[dict[str, Any]]:
+    """The spans of an OTLP export request, each a plain dict (see `_span`)."""
+    request = ExportTraceServiceRequest()
+    _parse(
+        body,
+        content_type=content_type,
+        message=request,
+        what="ExportTraceServiceRequest",
+        convert=_ids_hex_to_base64,
+    )
     spans = []
     for resource_spans in request.resource_spans:
         resource = _attributes(resource_spans.resource.attributes)
@@ -122,12 +135,59 @@ def decode_request(body: bytes, *, content_type: str) -> list[dict[str, Any]]:
     return spans
 
 
-def encode_response(*, content_type: str, rejected: int = 0, message: str = "") -> bytes:
-    """The OTLP success answer in the request's encoding (partial success when spans were
-    refused)."""
-    response = ExportTraceServiceResponse()
+def decode_logs(body: bytes, *, content_type: str) -> list[dict[str, Any]]:
+    """The log records of an OTLP logs export request, each a plain dict: `trace_id` and
+    `span_id` (hex, "" when the record belongs to no span), `time_ns`, `name` (the event name),
+    `body`, `attributes`, `resource` and `scope`."""
+    request = ExportLogsServiceRequest()
+    _parse(
+        body,
+        content_type=content_type,
+        message=request,
+        what="ExportLogsServiceRequest",
+        convert=_log_ids_hex_to_base64,
+    )
+    records = []
+    for resource_logs in request.resource_logs:
+        resource = _attributes(resource_logs.resource.attributes)
+        for scope_logs in resource_logs.scope_logs:
+            for record in scope_logs.log_records:
+                records.append(_log(record, resource=resource, scope=scope_logs.scope.name))
+    for record in records:
+        _check_storable(record)
+    return records
+
+
+def _log(record, *, resource: dict, scope: str) -> dict[str, Any]:
+    time_ns = record.time_unix_nano or record.observed_time_unix_nano
+    if time_ns > INT64_MAX:
+        raise TraceFormatError("log times must be nanoseconds since the epoch below 2**63")
+    attributes = _attributes(record.attributes)
+    # Older SDKs name the event in an attribute, newer ones in the record's own field.
+    name = record.event_name or attributes.get("event.name") or ""
+    return {
+        "trace_id": _span_id(record.trace_id, 16, "traceId", required=False),
+        "span_id": _span_id(record.span_id, 8, "spanId", required=False),
+        "time_ns": time_ns,
+        "name": str(name),
+        "body": _value(record.body) if record.HasField("body") else None,
+        "attributes": attributes,
+        "resource": resource,
+        "scope": scope,
+    }
+
+
+def encode_response(
+    *, content_type: str, rejected: int = 0, message: str = "", logs: bool = False
+) -> bytes:
+    """The OTLP success answer in the request's encoding (partial success when spans or log
+    records were refused)."""
+    response = ExportLogsServiceResponse() if logs else ExportTraceServiceResponse()
     if rejected:
-        response.partial_success.rejected_spans = rejected
+        if logs:
+            response.partial_success.rejected_log_records = rejected
+        else:
+            response.partial_success.rejected_spans = rejected
         response.partial_success.error_message = message
     if content_type == PROTOBUF:
         return response.SerializeToString()
@@ -159,24 +219,32 @@ def encode_error(*, content_type: str, status: int, message: str) -> tuple[bytes
     return json.dumps(json_format.MessageToDict(error)).encode(), JSON
 
 
-def _ids_hex_to_base64(data: dict) -> dict:
+def _hex_to_base64(obj: dict, keys: tuple[str, ...]) -> None:
     """OTLP/JSON writes trace and span ids as hex; protobuf's JSON mapping expects base64."""
+    for key in keys:
+        value = obj.get(key)
+        if isinstance(value, str) and value:
+            try:
+                obj[key] = base64.b64encode(bytes.fromhex(value)).decode()
+            except ValueError:
+                raise TraceFormatError(f"{key} must be hex, got {value[:40]!r}") from None
 
-    def convert(obj: dict, keys: tuple[str, ...]) -> None:
-        for key in keys:
-            value = obj.get(key)
-            if isinstance(value, str) and value:
-                try:
-                    obj[key] = base64.b64encode(bytes.fromhex(value)).decode()
-                except ValueError:
-                    raise TraceFormatError(f"{key} must be hex, got {value[:40]!r}") from None
 
+def _ids_hex_to_base64(data: dict) -> dict:
     for rs in _list(data, "resourceSpans"):
         for ss in _list(rs, "scopeSpans"):
             for span in _list(ss, "spans"):
-                convert(span, ("traceId", "spanId", "parentSpanId"))
+                _hex_to_base64(span, ("traceId", "spanId", "parentSpanId"))
                 for link in _list(span, "links"):
-                    convert(link, ("traceId", "spanId"))
+                    _hex_to_base64(link, ("traceId", "spanId"))
+    return data
+
+
+def _log_ids_hex_to_base64(data: dict) -> dict:
+    for rl in _list(data, "resourceLogs"):
+        for sl in _list(rl, "scopeLogs"):
+            for record in _list(sl, "logRecords"):
+                _hex_to_base64(record, ("traceId", "spanId"))
     return data
 
 
@@ -249,7 +317,7 @@ def _check_storable(value: Any) -> None:
         if isinstance(item, str):
             if "\x00" in item:
                 raise TraceFormatError(
-                    "a span holds a NUL character (\\u0000), which cannot be stored"
+                    "a span or log record holds a NUL character (\\u0000), which cannot be stored"
                 )
         elif isinstance(item, dict):
             stack.extend(item.keys())
@@ -258,11 +326,20 @@ def _check_storable(value: Any) -> None:
             stack.extend(item)
 
 
+LANGCHAIN_SCOPE = "openinference.instrumentation.langchain"
+
+
 def span_role(span: dict[str, Any]) -> str:
     attrs = span["attributes"]
     kind = attrs.get("openinference.span.kind")
     if isinstance(kind, str) and kind.upper() in _OPENINFERENCE_ROLES:
-        return _OPENINFERENCE_ROLES[kind.upper()]
+        role = _OPENINFERENCE_ROLES[kind.upper()]
+        # LangChain's CHAIN and AGENT spans are runnables (the graph, its nodes, prompts,
+        # routers), not agent steps: in a LangChain or LangGraph trace the model calls are the
+        # steps, whatever the graph's nodes are called.
+        if span.get("scope") == LANGCHAIN_SCOPE and role in (STEP, AGENT):
+            return OTHER
+        return role
     return _GENAI_ROLES.get(attrs.get("gen_ai.operation.name"), OTHER)
 
 
@@ -294,7 +371,8 @@ def context_keys(spans: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def framework(span: dict[str, Any]) -> str:
-    """`smolagents` for openinference.instrumentation.smolagents; else `opentelemetry`."""
+    """`smolagents` for openinference.instrumentation.smolagents (`langchain` for LangChain's);
+    else `opentelemetry`."""
     scope = span.get("scope") or ""
     if scope.startswith("openinference.instrumentation."):
         return scope.removeprefix("openinference.instrumentation.")[:50]

@@ -1,6 +1,11 @@
 """OpenTelemetry spans -> logbook items: reading OpenInference and GenAI attributes (messages,
 tool calls, token usage, errors, timing) and mapping a trace's spans to task, planning and
-action steps and a run's task, outcome and system prompt. Pure: no Django, no database."""
+action steps and a run's task, outcome and system prompt. Pure: no Django, no database.
+
+A span may carry `logs`: the log events of the span (`memory_app.interop.otlp.decode_logs`).
+GenAI instrumentations send a model call's messages there by default: one event per input
+message (`gen_ai.user.message`, ...) and per choice (`gen_ai.choice`), or all of them in one
+`gen_ai.client.inference.operation.details` event."""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from memory_app.interop.otlp import LLM, NS, span_role
+from memory_app.interop.otlp import LANGCHAIN_SCOPE, LLM, NS, span_role
 
 _STEP_NAME = re.compile(r"^Step (\d+)$")
 
@@ -65,36 +70,131 @@ def _genai_text(message: dict[str, Any]) -> str | None:
     return "\n".join(texts) if texts else None
 
 
-def input_messages(span: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """An LLM span's input as chat messages `{role, content: [{type: text, text}]}`."""
-    attrs = span["attributes"]
+_DETAILS_EVENT = "gen_ai.client.inference.operation.details"
+_MESSAGE_EVENTS = {
+    "gen_ai.system.message": "system",
+    "gen_ai.user.message": "user",
+    "gen_ai.assistant.message": "assistant",
+    "gen_ai.tool.message": "tool",
+}
+
+
+def _genai_attributes(span: dict[str, Any]) -> dict[str, Any]:
+    """The span's attributes with those of its operation-details event under them (the latest
+    GenAI conventions put the messages there when content goes to events)."""
+    attrs: dict[str, Any] = {}
+    for log in span.get("logs") or []:
+        if log["name"] == _DETAILS_EVENT:
+            attrs.update(log["attributes"])
+    return {**attrs, **span["attributes"]}
+
+
+def _body(log: dict[str, Any]) -> dict[str, Any]:
+    return log["body"] if isinstance(log.get("body"), dict) else {}
+
+
+def _event_text(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        texts = [
+            p.get("text") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        ]
+        return "\n".join(texts) if texts else None
+    return None
+
+
+def _openai_tool_calls(calls: Any) -> list[dict[str, Any]]:
+    """Tool calls in the OpenAI shape an event body carries them, arguments as sent."""
     out = []
-    for m in _indexed(attrs, "llm.input_messages"):
-        text = _message_text(m)
-        out.append(
-            {
-                "role": m.get("message.role") or "user",
-                "content": [{"type": "text", "text": text}] if text is not None else [],
-            }
-        )
-    if not out:
-        for m in _genai_messages(attrs, "gen_ai.input.messages"):
-            text = _genai_text(m)
+    for tc in calls if isinstance(calls, list) else []:
+        function = tc.get("function") if isinstance(tc, dict) else None
+        if isinstance(function, dict) and function.get("name"):
             out.append(
                 {
-                    "role": m.get("role") or "user",
-                    "content": [{"type": "text", "text": text}] if text is not None else [],
+                    "id": str(tc.get("id") or ""),
+                    "type": "function",
+                    "function": {
+                        "name": str(function["name"]),
+                        "arguments": _json(function.get("arguments")),
+                    },
                 }
             )
+    return out
+
+
+def _message(role: str, text: str | None, tool_calls: list[dict[str, Any]]) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": role,
+        "content": [{"type": "text", "text": text}] if text is not None else [],
+    }
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message
+
+
+def _openinference_tool_calls(message: dict[str, Any]) -> list[dict[str, Any]]:
+    return _openai_tool_calls(
+        [
+            {
+                "id": tc.get("tool_call.id"),
+                "function": {
+                    "name": tc.get("tool_call.function.name"),
+                    "arguments": tc.get("tool_call.function.arguments"),
+                },
+            }
+            for tc in _indexed(message, "message.tool_calls")
+        ]
+    )
+
+
+def input_messages(span: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """An LLM span's input as chat messages `{role, content: [{type: text, text}]}`, with the
+    `tool_calls` an assistant message made."""
+    attrs = span["attributes"]
+    out = [
+        _message(m.get("message.role") or "user", _message_text(m), _openinference_tool_calls(m))
+        for m in _indexed(attrs, "llm.input_messages")
+    ]
+    if not out:
+        for m in _genai_messages(_genai_attributes(span), "gen_ai.input.messages"):
+            calls = [
+                {"id": p.get("id"), "function": p}
+                for p in m.get("parts") or []
+                if isinstance(p, dict) and p.get("type") == "tool_call"
+            ]
+            out.append(_message(m.get("role") or "user", _genai_text(m), _openai_tool_calls(calls)))
+    if not out:
+        for log in span.get("logs") or []:
+            if log["name"] in _MESSAGE_EVENTS:
+                body = _body(log)
+                out.append(
+                    _message(
+                        str(body.get("role") or _MESSAGE_EVENTS[log["name"]]),
+                        _event_text(body.get("content")),
+                        _openai_tool_calls(body.get("tool_calls")),
+                    )
+                )
     return out or None
+
+
+def _choice(span: dict[str, Any]) -> dict[str, Any] | None:
+    """The message of the first `gen_ai.choice` event of a span (GenAI v1.30 conventions)."""
+    for log in span.get("logs") or []:
+        if log["name"] == "gen_ai.choice" and _body(log).get("index", 0) == 0:
+            message = _body(log).get("message")
+            return message if isinstance(message, dict) else {}
+    return None
 
 
 def output_text(span: dict[str, Any]) -> str | None:
     attrs = span["attributes"]
     for m in _indexed(attrs, "llm.output_messages")[:1]:
         return _message_text(m)
-    for m in _genai_messages(attrs, "gen_ai.output.messages")[:1]:
+    for m in _genai_messages(_genai_attributes(span), "gen_ai.output.messages")[:1]:
         return _genai_text(m)
+    if (choice := _choice(span)) is not None:
+        return _event_text(choice.get("content"))
     return None
 
 
@@ -103,16 +203,15 @@ def requested_tool_calls(span: dict[str, Any]) -> list[dict[str, Any]]:
     attrs = span["attributes"]
     calls = []
     for m in _indexed(attrs, "llm.output_messages")[:1]:
-        for tc in _indexed(m, "message.tool_calls"):
-            if tc.get("tool_call.function.name"):
-                calls.append(
-                    {
-                        "call_id": str(tc.get("tool_call.id") or ""),
-                        "name": str(tc["tool_call.function.name"]),
-                        "arguments": _json(tc.get("tool_call.function.arguments")),
-                    }
-                )
-    for m in _genai_messages(attrs, "gen_ai.output.messages")[:1]:
+        for tc in _openinference_tool_calls(m):
+            calls.append(
+                {
+                    "call_id": tc["id"],
+                    "name": tc["function"]["name"],
+                    "arguments": tc["function"]["arguments"],
+                }
+            )
+    for m in _genai_messages(_genai_attributes(span), "gen_ai.output.messages")[:1]:
         for part in m.get("parts") or []:
             if isinstance(part, dict) and part.get("type") == "tool_call" and part.get("name"):
                 calls.append(
@@ -122,6 +221,15 @@ def requested_tool_calls(span: dict[str, Any]) -> list[dict[str, Any]]:
                         "arguments": _json(part.get("arguments")),
                     }
                 )
+    if not calls and (choice := _choice(span)) is not None:
+        for tc in _openai_tool_calls(choice.get("tool_calls")):
+            calls.append(
+                {
+                    "call_id": tc["id"],
+                    "name": tc["function"]["name"],
+                    "arguments": tc["function"]["arguments"],
+                }
+            )
     if not calls and isinstance(out := _json(attrs.get("output.value")), dict):
         # smolagents passes dict arguments, which OpenInference leaves out of the flattened
         # message; its output.value is the whole ChatMessage.
@@ -186,12 +294,32 @@ def _tool_arguments(span: dict[str, Any]) -> Any:
     return value
 
 
+def _tool_message(span: dict[str, Any]) -> dict[str, Any] | None:
+    """The LangChain ToolMessage a TOOL span's output is (openinference-instrumentation-langchain
+    records `{"type": "tool", "data": {...}}`), or None."""
+    value = _json(span["attributes"].get("output.value"))
+    if isinstance(value, dict) and value.get("type") == "tool":
+        data = value.get("data")
+        return data if isinstance(data, dict) else None
+    return None
+
+
 def _tool_output(span: dict[str, Any]) -> str | None:
     attrs = span["attributes"]
+    if (message := _tool_message(span)) is not None:
+        content = message.get("content")
+        return content if isinstance(content, str) else json.dumps(content)
     value = attrs.get("gen_ai.tool.call.result", attrs.get("output.value"))
     if value is None:
         return None
     return value if isinstance(value, str) else json.dumps(value)
+
+
+def _tool_call_id(span: dict[str, Any]) -> str | None:
+    call_id = span["attributes"].get("gen_ai.tool.call.id")
+    if not call_id and (message := _tool_message(span)) is not None:
+        call_id = message.get("tool_call_id")
+    return str(call_id) if call_id else None
 
 
 def _tool_name(span: dict[str, Any]) -> str:
@@ -233,7 +361,7 @@ def _tool_calls(llms: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list
             "success": error is None,
             "duration": _timing(tool)["duration"],
         }
-        call_id = tool["attributes"].get("gen_ai.tool.call.id")
+        call_id = _tool_call_id(tool)
         match = next(
             (
                 i
@@ -247,7 +375,9 @@ def _tool_calls(llms: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list
             used.add(len(calls) - 1)
         else:
             used.add(match)
-            if ran["arguments"] in (None, "", {}):
+            # The arguments the model wrote, where it wrote any: a tool span records the tool's
+            # own view of them (LangChain: a lone argument as a bare string).
+            if calls[match]["arguments"] not in (None, "", {}):
                 ran["arguments"] = calls[match]["arguments"]
             calls[match].update(ran)
     return calls
@@ -340,28 +470,41 @@ def flat_step(anchor: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, 
     )
 
 
-def task_step(root: dict[str, Any]) -> dict[str, Any]:
+def task_step(root: dict[str, Any], task: str) -> dict[str, Any]:
     start = _seconds(root["start_ns"])
     return {
         "client_id": f"{root['span_id']}:task",
         "kind": "task",
-        "task": run_task(root),
+        "task": task,
         "start_time": start,
         "payload": None,
     }
 
 
-def run_task(root: dict[str, Any]) -> str:
+def _last_user_text(span: dict[str, Any]) -> str | None:
+    for m in reversed(input_messages(span) or []):
+        if m["role"] in ("user", "human"):
+            texts = [c["text"] for c in m["content"] if isinstance(c.get("text"), str)]
+            if texts:
+                return "\n".join(texts)
+    return None
+
+
+def run_task(root: dict[str, Any], llms: list[dict[str, Any]] = ()) -> str:
+    """The task: smolagents' own, else the last user message of the run's input (the root's,
+    else the first model call's); a plain-text input of the root comes before the model's."""
     attrs = root["attributes"]
     if isinstance(attrs.get("smolagents.task"), str):
         return attrs["smolagents.task"]
     value = _json(attrs.get("input.value"))
     if isinstance(value, dict) and isinstance(value.get("task"), str):
         return value["task"]
-    for m in _genai_messages(attrs, "gen_ai.input.messages"):
-        if m.get("role") == "user" and (text := _genai_text(m)):
-            return text
-    return value if isinstance(value, str) else ""
+    if text := _last_user_text(root):
+        return text
+    if isinstance(value, str) and value:
+        return value
+    first = sorted(llms, key=lambda s: s["start_ns"])[:1]
+    return (_last_user_text(first[0]) if first else None) or ""
 
 
 def run_agent_name(root: dict[str, Any]) -> str:
@@ -374,16 +517,38 @@ def run_agent_name(root: dict[str, Any]) -> str:
     return str(name)[:200]
 
 
-def run_outcome(root: dict[str, Any]) -> dict[str, Any]:
-    """What the run row says once its root span has ended: status, final answer, token totals."""
+def _state_answer(value: Any) -> Any:
+    """A LangGraph state's answer: the text of its last message (the agent's reply)."""
+    messages = value.get("messages") if isinstance(value, dict) else None
+    if not (isinstance(messages, list) and messages and isinstance(messages[-1], dict)):
+        return value
+    last = messages[-1]
+    data = last.get("data") if isinstance(last.get("data"), dict) else last
+    content = data.get("content")
+    text = _event_text(content)
+    return text if text is not None else value
+
+
+def run_outcome(root: dict[str, Any], llms: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """What the run row says once its root span has ended: status, final answer, token totals.
+
+    The answer of a run that is one model call is the model's text, not its raw response; a
+    LangGraph run's is its last message; a root without an output takes its last model call's."""
     attrs = root["attributes"]
-    answer = attrs.get("output.value")
-    if isinstance(answer, str) and attrs.get("output.mime_type") == "application/json":
-        answer = _json(answer)
-    if answer is None:
-        answer = next(
-            (_genai_text(m) for m in _genai_messages(attrs, "gen_ai.output.messages")), None
-        )
+    if root.get("role", span_role(root)) == LLM:
+        answer = output_text(root)
+    else:
+        answer = attrs.get("output.value")
+        if isinstance(answer, str) and attrs.get("output.mime_type") == "application/json":
+            answer = _json(answer)
+            if root.get("scope") == LANGCHAIN_SCOPE:
+                answer = _state_answer(answer)
+        if answer is None:
+            answer = next(
+                (_genai_text(m) for m in _genai_messages(attrs, "gen_ai.output.messages")), None
+            )
+        if answer is None and llms:
+            answer = output_text(max(llms, key=lambda s: s["start_ns"]))
     inp, out, total = token_usage(root)
     return {
         "status": "failed" if root["status"] == "error" else "success",

@@ -8,6 +8,7 @@ as an unknown id is."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from mcp.server.fastmcp import Context as ToolContext
@@ -16,6 +17,7 @@ from pydantic import Field
 from memory_app import auth, errors
 from memory_app.audit import Actor
 from memory_app.mcp_server.app import READ, WRITE, ContextIdArg, drop_none, run, server
+from memory_app.memories import MAX_TTL_SECONDS
 from memory_app.queries.memories import memories_listed, memory_for_key
 from memory_app.schemas.fields import INT64_MAX, Id, JsonObject, Text
 from memory_app.schemas.memories import (
@@ -30,7 +32,7 @@ from memory_app.schemas.memories import (
     retrieve_out,
     status_out,
 )
-from memory_app.services.memories import memory_edit, memory_purge, memory_set_archived
+from memory_app.services.memories import memory_change, memory_purge, memory_set_archived
 
 MemoryIdArg = Annotated[int, Field(ge=1, le=INT64_MAX, description="the memory's id")]
 NoteArg = Annotated[Text | None, Field(max_length=2000, description="why, kept in the audit trail")]
@@ -67,12 +69,22 @@ async def record_memory(
         JsonObject | None, Field(description="any JSON object, stored and returned as written")
     ] = None,
     source_message_id: Annotated[Id | None, Field(description="the message it comes from")] = None,
+    ttl_seconds: Annotated[
+        int | None,
+        Field(ge=1, le=MAX_TTL_SECONDS, description="forget it this many seconds from now"),
+    ] = None,
+    expires_at: Annotated[
+        datetime | None,
+        Field(description="forget it after this ISO 8601 time (with a time zone)"),
+    ] = None,
+    pinned: Annotated[bool | None, Field(description="a pinned memory never expires")] = None,
 ) -> dict[str, Any]:
     """Remember long-term facts, for one context (`context_id`) or for every context sharing
     `scope_keys`. Content already remembered in that scope is returned as stored
     (`created: false`), and so is a live memory nearly identical to it (`near_copy`: its
     similarity). With a reviewed key a memory is `proposed`: not recalled until an operator
-    approves it (see memory_status). Needs the 'write' scope."""
+    approves it (see memory_status). With `ttl_seconds` or `expires_at` it is forgotten after
+    that time (unless `pinned`). Needs the 'write' scope."""
     return await run(
         ctx,
         "write",
@@ -87,6 +99,9 @@ async def record_memory(
             thinking=thinking,
             metadata=metadata,
             source_message_id=source_message_id,
+            ttl_seconds=ttl_seconds,
+            expires_at=expires_at,
+            pinned=pinned,
         ),
     )
 
@@ -204,9 +219,10 @@ async def list_memories(
 
 def _correct(key, *, memory_id, **fields):
     body = MemoryEditIn(**fields)
-    record = memory_edit(
+    record = memory_change(
         record=memory_for_key(key, memory_id),
         actor=Actor.for_key(key),
+        expiry=body.expiry(),
         content=body.content,
         kind=body.kind,
         thinking=body.thinking,
@@ -230,6 +246,15 @@ async def correct_memory(
     metadata: Annotated[
         JsonObject | None, Field(description="replaces the memory's metadata")
     ] = None,
+    ttl_seconds: Annotated[
+        int | None,
+        Field(ge=1, le=MAX_TTL_SECONDS, description="forget it this many seconds from now"),
+    ] = None,
+    expires_at: Annotated[
+        datetime | None,
+        Field(description="forget it after this ISO 8601 time (with a time zone)"),
+    ] = None,
+    pinned: Annotated[bool | None, Field(description="a pinned memory never expires")] = None,
     note: NoteArg = None,
 ) -> dict[str, Any]:
     """Correct a long-term memory: the fields given replace the stored ones, the others stay.
@@ -246,6 +271,9 @@ async def correct_memory(
             keywords=keywords,
             thinking=thinking,
             metadata=metadata,
+            ttl_seconds=ttl_seconds,
+            expires_at=expires_at,
+            pinned=pinned,
             note=note,
         ),
     )

@@ -12,6 +12,7 @@ from memory_app.models.contexts import Context
 from memory_app.models.embeddings import Embedding, EmbeddingModel, EmbeddingRetry
 from memory_app.models.memories import MemoryRecord
 from memory_app.models.messages import Message, MessageSearch
+from memory_app.models.retention import RetentionKind, RetentionPolicy
 from memory_app.models.runs import (
     RUN_COST,
     RUN_DURATION,
@@ -50,6 +51,8 @@ __all__ = [
     "Message",
     "MessageRole",
     "MessageSearch",
+    "RetentionKind",
+    "RetentionPolicy",
     "Run",
     "RunStatus",
     "Step",

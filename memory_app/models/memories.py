@@ -40,6 +40,20 @@ class MemoryRecord(models.Model):
         max_length=20, choices=MemoryStatus.choices, default=MemoryStatus.LIVE
     )
     archived_at = models.DateTimeField(null=True, blank=True)
+    # A namespace item (LangGraph's store): a record addressed by a namespace path and a key in
+    # its key-subset scope, whose content is the JSON text of its value.
+    namespace = ArrayField(models.TextField(), null=True, blank=True)
+    item_key = models.TextField(null=True, blank=True)
+    # Minutes an item lives after its last write (or read, when the reader refreshes it).
+    item_ttl = models.FloatField(null=True, blank=True)
+    item_expires_at = models.DateTimeField(null=True, blank=True)
+    # Past `expires_at` a record is no longer recalled and the retention removes it; a pinned
+    # record never expires, and one under legal hold is neither expired nor purged nor erased.
+    expires_at = models.DateTimeField(null=True, blank=True)
+    pinned = models.BooleanField(default=False, db_default=False)
+    legal_hold = models.TextField(
+        blank=True, default="", db_default="", help_text="why the record is held (empty: none)"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     search_vector = models.GeneratedField(
@@ -54,6 +68,18 @@ class MemoryRecord(models.Model):
             models.UniqueConstraint(
                 fields=["scope_digest", "content_hash"], name="memory_scope_content_unique"
             ),
+            # One item per namespace and key in a scope: the namespace is the scope's data, so
+            # it stays in the key of the constraint (and of every query) beside the scope.
+            models.UniqueConstraint(
+                fields=["scope_digest", "namespace", "item_key"],
+                condition=Q(namespace__isnull=False),
+                name="memory_store_item_unique",
+            ),
+            models.CheckConstraint(
+                condition=Q(namespace__isnull=True, item_key__isnull=True)
+                | Q(namespace__isnull=False, item_key__isnull=False, context__isnull=True),
+                name="memory_store_item_shape",
+            ),
             choices_check("kind", MemoryKind, "memory_kind_valid"),
             choices_check("status", MemoryStatus, "memory_status_valid"),
         ]
@@ -63,11 +89,23 @@ class MemoryRecord(models.Model):
             GinIndex(fields=["search_vector"], name="memory_fts_gin"),
             GinIndex(fields=["scope_keys"], name="memory_scope_gin", opclasses=["jsonb_path_ops"]),
             GinIndex(fields=["keywords"], name="memory_keywords_gin"),
+            # Where a namespace's items list: its first record, found by one index probe.
+            models.Index(
+                fields=["scope_digest", "namespace", "id"],
+                condition=Q(namespace__isnull=False),
+                name="memory_store_ns_first_idx",
+            ),
             # The review inbox: the (few) proposals, oldest first.
             models.Index(
                 fields=["created_at", "id"],
                 condition=Q(status="proposed"),
                 name="memory_proposed_idx",
+            ),
+            # The expiry's worklist: records with a date, soonest first.
+            models.Index(
+                fields=["expires_at", "id"],
+                condition=Q(expires_at__isnull=False),
+                name="memory_expires_idx",
             ),
         ]
 

@@ -197,6 +197,11 @@ class TraceSpan(ContextRow):
     earlier one brought; the steps themselves are written through `memory_app.services.runs`.
     A purged step's spans keep only their ids, name, role and times (`data` is `{"purged": true}`)
     so that the trace's later spans do not make it again.
+
+    A log event of a span (`POST /v1/logs`) is kept here too, as role `log`: its parent is the
+    span it belongs to, its span id the first 16 hex digits of a digest of its content (a log
+    record has no id), its times its timestamp, `data` its body and attributes. So it shares the
+    spans' context, run, idempotency, purge and retention.
     """
 
     context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="+")

@@ -17,7 +17,7 @@ from django.db.models.expressions import RawSQL
 from memory_app import auth, errors
 from memory_app.embeddings import indexer, providers
 from memory_app.errors import Invalid, NotFound
-from memory_app.memories import MAX_LIMIT, clean_keywords
+from memory_app.memories import MAX_LIMIT, clean_keywords, unexpired
 from memory_app.models import (
     FTS_CONFIG,
     ApiKey,
@@ -31,6 +31,7 @@ from memory_app.search.fusion import rrf_scores
 from memory_app.search.semantic import nearest_vectors
 
 
+# A namespace item past its time to live is recalled nowhere, from the moment it expires.
 def memories_visible(
     *, context: Context, include_archived: bool = False, confined_to: dict[str, Any] | None = None
 ) -> QuerySet[MemoryRecord]:
@@ -46,6 +47,8 @@ def memories_visible(
         subsets &= Q(scope_keys__contains=confined_to)
     # Proposals, and what review rejected or merged, are never recalled.
     qs = MemoryRecord.objects.filter(Q(context=context) | subsets, status=MemoryStatus.LIVE)
+    # Nor is what is past its expiry date, removed or not yet.
+    qs = qs.filter(unexpired())
     return qs if include_archived else qs.filter(archived_at__isnull=True)
 
 
@@ -226,8 +229,11 @@ def memory_get(*, pk: int) -> MemoryRecord:
 
 
 def memory_for_key(key: ApiKey, memory_id: int) -> MemoryRecord:
-    """The record if `key` may see its scope, else NotFound (unknown and foreign look alike)."""
+    """The record if `key` may see its scope, else NotFound (unknown and foreign look alike, and
+    so does a record past its expiry date)."""
     record = memory_get(pk=memory_id)
+    if not MemoryRecord.objects.filter(unexpired(), pk=record.pk).exists():
+        raise NotFound(f"memory {memory_id} not found")
     if record.context_id is not None:
         visible = auth.visible_contexts(key).filter(pk=record.context_id).exists()
     else:
@@ -259,7 +265,7 @@ def memories_listed(
         own = Q(context__in=auth.visible_contexts(key))
         shared = Q(context__isnull=True, scope_keys__contains=key.context_keys or {})
         # Live records only, as recall: a proposal's outcome is read by its id (status).
-        qs = MemoryRecord.objects.filter(own | shared, status=MemoryStatus.LIVE)
+        qs = MemoryRecord.objects.filter(own | shared, unexpired(), status=MemoryStatus.LIVE)
         if scope_keys:
             qs = qs.filter(
                 Q(scope_keys__contains=scope_keys) | Q(context__keys__contains=scope_keys)
@@ -289,7 +295,7 @@ def memories_search(
     qs = MemoryRecord.objects.select_related("context", "source_message", "source_step").defer(
         "search_vector"
     )
-    qs = qs.filter(archived_at__isnull=not archived, status=status)
+    qs = qs.filter(unexpired(), archived_at__isnull=not archived, status=status)
     if context_id is not None:
         qs = qs.filter(context_id=context_id)
     if scope:

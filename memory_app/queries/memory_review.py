@@ -28,6 +28,7 @@ SIMILAR_LIMIT = 5
 
 _LIVE_OF_SCOPE = """
     r.scope_digest = %s AND r.status = 'live' AND r.archived_at IS NULL AND r.id <> %s
+    AND (r.expires_at IS NULL OR r.pinned OR r.expires_at > statement_timestamp())
 """
 
 _BY_VECTOR = f"""

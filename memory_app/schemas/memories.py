@@ -41,6 +41,13 @@ class MemoryItemIn(Schema):
         None, description="a client-computed embedding of `content`, stored with the record"
     )
     vector_model: Short(200) | None = Field(None, description=VECTOR_MODEL_DESCRIPTION)
+    expires_at: datetime | None = Field(
+        None, description="no longer recalled after this time, then removed (with a time zone)"
+    )
+    ttl_seconds: int | None = Field(
+        None, ge=1, le=memories.MAX_TTL_SECONDS, description="expires this many seconds from now"
+    )
+    pinned: bool | None = Field(None, description="a pinned memory never expires")
 
 
 class MemoryRecordIn(Schema):
@@ -95,6 +102,13 @@ class MemoryRecordIn(Schema):
         None, description="a client-computed embedding of `content` (per item: `items[].vector`)"
     )
     vector_model: Short(200) | None = Field(None, description=VECTOR_MODEL_DESCRIPTION)
+    expires_at: datetime | None = Field(
+        None, description="no longer recalled after this time, then removed (with a time zone)"
+    )
+    ttl_seconds: int | None = Field(
+        None, ge=1, le=memories.MAX_TTL_SECONDS, description="expires this many seconds from now"
+    )
+    pinned: bool | None = Field(None, description="a pinned memory never expires")
 
     def to_items(self) -> list[dict[str, Any]]:
         shared = {
@@ -103,6 +117,9 @@ class MemoryRecordIn(Schema):
             "metadata": self.metadata,
             "source_message_id": self.source_message_id,
             "source_step_id": self.source_step_id,
+            "expires_at": self.expires_at,
+            "ttl_seconds": self.ttl_seconds,
+            "pinned": self.pinned,
         }
         out = []
         if self.content is not None:
@@ -140,6 +157,9 @@ MEMORY_EXAMPLE = {
     "recorded_by": "key:agent-1",
     "status": "live",
     "archived_at": None,
+    "expires_at": None,
+    "pinned": False,
+    "legal_hold": "",
     "created_at": "2025-01-01T10:06:00Z",
     "updated_at": "2025-01-01T10:06:00Z",
 }
@@ -162,6 +182,11 @@ class MemoryRecordOut(Schema):
         description="only live memories are recalled; a proposal waits for an operator's review"
     )
     archived_at: datetime | None
+    expires_at: datetime | None = Field(description="not recalled after this time, then removed")
+    pinned: bool = Field(description="a pinned memory never expires")
+    legal_hold: str = Field(
+        description="why the memory is under legal hold (empty: none): not expired nor purged"
+    )
     created_at: datetime
     updated_at: datetime
 
@@ -246,7 +271,25 @@ class MemoryEditIn(Schema):
     thinking: Text | None = None
     keywords: Keywords | None = Field(None, max_length=100)
     metadata: JsonObject | None = None
+    expires_at: datetime | None = Field(
+        None, description="a new expiry date; null (sent explicitly) makes it never expire"
+    )
+    ttl_seconds: int | None = Field(
+        None, ge=1, le=memories.MAX_TTL_SECONDS, description="expires this many seconds from now"
+    )
+    pinned: bool | None = Field(None, description="pin (never expires) or unpin")
     note: Text | None = Field(None, max_length=2000)
+
+    def expiry(self) -> dict[str, Any]:
+        """The expiry arguments of `memory_set_expiry` this edit gives (none: leave it)."""
+        out: dict[str, Any] = {}
+        if "expires_at" in self.model_fields_set:
+            out["expires_at"] = self.expires_at
+        if self.ttl_seconds is not None:
+            out["ttl_seconds"] = self.ttl_seconds
+        if self.pinned is not None:
+            out["pinned"] = self.pinned
+        return out
 
 
 class MemoryNoteIn(Schema):

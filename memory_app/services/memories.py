@@ -1,10 +1,12 @@
 """Writes of long-term memories: record (all or nothing, the same content in a scope once, a
 near-copy of a live record answered by that record; live or proposed for review), edit, archive
-and restore, promote a message or step, merge, purge. Every change is audited with before/after,
-except that a purge erases the purged record's content from the audit too."""
+and restore, expiry and pinning, legal hold, promote a message or step, merge, purge. Every
+change is audited with before/after, except that a purge erases the purged record's content from
+the audit too."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,16 +18,19 @@ from django.utils import timezone
 from memory_app import backlog
 from memory_app.audit import Actor, audit_record
 from memory_app.embeddings import client_vectors, providers, queue
-from memory_app.errors import Conflict, Forbidden, Invalid, NotFound
+from memory_app.errors import Conflict, Forbidden, Invalid, LegalHold, NotFound
 from memory_app.memories import (
     EDITABLE,
     MAX_ITEMS,
     Scope,
     clean_content,
+    clean_expiry,
     clean_keywords,
     clean_kind,
     content_hash,
     no_nul,
+    record_hash,
+    unexpired,
 )
 from memory_app.models import (
     AuditEvent,
@@ -35,6 +40,7 @@ from memory_app.models import (
     Message,
     Step,
 )
+from memory_app.namespace_items import content_of
 from memory_app.queries.memories import text_vectors
 from memory_app.queries.memory_review import similar_live
 
@@ -155,6 +161,8 @@ def _fields(
         "source_step_id": source_step_id,
         "recorded_by": actor.label,
         "status": status,
+        "expires_at": clean_expiry(item.get("expires_at"), item.get("ttl_seconds")),
+        "pinned": bool(item.get("pinned")),
     }
 
 
@@ -194,7 +202,7 @@ def _record(
                 scope_digest=fields["scope_digest"], content_hash=fields["content_hash"]
             ).first()
             if same is not None:
-                results.append(Recorded(same, False))
+                results.append(Recorded(_renewed(same, fields, actor), False))
                 continue
             near = _near_copy(scope, content, near_vector, near_model)
             if near is not None:
@@ -236,6 +244,27 @@ def _record(
     return results
 
 
+def _json_object(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise Invalid("a namespace item's content is its value: a JSON object") from exc
+
+
+def _renewed(record: MemoryRecord, fields: dict[str, Any], actor: Actor) -> MemoryRecord:
+    """Content recorded again after its record expired (not yet removed) renews that record with
+    the new expiry, as if it were recorded anew; a record still in force is answered as stored."""
+    if MemoryRecord.objects.filter(unexpired(), pk=record.pk).exists():
+        return record
+    return memory_set_expiry(
+        record=record,
+        actor=actor,
+        expires_at=fields["expires_at"],
+        pinned=fields["pinned"] or None,
+        note="recorded again after it expired",
+    )
+
+
 def _check_may_change(record: MemoryRecord, actor: Actor) -> None:
     """A key whose memories are reviewed changes its proposals only: editing, archiving or
     restoring a live record would bypass the review."""
@@ -269,7 +298,10 @@ def memory_edit(
         before = snapshot(record)
         if content is not None:
             record.content = clean_content(content)
-            record.content_hash = content_hash(record.content)
+            if record.namespace is not None:
+                # A namespace item's content is its value: it stays a JSON object.
+                record.content = content_of(_json_object(record.content))
+            record.content_hash = record_hash(record)
         if kind is not None:
             record.kind = clean_kind(kind)
         if thinking is not None:
@@ -326,6 +358,109 @@ def memory_set_archived(
             note=note,
         )
     return record
+
+
+UNCHANGED: Any = object()
+
+
+def memory_set_expiry(
+    *,
+    record: MemoryRecord,
+    actor: Actor,
+    expires_at: Any = UNCHANGED,
+    ttl_seconds: int | None = None,
+    pinned: bool | None = None,
+    note: str = "",
+) -> MemoryRecord:
+    """Set or clear (`expires_at=None`) a record's expiry date, or give it `ttl_seconds` from now,
+    and/or pin or unpin it (a pinned record never expires). Audited with before/after."""
+    if ttl_seconds is not None:
+        if expires_at is not UNCHANGED and expires_at is not None:
+            raise Invalid("give expires_at or ttl_seconds, not both")
+        expires_at = clean_expiry(None, ttl_seconds)
+    elif expires_at is not UNCHANGED:
+        expires_at = clean_expiry(expires_at)
+    with transaction.atomic():
+        record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
+        _check_may_change(record, actor)
+        before = _expiry(record)
+        if expires_at is not UNCHANGED:
+            record.expires_at = expires_at
+        if pinned is not None:
+            record.pinned = bool(pinned)
+        after = _expiry(record)
+        if after == before:
+            return record
+        record.save(update_fields=["expires_at", "pinned", "updated_at"])
+        audit_record(
+            actor=actor,
+            action="memory_expiry",
+            target_type="memoryrecord",
+            target_ids=[record.pk],
+            context_id=record.context_id,
+            before=before,
+            after=after,
+            note=note,
+        )
+    return record
+
+
+def memory_change(
+    *, record: MemoryRecord, actor: Actor, expiry: dict[str, Any], note: str = "", **edit: Any
+) -> MemoryRecord:
+    """An edit and an expiry change (`memory_set_expiry`'s arguments) together, all or nothing:
+    the API's and MCP's correction of a memory."""
+    with transaction.atomic():
+        record = memory_edit(record=record, actor=actor, note=note, **edit)
+        if expiry:
+            record = memory_set_expiry(record=record, actor=actor, note=note, **expiry)
+    return record
+
+
+def _expiry(record: MemoryRecord) -> dict[str, Any]:
+    at = record.expires_at
+    return {"expires_at": at.isoformat() if at else None, "pinned": record.pinned}
+
+
+MAX_HOLD_REASON = 500
+
+
+def memory_set_legal_hold(*, record: MemoryRecord, actor: Actor, reason: str) -> MemoryRecord:
+    """Put a record under legal hold (`reason` says why; empty lifts the hold). A held record is
+    neither expired, purged nor erased. Only an operator (a dashboard admin) holds or lifts:
+    no API key may, whatever its scopes. Audited with the reason before and after."""
+    if actor.api_key is not None or actor.user is None:
+        raise Forbidden("only a dashboard admin sets or lifts a legal hold")
+    reason = no_nul((reason or "").strip(), "legal hold reason")
+    if len(reason) > MAX_HOLD_REASON:
+        raise Invalid(f"the legal hold reason is longer than {MAX_HOLD_REASON} characters")
+    with transaction.atomic():
+        record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
+        before = record.legal_hold
+        if before == reason:
+            return record
+        record.legal_hold = reason
+        record.save(update_fields=["legal_hold", "updated_at"])
+        audit_record(
+            actor=actor,
+            action="legal_hold" if reason else "legal_hold_lift",
+            target_type="memoryrecord",
+            target_ids=[record.pk],
+            context_id=record.context_id,
+            before={"legal_hold": before},
+            after={"legal_hold": reason},
+        )
+    return record
+
+
+def held_refusal(held: Sequence[tuple[int, str]], what: str) -> LegalHold:
+    """The 409 a purge, expiry or erasure of held records answers: which, and why held."""
+    names = ", ".join(f"memory {pk} ({reason})" for pk, reason in held[:5])
+    more = f" and {len(held) - 5} more" if len(held) > 5 else ""
+    return LegalHold(
+        f"legal hold: {names}{more} may not be {what}; a dashboard admin lifts the hold first",
+        {"legal_hold": {str(pk): reason for pk, reason in held}},
+    )
 
 
 def memory_promote(
@@ -408,6 +543,8 @@ def memory_purge(*, record: MemoryRecord, actor: Actor, note: str = "") -> Audit
         record = MemoryRecord.objects.select_for_update().filter(pk=record.pk).first()
         if record is None:
             raise NotFound("memory not found")
+        if record.legal_hold:
+            raise held_refusal([(record.pk, record.legal_hold)], "purged")
         pk, context_id = record.pk, record.context_id
         # Its embeddings go with it (their retries by the database's cascade).
         MemoryRecord.objects.filter(pk=pk).delete()

@@ -239,6 +239,53 @@ def steps_append(*, run: Run, items: list[dict[str, Any]]) -> StepsResult:
     return StepsResult(steps=results, created=created)
 
 
+# What a step made from a trace may lack when it is written: a model call's messages, sent as
+# log events, can arrive after its span (and the task is read from them).
+FILLABLE_FIELDS = ("task", "model_input_messages", "model_output_message", "model_output")
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == "" or value == []
+
+
+def step_fill(*, run: Run, item: dict[str, Any]) -> bool:
+    """Complete the run's step with the item's client id from content that came after it was
+    written: its empty fields (`FILLABLE_FIELDS`) take the item's values, tool calls the item
+    adds to a step that had none are appended, and stored calls without arguments take those of
+    the same call in the item. Nothing written changes. Answers whether anything was filled."""
+    with transaction.atomic():
+        step = (
+            Step.objects.select_for_update()
+            .filter(context_id=run.context_id, run=run, client_id=item["client_id"])
+            .first()
+        )
+        if step is None:
+            return False
+        data = _step_data(item)
+        fields = [f for f in FILLABLE_FIELDS if _empty(getattr(step, f)) and not _empty(data[f])]
+        for name in fields:
+            setattr(step, name, data[name])
+        if fields:
+            step.save(update_fields=fields)
+        calls = [_tool_call_data(c) for c in item.get("tool_calls") or []]
+        stored = list(step.tool_calls.order_by("position"))
+        filled = bool(fields)
+        if not stored and calls:
+            ToolCall.objects.bulk_create(
+                ToolCall(step=step, context_id=step.context_id, position=i, **c)
+                for i, c in enumerate(calls, start=1)
+            )
+            Run.objects.filter(pk=run.pk).update(tool_call_count=F("tool_call_count") + len(calls))
+            return True
+        for call, new in zip(stored, calls, strict=False):
+            same = (call.call_id, call.name) == (new["call_id"], new["name"])
+            if same and call.arguments is None and new["arguments"] is not None:
+                call.arguments = new["arguments"]
+                call.save(update_fields=["arguments"])
+                filled = True
+    return filled
+
+
 MODEL_NAME_CHARS = 200
 
 

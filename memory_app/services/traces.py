@@ -10,13 +10,18 @@ it, whichever request brought them:
   sent twice writes nothing new;
 - steps directly under the root (task, planning, GenAI-style flat steps) and the run's outcome
   are written when the root span arrives, which an exporter sends last;
-- steps are renumbered by start time, whatever order the requests came in.
+- steps are renumbered by start time, whatever order the requests came in;
+- log events (`POST /v1/logs`) are kept beside the spans, as rows of role `log` whose parent is
+  the span they belong to and whose id is a digest of their content (a log record has no id of
+  its own), so a re-sent record is not kept twice; they join their span's step when it is made.
 
 Every write goes through the run and context services (`memory_app.services`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
@@ -42,6 +47,7 @@ from memory_app.services.runs import (
     run_create,
     run_finish,
     run_update,
+    step_fill,
     steps_append,
     steps_order_by_start,
 )
@@ -59,10 +65,52 @@ def traces_ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]
     Returns `{"spans", "new_spans", "rejected", "rejected_ids", "runs"}`; `rejected` counts spans
     sent again with different content (the first version is kept).
     """
+    return _ingest(key=key, spans=[{**s, "role": otlp.span_role(s)} for s in spans])
+
+
+def logs_ingest(*, key: ApiKey, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Keep decoded log records with the spans of their traces and bring those traces' runs up to
+    date, all or nothing. A record outside any span has no step to join: it is not kept and
+    counts as `rejected` (its index in `rejected_ids`)."""
+    kept, outside = [], []
+    for index, record in enumerate(records):
+        if record["trace_id"] and record["span_id"]:
+            kept.append(_log_span(record))
+        else:
+            outside.append(str(index))
+    result = _ingest(key=key, spans=kept)
+    return {**result, "rejected": len(outside), "rejected_ids": outside}
+
+
+def _log_span(record: dict[str, Any]) -> dict[str, Any]:
+    """A log record as a row beside the spans: its id a digest of its content."""
+    digest = hashlib.sha256(
+        json.dumps(record, sort_keys=True, ensure_ascii=False).encode()
+    ).hexdigest()
+    return {
+        "trace_id": record["trace_id"],
+        "span_id": digest[:16],
+        "parent_span_id": record["span_id"],
+        "name": record["name"],
+        "role": otlp.LOG,
+        "start_ns": record["time_ns"],
+        "end_ns": record["time_ns"],
+        "status": "unset",
+        "status_message": "",
+        "attributes": record["attributes"],
+        "events": [],
+        "body": record["body"],
+        "resource": record["resource"],
+        "scope": record["scope"],
+    }
+
+
+def _ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]:
     by_trace: dict[str, list[dict]] = defaultdict(list)
     for span in spans:
         by_trace[span["trace_id"]].append(span)
-    # A trace stays in the context its first spans went to (later spans may lack a session id).
+    # A trace stays in the context its first spans (or log events) went to (later spans may
+    # lack a session id).
     known = dict(
         TraceSpan.objects.filter(
             trace_id__in=list(by_trace), context__in=auth.visible_contexts(key)
@@ -80,18 +128,37 @@ def traces_ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]
                 f"spans name context keys {keys}; this API key may only use contexts whose keys "
                 f"contain {key.context_keys}"
             )
-    new_count, rejected, runs = 0, [], []
+    new_count, rejected, runs, pending = 0, [], [], []
     with transaction.atomic():
-        for keys, group in groups.values():
-            context, _ = context_get_or_create(keys=keys)
-            # One writer per context at a time: two requests of one trace must not both create
-            # its run.
-            context = Context.objects.select_for_update().get(pk=context.pk)
+        contexts = [context_get_or_create(keys=keys)[0] for keys, _ in groups.values()]
+        # One writer per context at a time: two requests of one trace must not both create
+        # its run. Locked in one order, so two requests over the same contexts do not deadlock.
+        locked = {
+            c.pk: c
+            for c in Context.objects.select_for_update()
+            .filter(pk__in=[c.pk for c in contexts])
+            .order_by("pk")
+        }
+        for context, (_, group) in zip(contexts, groups.values(), strict=True):
+            context = locked[context.pk]
             new, differing = trace_spans_record(context=context, spans=[_row(s) for s in group])
             new_count += len(new)
             rejected += differing
-            for trace_id in sorted({row.trace_id for row in new}):
-                runs.append(_bring_up_to_date(context=context, trace_id=trace_id).pk)
+            starts: dict[str, int] = {}
+            late_logs: dict[str, set[str]] = defaultdict(set)
+            for row in new:
+                starts[row.trace_id] = min(starts.get(row.trace_id, row.start_ns), row.start_ns)
+                if row.role == otlp.LOG:
+                    late_logs[row.trace_id].add(row.span_id)
+            pending += [
+                (start, trace_id, context, late_logs[trace_id])
+                for trace_id, start in starts.items()
+            ]
+        # The runs of one export are made in the order their traces started.
+        for _, trace_id, context, logs in sorted(pending, key=lambda p: (p[0], p[1])):
+            run = _bring_up_to_date(context=context, trace_id=trace_id, new_logs=logs)
+            if run is not None:
+                runs.append(run.pk)
     return {
         "spans": len(spans),
         "new_spans": new_count,
@@ -107,12 +174,21 @@ def _row(span: dict[str, Any]) -> dict[str, Any]:
         "span_id": span["span_id"],
         "parent_span_id": span["parent_span_id"],
         "name": span["name"][:500],
-        "role": otlp.span_role(span),
+        "role": span["role"],
         "start_ns": span["start_ns"],
         "end_ns": span["end_ns"],
         "data": {
             k: span[k]
-            for k in ("status", "status_message", "attributes", "events", "resource", "scope")
+            for k in (
+                "status",
+                "status_message",
+                "attributes",
+                "events",
+                "body",
+                "resource",
+                "scope",
+            )
+            if k in span
         },
     }
 
@@ -130,6 +206,8 @@ _EMPTY = {
 # A purged task step's text on the root span (`otlp_steps.run_task` reads these); the rest of the
 # root (outcome, final answer, token totals) still describes the run.
 TASK_ATTRIBUTES = ("smolagents.task", "input.value", "gen_ai.input.messages")
+# OpenInference flattens a LangChain root's input messages into these.
+TASK_PREFIXES = ("llm.input_messages.",)
 
 
 def _span(row: TraceSpan) -> dict[str, Any]:
@@ -157,11 +235,30 @@ def _tombstones(spans: list[dict[str, Any]]) -> set[str]:
     return out
 
 
-def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
-    spans = [
+def _with_logs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The spans among a trace's kept rows, each with the log events of its own (`logs`, in time
+    order) attached."""
+    spans = [r for r in rows if r["role"] != otlp.LOG]
+    by_id = {s["span_id"]: s for s in spans}
+    for s in spans:
+        s["logs"] = []
+    for log in rows:
+        if log["role"] == otlp.LOG and log["parent_span_id"] in by_id:
+            by_id[log["parent_span_id"]]["logs"].append(log)
+    return spans
+
+
+def _bring_up_to_date(*, context: Context, trace_id: str, new_logs: set[str]) -> Run | None:
+    """The trace's run after its new rows, or None while only log events of it have come.
+    `new_logs` are the ids of the log events among the new rows: a step written before they came
+    is completed with what they hold."""
+    rows = [
         _span(r)
         for r in TraceSpan.objects.filter(context=context, trace_id=trace_id).order_by("start_ns")
     ]
+    spans = _with_logs(rows)
+    if not spans:
+        return None
     run = Run.objects.filter(context=context, client_id=f"otel:{trace_id}").first()
     if run is None:
         run, _ = run_create(
@@ -176,9 +273,16 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
         Step.objects.filter(context_id=run.context_id, run=run).values_list("client_id", flat=True)
     )
     items, root, sources = _steps(spans)
-    purged = _tombstones(spans)
+    purged = _tombstones(rows)
     # A span of a purged step that arrives later (a child sent after its parent) is erased too.
-    _redact(context, spans, {c: sources[c] for c in purged if c in sources})
+    _redact(context, rows, {c: sources[c] for c in purged if c in sources})
+    # Log events that came after their span's step was written complete it (and the task step,
+    # whose task may be read from a model call's messages).
+    filled = False
+    for item in items:
+        late = new_logs & set(sources[item["client_id"]]) or (new_logs and item["kind"] == "task")
+        if late and item["client_id"] in done - purged:
+            filled = step_fill(run=run, item=item) or filled
     done |= purged
     # In start order, so renumbering is needed only when a step starts before one already written.
     items = sorted(
@@ -190,18 +294,25 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
         steps_order_by_start(run=run)
     # The root ends last, but a retried batch may bring steps after it: then finish again.
     # A purged root (or one whose content expired) no longer says how the run ended.
-    if root is not None and not root.get("purged") and (run.status == RunStatus.RUNNING or items):
+    if (
+        root is not None
+        and not root.get("purged")
+        and (run.status == RunStatus.RUNNING or items or filled)
+    ):
+        llms = [s for s in spans if s["role"] == otlp.LLM]
         task = (
-            run_task(root) if root["role"] == otlp.AGENT and not root.get("purged_task") else None
+            run_task(root, llms)
+            if root["role"] != otlp.TOOL and not root.get("purged_task")
+            else None
         )
         run_update(
             run=run,
             task=task,
-            agent_name=run_agent_name(root) if root["role"] == otlp.AGENT else None,
-            system_prompt=system_prompt([s for s in spans if s["role"] == otlp.LLM]),
+            agent_name=run_agent_name(root) if root["role"] in _AGENT_ROOTS else None,
+            system_prompt=system_prompt(llms),
             started_at=_when(root["start_ns"]),
         )
-        outcome = run_outcome(root)
+        outcome = run_outcome(root, llms)
         if Step.objects.filter(
             context_id=run.context_id, run=run, total_tokens__isnull=False
         ).exists():
@@ -212,11 +323,19 @@ def _bring_up_to_date(*, context: Context, trace_id: str) -> Run:
     return run
 
 
+# Roots that stand for an agent (or a graph, or the caller's own span around model calls), not
+# for one model or tool call.
+_AGENT_ROOTS = (otlp.AGENT, otlp.OTHER)
+
+
+# Why long: one pass over the trace tree that tells each mapping (smolagents' steps, planning
+# calls beside them, a lone call, model calls under an agent or graph) apart.
 def _steps(
     spans: list[dict[str, Any]],
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None, dict[str, list[str]]]:
     """The logbook items the kept spans of one trace make so far, its root span if it came, and
-    for each item's client id the ids of the spans it was made from (what a purge erases)."""
+    for each item's client id the ids of the spans it was made from, their log events included
+    (what a purge erases). `spans` come from `_with_logs`."""
     by_id = {s["span_id"]: s for s in spans}
     children: dict[str, list[dict]] = defaultdict(list)
     for s in spans:
@@ -229,6 +348,18 @@ def _steps(
             out.append(s)
             stack.extend(children.get(s["span_id"], []))
         return out
+
+    def outermost_calls(span_id: str) -> list[dict]:
+        """The model and tool calls under a span that no other call contains (a LangChain
+        model call may hold the OpenAI client's own span)."""
+        out, stack = [], list(children.get(span_id, []))
+        while stack:
+            s = stack.pop()
+            if s["role"] in (otlp.LLM, otlp.TOOL):
+                out.append(s)
+            else:
+                stack.extend(children.get(s["span_id"], []))
+        return sorted(out, key=lambda s: s["start_ns"])
 
     def inside_step(span: dict) -> bool:
         parent = by_id.get(span["parent_span_id"])
@@ -243,7 +374,9 @@ def _steps(
 
     def add(item: dict[str, Any], made_of: list[dict]) -> None:
         items.append(item)
-        sources[item["client_id"]] = [s["span_id"] for s in made_of]
+        sources[item["client_id"]] = [s["span_id"] for s in made_of] + [
+            log["span_id"] for s in made_of for log in s.get("logs") or []
+        ]
 
     steps = [s for s in spans if s["role"] == otlp.STEP and not inside_step(s)]
     for step in steps:
@@ -267,24 +400,61 @@ def _steps(
         return items, root, sources
     if root["role"] in (otlp.LLM, otlp.TOOL):
         # A lone model or tool call is a one-step run.
-        tools = [s for s in descendants(root["span_id"]) if s["role"] == otlp.TOOL]
-        add(flat_step(root, tools), [root, *tools])
+        inner = descendants(root["span_id"])
+        add(flat_step(root, [s for s in inner if s["role"] == otlp.TOOL]), [root, *inner])
         return items, root, sources
-    if root["role"] == otlp.AGENT:
-        add(task_step(root), [root])
-    if steps:
-        return items, root, sources
-    loose = [s for s in children.get(root["span_id"], []) if s["role"] in (otlp.LLM, otlp.TOOL)]
-    # GenAI-style: model calls and tool executions side by side; each tool joins the call before it.
+    loose = [] if steps else outermost_calls(root["span_id"])
+    if root["role"] == otlp.AGENT or loose:
+        task = run_task(root, [s for s in loose if s["role"] == otlp.LLM])
+        if root["role"] == otlp.AGENT or task:
+            add(task_step(root, task), [root])
+    # GenAI-style and LangChain / LangGraph: every model call is a step; each tool call joins
+    # the model call before it.
     anchors: list[tuple[dict, list[dict]]] = []
     for s in loose:
         if s["role"] == otlp.LLM or not anchors:
             anchors.append((s, []))
         if s["role"] == otlp.TOOL:
             anchors[-1][1].append(s)
+    call_step: dict[str, str] = {}
     for anchor, tools in anchors:
-        add(flat_step(anchor, tools), [anchor, *tools])
+        inner = [d for c in (anchor, *tools) for d in descendants(c["span_id"])]
+        add(flat_step(anchor, tools), [anchor, *tools, *inner])
+        call_step.update({c["span_id"]: anchor["span_id"] for c in (anchor, *tools)})
+    for client_id, around in _runnables(spans, by_id, root, call_step).items():
+        sources[client_id] += [s["span_id"] for s in around]
     return items, root, sources
+
+
+def _runnables(
+    spans: list[dict[str, Any]], by_id: dict[str, dict], root: dict, call_step: dict[str, str]
+) -> dict[str, list[dict]]:
+    """The spans around the model and tool calls (LangChain's graph nodes, prompts, routers), by
+    the step they belong to: the one whose calls they hold or, holding none, their nearest
+    ancestor's. They carry copies of the messages, which a purge of the step erases with it; a
+    span holding the calls of several steps (the graph) stays out."""
+
+    def ancestors(span: dict):
+        parent = by_id.get(span["parent_span_id"])
+        while parent is not None and parent is not root:
+            yield parent
+            parent = by_id.get(parent["parent_span_id"])
+
+    below: dict[str, set[str]] = defaultdict(set)
+    for span_id, client_id in call_step.items():
+        for a in ancestors(by_id[span_id]):
+            below[a["span_id"]].add(client_id)
+    out: dict[str, list[dict]] = defaultdict(list)
+    for span in spans:
+        if span is root or span["span_id"] in call_step or span["role"] != otlp.OTHER:
+            continue
+        holder = next(
+            (below[s["span_id"]] for s in (span, *ancestors(span)) if below.get(s["span_id"])),
+            set(),
+        )
+        if len(holder) == 1:
+            out[next(iter(holder))].append(span)
+    return out
 
 
 def _redact(context: Context, spans: list[dict[str, Any]], made_of: dict[str, list[str]]) -> None:
@@ -299,7 +469,15 @@ def _redact(context: Context, spans: list[dict[str, Any]], made_of: dict[str, li
     whole, task_roots = set(), set()
     for client_id, span_ids in made_of.items():
         if client_id.endswith(":task"):
-            task_roots.update(i for i in span_ids if not by_id[i].get("purged_task"))
+            # The root's own log events hold nothing but what the agent wrote.
+            whole.update(
+                i for i in span_ids if by_id[i]["role"] == otlp.LOG and not by_id[i].get("purged")
+            )
+            task_roots.update(
+                i
+                for i in span_ids
+                if by_id[i]["role"] != otlp.LOG and not by_id[i].get("purged_task")
+            )
         else:
             whole.update(i for i in span_ids if not by_id[i].get("purged"))
     if not (whole or task_roots):
@@ -313,8 +491,14 @@ def _redact(context: Context, spans: list[dict[str, Any]], made_of: dict[str, li
             row.data = {"purged": True}
         else:
             data = dict(row.data)
+            # A LangGraph root's output is its final state: every message, the task first.
+            dropped = TASK_ATTRIBUTES + (
+                ("output.value",) if data.get("scope") == otlp.LANGCHAIN_SCOPE else ()
+            )
             data["attributes"] = {
-                k: v for k, v in data.get("attributes", {}).items() if k not in TASK_ATTRIBUTES
+                k: v
+                for k, v in data.get("attributes", {}).items()
+                if k not in dropped and not k.startswith(TASK_PREFIXES)
             }
             row.data = {**data, "purged_task": True}
         row.save(update_fields=["data"])
@@ -331,7 +515,7 @@ def trace_steps_purge(*, run: Run, client_ids: list[str]) -> int:
     spans = [_span(r) for r in rows]
     if not spans:
         return 0
-    _, _, sources = _steps(spans)
+    _, _, sources = _steps(_with_logs([dict(s) for s in spans]))
     wanted = {c: sources[c] for c in client_ids if c in sources}
     before = [dict(s) for s in spans]
     _redact(run.context, spans, wanted)

@@ -2,7 +2,8 @@
 
 Run as many as you like, on any machines: each batch is claimed with FOR UPDATE SKIP LOCKED, so
 no item is embedded twice; a provider failure postpones the batch with exponential backoff.
-Each turn also inserts a batch of deferred vectors into their HNSW graph (see index_pending).
+Each turn also inserts a batch of deferred vectors into their HNSW graph (see index_pending) and
+removes a batch of what is past its retention (expired memories, retention policies).
 `--provider/--model/--base-url` embed another model's queue (e.g. during `reembed`).
 """
 
@@ -17,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 from memory_app import errors
 from memory_app.backlog import run_worker
 from memory_app.embeddings import providers, queue
+from memory_app.services.retention import retention_batch
 
 log = logging.getLogger("memory_app.embeddings")
 
@@ -60,6 +62,7 @@ class Command(BaseCommand):
             max_batches=opts["max_batches"],
             idle_sleep=opts["idle_sleep"],
             stop=stop,
+            chores=[retention_batch],
         )
         self.stdout.write(
             f"done: {totals.embedded} embedded, {totals.failed} postponed,"

@@ -1,0 +1,239 @@
+"""Erasure by key subset ("forget everything about user ada"): every context whose keys contain
+the subset, with all it holds and every derived copy (messages and their full-text rows, runs,
+steps, tool calls, trace spans, memories and their vectors and retries), the memories of key
+subsets inside it, the audit trail's payloads about any of them (redacted: the events stay, so
+the trail still says who did what and when), the Django admin's log lines naming them, and the
+API keys confined inside the subset (they reach nothing else). Answers a receipt of counts per
+kind; the erasure's own audit event names the subset by its digest, never by its values.
+
+A record under legal hold anywhere in the subset refuses the whole erasure (409) before anything
+is deleted. Each context goes in its own transaction, its row locked first (one context at a
+time, as every purge): an erasure of many contexts finishes, and running it again after a stop
+takes what is left.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from django.contrib.admin.models import LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.db import transaction
+from django.db.models import Q
+
+from memory_app.audit import Actor, audit_record
+from memory_app.db import lock_contexts
+from memory_app.errors import Invalid
+from memory_app.models import (
+    ApiKey,
+    AuditEvent,
+    Context,
+    Embedding,
+    EmbeddingRetry,
+    MemoryRecord,
+    Message,
+    MessageSearch,
+    Run,
+    Step,
+    ToolCall,
+    TraceSpan,
+    keys_digest,
+)
+from memory_app.services.memories import held_refusal
+
+# What an admin types to confirm: hard to type by accident, easy to read.
+ERASE_CONFIRMATION = "erase everything about these keys"
+ERASED = {"erased": True}
+KINDS = (
+    "contexts",
+    "messages",
+    "full_text_rows",
+    "runs",
+    "steps",
+    "tool_calls",
+    "trace_spans",
+    "memories",
+    "vectors",
+    "embedding_retries",
+    "audit_events_redacted",
+    "admin_log_entries",
+    "api_keys",
+)
+
+
+def clean_keys(keys: Any) -> dict[str, Any]:
+    """A non-empty subset of plain values: an empty one is contained in every context."""
+    if not isinstance(keys, dict) or not keys:
+        raise Invalid('erase needs a non-empty key subset, e.g. {"user": "ada"}')
+    for name, value in keys.items():
+        if not isinstance(name, str) or not isinstance(value, str | int | float | bool):
+            raise Invalid("the key subset's values must be strings, numbers or booleans")
+        if "\x00" in name or (isinstance(value, str) and "\x00" in value):
+            raise Invalid("the key subset contains a NUL character")
+    return keys
+
+
+def _subset_memories(keys: dict[str, Any]):
+    return MemoryRecord.objects.filter(context__isnull=True, scope_keys__contains=keys)
+
+
+def _contexts(keys: dict[str, Any]) -> list[int]:
+    return list(
+        Context.objects.filter(keys__contains=keys).order_by("pk").values_list("pk", flat=True)
+    )
+
+
+def _check_holds(keys: dict[str, Any], context_ids: list[int]) -> None:
+    held = list(
+        MemoryRecord.objects.filter(
+            Q(context_id__in=context_ids) | Q(context__isnull=True, scope_keys__contains=keys)
+        )
+        .exclude(legal_hold="")
+        .order_by("pk")
+        .values_list("pk", "legal_hold")
+    )
+    if held:
+        raise held_refusal(held, "erased")
+
+
+def erase_preview(*, keys: dict[str, Any]) -> dict[str, int]:
+    """What `erase` would remove, counted; changes nothing (the audit and admin-log counts are
+    left out: they are known once the rows they name are)."""
+    keys = clean_keys(keys)
+    ids = _contexts(keys)
+    in_ctx = Q(context_id__in=ids)
+    memories = MemoryRecord.objects.filter(in_ctx | Q(pk__in=_subset_memories(keys).values("pk")))
+    vectors = Embedding.objects.filter(in_ctx | Q(memory_record__in=memories.values("pk")))
+    return {
+        "contexts": len(ids),
+        "messages": Message.objects.filter(in_ctx).count(),
+        "full_text_rows": MessageSearch.objects.filter(context_id__in=ids).count(),
+        "runs": Run.objects.filter(in_ctx).count(),
+        "steps": Step.objects.filter(in_ctx).count(),
+        "tool_calls": ToolCall.objects.filter(in_ctx).count(),
+        "trace_spans": TraceSpan.objects.filter(in_ctx).count(),
+        "memories": memories.count(),
+        "vectors": vectors.count(),
+        "embedding_retries": EmbeddingRetry.objects.filter(
+            embedding__in=vectors.values("pk")
+        ).count(),
+        "api_keys": ApiKey.objects.filter(context_keys__contains=keys).count(),
+    }
+
+
+def _deleted(qs) -> int:
+    """The rows of `qs` itself a delete removed (not what its cascades took along)."""
+    return qs.delete()[1].get(qs.model._meta.label, 0)
+
+
+def _redact(targets: Q) -> int:
+    return AuditEvent.objects.filter(targets).update(before=ERASED, after=ERASED, note="erased")
+
+
+def _forget_admin_log(model, ids: list[int]) -> int:
+    if not ids:
+        return 0
+    kind = ContentType.objects.get_for_model(model)
+    deleted, _ = LogEntry.objects.filter(
+        content_type=kind, object_id__in=[str(i) for i in ids]
+    ).delete()
+    return deleted
+
+
+def _erase_context(context_id: int, keys: dict[str, Any]) -> Counter:
+    """Everything of one context, in one transaction, its row locked first."""
+    got: Counter = Counter()
+    with transaction.atomic():
+        lock_contexts([context_id])
+        if not Context.objects.filter(pk=context_id).exists():
+            return got  # erased meanwhile
+        _check_holds(keys, [context_id])
+        of = {"context_id": context_id}
+        ids = {
+            model: list(model.objects.filter(**of).values_list("pk", flat=True))
+            for model in (Message, Run, Step, ToolCall, MemoryRecord)
+        }
+        vectors = Embedding.objects.filter(Q(**of) | Q(memory_record_id__in=ids[MemoryRecord]))
+        got["embedding_retries"] += EmbeddingRetry.objects.filter(
+            embedding__in=vectors.values("pk")
+        ).count()
+        got["full_text_rows"] += MessageSearch.objects.filter(**of).count()
+        got["vectors"] += _deleted(vectors)
+        got["audit_events_redacted"] += _redact(
+            Q(**of)
+            | Q(target_type="context", target_ids__contains=[context_id])
+            | Q(target_type="message", target_ids__overlap=ids[Message])
+            | Q(target_type="run", target_ids__overlap=ids[Run])
+            | Q(target_type="step", target_ids__overlap=ids[Step])
+            | Q(target_type="toolcall", target_ids__overlap=ids[ToolCall])
+            | Q(target_type="memoryrecord", target_ids__overlap=ids[MemoryRecord])
+        )
+        # Children before parents, each counted as it goes (the database's triggers take the
+        # messages' full-text rows along; the vectors' retries go by their cascade).
+        got["memories"] += _deleted(MemoryRecord.objects.filter(**of))
+        got["messages"] += _deleted(Message.objects.filter(**of))
+        got["tool_calls"] += _deleted(ToolCall.objects.filter(**of))
+        got["steps"] += _deleted(Step.objects.filter(**of))
+        got["trace_spans"] += _deleted(TraceSpan.objects.filter(**of))
+        got["runs"] += _deleted(Run.objects.filter(**of))
+        for model, pks in ids.items():
+            got["admin_log_entries"] += _forget_admin_log(model, pks)
+        got["admin_log_entries"] += _forget_admin_log(Context, [context_id])
+        Context.objects.filter(pk=context_id).delete()
+        got["contexts"] += 1
+    return got
+
+
+def _erase_subset_memories(keys: dict[str, Any]) -> Counter:
+    got: Counter = Counter()
+    with transaction.atomic():
+        ids = list(
+            _subset_memories(keys).select_for_update().order_by("pk").values_list("pk", flat=True)
+        )
+        if not ids:
+            return got
+        _check_holds(keys, [])
+        vectors = Embedding.objects.filter(memory_record_id__in=ids)
+        got["embedding_retries"] += EmbeddingRetry.objects.filter(
+            embedding__in=vectors.values("pk")
+        ).count()
+        got["vectors"] += _deleted(vectors)
+        got["audit_events_redacted"] += _redact(
+            Q(target_type="memoryrecord", target_ids__overlap=ids)
+        )
+        got["admin_log_entries"] += _forget_admin_log(MemoryRecord, ids)
+        got["memories"] += _deleted(MemoryRecord.objects.filter(pk__in=ids))
+    return got
+
+
+def erase(*, keys: dict[str, Any], confirmation: str, actor: Actor) -> dict[str, Any]:
+    """Erase everything about the key subset `keys` (see the module's docstring); `confirmation`
+    is `ERASE_CONFIRMATION` typed out. Answers the receipt: counts per kind and the id of the
+    audit event that keeps it."""
+    keys = clean_keys(keys)
+    if (confirmation or "").strip() != ERASE_CONFIRMATION:
+        raise Invalid(f"type {ERASE_CONFIRMATION!r} to confirm the erasure")
+    context_ids = _contexts(keys)
+    _check_holds(keys, context_ids)
+    total: Counter = Counter()
+    for context_id in context_ids:
+        total += _erase_context(context_id, keys)
+    total += _erase_subset_memories(keys)
+    with transaction.atomic():
+        key_ids = list(
+            ApiKey.objects.filter(context_keys__contains=keys).values_list("pk", flat=True)
+        )
+        total["admin_log_entries"] += _forget_admin_log(ApiKey, key_ids)
+        total["api_keys"] += _deleted(ApiKey.objects.filter(pk__in=key_ids))
+        receipt = {kind: total.get(kind, 0) for kind in KINDS}
+        # The subset by its digest only: its values are what is being forgotten.
+        event = audit_record(
+            actor=actor,
+            action="erase",
+            target_type="keys",
+            target_ids=[],
+            after={"keys_digest": keys_digest(keys), "receipt": receipt},
+            note=f"erased {receipt['contexts']} contexts and {receipt['memories']} memories",
+        )
+    return {"receipt": receipt, "keys_digest": keys_digest(keys), "audit_event_id": event.pk}

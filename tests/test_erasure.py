@@ -1,0 +1,245 @@
+"""Erasure by key subset: every row and derived copy of the subset's contexts and memories goes
+(messages, full-text rows, runs, steps, tool calls, trace spans, memories, vectors, retries, audit
+payloads, admin log lines, keys confined inside it), a walk over every text and JSON column of
+every table then finds none of it, and another subset's data stays whole. A legal hold refuses
+the erasure; only admins erase, with a typed confirmation; the receipt counts each kind."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.utils import timezone
+
+from memory_app.audit import Actor
+from memory_app.memories import Scope
+from memory_app.models import (
+    AuditEvent,
+    Context,
+    Embedding,
+    EmbeddingModel,
+    EmbeddingRetry,
+    MemoryRecord,
+    Message,
+    MessageSearch,
+    Run,
+    Step,
+    ToolCall,
+    TraceSpan,
+)
+from memory_app.services.erasure import ERASE_CONFIRMATION, erase
+from memory_app.services.memories import memories_record, memory_edit, memory_set_legal_hold
+from memory_app.services.messages import message_edit, messages_append
+from tests.api_helpers import make_key
+from tests.builders import make_context, make_run, make_user, register_models
+
+pytestmark = pytest.mark.django_db
+
+# Words the English parser keeps whole, so a tsvector holding them is found as well.
+ADA, BOB = "zqadaplugh", "zqbobplugh"
+USER_JSON = json.dumps({"user": ADA})
+ACTOR = Actor.system("erasure-test")
+TEXT_TYPES = ("text", "character varying", "character", "json", "jsonb", "tsvector", "ARRAY")
+
+
+def columns_holding(word: str) -> list[str]:
+    """Every `table.column` of every table whose text or JSON (arrays and tsvectors too) holds
+    `word`, found by walking information_schema."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.table_name, c.column_name FROM information_schema.columns c"
+            " JOIN information_schema.tables t"
+            " ON t.table_schema = c.table_schema AND t.table_name = c.table_name"
+            " WHERE c.table_schema = current_schema() AND t.table_type = 'BASE TABLE'"
+            " AND c.data_type = ANY(%s) ORDER BY 1, 2",
+            [list(TEXT_TYPES)],
+        )
+        found = []
+        for table, column in cursor.fetchall():
+            cursor.execute(
+                f"SELECT EXISTS (SELECT 1 FROM {connection.ops.quote_name(table)}"  # noqa: S608
+                f" WHERE {connection.ops.quote_name(column)}::text ILIKE %s)",
+                [f"%{word}%"],
+            )
+            if cursor.fetchone()[0]:
+                found.append(f"{table}.{column}")
+    return found
+
+
+def populate(word: str) -> dict[str, int]:
+    """Two contexts of the user `word` holding `word` everywhere a context's data can go."""
+    user = word
+    if not EmbeddingModel.objects.filter(name="inline-3").exists():
+        register_models(**{"inline-3": 3})
+    ids: dict[str, int] = {}
+    for n in (1, 2):
+        ctx = make_context(keys={"user": user, "chat": str(n)}, title=f"{word} chat {n}")
+        ids[f"context{n}"] = ctx.pk
+        message = messages_append(
+            context=ctx,
+            items=[
+                {"role": "user", "text": f"my secret is {word}", "metadata": {"w": word}},
+                {"role": "assistant", "text": f"noted {word}", "tags": [word]},
+            ],
+        ).messages[0]
+        message_edit(message=message, actor=ACTOR, text=f"my secret was {word} really")
+        run = make_run(context=ctx, steps=3, task=f"remember {word}", observations=f"saw {word}")
+        TraceSpan.objects.create(
+            context=ctx, run=run, trace_id="c" * 32, span_id=f"{n:016x}", role="step",
+            start_ns=0, end_ns=1, data={"attributes": {"output.value": word}},
+        )  # fmt: skip
+        [mine] = memories_record(
+            scope=Scope(context=ctx),
+            items=[
+                {
+                    "content": f"{user} hides {word} in chat {n}",
+                    "vector": [0.1, 0.2, 0.3],
+                    "vector_model": "inline-3",
+                }
+            ],
+            actor=ACTOR,
+        )
+        memory_edit(record=mine.record, actor=ACTOR, keywords=[word])
+    [shared] = memories_record(
+        scope=Scope(keys={"user": user}),
+        items=[{"content": f"{user} always says {word}", "vector": [0.3, 0.2, 0.1],
+                "vector_model": "inline-3"}],
+        actor=ACTOR,
+    )  # fmt: skip
+    ids["shared"] = shared.record.pk
+    # A vector that failed, with the provider's error quoting the text.
+    pending = Embedding.objects.create(message=message, context=ctx, model="inline-3", dimensions=3)
+    EmbeddingRetry.objects.create(
+        embedding=pending,
+        context=ctx,
+        attempts=2,
+        next_attempt_at=timezone.now(),
+        last_error=f"bad {word}",
+    )
+    # The Django admin's log of a change to one of them.
+    LogEntry.objects.create(
+        user=make_user(role="admin"),
+        content_type=ContentType.objects.get_for_model(Message),
+        object_id=str(message.pk),
+        object_repr=f"#1 user: my secret is {word}",
+        action_flag=CHANGE,
+    )
+    # A key confined to this user alone.
+    make_key(scopes=("read",), context_keys={"user": user}, name=f"{word} key")
+    return ids
+
+
+def test_erasing_a_user_leaves_nothing_of_them_in_any_table_and_others_whole():
+    ada, bob = populate(ADA), populate(BOB)
+    assert len(columns_holding(ADA)) >= 15, columns_holding(ADA)
+    bob_before = columns_holding(BOB)
+    bob_counts = {
+        model.__name__: model.objects.filter(
+            context_id__in=[bob["context1"], bob["context2"]]
+        ).count()
+        for model in (Message, Run, Step, ToolCall, TraceSpan, MemoryRecord, Embedding)
+    }
+
+    done = erase(keys={"user": ADA}, confirmation=ERASE_CONFIRMATION, actor=ACTOR)
+
+    assert columns_holding(ADA) == []
+    receipt = done["receipt"]
+    assert receipt["contexts"] == 2 and receipt["messages"] == 4
+    assert receipt["full_text_rows"] == 4
+    assert receipt["runs"] == 2 and receipt["steps"] == 6 and receipt["tool_calls"] == 4
+    assert receipt["trace_spans"] == 2 and receipt["memories"] == 3
+    assert receipt["vectors"] == 4 and receipt["embedding_retries"] == 1
+    assert receipt["api_keys"] == 1 and receipt["admin_log_entries"] == 1
+    assert receipt["audit_events_redacted"] >= 5
+    assert not Context.objects.filter(pk__in=[ada["context1"], ada["context2"]]).exists()
+    assert not MemoryRecord.objects.filter(pk=ada["shared"]).exists()
+    # The receipt is kept in the audit trail, the subset named by its digest only.
+    event = AuditEvent.objects.get(pk=done["audit_event_id"])
+    assert event.action == "erase" and event.after["receipt"] == receipt
+    assert event.after["keys_digest"] == done["keys_digest"]
+
+    # Bob's data is untouched, row for row.
+    assert columns_holding(BOB) == bob_before
+    for model in (Message, Run, Step, ToolCall, TraceSpan, MemoryRecord, Embedding):
+        count = model.objects.filter(context_id__in=[bob["context1"], bob["context2"]]).count()
+        assert count == bob_counts[model.__name__], model
+    assert MemoryRecord.objects.filter(pk=bob["shared"]).exists()
+    assert MessageSearch.objects.filter(context_id=bob["context1"]).count() == 2
+    # Erasing again finds nothing left.
+    again = erase(keys={"user": ADA}, confirmation=ERASE_CONFIRMATION, actor=ACTOR)
+    assert set(again["receipt"].values()) == {0}
+
+
+def test_a_legal_hold_refuses_the_erasure_before_anything_goes():
+    ada = populate(ADA)
+    held = MemoryRecord.objects.get(pk=ada["shared"])
+    admin = make_user(role="admin")
+    memory_set_legal_hold(record=held, actor=Actor.for_user(admin), reason="case 7")
+    before = columns_holding(ADA)
+    api = make_key(scopes=("admin",))
+    refused = api.post(
+        "/api/v1/erasure", {"keys": {"user": ADA}, "confirmation": ERASE_CONFIRMATION}
+    )
+    assert refused.status_code == 409
+    assert "legal hold" in refused.json()["detail"] and "case 7" in refused.json()["detail"]
+    assert columns_holding(ADA) == before
+    with pytest.raises(CommandError, match="case 7"):
+        call_command("erase", keys=USER_JSON, yes=True, stdout=StringIO())
+    assert Context.objects.filter(pk=ada["context1"]).exists()
+
+
+def test_the_erasure_api_is_for_admins_inside_their_confinement_with_a_typed_confirmation():
+    populate(ADA)
+    body = {"keys": {"user": ADA}, "confirmation": ERASE_CONFIRMATION}
+    assert make_key(scopes=("read", "write")).post("/api/v1/erasure", body).status_code == 403
+    confined = make_key(scopes=("admin",), context_keys={"tenant": "acme"})
+    assert confined.post("/api/v1/erasure", body).status_code == 403
+    admin = make_key(scopes=("admin",))
+    assert admin.post("/api/v1/erasure", {"keys": {}}).status_code == 422
+    # Without a confirmation it only counts.
+    preview = admin.post("/api/v1/erasure", {"keys": {"user": ADA}})
+    assert preview.status_code == 200, preview.content
+    assert preview.json()["erased"] is False and preview.json()["receipt"]["contexts"] == 2
+    wrong = admin.post("/api/v1/erasure", {"keys": {"user": ADA}, "confirmation": "yes"})
+    assert wrong.status_code == 422 and ERASE_CONFIRMATION in wrong.json()["detail"]
+    assert Context.objects.filter(keys__contains={"user": ADA}).count() == 2
+    done = admin.post("/api/v1/erasure", body)
+    assert done.status_code == 200 and done.json()["erased"] is True
+    assert done.json()["receipt"]["contexts"] == 2
+    assert columns_holding(ADA) == []
+
+
+def test_the_erase_command_counts_then_erases():
+    populate(ADA)
+    out = StringIO()
+    call_command("erase", keys=USER_JSON, stdout=out)
+    assert '"contexts": 2' in out.getvalue() and "nothing erased" in out.getvalue()
+    assert Context.objects.filter(keys__contains={"user": ADA}).count() == 2
+    out = StringIO()
+    call_command("erase", keys=USER_JSON, yes=True, stdout=out)
+    receipt = json.loads(out.getvalue())["receipt"]
+    assert receipt["contexts"] == 2 and receipt["messages"] == 4
+    assert columns_holding(ADA) == []
+    with pytest.raises(CommandError, match="JSON"):
+        call_command("erase", keys="{user}", stdout=StringIO())
+
+
+def test_the_dashboard_erases_for_admins_with_a_typed_confirmation(client):
+    populate(ADA)
+    client.force_login(make_user(role="curator"))
+    assert client.get("/erasure/").status_code == 403
+    client.force_login(make_user(role="admin"))
+    page = client.get("/erasure/", {"keys": USER_JSON})
+    assert page.status_code == 200 and b"contexts" in page.content
+    wrong = client.post("/erasure/", {"keys": USER_JSON, "confirmation": "erase"})
+    assert wrong.status_code == 400
+    assert Context.objects.filter(keys__contains={"user": ADA}).count() == 2
+    done = client.post("/erasure/", {"keys": USER_JSON, "confirmation": ERASE_CONFIRMATION})
+    assert done.status_code == 200, done.content
+    assert b"receipt" in done.content.lower()
+    assert columns_holding(ADA) == []
