@@ -199,23 +199,33 @@ def context_for_key(key: ApiKey, context_id: int, *, lock: bool = False) -> Cont
     return context
 
 
-def run_for_key(key: ApiKey, run_id: int) -> Run:
-    run = Run.objects.filter(pk=run_id, context__in=visible_contexts(key)).first()
+def _in_context(queryset: QuerySet, context_id: int | None) -> QuerySet:
+    """Rows of one context when the route names it: on Citus the lookup then goes to the one
+    shard holding it instead of every shard."""
+    return queryset if context_id is None else queryset.filter(context_id=context_id)
+
+
+def run_for_key(key: ApiKey, run_id: int, context_id: int | None = None) -> Run:
+    runs = _in_context(Run.objects.filter(pk=run_id), context_id)
+    run = runs.filter(context__in=visible_contexts(key)).first()
     if run is None:
         raise NotFound(f"run {run_id} not found")
     return run
 
 
-def message_for_key(key: ApiKey, message_id: int) -> Message:
-    message = Message.objects.filter(pk=message_id, context__in=visible_contexts(key)).first()
+def message_for_key(key: ApiKey, message_id: int, context_id: int | None = None) -> Message:
+    messages = _in_context(Message.objects.filter(pk=message_id), context_id)
+    message = messages.filter(context__in=visible_contexts(key)).first()
     if message is None:
         raise NotFound(f"message {message_id} not found")
     return message
 
 
-def step_for_key(key: ApiKey, step_id: int) -> Step:
-    visible = visible_contexts(key)
-    step = Step.objects.filter(pk=step_id, context__in=visible).select_related("run").first()
+def step_for_key(key: ApiKey, step_id: int, context_id: int | None = None) -> Step:
+    steps = _in_context(Step.objects.filter(pk=step_id), context_id)
+    step = steps.filter(context__in=visible_contexts(key)).first()
     if step is None:
         raise NotFound(f"step {step_id} not found")
+    # Its run by id and context (one shard), not a join by id alone.
+    step.run = Run.objects.get(pk=step.run_id, context_id=step.context_id)
     return step

@@ -2,7 +2,7 @@
 
 import pytest
 
-from memory_app.models import Message, Run
+from memory_app.models import Message, Run, Step
 from tests.api_helpers import make_key
 
 pytestmark = pytest.mark.django_db
@@ -59,6 +59,46 @@ ENDPOINTS = [
     ),
     ("run_finish", "POST", "/api/v1/runs/{run}/finish", lambda w: {"status": "success"}, "write"),
     ("step_get", "GET", "/api/v1/steps/{step}", None, "read"),
+    # The same by-id routes under their context (routed to one shard on a distributed store).
+    ("ctx_message_get", "GET", "/api/v1/contexts/{context}/messages/{message}", None, "read"),
+    (
+        "ctx_message_edit",
+        "PATCH",
+        "/api/v1/contexts/{context}/messages/{message}",
+        lambda w: {"text": "edited"},
+        "write",
+    ),
+    (
+        "ctx_message_prune",
+        "POST",
+        "/api/v1/contexts/{context}/messages/{message}/prune",
+        None,
+        "write",
+    ),
+    (
+        "ctx_message_restore",
+        "POST",
+        "/api/v1/contexts/{context}/messages/{message}/restore",
+        None,
+        "write",
+    ),
+    ("ctx_run_get", "GET", "/api/v1/contexts/{context}/runs/{run}", None, "read"),
+    ("ctx_step_list", "GET", "/api/v1/contexts/{context}/runs/{run}/steps", None, "read"),
+    (
+        "ctx_steps_append",
+        "POST",
+        "/api/v1/contexts/{context}/runs/{run}/steps",
+        lambda w: {"steps": [{"kind": "action"}]},
+        "write",
+    ),
+    (
+        "ctx_run_finish",
+        "POST",
+        "/api/v1/contexts/{context}/runs/{run}/finish",
+        lambda w: {"status": "success"},
+        "write",
+    ),
+    ("ctx_step_get", "GET", "/api/v1/contexts/{context}/steps/{step}", None, "read"),
 ]
 IDS = ("context", "message", "run", "step")
 
@@ -175,3 +215,39 @@ def test_a_tenant_cannot_prune_the_other_tenants_message_through_its_own_context
     )
     assert response.status_code == 404
     assert not Message.objects.filter(pruned_at__isnull=False).exists()
+
+
+@pytest.mark.parametrize(
+    "endpoint", [e for e in ENDPOINTS if e[0].startswith("ctx_")], ids=lambda e: e[0]
+)
+def test_a_route_under_another_context_of_the_same_tenant_is_404(admin, world, endpoint):
+    """The context in the path is checked, not only the key's reach: an id under a context
+    it does not belong to is not found, and nothing changes."""
+    other = admin.post("/api/v1/contexts", {"keys": {"tenant": "acme", "chat": "2"}}).json()
+    steps_before = Step.objects.filter(run_id=world["run"]).count()
+    response = call(admin, endpoint, {**world, "context": other["id"]})
+    assert response.status_code == 404, response.content
+    assert Step.objects.filter(run_id=world["run"]).count() == steps_before
+    assert Message.objects.get(pk=world["message"]).text == "hi"
+
+
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("/api/v1/messages/{message}", "/api/v1/contexts/{context}/messages/{message}"),
+        ("/api/v1/runs/{run}", "/api/v1/contexts/{context}/runs/{run}"),
+        ("/api/v1/runs/{run}/steps", "/api/v1/contexts/{context}/runs/{run}/steps"),
+        ("/api/v1/steps/{step}", "/api/v1/contexts/{context}/steps/{step}"),
+    ],
+)
+def test_a_route_by_id_alone_still_answers_and_names_its_successor(admin, world, old, new):
+    ids = {k: world[k] for k in IDS}
+    answer = admin.get(old.format(**ids))
+    assert answer.status_code == 200
+    assert answer.headers["Deprecation"] == "true"
+    successor = new.format(**ids)
+    assert answer.headers["Link"] == f'<{successor}>; rel="successor-version"'
+    routed = admin.get(successor)
+    assert routed.status_code == 200
+    assert "Deprecation" not in routed.headers
+    assert routed.json() == answer.json()

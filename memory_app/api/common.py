@@ -82,16 +82,24 @@ def context_for(request: HttpRequest, context_id: int, *, lock: bool = False) ->
     return keys.context_for_key(request_key(request), context_id, lock=lock)
 
 
-def run_for(request: HttpRequest, run_id: int) -> Run:
-    return keys.run_for_key(request_key(request), run_id)
+def run_for(request: HttpRequest, run_id: int, context_id: int | None = None) -> Run:
+    return keys.run_for_key(request_key(request), run_id, context_id)
 
 
-def message_for(request: HttpRequest, message_id: int) -> Message:
-    return keys.message_for_key(request_key(request), message_id)
+def message_for(request: HttpRequest, message_id: int, context_id: int | None = None) -> Message:
+    return keys.message_for_key(request_key(request), message_id, context_id)
 
 
-def step_for(request: HttpRequest, step_id: int) -> Step:
-    return keys.step_for_key(request_key(request), step_id)
+def step_for(request: HttpRequest, step_id: int, context_id: int | None = None) -> Step:
+    return keys.step_for_key(request_key(request), step_id, context_id)
+
+
+def superseded(response: HttpResponse, path: str) -> None:
+    """Mark an answer of a by-id route kept for old clients: its successor names the context
+    (`path`), which routes it to one shard on a distributed store (RFC 9745 Deprecation, RFC
+    8288 Link)."""
+    response["Deprecation"] = "true"
+    response["Link"] = f'<{path}>; rel="successor-version"'
 
 
 # orjson parses and renders (a 1,000-message batch, or 384,000 vector numbers, in a fraction of

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.http import HttpResponse
 from ninja import Query, Router, Status
 
 from memory_app.api.common import (
@@ -14,6 +15,7 @@ from memory_app.api.common import (
     message_for,
     require_scope,
     responses,
+    superseded,
 )
 from memory_app.queries.lists import MAX_LIMIT, messages_list
 from memory_app.schemas.fields import INT64_MAX
@@ -103,32 +105,69 @@ def message_list(
     )
 
 
-@router.get(
-    "/messages/{message_id}", response=responses({200: MessageOut}), summary="Get a message"
-)
-def message_get(request, message_id: MessageId):
+def _message_get(request, message_id: int, context_id: int | None = None):
     require_scope(request, "read")
-    return Status(200, message_for(request, message_id))
+    return message_for(request, message_id, context_id)
+
+
+def _message_edit(request, message_id: int, body: MessageEditIn, context_id: int | None = None):
+    require_scope(request, "write")
+    message = message_for(request, message_id, context_id)
+    return messages_service.message_edit(
+        message=message,
+        actor=actor_for(request),
+        text=body.text,
+        tags=body.tags,
+        metadata=body.metadata,
+    )
+
+
+@router.get(
+    "/contexts/{context_id}/messages/{int:message_id}",
+    response=responses({200: MessageOut}),
+    summary="Get a message",
+)
+def context_message_get(request, context_id: ContextId, message_id: MessageId):
+    return Status(200, _message_get(request, message_id, context_id))
+
+
+@router.patch(
+    "/contexts/{context_id}/messages/{int:message_id}",
+    response=responses({200: MessageOut}, WRITE_ERRORS),
+    summary="Edit a message's text, tags or metadata (audited)",
+)
+def context_message_edit(
+    request, context_id: ContextId, message_id: MessageId, body: MessageEditIn
+):
+    return Status(200, _message_edit(request, message_id, body, context_id))
+
+
+def _successor(message) -> str:
+    return f"/api/v1/contexts/{message.context_id}/messages/{message.pk}"
+
+
+@router.get(
+    "/messages/{message_id}",
+    response=responses({200: MessageOut}),
+    summary="Get a message (by id alone; superseded by the route with its context)",
+    deprecated=True,
+)
+def message_get(request, message_id: MessageId, response: HttpResponse):
+    message = _message_get(request, message_id)
+    superseded(response, _successor(message))
+    return Status(200, message)
 
 
 @router.patch(
     "/messages/{message_id}",
     response=responses({200: MessageOut}, WRITE_ERRORS),
-    summary="Edit a message's text, tags or metadata (audited)",
+    summary="Edit a message (by id alone; superseded by the route with its context)",
+    deprecated=True,
 )
-def message_edit(request, message_id: MessageId, body: MessageEditIn):
-    require_scope(request, "write")
-    message = message_for(request, message_id)
-    return Status(
-        200,
-        messages_service.message_edit(
-            message=message,
-            actor=actor_for(request),
-            text=body.text,
-            tags=body.tags,
-            metadata=body.metadata,
-        ),
-    )
+def message_edit(request, message_id: MessageId, body: MessageEditIn, response: HttpResponse):
+    message = _message_edit(request, message_id, body)
+    superseded(response, _successor(message))
+    return Status(200, message)
 
 
 def _set_pruned(request, context_id: int, ids: list[int], note: str, pruned: bool) -> dict:
@@ -159,28 +198,58 @@ def messages_restore(request, context_id: ContextId, body: PruneIn):
     return Status(200, _set_pruned(request, context_id, body.ids, body.note, False))
 
 
+def _prune_one(request, message_id, body, pruned: bool, context_id: int | None = None):
+    require_scope(request, "write")
+    message = message_for(request, message_id, context_id)
+    note = body.note if body else ""
+    return message, _set_pruned(request, message.context_id, [message.pk], note, pruned)
+
+
 @router.post(
-    "/messages/{message_id}/prune",
+    "/contexts/{context_id}/messages/{int:message_id}/prune",
     response=responses({200: PruneOut}, WRITE_ERRORS),
     summary="Prune one message (audited)",
 )
-def message_prune(request, message_id: MessageId, body: PruneNoteIn | None = None):
-    require_scope(request, "write")
-    message = message_for(request, message_id)
-    return Status(
-        200, _set_pruned(request, message.context_id, [message.pk], body.note if body else "", True)
-    )
+def context_message_prune(
+    request, context_id: ContextId, message_id: MessageId, body: PruneNoteIn | None = None
+):
+    return Status(200, _prune_one(request, message_id, body, True, context_id)[1])
+
+
+@router.post(
+    "/contexts/{context_id}/messages/{int:message_id}/restore",
+    response=responses({200: PruneOut}, WRITE_ERRORS),
+    summary="Restore one message (audited)",
+)
+def context_message_restore(
+    request, context_id: ContextId, message_id: MessageId, body: PruneNoteIn | None = None
+):
+    return Status(200, _prune_one(request, message_id, body, False, context_id)[1])
+
+
+@router.post(
+    "/messages/{message_id}/prune",
+    response=responses({200: PruneOut}, WRITE_ERRORS),
+    summary="Prune one message (by id alone; superseded by the route with its context)",
+    deprecated=True,
+)
+def message_prune(
+    request, message_id: MessageId, response: HttpResponse, body: PruneNoteIn | None = None
+):
+    message, answer = _prune_one(request, message_id, body, True)
+    superseded(response, _successor(message) + "/prune")
+    return Status(200, answer)
 
 
 @router.post(
     "/messages/{message_id}/restore",
     response=responses({200: PruneOut}, WRITE_ERRORS),
-    summary="Restore one message (audited)",
+    summary="Restore one message (by id alone; superseded by the route with its context)",
+    deprecated=True,
 )
-def message_restore(request, message_id: MessageId, body: PruneNoteIn | None = None):
-    require_scope(request, "write")
-    message = message_for(request, message_id)
-    return Status(
-        200,
-        _set_pruned(request, message.context_id, [message.pk], body.note if body else "", False),
-    )
+def message_restore(
+    request, message_id: MessageId, response: HttpResponse, body: PruneNoteIn | None = None
+):
+    message, answer = _prune_one(request, message_id, body, False)
+    superseded(response, _successor(message) + "/restore")
+    return Status(200, answer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.http import HttpResponse
 from ninja import Query, Router, Status
 from ninja.errors import HttpError
 
@@ -17,6 +18,7 @@ from memory_app.api.common import (
     responses,
     run_for,
     step_for,
+    superseded,
 )
 from memory_app.api.contexts import parse_keys_filter
 from memory_app.queries.lists import (
@@ -109,64 +111,175 @@ def run_table(request, params: Query[RunTableQuery]):
     return Status(200, {**page, "next_cursor": found.next_cursor})
 
 
+# Each by-id route comes twice: under its context (routed to one shard on a distributed store),
+# and by id alone, kept for old clients, whose answers name their successor.
+def _successor(run_or_step, kind: str) -> str:
+    return f"/api/v1/contexts/{run_or_step.context_id}/{kind}/{run_or_step.pk}"
+
+
+def _run_get(request, run_id: int, steps_limit: int, context_id: int | None = None):
+    require_scope(request, "read")
+    run = run_for(request, run_id, context_id)
+    return run, {"run": run, "steps": steps_list(run=run, limit=steps_limit)}
+
+
+def _step_list(request, run_id: int, context_id: int | None, **page):
+    require_scope(request, "read")
+    run = run_for(request, run_id, context_id)
+    return run, steps_list(run=run, **page)
+
+
+def _steps_append(request, run_id: int, body: StepsIn, context_id: int | None = None):
+    require_scope(request, "write")
+    run = run_for(request, run_id, context_id)
+    result = runs_service.steps_append(run=run, items=[s.to_item() for s in body.steps])
+    steps = steps_by_ids(ids=[s.pk for s in result.steps], context_id=run.context_id)
+    answer = {"steps": steps, "created": result.created}
+    return run, Status(201 if result.any_created else 200, answer)
+
+
+def _run_finish(request, run_id: int, body: RunFinishIn, context_id: int | None = None):
+    require_scope(request, "write")
+    run = run_for(request, run_id, context_id)
+    return runs_service.run_finish(run=run, **body.model_dump())
+
+
+def _step_get(request, step_id: int, context_id: int | None = None):
+    require_scope(request, "read")
+    step = step_for(request, step_id, context_id)
+    full = step_with_tool_calls(step_id=step.pk, context_id=step.context_id)
+    if full is None:
+        raise not_found("step", step_id)
+    return full
+
+
+STEPS_AFTER = Query(None, ge=0, le=2**31 - 1, description="cursor: last position seen")
+STEPS_LIMIT = Query(STEPS_PAGE, ge=1, le=MAX_LIMIT)
+WITH_PRUNED = Query(True, description="include pruned steps (shown greyed)")
+
+
 @router.get(
-    "/runs/{run_id}",
+    "/contexts/{context_id}/runs/{run_id}",
     response=responses({200: RunDetailOut}),
     summary="Get a run with the first page of its steps",
 )
-def run_get(request, run_id: RunId, steps_limit: int = Query(STEPS_PAGE, ge=1, le=MAX_LIMIT)):
-    require_scope(request, "read")
-    run = run_for(request, run_id)
-    return Status(200, {"run": run, "steps": steps_list(run=run, limit=steps_limit)})
+def context_run_get(request, context_id: ContextId, run_id: RunId, steps_limit: int = STEPS_LIMIT):
+    return Status(200, _run_get(request, run_id, steps_limit, context_id)[1])
 
 
 @router.get(
-    "/runs/{run_id}/steps", response=responses({200: StepPage}), summary="List a run's steps"
+    "/contexts/{context_id}/runs/{run_id}/steps",
+    response=responses({200: StepPage}),
+    summary="List a run's steps",
+)
+def context_step_list(
+    request,
+    context_id: ContextId,
+    run_id: RunId,
+    after: int | None = STEPS_AFTER,
+    limit: int = STEPS_LIMIT,
+    include_pruned: bool = WITH_PRUNED,
+):
+    page = {"after": after, "limit": limit, "include_pruned": include_pruned}
+    return Status(200, _step_list(request, run_id, context_id, **page)[1])
+
+
+@router.post(
+    "/contexts/{context_id}/runs/{run_id}/steps",
+    response=responses({200: StepsAppendOut, 201: StepsAppendOut}, WRITE_ERRORS),
+    summary="Append steps (with their tool calls) to a run, all or nothing",
+)
+def context_steps_append(request, context_id: ContextId, run_id: RunId, body: StepsIn):
+    """Positions follow the order sent. Steps with a known client id and the same content are
+    returned as stored (200 when all are repeats); different content is a 409."""
+    return _steps_append(request, run_id, body, context_id)[1]
+
+
+@router.post(
+    "/contexts/{context_id}/runs/{run_id}/finish",
+    response=responses({200: RunOut}, WRITE_ERRORS),
+    summary="Finish a run",
+)
+def context_run_finish(request, context_id: ContextId, run_id: RunId, body: RunFinishIn):
+    """Sets status, final answer and token totals (summed over the steps when not given)."""
+    return Status(200, _run_finish(request, run_id, body, context_id))
+
+
+@router.get(
+    "/contexts/{context_id}/steps/{step_id}",
+    response=responses({200: StepOut}),
+    summary="Get a step with its tool calls",
+)
+def context_step_get(request, context_id: ContextId, step_id: StepId):
+    return Status(200, _step_get(request, step_id, context_id))
+
+
+SUPERSEDED = " (by id alone; superseded by the route with its context)"
+
+
+@router.get(
+    "/runs/{run_id}",
+    response=responses({200: RunDetailOut}),
+    summary="Get a run with the first page of its steps" + SUPERSEDED,
+    deprecated=True,
+)
+def run_get(request, run_id: RunId, response: HttpResponse, steps_limit: int = STEPS_LIMIT):
+    run, answer = _run_get(request, run_id, steps_limit)
+    superseded(response, _successor(run, "runs"))
+    return Status(200, answer)
+
+
+@router.get(
+    "/runs/{run_id}/steps",
+    response=responses({200: StepPage}),
+    summary="List a run's steps" + SUPERSEDED,
+    deprecated=True,
 )
 def step_list(
     request,
     run_id: RunId,
-    after: int | None = Query(None, ge=0, le=2**31 - 1, description="cursor: last position seen"),
-    limit: int = Query(STEPS_PAGE, ge=1, le=MAX_LIMIT),
-    include_pruned: bool = Query(True, description="include pruned steps (shown greyed)"),
+    response: HttpResponse,
+    after: int | None = STEPS_AFTER,
+    limit: int = STEPS_LIMIT,
+    include_pruned: bool = WITH_PRUNED,
 ):
-    require_scope(request, "read")
-    run = run_for(request, run_id)
-    return Status(200, steps_list(run=run, after=after, limit=limit, include_pruned=include_pruned))
+    page = {"after": after, "limit": limit, "include_pruned": include_pruned}
+    run, answer = _step_list(request, run_id, None, **page)
+    superseded(response, _successor(run, "runs") + "/steps")
+    return Status(200, answer)
 
 
 @router.post(
     "/runs/{run_id}/steps",
     response=responses({200: StepsAppendOut, 201: StepsAppendOut}, WRITE_ERRORS),
-    summary="Append steps (with their tool calls) to a run, all or nothing",
+    summary="Append steps to a run" + SUPERSEDED,
+    deprecated=True,
 )
-def steps_append(request, run_id: RunId, body: StepsIn):
-    """Positions follow the order sent. Steps with a known client id and the same content are
-    returned as stored (200 when all are repeats); different content is a 409."""
-    require_scope(request, "write")
-    run = run_for(request, run_id)
-    result = runs_service.steps_append(run=run, items=[s.to_item() for s in body.steps])
-    steps = steps_by_ids(ids=[s.pk for s in result.steps])
-    return Status(201 if result.any_created else 200, {"steps": steps, "created": result.created})
+def steps_append(request, run_id: RunId, body: StepsIn, response: HttpResponse):
+    run, answer = _steps_append(request, run_id, body)
+    superseded(response, _successor(run, "runs") + "/steps")
+    return answer
 
 
 @router.post(
-    "/runs/{run_id}/finish", response=responses({200: RunOut}, WRITE_ERRORS), summary="Finish a run"
+    "/runs/{run_id}/finish",
+    response=responses({200: RunOut}, WRITE_ERRORS),
+    summary="Finish a run" + SUPERSEDED,
+    deprecated=True,
 )
-def run_finish(request, run_id: RunId, body: RunFinishIn):
-    """Sets status, final answer and token totals (summed over the steps when not given)."""
-    require_scope(request, "write")
-    run = run_for(request, run_id)
-    return Status(200, runs_service.run_finish(run=run, **body.model_dump()))
+def run_finish(request, run_id: RunId, body: RunFinishIn, response: HttpResponse):
+    run = _run_finish(request, run_id, body)
+    superseded(response, _successor(run, "runs") + "/finish")
+    return Status(200, run)
 
 
 @router.get(
-    "/steps/{step_id}", response=responses({200: StepOut}), summary="Get a step with its tool calls"
+    "/steps/{step_id}",
+    response=responses({200: StepOut}),
+    summary="Get a step with its tool calls" + SUPERSEDED,
+    deprecated=True,
 )
-def step_get(request, step_id: StepId):
-    require_scope(request, "read")
-    step = step_for(request, step_id)
-    full = step_with_tool_calls(step_id=step.pk)
-    if full is None:
-        raise not_found("step", step_id)
-    return Status(200, full)
+def step_get(request, step_id: StepId, response: HttpResponse):
+    step = _step_get(request, step_id)
+    superseded(response, _successor(step, "steps"))
+    return Status(200, step)

@@ -91,6 +91,14 @@ def _new_client_id() -> str:
     return str(uuid.uuid4())
 
 
+def _by_id(kind: str, item_id: int, context_id: int | None) -> str:
+    """The path of a message, run or step: under its context when the caller knows it (routed
+    to one shard on a distributed store), else by id alone (answered, marked superseded)."""
+    if context_id is None:
+        return f"{kind}/{item_id}"
+    return f"contexts/{context_id}/{kind}/{item_id}"
+
+
 def _with_client_id(item: dict[str, Any]) -> dict[str, Any]:
     """`item`, or a copy of it with a fresh client id when it has none (the server treats an empty
     one as none). A copy: the caller's dict is not changed."""
@@ -263,11 +271,12 @@ class MemoryClient:
     def list_messages(self, context_id: int, **params: Any) -> dict:
         return self.request("GET", f"contexts/{context_id}/messages", params=params)
 
-    def get_message(self, message_id: int) -> dict:
-        return self.request("GET", f"messages/{message_id}")
+    def get_message(self, message_id: int, *, context_id: int | None = None) -> dict:
+        return self.request("GET", _by_id("messages", message_id, context_id))
 
-    def edit_message(self, message_id: int, **changes: Any) -> dict:
-        return self.request("PATCH", f"messages/{message_id}", json_body=changes)
+    def edit_message(self, message_id: int, *, context_id: int | None = None, **changes) -> dict:
+        path = _by_id("messages", message_id, context_id)
+        return self.request("PATCH", path, json_body=changes)
 
     def prune_messages(self, context_id: int, ids: list[int], note: str = "") -> Any:
         return self.request(
@@ -286,25 +295,34 @@ class MemoryClient:
     def list_runs(self, context_id: int, **params: Any) -> dict:
         return self.request("GET", f"contexts/{context_id}/runs", params=params)
 
-    def get_run(self, run_id: int) -> dict:
-        return self.request("GET", f"runs/{run_id}")
+    def get_run(self, run_id: int, *, context_id: int | None = None) -> dict:
+        return self.request("GET", _by_id("runs", run_id, context_id))
 
-    def append_steps(self, run_id: int, steps: list[dict[str, Any]]) -> Any:
+    def append_steps(
+        self, run_id: int, steps: list[dict[str, Any]], *, context_id: int | None = None
+    ) -> Any:
         steps = [_with_client_id(s) for s in steps]
-        return self.request("POST", f"runs/{run_id}/steps", json_body={"steps": steps})
+        path = _by_id("runs", run_id, context_id) + "/steps"
+        return self.request("POST", path, json_body={"steps": steps})
 
-    def list_steps(self, run_id: int, **params: Any) -> Any:
-        return self.request("GET", f"runs/{run_id}/steps", params=params)
+    def list_steps(self, run_id: int, *, context_id: int | None = None, **params: Any) -> Any:
+        return self.request("GET", _by_id("runs", run_id, context_id) + "/steps", params=params)
 
-    def get_step(self, step_id: int) -> dict:
-        return self.request("GET", f"steps/{step_id}")
+    def get_step(self, step_id: int, *, context_id: int | None = None) -> dict:
+        return self.request("GET", _by_id("steps", step_id, context_id))
 
     def finish_run(
-        self, run_id: int, *, status: str, final_answer: Any = None, **tokens: Any
+        self,
+        run_id: int,
+        *,
+        status: str,
+        final_answer: Any = None,
+        context_id: int | None = None,
+        **tokens: Any,
     ) -> dict:
         return self.request(
             "POST",
-            f"runs/{run_id}/finish",
+            _by_id("runs", run_id, context_id) + "/finish",
             json_body={"status": status, "final_answer": final_answer, **tokens},
         )
 

@@ -99,7 +99,10 @@ class RunRecorder:
 
     def _finish(self, status: str, final_answer: Any = None) -> None:
         self.client.finish_run(
-            self.run_id, status=status, final_answer=_jsonable({"a": final_answer})["a"]
+            self.run_id,
+            status=status,
+            final_answer=_jsonable({"a": final_answer})["a"],
+            context_id=self.context_id,
         )
         self._finished = True
 

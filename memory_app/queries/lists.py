@@ -126,14 +126,20 @@ def steps_list(
     )
 
 
-def step_with_tool_calls(*, step_id: int, within: QuerySet | None = None) -> Step | None:
+def step_with_tool_calls(
+    *, step_id: int, within: QuerySet | None = None, context_id: int | None = None
+) -> Step | None:
     qs = Step.objects.all() if within is None else within
-    return _with_tool_calls(qs.filter(pk=step_id)).first()
+    if context_id is not None:
+        qs = qs.filter(context_id=context_id)
+    return _with_tool_calls(qs.filter(pk=step_id), context_id).first()
 
 
-def steps_by_ids(*, ids: list[int]) -> list[Step]:
-    """Steps in the order of `ids`, each with its tool calls (one query for all, not one each)."""
-    by_id = {s.pk: s for s in _with_tool_calls(Step.objects.filter(pk__in=ids))}
+def steps_by_ids(*, ids: list[int], context_id: int) -> list[Step]:
+    """Steps of one context in the order of `ids`, each with its tool calls (one query for all,
+    not one each)."""
+    steps = Step.objects.filter(context_id=context_id, pk__in=ids)
+    by_id = {s.pk: s for s in _with_tool_calls(steps, context_id)}
     return [by_id[i] for i in ids]
 
 

@@ -115,7 +115,7 @@ def search_messages(
     kw = {mid: (i, s) for i, (mid, s) in enumerate(keyword, start=1)}
     sem = {mid: (i, d) for i, (mid, d) in enumerate(semantic, start=1)}
     order = ranked_order(mode, keyword, semantic, kw=kw, sem=sem)[:k]
-    hits = _hits(order, kw=kw, sem=sem)
+    hits = _hits(order, context_id=context.pk, kw=kw, sem=sem)
     if mode in ("keyword", "hybrid"):
         notes += fulltext.truncation_notes([h.message for h in hits])
     return SearchResult(hits=hits, mode=mode, model=used_model, notes=notes)
@@ -138,11 +138,13 @@ def _checked_query(query: str, *, mode: str, k: Any, match: str | None) -> str:
 def _hits(
     order: list[tuple[int, float]],
     *,
+    context_id: int,
     kw: dict[int, tuple[int, float]],
     sem: dict[int, tuple[int, float]],
 ) -> list[Hit]:
-    """The ranked messages, each with where it stood in the keyword and the semantic ranking."""
-    messages = Message.objects.in_bulk([mid for mid, _ in order])
+    """The ranked messages, each with where it stood in the keyword and the semantic ranking.
+    Read by id within their context: on a distributed store, one shard."""
+    messages = Message.objects.filter(context_id=context_id).in_bulk([mid for mid, _ in order])
     hits = []
     for rank, (mid, score) in enumerate(order, start=1):
         hits.append(
