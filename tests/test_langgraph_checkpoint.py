@@ -5,8 +5,12 @@ runs with a step per super-step. Against pytest-django's threaded live server.""
 from __future__ import annotations
 
 import pytest
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.report import ProgressCallbacks
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.types import Command, interrupt
 
 from memory_app import auth
 from memory_app.client import MemoryClient
@@ -40,3 +44,202 @@ def test_conformance_suite_passes_every_capability_the_saver_has(client):
     assert report.passed_all_base()
     base = {"put", "put_writes", "get_tuple", "list", "delete_thread"}
     assert {c for c, r in report.results.items() if r.passed} == base
+
+
+# --- a real StateGraph: an agent node (a scripted chat model), a tool node, an approval -------
+
+
+def _scripted_agent(script: list[AIMessage], seen: list[list]):
+    """The agent node: answers the next scripted AI message, recording the history it saw."""
+
+    def agent(state: MessagesState):
+        seen.append([m.content for m in state["messages"]])
+        return {"messages": [script.pop(0)]}
+
+    return agent
+
+
+def _tools(state: MessagesState):
+    asked = next(m for m in reversed(state["messages"]) if isinstance(m, AIMessage))
+    call = asked.tool_calls[0]
+    forecast = {"Paris": "sunny, 21°C", "Lyon": "rain, 14°C"}[call["args"]["city"]]
+    return {"messages": [ToolMessage(forecast, tool_call_id=call["id"], name=call["name"])]}
+
+
+def _route(state: MessagesState):
+    return "tools" if state["messages"][-1].tool_calls else END
+
+
+def _ask(city: str, call_id: str) -> AIMessage:
+    return AIMessage(
+        "",
+        tool_calls=[{"id": call_id, "name": "weather", "args": {"unit": "C", "city": city}}],
+        usage_metadata={"input_tokens": 30, "output_tokens": 7, "total_tokens": 37},
+        response_metadata={"model_name": "gpt-4o-mini"},
+    )
+
+
+def _say(text: str) -> AIMessage:
+    return AIMessage(
+        text,
+        usage_metadata={"input_tokens": 50, "output_tokens": 5, "total_tokens": 55},
+        response_metadata={"model_name": "gpt-4o-mini"},
+    )
+
+
+def _approve(state: MessagesState):
+    answer = interrupt({"question": "call the tool?"})
+    return {"messages": [HumanMessage(f"approved: {answer}")]}
+
+
+def _graph(checkpointer, script, seen, *, approval: bool = False):
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", _scripted_agent(script, seen))
+    builder.add_node("tools", _tools)
+    builder.add_edge(START, "agent")
+    if approval:
+        builder.add_node("approve", _approve)
+        builder.add_conditional_edges("agent", _route, {"tools": "approve", END: END})
+        builder.add_edge("approve", "tools")
+    else:
+        builder.add_conditional_edges("agent", _route, ["tools", END])
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=checkpointer)
+
+
+def _script():
+    return [_ask("Paris", "call-1"), _say("Sunny in Paris."), _ask("Lyon", "call-2"), _say("Rain.")]
+
+
+def _contents(state) -> list:
+    return [(m.type, m.content) for m in state["messages"]]
+
+
+def _steps(client, run_id) -> list[dict]:
+    return client.list_steps(run_id, limit=100)["items"]
+
+
+def test_a_graph_on_a_thread_resumes_and_its_invocations_are_runs(client):
+    saver = AgentMemorySaver(client, keys={"app": "weather"})
+    thread = {"configurable": {"thread_id": "chat-1"}}
+    seen, here_seen = [], []
+    graph = _graph(saver, _script(), seen)
+    reference = _graph(InMemorySaver(), _script(), here_seen)
+
+    for question in ("Weather in Paris?", "And Lyon?"):
+        got = graph.invoke({"messages": [HumanMessage(question)]}, thread)
+        expected = reference.invoke({"messages": [HumanMessage(question)]}, thread)
+        assert _contents(got) == _contents(expected)
+    # The second invocation started from the stored state: the model saw the first exchange.
+    assert seen == here_seen
+    assert seen[2][:4] == ["Weather in Paris?", "", "sunny, 21°C", "Sunny in Paris."]
+    state = graph.get_state(thread)
+    assert _contents(state.values) == _contents(reference.get_state(thread).values)
+    assert len(list(graph.get_state_history(thread))) == len(
+        list(reference.get_state_history(thread))
+    )
+
+    ctx = client.list_contexts(keys={"app": "weather", "langgraph_thread": "chat-1"})["items"]
+    assert len(ctx) == 1
+    runs = sorted(client.list_runs(ctx[0]["id"])["items"], key=lambda r: r["id"])
+    assert [(r["task"], r["status"], r["framework"]) for r in runs] == [
+        ("Weather in Paris?", "success", "langgraph"),
+        ("And Lyon?", "success", "langgraph"),
+    ]
+    first = client.get_run(runs[0]["id"])["run"]
+    assert first["final_answer"] == "Sunny in Paris."
+    steps = _steps(client, runs[0]["id"])
+    # One step per super-step: the input, the model, the tool, the model.
+    assert [s["payload"]["langgraph"]["nodes"] for s in steps] == [
+        ["__start__"],
+        ["agent"],
+        ["tools"],
+        ["agent"],
+    ]
+    assert [s["step_number"] for s in steps] == [0, 1, 2, 3]
+    call = steps[1]["tool_calls"][0]
+    assert (call["call_id"], call["name"], call["output"]) == ("call-1", "weather", "sunny, 21°C")
+    assert call["arguments"] == {"unit": "C", "city": "Paris"}
+    assert (steps[1]["model"], steps[1]["input_tokens"], steps[1]["total_tokens"]) == (
+        "gpt-4o-mini",
+        30,
+        37,
+    )
+    assert steps[3]["model_output"] == "Sunny in Paris."
+    # Each step names the checkpoint it started from and the one it made, as LangGraph's config.
+    history = {s.config["configurable"]["checkpoint_id"] for s in graph.get_state_history(thread)}
+    for step in steps:
+        for name in ("checkpoint", "parent_checkpoint"):
+            conf = step["payload"]["langgraph"][name]["configurable"]
+            assert conf["thread_id"] == "chat-1" and conf["checkpoint_ns"] == ""
+            assert conf["checkpoint_id"] in history
+
+
+def test_an_interrupt_waits_in_a_running_run_and_resumes_in_it(client):
+    saver = AgentMemorySaver(client, keys={"app": "approval"})
+    thread = {"configurable": {"thread_id": "chat-2"}}
+    graph = _graph(saver, _script(), [], approval=True)
+
+    paused = graph.invoke({"messages": [HumanMessage("Weather in Paris?")]}, thread)
+    assert paused["__interrupt__"][0].value == {"question": "call the tool?"}
+    ctx = client.list_contexts(keys={"app": "approval", "langgraph_thread": "chat-2"})["items"][0]
+    (run,) = client.list_runs(ctx["id"])["items"]
+    assert run["status"] == "running"
+    assert graph.get_state(thread).next == ("approve",)
+
+    done = graph.invoke(Command(resume="yes"), thread)
+    assert _contents(done)[-1] == ("ai", "Sunny in Paris.")
+    (run,) = client.list_runs(ctx["id"])["items"]
+    assert run["status"] == "success"
+    nodes = [s["payload"]["langgraph"]["nodes"] for s in _steps(client, run["id"])]
+    assert nodes == [["__start__"], ["agent"], ["approve"], ["tools"], ["agent"]]
+    approve = {
+        w["channel"]: w["value"] for w in _steps(client, run["id"])[2]["action_output"]["writes"]
+    }
+    # The step shows the question it stopped on and what the node wrote once resumed.
+    assert approve["__interrupt__"][0]["interrupt"] == {"question": "call the tool?"}
+    assert approve["messages"]["messages"][0]["content"] == "approved: yes"
+
+
+def test_forking_from_a_steps_checkpoint_replays_from_there_as_a_new_run(client):
+    saver = AgentMemorySaver(client, keys={"app": "fork"})
+    thread = {"configurable": {"thread_id": "chat-3"}}
+    script = [_ask("Paris", "call-1"), _say("Sunny in Paris."), _say("Forked: sunny.")]
+    graph = _graph(saver, script, [])
+    graph.invoke({"messages": [HumanMessage("Weather in Paris?")]}, thread)
+    ctx = client.list_contexts(keys={"app": "fork", "langgraph_thread": "chat-3"})["items"][0]
+    (run,) = client.list_runs(ctx["id"])["items"]
+    tool_step = _steps(client, run["id"])[2]
+    assert tool_step["payload"]["langgraph"]["nodes"] == ["tools"]
+
+    # The step's starting checkpoint, as the logbook offers it: the tool runs again from there.
+    fork = tool_step["payload"]["langgraph"]["parent_checkpoint"]
+    out = graph.invoke(None, fork)
+    assert _contents(out)[-2:] == [("tool", "sunny, 21°C"), ("ai", "Forked: sunny.")]
+    runs = sorted(client.list_runs(ctx["id"])["items"], key=lambda r: r["id"])
+    assert [r["status"] for r in runs] == ["success", "success"]
+    forked = client.get_run(runs[1]["id"])["run"]
+    assert forked["task"] == "Weather in Paris?"
+    assert forked["metadata"]["forked_from"] == {"run_id": run["id"], "checkpoint": fork}
+    assert forked["final_answer"] == "Forked: sunny."
+    assert [s["payload"]["langgraph"]["nodes"] for s in _steps(client, forked["id"])] == [
+        ["tools"],
+        ["agent"],
+    ]
+
+
+def test_the_async_graph_api_goes_through_the_same_saver(client):
+    saver = AgentMemorySaver(client, keys={"app": "async"})
+    thread = {"configurable": {"thread_id": "chat-4"}}
+    graph = _graph(saver, _script(), [])
+
+    async def go():
+        first = await graph.ainvoke({"messages": [HumanMessage("Weather in Paris?")]}, thread)
+        state = await graph.aget_state(thread)
+        return first, state
+
+    first, state = run_coroutine(go())
+    assert _contents(first) == _contents(state.values)
+    assert _contents(first)[-1] == ("ai", "Sunny in Paris.")
+    run_coroutine(saver.adelete_thread("chat-4"))
+    assert graph.get_state(thread).values == {}

@@ -63,6 +63,16 @@ def _usage(messages: list[dict[str, Any]], name: str) -> int | None:
     return sum(values) if values else None
 
 
+def tool_outputs(writes: list[dict[str, Any]]) -> dict[str, str]:
+    """The text of each tool message written, by the id of the tool call it answers."""
+    return {
+        str(m["tool_call_id"]): _text(m.get("content"))
+        for w in writes
+        for m in messages_of(w["summary"])
+        if m.get("type") == "tool" and m.get("tool_call_id")
+    }
+
+
 def superstep_item(
     *,
     writes: list[dict[str, Any]],
@@ -77,7 +87,6 @@ def superstep_item(
     nodes: list[str] = []
     written: list[dict[str, Any]] = []
     ai: list[dict[str, Any]] = []
-    tool_outputs: dict[str, str] = {}
     lines: list[str] = []
     for w in writes:
         channel = w["channel"]
@@ -89,17 +98,14 @@ def superstep_item(
         value = _shown(w["summary"])
         written.append({"node": node, "channel": channel, "value": value})
         lines.append(f"{node} → {channel}: {json.dumps(value, ensure_ascii=False)}")
-        for m in messages_of(w["summary"]):
-            if m.get("type") == "ai":
-                ai.append(m)
-            elif m.get("type") == "tool" and m.get("tool_call_id"):
-                tool_outputs[str(m["tool_call_id"])] = _text(m.get("content"))
+        ai.extend(m for m in messages_of(w["summary"]) if m.get("type") == "ai")
+    answers = tool_outputs(writes)
     tool_calls = [
         {
             "call_id": str(call.get("id") or ""),
             "name": str(call.get("name") or "tool"),
             "arguments": call.get("args"),
-            "output": tool_outputs.get(str(call.get("id") or "")),
+            "output": answers.get(str(call.get("id") or "")),
         }
         for m in ai
         for call in m.get("tool_calls") or []

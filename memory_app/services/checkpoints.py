@@ -4,7 +4,8 @@ values it brings, put a task's pending writes, delete a thread's checkpoints.
 An invocation is a run of the context, written through `services.runs`: an input checkpoint
 (`source` "input") opens it, each later checkpoint of the root namespace makes the super-step
 that led to it one step (from the pending writes of its parent), and a checkpoint after which
-no task runs finishes it; a task's error write fails it. A resumed interrupt continues its run.
+no task runs finishes it; a task's error write fails it. A resumed interrupt continues its run;
+going on from a checkpoint of a finished run (a fork, a replay, a retry) opens a new one.
 A checkpoint put again (same id) is replaced, as LangGraph's savers do, and makes no second run
 or step: runs and steps carry client ids named after the checkpoint.
 """
@@ -16,8 +17,16 @@ from typing import Any
 
 from django.db import transaction
 
-from memory_app.interop.langgraph import ERROR, error_item, superstep_item
-from memory_app.models import Checkpoint, CheckpointBlob, CheckpointWrite, Context, Run, RunStatus
+from memory_app.interop.langgraph import ERROR, error_item, superstep_item, tool_outputs
+from memory_app.models import (
+    Checkpoint,
+    CheckpointBlob,
+    CheckpointWrite,
+    Context,
+    Run,
+    RunStatus,
+    ToolCall,
+)
 from memory_app.services import runs as runs_service
 
 FRAMEWORK = "langgraph"
@@ -130,6 +139,8 @@ def _logbook(
         )
     elif parent is not None and parent.run_id is not None:
         run = Run.objects.filter(context_id=context.pk, pk=parent.run_id).first()
+        if run is not None and source in ("loop", "fork") and run.status != RunStatus.RUNNING:
+            run = _forked(context=context, run=run, row=row, parent=parent, ts=ts)
     else:
         return None
     if run is None:
@@ -155,11 +166,40 @@ def _logbook(
             end_time=ts,
         )
         runs_service.steps_append(run=run, items=[item])
+        # A tool's answer comes a super-step after the call that asked for it.
+        for call_id, text in tool_outputs(writes).items():
+            ToolCall.objects.filter(
+                context_id=context.pk,
+                step__context_id=context.pk,
+                step__run_id=run.pk,
+                call_id=call_id,
+                output__isnull=True,
+            ).update(output=text)
     if finished and run.status == RunStatus.RUNNING:
         runs_service.run_finish(
             run=run, status=RunStatus.SUCCESS, final_answer=answer, finished_at=_moment(ts)
         )
     return run.pk
+
+
+def _forked(*, context: Context, run: Run, row: Checkpoint, parent: Checkpoint, ts) -> Run:
+    """Going on from a checkpoint of a finished invocation (a fork, a replay, a retry after an
+    error) is an invocation of its own: a new run, with the task of the one it forks."""
+    forked, _ = runs_service.run_create(
+        context=context,
+        client_id=f"langgraph:{row.checkpoint_id}",
+        task=run.task,
+        framework=FRAMEWORK,
+        metadata={
+            "langgraph": config_of(context.keys, "", row.checkpoint_id),
+            "forked_from": {
+                "run_id": run.pk,
+                "checkpoint": config_of(context.keys, "", parent.checkpoint_id),
+            },
+        },
+        started_at=_moment(parent.ts),
+    )
+    return forked
 
 
 def writes_put(
