@@ -4,7 +4,11 @@ runs with a step per super-step. Against pytest-django's threaded live server.""
 
 from __future__ import annotations
 
+import html
+
 import pytest
+from django.test import Client
+from django.urls import reverse
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.report import ProgressCallbacks
@@ -15,7 +19,9 @@ from langgraph.types import Command, interrupt
 from memory_app import auth
 from memory_app.client import MemoryClient
 from memory_app.client.langgraph_checkpoint import AgentMemorySaver
+from memory_app.rendering import pretty_json
 from tests.aio import run_coroutine
+from tests.builders import make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -201,19 +207,32 @@ def test_an_interrupt_waits_in_a_running_run_and_resumes_in_it(client):
     assert approve["messages"]["messages"][0]["content"] == "approved: yes"
 
 
+THREAD_HTML = 'chat-3 <b onclick="x()">&amp;</b>'
+
+
 def test_forking_from_a_steps_checkpoint_replays_from_there_as_a_new_run(client):
     saver = AgentMemorySaver(client, keys={"app": "fork"})
-    thread = {"configurable": {"thread_id": "chat-3"}}
+    thread = {"configurable": {"thread_id": THREAD_HTML}}
     script = [_ask("Paris", "call-1"), _say("Sunny in Paris."), _say("Forked: sunny.")]
     graph = _graph(saver, script, [])
     graph.invoke({"messages": [HumanMessage("Weather in Paris?")]}, thread)
-    ctx = client.list_contexts(keys={"app": "fork", "langgraph_thread": "chat-3"})["items"][0]
+    ctx = client.list_contexts(keys={"app": "fork", "langgraph_thread": THREAD_HTML})["items"][0]
     (run,) = client.list_runs(ctx["id"])["items"]
     tool_step = _steps(client, run["id"])[2]
     assert tool_step["payload"]["langgraph"]["nodes"] == ["tools"]
 
-    # The step's starting checkpoint, as the logbook offers it: the tool runs again from there.
+    # The step's starting checkpoint, as the logbook offers it (escaped, with a copy button):
+    # the tool runs again from there.
     fork = tool_step["payload"]["langgraph"]["parent_checkpoint"]
+    assert fork["configurable"]["thread_id"] == THREAD_HTML
+    viewer = Client()
+    viewer.force_login(make_user(role="viewer"))
+    page = viewer.get(reverse("run-step", args=[run["id"], 3])).content.decode()
+    assert "Fork from this step" in page
+    shown = html.escape(pretty_json(fork))
+    assert f'<pre class="json" id="fork-{tool_step["id"]}">{shown}</pre>' in page
+    assert f'data-copy="#fork-{tool_step["id"]}"' in page
+    assert THREAD_HTML not in page
     out = graph.invoke(None, fork)
     assert _contents(out)[-2:] == [("tool", "sunny, 21°C"), ("ai", "Forked: sunny.")]
     runs = sorted(client.list_runs(ctx["id"])["items"], key=lambda r: r["id"])
