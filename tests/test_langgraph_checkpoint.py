@@ -10,6 +10,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langgraph.checkpoint.base import copy_checkpoint
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.report import ProgressCallbacks
 from langgraph.checkpoint.memory import InMemorySaver
@@ -17,8 +18,9 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.types import Command, interrupt
 
 from memory_app import auth
-from memory_app.client import MemoryClient
+from memory_app.client import ApiError, MemoryClient
 from memory_app.client.langgraph_checkpoint import AgentMemorySaver
+from memory_app.models import Checkpoint, Context
 from memory_app.rendering import pretty_json
 from tests.aio import run_coroutine
 from tests.builders import make_user
@@ -262,3 +264,171 @@ def test_the_async_graph_api_goes_through_the_same_saver(client):
     assert _contents(first)[-1] == ("ai", "Sunny in Paris.")
     run_coroutine(saver.adelete_thread("chat-4"))
     assert graph.get_state(thread).values == {}
+
+
+def test_a_node_that_raises_fails_its_run_and_a_retry_is_a_new_run(client):
+    saver = AgentMemorySaver(client, keys={"app": "errors"})
+    thread = {"configurable": {"thread_id": "chat-5"}}
+    broken = {"down": True}
+
+    def tools(state: MessagesState):
+        if broken["down"]:
+            raise ConnectionError("weather service <down>")
+        return _tools(state)
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", _scripted_agent(_script(), []))
+    builder.add_node("tools", tools)
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", _route, ["tools", END])
+    builder.add_edge("tools", "agent")
+    graph = builder.compile(checkpointer=saver)
+
+    with pytest.raises(ConnectionError):
+        graph.invoke({"messages": [HumanMessage("Weather in Paris?")]}, thread)
+    ctx = client.list_contexts(keys={"app": "errors", "langgraph_thread": "chat-5"})["items"][0]
+    (failed,) = client.list_runs(ctx["id"])["items"]
+    assert failed["status"] == "failed"
+    last = _steps(client, failed["id"])[-1]
+    assert last["error_type"] == "LangGraphError"
+    assert "weather service <down>" in last["error_message"]
+    assert last["payload"]["langgraph"]["nodes"] == ["tools"]
+
+    broken["down"] = False
+    out = graph.invoke(None, thread)
+    assert _contents(out)[-1] == ("ai", "Sunny in Paris.")
+    runs = sorted(client.list_runs(ctx["id"])["items"], key=lambda r: r["id"])
+    assert [r["status"] for r in runs] == ["failed", "success"]
+    assert [s["payload"]["langgraph"]["nodes"] for s in _steps(client, runs[1]["id"])] == [
+        ["tools"],
+        ["agent"],
+    ]
+
+
+def _put_body(**changes):
+    body = {
+        "keys": {"user": "ada", "langgraph_thread": "t"},
+        "checkpoint_id": "1",
+        "checkpoint": {"type": "msgpack", "data": "gA=="},
+        "metadata": {"source": "input", "step": -1},
+        "metadata_typed": {"type": "msgpack", "data": "gA=="},
+    }
+    return {**body, **changes}
+
+
+def test_bad_input_is_a_4xx_and_writes_nothing(live_server):
+    writer = auth.apikey_create(name="w", scopes=("read", "write"))
+    with MemoryClient(live_server.url, writer.secret, retries=0) as mc:
+        for bad in (
+            {"checkpoint": {"type": "msgpack", "data": "not base64!"}},
+            {"checkpoint_id": ""},
+            {"metadata": {"x": "\u0000"}},
+            {"blobs": [{"channel": "c", "version": "1", "value": {"type": "", "data": ""}}]},
+        ):
+            with pytest.raises(ApiError) as err:
+                mc.request("POST", "checkpoints", json_body=_put_body(**bad))
+            assert err.value.status in (400, 422), bad
+        with pytest.raises(ApiError) as err:
+            mc.request("GET", "checkpoints", params={"keys": "[1]"})
+        assert err.value.status == 422
+    assert Checkpoint.objects.count() == 0 and Context.objects.count() == 0
+
+
+def test_keys_scope_and_confinement_hold_for_threads(live_server):
+    reader = auth.apikey_create(name="r", scopes=("read",))
+    confined = auth.apikey_create(name="c", scopes=("read", "write"), context_keys={"user": "bob"})
+    writer = auth.apikey_create(name="w", scopes=("read", "write"))
+    with MemoryClient(live_server.url, writer.secret, retries=0) as mc:
+        saver = AgentMemorySaver(mc, keys={"user": "ada"})
+        graph = _graph(saver, _script(), [])
+        graph.invoke({"messages": [HumanMessage("Weather in Paris?")]}, _thread("t"))
+    with MemoryClient(live_server.url, reader.secret, retries=0) as mc:
+        saver = AgentMemorySaver(mc, keys={"user": "ada"})
+        assert saver.get_tuple(_thread("t")) is not None
+        with pytest.raises(ApiError) as err:
+            saver.delete_thread("t")
+        assert err.value.status == 403
+        with pytest.raises(ApiError) as err:
+            _graph(saver, _script(), []).invoke({"messages": [HumanMessage("?")]}, _thread("u"))
+        assert err.value.status == 403
+    with MemoryClient(live_server.url, confined.secret, retries=0) as mc:
+        # Ada's thread is outside the key's contexts: it does not exist for it.
+        outsider = AgentMemorySaver(mc, keys={"user": "ada"})
+        assert outsider.get_tuple(_thread("t")) is None
+        assert list(outsider.list(_thread("t"))) == []
+        outsider.delete_thread("t")
+        with pytest.raises(ApiError) as err:
+            _graph(outsider, _script(), []).invoke({"messages": [HumanMessage("?")]}, _thread("t"))
+        assert err.value.status == 403
+    with MemoryClient(live_server.url, writer.secret, retries=0) as mc:
+        assert AgentMemorySaver(mc, keys={"user": "ada"}).get_tuple(_thread("t")) is not None
+
+
+def _thread(thread_id: str) -> dict:
+    return {"configurable": {"thread_id": thread_id}}
+
+
+class _Recorder(InMemorySaver):
+    """Keeps every put and put_writes LangGraph makes, to send them again in another order."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def put(self, config, checkpoint, metadata, new_versions):
+        conf = {k: v for k, v in config["configurable"].items() if not k.startswith("__")}
+        saved = (dict(conf), copy_checkpoint(checkpoint), dict(metadata), dict(new_versions))
+        self.calls.append(("put", *saved))
+        return super().put(config, checkpoint, metadata, new_versions)
+
+    def put_writes(self, config, writes, task_id, task_path=""):
+        conf = {k: v for k, v in config["configurable"].items() if not k.startswith("__")}
+        self.calls.append(("put_writes", dict(conf), list(writes), task_id, task_path))
+        return super().put_writes(config, writes, task_id, task_path)
+
+
+def _replay(saver: AgentMemorySaver, calls: list[tuple], thread_id: str) -> None:
+    for name, conf, *rest in calls:
+        config = {"configurable": {**conf, "thread_id": thread_id}}
+        if name == "put":
+            saver.put(config, *rest)
+        else:
+            saver.put_writes(config, *rest)
+
+
+def _logbook(client, keys: dict) -> list:
+    ctx = client.list_contexts(keys=keys)["items"][0]
+    out = []
+    for run in sorted(client.list_runs(ctx["id"])["items"], key=lambda r: r["id"]):
+        detail = client.get_run(run["id"])["run"]
+        steps = [
+            {k: v for k, v in s.items() if k not in ("id", "run_id", "created_at", "payload")}
+            | {"nodes": s["payload"]["langgraph"]["nodes"]}
+            | {"tool_calls": [{k: v for k, v in c.items() if k != "id"} for c in s["tool_calls"]]}
+            for s in _steps(client, run["id"])
+        ]
+        out.append((detail["status"], detail["final_answer"], detail["total_tokens"], steps))
+    return out
+
+
+def test_writes_and_checkpoints_arriving_in_any_order_make_the_same_logbook(client):
+    # LangGraph saves them from a thread pool: the next checkpoint may come before the writes of
+    # the super-step that led to it.
+    recorder = _Recorder()
+    thread = {"configurable": {"thread_id": "rec"}}
+    _graph(recorder, _script(), []).invoke(
+        {"messages": [HumanMessage("Weather in Paris?")]}, thread
+    )
+    calls = recorder.calls
+    saver = AgentMemorySaver(client, keys={"app": "order"})
+    _replay(saver, calls, "in-order")
+    _replay(
+        saver, [c for c in calls if c[0] == "put"] + [c for c in calls if c[0] != "put"], "late"
+    )
+    in_order = _logbook(client, {"app": "order", "langgraph_thread": "in-order"})
+    late = _logbook(client, {"app": "order", "langgraph_thread": "late"})
+    assert in_order == late
+    ((status, answer, tokens, steps),) = in_order
+    assert (status, answer, tokens) == ("success", "Sunny in Paris.", 37 + 55)
+    assert [s["nodes"] for s in steps] == [["__start__"], ["agent"], ["tools"], ["agent"]]
+    assert steps[1]["tool_calls"][0]["output"] == "sunny, 21°C"

@@ -9,7 +9,7 @@ from typing import Annotated
 from ninja import Schema
 from pydantic import BeforeValidator, Field, PlainSerializer
 
-from memory_app.schemas.fields import JsonObject, JsonValue, Seconds, Short, Text
+from memory_app.schemas.fields import JsonObject, JsonValue, Seconds, Short, Text, _examples
 
 MAX_BLOBS = 1000
 MAX_WRITES = 1000
@@ -32,6 +32,10 @@ Bytes64 = Annotated[
     PlainSerializer(lambda b: base64.b64encode(bytes(b)).decode("ascii"), return_type=str),
 ]
 Namespace = Short(500)
+KEYS = {"user": "ada", "langgraph_thread": "42"}
+CHECKPOINT_ID = "1f0e8c9a-3b7d-6c1e-8001-9a2b3c4d5e6f"
+# msgpack of an empty map: what a serializer writes is opaque to the server.
+TYPED = {"type": "msgpack", "data": "gA=="}
 CheckpointIdText = Annotated[Short(200), Field(min_length=1)]
 
 
@@ -49,6 +53,22 @@ class BlobIn(Schema):
 
 
 class CheckpointPutIn(Schema):
+    model_config = _examples(
+        {
+            "keys": KEYS,
+            "checkpoint_ns": "",
+            "checkpoint_id": CHECKPOINT_ID,
+            "parent_checkpoint_id": None,
+            "checkpoint": TYPED,
+            "channel_versions": {"__start__": 1},
+            "metadata": {"source": "input", "step": -1, "parents": {}},
+            "metadata_typed": TYPED,
+            "blobs": [{"channel": "__start__", "version": "1", "value": TYPED}],
+            "ts": 1767225600.0,
+            "task": "What's the weather in Paris?",
+            "finished": False,
+        }
+    )
     keys: JsonObject = Field(description="the thread's context keys")
     checkpoint_ns: Namespace = ""
     checkpoint_id: CheckpointIdText
@@ -74,6 +94,16 @@ class WriteIn(Schema):
 
 
 class WritesPutIn(Schema):
+    model_config = _examples(
+        {
+            "keys": KEYS,
+            "checkpoint_ns": "",
+            "checkpoint_id": CHECKPOINT_ID,
+            "task_id": "b20bcd16-40cb-8ecb-093f-eb76ebb8dc32",
+            "task_path": "~__pregel_pull, agent",
+            "writes": [{"idx": 0, "channel": "count", "value": TYPED, "summary": {"value": 1}}],
+        }
+    )
     keys: JsonObject
     checkpoint_ns: Namespace = ""
     checkpoint_id: CheckpointIdText
@@ -83,6 +113,9 @@ class WritesPutIn(Schema):
 
 
 class ConfigOut(Schema):
+    model_config = _examples(
+        {"thread_keys": KEYS, "checkpoint_ns": "", "checkpoint_id": CHECKPOINT_ID}
+    )
     thread_keys: dict
     checkpoint_ns: str
     checkpoint_id: str
@@ -111,12 +144,30 @@ class CheckpointOut(Schema):
 
 
 class CheckpointPage(Schema):
+    model_config = _examples(
+        {
+            "items": [
+                {
+                    "checkpoint_ns": "",
+                    "checkpoint_id": CHECKPOINT_ID,
+                    "parent_checkpoint_id": None,
+                    "checkpoint": TYPED,
+                    "metadata": TYPED,
+                    "blobs": [{"channel": "__start__", "value": TYPED}],
+                    "writes": [{"task_id": "b20bcd16", "channel": "count", "value": TYPED}],
+                    "run_id": 3,
+                }
+            ]
+        }
+    )
     items: list[CheckpointOut]
 
 
 class WrittenOut(Schema):
+    model_config = _examples({"written": 1})
     written: int
 
 
 class DeletedOut(Schema):
+    model_config = _examples({"deleted": 4})
     deleted: int

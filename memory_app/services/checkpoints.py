@@ -108,6 +108,16 @@ def checkpoint_put(
             row.save(force_insert=True)
         else:
             row.save()
+        if stored is None and checkpoint_ns == "":
+            # LangGraph saves writes and checkpoints from a thread pool: a task's error may
+            # arrive before the checkpoint it ran from.
+            early = list(
+                CheckpointWrite.objects.filter(
+                    context_id=context.pk, checkpoint_ns="", checkpoint_id=checkpoint_id
+                )
+            )
+            for task_id in dict.fromkeys(w.task_id for w in early if w.channel == ERROR):
+                _failed(context=context, checkpoint=row, task_id=task_id, rows=early)
     return row
 
 
@@ -146,40 +156,87 @@ def _logbook(
     if run is None:
         return None
     if source == "loop" and parent is not None:
-        writes = list(
-            CheckpointWrite.objects.filter(
-                context_id=context.pk, checkpoint_ns="", checkpoint_id=parent.checkpoint_id
-            )
-            .order_by("task_path", "task_id", "idx")
-            .values("task_path", "channel", "summary")
-        )
-        step = row.metadata.get("step")
-        item = superstep_item(
-            writes=writes,
-            step=step if isinstance(step, int) else None,
-            client_id=f"langgraph:{row.checkpoint_id}",
-            payload={
-                "checkpoint": config_of(thread_keys, "", row.checkpoint_id),
-                "parent_checkpoint": config_of(thread_keys, "", parent.checkpoint_id),
-            },
-            start_time=parent.ts,
-            end_time=ts,
-        )
-        runs_service.steps_append(run=run, items=[item])
-        # A tool's answer comes a super-step after the call that asked for it.
-        for call_id, text in tool_outputs(writes).items():
-            ToolCall.objects.filter(
-                context_id=context.pk,
-                step__context_id=context.pk,
-                step__run_id=run.pk,
-                call_id=call_id,
-                output__isnull=True,
-            ).update(output=text)
+        runs_service.steps_append(run=run, items=[_superstep(context, parent=parent, child=row)])
+        _answer_tool_calls(context, run, parent)
     if finished and run.status == RunStatus.RUNNING:
         runs_service.run_finish(
             run=run, status=RunStatus.SUCCESS, final_answer=answer, finished_at=_moment(ts)
         )
     return run.pk
+
+
+def _superstep(context: Context, *, parent: Checkpoint, child: Checkpoint) -> dict[str, Any]:
+    """The step of the super-step from `parent` to `child`: the pending writes on `parent`."""
+    step = child.metadata.get("step")
+    return superstep_item(
+        writes=_writes_on(context, parent.checkpoint_id),
+        step=step if isinstance(step, int) else None,
+        client_id=f"langgraph:{child.checkpoint_id}",
+        payload={
+            "checkpoint": config_of(context.keys, "", child.checkpoint_id),
+            "parent_checkpoint": config_of(context.keys, "", parent.checkpoint_id),
+        },
+        start_time=parent.ts,
+        end_time=child.ts,
+    )
+
+
+def _writes_on(context: Context, checkpoint_id: str) -> list[dict[str, Any]]:
+    return list(
+        CheckpointWrite.objects.filter(
+            context_id=context.pk, checkpoint_ns="", checkpoint_id=checkpoint_id
+        )
+        .order_by("task_path", "task_id", "idx")
+        .values("task_path", "channel", "summary")
+    )
+
+
+def _answer_tool_calls(context: Context, run: Run, parent: Checkpoint) -> None:
+    """A tool's answer comes a super-step after the call that asked for it."""
+    for call_id, text in tool_outputs(_writes_on(context, parent.checkpoint_id)).items():
+        ToolCall.objects.filter(
+            context_id=context.pk,
+            step__context_id=context.pk,
+            step__run_id=run.pk,
+            call_id=call_id,
+            output__isnull=True,
+        ).update(output=text)
+
+
+def _late_writes(context: Context, checkpoint_id: str) -> None:
+    """Writes on a checkpoint whose next checkpoint is already stored (they are saved from a
+    thread pool, in no set order): the super-step's step is written again with them."""
+    child = (
+        Checkpoint.objects.filter(
+            context_id=context.pk,
+            checkpoint_ns="",
+            parent_checkpoint_id=checkpoint_id,
+            metadata__source="loop",
+            run_id__isnull=False,
+        )
+        .order_by("checkpoint_id")
+        .first()
+    )
+    parent = Checkpoint.objects.filter(
+        context_id=context.pk, checkpoint_ns="", checkpoint_id=checkpoint_id
+    ).first()
+    if child is None or parent is None:
+        return
+    run = Run.objects.filter(context_id=context.pk, pk=child.run_id).first()
+    if run is None:
+        return
+    item = _superstep(context, parent=parent, child=child)
+    if runs_service.step_replace(run=run, client_id=item["client_id"], item=item) is None:
+        return
+    _answer_tool_calls(context, run, parent)
+    if run.status != RunStatus.RUNNING:
+        # Its token totals are the sums over its steps, one of which changed.
+        runs_service.run_finish(
+            run=run,
+            status=run.status,
+            final_answer=run.final_answer,
+            finished_at=run.finished_at,
+        )
 
 
 def _forked(*, context: Context, run: Run, row: Checkpoint, parent: Checkpoint, ts) -> Run:
@@ -239,30 +296,38 @@ def writes_put(
             )
         else:
             CheckpointWrite.objects.bulk_create(rows, ignore_conflicts=True)
-        if checkpoint_ns == "" and any(r.channel == ERROR for r in rows):
-            _failed(context=context, checkpoint_id=checkpoint_id, task_id=task_id, rows=rows)
+        if checkpoint_ns == "":
+            cp = Checkpoint.objects.filter(
+                context_id=context.pk, checkpoint_ns="", checkpoint_id=checkpoint_id
+            ).first()
+            if cp is not None and any(r.channel == ERROR for r in rows):
+                _failed(context=context, checkpoint=cp, task_id=task_id, rows=rows)
+            _late_writes(context, checkpoint_id)
     return len(rows)
 
 
-def _failed(*, context: Context, checkpoint_id: str, task_id: str, rows) -> None:
-    """A task raised: its run gets the error as a step and fails."""
-    cp = Checkpoint.objects.filter(
-        context_id=context.pk, checkpoint_ns="", checkpoint_id=checkpoint_id
-    ).first()
-    if cp is None or cp.run_id is None:
+def _failed(*, context: Context, checkpoint: Checkpoint, task_id: str, rows) -> None:
+    """A task raised: the running run gets the error as a step and fails; an error written
+    again (a retry that failed the same way) replaces its step."""
+    if checkpoint.run_id is None:
         return
-    run = Run.objects.filter(context_id=context.pk, pk=cp.run_id).first()
+    run = Run.objects.filter(context_id=context.pk, pk=checkpoint.run_id).first()
     if run is None:
         return
     item = error_item(
         writes=[
-            {"task_path": r.task_path, "channel": r.channel, "summary": r.summary} for r in rows
+            {"task_path": r.task_path, "channel": r.channel, "summary": r.summary}
+            for r in rows
+            if r.task_id == task_id
         ],
-        client_id=f"langgraph:{checkpoint_id}:error:{task_id}",
-        payload={"parent_checkpoint": config_of(context.keys, "", checkpoint_id)},
+        client_id=f"langgraph:{checkpoint.checkpoint_id}:error:{task_id}",
+        payload={"parent_checkpoint": config_of(context.keys, "", checkpoint.checkpoint_id)},
     )
-    runs_service.steps_append(run=run, items=[item])
-    runs_service.run_finish(run=run, status=RunStatus.FAILED)
+    if run.status == RunStatus.RUNNING:
+        runs_service.steps_append(run=run, items=[item])
+        runs_service.run_finish(run=run, status=RunStatus.FAILED)
+    else:
+        runs_service.step_replace(run=run, client_id=item["client_id"], item=item)
 
 
 def thread_delete(*, context: Context) -> int:
