@@ -4,11 +4,14 @@ client is `memory_app.client.langgraph_checkpoint.AgentMemorySaver`."""
 
 from __future__ import annotations
 
+import json
+
 from ninja import Query, Router, Status
+from ninja.errors import HttpError
+from pydantic import TypeAdapter, ValidationError
 
 from memory_app import auth
 from memory_app.api.common import WRITE_ERRORS, require_scope, responses
-from memory_app.api.contexts import parse_keys_filter
 from memory_app.queries.checkpoints import checkpoints_list, thread_context
 from memory_app.queries.lists import MAX_LIMIT
 from memory_app.schemas.checkpoints import (
@@ -19,10 +22,21 @@ from memory_app.schemas.checkpoints import (
     WritesPutIn,
     WrittenOut,
 )
+from memory_app.schemas.fields import JsonObject
 from memory_app.services import checkpoints as checkpoints_service
 from memory_app.services import contexts as contexts_service
 
 router = Router(tags=["checkpoints"])
+
+
+def _json_object(raw: str | None, name: str) -> dict | None:
+    """A query parameter holding a JSON object (`keys`, `filter`), or a 422 naming it."""
+    if raw is None or raw == "":
+        return None
+    try:
+        return TypeAdapter(JsonObject).validate_python(json.loads(raw))
+    except (ValueError, ValidationError):
+        raise HttpError(422, f'{name} must be a JSON object, e.g. {{"source": "loop"}}') from None
 
 
 def _thread_for_write(request, keys: dict):
@@ -101,7 +115,7 @@ def checkpoint_list(
 ):
     key = require_scope(request, "read")
     context = thread_context(
-        within=auth.visible_contexts(key), keys=parse_keys_filter(thread_keys) or {}
+        within=auth.visible_contexts(key), keys=_json_object(thread_keys, "keys") or {}
     )
     if context is None:
         return Status(200, {"items": []})
@@ -110,7 +124,7 @@ def checkpoint_list(
         checkpoint_ns=checkpoint_ns,
         checkpoint_id=checkpoint_id,
         before=before,
-        metadata_filter=parse_keys_filter(metadata_filter),
+        metadata_filter=_json_object(metadata_filter, "filter"),
         limit=limit,
     )
     return Status(200, {"items": items})
@@ -129,7 +143,7 @@ def thread_delete(
 ):
     key = require_scope(request, "write")
     context = thread_context(
-        within=auth.visible_contexts(key), keys=parse_keys_filter(thread_keys) or {}
+        within=auth.visible_contexts(key), keys=_json_object(thread_keys, "keys") or {}
     )
     if context is None:
         return Status(200, {"deleted": 0})
