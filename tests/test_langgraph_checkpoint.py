@@ -5,6 +5,7 @@ runs with a step per super-step. Against pytest-django's threaded live server.""
 from __future__ import annotations
 
 import html
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.test import Client
@@ -20,7 +21,7 @@ from langgraph.types import Command, interrupt
 from memory_app import auth
 from memory_app.client import ApiError, MemoryClient
 from memory_app.client.langgraph_checkpoint import AgentMemorySaver
-from memory_app.models import Checkpoint, Context
+from memory_app.models import Checkpoint, CheckpointBlob, CheckpointWrite, Context
 from memory_app.rendering import pretty_json
 from tests.aio import run_coroutine
 from tests.builders import make_user
@@ -427,10 +428,29 @@ def test_writes_and_checkpoints_arriving_in_any_order_make_the_same_logbook(clie
     _replay(
         saver, [c for c in calls if c[0] == "put"] + [c for c in calls if c[0] != "put"], "late"
     )
+    # As LangGraph sends them: checkpoints one after another, writes at once beside them.
+    writes = [c for c in calls if c[0] != "put"]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        sent = [pool.submit(_replay, saver, [w], "together") for w in writes]
+        _replay(saver, [c for c in calls if c[0] == "put"], "together")
+        for future in sent:
+            future.result()
     in_order = _logbook(client, {"app": "order", "langgraph_thread": "in-order"})
-    late = _logbook(client, {"app": "order", "langgraph_thread": "late"})
-    assert in_order == late
+    assert _logbook(client, {"app": "order", "langgraph_thread": "late"}) == in_order
+    assert _logbook(client, {"app": "order", "langgraph_thread": "together"}) == in_order
     ((status, answer, tokens, steps),) = in_order
     assert (status, answer, tokens) == ("success", "Sunny in Paris.", 37 + 55)
     assert [s["nodes"] for s in steps] == [["__start__"], ["agent"], ["tools"], ["agent"]]
     assert steps[1]["tool_calls"][0]["output"] == "sunny, 21°C"
+
+
+def test_deleting_a_context_takes_its_checkpoints_along(client):
+    saver = AgentMemorySaver(client, keys={"app": "gone"})
+    _graph(saver, _script(), []).invoke(
+        {"messages": [HumanMessage("Weather in Paris?")]}, _thread("t")
+    )
+    context = Context.objects.get(keys={"app": "gone", "langgraph_thread": "t"})
+    assert Checkpoint.objects.filter(context_id=context.pk).exists()
+    context.delete()
+    assert not Checkpoint.objects.exists()
+    assert not CheckpointBlob.objects.exists() and not CheckpointWrite.objects.exists()

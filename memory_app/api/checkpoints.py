@@ -114,6 +114,7 @@ def checkpoint_list(
     limit: int | None = Query(None, ge=1, le=MAX_LIMIT),
 ):
     key = require_scope(request, "read")
+    wanted = _json_object(metadata_filter, "filter")
     context = thread_context(
         within=auth.visible_contexts(key), keys=_json_object(thread_keys, "keys") or {}
     )
@@ -124,7 +125,7 @@ def checkpoint_list(
         checkpoint_ns=checkpoint_ns,
         checkpoint_id=checkpoint_id,
         before=before,
-        metadata_filter=_json_object(metadata_filter, "filter"),
+        metadata_filter=wanted,
         limit=limit,
     )
     return Status(200, {"items": items})

@@ -17,6 +17,7 @@ from typing import Any
 
 from django.db import transaction
 
+from memory_app.db import lock_contexts
 from memory_app.interop.langgraph import ERROR, error_item, superstep_item, tool_outputs
 from memory_app.models import (
     Checkpoint,
@@ -67,6 +68,9 @@ def checkpoint_put(
     answer: Any = None,
 ) -> Checkpoint:
     with transaction.atomic():
+        # One writer of a thread at a time: a checkpoint and the writes on its parent (saved
+        # from LangGraph's thread pool at once) each see what the other stored.
+        lock_contexts([context.pk])
         stored = (
             Checkpoint.objects.select_for_update()
             .filter(context_id=context.pk, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id)
@@ -287,6 +291,7 @@ def writes_put(
         for idx, channel, kind, data, summary in writes
     ]
     with transaction.atomic():
+        lock_contexts([context.pk])
         if rows and all(r.idx < 0 for r in rows):
             CheckpointWrite.objects.bulk_create(
                 rows,
