@@ -111,7 +111,7 @@ def checkpoint_list(
     metadata_filter: str | None = Query(
         None, alias="filter", description="JSON object the checkpoints' metadata contain"
     ),
-    limit: int | None = Query(None, ge=1, le=MAX_LIMIT),
+    limit: int = Query(100, ge=1, le=MAX_LIMIT, description="page size; page on with `before`"),
 ):
     key = require_scope(request, "read")
     wanted = _json_object(metadata_filter, "filter")

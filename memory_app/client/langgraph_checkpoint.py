@@ -44,7 +44,6 @@ from langgraph.checkpoint.base import (
 from memory_app.client.client import MemoryClient
 
 THREAD_KEY = "langgraph_thread"
-PAGE = 500
 # Channels whose presence in a checkpoint means a task runs next (LangGraph 1.x triggers every
 # node through a `branch:to:<node>` channel; `__start__` holds an input, `__pregel_tasks` sends).
 _NEXT_PREFIXES = ("branch:to:", "__start__", "__pregel_tasks")
@@ -139,6 +138,9 @@ def _epoch(ts: str | None) -> float | None:
 class AgentMemorySaver(BaseCheckpointSaver[int]):
     """LangGraph's checkpointer interface over the agentmemory REST API (see the module doc)."""
 
+    # Checkpoints per request when listing (the server answers at most 1,000).
+    page_size = 500
+
     def __init__(self, client: MemoryClient, *, keys: dict[str, Any] | None = None, serde=None):
         super().__init__(serde=serde)
         self.client = client
@@ -177,7 +179,7 @@ class AgentMemorySaver(BaseCheckpointSaver[int]):
         cursor = get_checkpoint_id(before) if before else None
         left = limit
         while left is None or left > 0:
-            size = PAGE if left is None else min(PAGE, left)
+            size = self.page_size if left is None else min(self.page_size, left)
             items = self._list_page(
                 thread_id,
                 checkpoint_ns=conf.get("checkpoint_ns"),

@@ -34,7 +34,7 @@ def checkpoints_list(
     checkpoint_id: str | None = None,
     before: str | None = None,
     metadata_filter: dict | None = None,
-    limit: int | None = None,
+    limit: int,
 ) -> list[dict[str, Any]]:
     """A thread's checkpoints, newest first (LangGraph's ids sort by time), each with the channel
     values its versions name and its pending writes in the order they were written."""
@@ -48,7 +48,7 @@ def checkpoints_list(
     if metadata_filter:
         rows = rows.filter(metadata__contains=metadata_filter)
     rows = rows.order_by("-checkpoint_id", "checkpoint_ns")
-    checkpoints = list(rows[:limit] if limit else rows)
+    checkpoints = list(rows[:limit])
     if not checkpoints:
         return []
     wanted = Q(pk__in=[])
