@@ -149,3 +149,7 @@ api.add_router("/v1/", store_api.router)
 from memory_app.api import erasure as erasure_api  # noqa: E402
 
 api.add_router("/v1/", erasure_api.router)
+
+from memory_app.api import checkpoints as checkpoints_api  # noqa: E402
+
+api.add_router("/v1/", checkpoints_api.router)

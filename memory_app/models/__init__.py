@@ -8,6 +8,7 @@ Integrity lives in the database (the constraints and indexes of the modules belo
 # them from here: every model and public name of the modules below, so that
 # `from memory_app.models import X` reaches any of them.
 from memory_app.models.access import ApiKey, AuditEvent
+from memory_app.models.checkpoints import Checkpoint, CheckpointBlob, CheckpointWrite
 from memory_app.models.contexts import Context
 from memory_app.models.embeddings import Embedding, EmbeddingModel, EmbeddingRetry
 from memory_app.models.memories import MemoryRecord
@@ -40,6 +41,9 @@ __all__ = [
     "RUN_STARTED",
     "ApiKey",
     "AuditEvent",
+    "Checkpoint",
+    "CheckpointBlob",
+    "CheckpointWrite",
     "Context",
     "Embedding",
     "EmbeddingModel",

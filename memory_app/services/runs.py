@@ -286,6 +286,28 @@ def step_fill(*, run: Run, item: dict[str, Any]) -> bool:
     return filled
 
 
+def step_replace(*, run: Run, client_id: str, item: dict[str, Any]) -> Step | None:
+    """Write a step's content and tool calls again, in its place, for a writer that derives the
+    step from records that arrive out of order (LangGraph's pending writes); the run's counters
+    are counted again. None when the run has no step with this client id."""
+    with transaction.atomic():
+        Run.objects.select_for_update().filter(pk=run.pk, context_id=run.context_id).first()
+        step = Step.objects.filter(context_id=run.context_id, run=run, client_id=client_id).first()
+        if step is None:
+            return None
+        data = _step_data(item)
+        Step.objects.filter(pk=step.pk, context_id=run.context_id).update(**data)
+        ToolCall.objects.filter(context_id=run.context_id, step=step).delete()
+        ToolCall.objects.bulk_create(
+            [
+                ToolCall(step=step, context_id=run.context_id, position=i, **_tool_call_data(c))
+                for i, c in enumerate(item.get("tool_calls") or [], start=1)
+            ]
+        )
+        runs_recount(run_ids=[run.pk])
+    return step
+
+
 MODEL_NAME_CHARS = 200
 
 
