@@ -67,6 +67,8 @@ async def record_memory(
         JsonObject | None, Field(description="any JSON object, stored and returned as written")
     ] = None,
     source_message_id: Annotated[Id | None, Field(description="the message it comes from")] = None,
+    source_step_id: Annotated[Id | None, Field(description="the step it comes from")] = None,
+    source_run_id: Annotated[Id | None, Field(description="the run it comes from")] = None,
 ) -> dict[str, Any]:
     """Remember long-term facts, for one context (`context_id`) or for every context sharing
     `scope_keys`. Content already remembered in that scope is returned as stored
@@ -87,6 +89,8 @@ async def record_memory(
             thinking=thinking,
             metadata=metadata,
             source_message_id=source_message_id,
+            source_step_id=source_step_id,
+            source_run_id=source_run_id,
         ),
     )
 

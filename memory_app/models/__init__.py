@@ -10,7 +10,7 @@ Integrity lives in the database (the constraints and indexes of the modules belo
 from memory_app.models.access import ApiKey, AuditEvent
 from memory_app.models.contexts import Context
 from memory_app.models.embeddings import Embedding, EmbeddingModel, EmbeddingRetry
-from memory_app.models.memories import MemoryRecord
+from memory_app.models.memories import MemoryRecord, MemoryVersion
 from memory_app.models.messages import Message, MessageSearch
 from memory_app.models.runs import (
     RUN_COST,
@@ -24,6 +24,7 @@ from memory_app.models.runs import (
 from memory_app.models.shared import (
     FTS_CONFIG,
     MemoryKind,
+    MemoryOrigin,
     MemoryReview,
     MemoryStatus,
     MessageRole,
@@ -44,9 +45,11 @@ __all__ = [
     "EmbeddingModel",
     "EmbeddingRetry",
     "MemoryKind",
+    "MemoryOrigin",
     "MemoryRecord",
     "MemoryReview",
     "MemoryStatus",
+    "MemoryVersion",
     "Message",
     "MessageRole",
     "MessageSearch",

@@ -16,9 +16,8 @@ from django.utils import timezone
 from memory_app import backlog
 from memory_app.audit import Actor, audit_record
 from memory_app.embeddings import client_vectors, providers, queue
-from memory_app.errors import Conflict, Forbidden, Invalid, NotFound
+from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.memories import (
-    EDITABLE,
     MAX_ITEMS,
     Scope,
     clean_content,
@@ -29,25 +28,27 @@ from memory_app.memories import (
 )
 from memory_app.models import (
     AuditEvent,
+    MemoryOrigin,
     MemoryRecord,
     MemoryReview,
     MemoryStatus,
     Message,
+    Run,
     Step,
 )
 from memory_app.queries.memories import text_vectors
 from memory_app.queries.memory_review import similar_live
+from memory_app.services.memory_history import check_may_change, snapshot, versions_record
 
 
-def snapshot(record: MemoryRecord) -> dict[str, Any]:
-    return {f: getattr(record, f) for f in EDITABLE} | {
-        "archived_at": record.archived_at.isoformat() if record.archived_at else None,
-        "status": record.status,
-    }
-
-
-def _check_source(scope: Scope, *, message_id: int | None, step_id: int | None) -> None:
-    """Provenance must come from a context the scope covers (no pointing into other tenants)."""
+def _source_run(
+    scope: Scope, *, message_id: int | None, step_id: int | None, run_id: int | None
+) -> int | None:
+    """Check what a memory says it was derived from, and answer its run. Each source must lie in
+    a context the scope covers (no pointing into other tenants: 404 as if absent), and together
+    they name one context, the step one of the run's. Without a run, the step's run, else the
+    message's, is the source run."""
+    message = step = run = None
     if message_id is not None:
         message = Message.objects.select_related("context").filter(pk=message_id).first()
         if message is None or not scope.covers(message.context):
@@ -56,6 +57,28 @@ def _check_source(scope: Scope, *, message_id: int | None, step_id: int | None) 
         step = Step.objects.select_related("run__context").filter(pk=step_id).first()
         if step is None or not scope.covers(step.run.context):
             raise NotFound(f"step {step_id} not found in this scope")
+    if run_id is not None:
+        run = Run.objects.select_related("context").filter(pk=run_id).first()
+        if run is None or not scope.covers(run.context):
+            raise NotFound(f"run {run_id} not found in this scope")
+    if step is not None and run is not None and step.run_id != run.pk:
+        raise Invalid(f"step {step.pk} is not a step of run {run.pk}")
+    if len({s.context_id for s in (message, step, run) if s is not None}) > 1:
+        raise Invalid("the source message, step and run must belong to one context")
+    if run is not None:
+        return run.pk
+    if step is not None:
+        return step.run_id
+    return message.run_id if message is not None else None
+
+
+def _origin(actor: Actor) -> dict[str, Any]:
+    """Who records: always the server's (the request's key or user), never the client's word."""
+    if actor.api_key is not None:
+        return {"origin": MemoryOrigin.API_KEY, "source_api_key": actor.api_key}
+    if actor.user is not None and actor.user.is_authenticated:
+        return {"origin": MemoryOrigin.USER, "source_user": actor.user}
+    return {"origin": MemoryOrigin.SYSTEM}
 
 
 @dataclass(frozen=True)
@@ -140,7 +163,12 @@ def _fields(
     """The columns of a new record of `item`, checked (provenance from the scope's contexts)."""
     content = clean_content(item.get("content"))
     source_message_id, source_step_id = item.get("source_message_id"), item.get("source_step_id")
-    _check_source(scope, message_id=source_message_id, step_id=source_step_id)
+    source_run_id = _source_run(
+        scope,
+        message_id=source_message_id,
+        step_id=source_step_id,
+        run_id=item.get("source_run_id"),
+    )
     return {
         "context": scope.context,
         "scope_keys": scope.scope_keys,
@@ -153,6 +181,8 @@ def _fields(
         "metadata": item.get("metadata") or {},
         "source_message_id": source_message_id,
         "source_step_id": source_step_id,
+        "source_run_id": source_run_id,
+        **_origin(actor),
         "recorded_by": actor.label,
         "status": status,
     }
@@ -223,7 +253,7 @@ def _record(
             queue.enqueue_memory_records(
                 [rec for rec, v in fresh if v is None or v.model != active]
             )
-            audit_record(
+            event = audit_record(
                 actor=actor,
                 action=action,
                 target_type="memoryrecord",
@@ -232,23 +262,15 @@ def _record(
                 after=[{"id": r.pk, "content": r.content, "kind": r.kind} for r in new],
                 note=note,
             )
+            versions_record(
+                new,
+                actor=actor,
+                action="promote" if action == "memory_promote" else action,
+                event=event,
+                note=note,
+            )
     client_vectors.ensure_vector_indexes(vectors)
     return results
-
-
-def _check_may_change(record: MemoryRecord, actor: Actor) -> None:
-    """A key whose memories are reviewed changes its proposals only: editing, archiving or
-    restoring a live record would bypass the review."""
-    key = actor.api_key
-    if (
-        key is not None
-        and key.memory_review == MemoryReview.PROPOSED
-        and record.status != MemoryStatus.PROPOSED
-    ):
-        raise Forbidden(
-            "this API key's memories are reviewed: it may change its proposals only "
-            "(record a new memory to propose a change)"
-        )
 
 
 def memory_edit(
@@ -265,7 +287,7 @@ def memory_edit(
     """Edit a record; the audit event keeps the previous version."""
     with transaction.atomic():
         record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
-        _check_may_change(record, actor)
+        check_may_change(record, actor)
         before = snapshot(record)
         if content is not None:
             record.content = clean_content(content)
@@ -288,7 +310,7 @@ def memory_edit(
                 record.save()
         except IntegrityError as exc:
             raise Conflict("another memory in this scope already has this content") from exc
-        audit_record(
+        event = audit_record(
             actor=actor,
             action="edit",
             target_type="memoryrecord",
@@ -298,6 +320,7 @@ def memory_edit(
             after=after,
             note=note,
         )
+        versions_record([record], actor=actor, action="edit", event=event, note=note)
         if before["content"] != after["content"]:
             queue.requeue_memory_record(record)
     return record
@@ -309,13 +332,13 @@ def memory_set_archived(
     """Archive (hide from retrieval) or restore a record; audited, nothing is lost."""
     with transaction.atomic():
         record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
-        _check_may_change(record, actor)
+        check_may_change(record, actor)
         if (record.archived_at is not None) == archived:
             return record
         before = snapshot(record)
         record.archived_at = timezone.now() if archived else None
         record.save(update_fields=["archived_at", "updated_at"])
-        audit_record(
+        event = audit_record(
             actor=actor,
             action="archive" if archived else "restore",
             target_type="memoryrecord",
@@ -323,6 +346,13 @@ def memory_set_archived(
             context_id=record.context_id,
             before=before,
             after=snapshot(record),
+            note=note,
+        )
+        versions_record(
+            [record],
+            actor=actor,
+            action="archive" if archived else "unarchive",
+            event=event,
             note=note,
         )
     return record
@@ -387,7 +417,7 @@ def memories_merge(*, keep_id: int, ids: Sequence[int], actor: Actor) -> MemoryR
             r.archived_at = r.archived_at or now
             r.metadata = {**r.metadata, "merged_into": keep.pk}
             r.save(update_fields=["archived_at", "metadata", "updated_at"])
-        audit_record(
+        event = audit_record(
             actor=actor,
             action="memory_merge",
             target_type="memoryrecord",
@@ -396,6 +426,8 @@ def memories_merge(*, keep_id: int, ids: Sequence[int], actor: Actor) -> MemoryR
             before=before,
             after={"kept": keep.pk, **snapshot(keep)},
         )
+        versions_record([keep], actor=actor, action="merge", event=event)
+        versions_record(others, actor=actor, action="merged", event=event)
     return keep
 
 
