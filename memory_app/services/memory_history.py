@@ -20,10 +20,7 @@ from memory_app.embeddings import queue
 from memory_app.errors import Conflict, Forbidden, Invalid, NotFound
 from memory_app.memories import EDITABLE, content_hash
 from memory_app.models import AuditEvent, MemoryRecord, MemoryReview, MemoryStatus, MemoryVersion
-
-# The changes "undo" on a memory reverses: an edit, an archive or its unarchive, and a restore
-# of a version or an undo (undoing that one returns the memory to what it was before).
-UNDOABLE = ("edit", "archive", "unarchive", "restore_version", "undo")
+from memory_app.queries.memory_history import UNDOABLE
 
 
 def snapshot(record: MemoryRecord) -> dict[str, Any]:
