@@ -171,9 +171,10 @@ def test_the_memory_page_shows_the_source_one_click_from_the_step_and_the_step_l
     assert "Memories from this step" in logbook
     assert f"?id={memory['memory']['id']}" in logbook and "Ada prefers tea" in logbook
     # Another step produced nothing.
-    assert "Memories from this step" not in viewer.get(
-        reverse("run-step", args=[run.pk, 3])
-    ).content.decode()
+    assert (
+        "Memories from this step"
+        not in viewer.get(reverse("run-step", args=[run.pk, 3])).content.decode()
+    )
 
 
 def test_the_migration_backfills_provenance_from_the_audit_trail(agent):
@@ -182,7 +183,9 @@ def test_the_migration_backfills_provenance_from_the_audit_trail(agent):
     by_key = _record(api, context_id=context.pk, source_step_id=step.pk).json()["items"][0]
     curator = make_user(role="curator")
     [by_user] = memories_record(
-        scope=Scope(context=context), items=[{"content": "Ada sails"}], actor=Actor.for_user(curator)
+        scope=Scope(context=context),
+        items=[{"content": "Ada sails"}],
+        actor=Actor.for_user(curator),
     )
     message = Message.objects.get(pk=append(api, context.pk, text="x")["id"])
     orphan = MemoryRecord.objects.create(
