@@ -42,8 +42,9 @@ def history():
     return context, result.messages, run, steps.steps
 
 
-# Derived data, not edited by hand: the full-text vectors follow their messages (triggers).
-NOT_IN_ADMIN = {MessageSearch}
+# Derived data, not edited by hand: the full-text vectors follow their messages (triggers),
+# a memory's versions its changes (its history page in the dashboard shows and restores them).
+NOT_IN_ADMIN = {MessageSearch, MemoryVersion}
 
 
 def admin_models():
