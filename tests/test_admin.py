@@ -5,7 +5,7 @@ from django.apps import apps
 from django.contrib import admin
 from django.urls import reverse
 
-from memory_app.models import AuditEvent, Message, MessageSearch, Step, ToolCall
+from memory_app.models import AuditEvent, MemoryVersion, Message, MessageSearch, Step, ToolCall
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.curation import messages_set_pruned
 from memory_app.services.messages import messages_append
