@@ -504,64 +504,19 @@ class MemoryRecordAdmin(PurgeAdmin):
     list_filter = ["kind", "status", ("archived_at", admin.EmptyFieldListFilter)]
     search_fields = ["content", "thinking"]
     raw_id_fields = ["context", "source_message", "source_step", "source_run"]
-    # A proposal is decided in the review inbox (the approve permission), not here; who recorded
-    # a memory is the server's word.
-    readonly_fields = [
-        "scope_digest",
-        "content_hash",
-        "status",
-        "origin",
-        "source_api_key",
-        "source_user",
-        "recorded_by",
-    ]
-
-    def get_readonly_fields(self, request, obj=None):
-        # The scope is fixed once the memory exists (its digest holds its de-duplication).
-        fixed = ["context", "scope_keys"] if obj is not None else []
-        return [*super().get_readonly_fields(request, obj), *fixed]
+    # A proposal is decided in the review inbox (the approve permission); who recorded it is
+    # the server's word.
+    readonly_fields = ["scope_digest", "content_hash", "status", "origin", "recorded_by"]
+    readonly_fields += ["source_api_key", "source_user"]
 
     def save_model(self, request, obj, form, change):
-        # Content, kind, thinking, keywords, metadata and the archive go through the write path,
-        # as a dashboard edit does: audited, and a version in the memory's history. A new memory
-        # is recorded as an operator's (scope digest, content hash, provenance, version 1).
-        from memory_app import memories  # the write path, loaded when used
-        from memory_app.services import memories as services
+        # Through the write path, as on the dashboard: audited, a version in the memory's history.
+        from memory_app.services.memories import memory_admin_save  # loaded when used
 
-        actor = Actor.for_user(request.user)
-        if not change:
-            scope = (
-                memories.Scope(context=obj.context)
-                if obj.context_id
-                else memories.Scope(keys=obj.scope_keys)
-            )
-            item = {f: getattr(obj, f) for f in memories.EDITABLE}
-            item |= {
-                "source_message_id": obj.source_message_id,
-                "source_step_id": obj.source_step_id,
-                "source_run_id": obj.source_run_id,
-            }
-            [recorded] = services.memories_record(scope=scope, items=[item], actor=actor)
-            obj.pk = recorded.record.pk
-            return
-        written = [f for f in memories.EDITABLE if f in form.changed_data]
-        archive = "archived_at" in form.changed_data
-        values = {f: getattr(obj, f) for f in written}
-        archived = obj.archived_at is not None
-        stored = MemoryRecord.objects.get(pk=obj.pk)
-        for f in [*written, *(["archived_at"] if archive else [])]:
-            setattr(obj, f, getattr(stored, f))
-        form.changed_data = [
-            f for f in form.changed_data if f not in written and f != "archived_at"
-        ]
-        if form.changed_data:
+        rest = memory_admin_save(obj, form.changed_data if change else None, request.user)
+        if rest:
+            form.changed_data = rest
             super().save_model(request, obj, form, change)
-        if written:
-            services.memory_edit(record=obj, actor=actor, note="via admin", **values)
-        if archive:
-            services.memory_set_archived(
-                record=obj, archived=archived, actor=actor, note="via admin"
-            )
 
     @admin.display(description="content")
     def short_content(self, obj):

@@ -18,6 +18,7 @@ from memory_app.audit import Actor, audit_record
 from memory_app.embeddings import client_vectors, providers, queue
 from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.memories import (
+    EDITABLE,
     MAX_ITEMS,
     Scope,
     clean_content,
@@ -485,3 +486,32 @@ def _redacted(payload: Any, pk: int, sole: bool) -> Any:
         if str(pk) in payload:
             return {**payload, str(pk): PURGED}
     return payload
+
+
+def memory_admin_save(record: MemoryRecord, changed: list[str] | None, user) -> list[str]:
+    """An admin form's memory through the write path: a new one recorded as the user's (None
+    `changed`), the content fields edited and the archive set on a stored one, each audited with
+    its version. `record` then holds what is stored; answers the other changed fields (plain
+    columns, such as the sources, which the admin saves and audits itself)."""
+    actor = Actor.for_user(user)
+    if changed is None:
+        scope = Scope(keys=record.scope_keys) if record.context_id is None else None
+        item = {f: getattr(record, f) for f in EDITABLE} | {
+            f"{f}_id": getattr(record, f"{f}_id")
+            for f in ("source_message", "source_step", "source_run")
+        }
+        [recorded] = memories_record(
+            scope=scope or Scope(context=record.context), items=[item], actor=actor
+        )
+        record.pk = recorded.record.pk
+        return []
+    values = {f: getattr(record, f) for f in EDITABLE if f in changed}
+    if values:
+        memory_edit(record=record, actor=actor, note="via admin", **values)
+    if "archived_at" in changed:
+        archived = record.archived_at is not None
+        memory_set_archived(record=record, archived=archived, actor=actor, note="via admin")
+    stored = MemoryRecord.objects.get(pk=record.pk)
+    for f in (*EDITABLE, "content_hash", "archived_at", "status"):
+        setattr(record, f, getattr(stored, f))
+    return [f for f in changed if f not in EDITABLE and f != "archived_at"]
