@@ -42,6 +42,7 @@ GET_ONLY = {
     "curate-run",
     "memories",
     "memory-inbox",
+    "memory-history",
     "audit",
     "audit-entry",
 }
@@ -55,6 +56,8 @@ POST_ONLY = {
     "memory-merge",
     "memory-archive",
     "memory-purge",
+    "memory-restore",
+    "memory-undo",
     "memory-inbox-decide",
     "memory-inbox-merge",
     "memory-inbox-edit",
