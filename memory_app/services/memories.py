@@ -1,7 +1,9 @@
 """Writes of long-term memories: record (all or nothing, the same content in a scope once, a
 near-copy of a live record answered by that record; live or proposed for review), edit, archive
-and restore, promote a message or step, merge, purge. Every change is audited with before/after,
-except that a purge erases the purged record's content from the audit too."""
+and restore, promote a message or step, merge, purge. Every change is audited with before/after
+and is the memory's next version (`memory_history`), except that a purge erases the purged
+record's content from the audit too and its versions with it. A new record names its
+provenance: its sources as the agent gives them (checked), who recorded it as the server saw."""
 
 from __future__ import annotations
 
