@@ -191,6 +191,8 @@ def _fields(
     }
 
 
+# One transaction from the checks to the audit and the versions: split, a failure between
+# the parts would leave records without their audit event, vectors or history.
 def _record(
     *,
     scope: Scope,
