@@ -506,10 +506,20 @@ class MemoryRecordAdmin(PurgeAdmin):
     ]
     list_filter = ["kind", "status", ("archived_at", admin.EmptyFieldListFilter)]
     search_fields = ["content", "thinking"]
-    raw_id_fields = ["context", "source_message", "source_step"]
-    # A proposal is decided in the review inbox (the approve permission), not here.
-    # A legal hold is set and lifted on the dashboard, by admins, audited as such.
-    readonly_fields = ["scope_digest", "content_hash", "status", "legal_hold"]
+    raw_id_fields = ["context", "source_message", "source_step", "source_run"]
+    # A proposal is decided in the review inbox (the approve permission); who recorded it is
+    # the server's word; a legal hold is set and lifted on the dashboard, by admins.
+    readonly_fields = ["scope_digest", "content_hash", "status", "legal_hold", "origin"]
+    readonly_fields += ["recorded_by", "source_api_key", "source_user"]
+
+    def save_model(self, request, obj, form, change):
+        # Through the write path, as on the dashboard: audited, a version in the memory's history.
+        from memory_app.services.memories import memory_admin_save  # loaded when used
+
+        rest = memory_admin_save(obj, form.changed_data if change else None, request.user)
+        if rest:
+            form.changed_data = rest
+            super().save_model(request, obj, form, change)
 
     @admin.display(description="content")
     def short_content(self, obj):
@@ -560,6 +570,10 @@ class ApiKeyAdmin(AuditedAdmin):
     readonly_fields = ["prefix", "secret_hash", "created_at", "last_used_at"]
 
 
+def _never(self, request, obj=None) -> bool:
+    return False
+
+
 @admin.register(EmbeddingModel)
 class EmbeddingModelAdmin(AuditedAdmin):
     """The registry of names agents may send vectors under. Read-only here: a registration goes
@@ -568,32 +582,18 @@ class EmbeddingModelAdmin(AuditedAdmin):
 
     list_display = ["name", "dimensions", "created_at", "created_by"]
     search_fields = ["name"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+    has_add_permission = has_change_permission = has_delete_permission = _never
 
 
 @admin.register(AuditEvent)
 class AuditEventAdmin(AuditedAdmin):
+    """The audit trail: written by the changes it records, append-only."""
+
     list_display = ["id", "at", "actor", "action", "target_type", "target_ids", "context_id"]
     list_filter = ["action", "target_type"]
     search_fields = ["actor", "note"]
     raw_id_fields = ["context", "user", "api_key", "undone_by"]
-
-    def has_add_permission(self, request):
-        return False  # the audit trail is written by the changes it records
-
-    def has_change_permission(self, request, obj=None):
-        return False  # the audit trail is append-only
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+    has_add_permission = has_change_permission = has_delete_permission = _never
 
 
 @admin.register(TraceSpan)

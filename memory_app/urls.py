@@ -83,6 +83,9 @@ curation_urlpatterns = [
     path("memories/<int:memory_id>/edit/", memories.memory_edit, name="memory-edit"),
     path("memories/<int:memory_id>/archive/", memories.memory_archive, name="memory-archive"),
     path("memories/<int:memory_id>/purge/", memories.memory_purge_view, name="memory-purge"),
+    path("memories/<int:memory_id>/history/", memories.memory_history, name="memory-history"),
+    path("memories/<int:memory_id>/restore/", memories.memory_restore, name="memory-restore"),
+    path("memories/<int:memory_id>/undo/", memories.memory_undo_view, name="memory-undo"),
     path(
         "messages/<int:message_id>/promote/",
         memories.promote_message,

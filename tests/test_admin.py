@@ -5,7 +5,7 @@ from django.apps import apps
 from django.contrib import admin
 from django.urls import reverse
 
-from memory_app.models import AuditEvent, Message, MessageSearch, Step, ToolCall
+from memory_app.models import AuditEvent, MemoryVersion, Message, MessageSearch, Step, ToolCall
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.curation import messages_set_pruned
 from memory_app.services.messages import messages_append
@@ -42,8 +42,9 @@ def history():
     return context, result.messages, run, steps.steps
 
 
-# Derived data, not edited by hand: the full-text vectors follow their messages (triggers).
-NOT_IN_ADMIN = {MessageSearch}
+# Derived data, not edited by hand: the full-text vectors follow their messages (triggers),
+# a memory's versions its changes (its history page in the dashboard shows and restores them).
+NOT_IN_ADMIN = {MessageSearch, MemoryVersion}
 
 
 def admin_models():

@@ -184,9 +184,10 @@ def snapshot():
         "memories": sorted(
             (
                 {
-                    **_fields(m, ("context", "source_message", "source_step")),
+                    **_fields(m, ("context", "source_message", "source_step", "source_run")),
                     "context": ctx_key.get(m.context_id),
                     "source_message": msg_key.get(m.source_message_id),
+                    "source_run": run_key.get(m.source_run_id),
                 }
                 for m in MemoryRecord.objects.all()
             ),
@@ -250,8 +251,10 @@ def test_context_with_10000_messages_and_100_runs_restores_field_by_field(tmp_pa
     after = snapshot()
     # Who recorded a restored memory is the importer: the file's word for it is not trusted.
     assert {m["recorded_by"] for m in after["memories"]} == {"manage.py import_memory"}
+    assert {m["origin"] for m in after["memories"]} == {"import"}
     before["memories"] = [
-        {**m, "recorded_by": "manage.py import_memory"} for m in before["memories"]
+        {**m, "recorded_by": "manage.py import_memory", "origin": "import"}
+        for m in before["memories"]
     ]
     for kind in before:
         assert after[kind] == before[kind], kind

@@ -70,6 +70,8 @@ def client_for(role: str, **kwargs) -> Client:
 def test_viewer_gets_403_from_every_curation_url_except_the_read_only_pages(world):
     client = client_for("viewer")
     read_only = {reverse("playground", args=[world["context"].pk]), reverse("memories")}
+    # A memory's history is read like the memories page (restoring and undoing are curation).
+    read_only.add(reverse("memory-history", args=[world["memory"].pk]))
     for url in concrete_urls(world):
         for method in ("get", "post"):
             status = getattr(client, method)(url, {"ids": [world["message"].pk]}).status_code

@@ -42,6 +42,7 @@ GET_ONLY = {
     "curate-run",
     "memories",
     "memory-inbox",
+    "memory-history",
     "audit",
     "audit-entry",
 }
@@ -57,6 +58,8 @@ POST_ONLY = {
     "memory-purge",
     "memory-expiry",
     "memory-legal-hold",
+    "memory-restore",
+    "memory-undo",
     "memory-inbox-decide",
     "memory-inbox-merge",
     "memory-inbox-edit",

@@ -33,7 +33,8 @@ from memory_app.models import (
     TraceSpan,
 )
 from memory_app.services.erasure import ERASE_CONFIRMATION, erase
-from memory_app.services.memories import memories_record, memory_edit, memory_set_legal_hold
+from memory_app.services.memories import memories_record, memory_edit
+from memory_app.services.memory_expiry import memory_set_legal_hold
 from memory_app.services.messages import message_edit, messages_append
 from tests.api_helpers import make_key
 from tests.builders import make_context, make_run, make_user, register_models

@@ -27,11 +27,8 @@ from memory_app.models import (
 from memory_app.queries.memories import memories_listed, memories_retrieve, memories_search
 from memory_app.services import retention
 from memory_app.services.curation import PURGE_CONFIRMATION
-from memory_app.services.memories import (
-    memories_record,
-    memory_purge,
-    memory_set_legal_hold,
-)
+from memory_app.services.memories import memories_record, memory_purge
+from memory_app.services.memory_expiry import memory_set_legal_hold
 from tests.api_helpers import make_key
 from tests.builders import make_context, make_run, make_user
 

@@ -36,6 +36,7 @@ from memory_app.errors import BackupFormatError, Forbidden
 from memory_app.models import (
     Context,
     Embedding,
+    MemoryOrigin,
     MemoryRecord,
     Message,
     Run,
@@ -44,6 +45,7 @@ from memory_app.models import (
     keys_digest,
 )
 from memory_app.search import fulltext
+from memory_app.services.memory_history import versions_record
 from memory_app.services.runs import runs_recount
 
 
@@ -348,6 +350,12 @@ class _Importer:
             mem.scope_digest = scope.digest
             mem.content_hash = memories.record_hash(mem)
             mem.recorded_by = self.actor.label
+            # Provenance is this server's: an import, by whoever ran it (never the file's word).
+            mem.origin = MemoryOrigin.IMPORT
+            mem.source_api_key = self.actor.api_key
+            user = self.actor.user
+            mem.source_user = user if user is not None and user.is_authenticated else None
+            mem.source_run_id = None
             file_ref = (
                 rec.get("scope_digest", mem.scope_digest),
                 rec.get("content_hash", mem.content_hash),
@@ -366,24 +374,25 @@ class _Importer:
             if rec.get("source_message"):
                 src = rec["source_message"]
                 src_ctx = self.source_context_id(src["context"])
-                mem.source_message_id = (
+                mem.source_message_id, mem.source_run_id = (
                     Message.objects.filter(context_id=src_ctx, seq=src["seq"])
-                    .values_list("pk", flat=True)
+                    .values_list("pk", "run_id")
                     .first()
                     if src_ctx
                     else None
-                )
+                ) or (None, None)
             if rec.get("source_step") and mem.context_id:
                 run_pk = self.run_id(mem.context_id, rec["source_step"]["run"])
-                mem.source_step_id = (
+                mem.source_step_id, mem.source_run_id = (
                     Step.objects.filter(run_id=run_pk, position=rec["source_step"]["position"])
-                    .values_list("pk", flat=True)
+                    .values_list("pk", "run_id")
                     .first()
-                )
+                ) or (None, None)
             rows.append((file_ref, mem))
         # Two lines of one file with the same content in the same scope are one record.
         unique = {(m.scope_digest, m.content_hash): m for _, m in rows}
         self._insert(MemoryRecord, list(unique.values()), ["created_at", "updated_at"])
+        versions_record(unique.values(), actor=self.actor, action="import")
         for file_ref, mem in rows:
             self.memories[file_ref] = (
                 unique[(mem.scope_digest, mem.content_hash)].pk,

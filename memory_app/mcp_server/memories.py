@@ -78,6 +78,8 @@ async def record_memory(
         Field(description="forget it after this ISO 8601 time (with a time zone)"),
     ] = None,
     pinned: Annotated[bool | None, Field(description="a pinned memory never expires")] = None,
+    source_step_id: Annotated[Id | None, Field(description="the step it comes from")] = None,
+    source_run_id: Annotated[Id | None, Field(description="the run it comes from")] = None,
 ) -> dict[str, Any]:
     """Remember long-term facts, for one context (`context_id`) or for every context sharing
     `scope_keys`. Content already remembered in that scope is returned as stored
@@ -102,6 +104,8 @@ async def record_memory(
             ttl_seconds=ttl_seconds,
             expires_at=expires_at,
             pinned=pinned,
+            source_step_id=source_step_id,
+            source_run_id=source_run_id,
         ),
     )
 

@@ -11,7 +11,7 @@ from memory_app.models.access import ApiKey, AuditEvent
 from memory_app.models.checkpoints import Checkpoint, CheckpointBlob, CheckpointWrite
 from memory_app.models.contexts import Context
 from memory_app.models.embeddings import Embedding, EmbeddingModel, EmbeddingRetry
-from memory_app.models.memories import MemoryRecord
+from memory_app.models.memories import MemoryRecord, MemoryVersion
 from memory_app.models.messages import Message, MessageSearch
 from memory_app.models.retention import RetentionKind, RetentionPolicy
 from memory_app.models.runs import (
@@ -26,6 +26,7 @@ from memory_app.models.runs import (
 from memory_app.models.shared import (
     FTS_CONFIG,
     MemoryKind,
+    MemoryOrigin,
     MemoryReview,
     MemoryStatus,
     MessageRole,
@@ -49,9 +50,11 @@ __all__ = [
     "EmbeddingModel",
     "EmbeddingRetry",
     "MemoryKind",
+    "MemoryOrigin",
     "MemoryRecord",
     "MemoryReview",
     "MemoryStatus",
+    "MemoryVersion",
     "Message",
     "MessageRole",
     "MessageSearch",

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.db import models
 from django.db.models import Q
 
+from memory_app.models.access import ApiKey, AuditEvent
 from memory_app.models.contexts import Context
 from memory_app.models.messages import Message
-from memory_app.models.runs import Step
-from memory_app.models.shared import FTS_CONFIG, MemoryKind, MemoryStatus, choices_check
+from memory_app.models.runs import Run, Step
+from memory_app.models.shared import (
+    FTS_CONFIG,
+    MemoryKind,
+    MemoryOrigin,
+    MemoryStatus,
+    choices_check,
+)
 
 
 class MemoryRecord(models.Model):
@@ -33,6 +41,27 @@ class MemoryRecord(models.Model):
     )
     source_step = models.ForeignKey(
         Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="memory_records"
+    )
+    # No constraint in the database: a run's key there is (id, context_id). Django's delete
+    # clears it (SET_NULL), as the run of a purged step goes.
+    source_run = models.ForeignKey(
+        Run,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="memory_records",
+        db_constraint=False,
+    )
+    # Provenance the server sets from the request, never the client: who recorded the memory
+    # (an API key, a dashboard user, an import), beside what it was derived from (above).
+    origin = models.CharField(
+        max_length=20, choices=MemoryOrigin.choices, default=MemoryOrigin.UNKNOWN
+    )
+    source_api_key = models.ForeignKey(
+        ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    source_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     recorded_by = models.CharField(max_length=200, blank=True, default="")
     # Only live records are recalled; a proposal waits for an operator's approval.
@@ -82,6 +111,7 @@ class MemoryRecord(models.Model):
             ),
             choices_check("kind", MemoryKind, "memory_kind_valid"),
             choices_check("status", MemoryStatus, "memory_status_valid"),
+            choices_check("origin", MemoryOrigin, "memory_origin_valid"),
         ]
         # A dashboard permission: no API key scope grants it.
         permissions = [("approve_memoryrecord", "Can approve proposed memories")]
@@ -111,3 +141,47 @@ class MemoryRecord(models.Model):
 
     def __str__(self) -> str:
         return self.content[:80]
+
+
+class MemoryVersion(models.Model):
+    """One version of a memory: what it said and how it stood after a change, who made the
+    change and when. Version 1 is the record as created; every later change adds the next.
+
+    Keyed by the memory's id and the version number (a key-subset memory has no context to
+    shard by: its id is its distribution column), and read by memory id only. A purge deletes
+    the versions with the record (their content goes with it)."""
+
+    pk = models.CompositePrimaryKey("memory_id", "version")
+    # The primary key leads with memory_id: no index of its own.
+    memory = models.ForeignKey(
+        MemoryRecord, on_delete=models.CASCADE, related_name="versions", db_index=False
+    )
+    version = models.PositiveIntegerField()
+    content = models.TextField()
+    kind = models.CharField(max_length=20)
+    thinking = models.TextField(blank=True, default="")
+    keywords = ArrayField(models.CharField(max_length=200), default=list, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=20)
+    archived_at = models.DateTimeField(null=True, blank=True)
+    # What made this version (record, edit, archive, restore, approve, merge, import,
+    # restore_version, undo...) and who: the actor's label as the audit names it.
+    action = models.CharField(max_length=50)
+    actor = models.CharField(max_length=200)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    api_key = models.ForeignKey(
+        ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    audit_event = models.ForeignKey(
+        AuditEvent, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    note = models.TextField(blank=True, default="")
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["memory_id", "version"]
+
+    def __str__(self) -> str:
+        return f"memory {self.memory_id} v{self.version}"

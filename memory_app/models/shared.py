@@ -65,6 +65,18 @@ class MemoryStatus(models.TextChoices):
     MERGED = "merged"
 
 
+class MemoryOrigin(models.TextChoices):
+    """Who recorded a memory, as the server saw the request: an agent's API key, a dashboard
+    user (or an admin), an import of a backup; `unknown` for records older than provenance
+    that the audit trail could not attribute."""
+
+    API_KEY = "api_key"
+    USER = "user"
+    IMPORT = "import"
+    SYSTEM = "system"
+    UNKNOWN = "unknown"
+
+
 class MemoryReview(models.TextChoices):
     """What becomes of the memories an API key records: live at once, or proposed for review."""
 

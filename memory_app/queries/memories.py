@@ -30,6 +30,16 @@ from memory_app.queries.lists import Page
 from memory_app.search.fusion import rrf_scores
 from memory_app.search.semantic import nearest_vectors
 
+# What a record's provenance line on a dashboard page links to.
+SOURCES = (
+    "context",
+    "source_message",
+    "source_step",
+    "source_run",
+    "source_api_key",
+    "source_user",
+)
+
 
 # A namespace item past its time to live is recalled nowhere, from the moment it expires.
 def memories_visible(
@@ -292,9 +302,7 @@ def memories_search(
     """Records for the operator's list (not an agent's recall, see `memories_retrieve`): archived
     or not, of one review `status`, of one context and/or whose scope mentions `scope`'s keys,
     matching `query` by full-text, substring or exact keyword."""
-    qs = MemoryRecord.objects.select_related("context", "source_message", "source_step").defer(
-        "search_vector"
-    )
+    qs = MemoryRecord.objects.select_related(*SOURCES).defer("search_vector")
     qs = qs.filter(unexpired(), archived_at__isnull=not archived, status=status)
     if context_id is not None:
         qs = qs.filter(context_id=context_id)

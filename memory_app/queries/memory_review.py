@@ -18,7 +18,7 @@ from django.db import connection
 
 from memory_app.errors import NotFound
 from memory_app.models import FTS_CONFIG, ApiKey, MemoryRecord, MemoryStatus
-from memory_app.queries.memories import memory_for_key
+from memory_app.queries.memories import SOURCES, memory_for_key
 from memory_app.search.semantic import vector_literal
 
 Measure = Literal["semantic", "words"]
@@ -151,9 +151,7 @@ def proposal_with_similar(record: MemoryRecord) -> Proposal:
 
 def memories_inbox(*, context_id: int | None = None, limit: int = INBOX_LIMIT) -> list[Proposal]:
     """The proposals waiting for review, oldest first, each with its look-alikes."""
-    qs = MemoryRecord.objects.filter(status=MemoryStatus.PROPOSED).select_related(
-        "context", "source_message", "source_step"
-    )
+    qs = MemoryRecord.objects.filter(status=MemoryStatus.PROPOSED).select_related(*SOURCES)
     if context_id is not None:
         qs = qs.filter(context_id=context_id)
     return [proposal_with_similar(r) for r in qs.order_by("created_at", "id")[:limit]]

@@ -37,6 +37,7 @@ class MemoryItemIn(Schema):
     metadata: JsonObject | None = None
     source_message_id: Id | None = None
     source_step_id: Id | None = None
+    source_run_id: Id | None = None
     vector: Vector | None = Field(
         None, description="a client-computed embedding of `content`, stored with the record"
     )
@@ -98,6 +99,7 @@ class MemoryRecordIn(Schema):
     metadata: JsonObject | None = None
     source_message_id: Id | None = None
     source_step_id: Id | None = None
+    source_run_id: Id | None = None
     vector: Vector | None = Field(
         None, description="a client-computed embedding of `content` (per item: `items[].vector`)"
     )
@@ -120,6 +122,7 @@ class MemoryRecordIn(Schema):
             "expires_at": self.expires_at,
             "ttl_seconds": self.ttl_seconds,
             "pinned": self.pinned,
+            "source_run_id": self.source_run_id,
         }
         out = []
         if self.content is not None:
@@ -154,6 +157,8 @@ MEMORY_EXAMPLE = {
     "metadata": {},
     "source_message_id": 101,
     "source_step_id": None,
+    "source_run_id": 12,
+    "origin": "api_key",
     "recorded_by": "key:agent-1",
     "status": "live",
     "archived_at": None,
@@ -177,6 +182,10 @@ class MemoryRecordOut(Schema):
     metadata: dict[str, Any]
     source_message_id: int | None
     source_step_id: int | None
+    source_run_id: int | None
+    origin: Literal["api_key", "user", "import", "system", "unknown"] = Field(
+        description="who recorded it, as the server saw the request (never the client's word)"
+    )
     recorded_by: str
     status: Literal["proposed", "live", "rejected", "merged"] = Field(
         description="only live memories are recalled; a proposal waits for an operator's review"

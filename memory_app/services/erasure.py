@@ -40,7 +40,7 @@ from memory_app.models import (
     TraceSpan,
     keys_digest,
 )
-from memory_app.services.memories import held_refusal
+from memory_app.services.memory_expiry import held_refusal
 
 # What an admin types to confirm: hard to type by accident, easy to read.
 ERASE_CONFIRMATION = "erase everything about these keys"

@@ -1,8 +1,10 @@
 """Writes of long-term memories: record (all or nothing, the same content in a scope once, a
 near-copy of a live record answered by that record; live or proposed for review), edit, archive
 and restore, expiry and pinning, legal hold, promote a message or step, merge, purge. Every
-change is audited with before/after, except that a purge erases the purged record's content from
-the audit too."""
+change is audited with before/after and is the memory's next version (`memory_history`),
+except that a purge erases the purged record's content from the audit too and its versions
+with it. A new record names its provenance: its sources as the agent gives them (checked), who
+recorded it as the server saw."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from django.utils import timezone
 from memory_app import backlog
 from memory_app.audit import Actor, audit_record
 from memory_app.embeddings import client_vectors, providers, queue
-from memory_app.errors import Conflict, Forbidden, Invalid, LegalHold, NotFound
+from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.memories import (
     EDITABLE,
     MAX_ITEMS,
@@ -34,26 +36,29 @@ from memory_app.memories import (
 )
 from memory_app.models import (
     AuditEvent,
+    MemoryOrigin,
     MemoryRecord,
     MemoryReview,
     MemoryStatus,
     Message,
+    Run,
     Step,
 )
 from memory_app.namespace_items import content_of
 from memory_app.queries.memories import text_vectors
 from memory_app.queries.memory_review import similar_live
+from memory_app.services.memory_expiry import held_refusal, memory_set_expiry
+from memory_app.services.memory_history import check_may_change, snapshot, versions_record
 
 
-def snapshot(record: MemoryRecord) -> dict[str, Any]:
-    return {f: getattr(record, f) for f in EDITABLE} | {
-        "archived_at": record.archived_at.isoformat() if record.archived_at else None,
-        "status": record.status,
-    }
-
-
-def _check_source(scope: Scope, *, message_id: int | None, step_id: int | None) -> None:
-    """Provenance must come from a context the scope covers (no pointing into other tenants)."""
+def _source_run(
+    scope: Scope, *, message_id: int | None, step_id: int | None, run_id: int | None
+) -> int | None:
+    """Check what a memory says it was derived from, and answer its run. Each source must lie in
+    a context the scope covers (no pointing into other tenants: 404 as if absent), and together
+    they name one context, the step one of the run's. Without a run, the step's run, else the
+    message's, is the source run."""
+    message = step = run = None
     if message_id is not None:
         message = Message.objects.select_related("context").filter(pk=message_id).first()
         if message is None or not scope.covers(message.context):
@@ -62,6 +67,28 @@ def _check_source(scope: Scope, *, message_id: int | None, step_id: int | None) 
         step = Step.objects.select_related("run__context").filter(pk=step_id).first()
         if step is None or not scope.covers(step.run.context):
             raise NotFound(f"step {step_id} not found in this scope")
+    if run_id is not None:
+        run = Run.objects.select_related("context").filter(pk=run_id).first()
+        if run is None or not scope.covers(run.context):
+            raise NotFound(f"run {run_id} not found in this scope")
+    if step is not None and run is not None and step.run_id != run.pk:
+        raise Invalid(f"step {step.pk} is not a step of run {run.pk}")
+    if len({s.context_id for s in (message, step, run) if s is not None}) > 1:
+        raise Invalid("the source message, step and run must belong to one context")
+    if run is not None:
+        return run.pk
+    if step is not None:
+        return step.run_id
+    return message.run_id if message is not None else None
+
+
+def _origin(actor: Actor) -> dict[str, Any]:
+    """Who records: always the server's (the request's key or user), never the client's word."""
+    if actor.api_key is not None:
+        return {"origin": MemoryOrigin.API_KEY, "source_api_key": actor.api_key}
+    if actor.user is not None and actor.user.is_authenticated:
+        return {"origin": MemoryOrigin.USER, "source_user": actor.user}
+    return {"origin": MemoryOrigin.SYSTEM}
 
 
 @dataclass(frozen=True)
@@ -146,7 +173,12 @@ def _fields(
     """The columns of a new record of `item`, checked (provenance from the scope's contexts)."""
     content = clean_content(item.get("content"))
     source_message_id, source_step_id = item.get("source_message_id"), item.get("source_step_id")
-    _check_source(scope, message_id=source_message_id, step_id=source_step_id)
+    source_run_id = _source_run(
+        scope,
+        message_id=source_message_id,
+        step_id=source_step_id,
+        run_id=item.get("source_run_id"),
+    )
     return {
         "context": scope.context,
         "scope_keys": scope.scope_keys,
@@ -159,6 +191,8 @@ def _fields(
         "metadata": item.get("metadata") or {},
         "source_message_id": source_message_id,
         "source_step_id": source_step_id,
+        "source_run_id": source_run_id,
+        **_origin(actor),
         "recorded_by": actor.label,
         "status": status,
         "expires_at": clean_expiry(item.get("expires_at"), item.get("ttl_seconds")),
@@ -166,6 +200,8 @@ def _fields(
     }
 
 
+# One transaction from the checks to the audit and the versions: split, a failure between
+# the parts would leave records without their audit event, vectors or history.
 def _record(
     *,
     scope: Scope,
@@ -231,13 +267,20 @@ def _record(
             queue.enqueue_memory_records(
                 [rec for rec, v in fresh if v is None or v.model != active]
             )
-            audit_record(
+            event = audit_record(
                 actor=actor,
                 action=action,
                 target_type="memoryrecord",
                 target_ids=[r.pk for r in new],
                 context_id=scope.context.pk if scope.context else None,
                 after=[{"id": r.pk, "content": r.content, "kind": r.kind} for r in new],
+                note=note,
+            )
+            versions_record(
+                new,
+                actor=actor,
+                action="promote" if action == "memory_promote" else action,
+                event=event,
                 note=note,
             )
     client_vectors.ensure_vector_indexes(vectors)
@@ -265,21 +308,6 @@ def _renewed(record: MemoryRecord, fields: dict[str, Any], actor: Actor) -> Memo
     )
 
 
-def _check_may_change(record: MemoryRecord, actor: Actor) -> None:
-    """A key whose memories are reviewed changes its proposals only: editing, archiving or
-    restoring a live record would bypass the review."""
-    key = actor.api_key
-    if (
-        key is not None
-        and key.memory_review == MemoryReview.PROPOSED
-        and record.status != MemoryStatus.PROPOSED
-    ):
-        raise Forbidden(
-            "this API key's memories are reviewed: it may change its proposals only "
-            "(record a new memory to propose a change)"
-        )
-
-
 def memory_edit(
     *,
     record: MemoryRecord,
@@ -294,7 +322,7 @@ def memory_edit(
     """Edit a record; the audit event keeps the previous version."""
     with transaction.atomic():
         record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
-        _check_may_change(record, actor)
+        check_may_change(record, actor)
         before = snapshot(record)
         if content is not None:
             record.content = clean_content(content)
@@ -320,7 +348,7 @@ def memory_edit(
                 record.save()
         except IntegrityError as exc:
             raise Conflict("another memory in this scope already has this content") from exc
-        audit_record(
+        event = audit_record(
             actor=actor,
             action="edit",
             target_type="memoryrecord",
@@ -330,6 +358,7 @@ def memory_edit(
             after=after,
             note=note,
         )
+        versions_record([record], actor=actor, action="edit", event=event, note=note)
         if before["content"] != after["content"]:
             queue.requeue_memory_record(record)
     return record
@@ -341,13 +370,13 @@ def memory_set_archived(
     """Archive (hide from retrieval) or restore a record; audited, nothing is lost."""
     with transaction.atomic():
         record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
-        _check_may_change(record, actor)
+        check_may_change(record, actor)
         if (record.archived_at is not None) == archived:
             return record
         before = snapshot(record)
         record.archived_at = timezone.now() if archived else None
         record.save(update_fields=["archived_at", "updated_at"])
-        audit_record(
+        event = audit_record(
             actor=actor,
             action="archive" if archived else "restore",
             target_type="memoryrecord",
@@ -357,49 +386,11 @@ def memory_set_archived(
             after=snapshot(record),
             note=note,
         )
-    return record
-
-
-UNCHANGED: Any = object()
-
-
-def memory_set_expiry(
-    *,
-    record: MemoryRecord,
-    actor: Actor,
-    expires_at: Any = UNCHANGED,
-    ttl_seconds: int | None = None,
-    pinned: bool | None = None,
-    note: str = "",
-) -> MemoryRecord:
-    """Set or clear (`expires_at=None`) a record's expiry date, or give it `ttl_seconds` from now,
-    and/or pin or unpin it (a pinned record never expires). Audited with before/after."""
-    if ttl_seconds is not None:
-        if expires_at is not UNCHANGED and expires_at is not None:
-            raise Invalid("give expires_at or ttl_seconds, not both")
-        expires_at = clean_expiry(None, ttl_seconds)
-    elif expires_at is not UNCHANGED:
-        expires_at = clean_expiry(expires_at)
-    with transaction.atomic():
-        record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
-        _check_may_change(record, actor)
-        before = _expiry(record)
-        if expires_at is not UNCHANGED:
-            record.expires_at = expires_at
-        if pinned is not None:
-            record.pinned = bool(pinned)
-        after = _expiry(record)
-        if after == before:
-            return record
-        record.save(update_fields=["expires_at", "pinned", "updated_at"])
-        audit_record(
+        versions_record(
+            [record],
             actor=actor,
-            action="memory_expiry",
-            target_type="memoryrecord",
-            target_ids=[record.pk],
-            context_id=record.context_id,
-            before=before,
-            after=after,
+            action="archive" if archived else "unarchive",
+            event=event,
             note=note,
         )
     return record
@@ -415,52 +406,6 @@ def memory_change(
         if expiry:
             record = memory_set_expiry(record=record, actor=actor, note=note, **expiry)
     return record
-
-
-def _expiry(record: MemoryRecord) -> dict[str, Any]:
-    at = record.expires_at
-    return {"expires_at": at.isoformat() if at else None, "pinned": record.pinned}
-
-
-MAX_HOLD_REASON = 500
-
-
-def memory_set_legal_hold(*, record: MemoryRecord, actor: Actor, reason: str) -> MemoryRecord:
-    """Put a record under legal hold (`reason` says why; empty lifts the hold). A held record is
-    neither expired, purged nor erased. Only an operator (a dashboard admin) holds or lifts:
-    no API key may, whatever its scopes. Audited with the reason before and after."""
-    if actor.api_key is not None or actor.user is None:
-        raise Forbidden("only a dashboard admin sets or lifts a legal hold")
-    reason = no_nul((reason or "").strip(), "legal hold reason")
-    if len(reason) > MAX_HOLD_REASON:
-        raise Invalid(f"the legal hold reason is longer than {MAX_HOLD_REASON} characters")
-    with transaction.atomic():
-        record = MemoryRecord.objects.select_for_update().get(pk=record.pk)
-        before = record.legal_hold
-        if before == reason:
-            return record
-        record.legal_hold = reason
-        record.save(update_fields=["legal_hold", "updated_at"])
-        audit_record(
-            actor=actor,
-            action="legal_hold" if reason else "legal_hold_lift",
-            target_type="memoryrecord",
-            target_ids=[record.pk],
-            context_id=record.context_id,
-            before={"legal_hold": before},
-            after={"legal_hold": reason},
-        )
-    return record
-
-
-def held_refusal(held: Sequence[tuple[int, str]], what: str) -> LegalHold:
-    """The 409 a purge, expiry or erasure of held records answers: which, and why held."""
-    names = ", ".join(f"memory {pk} ({reason})" for pk, reason in held[:5])
-    more = f" and {len(held) - 5} more" if len(held) > 5 else ""
-    return LegalHold(
-        f"legal hold: {names}{more} may not be {what}; a dashboard admin lifts the hold first",
-        {"legal_hold": {str(pk): reason for pk, reason in held}},
-    )
 
 
 def memory_promote(
@@ -522,7 +467,7 @@ def memories_merge(*, keep_id: int, ids: Sequence[int], actor: Actor) -> MemoryR
             r.archived_at = r.archived_at or now
             r.metadata = {**r.metadata, "merged_into": keep.pk}
             r.save(update_fields=["archived_at", "metadata", "updated_at"])
-        audit_record(
+        event = audit_record(
             actor=actor,
             action="memory_merge",
             target_type="memoryrecord",
@@ -531,6 +476,8 @@ def memories_merge(*, keep_id: int, ids: Sequence[int], actor: Actor) -> MemoryR
             before=before,
             after={"kept": keep.pk, **snapshot(keep)},
         )
+        versions_record([keep], actor=actor, action="merge", event=event)
+        versions_record(others, actor=actor, action="merged", event=event)
     return keep
 
 
@@ -590,3 +537,32 @@ def _redacted(payload: Any, pk: int, sole: bool) -> Any:
         if str(pk) in payload:
             return {**payload, str(pk): PURGED}
     return payload
+
+
+def memory_admin_save(record: MemoryRecord, changed: list[str] | None, user) -> list[str]:
+    """An admin form's memory through the write path: a new one recorded as the user's (None
+    `changed`), the content fields edited and the archive set on a stored one, each audited with
+    its version. `record` then holds what is stored; answers the other changed fields (plain
+    columns, such as the sources, which the admin saves and audits itself)."""
+    actor = Actor.for_user(user)
+    if changed is None:
+        scope = Scope(keys=record.scope_keys) if record.context_id is None else None
+        item = {f: getattr(record, f) for f in EDITABLE} | {
+            f"{f}_id": getattr(record, f"{f}_id")
+            for f in ("source_message", "source_step", "source_run")
+        }
+        [recorded] = memories_record(
+            scope=scope or Scope(context=record.context), items=[item], actor=actor
+        )
+        record.pk = recorded.record.pk
+        return []
+    values = {f: getattr(record, f) for f in EDITABLE if f in changed}
+    if values:
+        memory_edit(record=record, actor=actor, note="via admin", **values)
+    if "archived_at" in changed:
+        archived = record.archived_at is not None
+        memory_set_archived(record=record, archived=archived, actor=actor, note="via admin")
+    stored = MemoryRecord.objects.get(pk=record.pk)
+    for f in (*EDITABLE, "content_hash", "archived_at", "status"):
+        setattr(record, f, getattr(stored, f))
+    return [f for f in changed if f not in EDITABLE and f != "archived_at"]

@@ -14,7 +14,8 @@ from memory_app.audit import Actor, audit_record
 from memory_app.errors import Forbidden, Invalid, NotFound
 from memory_app.models import MemoryRecord, MemoryStatus
 from memory_app.roles import user_can
-from memory_app.services.memories import memory_edit, snapshot
+from memory_app.services.memories import memory_edit
+from memory_app.services.memory_history import snapshot, versions_record
 
 
 def _check_reviewer(actor: Actor) -> None:
@@ -46,7 +47,7 @@ def _decide(
             record.save(update_fields=["status", "updated_at"])
             by_context.setdefault(record.context_id, []).append(record)
         for context_id, records in by_context.items():
-            audit_record(
+            event = audit_record(
                 actor=actor,
                 action=action,
                 target_type="memoryrecord",
@@ -55,6 +56,9 @@ def _decide(
                 before=[{"id": r.pk, "status": MemoryStatus.PROPOSED} for r in records],
                 after=[{"id": r.pk, "status": r.status} for r in records],
                 note=note,
+            )
+            versions_record(
+                records, actor=actor, action=action.removeprefix("memory_"), event=event, note=note
             )
     return rows
 
@@ -109,7 +113,7 @@ def proposal_merge(*, proposal_id: int, into_id: int, actor: Actor, note: str = 
         proposal.status = MemoryStatus.MERGED
         proposal.metadata = {**proposal.metadata, "merged_into": keep.pk}
         proposal.save(update_fields=["status", "metadata", "updated_at"])
-        audit_record(
+        event = audit_record(
             actor=actor,
             action="memory_merge",
             target_type="memoryrecord",
@@ -119,4 +123,6 @@ def proposal_merge(*, proposal_id: int, into_id: int, actor: Actor, note: str = 
             after={"kept": keep.pk, **snapshot(keep)},
             note=note,
         )
+        versions_record([keep], actor=actor, action="merge", event=event, note=note)
+        versions_record([proposal], actor=actor, action="merged", event=event, note=note)
     return keep

@@ -18,12 +18,8 @@ from memory_app.embeddings import queue
 from memory_app.memories import Scope, item_hash
 from memory_app.models import MemoryKind, MemoryRecord, MemoryStatus
 from memory_app.namespace_items import clean_key, clean_namespace, clean_ttl, content_of
-from memory_app.services.memories import (
-    _check_may_change,
-    _status_for,
-    memory_set_archived,
-    snapshot,
-)
+from memory_app.services.memories import _status_for, memory_set_archived, snapshot
+from memory_app.services.memory_history import check_may_change
 
 
 def _expires(ttl: float | None):
@@ -107,7 +103,7 @@ def _overwrite(
     before = snapshot(record)
     again = _gone(record)
     if not again:
-        _check_may_change(record, actor)
+        check_may_change(record, actor)
     record.content = content
     record.item_ttl = ttl
     record.item_expires_at = _expires(ttl)

@@ -323,6 +323,10 @@ class ArchiveForm(DashboardForm):
     archived = FlagField(missing=True)
 
 
+class VersionForm(DashboardForm):
+    version = WholeNumberField(minimum=1, required=True)
+
+
 class MemoryMergeForm(DashboardForm):
     ids = ListField(item=WholeNumberField(minimum=1, required=True))
     keep = WholeNumberField(minimum=1)

@@ -1,4 +1,5 @@
-"""Long-term memories: list and search per scope, edit, archive/restore, merge, promote, purge."""
+"""Long-term memories: list and search per scope, edit, archive/restore, merge, promote, purge;
+a memory's history (its versions with diffs), restore a version, undo the last change."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from memory_app.audit import Actor
-from memory_app.errors import Conflict, Invalid, NotFound
+from memory_app.errors import Conflict, Forbidden, Invalid, NotFound
 from memory_app.models import MemoryKind, MemoryRecord, Message, Step
-from memory_app.queries.memories import memories_search
+from memory_app.queries.memories import SOURCES, memories_search
+from memory_app.queries.memory_history import memory_versions, with_last_versions
 from memory_app.roles import require
 from memory_app.services import memories as memories_services
 from memory_app.services.curation import PURGE_CONFIRMATION
@@ -20,6 +22,7 @@ from memory_app.services.memories import (
     memory_purge,
     memory_set_archived,
 )
+from memory_app.services.memory_history import memory_restore_version, memory_undo
 from memory_app.views.common import (
     bad_request,
     htmx_partial,
@@ -35,6 +38,7 @@ from memory_app.views.forms import (
     MemoryMergeForm,
     MemoryPurgeForm,
     PromoteForm,
+    VersionForm,
 )
 
 LIST = "memory_app/curate/memories.html"
@@ -50,11 +54,7 @@ def memory_list(request):
         return invalid_form(request, form)
     data = form.cleaned_data
     if data["id"]:
-        records = list(
-            MemoryRecord.objects.filter(pk=data["id"]).select_related(
-                "context", "source_message", "source_step"
-            )
-        )
+        records = list(MemoryRecord.objects.filter(pk=data["id"]).select_related(*SOURCES))
     else:
         records = memories_search(
             query=data["q"],
@@ -63,7 +63,7 @@ def memory_list(request):
             archived=data["archived"],
         )
     context = {
-        "records": records,
+        "records": with_last_versions(records),
         "params": form.typed(),
         "kinds": MemoryKind.values,
         "purge_phrase": PURGE_CONFIRMATION,
@@ -74,9 +74,8 @@ def memory_list(request):
 
 def _record_page(request, record, **extra):
     """The memories page holding only `record`; its `memory` partial is the record's card."""
-    record = MemoryRecord.objects.select_related("context", "source_message", "source_step").get(
-        pk=record.pk
-    )
+    record = MemoryRecord.objects.select_related(*SOURCES).get(pk=record.pk)
+    with_last_versions([record])
     context = {
         "records": [record],
         "r": record,
@@ -203,3 +202,58 @@ def promote_message(request, message_id: int):
 def promote_step(request, step_id: int):
     step = get_object_or_404(Step.objects.select_related("run__context"), pk=step_id)
     return _promote(request, f"promote-s{step.pk}", step=step)
+
+
+HISTORY = "memory_app/curate/memory_history.html"
+
+
+@require("read_memories")
+@require_GET
+@replica_page
+def memory_history(request, memory_id: int):
+    """Every version of a memory, newest first, with who, when and a diff to the one before."""
+    record = get_object_or_404(MemoryRecord.objects.select_related(*SOURCES), pk=memory_id)
+    context = {
+        "r": with_last_versions([record])[0],
+        "versions": memory_versions(record.pk),
+        "nav_active": "memories",
+    }
+    return page(request, HISTORY, context)
+
+
+@require("memories")
+@require_POST
+def memory_restore(request, memory_id: int):
+    """Make an earlier version current again (a new version, audited)."""
+    record = get_object_or_404(MemoryRecord, pk=memory_id)
+    form = VersionForm(request.POST)
+    if not form.is_valid():
+        return invalid_form(request, form)
+    try:
+        memory_restore_version(
+            record=record, version=form.cleaned_data["version"], actor=Actor.for_user(request.user)
+        )
+    except (Invalid, Conflict, Forbidden) as exc:
+        return bad_request(request, exc)
+    except NotFound as exc:
+        raise Http404(str(exc)) from exc
+    return redirect(reverse("memory-history", args=[record.pk]))
+
+
+@require("memories")
+@require_POST
+@htmx_partial("memory")
+def memory_undo_view(request, memory_id: int):
+    """Undo the memory's last edit or archive, from its card (one click)."""
+    record = get_object_or_404(MemoryRecord, pk=memory_id)
+    try:
+        record = memory_undo(record=record, actor=Actor.for_user(request.user))
+    except (Invalid, Conflict, Forbidden) as exc:
+        if not wants_fragment(request):
+            return bad_request(request, exc)
+        response = _record_page(request, record, undo_error=str(exc))
+        response.status_code = 400
+        return response
+    if not wants_fragment(request):
+        return redirect(reverse("memories") + f"?id={record.pk}")
+    return _record_page(request, record)

@@ -16,7 +16,7 @@ from memory_app.errors import Conflict, Forbidden, Invalid
 from memory_app.models import MemoryRecord, RetentionKind, RetentionPolicy
 from memory_app.roles import require
 from memory_app.services import erasure, retention
-from memory_app.services.memories import (
+from memory_app.services.memory_expiry import (
     MAX_HOLD_REASON,
     memory_set_expiry,
     memory_set_legal_hold,

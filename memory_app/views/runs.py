@@ -28,6 +28,7 @@ from memory_app.queries.logbook import (
     steps_after,
     transcript_upto,
 )
+from memory_app.queries.memory_history import step_memories
 from memory_app.roles import require
 from memory_app.services.curation import steps_set_pruned
 from memory_app.views.common import htmx_partial, invalid_form, page, replica_page, wants_fragment
@@ -80,6 +81,7 @@ def _logbook_context(run: Run, position: int | None) -> dict:
         # What the poll names the page's steps by (only a running run's page polls).
         "seen": {"step": step.pk, "last": _step_id(run, shown) if live else None},
         "tail": not window.has_later,
+        "step_memories": step_memories(step.pk),
     }
 
 
