@@ -508,9 +508,11 @@ class MemoryRecordAdmin(PurgeAdmin):
     search_fields = ["content", "thinking"]
     raw_id_fields = ["context", "source_message", "source_step", "source_run"]
     # A proposal is decided in the review inbox (the approve permission); who recorded it is
-    # the server's word; a legal hold is set and lifted on the dashboard, by admins.
+    # the server's word; a legal hold is set and lifted on the dashboard, by admins; a store
+    # item's address and time to live are LangGraph's.
     readonly_fields = ["scope_digest", "content_hash", "status", "legal_hold", "origin"]
     readonly_fields += ["recorded_by", "source_api_key", "source_user"]
+    readonly_fields += ["namespace", "item_key", "item_ttl", "item_expires_at"]  # the store's
 
     def save_model(self, request, obj, form, change):
         # Through the write path, as on the dashboard: audited, a version in the memory's history.

@@ -5,7 +5,17 @@ from django.apps import apps
 from django.contrib import admin
 from django.urls import reverse
 
-from memory_app.models import AuditEvent, MemoryVersion, Message, MessageSearch, Step, ToolCall
+from memory_app.models import (
+    AuditEvent,
+    Checkpoint,
+    CheckpointBlob,
+    CheckpointWrite,
+    MemoryVersion,
+    Message,
+    MessageSearch,
+    Step,
+    ToolCall,
+)
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.curation import messages_set_pruned
 from memory_app.services.messages import messages_append
@@ -44,7 +54,9 @@ def history():
 
 # Derived data, not edited by hand: the full-text vectors follow their messages (triggers),
 # a memory's versions its changes (its history page in the dashboard shows and restores them).
-NOT_IN_ADMIN = {MessageSearch, MemoryVersion}
+# Derived rows, and rows with composite keys the admin cannot address: a memory's versions (its
+# history page), LangGraph's checkpoints (serializer bytes; their runs are in the logbook).
+NOT_IN_ADMIN = {MessageSearch, MemoryVersion, Checkpoint, CheckpointBlob, CheckpointWrite}
 
 
 def admin_models():
