@@ -11,7 +11,13 @@ from django.db.models import Q
 from memory_app.models.contexts import Context
 from memory_app.models.messages import Message
 from memory_app.models.runs import Step
-from memory_app.models.shared import FTS_CONFIG, MemoryKind, MemoryStatus, choices_check
+from memory_app.models.shared import (
+    FTS_CONFIG,
+    MemoryKind,
+    MemoryStatus,
+    OrderedJSONField,
+    choices_check,
+)
 
 
 class MemoryRecord(models.Model):
@@ -27,7 +33,7 @@ class MemoryRecord(models.Model):
     content_hash = models.CharField(max_length=64, editable=False)
     thinking = models.TextField(blank=True, default="")
     keywords = ArrayField(models.CharField(max_length=200), default=list, blank=True)
-    metadata = models.JSONField(default=dict, blank=True)
+    metadata = OrderedJSONField(default=dict, blank=True)
     source_message = models.ForeignKey(
         Message, on_delete=models.SET_NULL, null=True, blank=True, related_name="memory_records"
     )
