@@ -232,6 +232,19 @@ def test_json_comes_back_in_the_order_written(path, value):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("answer", ["42", "true", "null", '{"b": 1, "a": 2}', '"quoted"', 42, None])
+def test_a_string_that_reads_as_json_stays_a_string(answer):
+    """The column's JSON is decoded once: a final answer "42" is the string, not the number."""
+    api = make_key(scopes=["read", "write"])
+    cid = new_context(api)
+    run = api.post(f"/api/v1/contexts/{cid}/runs", {"task": "t"}).json()
+    api.post(f"/api/v1/runs/{run['id']}/finish", {"status": "success", "final_answer": answer})
+    assert Run.objects.get().final_answer == answer
+    assert Run.objects.values_list("final_answer", flat=True).get() == answer
+    assert api.get(f"/api/v1/runs/{run['id']}").json()["run"]["final_answer"] == answer
+
+
+@pytest.mark.django_db
 def test_filters_on_the_ordered_columns_still_mean_what_they_mean_on_jsonb():
     """The columns keep the text; lookups read them as jsonb (containment, keys, equality)."""
     api = make_key(scopes=["read", "write"])
@@ -243,6 +256,8 @@ def test_filters_on_the_ordered_columns_still_mean_what_they_mean_on_jsonb():
     assert Message.objects.filter(metadata__contains={"k": 4}).count() == 0
     assert Message.objects.filter(content__0__type="text").count() == 1
     assert Message.objects.filter(metadata__isnull=False).count() == 1
+    assert Message.objects.values_list("metadata__filters__year", flat=True).get() == 2024
+    assert Message.objects.values_list("metadata__query", flat=True).get() == "cats"
 
 
 @pytest.mark.django_db(transaction=True)

@@ -53,10 +53,10 @@ class OrderedJSONField(models.JSONField):
         return name, "django.db.models.JSONField", args, kwargs
 
     def from_db_value(self, value, expression, connection):
-        # psycopg decodes `json` itself (keeping the order); a lookup cast to jsonb is text.
-        if value is None or not isinstance(value, str):
-            return value
-        return super().from_db_value(value, expression, connection)
+        # psycopg decodes `json` itself, keeping the order; a string here is a JSON string
+        # (decoding it again would turn "42" into 42). Lookups through the jsonb cast have the
+        # cast's JSONField as their output field, which decodes its own text.
+        return value
 
     def get_db_prep_value(self, value, connection, prepared=False):
         if not prepared:
