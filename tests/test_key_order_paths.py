@@ -5,6 +5,7 @@ would reorder (it sorts keys shorter first), so a column that sorted them fails 
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -157,8 +158,9 @@ def _transcript(api, value) -> list:
     return [(repr(value) in transcript.content.decode(), True)]
 
 
-def _otlp(api, value) -> list:
-    """A GenAI-conventions trace whose tool call carries `value` as its arguments."""
+def _otlp(api, value, *, split: bool = False) -> list:
+    """A GenAI-conventions trace whose tool call carries `value` as its arguments; `split`: each
+    span in a request of its own, so the run is built from spans stored by earlier requests."""
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -196,14 +198,16 @@ def _otlp(api, value) -> list:
             },
         ):
             pass
-    response = api.client.generic(
-        "POST",
-        "/api/v1/traces",
-        protobuf_body(exporter.get_finished_spans()),
-        content_type="application/x-protobuf",
-        **api._headers(),
-    )
-    assert response.status_code == 200, response.content
+    spans = exporter.get_finished_spans()
+    for batch in [[span] for span in spans] if split else [spans]:
+        response = api.client.generic(
+            "POST",
+            "/api/v1/traces",
+            protobuf_body(batch),
+            content_type="application/x-protobuf",
+            **api._headers(),
+        )
+        assert response.status_code == 200, response.content
     call = ToolCall.objects.get()
     step = api.get(f"/api/v1/steps/{call.step_id}").json()
     return [(step["tool_calls"][0]["arguments"], value)]
@@ -217,6 +221,7 @@ PATHS = {
     "export-import": _export_then_import,
     "transcript": _transcript,
     "otlp": _otlp,
+    "otlp-split": functools.partial(_otlp, split=True),
 }
 
 
@@ -281,5 +286,13 @@ def test_mcp_gives_back_what_it_was_given_in_order(asgi_live_server, value):
     same(memory["metadata"], value)
     # What the HTTP API reads of it is the same text.
     message = Message.objects.get()
-    api = make_key(scopes=["read"])
+    api = make_key(scopes=["read", "write"])
     same(api.get(f"/api/v1/messages/{message.pk}").json()["metadata"], value)
+    # A run written over HTTP, read over MCP.
+    run, _step = _run_with_step(api, value)
+    read = mcp.ok("read_run", run_id=run["id"])
+    same(read["run"]["metadata"], value)
+    same(read["run"]["final_answer"], value)
+    [step] = read["steps"]["items"]
+    same(step["model_output"], value)
+    same(step["action_output"], value)
