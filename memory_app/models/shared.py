@@ -13,6 +13,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Cast
 from psycopg.types.json import Json
+from psycopg.types.string import TextLoader
 
 # Full-text configuration: `simple` would not stem; `english` ranks "weathers" with "weather".
 # Migration 0018's triggers parse with it too: changing it needs a migration that replaces them
@@ -34,7 +35,7 @@ class OrderedJSONField(models.JSONField):
     rebuilt from it would differ from the one the agent sent. The column is `json`, which keeps
     the text verbatim: written as one JSON text (a `json` parameter, never a `jsonb` one, which
     PostgreSQL would sort on the way in; the COPY paths write the text themselves), read back
-    by the standard decoder, which keeps the text's order.
+    as text (`json_as_text`) and decoded by `JSONField`, which keeps the text's order.
 
     Lookups still work as on `jsonb`: each one (containment, keys, key transforms, equality)
     reads the column cast to `jsonb` first, so a filter means what it means on a `JSONField`.
@@ -52,12 +53,6 @@ class OrderedJSONField(models.JSONField):
         name, _path, args, kwargs = super().deconstruct()
         return name, "django.db.models.JSONField", args, kwargs
 
-    def from_db_value(self, value, expression, connection):
-        # psycopg decodes `json` itself, keeping the order; a string here is a JSON string
-        # (decoding it again would turn "42" into 42). Lookups through the jsonb cast have the
-        # cast's JSONField as their output field, which decodes its own text.
-        return value
-
     def get_db_prep_value(self, value, connection, prepared=False):
         if not prepared:
             value = self.get_prep_value(value)
@@ -74,6 +69,15 @@ class OrderedJSONField(models.JSONField):
     def get_transform(self, name: str):
         transform = super().get_transform(name)
         return lambda lhs, *args, **kwargs: transform(_jsonb(lhs), *args, **kwargs)
+
+
+def json_as_text(sender, connection, **kwargs) -> None:
+    """A `connection_created` receiver: `json` values reach Django as text, as Django has
+    `jsonb` ones reach it, so that every JSONField (the models' and the migrations' historical
+    ones alike) and every raw query reads a `json` column as it read a `jsonb` one."""
+    adapters = getattr(connection.connection, "adapters", None)
+    if connection.vendor == "postgresql" and adapters is not None:
+        adapters.register_loader("json", TextLoader)
 
 
 def _jsonb(lhs: Any) -> Cast:
