@@ -7,4 +7,9 @@ class MemoryAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from django.db.backends.signals import connection_created
+
         from memory_app import checks  # noqa: F401 - registers the database checks
+        from memory_app.models.shared import json_as_text
+
+        connection_created.connect(json_as_text, dispatch_uid="memory_app.json_as_text")

@@ -145,3 +145,84 @@ def test_migrating_from_zero_gives_the_models_schema_and_the_declared_roles():
     assert result["groups"] == {
         role: sorted(roles.role_permissions(role)) for role in roles.ROLE_CAPABILITIES
     }
+
+
+# Migrates back and forth in a database of its own, like the schema check above.
+ORDERED_JSON_SCRIPT = textwrap.dedent(
+    """
+    import json, os
+    os.environ["DJANGO_SETTINGS_MODULE"] = "agentmemory_site.settings"
+    import django
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    BEFORE = ("memory_app", "0023_shard_safe_search_triggers")
+    call_command("migrate", "memory_app", BEFORE[1], verbosity=0)
+    old = MigrationExecutor(connection).loader.project_state(BEFORE).apps
+    model = lambda name: old.get_model("memory_app", name)
+    value = {"query": "cats", "k": 3, "nested": [{"zz": 1, "a": None}, "x"]}
+    ctx = model("Context").objects.create(keys={"n": 1}, keys_digest="1" * 64, metadata=value)
+    run = model("Run").objects.create(context=ctx, task="t", metadata=value, final_answer="42")
+    step = model("Step").objects.create(
+        run=run, context=ctx, position=1, kind="action", model_input_messages=[value],
+        model_output_message=value, model_output=value, action_output=value, payload=value)
+    model("ToolCall").objects.create(step=step, context=ctx, position=1, name="s", arguments=value)
+    model("Message").objects.create(
+        context=ctx, seq=1, role="user", text="hi", content=[value], metadata=value)
+    model("MemoryRecord").objects.create(
+        context=ctx, scope_keys={}, scope_digest="s" * 64, content="f", content_hash="h" * 64,
+        metadata=value)
+    COLUMNS = {
+        "memory_app_context": ["metadata"],
+        "memory_app_message": ["content", "metadata"],
+        "memory_app_run": ["final_answer", "metadata"],
+        "memory_app_step": ["model_input_messages", "model_output_message", "model_output",
+                            "action_output", "payload"],
+        "memory_app_toolcall": ["arguments"],
+        "memory_app_memoryrecord": ["metadata"],
+    }
+
+    def snapshot():
+        out = {}
+        with connection.cursor() as cursor:
+            for table, columns in COLUMNS.items():
+                for column in columns:
+                    cursor.execute(
+                        f"SELECT pg_typeof({column})::text, {column}::jsonb::text FROM {table}")
+                    out[f"{table}.{column}"] = cursor.fetchall()
+        return out
+
+    result = {"before": snapshot()}
+    call_command("migrate", "memory_app", verbosity=0)
+    result["after"] = snapshot()
+    from memory_app.models import Message
+    Message.objects.update(metadata=value)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT metadata::text FROM memory_app_message")
+        result["written"] = cursor.fetchone()[0]
+    call_command("migrate", "memory_app", BEFORE[1], verbosity=0)
+    result["back"] = snapshot()
+    result["value"] = json.dumps(value)
+    print("RESULT " + json.dumps(result))
+    """  # noqa: E501 - the child process runs this text as written
+)
+
+
+def test_migration_0028_keeps_every_stored_value_and_goes_back():
+    """The agent-written columns become `json` holding the same values, new writes keep their
+    order, and migrating back gives `jsonb` with the same values again."""
+    with run_on_a_new_database("am_ordered", ["-c", ORDERED_JSON_SCRIPT], timeout=300) as (out, _):
+        assert out.returncode == 0, out.stderr[-3000:]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
+    result = json.loads(line.removeprefix("RESULT "))
+    before, after, back = result["before"], result["after"], result["back"]
+    assert len(before) == 12 and all(len(rows) == 1 for rows in before.values())
+    assert {rows[0][0] for rows in before.values()} == {"jsonb"}
+    assert {rows[0][0] for rows in after.values()} == {"json"}
+    assert back == before
+    assert {k: rows[0][1] for k, rows in after.items()} == {
+        k: rows[0][1] for k, rows in before.items()
+    }
+    assert result["written"] == result["value"]

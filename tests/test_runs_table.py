@@ -93,7 +93,12 @@ def test_the_migration_fills_the_columns_from_the_stored_steps():
     Run.objects.filter(pk=run.pk).update(tool_call_count=0, model_names=[], cost=None)
     migration = importlib.import_module("memory_app.migrations.0022_run_table_columns")
     with connection.schema_editor(atomic=False) as editor:
+        # As the migration found it: the run's metadata was jsonb until migration 0024 (the
+        # deferred key checks run first: a table with pending ones cannot be altered).
+        editor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        editor.execute("ALTER TABLE memory_app_run ALTER COLUMN metadata TYPE jsonb")
         migration.fill(None, editor)
+        editor.execute("ALTER TABLE memory_app_run ALTER COLUMN metadata TYPE json")
     run.refresh_from_db()
     assert (run.tool_call_count, run.model_names) == kept[:2]
     assert run.cost == pytest.approx(kept[2])

@@ -122,8 +122,6 @@ def msg_to_message(
         tags=marks,
         metadata=metadata,
         source_timestamp=msg.get("timestamp") or "",
-        # A tool_use block's `input` becomes json.dumps(input) in the prompt: keep its key order.
-        key_order=key_order.capture({"content": msg.get("content"), "metadata": metadata}),
     )
 
 
@@ -140,7 +138,7 @@ def message_to_msg(
     order: dict | None = None,
 ) -> dict[str, Any]:
     """A stored message -> `Msg.to_dict()` (key order as AgentScope writes it; `order` is the
-    message's `key_order`, giving its content and metadata their own key order back)."""
+    `key_order` skeleton of a message stored before its columns kept their key order)."""
     kept = key_order.restore(
         {
             "content": content if content is not None else text,

@@ -4,12 +4,12 @@ A step dict is mapped to the keyword dict `steps_append` takes (normalised colum
 the dashboard and the transcripts, tool calls as rows) and kept verbatim in `Step.payload`, so an
 export gives back exactly the dict that was imported.
 
-One detail needs care: `Step.payload` is PostgreSQL `jsonb`, which does not keep the key order of
-objects, yet smolagents puts `str([tool_call.dict(), ...])` (a Python repr, key order included)
-into the "Calling tools:" message. The repr is therefore computed once at import, from the dict
-as it arrived, and kept under the reserved payload key `_agentmemory`, which export removes;
-the step's key order (`memory_app.interop.key_order`) is kept there too and put back on export,
-so a rehydrated agent prints the same tool-call arguments.
+`Step.payload` keeps the dict's key order (`OrderedJSONField`), and smolagents puts
+`str([tool_call.dict(), ...])` (a Python repr, key order included) into the "Calling tools:"
+message: the repr is computed once at import and kept under the reserved payload key
+`_agentmemory`, which export removes. Steps stored before the payload kept its order carry a
+key-order skeleton there (`memory_app.interop.key_order`), put back on export, so a rehydrated
+agent prints the same tool-call arguments.
 
 No Django, no HTTP here: these functions take and return plain data.
 """
@@ -185,16 +185,8 @@ def step_to_logbook(step: dict[str, Any], *, client_id: str | None = None) -> di
                 }
             )
         if calls:
-            # Computed from the dict as it arrived, before jsonb reorders the keys.
+            # Computed from the dict as it arrived (the transcript prints it as it is).
             payload[RESERVED_KEY] = {"calling_tools": calling_tools_text(calls)}
-    # The step's own key order (tool-call arguments above all: a rehydrated agent prints them).
-    # Model input is left out: smolagents rebuilds it every step, and its skeleton would grow
-    # with the run as the model input does.
-    order = key_order.capture(
-        {**step, "model_input_messages": None} if "model_input_messages" in step else step
-    )
-    if order is not None:
-        payload.setdefault(RESERVED_KEY, {})["key_order"] = order
     return item
 
 

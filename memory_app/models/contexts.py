@@ -8,6 +8,8 @@ from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import F, Q
 
+from memory_app.models.shared import OrderedJSONField
+
 
 class Context(models.Model):
     """One memory space, identified by a JSON dict of keys (get-or-create, order-insensitive)."""
@@ -15,7 +17,7 @@ class Context(models.Model):
     keys = models.JSONField()
     keys_digest = models.CharField(max_length=64, editable=False)
     title = models.CharField(max_length=500, blank=True, default="")
-    metadata = models.JSONField(default=dict, blank=True)
+    metadata = OrderedJSONField(default=dict, blank=True)
     # AgentScope 1.x working memory keeps a compressed summary beside its messages.
     compressed_summary = models.TextField(blank=True, default="")
     # Allocation counter for message seq: incremented under the row lock, so seq is gap-free

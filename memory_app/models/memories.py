@@ -18,6 +18,7 @@ from memory_app.models.shared import (
     MemoryKind,
     MemoryOrigin,
     MemoryStatus,
+    OrderedJSONField,
     choices_check,
 )
 
@@ -35,7 +36,7 @@ class MemoryRecord(models.Model):
     content_hash = models.CharField(max_length=64, editable=False)
     thinking = models.TextField(blank=True, default="")
     keywords = ArrayField(models.CharField(max_length=200), default=list, blank=True)
-    metadata = models.JSONField(default=dict, blank=True)
+    metadata = OrderedJSONField(default=dict, blank=True)
     source_message = models.ForeignKey(
         Message, on_delete=models.SET_NULL, null=True, blank=True, related_name="memory_records"
     )
@@ -161,7 +162,8 @@ class MemoryVersion(models.Model):
     kind = models.CharField(max_length=20)
     thinking = models.TextField(blank=True, default="")
     keywords = ArrayField(models.CharField(max_length=200), default=list, blank=True)
-    metadata = models.JSONField(default=dict, blank=True)
+    # As the memory's own: a restored version gives its metadata back in the order written.
+    metadata = OrderedJSONField(default=dict, blank=True)
     status = models.CharField(max_length=20)
     archived_at = models.DateTimeField(null=True, blank=True)
     # What made this version (record, edit, archive, restore, approve, merge, import,

@@ -10,7 +10,7 @@ from django.db.models import Q
 
 from memory_app.models.contexts import Context
 from memory_app.models.runs import Run, Step
-from memory_app.models.shared import ContextRow, MessageRole, choices_check
+from memory_app.models.shared import ContextRow, MessageRole, OrderedJSONField, choices_check
 
 
 class Message(ContextRow):
@@ -27,11 +27,11 @@ class Message(ContextRow):
     role = models.CharField(max_length=20, choices=MessageRole.choices)
     name = models.CharField(max_length=200, blank=True, default="")
     text = models.TextField(blank=True, default="")
-    content = models.JSONField(null=True, blank=True, help_text="structured content blocks")
+    content = OrderedJSONField(null=True, blank=True, help_text="structured content blocks")
     tags = ArrayField(models.CharField(max_length=200), default=list, blank=True)
-    metadata = models.JSONField(default=dict, blank=True)
-    # jsonb sorts object keys; a framework's own key order of `content` and `metadata` (where it
-    # differs) is kept here so an export gives the agent back the exact same prompt text.
+    metadata = OrderedJSONField(default=dict, blank=True)
+    # Messages stored while `content` and `metadata` were jsonb (which sorts object keys) keep
+    # their framework's key order here; their columns keep it themselves since migration 0024.
     key_order = models.JSONField(
         null=True, blank=True, help_text="memory_app.interop.key_order skeleton of content/metadata"
     )

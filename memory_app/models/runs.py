@@ -10,7 +10,14 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 
 from memory_app.models.contexts import Context
-from memory_app.models.shared import ContextRow, RunStatus, StepKind, choices_check, context_of_row
+from memory_app.models.shared import (
+    ContextRow,
+    OrderedJSONField,
+    RunStatus,
+    StepKind,
+    choices_check,
+    context_of_row,
+)
 
 # What the runs table sorts by, as indexed below.
 RUN_STARTED = Coalesce("started_at", "created_at")
@@ -31,7 +38,7 @@ class Run(ContextRow):
     agent_name = models.CharField(max_length=200, blank=True, default="")
     framework = models.CharField(max_length=50, blank=True, default="")
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.RUNNING)
-    final_answer = models.JSONField(null=True, blank=True)
+    final_answer = OrderedJSONField(null=True, blank=True)
     input_tokens = models.BigIntegerField(null=True, blank=True)
     output_tokens = models.BigIntegerField(null=True, blank=True)
     total_tokens = models.BigIntegerField(null=True, blank=True)
@@ -49,7 +56,7 @@ class Run(ContextRow):
         models.CharField(max_length=200), default=list, blank=True, db_default=Value([])
     )
     cost = models.FloatField(null=True, blank=True, help_text="USD")
-    metadata = models.JSONField(default=dict, blank=True)
+    metadata = OrderedJSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -100,12 +107,12 @@ class Step(ContextRow):
     step_number = models.IntegerField(null=True, blank=True)
     task = models.TextField(null=True, blank=True)
     plan = models.TextField(null=True, blank=True)
-    model_input_messages = models.JSONField(null=True, blank=True)
-    model_output_message = models.JSONField(null=True, blank=True)
-    model_output = models.JSONField(null=True, blank=True)
+    model_input_messages = OrderedJSONField(null=True, blank=True)
+    model_output_message = OrderedJSONField(null=True, blank=True)
+    model_output = OrderedJSONField(null=True, blank=True)
     code_action = models.TextField(null=True, blank=True)
     observations = models.TextField(null=True, blank=True)
-    action_output = models.JSONField(null=True, blank=True)
+    action_output = OrderedJSONField(null=True, blank=True)
     error_type = models.CharField(max_length=200, null=True, blank=True)
     error_message = models.TextField(null=True, blank=True)
     start_time = models.FloatField(null=True, blank=True, help_text="unix epoch seconds")
@@ -119,7 +126,7 @@ class Step(ContextRow):
     model = models.CharField(max_length=200, blank=True, default="", db_default="")
     cost = models.FloatField(null=True, blank=True, help_text="USD, as reported by the agent")
     is_final_answer = models.BooleanField(default=False)
-    payload = models.JSONField(null=True, blank=True)
+    payload = OrderedJSONField(null=True, blank=True)
     pruned_at = models.DateTimeField(null=True, blank=True)
     pruned_by = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -170,7 +177,7 @@ class ToolCall(ContextRow):
     position = models.IntegerField()
     call_id = models.CharField(max_length=200, blank=True, default="")
     name = models.CharField(max_length=200)
-    arguments = models.JSONField(null=True, blank=True)
+    arguments = OrderedJSONField(null=True, blank=True)
     output = models.TextField(null=True, blank=True)
     success = models.BooleanField(null=True, blank=True)
     duration = models.FloatField(null=True, blank=True, help_text="seconds")

@@ -1,13 +1,19 @@
 """What the entity modules share: the choices their check constraints hold a column to, the
-full-text configuration and the digest that identifies a context by its keys."""
+full-text configuration, the digest that identifies a context by its keys, and the JSON field
+that keeps what an agent wrote in the order it wrote it."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from typing import Any
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Cast
+from psycopg.types.json import Json
+from psycopg.types.string import TextLoader
 
 # Full-text configuration: `simple` would not stem; `english` ranks "weathers" with "weather".
 # Migration 0018's triggers parse with it too: changing it needs a migration that replaces them
@@ -19,6 +25,80 @@ def keys_digest(keys: dict) -> str:
     """Order-insensitive digest of a context-keys dict (the identity of a context)."""
     canonical = json.dumps(keys, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class OrderedJSONField(models.JSONField):
+    """A JSON value kept as written: its object keys in their order, on every path.
+
+    PostgreSQL `jsonb` sorts an object's keys (shorter first, then bytewise), so an agent's
+    `{"query": "cats", "k": 3}` would come back as `{"k": 3, "query": "cats"}`, and a prompt
+    rebuilt from it would differ from the one the agent sent. The column is `json`, which keeps
+    the text verbatim: written as one JSON text (a `json` parameter, never a `jsonb` one, which
+    PostgreSQL would sort on the way in; the COPY paths write the text themselves), read back
+    as text (`json_as_text`) and decoded by `JSONField`, which keeps the text's order.
+
+    Lookups still work as on `jsonb`: each one (containment, keys, key transforms, equality)
+    reads the column cast to `jsonb` first, so a filter means what it means on a `JSONField`.
+    Only `isnull` reads the column as it is. Nothing indexes these columns: the values agents
+    are filtered by (context keys, memory scopes) stay `jsonb` with their GIN indexes.
+
+    Migrations see a plain `JSONField` (`deconstruct`): the column type is the SQL of the
+    migration that made it `json`, so the frozen migrations name no application class.
+    """
+
+    def db_type(self, connection) -> str:
+        return "json"
+
+    def deconstruct(self):
+        name, _path, args, kwargs = super().deconstruct()
+        return name, "django.db.models.JSONField", args, kwargs
+
+    def get_db_prep_value(self, value, connection, prepared=False):
+        if not prepared:
+            value = self.get_prep_value(value)
+        if value is None or hasattr(value, "as_sql"):
+            return value
+        return Json(value, dumps=_dumps(self.encoder))
+
+    def get_lookup(self, lookup_name: str):
+        lookup = super().get_lookup(lookup_name)
+        if lookup is None or lookup_name == "isnull":
+            return lookup
+        return _on_jsonb(lookup)
+
+    def get_transform(self, name: str):
+        transform = super().get_transform(name)
+        return lambda lhs, *args, **kwargs: transform(_jsonb(lhs), *args, **kwargs)
+
+
+def json_as_text(sender, connection, **kwargs) -> None:
+    """A `connection_created` receiver: `json` values reach Django as text, as Django has
+    `jsonb` ones reach it, so that every JSONField (the models' and the migrations' historical
+    ones alike) and every raw query reads a `json` column as it read a `jsonb` one."""
+    adapters = getattr(connection.connection, "adapters", None)
+    if connection.vendor == "postgresql" and adapters is not None:
+        adapters.register_loader("json", TextLoader)
+
+
+def _jsonb(lhs: Any) -> Cast:
+    return Cast(lhs, models.JSONField())
+
+
+@functools.cache
+def _dumps(encoder: Any):
+    return functools.partial(json.dumps, cls=encoder) if encoder else json.dumps
+
+
+@functools.cache
+def _on_jsonb(lookup: type) -> type:
+    """`lookup` applied to the column cast to jsonb (its right side prepared as for jsonb)."""
+
+    class OnJsonb(lookup):
+        def __init__(self, lhs, rhs):
+            super().__init__(_jsonb(lhs), rhs)
+
+    OnJsonb.__name__ = f"Jsonb{lookup.__name__}"
+    return OnJsonb
 
 
 class MessageRole(models.TextChoices):

@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WrapValidator, model_validator
 
 from memory_app.new_message import NewMessage
 from memory_app.schemas.fields import (
@@ -70,9 +70,19 @@ class ImageBlock(_Block):
     source: JsonObject | None = None
 
 
+def _as_written(value: Any, handler) -> Any:
+    """A block sent as a JSON object is checked against its type's model and kept as the object
+    itself: a model would put its declared fields first, and the block must come back with its
+    keys in the order the agent wrote them."""
+    checked = handler(value)
+    return value if isinstance(value, dict) else checked.model_dump(exclude_unset=True)
+
+
+# Validated as a model, held as the block's own dict (`_as_written`).
 ContentBlock = Annotated[
     TextBlock | ThinkingBlock | ToolUseBlock | ToolResultBlock | ImageBlock,
     Field(discriminator="type"),
+    WrapValidator(_as_written),
 ]
 
 
@@ -131,12 +141,8 @@ class MessageIn(BulkIn):
             role=self.role,
             name=self.name,
             text=self.text,
-            # Blocks are stored as sent (exclude_unset): a repeat compares equal to the stored row.
-            content=(
-                None
-                if self.content is None
-                else [b.model_dump(exclude_unset=True) for b in self.content]
-            ),
+            # Blocks are stored as sent: a repeat compares equal to the stored row.
+            content=None if self.content is None else list(self.content),
             tags=self.tags,
             metadata=self.metadata,
             run_id=self.run_id,
