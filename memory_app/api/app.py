@@ -141,3 +141,7 @@ api.add_router("/v1/", traces_api.router)
 from memory_app.api import embedding_models as embedding_models_api  # noqa: E402
 
 api.add_router("/v1/", embedding_models_api.router)
+
+from memory_app.api import scores as scores_api  # noqa: E402
+
+api.add_router("/v1/", scores_api.router)

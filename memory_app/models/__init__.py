@@ -21,6 +21,7 @@ from memory_app.models.runs import (
     ToolCall,
     TraceSpan,
 )
+from memory_app.models.scores import Comment, Label, ReviewQueue, Score, ScoreKind
 from memory_app.models.shared import (
     FTS_CONFIG,
     MemoryKind,
@@ -39,10 +40,12 @@ __all__ = [
     "RUN_STARTED",
     "ApiKey",
     "AuditEvent",
+    "Comment",
     "Context",
     "Embedding",
     "EmbeddingModel",
     "EmbeddingRetry",
+    "Label",
     "MemoryKind",
     "MemoryRecord",
     "MemoryReview",
@@ -50,8 +53,11 @@ __all__ = [
     "Message",
     "MessageRole",
     "MessageSearch",
+    "ReviewQueue",
     "Run",
     "RunStatus",
+    "Score",
+    "ScoreKind",
     "Step",
     "StepKind",
     "ToolCall",
