@@ -15,6 +15,7 @@ from memory_app.views import (
     playground,
     run_table,
     runs,
+    scores,
 )
 
 reading_urlpatterns = [
@@ -88,6 +89,10 @@ curation_urlpatterns = [
         name="memory-promote-message",
     ),
     path("steps/<int:step_id>/promote/", memories.promote_step, name="memory-promote-step"),
+    path("runs/<int:run_id>/review/", scores.run_review_change, name="run-review"),
+    path("queues/", scores.queues, name="queues"),
+    path("queues/<int:queue_id>/", scores.queue, name="queue"),
+    path("scores/export/", scores.scores_download, name="scores-export"),
     path("audit/", audit.audit_log, name="audit"),
     path("audit/<int:event_id>/", audit.audit_entry, name="audit-entry"),
     path("audit/<int:event_id>/undo/", audit.audit_undo_view, name="audit-undo"),

@@ -3,6 +3,8 @@ scores; every score the key may see, exported as JSON lines or CSV."""
 
 from __future__ import annotations
 
+import json
+
 from django.http import StreamingHttpResponse
 from ninja import Query, Router, Status
 
@@ -20,11 +22,18 @@ from memory_app.api.common import (
     step_for,
 )
 from memory_app.queries.scores import as_csv, as_jsonl, score_row, scores_export
-from memory_app.schemas.scores import ScoreExportQuery, ScoreIn, ScoreList, ScoreOut
+from memory_app.schemas.scores import (
+    SCORE_EXAMPLE,
+    ScoreExportQuery,
+    ScoreIn,
+    ScoreList,
+    ScoreOut,
+)
 from memory_app.services import scores as scores_service
 from memory_app.services.scores import Target
 
 router = Router(tags=["scores"])
+CSV_EXAMPLE = "".join(as_csv([SCORE_EXAMPLE]))
 SCORED = responses({200: ScoreOut, 201: ScoreOut}, WRITE_ERRORS)
 
 
@@ -72,6 +81,17 @@ def run_scores(request, run_id: RunId):
     "/scores/export",
     response=responses({200: None}),
     summary="Export every score the key may see, as JSON lines or CSV",
+    openapi_extra={
+        "responses": {
+            200: {
+                "description": "OK",
+                "content": {
+                    "application/x-ndjson": {"example": json.dumps(SCORE_EXAMPLE) + "\n"},
+                    "text/csv": {"example": CSV_EXAMPLE},
+                },
+            }
+        }
+    },
 )
 def scores_download(request, params: Query[ScoreExportQuery]):
     """One score a line (JSONL) or a row (CSV, with a header), in id order."""

@@ -253,7 +253,6 @@ class Migration(migrations.Migration):
                         base_field=models.CharField(max_length=200),
                         blank=True,
                         default=list,
-                        size=9,
                     ),
                 ),
                 ("created_at", models.DateTimeField(auto_now_add=True)),

@@ -183,9 +183,7 @@ class ReviewQueue(models.Model):
     score_name = models.CharField(max_length=NAME_CHARS)
     score_kind = models.CharField(max_length=20, choices=ScoreKind.choices)
     # A categorical queue's categories, in the order the digit keys 1, 2, 3… give them.
-    categories = ArrayField(
-        models.CharField(max_length=CATEGORY_CHARS), default=list, blank=True, size=9
-    )
+    categories = ArrayField(models.CharField(max_length=CATEGORY_CHARS), default=list, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
     )

@@ -72,6 +72,7 @@ class ScoreOut(Schema):
 
 
 class ScoreList(Schema):
+    model_config = _examples({"items": [SCORE_EXAMPLE]})
     items: list[ScoreOut]
 
 

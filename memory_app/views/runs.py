@@ -32,6 +32,7 @@ from memory_app.roles import require
 from memory_app.services.curation import steps_set_pruned
 from memory_app.views.common import htmx_partial, invalid_form, page, replica_page, wants_fragment
 from memory_app.views.forms import PrunedForm, RunLiveForm, StepDetailForm
+from memory_app.views.scores import review_blocks
 
 
 def _run(run_id: int) -> Run:
@@ -58,6 +59,7 @@ def _logbook_context(run: Run, position: int | None) -> dict:
             "step": None,
             "live": run.status == RunStatus.RUNNING,
             "cost": run_cost(run=run),
+            **review_blocks(run, None),
         }
     step = step_detail(run=run, position=position)
     if step is None:
@@ -80,6 +82,7 @@ def _logbook_context(run: Run, position: int | None) -> dict:
         # What the poll names the page's steps by (only a running run's page polls).
         "seen": {"step": step.pk, "last": _step_id(run, shown) if live else None},
         "tail": not window.has_later,
+        **review_blocks(run, step),
     }
 
 
