@@ -150,9 +150,9 @@ def test_a_queue_is_saved_from_the_runs_filters_and_lists_this_reviewers_progres
         viewer.post(
             "/queues/", {"name": "V", "score_name": "x", "score_kind": "boolean"}
         ).status_code
-        == 400
+        == 403
     )
-    assert viewer.post(f"/queues/{queue.pk}/", {"run": run.pk, "key": "1"}).status_code == 400
+    assert viewer.post(f"/queues/{queue.pk}/", {"run": run.pk, "key": "1"}).status_code == 403
 
 
 def test_the_scores_download_is_jsonl_or_csv(run):

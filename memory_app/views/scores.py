@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import QueryDict, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
@@ -147,7 +147,7 @@ def queues(request):
     """The review queues, each with this reviewer's progress; POST saves a new one."""
     if request.method == "POST":
         if not user_can(request.user, "curate"):
-            return bad_request(request, "only a curator saves review queues")
+            raise PermissionDenied("only a curator saves review queues")
         form = QueueForm(request.POST)
         if not form.is_valid():
             return invalid_form(request, form)
@@ -215,7 +215,7 @@ def queue(request, queue_id: int):
     queue = get_object_or_404(ReviewQueue, pk=queue_id)
     if request.method == "POST":
         if not user_can(request.user, "curate"):
-            return bad_request(request, "only a curator scores runs")
+            raise PermissionDenied("only a curator scores runs")
         form = QueueScoreForm(request.POST)
         if not form.is_valid():
             return invalid_form(request, form)
