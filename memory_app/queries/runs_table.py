@@ -40,7 +40,6 @@ from memory_app.queries.dashboard import (
     _encode_cursor,
     _key_match,
 )
-from memory_app.queries.scores import attach_run_scores
 
 PAGE_SIZE = 50
 TASK_CHARS = 160
@@ -279,7 +278,8 @@ def runs_table(
 
 
 def runs_needing_attention(*, limit: int = 10) -> dict[str, list[Run]]:
-    """The latest failed and running runs, for the home page, with their scores and labels."""
-    failed = runs_table(filters=RunFilters(statuses=list(FAILED)), limit=limit).runs
-    running = runs_table(filters=RunFilters(statuses=[RunStatus.RUNNING]), limit=limit).runs
-    return {"failed": attach_run_scores(failed), "running": attach_run_scores(running)}
+    """The latest failed and running runs, for the home page."""
+    return {
+        "failed": runs_table(filters=RunFilters(statuses=list(FAILED)), limit=limit).runs,
+        "running": runs_table(filters=RunFilters(statuses=[RunStatus.RUNNING]), limit=limit).runs,
+    }
