@@ -24,13 +24,17 @@ from memory_app.audit import Actor, audit_record
 from memory_app.models import (
     ApiKey,
     AuditEvent,
+    Comment,
     Context,
     Embedding,
     EmbeddingModel,
     EmbeddingRetry,
+    Label,
     MemoryRecord,
     Message,
+    ReviewQueue,
     Run,
+    Score,
     Step,
     ToolCall,
     TraceSpan,
@@ -606,3 +610,10 @@ class TraceSpanAdmin(PurgeAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False  # spans are kept as received
+
+
+# Written, and audited, by the dashboard, the Agent API and MCP: read-only here.
+@admin.register(Score, Label, Comment, ReviewQueue)
+class ReviewAdmin(AuditEventAdmin):
+    list_display = ["__str__", "created_at"]
+    list_filter = search_fields = raw_id_fields = ()
