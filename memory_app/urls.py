@@ -16,6 +16,7 @@ from memory_app.views import (
     retention,
     run_table,
     runs,
+    scores,
 )
 
 reading_urlpatterns = [
@@ -45,6 +46,10 @@ reading_urlpatterns = [
         name="step-transcript",
     ),
     path("runs/<int:run_id>/steps/<int:position>/prune/", runs.step_prune, name="step-prune"),
+    # Review queues and the scores download: read by viewers, written by curators.
+    path("queues/", scores.queues, name="queues"),
+    path("queues/<int:queue_id>/", scores.queue, name="queue"),
+    path("scores/export/", scores.scores_download, name="scores-export"),
 ]
 
 # Kept as their own list: tests walk every curation URL to check its permissions.
@@ -92,6 +97,7 @@ curation_urlpatterns = [
         name="memory-promote-message",
     ),
     path("steps/<int:step_id>/promote/", memories.promote_step, name="memory-promote-step"),
+    path("runs/<int:run_id>/review/", scores.run_review_change, name="run-review"),
     path("audit/", audit.audit_log, name="audit"),
     path("audit/<int:event_id>/", audit.audit_entry, name="audit-entry"),
     path("audit/<int:event_id>/undo/", audit.audit_undo_view, name="audit-undo"),

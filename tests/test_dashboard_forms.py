@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from memory_app.audit import Actor
-from memory_app.models import ApiKey, AuditEvent, Message, Step
+from memory_app.models import ApiKey, AuditEvent, Message, ReviewQueue, Step
 from memory_app.services.memories import memory_promote
 from memory_app.urls import urlpatterns
 from memory_app.views.forms import MomentField
@@ -45,6 +45,7 @@ GET_ONLY = {
     "memory-history",
     "audit",
     "audit-entry",
+    "scores-export",
 }
 POST_ONLY = {
     "logout",
@@ -69,6 +70,7 @@ POST_ONLY = {
     "audit-undo",
     "key-revoke",
     "embedding-model-add",
+    "run-review",
 }
 
 
@@ -102,6 +104,9 @@ def urls() -> dict[str, str]:
         "step_id": step.pk,
         "event_id": event.pk,
         "key_id": key.pk,
+        "queue_id": ReviewQueue.objects.create(
+            name="q", score_name="correct", score_kind="boolean"
+        ).pk,
     }
     return {
         p.name: reverse(p.name, kwargs={n: ids[n] for n in p.pattern.converters})
@@ -111,6 +116,7 @@ def urls() -> dict[str, str]:
 
 def test_the_method_lists_cover_every_dashboard_url(urls):
     both = {"login", "curate-message-edit", "memory-edit", "keys", "purge", "retention", "erasure"}
+    both |= {"queues", "queue"}
     assert set(urls) == GET_ONLY | POST_ONLY | both
 
 

@@ -93,7 +93,7 @@ def test_the_migration_fills_the_columns_from_the_stored_steps():
     Run.objects.filter(pk=run.pk).update(tool_call_count=0, model_names=[], cost=None)
     migration = importlib.import_module("memory_app.migrations.0022_run_table_columns")
     with connection.schema_editor(atomic=False) as editor:
-        # As the migration found it: the run's metadata was jsonb until migration 0024 (the
+        # As the migration found it: the run's metadata was jsonb until migration 0028 (the
         # deferred key checks run first: a table with pending ones cannot be altered).
         editor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         editor.execute("ALTER TABLE memory_app_run ALTER COLUMN metadata TYPE jsonb")

@@ -153,3 +153,7 @@ api.add_router("/v1/", erasure_api.router)
 from memory_app.api import checkpoints as checkpoints_api  # noqa: E402
 
 api.add_router("/v1/", checkpoints_api.router)
+
+from memory_app.api import scores as scores_api  # noqa: E402
+
+api.add_router("/v1/", scores_api.router)

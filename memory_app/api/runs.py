@@ -29,6 +29,7 @@ from memory_app.queries.lists import (
     steps_list,
 )
 from memory_app.queries.runs_table import BadQuery, RunFilters, runs_table
+from memory_app.queries.scores import attach_run_scores
 from memory_app.schemas.fields import INT64_MAX
 from memory_app.schemas.runs import (
     RunDetailOut,
@@ -84,18 +85,23 @@ def run_table(request, params: Query[RunTableQuery]):
     """Newest first by default; a key confined to some context keys sees only the runs of its
     contexts. The cursor is opaque: pass back `next_cursor` with the same filters."""
     key = require_scope(request, "read")
-    filters = RunFilters(
-        statuses=list(params.status),
-        has_error=params.has_error,
-        error=params.error,
-        model=params.model,
-        keys_contain=parse_keys_filter(params.keys),
-        started_after=params.started_after,
-        started_before=params.started_before,
-        min_duration=params.min_duration,
-        min_cost=params.min_cost,
-    )
     try:
+        filters = RunFilters(
+            statuses=list(params.status),
+            has_error=params.has_error,
+            error=params.error,
+            model=params.model,
+            keys_contain=parse_keys_filter(params.keys),
+            started_after=params.started_after,
+            started_before=params.started_before,
+            min_duration=params.min_duration,
+            min_cost=params.min_cost,
+            score=params.score,
+            score_value=params.score_value,
+            score_min=params.score_min,
+            score_max=params.score_max,
+            label=params.label,
+        )
         found = runs_table(
             filters=filters,
             order=params.sort,
@@ -107,7 +113,7 @@ def run_table(request, params: Query[RunTableQuery]):
         )
     except BadQuery as exc:
         raise HttpError(422, str(exc)) from None
-    page = {"items": found.runs, "has_more": found.next_cursor is not None}
+    page = {"items": attach_run_scores(found.runs), "has_more": found.next_cursor is not None}
     return Status(200, {**page, "next_cursor": found.next_cursor})
 
 

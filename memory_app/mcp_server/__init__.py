@@ -6,7 +6,7 @@ tool the key's scope does not allow answers a tool error naming the scope; ids o
 context keys answer "not found", as unknown ids do.
 
 One module per job: `keys` (Bearer keys), `app` (the server and how a tool runs), `schema`
-(input schemas every client can call), `contexts`, `memories` and `runs` (the tools),
+(input schemas every client can call), `contexts`, `memories`, `runs` and `scores` (the tools),
 `transport` (JSON bodies, the ASGI app) and `unavailable` (a database fault as a 503).
 
 The tools are thin: they validate their arguments with the REST API's input schemas and call the
@@ -18,7 +18,12 @@ The server is stateless with JSON responses: any worker process can answer any r
 session to find), and there is nothing to stream.
 """
 
-from memory_app.mcp_server import contexts, memories, runs  # noqa: F401  (they register the tools)
+from memory_app.mcp_server import (  # noqa: F401  (they register the tools)
+    contexts,
+    memories,
+    runs,
+    scores,
+)
 from memory_app.mcp_server.app import PATH, server
 from memory_app.mcp_server.transport import asgi_app
 

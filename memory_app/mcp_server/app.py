@@ -39,8 +39,8 @@ creating any); append_message to write the conversation; select_context to choos
 the next prompt; search_memory to find past messages; record_memory / retrieve_memories for
 long-term facts, list_memories / correct_memory / delete_memory to look after them,
 memory_status for what review decided;
-list_runs / read_run to look at runs. Leaving out an optional parameter and passing null are the
-same."""
+list_runs / read_run to look at runs, score to judge a run, step or message. Leaving out an
+optional parameter and passing null are the same."""
 
 
 # --- running a tool: scope check, sync domain call, errors as clear tool errors ------------------

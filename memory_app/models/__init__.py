@@ -23,6 +23,7 @@ from memory_app.models.runs import (
     ToolCall,
     TraceSpan,
 )
+from memory_app.models.scores import Comment, Label, ReviewQueue, Score, ScoreKind
 from memory_app.models.shared import (
     FTS_CONFIG,
     MemoryKind,
@@ -46,10 +47,12 @@ __all__ = [
     "Checkpoint",
     "CheckpointBlob",
     "CheckpointWrite",
+    "Comment",
     "Context",
     "Embedding",
     "EmbeddingModel",
     "EmbeddingRetry",
+    "Label",
     "MemoryKind",
     "MemoryOrigin",
     "MemoryRecord",
@@ -62,8 +65,11 @@ __all__ = [
     "MessageSearch",
     "RetentionKind",
     "RetentionPolicy",
+    "ReviewQueue",
     "Run",
     "RunStatus",
+    "Score",
+    "ScoreKind",
     "Step",
     "StepKind",
     "ToolCall",

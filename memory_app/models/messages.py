@@ -31,7 +31,7 @@ class Message(ContextRow):
     tags = ArrayField(models.CharField(max_length=200), default=list, blank=True)
     metadata = OrderedJSONField(default=dict, blank=True)
     # Messages stored while `content` and `metadata` were jsonb (which sorts object keys) keep
-    # their framework's key order here; their columns keep it themselves since migration 0024.
+    # their framework's key order here; their columns keep it themselves since migration 0028.
     key_order = models.JSONField(
         null=True, blank=True, help_text="memory_app.interop.key_order skeleton of content/metadata"
     )

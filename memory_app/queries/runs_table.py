@@ -7,7 +7,9 @@ cursor is the last row's (value, id), so page 2,000 costs what page 1 does and r
 meanwhile never shift a page. Only the error-text filter reads steps: the errors of the runs
 being considered, through the partial index of erroneous steps.
 
-Scores and labels are not here yet: their columns and filters come with the scores.
+Scores and labels filter by their run's own rows (`memory_app.models.scores`), each an
+`EXISTS` on the run's context and id (`score_run_name_idx`, `label_name_run_idx`); the page's
+scores and labels are read for its runs alone (`memory_app.queries.scores`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,18 @@ from typing import Any
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.db.models.functions import Substr
 
-from memory_app.models import RUN_COST, RUN_DURATION, RUN_STARTED, Context, Run, RunStatus, Step
+from memory_app.models import (
+    RUN_COST,
+    RUN_DURATION,
+    RUN_STARTED,
+    Context,
+    Label,
+    Run,
+    RunStatus,
+    Score,
+    ScoreKind,
+    Step,
+)
 from memory_app.queries.dashboard import (
     MAX_QUERY_CHARS,
     BadQuery,
@@ -77,6 +90,15 @@ class RunFilters:
     started_before: datetime | None = None
     min_duration: float | None = None
     min_cost: float | None = None
+    # A score of this name on the run itself, with this value (true/false, a number, a category)
+    # or within [score_min, score_max].
+    score: str = ""
+    score_value: str = ""
+    score_min: float | None = None
+    score_max: float | None = None
+    label: str = ""
+    # (author, score name): only runs without that author's score of that name (a review queue).
+    unscored_by: tuple[str, str] | None = None
 
     def __post_init__(self):
         unknown = [s for s in self.statuses if s not in RunStatus.values]
@@ -84,6 +106,12 @@ class RunFilters:
             raise BadQuery(f"status must be among {RunStatus.values}, got {unknown}")
         if len(self.error) > MAX_QUERY_CHARS or len(self.model) > 200:
             raise BadQuery("the filter text is too long")
+        if len(self.score) > 100 or len(self.label) > 100 or len(self.score_value) > 200:
+            raise BadQuery("a score or label name is at most 100 characters")
+        if not self.score and (
+            self.score_value or self.score_min is not None or self.score_max is not None
+        ):
+            raise BadQuery("a score's value or range needs the score's name")
 
     @property
     def active(self) -> bool:
@@ -99,6 +127,8 @@ class RunFilters:
                 self.started_before,
                 self.min_duration is not None,
                 self.min_cost is not None,
+                self.score,
+                self.label,
             )
         )
 
@@ -135,6 +165,20 @@ def _filtered(filters: RunFilters, contexts: QuerySet[Context] | None) -> QueryS
         qs = qs.filter(started__gte=filters.started_after)
     if filters.started_before is not None:
         qs = qs.filter(started__lt=filters.started_before)
+    if filters.score:
+        qs = qs.filter(Exists(_run_scores(filters.score).filter(_score_value(filters))))
+    if filters.label:
+        labels = Label.objects.filter(
+            context_id=OuterRef("context_id"),
+            run_id=OuterRef("pk"),
+            step__isnull=True,
+            message__isnull=True,
+            name=filters.label,
+        )
+        qs = qs.filter(Exists(labels))
+    if filters.unscored_by is not None:
+        author, name = filters.unscored_by
+        qs = qs.exclude(Exists(_run_scores(name).filter(author=author)))
     if filters.error:
         text = filters.error
         errors = Step.objects.filter(
@@ -142,6 +186,45 @@ def _filtered(filters: RunFilters, contexts: QuerySet[Context] | None) -> QueryS
         ).filter(Q(error_type__icontains=text) | Q(error_message__icontains=text))
         qs = qs.filter(error_count__gt=0).filter(Exists(errors))
     return qs
+
+
+def _run_scores(name: str) -> QuerySet[Score]:
+    """Scores of `name` on the outer query's run itself (not its steps or messages)."""
+    return Score.objects.filter(
+        context_id=OuterRef("context_id"),
+        run_id=OuterRef("pk"),
+        step__isnull=True,
+        message__isnull=True,
+        name=name,
+    )
+
+
+def _score_value(filters: RunFilters) -> Q:
+    """The value a score filter asks for: `true`/`false` match booleans, a number matches
+    numeric scores equal to it, any text matches the category; the range, numbers."""
+    match = Q()
+    text = filters.score_value.strip()
+    if text:
+        match = Q(category=text)
+        if text.lower() in ("true", "false"):
+            match |= Q(kind=ScoreKind.BOOLEAN, number=1.0 if text.lower() == "true" else 0.0)
+        else:
+            try:
+                number = float(text)
+            except ValueError:
+                number = None
+            if number is not None and number == number:  # not NaN
+                match |= Q(kind=ScoreKind.NUMERIC, number=number)
+    if filters.score_min is not None:
+        match &= Q(number__gte=filters.score_min)
+    if filters.score_max is not None:
+        match &= Q(number__lte=filters.score_max)
+    return match
+
+
+def runs_count(*, filters: RunFilters, contexts: QuerySet[Context] | None = None) -> int:
+    """How many runs the filters hold (a review queue's progress)."""
+    return _filtered(filters, contexts).count()
 
 
 def runs_table(

@@ -136,7 +136,16 @@ RUN_ROW_EXAMPLE = {
     "total_tokens": 5510,
     "cost": 0.0161,
     "created_at": "2025-01-01T10:00:00Z",
+    "scores": [{"name": "correct", "kind": "boolean", "value": False, "author": "user:ada"}],
+    "labels": ["regression"],
 }
+
+
+class RunScoreOut(Schema):
+    name: str
+    kind: str
+    value: bool | float | str
+    author: str
 
 
 class RunRowOut(Schema):
@@ -169,6 +178,12 @@ class RunRowOut(Schema):
         "they were written; null when no step's cost is known"
     )
     created_at: datetime
+    scores: list[RunScoreOut] = Field(description="the scores on the run itself, by name")
+    labels: list[str] = Field(description="the labels on the run itself")
+
+    @staticmethod
+    def resolve_labels(run):
+        return [label.name for label in run.labels]
 
     @staticmethod
     def resolve_context_keys(run) -> Any:
@@ -221,6 +236,13 @@ class RunTableQuery(Schema):
     sort: RunOrder = Field(
         "started", description="started (newest first), oldest, duration or cost (largest first)"
     )
+    score: str = Field("", max_length=100, description="runs with a score of this name")
+    score_value: str = Field(
+        "", max_length=200, description="…whose value is this: true/false, a number, a category"
+    )
+    score_min: float | None = Field(None, allow_inf_nan=False, description="…at least this")
+    score_max: float | None = Field(None, allow_inf_nan=False, description="…at most this")
+    label: str = Field("", max_length=100, description="runs with this label")
     cursor: str | None = Field(None, max_length=500, description="the last page's `next_cursor`")
     limit: int = Field(50, ge=1, le=MAX_LIMIT)
 

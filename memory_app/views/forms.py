@@ -240,6 +240,11 @@ class RunTableForm(KeyChipsForm):
     started_before = MomentField(label="started before")
     min_duration = AmountField(label="min duration (s)")
     min_cost = AmountField(label="min cost (USD)")
+    score = TextField(label="score name", max_length=100)
+    score_value = TextField(label="score value", max_length=200)
+    score_min = forms.FloatField(label="score at least", required=False)
+    score_max = forms.FloatField(label="score at most", required=False)
+    label = TextField(max_length=100)
     sort = forms.ChoiceField(
         choices=[(name, label) for name, (label, _, _) in RUN_ORDERS.items()],
         required=False,
@@ -262,6 +267,11 @@ class RunTableForm(KeyChipsForm):
             started_before=data["started_before"],
             min_duration=data["min_duration"],
             min_cost=data["min_cost"],
+            score=data["score"],
+            score_value=data["score_value"],
+            score_min=data["score_min"],
+            score_max=data["score_max"],
+            label=data["label"],
         )
 
 

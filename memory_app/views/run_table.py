@@ -6,6 +6,7 @@ from django.views.decorators.http import require_GET
 
 from memory_app.models import RunStatus
 from memory_app.queries.runs_table import ORDERS, BadQuery, runs_table
+from memory_app.queries.scores import attach_run_scores
 from memory_app.roles import require
 from memory_app.views.common import (
     bad_request,
@@ -27,6 +28,11 @@ CARRIED = (
     "started_before",
     "min_duration",
     "min_cost",
+    "score",
+    "score_value",
+    "score_min",
+    "score_max",
+    "label",
     "sort",
 )
 
@@ -39,13 +45,14 @@ def run_table(request):
     form = RunTableForm(request.GET)
     if not form.is_valid():
         return invalid_form(request, form)
-    filters = form.filters()
     order, cursor = form.cleaned_data["sort"], form.cleaned_data["cursor"]
     try:
+        filters = form.filters()
         # The query layer checks the cursor (opaque to the form).
         found = runs_table(filters=filters, order=order, cursor=cursor or None)
     except BadQuery as exc:
         return bad_request(request, exc)
+    attach_run_scores(found.runs)
     typed = form.typed(CARRIED)
     typed["sort"] = order
     chip_values = [f"{k}={v}" for k, v in filters.keys]
@@ -71,6 +78,10 @@ def run_table(request):
         "next_url": url(cursor=found.next_cursor) if found.next_cursor else None,
         "first_url": url() if cursor else None,
         "clear_url": base,
+        # The filters as a review queue keeps them (no order, cursor or one-off chip input).
+        "queue_filters": query_string(
+            **{k: v for k, v in typed.items() if k != "sort"}, key=chip_values
+        ),
         "nav_active": "runs",
     }
     response = page(request, "memory_app/runs.html", context)

@@ -33,6 +33,7 @@ from memory_app.roles import require
 from memory_app.services.curation import steps_set_pruned
 from memory_app.views.common import htmx_partial, invalid_form, page, replica_page, wants_fragment
 from memory_app.views.forms import PrunedForm, RunLiveForm, StepDetailForm
+from memory_app.views.scores import review_blocks
 
 
 def _run(run_id: int) -> Run:
@@ -59,6 +60,7 @@ def _logbook_context(run: Run, position: int | None) -> dict:
             "step": None,
             "live": run.status == RunStatus.RUNNING,
             "cost": run_cost(run=run),
+            **review_blocks(run, None),
         }
     step = step_detail(run=run, position=position)
     if step is None:
@@ -82,6 +84,7 @@ def _logbook_context(run: Run, position: int | None) -> dict:
         "seen": {"step": step.pk, "last": _step_id(run, shown) if live else None},
         "tail": not window.has_later,
         "step_memories": step_memories(step.pk),
+        **review_blocks(run, step),
     }
 
 
