@@ -32,10 +32,13 @@ from memory_app.models import (
     ToolCall,
     TraceSpan,
 )
+from memory_app.services.checkpoints import checkpoint_put
 from memory_app.services.erasure import ERASE_CONFIRMATION, erase
 from memory_app.services.memories import memories_record, memory_edit
 from memory_app.services.memory_expiry import memory_set_legal_hold
 from memory_app.services.messages import message_edit, messages_append
+from memory_app.services.scores import Target, comment_add, label_add, score_add
+from memory_app.services.store import item_put
 from tests.api_helpers import make_key
 from tests.builders import make_context, make_run, make_user, register_models
 
@@ -66,6 +69,20 @@ def columns_holding(word: str) -> list[str]:
                 f"SELECT EXISTS (SELECT 1 FROM {connection.ops.quote_name(table)}"  # noqa: S608
                 f" WHERE {connection.ops.quote_name(column)}::text ILIKE %s)",
                 [f"%{word}%"],
+            )
+            if cursor.fetchone()[0]:
+                found.append(f"{table}.{column}")
+        # Bytes too (LangGraph's serialized checkpoints), searched as bytes.
+        cursor.execute(
+            "SELECT c.table_name, c.column_name FROM information_schema.columns c"
+            " WHERE c.table_schema = current_schema() AND c.data_type = 'bytea' ORDER BY 1, 2"
+        )
+        for table, column in cursor.fetchall():
+            cursor.execute(
+                f"SELECT EXISTS (SELECT 1 FROM {connection.ops.quote_name(table)}"  # noqa: S608
+                " WHERE position(convert_to(%s, 'UTF8') in"
+                f" {connection.ops.quote_name(column)}) > 0)",
+                [word],
             )
             if cursor.fetchone()[0]:
                 found.append(f"{table}.{column}")
@@ -106,6 +123,23 @@ def populate(word: str) -> dict[str, int]:
             actor=ACTOR,
         )
         memory_edit(record=mine.record, actor=ACTOR, keywords=[word])
+        # A reviewer's score, label and comment on the run (scores, labels, comments).
+        target = Target.of(run)
+        score_add(actor=ACTOR, target=target, name="correct", kind="categorical", value=word)
+        label_add(actor=ACTOR, target=target, name=f"about-{word}")
+        comment_add(actor=ACTOR, target=target, text=f"{word} asked for it")
+        # A LangGraph thread's checkpoint, its channel bytes holding the text.
+        checkpoint_put(
+            context=ctx,
+            checkpoint_ns="",
+            checkpoint_id=f"1ef-{n}",
+            parent_checkpoint_id=None,
+            checkpoint=("json", json.dumps({"v": word}).encode()),
+            channel_versions={"messages": "1"},
+            metadata={"source": "input", "step": -1, "writes": {"w": word}},
+            metadata_typed=("json", json.dumps({"w": word}).encode()),
+            blobs=[("messages", "1", "json", json.dumps([word]).encode())],
+        )
     [shared] = memories_record(
         scope=Scope(keys={"user": user}),
         items=[{"content": f"{user} always says {word}", "vector": [0.3, 0.2, 0.1],
@@ -113,6 +147,14 @@ def populate(word: str) -> dict[str, int]:
         actor=ACTOR,
     )  # fmt: skip
     ids["shared"] = shared.record.pk
+    # A LangGraph store item of the user's key subset.
+    item_put(
+        scope=Scope(keys={"user": user}),
+        namespace=["prefs", word],
+        key=word,
+        value={"likes": word},
+        actor=ACTOR,
+    )
     # A vector that failed, with the provider's error quoting the text.
     pending = Embedding.objects.create(message=message, context=ctx, model="inline-3", dimensions=3)
     EmbeddingRetry.objects.create(
@@ -152,8 +194,12 @@ def test_erasing_a_user_leaves_nothing_of_them_in_any_table_and_others_whole():
     receipt = done["receipt"]
     assert receipt["contexts"] == 2 and receipt["messages"] == 4
     assert receipt["full_text_rows"] == 4
-    assert receipt["runs"] == 2 and receipt["steps"] == 6 and receipt["tool_calls"] == 4
-    assert receipt["trace_spans"] == 2 and receipt["memories"] == 3
+    # Each chat's agent run, and the LangGraph invocation its checkpoint began.
+    assert receipt["runs"] == 4 and receipt["steps"] == 6 and receipt["tool_calls"] == 4
+    assert receipt["trace_spans"] == 2 and receipt["memories"] == 4  # the store item too
+    assert receipt["memory_versions"] >= 6  # each record's, and the edits'
+    assert (receipt["scores"], receipt["labels"], receipt["comments"]) == (2, 2, 2)
+    assert (receipt["checkpoints"], receipt["checkpoint_blobs"]) == (2, 2)
     assert receipt["vectors"] == 4 and receipt["embedding_retries"] == 1
     assert receipt["api_keys"] == 1 and receipt["admin_log_entries"] == 1
     assert receipt["audit_events_redacted"] >= 5

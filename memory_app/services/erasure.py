@@ -28,13 +28,20 @@ from memory_app.errors import Invalid
 from memory_app.models import (
     ApiKey,
     AuditEvent,
+    Checkpoint,
+    CheckpointBlob,
+    CheckpointWrite,
+    Comment,
     Context,
     Embedding,
     EmbeddingRetry,
+    Label,
     MemoryRecord,
+    MemoryVersion,
     Message,
     MessageSearch,
     Run,
+    Score,
     Step,
     ToolCall,
     TraceSpan,
@@ -54,12 +61,31 @@ KINDS = (
     "tool_calls",
     "trace_spans",
     "memories",
+    "memory_versions",
+    "scores",
+    "labels",
+    "comments",
+    "checkpoints",
+    "checkpoint_blobs",
+    "checkpoint_writes",
     "vectors",
     "embedding_retries",
     "audit_events_redacted",
     "admin_log_entries",
     "api_keys",
 )
+
+
+# A context's rows that are neither agent memory nor run: reviewers' marks on its runs, steps and
+# messages, and LangGraph's checkpoints of its thread.
+CONTEXT_ROWS = {
+    "scores": Score,
+    "labels": Label,
+    "comments": Comment,
+    "checkpoints": Checkpoint,
+    "checkpoint_blobs": CheckpointBlob,
+    "checkpoint_writes": CheckpointWrite,
+}
 
 
 def clean_keys(keys: Any) -> dict[str, Any]:
@@ -114,6 +140,8 @@ def erase_preview(*, keys: dict[str, Any]) -> dict[str, int]:
         "tool_calls": ToolCall.objects.filter(in_ctx).count(),
         "trace_spans": TraceSpan.objects.filter(in_ctx).count(),
         "memories": memories.count(),
+        "memory_versions": MemoryVersion.objects.filter(memory__in=memories.values("pk")).count(),
+        **{kind: model.objects.filter(in_ctx).count() for kind, model in CONTEXT_ROWS.items()},
         "vectors": vectors.count(),
         "embedding_retries": EmbeddingRetry.objects.filter(
             embedding__in=vectors.values("pk")
@@ -170,7 +198,13 @@ def _erase_context(context_id: int, keys: dict[str, Any]) -> Counter:
             | Q(target_type="memoryrecord", target_ids__overlap=ids[MemoryRecord])
         )
         # Children before parents, each counted as it goes (the database's triggers take the
-        # messages' full-text rows along; the vectors' retries go by their cascade).
+        # messages' full-text rows along; the vectors' retries and the memories' versions go by
+        # their cascades).
+        for kind, model in CONTEXT_ROWS.items():
+            got[kind] += _deleted(model.objects.filter(**of))
+        got["memory_versions"] += MemoryVersion.objects.filter(
+            memory_id__in=ids[MemoryRecord]
+        ).count()
         got["memories"] += _deleted(MemoryRecord.objects.filter(**of))
         got["messages"] += _deleted(Message.objects.filter(**of))
         got["tool_calls"] += _deleted(ToolCall.objects.filter(**of))
@@ -203,6 +237,7 @@ def _erase_subset_memories(keys: dict[str, Any]) -> Counter:
             Q(target_type="memoryrecord", target_ids__overlap=ids)
         )
         got["admin_log_entries"] += _forget_admin_log(MemoryRecord, ids)
+        got["memory_versions"] += MemoryVersion.objects.filter(memory_id__in=ids).count()
         got["memories"] += _deleted(MemoryRecord.objects.filter(pk__in=ids))
     return got
 

@@ -19,7 +19,7 @@ from memory_app.memories import Scope, item_hash
 from memory_app.models import MemoryKind, MemoryRecord, MemoryStatus
 from memory_app.namespace_items import clean_key, clean_namespace, clean_ttl, content_of
 from memory_app.services.memories import _status_for, memory_set_archived, snapshot
-from memory_app.services.memory_history import check_may_change
+from memory_app.services.memory_history import check_may_change, versions_record
 
 
 def _expires(ttl: float | None):
@@ -85,7 +85,7 @@ def item_put(
                 record = _locked(scope, namespace, key)
             else:
                 queue.enqueue_memory_records([record])
-                audit_record(
+                event = audit_record(
                     actor=actor,
                     action="record",
                     target_type="memoryrecord",
@@ -93,6 +93,7 @@ def item_put(
                     after=[{"id": record.pk, "content": content, "kind": record.kind}],
                     note=f"store put {'/'.join(namespace)} {key}",
                 )
+                versions_record([record], actor=actor, action="record", event=event)
                 return record, True
         return _overwrite(record, scope, content, ttl, actor), False
 
@@ -118,15 +119,17 @@ def _overwrite(
     record.save(update_fields=fields)
     after = snapshot(record)
     if after != before:
-        audit_record(
+        action = "restore" if again else "edit"
+        event = audit_record(
             actor=actor,
-            action="restore" if again else "edit",
+            action=action,
             target_type="memoryrecord",
             target_ids=[record.pk],
             before=before,
             after=after,
             note=f"store put {'/'.join(record.namespace)} {record.item_key}",
         )
+        versions_record([record], actor=actor, action=action, event=event)
     if before["content"] != content:
         queue.requeue_memory_record(record)
     return record
