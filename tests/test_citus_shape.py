@@ -210,6 +210,11 @@ FORWARD_SCRIPT = textwrap.dedent(
         " WHERE contype IN ('p', 'u', 'f') AND conrelid::regclass::text IN"
         " ('memory_app_run', 'memory_app_step', 'memory_app_toolcall', 'memory_app_message',"
         "  'memory_app_tracespan')"))
+    out["context_keys"] = read(
+        "SELECT digest, target_id FROM memory_app_contextkey ORDER BY target_id")
+    out["digest_unique"] = read(
+        "SELECT conname FROM pg_constraint WHERE conrelid = 'memory_app_context'::regclass"
+        " AND contype = 'u'")
     out["step_client_id_unique"] = read(
         "SELECT pg_get_indexdef('step_client_id_unique'::regclass)")[0][0]
     with connection.cursor() as cursor:
@@ -280,6 +285,9 @@ def test_migrating_a_populated_store_copies_the_contexts_into_the_new_keys():
         )
     assert out["violations"] == []
     assert out["cross_context"] == "IntegrityError"
+    # Every context found by its digest through the digest table, none by a unique constraint.
+    assert out["context_keys"] == [[str(n) * 64, rows[n]["context"]] for n in rows]
+    assert out["digest_unique"] == []
     # Reversible: the keys of 0019 and no copied column.
     assert set(out["back"].values()) == {"PRIMARY KEY (id)"}
     assert out["back_columns"] == []

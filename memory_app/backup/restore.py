@@ -35,6 +35,7 @@ from memory_app.embeddings.registry import registered_dimensions, unregistered
 from memory_app.errors import BackupFormatError, Forbidden
 from memory_app.models import (
     Context,
+    ContextKey,
     Embedding,
     MemoryRecord,
     Message,
@@ -43,6 +44,7 @@ from memory_app.models import (
     ToolCall,
     keys_digest,
 )
+from memory_app.queries.lists import context_id_of_digest
 from memory_app.search import fulltext
 from memory_app.services.runs import runs_recount
 
@@ -91,7 +93,11 @@ class _Importer:
         importer may write into; None otherwise (the provenance is dropped, never an error)."""
         if digest in self.contexts:
             return self.contexts[digest]
-        found = Context.objects.filter(keys_digest=digest).values_list("pk", "keys").first()
+        found = (
+            Context.objects.filter(pk=context_id_of_digest(digest))
+            .values_list("pk", "keys")
+            .first()
+        )
         if found is None or (self.allowed is not None and not self.allowed(found[1])):
             return None
         return found[0]
@@ -171,11 +177,7 @@ class _Importer:
             ):
                 raise BackupFormatError("a context's digest must be the digest of its keys")
             self.context_keys[rec["digest"]] = keys
-            existing = (
-                Context.objects.filter(keys_digest=rec["digest"])
-                .values_list("pk", flat=True)
-                .first()
-            )
+            existing = context_id_of_digest(rec["digest"])
             if existing is not None:
                 self.contexts[rec["digest"]] = existing
                 self.merged.add(existing)
@@ -186,6 +188,7 @@ class _Importer:
             ctx.keys_digest = keys_digest(keys)
             ctx.last_seq = ctx.message_count = ctx.token_count = ctx.run_count = 0
             self._insert(Context, [ctx], ["created_at", "updated_at", "last_activity_at"])
+            ContextKey.objects.create(digest=ctx.keys_digest, target_id=ctx.pk)
             self.contexts[rec["digest"]] = ctx.pk
             self.grown.add(ctx.pk)
             self.result.count("contexts", 1, 0)

@@ -8,7 +8,7 @@ Integrity lives in the database (the constraints and indexes of the modules belo
 # them from here: every model and public name of the modules below, so that
 # `from memory_app.models import X` reaches any of them.
 from memory_app.models.access import ApiKey, AuditEvent
-from memory_app.models.contexts import Context
+from memory_app.models.contexts import Context, ContextKey
 from memory_app.models.embeddings import Embedding, EmbeddingModel, EmbeddingRetry
 from memory_app.models.memories import MemoryRecord
 from memory_app.models.messages import Message, MessageSearch
@@ -40,6 +40,7 @@ __all__ = [
     "ApiKey",
     "AuditEvent",
     "Context",
+    "ContextKey",
     "Embedding",
     "EmbeddingModel",
     "EmbeddingRetry",
