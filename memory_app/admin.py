@@ -6,8 +6,6 @@ Deleting what agents wrote (contexts, messages, runs, steps, tool calls, memorie
 is a purge: irreversible, so Django admin's own delete pages (one object, or "Delete selected")
 ask for the dashboard's typed purge phrase, and messages, steps, runs and memories go through the
 purge of the write path (counters kept, their text erased from edit events and trace spans).
-Admin users keep the delete button they know; what changes is the one field on the page that
-already asks "are you sure?".
 """
 
 import json
@@ -28,6 +26,8 @@ from memory_app.models import (
     Embedding,
     EmbeddingModel,
     EmbeddingRetry,
+    MemoryEmbedding,
+    MemoryEmbeddingRetry,
     MemoryRecord,
     Message,
     Run,
@@ -512,13 +512,23 @@ class MemoryRecordAdmin(PurgeAdmin):
         return obj.content[:80]
 
 
-@admin.register(Embedding)
-class EmbeddingAdmin(AuditedAdmin):
-    list_display = ["id", "model", "dimensions", "message_id", "memory_record_id", "indexed"]
+class VectorAdmin(AuditedAdmin):
     list_filter = ["model", "indexed"]
-    raw_id_fields = ["message", "memory_record", "context"]
     exclude = ["vector"]
     show_full_result_count = False
+
+
+@admin.register(Embedding)
+class EmbeddingAdmin(CopiesItsContext, VectorAdmin):
+    parent = "message"
+    list_display = ["id", "model", "dimensions", "message_id", "indexed"]
+    raw_id_fields = ["message"]
+
+
+@admin.register(MemoryEmbedding)
+class MemoryEmbeddingAdmin(VectorAdmin):
+    list_display = ["id", "model", "dimensions", "memory_record_id", "indexed"]
+    raw_id_fields = ["memory_record"]
 
 
 @admin.register(EmbeddingRetry)
@@ -529,6 +539,10 @@ class EmbeddingRetryAdmin(CopiesItsContext, AuditedAdmin):
     list_display = ["embedding_id", "attempts", "next_attempt_at", "last_error"]
     raw_id_fields = ["embedding"]
     ordering = ["next_attempt_at"]
+
+
+# Its __str__ names the attempts and the next one: the list the message retries show.
+admin.site.register(MemoryEmbeddingRetry, AuditedAdmin)
 
 
 @admin.register(ApiKey)

@@ -22,25 +22,17 @@ TABLES_NOT_YET_DISTRIBUTED = {
     # A key-subset memory belongs to no context (context_id NULL): memories become a reference
     # or local table once they are split from the context-scoped rows.
     "memory_app_memoryrecord",
-    # Vectors of messages and of key-subset memories share the table; the latter have no
-    # context. Message vectors move to a table of their own, keyed by context.
-    "memory_app_embedding",
-    # Retries of those vectors: the same NULL contexts; they follow the vectors.
-    "memory_app_embeddingretry",
     # Events of the operator's actions outside any context (keys, users): a local table whose
     # foreign key to contexts goes when contexts are distributed.
     "memory_app_auditevent",
 }
 UNIQUE_WITHOUT_CONTEXT = {
-    # Back the foreign keys of memory records and embeddings, which still point at messages and
-    # steps by `id` alone (rows of those tables may have no context).
+    # Back the foreign keys of memory records, which still point at messages and steps by `id`
+    # alone (a key-subset memory has no context).
     "message_id_unique",
     "step_id_unique",
 }
 FOREIGN_KEYS_WITHOUT_CONTEXT = {
-    ("memory_app_embedding", "message_id"),
-    ("memory_app_embedding", "memory_record_id"),
-    ("memory_app_embeddingretry", "embedding_id"),
     ("memory_app_memoryrecord", "source_message_id"),
     ("memory_app_memoryrecord", "source_step_id"),
 }
@@ -205,6 +197,10 @@ FORWARD_SCRIPT = textwrap.dedent(
     out["calls"] = read("SELECT id, context_id FROM memory_app_toolcall ORDER BY id")
     out["retries"] = read(
         "SELECT embedding_id, context_id FROM memory_app_embeddingretry ORDER BY embedding_id")
+    out["memory_vectors"] = read(
+        "SELECT e.id, e.memory_record_id, r.attempts FROM memory_app_memoryembedding e"
+        " JOIN memory_app_memoryembeddingretry r ON r.embedding_id = e.id")
+    out["shared"] = shared.pk
     out["keys"] = dict(read(
         "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
         " WHERE contype IN ('p', 'u', 'f') AND conrelid::regclass::text IN"
@@ -238,6 +234,10 @@ FORWARD_SCRIPT = textwrap.dedent(
         "SELECT conrelid::regclass::text, pg_get_constraintdef(oid) FROM pg_constraint"
         " WHERE contype = 'p' AND conrelid::regclass::text IN"
         " ('memory_app_run', 'memory_app_step', 'memory_app_message')"))
+    out["back_vectors"] = read(
+        "SELECT e.memory_record_id, e.context_id, r.attempts FROM memory_app_embedding e"
+        " JOIN memory_app_embeddingretry r ON r.embedding_id = e.id"
+        " WHERE e.memory_record_id IS NOT NULL")
     out["back_columns"] = read(
         "SELECT attrelid::regclass::text FROM pg_attribute WHERE attname = 'context_id'"
         " AND NOT attisdropped AND attrelid::regclass::text IN"
@@ -258,11 +258,10 @@ def test_migrating_a_populated_store_copies_the_contexts_into_the_new_keys():
     }
     assert out["steps"] == [[pk, context_of[pk]] for n in rows for pk in rows[n]["steps"]]
     assert out["calls"] == [[pk, context_of[pk]] for n in rows for pk in rows[n]["calls"]]
-    # The shared memory's vector has no context, nor has its retry.
-    assert out["retries"] == [
-        *([rows[n]["retry"], rows[n]["context"]] for n in rows),
-        [out["shared_retry"], None],
-    ]
+    # The messages' vectors keep their retries with their contexts; the shared memory's vector
+    # and its retry moved to the memory tables, under the same id.
+    assert out["retries"] == [[rows[n]["retry"], rows[n]["context"]] for n in rows]
+    assert out["memory_vectors"] == [[out["shared_retry"], out["shared"], 2]]
     keys = out["keys"]
     assert keys["memory_app_run_pkey"] == "PRIMARY KEY (id, context_id)"
     assert keys["memory_app_step_pkey"] == "PRIMARY KEY (id, context_id)"
@@ -290,4 +289,5 @@ def test_migrating_a_populated_store_copies_the_contexts_into_the_new_keys():
     assert out["digest_unique"] == []
     # Reversible: the keys of 0019 and no copied column.
     assert set(out["back"].values()) == {"PRIMARY KEY (id)"}
+    assert out["back_vectors"] == [[out["shared"], None, 2]]
     assert out["back_columns"] == []

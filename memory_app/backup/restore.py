@@ -37,6 +37,7 @@ from memory_app.models import (
     Context,
     ContextKey,
     Embedding,
+    MemoryEmbedding,
     MemoryRecord,
     Message,
     Run,
@@ -395,12 +396,13 @@ class _Importer:
         self.result.count("memories", len(unique), len(rows) - len(unique))
 
     def _import_embedding(self, records):
-        rows = []
+        rows: dict[type, list] = {Embedding: [], MemoryEmbedding: []}
         for rec in records:
-            emb = Embedding(**load_fields(rec, EMBEDDING_FIELDS), vector=rec.get("vector"))
+            table = Embedding if rec["item"] == "message" else MemoryEmbedding
+            emb = table(**load_fields(rec, EMBEDDING_FIELDS), vector=rec.get("vector"))
             emb.dimensions = len(rec["vector"]) if rec.get("vector") is not None else None
             _check_model(emb.model, emb.dimensions)
-            if rec["item"] == "message":
+            if table is Embedding:
                 ctx_pk = self.context_id(rec["context"])
                 emb.message_id = (
                     Message.objects.filter(context_id=ctx_pk, seq=rec["seq"])
@@ -408,24 +410,26 @@ class _Importer:
                     .first()
                 )
                 emb.context_id = ctx_pk
+                item = emb.message_id
                 exists = Embedding.objects.filter(
-                    message_id=emb.message_id, model=emb.model
+                    context_id=ctx_pk, message_id=item, model=emb.model
                 ).exists()
             else:
                 # Only a memory a line of this file resolved to (inside the importer's
                 # confinement): a digest and hash of any other record attach nothing.
-                emb.memory_record_id, emb.context_id = self.memories.get(
+                item = emb.memory_record_id = self.memories.get(
                     (rec["scope_digest"], rec["content_hash"]), (None, None)
-                )
-                exists = Embedding.objects.filter(
-                    memory_record_id=emb.memory_record_id, model=emb.model
+                )[0]
+                exists = MemoryEmbedding.objects.filter(
+                    memory_record_id=item, model=emb.model
                 ).exists()
-            if exists or (emb.message_id is None and emb.memory_record_id is None):
+            if exists or item is None:
                 self.result.count("embeddings", 0, 1)
                 continue
-            rows.append(emb)
-        self._insert(Embedding, rows, [])
-        self.result.count("embeddings", len(rows), 0)
+            rows[table].append(emb)
+        for table, new in rows.items():
+            self._insert(table, new, [])
+            self.result.count("embeddings", len(new), 0)
 
     def audit(self) -> None:
         touched = sorted(set(self.contexts.values()))

@@ -9,7 +9,13 @@ Integrity lives in the database (the constraints and indexes of the modules belo
 # `from memory_app.models import X` reaches any of them.
 from memory_app.models.access import ApiKey, AuditEvent
 from memory_app.models.contexts import Context, ContextKey
-from memory_app.models.embeddings import Embedding, EmbeddingModel, EmbeddingRetry
+from memory_app.models.embeddings import (
+    Embedding,
+    EmbeddingModel,
+    EmbeddingRetry,
+    MemoryEmbedding,
+    MemoryEmbeddingRetry,
+)
 from memory_app.models.memories import MemoryRecord
 from memory_app.models.messages import Message, MessageSearch
 from memory_app.models.runs import (
@@ -44,6 +50,8 @@ __all__ = [
     "Embedding",
     "EmbeddingModel",
     "EmbeddingRetry",
+    "MemoryEmbedding",
+    "MemoryEmbeddingRetry",
     "MemoryKind",
     "MemoryRecord",
     "MemoryReview",
