@@ -513,9 +513,7 @@ class MemoryRecordAdmin(PurgeAdmin):
 
 
 class VectorAdmin(AuditedAdmin):
-    list_filter = ["model", "indexed"]
-    exclude = ["vector"]
-    show_full_result_count = False
+    list_filter, exclude, show_full_result_count = ["model", "indexed"], ["vector"], False
 
 
 @admin.register(Embedding)
@@ -541,8 +539,7 @@ class EmbeddingRetryAdmin(CopiesItsContext, AuditedAdmin):
     ordering = ["next_attempt_at"]
 
 
-# Its __str__ names the attempts and the next one: the list the message retries show.
-admin.site.register(MemoryEmbeddingRetry, AuditedAdmin)
+admin.site.register(MemoryEmbeddingRetry, AuditedAdmin)  # its __str__ names the attempts
 
 
 @admin.register(ApiKey)
