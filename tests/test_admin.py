@@ -5,7 +5,7 @@ from django.apps import apps
 from django.contrib import admin
 from django.urls import reverse
 
-from memory_app.models import AuditEvent, Message, MessageSearch, Step, ToolCall
+from memory_app.models import AuditEvent, ContextKey, Message, MessageSearch, Step, ToolCall
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.curation import messages_set_pruned
 from memory_app.services.messages import messages_append
@@ -42,8 +42,10 @@ def history():
     return context, result.messages, run, steps.steps
 
 
-# Derived data, not edited by hand: the full-text vectors follow their messages (triggers).
-NOT_IN_ADMIN = {MessageSearch}
+# Derived data, not edited by hand: the full-text vectors follow their messages (triggers);
+# the digest table follows the contexts' keys (an edit there would give one context's keys to
+# another).
+NOT_IN_ADMIN = {MessageSearch, ContextKey}
 
 
 def admin_models():

@@ -157,19 +157,26 @@ def test_full_text_and_vector_infrastructure_exists():
 
 @pytest.mark.django_db
 def test_embedding_keys_are_indexed_once_each():
-    """message, memory_record and context each lead exactly one index of the embedding table (a
-    single-column index beside a composite that leads with the column is storage for nothing)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT a.attname, count(*) FROM pg_index x
-            JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = x.indkey[0]
-            WHERE x.indrelid = 'memory_app_embedding'::regclass
-            GROUP BY a.attname
-            """
-        )
-        leading = dict(cursor.fetchall())
-    assert leading["message_id"] == leading["memory_record_id"] == leading["context_id"] == 1
+    """message and context each lead exactly one index of the message vectors, memory_record
+    one of the memory vectors (a single-column index beside a composite that leads with the
+    column is storage for nothing)."""
+
+    def leading(table: str) -> dict[str, int]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT a.attname, count(*) FROM pg_index x
+                JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = x.indkey[0]
+                WHERE x.indrelid = %s::regclass
+                GROUP BY a.attname
+                """,
+                [table],
+            )
+            return dict(cursor.fetchall())
+
+    messages, memories = leading("memory_app_embedding"), leading("memory_app_memoryembedding")
+    assert messages["message_id"] == messages["context_id"] == 1
+    assert memories["memory_record_id"] == 1
 
 
 @contextlib.contextmanager
