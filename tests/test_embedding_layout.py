@@ -112,6 +112,12 @@ ROUND_TRIP_SCRIPT = textwrap.dedent(
         "per_page": per_page(), "rows": rows(), **shape(), "retry_fk": retry_fk,
         "retry": [retry.attempts, retry.next_attempt_at == due, retry.last_error],
     }
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexdef FROM pg_indexes WHERE tablename = 'memory_app_memoryembedding'"
+            " AND indexname LIKE 'memoryembedding%%hnswi%%'"
+        )
+        out["after"]["memory_hnsw"] = [row[0] for row in cursor.fetchall()]
     added = Lean.objects.create(message_id=waiting.pk, context_id=context.pk, model="other-3")
     out["after"]["added_id"] = added.pk
     added.delete()
@@ -151,6 +157,9 @@ def test_the_rebuild_keeps_every_row_and_fits_five_rows_a_page():
     # Same names, HNSW included.
     assert set(after["indexes"]) == set(before["indexes"]) - {"embedding_memory_model_unique"}
     assert any("hnsw" in d and "layout-384" in d for d in after["indexes"].values())
+    # The model's HNSW index, as the message table has it, on the memory vectors' table (0025).
+    [memory_hnsw] = after["memory_hnsw"]
+    assert "USING hnsw" in memory_hnsw and "layout-384" in memory_hnsw
     assert "(model, id) WHERE (vector IS NULL)" in after["indexes"]["embedding_pending_idx"]
     assert "(next_attempt_at, id)" in back["indexes"]["embedding_pending_idx"]
     assert back["pending"] == [3, True, "HTTP 503 from the provider"]
