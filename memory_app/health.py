@@ -20,7 +20,8 @@ def healthz(request):
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector'),"  # noqa: S608 - constants
-                " (SELECT count(*) FROM memory_app_embedding WHERE NOT indexed),"
+                " (SELECT count(*) FROM memory_app_embedding WHERE NOT indexed)"
+                " + (SELECT count(*) FROM memory_app_memoryembedding WHERE NOT indexed),"
                 f" ({fulltext.PENDING_SQL})"
             )
             row = cursor.fetchone()

@@ -10,6 +10,7 @@ from memory_app.models import (
     Checkpoint,
     CheckpointBlob,
     CheckpointWrite,
+    ContextKey,
     MemoryVersion,
     Message,
     MessageSearch,
@@ -52,11 +53,18 @@ def history():
     return context, result.messages, run, steps.steps
 
 
-# Derived data, not edited by hand: the full-text vectors follow their messages (triggers),
-# a memory's versions its changes (its history page in the dashboard shows and restores them).
-# Derived rows, and rows with composite keys the admin cannot address: a memory's versions (its
-# history page), LangGraph's checkpoints (serializer bytes; their runs are in the logbook).
-NOT_IN_ADMIN = {MessageSearch, MemoryVersion, Checkpoint, CheckpointBlob, CheckpointWrite}
+# Derived rows, and rows with composite keys the admin cannot address: the full-text vectors
+# follow their messages (triggers); the digest table follows the contexts' keys (an edit there
+# would give one context's keys to another); a memory's versions are its history page's;
+# LangGraph's checkpoints are serializer bytes (their runs are in the logbook).
+NOT_IN_ADMIN = {
+    MessageSearch,
+    ContextKey,
+    MemoryVersion,
+    Checkpoint,
+    CheckpointBlob,
+    CheckpointWrite,
+}
 
 
 def admin_models():

@@ -14,6 +14,7 @@ from memory_app.backup.restore import import_lines
 from memory_app.models import (
     Context,
     Embedding,
+    MemoryEmbedding,
     MemoryRecord,
     Message,
     MessageSearch,
@@ -197,11 +198,11 @@ def snapshot():
             (
                 {
                     **_fields(e, ("message", "memory_record", "context")),
-                    "message": msg_key.get(e.message_id),
-                    "memory": mem_key.get(e.memory_record_id),
-                    "context": ctx_key.get(e.context_id),
+                    "message": msg_key.get(getattr(e, "message_id", None)),
+                    "memory": mem_key.get(getattr(e, "memory_record_id", None)),
+                    "context": ctx_key.get(getattr(e, "context_id", None)),
                 }
-                for e in Embedding.objects.all()
+                for e in [*Embedding.objects.all(), *MemoryEmbedding.objects.all()]
             ),
             key=lambda d: (str(d["message"]), str(d["memory"]), d["model"]),
         ),
@@ -226,8 +227,8 @@ def test_context_with_10000_messages_and_100_runs_restores_field_by_field(tmp_pa
     Embedding.objects.create(
         message=source_msg, context=ctx, model="m3", dimensions=3, vector=[0.1, 0.2, 0.3]
     )
-    Embedding.objects.create(
-        memory_record=mem, context=ctx, model="m3", dimensions=3, vector=[1.0, 0.0, 0.5]
+    MemoryEmbedding.objects.create(
+        memory_record=mem, model="m3", dimensions=3, vector=[1.0, 0.0, 0.5]
     )
 
     path = tmp_path / "backup.jsonl"

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 from memory_app.embeddings import indexer, queue
-from memory_app.models import Embedding, MemoryRecord, Message
+from memory_app.models import Embedding, MemoryEmbedding, MemoryRecord, Message
 from memory_app.search.semantic import semantic_ranking
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import messages_append
@@ -253,10 +253,11 @@ def test_memories_record_vectors_inline_and_name_a_wrong_item(api):
     )
     assert ok.status_code == 201, ok.content
     ids = [i["memory"]["id"] for i in ok.json()["items"]]
-    rows = Embedding.objects.filter(memory_record_id__in=ids, model="inline-3")
+    rows = MemoryEmbedding.objects.filter(memory_record_id__in=ids, model="inline-3")
     assert rows.count() == 2 and not rows.filter(vector__isnull=True).exists()
-    assert set(rows.values_list("context_id", flat=True)) == {cid}
-    before = (MemoryRecord.objects.count(), Embedding.objects.count())
+    assert set(rows.values_list("memory_record__context_id", flat=True)) == {cid}
+    assert not Embedding.objects.filter(model="inline-3", message__isnull=True).exists()
+    before = (MemoryRecord.objects.count(), MemoryEmbedding.objects.count())
     bad = api.post(
         "/api/v1/memories",
         {
@@ -273,7 +274,7 @@ def test_memories_record_vectors_inline_and_name_a_wrong_item(api):
         {"context_id": cid, "content": "also wrong", "vector": [1.0], "vector_model": "inline-3"},
     )
     assert single.status_code == 422 and "content" in single.json()["detail"]
-    assert (MemoryRecord.objects.count(), Embedding.objects.count()) == before
+    assert (MemoryRecord.objects.count(), MemoryEmbedding.objects.count()) == before
 
 
 def test_domain_append_with_vectors_writes_no_pending_rows(api):

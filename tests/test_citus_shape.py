@@ -22,28 +22,16 @@ TABLES_NOT_YET_DISTRIBUTED = {
     # A key-subset memory belongs to no context (context_id NULL): memories become a reference
     # or local table once they are split from the context-scoped rows.
     "memory_app_memoryrecord",
-    # Vectors of messages and of key-subset memories share the table; the latter have no
-    # context. Message vectors move to a table of their own, keyed by context.
-    "memory_app_embedding",
-    # Retries of those vectors: the same NULL contexts; they follow the vectors.
-    "memory_app_embeddingretry",
-    # Events of the operator's actions outside any context (keys, users): a local table whose
-    # foreign key to contexts goes when contexts are distributed.
-    "memory_app_auditevent",
 }
-UNIQUE_WITHOUT_CONTEXT = {
-    # Back the foreign keys of memory records and embeddings, which still point at messages and
-    # steps by `id` alone (rows of those tables may have no context).
-    "message_id_unique",
-    "step_id_unique",
+# Kept off the shards by design, whatever their columns: exempt from the keys above, but like
+# every table that is not distributed they hold no foreign key into one (Citus refuses it).
+NOT_DISTRIBUTED = {
+    # Events of the operator's actions, inside or outside any context (keys, users).
+    "memory_app_auditevent": "local: the operator's trail, on the coordinator",
 }
-FOREIGN_KEYS_WITHOUT_CONTEXT = {
-    ("memory_app_embedding", "message_id"),
-    ("memory_app_embedding", "memory_record_id"),
-    ("memory_app_embeddingretry", "embedding_id"),
-    ("memory_app_memoryrecord", "source_message_id"),
-    ("memory_app_memoryrecord", "source_step_id"),
-}
+# None left: nothing points at a message or a step by `id` alone (migration 0032).
+UNIQUE_WITHOUT_CONTEXT: set[str] = set()
+FOREIGN_KEYS_WITHOUT_CONTEXT: set[tuple[str, str]] = set()
 
 CATALOG_SQL = {
     "tables": """
@@ -78,7 +66,9 @@ def citus_shape_violations(cursor) -> list[str]:
     """What keeps the schema from being distributed by context, one line each; also every
     allow-list entry that no longer excuses anything (so the lists only shrink)."""
     cursor.execute(CATALOG_SQL["tables"])
-    tables = dict(cursor.fetchall())
+    tables = {t: n for t, n in cursor.fetchall() if t not in NOT_DISTRIBUTED}
+    distributed = (tables.keys() - TABLES_NOT_YET_DISTRIBUTED) | {"memory_app_context"}
+    into_shards = []
     found: dict[str, list[str]] = {t: [] for t in tables}  # per table with a context_id
     for table, not_null in tables.items():
         if not not_null:
@@ -100,6 +90,11 @@ def citus_shape_violations(cursor) -> list[str]:
         found[table].append(f"{table}: no primary key")
     cursor.execute(CATALOG_SQL["foreign"])
     for name, table, target, columns, target_columns in cursor.fetchall():
+        if target in distributed and table not in distributed:
+            into_shards.append(
+                f"{table}: foreign key {name} {columns} -> {target}, a table"
+                " kept off the shards pointing into a distributed one"
+            )
         if table not in tables or target not in tables:
             continue  # not between context-scoped tables (a context's own id is the key)
         if dict(zip(columns, target_columns, strict=True)).get("context_id") == "context_id":
@@ -115,7 +110,7 @@ def citus_shape_violations(cursor) -> list[str]:
         problems = [p for p in problems if not p.startswith(f"{table}: ") or "allow-listed" in p]
     for entry in (UNIQUE_WITHOUT_CONTEXT | FOREIGN_KEYS_WITHOUT_CONTEXT) - excused:
         problems.append(f"{entry}: allow-listed, yet nothing to excuse")
-    return sorted(problems)
+    return sorted(problems + into_shards)
 
 
 @pytest.mark.django_db
@@ -127,15 +122,17 @@ def test_every_context_scoped_table_is_keyed_by_its_context():
 @pytest.mark.django_db
 def test_a_table_born_without_its_context_in_its_keys_is_named():
     """The guard itself: a new table keyed by `id` alone, unique on a column without the
-    context, pointing at steps by `step_id` alone, fails it on each count."""
+    context, pointing at steps by a key whose context is not its own, fails it on each count."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
             CREATE TABLE memory_app_newrows (
                 id bigint PRIMARY KEY,
                 context_id bigint,
-                step_id bigint REFERENCES memory_app_step (id) DEFERRABLE INITIALLY DEFERRED,
-                name text UNIQUE
+                step_id bigint,
+                step_context bigint,
+                name text UNIQUE,
+                FOREIGN KEY (step_id, step_context) REFERENCES memory_app_step (id, context_id)
             )
             """
         )
@@ -146,10 +143,32 @@ def test_a_table_born_without_its_context_in_its_keys_is_named():
             "memory_app_newrows: primary key memory_app_newrows_pkey ['id'] lacks context_id",
             "memory_app_newrows: unique index memory_app_newrows_name_key"
             " ['name'] lacks context_id",
-            "memory_app_newrows: foreign key memory_app_newrows_step_id_fkey ['step_id']"
-            " -> memory_app_step lacks context_id",
+            "memory_app_newrows: foreign key memory_app_newrows_step_id_step_context_fkey"
+            " ['step_id', 'step_context'] -> memory_app_step lacks context_id",
         ]
     )
+
+
+@pytest.mark.django_db
+def test_a_table_kept_off_the_shards_pointing_into_them_is_named():
+    """A table with no context (a reference or local one on Citus) holding a foreign key into
+    messages fails the guard: Citus refuses such a key."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            CREATE TABLE memory_app_newnotes (
+                id bigint PRIMARY KEY,
+                message_id bigint,
+                FOREIGN KEY (message_id, id) REFERENCES memory_app_message (id, context_id)
+            )
+            """
+        )
+        problems = citus_shape_violations(cursor)
+    assert problems == [
+        "memory_app_newnotes: foreign key memory_app_newnotes_message_id_id_fkey"
+        " ['message_id', 'id'] -> memory_app_message, a table kept off the shards pointing"
+        " into a distributed one"
+    ]
 
 
 # Run in its own process on its own database: it migrates back and forth, which the test
@@ -205,11 +224,20 @@ FORWARD_SCRIPT = textwrap.dedent(
     out["calls"] = read("SELECT id, context_id FROM memory_app_toolcall ORDER BY id")
     out["retries"] = read(
         "SELECT embedding_id, context_id FROM memory_app_embeddingretry ORDER BY embedding_id")
+    out["memory_vectors"] = read(
+        "SELECT e.id, e.memory_record_id, r.attempts FROM memory_app_memoryembedding e"
+        " JOIN memory_app_memoryembeddingretry r ON r.embedding_id = e.id")
+    out["shared"] = shared.pk
     out["keys"] = dict(read(
         "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
         " WHERE contype IN ('p', 'u', 'f') AND conrelid::regclass::text IN"
         " ('memory_app_run', 'memory_app_step', 'memory_app_toolcall', 'memory_app_message',"
         "  'memory_app_tracespan')"))
+    out["context_keys"] = read(
+        "SELECT digest, target_id FROM memory_app_contextkey ORDER BY target_id")
+    out["digest_unique"] = read(
+        "SELECT conname FROM pg_constraint WHERE conrelid = 'memory_app_context'::regclass"
+        " AND contype = 'u'")
     out["step_client_id_unique"] = read(
         "SELECT pg_get_indexdef('step_client_id_unique'::regclass)")[0][0]
     with connection.cursor() as cursor:
@@ -233,6 +261,10 @@ FORWARD_SCRIPT = textwrap.dedent(
         "SELECT conrelid::regclass::text, pg_get_constraintdef(oid) FROM pg_constraint"
         " WHERE contype = 'p' AND conrelid::regclass::text IN"
         " ('memory_app_run', 'memory_app_step', 'memory_app_message')"))
+    out["back_vectors"] = read(
+        "SELECT e.memory_record_id, e.context_id, r.attempts FROM memory_app_embedding e"
+        " JOIN memory_app_embeddingretry r ON r.embedding_id = e.id"
+        " WHERE e.memory_record_id IS NOT NULL")
     out["back_columns"] = read(
         "SELECT attrelid::regclass::text FROM pg_attribute WHERE attname = 'context_id'"
         " AND NOT attisdropped AND attrelid::regclass::text IN"
@@ -253,11 +285,10 @@ def test_migrating_a_populated_store_copies_the_contexts_into_the_new_keys():
     }
     assert out["steps"] == [[pk, context_of[pk]] for n in rows for pk in rows[n]["steps"]]
     assert out["calls"] == [[pk, context_of[pk]] for n in rows for pk in rows[n]["calls"]]
-    # The shared memory's vector has no context, nor has its retry.
-    assert out["retries"] == [
-        *([rows[n]["retry"], rows[n]["context"]] for n in rows),
-        [out["shared_retry"], None],
-    ]
+    # The messages' vectors keep their retries with their contexts; the shared memory's vector
+    # and its retry moved to the memory tables, under the same id.
+    assert out["retries"] == [[rows[n]["retry"], rows[n]["context"]] for n in rows]
+    assert out["memory_vectors"] == [[out["shared_retry"], out["shared"], 2]]
     keys = out["keys"]
     assert keys["memory_app_run_pkey"] == "PRIMARY KEY (id, context_id)"
     assert keys["memory_app_step_pkey"] == "PRIMARY KEY (id, context_id)"
@@ -280,6 +311,10 @@ def test_migrating_a_populated_store_copies_the_contexts_into_the_new_keys():
         )
     assert out["violations"] == []
     assert out["cross_context"] == "IntegrityError"
+    # Every context found by its digest through the digest table, none by a unique constraint.
+    assert out["context_keys"] == [[str(n) * 64, rows[n]["context"]] for n in rows]
+    assert out["digest_unique"] == []
     # Reversible: the keys of 0019 and no copied column.
     assert set(out["back"].values()) == {"PRIMARY KEY (id)"}
+    assert out["back_vectors"] == [[out["shared"], None, 2]]
     assert out["back_columns"] == []

@@ -270,7 +270,7 @@ def test_errors_carry_the_servers_detail(client, live_server):
 def test_client_sends_numpy_vectors_with_a_batch_and_with_memories(client, settings):
     import numpy as np
 
-    from memory_app.models import Embedding
+    from memory_app.models import Embedding, MemoryEmbedding
 
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
     register_models(**{"client-np": 4})
@@ -310,7 +310,7 @@ def test_client_sends_numpy_vectors_with_a_batch_and_with_memories(client, setti
         context_id=ctx["id"], content="Ada likes red", vector=np.ones(4), vector_model="client-np"
     )
     mid = memory["items"][0]["memory"]["id"]
-    assert Embedding.objects.get(memory_record_id=mid, model="client-np").dimensions == 4
+    assert MemoryEmbedding.objects.get(memory_record_id=mid, model="client-np").dimensions == 4
 
 
 # --- a real AgentScope ReActAgent on the server-backed memory ------------------------

@@ -19,7 +19,7 @@ from django.db import IntegrityError, connection, connections, transaction
 
 from memory_app import db, errors, tokens
 from memory_app.db import gc_paused
-from memory_app.models import Context, Message, MessageSearch, Run, Step, keys_digest
+from memory_app.models import Context, ContextKey, Message, MessageSearch, Run, Step, keys_digest
 from memory_app.search import fulltext
 from memory_app.search.keyword import keyword_ranking
 from memory_app.services import messages as message_service
@@ -53,15 +53,29 @@ def test_context_keys_are_order_insensitive():
 
 @pytest.mark.django_db
 def test_context_keys_digest_is_unique_in_the_database():
-    Context.objects.create(keys={"k": "v"}, keys_digest=keys_digest({"k": "v"}))
+    """Held by the digest table (contexts, distributed by id on Citus, cannot hold it)."""
+    context, created = context_get_or_create(keys={"k": "v"})
+    assert created
+    assert ContextKey.objects.get(digest=keys_digest({"k": "v"})).target_id == context.pk
+    other = Context.objects.create(keys={"k": "v"}, keys_digest=keys_digest({"k": "v"}))
     with pytest.raises(IntegrityError), transaction.atomic():
-        Context.objects.create(keys={"k": "v"}, keys_digest=keys_digest({"k": "v"}))
+        ContextKey.objects.create(digest=keys_digest({"k": "v"}), target=other)
+    assert context_get_or_create(keys={"k": "v"}) == (context, False)
+
+
+@pytest.mark.django_db
+def test_a_deleted_context_takes_its_digest_along():
+    context, _ = context_get_or_create(keys={"gone": "1"})
+    context.delete()
+    assert not ContextKey.objects.filter(digest=keys_digest({"gone": "1"})).exists()
+    again, created = context_get_or_create(keys={"gone": "1"})
+    assert created and again.pk != context.pk
 
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_get_or_create_makes_one_row():
     keys = {"tenant": "acme", "chat": "race"}
-    barrier = threading.Barrier(2)
+    barrier = threading.Barrier(6)
     ids: list[int] = []
     errors: list[BaseException] = []
 
@@ -77,14 +91,15 @@ def test_concurrent_get_or_create_makes_one_row():
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=worker) for _ in range(2)]
+    threads = [threading.Thread(target=worker) for _ in range(6)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors
-    assert len(ids) == 2 and ids[0] == ids[1]
+    assert len(ids) == 6 and set(ids) == {ids[0]}
     assert Context.objects.filter(keys_digest=keys_digest(keys)).count() == 1
+    assert ContextKey.objects.get(digest=keys_digest(keys)).target_id == ids[0]
 
 
 @pytest.mark.django_db
@@ -142,19 +157,26 @@ def test_full_text_and_vector_infrastructure_exists():
 
 @pytest.mark.django_db
 def test_embedding_keys_are_indexed_once_each():
-    """message, memory_record and context each lead exactly one index of the embedding table (a
-    single-column index beside a composite that leads with the column is storage for nothing)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT a.attname, count(*) FROM pg_index x
-            JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = x.indkey[0]
-            WHERE x.indrelid = 'memory_app_embedding'::regclass
-            GROUP BY a.attname
-            """
-        )
-        leading = dict(cursor.fetchall())
-    assert leading["message_id"] == leading["memory_record_id"] == leading["context_id"] == 1
+    """message and context each lead exactly one index of the message vectors, memory_record
+    one of the memory vectors (a single-column index beside a composite that leads with the
+    column is storage for nothing)."""
+
+    def leading(table: str) -> dict[str, int]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT a.attname, count(*) FROM pg_index x
+                JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = x.indkey[0]
+                WHERE x.indrelid = %s::regclass
+                GROUP BY a.attname
+                """,
+                [table],
+            )
+            return dict(cursor.fetchall())
+
+    messages, memories = leading("memory_app_embedding"), leading("memory_app_memoryembedding")
+    assert messages["message_id"] == messages["context_id"] == 1
+    assert memories["memory_record_id"] == 1
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from memory_app.services.messages import messages_append
 from tests.builders import register_models
 
 MODEL = "rebuild-4"
+MESSAGE = indexer.MESSAGE_VECTORS
 
 
 def vector(i: int) -> list[float]:
@@ -55,7 +56,8 @@ def stored(settings):
     indexer._ensured.discard((MODEL, 4))
     context.delete()
     with connection.cursor() as cur:
-        cur.execute(f'DROP INDEX IF EXISTS "{indexer.index_name(MODEL, 4)}"')
+        for prefix in indexer.VECTOR_TABLES.values():
+            cur.execute(f'DROP INDEX IF EXISTS "{prefix}{indexer.index_name(MODEL, 4)}"')
 
 
 @pytest.mark.django_db(transaction=True)
@@ -63,12 +65,20 @@ def test_a_parameter_change_is_reported_then_rebuilt_concurrently(stored, settin
     context, ids = stored
     name = indexer.index_name(MODEL, 4)
     assert index_options() == {name: ["ef_construction=24", "m=8"]}
-    [built] = [i for i in indexer.built_indexes() if i.model == MODEL]
+    # One index per table of vectors: the messages' and the memories'.
+    assert sorted(i.table for i in indexer.built_indexes() if i.model == MODEL) == [
+        indexer.MESSAGE_VECTORS,
+        indexer.MEMORY_VECTORS,
+    ]
+    [built] = [i for i in indexer.built_indexes() if i.model == MODEL and i.table == MESSAGE]
     assert (built.dimensions, built.m, built.ef_construction, built.stale) == (4, 8, 24, False)
     assert not [w for w in check_hnsw_parameters(None, databases=["default"]) if MODEL in w.msg]
 
     settings.AGENTMEMORY_HNSW_M, settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION = 12, 40
-    [warning] = [w for w in check_hnsw_parameters(None, databases=["default"]) if MODEL in w.msg]
+    warning, of_memories = [
+        w for w in check_hnsw_parameters(None, databases=["default"]) if MODEL in w.msg
+    ]
+    assert "memory vectors" in of_memories.msg and "memory vectors" not in warning.msg
     assert warning.level == checks.WARNING and warning.id == "memory_app.W001"
     assert "m=8, ef_construction=24" in warning.msg and "m=12, ef_construction=40" in warning.msg
     assert "hnsw_rebuild" in warning.hint
@@ -78,6 +88,7 @@ def test_a_parameter_change_is_reported_then_rebuilt_concurrently(stored, settin
     call_command("hnsw_rebuild", "--model", MODEL)
     out = capsys.readouterr().out
     assert "to rebuild" in out and "now model 'rebuild-4' (4-d): m=12, ef_construction=40" in out
+    assert "now model 'rebuild-4' (4-d, memory vectors): m=12, ef_construction=40" in out
     # The new graph carries the model's own index name; no leftover.
     assert index_options() == {name: ["ef_construction=40", "m=12"]}
     assert not [w for w in check_hnsw_parameters(None, databases=["default"]) if MODEL in w.msg]
@@ -105,14 +116,14 @@ def test_a_parameter_change_is_reported_then_rebuilt_concurrently(stored, settin
 @pytest.mark.django_db(transaction=True)
 def test_an_interrupted_rebuild_is_cleaned_up_and_a_busy_one_refused(stored, settings):
     name = indexer.index_name(MODEL, 4)
-    [built] = [i for i in indexer.built_indexes() if i.model == MODEL]
+    [built] = [i for i in indexer.built_indexes() if i.model == MODEL and i.table == MESSAGE]
     # What a rebuild killed after its build leaves: a second index under the temporary name.
     with connection.cursor() as cur:
         cur.execute(
             f'CREATE INDEX "{name}_rebuild" ON memory_app_embedding USING hnsw '
             f"((vector::halfvec(4)) halfvec_cosine_ops) WHERE model = '{MODEL}' AND dimensions = 4"
         )
-    assert [i.name for i in indexer.built_indexes() if i.model == MODEL] == [name]
+    assert [i.name for i in indexer.built_indexes() if i.model == MODEL] == [name, f"memory{name}"]
     settings.AGENTMEMORY_HNSW_M = 10
     rebuilt = indexer.rebuild_model_index(built)
     assert (rebuilt.name, rebuilt.m) == (name, 10)

@@ -21,6 +21,7 @@ from memory_app.models import (
     AuditEvent,
     Context,
     Embedding,
+    MemoryEmbedding,
     MemoryRecord,
     MessageSearch,
     Run,
@@ -353,14 +354,14 @@ def test_a_purged_memory_leaves_no_vector_and_no_content_in_the_audit():
     other = _memory(context, "ada likes tea", keywords=["tea"])
     record = memory_edit(record=record, actor=ACTOR, content=f"the password was {SECRET}")
     memories_merge(keep_id=other.pk, ids=[record.pk, other.pk], actor=ACTOR)
-    assert Embedding.objects.filter(memory_record_id=record.pk).exists()
+    assert MemoryEmbedding.objects.filter(memory_record_id=record.pk).exists()
     assert "memory_app_auditevent" in tables_holding(SECRET)
 
     event = memory_purge(record=record, actor=ACTOR)
 
     assert tables_holding(SECRET) == []
     assert not MemoryRecord.objects.filter(pk=record.pk).exists()
-    assert not Embedding.objects.filter(memory_record_id=record.pk).exists()
+    assert not MemoryEmbedding.objects.filter(memory_record_id=record.pk).exists()
     assert (event.action, event.target_type, event.target_ids) == (
         "purge",
         "memoryrecord",

@@ -20,6 +20,7 @@ from memory_app.models import (
     AuditEvent,
     Context,
     Embedding,
+    MemoryEmbedding,
     MemoryRecord,
     Message,
     Run,
@@ -149,7 +150,7 @@ def test_an_import_cannot_attach_vectors_to_another_tenants_memories(tenants):
     }
     response = _import(b, [HEADER, _context_line(B_KEYS), line])
     assert response.status_code == 200, response.content
-    assert not Embedding.objects.filter(memory_record=target, model="squat").exists()
+    assert not MemoryEmbedding.objects.filter(memory_record=target, model="squat").exists()
 
 
 def test_a_foreign_context_and_an_unknown_one_are_refused_alike(tenants):

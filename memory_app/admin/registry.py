@@ -19,6 +19,8 @@ from memory_app.models import (
     EmbeddingModel,
     EmbeddingRetry,
     Label,
+    MemoryEmbedding,
+    MemoryEmbeddingRetry,
     MemoryRecord,
     Message,
     RetentionPolicy,
@@ -255,13 +257,21 @@ class RetentionPolicyAdmin(AuditedAdmin):
     readonly_fields = ["progress", "last_applied_at", "last_summary", "created_by"]
 
 
+class VectorAdmin(AuditedAdmin):
+    list_filter, exclude, show_full_result_count = ["model", "indexed"], ["vector"], False
+
+
 @admin.register(Embedding)
-class EmbeddingAdmin(AuditedAdmin):
-    list_display = ["id", "model", "dimensions", "message_id", "memory_record_id", "indexed"]
-    list_filter = ["model", "indexed"]
-    raw_id_fields = ["message", "memory_record", "context"]
-    exclude = ["vector"]
-    show_full_result_count = False
+class EmbeddingAdmin(CopiesItsContext, VectorAdmin):
+    parent = "message"
+    list_display = ["id", "model", "dimensions", "message_id", "indexed"]
+    raw_id_fields = ["message"]
+
+
+@admin.register(MemoryEmbedding)
+class MemoryEmbeddingAdmin(VectorAdmin):
+    list_display = ["id", "model", "dimensions", "memory_record_id", "indexed"]
+    raw_id_fields = ["memory_record"]
 
 
 @admin.register(EmbeddingRetry)
@@ -272,6 +282,9 @@ class EmbeddingRetryAdmin(CopiesItsContext, AuditedAdmin):
     list_display = ["embedding_id", "attempts", "next_attempt_at", "last_error"]
     raw_id_fields = ["embedding"]
     ordering = ["next_attempt_at"]
+
+
+admin.site.register(MemoryEmbeddingRetry, AuditedAdmin)  # its __str__ names the attempts
 
 
 @admin.register(ApiKey)

@@ -23,7 +23,16 @@ from memory_app.backup.format import (
     dump_fields,
 )
 from memory_app.backup.lines import Summary
-from memory_app.models import Context, Embedding, MemoryRecord, Message, Run, Step, ToolCall
+from memory_app.models import (
+    Context,
+    Embedding,
+    MemoryEmbedding,
+    MemoryRecord,
+    Message,
+    Run,
+    Step,
+    ToolCall,
+)
 from memory_app.queries.memories import memories_visible
 
 
@@ -141,7 +150,11 @@ def _memories_of(ctx: Context, confined_to: dict[str, Any] | None) -> models.Que
 def _embedding_records(
     ctx: Context, scoped: models.QuerySet, chunk_size: int
 ) -> Iterator[dict[str, Any]]:
-    rows = Embedding.objects.filter(message__context=ctx).select_related("message").order_by("pk")
+    rows = (
+        Embedding.objects.filter(context=ctx, message__context=ctx)
+        .select_related("message")
+        .order_by("pk")
+    )
     for emb in rows.iterator(chunk_size=chunk_size):
         yield {
             "type": "embedding",
@@ -152,7 +165,7 @@ def _embedding_records(
             "vector": _vector(emb.vector),
         }
     rows = (
-        Embedding.objects.filter(memory_record__in=scoped)
+        MemoryEmbedding.objects.filter(memory_record__in=scoped)
         .select_related("memory_record")
         .order_by("pk")
     )

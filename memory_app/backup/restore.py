@@ -35,7 +35,9 @@ from memory_app.embeddings.registry import registered_dimensions, unregistered
 from memory_app.errors import BackupFormatError, Forbidden
 from memory_app.models import (
     Context,
+    ContextKey,
     Embedding,
+    MemoryEmbedding,
     MemoryOrigin,
     MemoryRecord,
     Message,
@@ -44,6 +46,7 @@ from memory_app.models import (
     ToolCall,
     keys_digest,
 )
+from memory_app.queries.lists import context_id_of_digest
 from memory_app.search import fulltext
 from memory_app.services.memory_history import versions_record
 from memory_app.services.runs import runs_recount
@@ -93,7 +96,11 @@ class _Importer:
         importer may write into; None otherwise (the provenance is dropped, never an error)."""
         if digest in self.contexts:
             return self.contexts[digest]
-        found = Context.objects.filter(keys_digest=digest).values_list("pk", "keys").first()
+        found = (
+            Context.objects.filter(pk=context_id_of_digest(digest))
+            .values_list("pk", "keys")
+            .first()
+        )
         if found is None or (self.allowed is not None and not self.allowed(found[1])):
             return None
         return found[0]
@@ -173,11 +180,7 @@ class _Importer:
             ):
                 raise BackupFormatError("a context's digest must be the digest of its keys")
             self.context_keys[rec["digest"]] = keys
-            existing = (
-                Context.objects.filter(keys_digest=rec["digest"])
-                .values_list("pk", flat=True)
-                .first()
-            )
+            existing = context_id_of_digest(rec["digest"])
             if existing is not None:
                 self.contexts[rec["digest"]] = existing
                 self.merged.add(existing)
@@ -188,6 +191,7 @@ class _Importer:
             ctx.keys_digest = keys_digest(keys)
             ctx.last_seq = ctx.message_count = ctx.token_count = ctx.run_count = 0
             self._insert(Context, [ctx], ["created_at", "updated_at", "last_activity_at"])
+            ContextKey.objects.create(digest=ctx.keys_digest, target_id=ctx.pk)
             self.contexts[rec["digest"]] = ctx.pk
             self.grown.add(ctx.pk)
             self.result.count("contexts", 1, 0)
@@ -401,12 +405,13 @@ class _Importer:
         self.result.count("memories", len(unique), len(rows) - len(unique))
 
     def _import_embedding(self, records):
-        rows = []
+        rows: dict[type, list] = {Embedding: [], MemoryEmbedding: []}
         for rec in records:
-            emb = Embedding(**load_fields(rec, EMBEDDING_FIELDS), vector=rec.get("vector"))
+            table = Embedding if rec["item"] == "message" else MemoryEmbedding
+            emb = table(**load_fields(rec, EMBEDDING_FIELDS), vector=rec.get("vector"))
             emb.dimensions = len(rec["vector"]) if rec.get("vector") is not None else None
             _check_model(emb.model, emb.dimensions)
-            if rec["item"] == "message":
+            if table is Embedding:
                 ctx_pk = self.context_id(rec["context"])
                 emb.message_id = (
                     Message.objects.filter(context_id=ctx_pk, seq=rec["seq"])
@@ -414,24 +419,26 @@ class _Importer:
                     .first()
                 )
                 emb.context_id = ctx_pk
+                item = emb.message_id
                 exists = Embedding.objects.filter(
-                    message_id=emb.message_id, model=emb.model
+                    context_id=ctx_pk, message_id=item, model=emb.model
                 ).exists()
             else:
                 # Only a memory a line of this file resolved to (inside the importer's
                 # confinement): a digest and hash of any other record attach nothing.
-                emb.memory_record_id, emb.context_id = self.memories.get(
+                item = emb.memory_record_id = self.memories.get(
                     (rec["scope_digest"], rec["content_hash"]), (None, None)
-                )
-                exists = Embedding.objects.filter(
-                    memory_record_id=emb.memory_record_id, model=emb.model
+                )[0]
+                exists = MemoryEmbedding.objects.filter(
+                    memory_record_id=item, model=emb.model
                 ).exists()
-            if exists or (emb.message_id is None and emb.memory_record_id is None):
+            if exists or item is None:
                 self.result.count("embeddings", 0, 1)
                 continue
-            rows.append(emb)
-        self._insert(Embedding, rows, [])
-        self.result.count("embeddings", len(rows), 0)
+            rows[table].append(emb)
+        for table, new in rows.items():
+            self._insert(table, new, [])
+            self.result.count("embeddings", len(new), 0)
 
     def audit(self) -> None:
         touched = sorted(set(self.contexts.values()))

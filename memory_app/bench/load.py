@@ -200,6 +200,11 @@ def _copy_contexts(raw, rng: np.random.Generator, n_contexts: int, start: dateti
                     created,
                 )
             )
+    # Found by their keys as any context is: through the digest table.
+    raw.execute(
+        "INSERT INTO memory_app_contextkey (digest, target_id)"
+        " SELECT keys_digest, id FROM memory_app_context"
+    )
 
 
 _ROLES = np.array(["user", "assistant", "tool-call", "tool-response"], dtype=object)

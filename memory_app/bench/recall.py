@@ -43,7 +43,8 @@ def _recall(b: Bench, label: str, cid: int) -> None:
     built = [
         f"m={i.m}, ef_construction={i.ef_construction}"
         for i in indexer.built_indexes()
-        if (i.model, i.dimensions) == (b.data.model, b.data.sizes.dims)
+        if (i.model, i.dimensions, i.table)
+        == (b.data.model, b.data.sizes.dims, indexer.MESSAGE_VECTORS)
     ]
     store = store_size(b.data.model, b.data.sizes.dims)
     share = Context.objects.get(pk=cid).message_count

@@ -15,7 +15,14 @@ from memory_app.embeddings.indexer import ensure_model_index
 from memory_app.embeddings.providers import active_model_name
 from memory_app.embeddings.registry import require_registered
 from memory_app.errors import DimensionMismatch, Invalid
-from memory_app.models import Embedding, EmbeddingRetry, MemoryRecord, Message
+from memory_app.models import (
+    Embedding,
+    EmbeddingRetry,
+    MemoryEmbedding,
+    MemoryEmbeddingRetry,
+    MemoryRecord,
+    Message,
+)
 
 # The largest magnitude a half-precision float (the HNSW index's `halfvec`) holds.
 HALFVEC_MAX = 65504.0
@@ -35,20 +42,22 @@ def vector_put(
     vector: Sequence[float],
     message: Message | None = None,
     memory_record: MemoryRecord | None = None,
-) -> Embedding:
+) -> Embedding | MemoryEmbedding:
     """Store a client-computed vector for one item under `model` (replacing an earlier one)."""
     values = check_vector(model=model, vector=vector)
     if (message is None) == (memory_record is None):
         raise Invalid("a vector belongs to exactly one message or memory record")
-    item = {"message": message} if message is not None else {"memory_record": memory_record}
-    context_id = (message or memory_record).context_id
+    if message is not None:
+        rows, retries = Embedding.objects.filter(context_id=message.context_id), EmbeddingRetry
+        item = {"message": message, "context_id": message.context_id}
+    else:
+        rows, retries = MemoryEmbedding.objects.all(), MemoryEmbeddingRetry
+        item = {"memory_record": memory_record}
     with transaction.atomic():
-        row, _ = Embedding.objects.select_for_update().get_or_create(
-            **item, model=model, defaults={"context_id": context_id}
-        )
+        row, _ = rows.select_for_update().get_or_create(**item, model=model)
         row.vector, row.dimensions = values, len(values)
         row.save()
-        EmbeddingRetry.objects.filter(embedding=row).delete()
+        retries.objects.filter(embedding=row).delete()
     ensure_model_index(model=model, dimensions=len(values))
     return row
 
@@ -118,25 +127,21 @@ def client_vectors(
     return out
 
 
-VECTOR_COPY_COLUMNS = (
-    "message_id",
-    "memory_record_id",
-    "context_id",
-    "model",
-    "dimensions",
-    "vector",
-    "indexed",
-)
-
-
-_VECTOR_COPY_TYPES = ["int8", "int8", "int8", "text", "int4", "vector", "bool"]
+# Per table: the item's columns, then the vector's.
+VECTOR_COPY_COLUMNS = {
+    Embedding._meta.db_table: ("message_id", "context_id"),
+    MemoryEmbedding._meta.db_table: ("memory_record_id",),
+}
+_VECTOR_COLUMNS = ("model", "dimensions", "vector", "indexed")
+_VECTOR_TYPES = ["text", "int4", "vector", "bool"]
 
 
 def vectors_copy(
     rows: Sequence[tuple[int | None, int | None, int | None, ClientVector]],
 ) -> bool:
     """Store checked client vectors with one binary COPY: rows of (message_id, memory_record_id,
-    context_id, vector), for items that have no row of that model yet (new items). Call inside
+    context_id, vector) (a message's into `Embedding`, a memory record's into `MemoryEmbedding`),
+    for items that have no row of that model yet (new items). Call inside
     the transaction that created the items; `ensure_vector_indexes` after it. True when the rows
     wait for the indexer: the caller wakes it once the transaction commits.
 
@@ -155,23 +160,22 @@ def vectors_copy(
         cursor = wrapper.cursor
         # pgvector's binary dumper on this cursor only: the ORM keeps its own conversions.
         register_vector_info(cursor, TypeInfo.fetch(cursor.connection, "vector"))
-        columns = ", ".join(VECTOR_COPY_COLUMNS)
-        with cursor.copy(
-            f"COPY {Embedding._meta.db_table} ({columns}) FROM STDIN WITH (FORMAT BINARY)"  # noqa: S608 - constants
-        ) as copy:
-            copy.set_types(_VECTOR_COPY_TYPES)
-            for message_id, memory_id, context_id, v in rows:
-                copy.write_row(
-                    (
-                        message_id,
-                        memory_id,
-                        context_id,
-                        v.model,
-                        len(v.values),
-                        v.values,
-                        not deferred,
-                    )
-                )
+        for table, item_columns in VECTOR_COPY_COLUMNS.items():
+            of_messages = "message_id" in item_columns
+            mine = [
+                ((message_id, context_id) if of_messages else (memory_id,), v)
+                for message_id, memory_id, context_id, v in rows
+                if (message_id is not None) == of_messages
+            ]
+            if not mine:
+                continue
+            columns = ", ".join(item_columns + _VECTOR_COLUMNS)
+            with cursor.copy(
+                f"COPY {table} ({columns}) FROM STDIN WITH (FORMAT BINARY)"  # noqa: S608 - constants
+            ) as copy:
+                copy.set_types(["int8"] * len(item_columns) + _VECTOR_TYPES)
+                for item, v in mine:
+                    copy.write_row((*item, v.model, len(v.values), v.values, not deferred))
     return deferred
 
 

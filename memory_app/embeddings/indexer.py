@@ -21,6 +21,10 @@ HNSW_MAX_DIMENSIONS = 2000
 
 
 INDEX_PREFIX = "embedding_hnswi_"
+MESSAGE_VECTORS, MEMORY_VECTORS = "memory_app_embedding", "memory_app_memoryembedding"
+# Each table of vectors has its own index per model; the memory table's name is the message
+# table's with `memory` before it (migration 0031 made them so).
+VECTOR_TABLES = {MESSAGE_VECTORS: "", MEMORY_VECTORS: "memory"}
 
 
 def index_name(model: str, dimensions: int, *, prefix: str = INDEX_PREFIX) -> str:
@@ -35,6 +39,7 @@ def index_sql(
     dimensions: int,
     concurrently: bool,
     name: str | None = None,
+    table: str = MESSAGE_VECTORS,
 ):
     """CREATE INDEX for a model's partial HNSW index (cosine, on `vector::halfvec(D)`) of its
     rows that are `indexed` (not waiting for the indexer), built with the configured m and
@@ -43,13 +48,14 @@ def index_sql(
     from psycopg import sql
 
     return sql.SQL(
-        "CREATE INDEX {concurrently} IF NOT EXISTS {name} ON memory_app_embedding "
+        "CREATE INDEX {concurrently} IF NOT EXISTS {name} ON {table} "
         "USING hnsw ((vector::halfvec({dims})) halfvec_cosine_ops) "
         "WITH (m = {m}, ef_construction = {efc}) "
         "WHERE model = {model} AND dimensions = {dims} AND indexed"
     ).format(
         concurrently=sql.SQL("CONCURRENTLY" if concurrently else ""),
-        name=sql.Identifier(name or index_name(model, dimensions)),
+        name=sql.Identifier(name or VECTOR_TABLES[table] + index_name(model, dimensions)),
+        table=sql.Identifier(table),
         dims=sql.Literal(int(dimensions)),
         m=sql.Literal(int(settings.AGENTMEMORY_HNSW_M)),
         efc=sql.Literal(int(settings.AGENTMEMORY_HNSW_EF_CONSTRUCTION)),
@@ -80,11 +86,26 @@ def ensure_model_index(*, model: str, dimensions: int) -> bool:
             "model %s has %d dimensions: no HNSW index, exact scans only", model, dimensions
         )
         return False
-    name = index_name(model, dimensions)
+    built = True
+    for table, prefix in VECTOR_TABLES.items():
+        built &= _build_once(
+            name=prefix + index_name(model, dimensions),
+            statement=index_sql(
+                model=model,
+                dimensions=dimensions,
+                concurrently=not connection.in_atomic_block,
+                table=table,
+            ),
+        )
+    if built:
+        _ensured.add((model, dimensions))
+    return True
+
+
+def _build_once(*, name: str, statement) -> bool:
+    """Build one index unless another session is building it (False then)."""
     connection.ensure_connection()
-    statement = index_sql(
-        model=model, dimensions=dimensions, concurrently=not connection.in_atomic_block
-    ).as_string(connection.connection)
+    statement = statement.as_string(connection.connection)
     with connection.cursor() as cursor:
         # Never wait for the lock: a CREATE INDEX CONCURRENTLY in the session holding it waits
         # for every running transaction to end, this one (blocked on the lock) included, which
@@ -92,7 +113,7 @@ def ensure_model_index(*, model: str, dimensions: int) -> bool:
         # scan exactly until it is there, and the next call here checks again.
         cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [name])
         if not cursor.fetchone()[0]:
-            return True
+            return False
         try:
             if connection.in_atomic_block:
                 # Inside a transaction PostgreSQL refuses CREATE INDEX while deferred foreign-key
@@ -104,7 +125,6 @@ def ensure_model_index(*, model: str, dimensions: int) -> bool:
                 cursor.execute(statement)
         finally:
             cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [name])
-    _ensured.add((model, dimensions))
     return True
 
 
@@ -124,6 +144,7 @@ class BuiltIndex:
     dimensions: int
     m: int
     ef_construction: int
+    table: str = MESSAGE_VECTORS
 
     @property
     def configured(self) -> tuple[int, int]:
@@ -135,8 +156,9 @@ class BuiltIndex:
         return (self.m, self.ef_construction) != self.configured
 
     def describe(self) -> str:
+        of = ", memory vectors" if self.table == MEMORY_VECTORS else ""
         return (
-            f"model {self.model!r} ({self.dimensions}-d): m={self.m}, "
+            f"model {self.model!r} ({self.dimensions}-d{of}): m={self.m}, "
             f"ef_construction={self.ef_construction}"
         )
 
@@ -150,15 +172,17 @@ def built_indexes(using=None) -> list[BuiltIndex]:
     conn = connections[using] if using else connection
     with conn.cursor() as cursor:
         cursor.execute(
-            "SELECT c.relname, coalesce(c.reloptions, '{}'), pg_get_expr(i.indpred, i.indrelid)"
+            "SELECT c.relname, coalesce(c.reloptions, '{}'), pg_get_expr(i.indpred, i.indrelid),"
+            " i.indrelid::regclass::text"
             " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
             " JOIN pg_am a ON a.oid = c.relam AND a.amname = 'hnsw'"
-            " WHERE i.indrelid = to_regclass('memory_app_embedding') AND i.indisvalid"
-            r" AND c.relname NOT LIKE '%\_rebuild' ORDER BY c.relname"
+            " WHERE i.indrelid IN (to_regclass(%s), to_regclass(%s)) AND i.indisvalid"
+            r" AND c.relname NOT LIKE '%%\_rebuild' ORDER BY c.relname",
+            [MESSAGE_VECTORS, MEMORY_VECTORS],
         )
         rows = cursor.fetchall()
     found = []
-    for name, options, predicate in rows:
+    for name, options, predicate, table in rows:
         model, dims = (
             _PREDICATE_MODEL.search(predicate or ""),
             _PREDICATE_DIMS.search(predicate or ""),
@@ -175,6 +199,7 @@ def built_indexes(using=None) -> list[BuiltIndex]:
                 ef_construction=int(
                     params.get("ef_construction", PGVECTOR_DEFAULT_EF_CONSTRUCTION)
                 ),
+                table=table,
             )
         )
     return found
@@ -197,7 +222,11 @@ def rebuild_model_index(index: BuiltIndex) -> BuiltIndex:
     temporary = f"{index.name}_rebuild"
     connection.ensure_connection()
     statement = index_sql(
-        model=index.model, dimensions=index.dimensions, concurrently=True, name=temporary
+        model=index.model,
+        dimensions=index.dimensions,
+        concurrently=True,
+        name=temporary,
+        table=index.table,
     ).as_string(connection.connection)
     with connection.cursor() as cursor:
         # The same lock as ensure_model_index: never two builds of one model's index at once.
@@ -225,15 +254,18 @@ WAITING_SQL = (
     "SELECT id, context_id FROM memory_app_embedding WHERE NOT indexed AND id > %s"
     " ORDER BY id LIMIT %s"
 )
-# One context's rows among those read: on Citus a row lock names its distribution value. A
-# key-subset memory's vector has no context (it goes with the memories, not with a shard).
-CLAIM_SQL = (
-    "UPDATE memory_app_embedding SET indexed = true WHERE id IN ("
-    " SELECT id FROM memory_app_embedding WHERE {scope} AND id = ANY(%s) AND NOT indexed"
+# One context's rows among those read: on Citus a row lock names its distribution value.
+CLAIM_CONTEXT_SQL = (
+    "UPDATE memory_app_embedding SET indexed = true WHERE context_id = %s AND id IN ("
+    " SELECT id FROM memory_app_embedding WHERE context_id = %s AND id = ANY(%s) AND NOT indexed"
     " ORDER BY id FOR UPDATE SKIP LOCKED)"
 )
-CLAIM_CONTEXT_SQL = CLAIM_SQL.format(scope="context_id = %s")
-CLAIM_UNSCOPED_SQL = CLAIM_SQL.format(scope="context_id IS NULL")
+# Memory vectors go with the memories, not with a shard: claimed in one statement.
+CLAIM_MEMORIES_SQL = (
+    "UPDATE memory_app_memoryembedding SET indexed = true WHERE id IN ("
+    " SELECT id FROM memory_app_memoryembedding WHERE NOT indexed"
+    " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
+)
 
 
 def index_batch(*, batch_size: int | None = None) -> int:
@@ -260,12 +292,12 @@ def index_batch(*, batch_size: int | None = None) -> int:
             for pk, context_id in rows:
                 per_context.setdefault(context_id, []).append(pk)
             for context_id, ids in per_context.items():
-                if context_id is None:
-                    cursor.execute(CLAIM_UNSCOPED_SQL, [ids])
-                else:
-                    cursor.execute(CLAIM_CONTEXT_SQL, [context_id, ids])
+                cursor.execute(CLAIM_CONTEXT_SQL, [context_id, context_id, ids])
                 done += cursor.rowcount
             after = rows[-1][0]
+        if done < size:
+            cursor.execute(CLAIM_MEMORIES_SQL, [size - done])
+            done += cursor.rowcount
     return done
 
 

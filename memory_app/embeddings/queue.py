@@ -1,12 +1,20 @@
-"""The queue of items waiting for vectors: pending `Embedding` rows (vector NULL) that the
-worker fills in, and the counts of what waits (for a provider, or for its HNSW graph)."""
+"""The queue of items waiting for vectors: pending rows (vector NULL) of `Embedding` (messages)
+and `MemoryEmbedding` (memory records) that the worker fills in, and the counts of what waits
+(for a provider, or for its HNSW graph)."""
 
 from __future__ import annotations
 
 from django.db import connection
 
 from memory_app.embeddings.providers import active_model_name
-from memory_app.models import Embedding, EmbeddingRetry, MemoryRecord, Message
+from memory_app.models import (
+    Embedding,
+    EmbeddingRetry,
+    MemoryEmbedding,
+    MemoryEmbeddingRetry,
+    MemoryRecord,
+    Message,
+)
 
 
 def enqueue_messages(messages: list[Message], *, model: str | None = None) -> None:
@@ -23,48 +31,52 @@ def enqueue_memory_records(records: list[MemoryRecord], *, model: str | None = N
     model = model or active_model_name()
     if model is None or not records:
         return
-    Embedding.objects.bulk_create(
-        [
-            Embedding(memory_record=r, context_id=r.context_id, model=model)
-            for r in records
-            if r.content
-        ],
+    MemoryEmbedding.objects.bulk_create(
+        [MemoryEmbedding(memory_record=r, model=model) for r in records if r.content],
         ignore_conflicts=True,
     )
 
 
-def _stale(qs) -> None:
+def _stale(qs, retries) -> None:
     # The embedding rows first, then their retries: the worker's order (no deadlock with it).
     qs.update(vector=None)
-    EmbeddingRetry.objects.filter(embedding__in=qs).delete()
+    retries.objects.filter(embedding__in=qs).delete()
 
 
 def requeue_message(message: Message) -> None:
     """The text changed: every stored vector of this message is stale."""
-    _stale(Embedding.objects.filter(message=message))
+    _stale(Embedding.objects.filter(context_id=message.context_id, message=message), EmbeddingRetry)
     enqueue_messages([message])
 
 
 def requeue_memory_record(record: MemoryRecord) -> None:
-    _stale(Embedding.objects.filter(memory_record=record))
+    _stale(MemoryEmbedding.objects.filter(memory_record=record), MemoryEmbeddingRetry)
     enqueue_memory_records([record])
 
 
 def pending_count(*, model: str | None = None, context_id: int | None = None) -> int:
-    return _count(Embedding.objects.filter(vector__isnull=True), model=model, context_id=context_id)
+    return _count({"vector__isnull": True}, model=model, context_id=context_id)
 
 
-def _count(qs, *, model: str | None, context_id: int | None) -> int:
-    if model:
-        qs = qs.filter(model=model)
-    if context_id:
-        qs = qs.filter(context_id=context_id)
-    return qs.count()
+def _count(condition: dict, *, model: str | None, context_id: int | None) -> int:
+    """Rows of both tables (one context's: its messages' and its memories' vectors)."""
+    total = 0
+    for table, context_field in (
+        (Embedding, "context_id"),
+        (MemoryEmbedding, "memory_record__context_id"),
+    ):
+        qs = table.objects.filter(**condition)
+        if model:
+            qs = qs.filter(model=model)
+        if context_id:
+            qs = qs.filter(**{context_field: context_id})
+        total += qs.count()
+    return total
 
 
 def unindexed_count(*, model: str | None = None, context_id: int | None = None) -> int:
     """Vectors stored but not yet in their model's HNSW graph (searches scan them exactly)."""
-    return _count(Embedding.objects.filter(indexed=False), model=model, context_id=context_id)
+    return _count({"indexed": False}, model=model, context_id=context_id)
 
 
 def reembed_enqueue(*, model: str, context_id: int | None = None) -> int:
@@ -86,8 +98,8 @@ def reembed_enqueue(*, model: str, context_id: int | None = None) -> int:
         context_filter = "AND r.context_id = %s" if context_id else ""
         cursor.execute(
             f"""
-            INSERT INTO memory_app_embedding (memory_record_id, context_id, model)
-            SELECT r.id, r.context_id, %s FROM memory_app_memoryrecord r
+            INSERT INTO memory_app_memoryembedding (memory_record_id, model)
+            SELECT r.id, %s FROM memory_app_memoryrecord r
             WHERE r.content <> '' {context_filter}
             ON CONFLICT DO NOTHING
             """,  # noqa: S608
@@ -99,7 +111,5 @@ def reembed_enqueue(*, model: str, context_id: int | None = None) -> int:
 
 def model_coverage(*, model: str, context_id: int | None = None) -> tuple[int, int]:
     """(embedded, total) rows of `model`, store-wide or for one context."""
-    qs = Embedding.objects.filter(model=model)
-    if context_id:
-        qs = qs.filter(context_id=context_id)
-    return qs.filter(vector__isnull=False).count(), qs.count()
+    total = _count({}, model=model, context_id=context_id)
+    return total - _count({"vector__isnull": True}, model=model, context_id=context_id), total

@@ -1,6 +1,8 @@
 """The embed worker: claims due pending rows (FOR UPDATE SKIP LOCKED, so several workers on
 several machines never embed an item twice), fills them from the provider, and postpones a
-failed batch with exponential backoff (an `EmbeddingRetry` row beside each failed item)."""
+failed batch with exponential backoff (an `EmbeddingRetry` row beside each failed item).
+Messages' vectors (`Embedding`) and memories' (`MemoryEmbedding`) are separate tables: a batch
+takes the messages' first, then the memories' up to its size."""
 
 from __future__ import annotations
 
@@ -9,14 +11,21 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from memory_app.embeddings.indexer import ensure_model_index
 from memory_app.embeddings.providers import EmbeddingProvider
 from memory_app.embeddings.registry import register_provider_model, registered_dimensions
 from memory_app.errors import ProviderError
-from memory_app.models import Embedding, EmbeddingRetry, MemoryRecord, Message
+from memory_app.models import (
+    Embedding,
+    EmbeddingRetry,
+    MemoryEmbedding,
+    MemoryEmbeddingRetry,
+    MemoryRecord,
+    Message,
+)
 
 log = logging.getLogger(__name__)
 BACKOFF_BASE_SECONDS = 2.0
@@ -56,16 +65,18 @@ def embed_batch(
     result = BatchResult()
     with transaction.atomic():
         rows = _claim(model=provider.model, batch_size=batch_size, now=now)
+        rows += _claim_memories(model=provider.model, batch_size=batch_size - len(rows), now=now)
         # Read once the rows are locked, in a statement of its own: a failure another worker
         # committed after this claim's snapshot (a new retry row; the embedding row unchanged,
         # so the claim did not look at it again) shows here, and that item waits its turn.
         tried = {
-            pk: (attempts, due)
-            for pk, attempts, due in EmbeddingRetry.objects.filter(embedding__in=rows).values_list(
-                "embedding_id", "attempts", "next_attempt_at"
-            )
+            (retry, pk): (attempts, due)
+            for retry in (EmbeddingRetry, MemoryEmbeddingRetry)
+            for pk, attempts, due in retry.objects.filter(
+                embedding__in=[r.pk for r in rows if RETRY[type(r)] is retry]
+            ).values_list("embedding_id", "attempts", "next_attempt_at")
         }
-        rows = [r for r in rows if r.pk not in tried or tried[r.pk][1] <= now]
+        rows = [r for r in rows if _key(r) not in tried or tried[_key(r)][1] <= now]
         result.claimed = len(rows)
         if not rows:
             return result
@@ -84,7 +95,7 @@ def embed_batch(
         except ProviderError as exc:
             _postpone(
                 rows,
-                tried={pk: attempts for pk, (attempts, _) in tried.items()},
+                tried={key: attempts for key, (attempts, _) in tried.items()},
                 error=str(exc),
                 now=now,
                 backoff_base=backoff_base,
@@ -93,12 +104,35 @@ def embed_batch(
             return result
         for r, v in zip(rows, vectors, strict=True):
             r.vector, r.dimensions = v, len(v)
-        Embedding.objects.bulk_update(rows, ["vector", "dimensions"])
-        if done_retrying := [r.pk for r in rows if r.pk in tried]:
-            EmbeddingRetry.objects.filter(embedding__in=done_retrying).delete()
+        for table, retry in RETRY.items():
+            mine = [r for r in rows if type(r) is table]
+            table.objects.bulk_update(mine, ["vector", "dimensions"])
+            if done_retrying := [r.pk for r in mine if (retry, r.pk) in tried]:
+                retry.objects.filter(embedding__in=done_retrying).delete()
         result.embedded = len(rows)
     ensure_model_index(model=provider.model, dimensions=len(vectors[0]))
     return result
+
+
+RETRY = {Embedding: EmbeddingRetry, MemoryEmbedding: MemoryEmbeddingRetry}
+
+
+def _key(row: Embedding | MemoryEmbedding) -> tuple[type, int]:
+    """A claimed row's key among both tables' (their ids are separate sequences)."""
+    return RETRY[type(row)], row.pk
+
+
+# Step 1 of the claim: the oldest due pending message vectors (`embedding_pending_idx`); the
+# retry is joined by its whole key, context included (on Citus a join within one shard). The
+# model is one value: ordering by it too is the index's order, which no other index gives.
+PENDING_SQL = """
+    SELECT e.id, e.context_id FROM memory_app_embedding e
+    WHERE e.vector IS NULL AND e.model = %s AND e.id > %s AND NOT EXISTS (
+        SELECT 1 FROM memory_app_embeddingretry r
+        WHERE r.embedding_id = e.id AND r.context_id = e.context_id AND r.next_attempt_at > %s
+    )
+    ORDER BY e.model, e.id LIMIT %s
+"""
 
 
 def _claim(*, model: str, batch_size: int, now: datetime) -> list[Embedding]:
@@ -109,18 +143,13 @@ def _claim(*, model: str, batch_size: int, now: datetime) -> list[Embedding]:
     by a statement naming that context and the embedding table alone (FOR UPDATE SKIP LOCKED:
     a row lock on Citus names one distribution value). Rows another worker holds are passed
     over, and the lock re-reads each row, so one embedded meanwhile is too; when every row read
-    was taken, the next older ones are read, as the single SKIP LOCKED scan did before. A
-    key-subset memory's vector has no context: those are locked together (they go with the
-    memories, not with a shard)."""
+    was taken, the next older ones are read, as the single SKIP LOCKED scan did before."""
     claimed: list[Embedding] = []
     after = 0
     while len(claimed) < batch_size:
-        candidates = list(
-            Embedding.objects.filter(vector__isnull=True, model=model, pk__gt=after)
-            .exclude(retry__next_attempt_at__gt=now)
-            .order_by("id")
-            .values_list("pk", "context_id")[: batch_size - len(claimed)]
-        )
+        with connection.cursor() as cursor:
+            cursor.execute(PENDING_SQL, [model, after, now, batch_size - len(claimed)])
+            candidates = cursor.fetchall()
         if not candidates:
             break
         per_context: dict[int | None, list[int]] = {}
@@ -132,47 +161,78 @@ def _claim(*, model: str, batch_size: int, now: datetime) -> list[Embedding]:
                 Embedding.objects.select_for_update(skip_locked=True)
                 .filter(context_id=context_id, pk__in=ids, vector__isnull=True, model=model)
                 .order_by("id")
-                .only("pk", "message_id", "memory_record_id", "context_id")
+                .only("pk", "message_id", "context_id")
             )
         after = candidates[-1][0]
     return sorted(claimed, key=lambda r: r.pk)
 
 
-def _texts(rows: list[Embedding]) -> list[str]:
+def _claim_memories(*, model: str, batch_size: int, now: datetime) -> list[MemoryEmbedding]:
+    """Lock up to `batch_size` due pending memory vectors of `model`, oldest first, in one
+    statement: they go with the memories (no context to route by), not with a shard."""
+    if batch_size <= 0:
+        return []
+    return list(
+        MemoryEmbedding.objects.select_for_update(skip_locked=True)
+        .filter(vector__isnull=True, model=model)
+        .exclude(
+            pk__in=MemoryEmbeddingRetry.objects.filter(next_attempt_at__gt=now).values(
+                "embedding_id"
+            )
+        )
+        .order_by("id")
+        .only("pk", "memory_record_id")[:batch_size]
+    )
+
+
+def _texts(rows: list[Embedding | MemoryEmbedding]) -> list[str]:
     """The claimed items' texts, read after the claim (its lock statement reads one table)."""
     messages = dict(
-        Message.objects.filter(pk__in=[r.message_id for r in rows if r.message_id]).values_list(
-            "pk", "text"
-        )
+        Message.objects.filter(
+            pk__in=[r.message_id for r in rows if isinstance(r, Embedding)]
+        ).values_list("pk", "text")
     )
     records = dict(
         MemoryRecord.objects.filter(
-            pk__in=[r.memory_record_id for r in rows if r.memory_record_id]
+            pk__in=[r.memory_record_id for r in rows if isinstance(r, MemoryEmbedding)]
         ).values_list("pk", "content")
     )
-    return [messages[r.message_id] if r.message_id else records[r.memory_record_id] for r in rows]
+    return [
+        messages[r.message_id] if isinstance(r, Embedding) else records[r.memory_record_id]
+        for r in rows
+    ]
 
 
 def _postpone(
-    rows: list[Embedding], *, tried: dict[int, int], error: str, now: datetime, backoff_base: float
+    rows: list[Embedding | MemoryEmbedding],
+    *,
+    tried: dict[tuple[type, int], int],
+    error: str,
+    now: datetime,
+    backoff_base: float,
 ) -> None:
     """Count a failed attempt on each claimed row (`tried`: attempts so far, read under the
     rows' locks, which every writer of a retry holds) and set when it is due again."""
-    retries = []
-    for r in rows:
-        attempts = tried.get(r.pk, 0) + 1
-        retries.append(
-            EmbeddingRetry(
-                embedding=r,
-                context_id=r.context_id,
-                attempts=attempts,
-                next_attempt_at=now + backoff(attempts, base=backoff_base),
-                last_error=error[:2000],
+    for table, retry in RETRY.items():
+        retries = []
+        for r in rows:
+            if type(r) is not table:
+                continue
+            attempts = tried.get((retry, r.pk), 0) + 1
+            copied = {"context_id": r.context_id} if table is Embedding else {}
+            retries.append(
+                retry(
+                    embedding=r,
+                    attempts=attempts,
+                    next_attempt_at=now + backoff(attempts, base=backoff_base),
+                    last_error=error[:2000],
+                    **copied,
+                )
             )
+        retry.objects.bulk_create(
+            retries,
+            update_conflicts=True,
+            # The message retries' key is (embedding_id, context_id) in the database.
+            unique_fields=["embedding", "context"] if table is Embedding else ["embedding"],
+            update_fields=["attempts", "next_attempt_at", "last_error"],
         )
-    EmbeddingRetry.objects.bulk_create(
-        retries,
-        update_conflicts=True,
-        unique_fields=["embedding"],
-        update_fields=["attempts", "next_attempt_at", "last_error"],
-    )

@@ -9,8 +9,14 @@ Integrity lives in the database (the constraints and indexes of the modules belo
 # `from memory_app.models import X` reaches any of them.
 from memory_app.models.access import ApiKey, AuditEvent
 from memory_app.models.checkpoints import Checkpoint, CheckpointBlob, CheckpointWrite
-from memory_app.models.contexts import Context
-from memory_app.models.embeddings import Embedding, EmbeddingModel, EmbeddingRetry
+from memory_app.models.contexts import Context, ContextKey
+from memory_app.models.embeddings import (
+    Embedding,
+    EmbeddingModel,
+    EmbeddingRetry,
+    MemoryEmbedding,
+    MemoryEmbeddingRetry,
+)
 from memory_app.models.memories import MemoryRecord, MemoryVersion
 from memory_app.models.messages import Message, MessageSearch
 from memory_app.models.retention import RetentionKind, RetentionPolicy
@@ -49,10 +55,13 @@ __all__ = [
     "CheckpointWrite",
     "Comment",
     "Context",
+    "ContextKey",
     "Embedding",
     "EmbeddingModel",
     "EmbeddingRetry",
     "Label",
+    "MemoryEmbedding",
+    "MemoryEmbeddingRetry",
     "MemoryKind",
     "MemoryOrigin",
     "MemoryRecord",

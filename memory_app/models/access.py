@@ -67,8 +67,15 @@ class AuditEvent(models.Model):
     action = models.CharField(max_length=50, db_index=True)
     target_type = models.CharField(max_length=50)
     target_ids = ArrayField(models.BigIntegerField(), default=list, blank=True)
+    # No database foreign key (migration 0032): the operator's trail is a local table on Citus,
+    # which may hold none into the distributed contexts; Django nulls it when a context goes.
     context = models.ForeignKey(
-        Context, on_delete=models.SET_NULL, null=True, blank=True, related_name="audit_events"
+        Context,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="audit_events",
+        db_constraint=False,
     )
     before = models.JSONField(null=True, blank=True)
     after = models.JSONField(null=True, blank=True)

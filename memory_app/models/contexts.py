@@ -36,8 +36,9 @@ class Context(models.Model):
     last_activity_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        # "Same keys, same context" is held by `ContextKey` (unique by digest), not here: on
+        # Citus a unique constraint on contexts must include their distribution column, `id`.
         constraints = [
-            models.UniqueConstraint(fields=["keys_digest"], name="context_keys_digest_unique"),
             models.CheckConstraint(condition=Q(last_seq__gte=0), name="context_last_seq_nonneg"),
         ]
         indexes = [
@@ -53,3 +54,25 @@ class Context(models.Model):
 
     def __str__(self) -> str:
         return self.title or json.dumps(self.keys, sort_keys=True)
+
+
+class ContextKey(models.Model):
+    """The context of a keys digest: the one place "same keys, same context" is held.
+
+    Its own table, keyed by the digest alone, so that on Citus it is distributed by the digest
+    (each lookup by keys routed to one shard) while contexts are distributed by `id`. Get-or-
+    create inserts the digest row first (`INSERT … ON CONFLICT (digest) DO NOTHING`), then the
+    context under the id it reserved, in one transaction (`services/contexts.py`).
+
+    The column is `target_id`, not `context_id`: the row belongs to its digest's shard, not to
+    the context's. No database foreign key (the two tables are distributed by different
+    columns); Django's cascade deletes the digest row with its context.
+    """
+
+    digest = models.CharField(max_length=64, primary_key=True)
+    target = models.ForeignKey(
+        Context, on_delete=models.CASCADE, db_constraint=False, related_name="+"
+    )
+
+    def __str__(self) -> str:
+        return f"{self.digest[:12]}… -> context {self.target_id}"

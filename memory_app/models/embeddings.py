@@ -41,7 +41,9 @@ class EmbeddingModel(models.Model):
 
 
 class Embedding(models.Model):
-    """A vector for one item under one model; several models coexist (one HNSW index per model).
+    """A message's vector under one model; several models coexist (one HNSW index per model).
+    Rows of one context: on Citus distributed by `context_id`, with the messages. A memory
+    record's vectors are in `MemoryEmbedding` (migration 0031): they go with the memories.
 
     A row with `vector` NULL is pending: the embed worker claims it with FOR UPDATE SKIP LOCKED;
     a provider failure is kept beside it in `EmbeddingRetry` until it succeeds.
@@ -52,33 +54,21 @@ class Embedding(models.Model):
     (`memory_app.embeddings.indexer.index_pending`) adds them later; searches scan those rows
     exactly meanwhile, so none is ever unsearchable.
 
-    The row holds eight columns and nothing else (migration 0015): a 384-d row is then 1,617
-    bytes with a 24-byte header, so five fit a page where four did (a ninth column, or any
-    column wider, puts it back to four).
+    In the database the primary key is `(id, context_id)` and the message's foreign key
+    `(message_id, context_id)` (migration 0031); Django follows `id` and `message_id`.
     """
 
-    # No single-column indexes on the three keys: the unique (message, model) and (memory_record,
-    # model) indexes and (context, model) lead with them and serve their lookups and cascades.
+    # No single-column indexes on the keys: the unique (message, model, context) index and
+    # (context, model) lead with them and serve their lookups and cascades.
     message = models.ForeignKey(
         Message,
         on_delete=models.CASCADE,
-        null=True,
-        blank=True,
         related_name="embeddings",
         db_index=False,
-    )
-    memory_record = models.ForeignKey(
-        MemoryRecord,
-        on_delete=models.CASCADE,
-        null=True,
-        blank=True,
-        related_name="embeddings",
-        db_index=False,
+        db_constraint=False,
     )
     # Denormalised so a semantic search can filter one context without a join.
-    context = models.ForeignKey(
-        Context, on_delete=models.CASCADE, null=True, blank=True, related_name="+", db_index=False
-    )
+    context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="+", db_index=False)
     model = models.CharField(max_length=200)
     dimensions = models.IntegerField(null=True, blank=True)
     vector = VectorField(null=True, blank=True)
@@ -88,20 +78,8 @@ class Embedding(models.Model):
 
     class Meta:
         constraints = [
-            models.CheckConstraint(
-                condition=(Q(message__isnull=False) & Q(memory_record__isnull=True))
-                | (Q(message__isnull=True) & Q(memory_record__isnull=False)),
-                name="embedding_one_item",
-            ),
             models.UniqueConstraint(
-                fields=["message", "model"],
-                condition=Q(message__isnull=False),
-                name="embedding_message_model_unique",
-            ),
-            models.UniqueConstraint(
-                fields=["memory_record", "model"],
-                condition=Q(memory_record__isnull=False),
-                name="embedding_memory_model_unique",
+                fields=["message", "model", "context"], name="embedding_message_model_unique"
             ),
         ]
         indexes = [
@@ -118,22 +96,56 @@ class Embedding(models.Model):
         ]
 
     def __str__(self) -> str:
-        item = (
-            f"message {self.message_id}" if self.message_id else f"memory {self.memory_record_id}"
-        )
-        return f"{item} under {self.model}" + ("" if self.vector is not None else " (pending)")
+        pending = "" if self.vector is not None else " (pending)"
+        return f"message {self.message_id} under {self.model}{pending}"
+
+
+class MemoryEmbedding(models.Model):
+    """A memory record's vector under one model: the rows that go with the memories (a
+    key-subset memory belongs to no context), apart from the messages' vectors. The same
+    columns, pending state, deferred indexing and per-model partial HNSW index as `Embedding`."""
+
+    memory_record = models.ForeignKey(
+        MemoryRecord, on_delete=models.CASCADE, related_name="embeddings", db_index=False
+    )
+    model = models.CharField(max_length=200)
+    dimensions = models.IntegerField(null=True, blank=True)
+    vector = VectorField(null=True, blank=True)
+    indexed = models.BooleanField(default=True, db_default=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["memory_record", "model"], name="memoryembedding_memory_model_unique"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["model", "id"],
+                condition=Q(vector__isnull=True),
+                name="memoryembedding_pending_idx",
+            ),
+            models.Index(
+                fields=["model"], condition=Q(indexed=False), name="memoryembedding_unindexed"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        pending = "" if self.vector is not None else " (pending)"
+        return f"memory {self.memory_record_id} under {self.model}{pending}"
 
 
 class EmbeddingRetry(models.Model):
-    """A pending vector whose provider call failed: how often, why, and when it is due again.
+    """A pending message vector whose provider call failed: how often, why, and when it is due
+    again (`MemoryEmbeddingRetry` for memory vectors).
 
     Only failed items have a row (deleted once the vector is written or the item's text changes):
     the queue's bookkeeping stays off the embedding rows, which a store holds by the million.
 
-    The foreign key cascades in the database (`ON DELETE CASCADE`, migration 0015), not in
-    Django: deleting embeddings (a context, a purge, `reembed --drop-old`) stays one DELETE
-    that never loads their vectors, and locks each embedding before its retry, the order the
-    worker takes them in.
+    The foreign key `(embedding_id, context_id)` cascades in the database (`ON DELETE CASCADE`,
+    migrations 0015 and 0025), not in Django: deleting embeddings (a context, a purge,
+    `reembed --drop-old`) stays one DELETE that never loads their vectors, and locks each
+    embedding before its retry, the order the worker takes them in.
     """
 
     embedding = models.OneToOneField(
@@ -143,9 +155,8 @@ class EmbeddingRetry(models.Model):
         primary_key=True,
         related_name="retry",
     )
-    # The embedding's context, NULL as its is for a key-subset memory's vector. Copied, not
-    # checked: the embedding's own foreign key takes the retry along.
-    context = context_of_row(null=True)
+    # The embedding's context, copied; the composite foreign key holds it equal.
+    context = context_of_row()
     attempts = models.IntegerField()
     next_attempt_at = models.DateTimeField()
     last_error = models.TextField(blank=True, default="")
@@ -156,4 +167,29 @@ class EmbeddingRetry(models.Model):
     def __str__(self) -> str:
         return (
             f"embedding {self.embedding_id}: {self.attempts} attempts, next {self.next_attempt_at}"
+        )
+
+
+class MemoryEmbeddingRetry(models.Model):
+    """A failed memory vector's retry, as `EmbeddingRetry` is a message vector's (its foreign
+    key cascades in the database, migration 0031)."""
+
+    embedding = models.OneToOneField(
+        MemoryEmbedding,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        primary_key=True,
+        related_name="retry",
+    )
+    attempts = models.IntegerField()
+    next_attempt_at = models.DateTimeField()
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        verbose_name_plural = "memory embedding retries"
+
+    def __str__(self) -> str:
+        return (
+            f"memory embedding {self.embedding_id}: {self.attempts} attempts,"
+            f" next {self.next_attempt_at}"
         )

@@ -26,8 +26,17 @@ from memory_app.models.shared import (
 class MemoryRecord(models.Model):
     """A long-term memory scoped to one context or to a key subset shared by many contexts."""
 
+    # No database foreign keys into contexts, messages or steps (migration 0032): memory records
+    # stay off the shards (a reference or local table on Citus), which may hold none into a
+    # distributed table. Django still cascades and nulls them, as every delete here goes
+    # through it.
     context = models.ForeignKey(
-        Context, on_delete=models.CASCADE, null=True, blank=True, related_name="memory_records"
+        Context,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="memory_records",
+        db_constraint=False,
     )
     scope_keys = models.JSONField(default=dict, blank=True)
     scope_digest = models.CharField(max_length=64, editable=False)
@@ -38,10 +47,20 @@ class MemoryRecord(models.Model):
     keywords = ArrayField(models.CharField(max_length=200), default=list, blank=True)
     metadata = OrderedJSONField(default=dict, blank=True)
     source_message = models.ForeignKey(
-        Message, on_delete=models.SET_NULL, null=True, blank=True, related_name="memory_records"
+        Message,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="memory_records",
+        db_constraint=False,
     )
     source_step = models.ForeignKey(
-        Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="memory_records"
+        Step,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="memory_records",
+        db_constraint=False,
     )
     # No constraint in the database: a run's key there is (id, context_id). Django's delete
     # clears it (SET_NULL), as the run of a purged step goes.

@@ -15,7 +15,7 @@ from django.db.models import F, Max, Min, Prefetch, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from memory_app.models import Context, Message, Run, Step, ToolCall, keys_digest
+from memory_app.models import Context, ContextKey, Message, Run, Step, ToolCall, keys_digest
 
 T = TypeVar("T")
 MAX_LIMIT = 1000
@@ -62,7 +62,14 @@ def contexts_list(
 def context_by_keys(*, within: QuerySet, keys: dict[str, Any]) -> Context | None:
     """The context named by exactly `keys` (in any order) among `within`, or None: the one
     `context_get_or_create` would return, found without creating it."""
-    return within.filter(keys_digest=keys_digest(keys)).first()
+    # Two routed reads (the digest's row, then the context by id), never a join of the two.
+    target = context_id_of_digest(keys_digest(keys))
+    return None if target is None else within.filter(pk=target).first()
+
+
+def context_id_of_digest(digest: str) -> int | None:
+    """The id of the context whose keys have this digest (`ContextKey`), or None."""
+    return ContextKey.objects.filter(digest=digest).values_list("target_id", flat=True).first()
 
 
 def messages_list(

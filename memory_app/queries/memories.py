@@ -120,6 +120,7 @@ def _semantic_hits(
         params=params,
         approximate=share >= threshold and len(vector) <= indexer.HNSW_MAX_DIMENSIONS,
         share=share,
+        table=indexer.MEMORY_VECTORS,
     )
     return hits
 

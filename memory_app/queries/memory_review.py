@@ -33,7 +33,8 @@ _LIVE_OF_SCOPE = """
 
 _BY_VECTOR = f"""
     SELECT r.id, max(1 - (e.vector <=> %s::vector)) AS similarity
-    FROM memory_app_embedding e JOIN memory_app_memoryrecord r ON r.id = e.memory_record_id
+    FROM memory_app_memoryembedding e
+    JOIN memory_app_memoryrecord r ON r.id = e.memory_record_id
     WHERE e.model = %s AND e.dimensions = %s AND e.vector IS NOT NULL AND {_LIVE_OF_SCOPE}
     GROUP BY r.id ORDER BY similarity DESC, r.id LIMIT %s
 """  # noqa: S608 - a constant fragment
@@ -41,8 +42,8 @@ _BY_VECTOR = f"""
 # The proposal's own stored vectors, under whichever models it has.
 _BY_STORED_VECTOR = f"""
     SELECT r.id, max(1 - (e.vector <=> p.vector)) AS similarity
-    FROM memory_app_embedding p
-    JOIN memory_app_embedding e ON e.model = p.model AND e.dimensions = p.dimensions
+    FROM memory_app_memoryembedding p
+    JOIN memory_app_memoryembedding e ON e.model = p.model AND e.dimensions = p.dimensions
     JOIN memory_app_memoryrecord r ON r.id = e.memory_record_id
     WHERE p.memory_record_id = %s AND p.vector IS NOT NULL AND e.vector IS NOT NULL
       AND {_LIVE_OF_SCOPE}

@@ -26,7 +26,6 @@ from django.db import connection, transaction
 from memory_app import errors, scale_out
 from memory_app.embeddings import client_vectors, indexer, providers
 from memory_app.errors import Invalid, ProviderDown, SemanticUnavailable
-from memory_app.models import Embedding
 
 
 def vector_literal(vector: Sequence[float]) -> str:
@@ -89,9 +88,11 @@ def nearest_vectors(
     params: Sequence[Any],
     approximate: bool,
     share: int | None = None,
+    table: str = indexer.MESSAGE_VECTORS,
 ) -> tuple[list[tuple[int, float]], str]:
     """(item id, cosine distance) of the `model` vectors (alias `e`) nearest to `vector` among
-    those `where_sql` keeps, nearest first, ties by id; and the path that answered.
+    those `where_sql` keeps, nearest first, ties by id; and the path that answered. `table`:
+    the messages' vectors, or the memory records' (`indexer.MEMORY_VECTORS`).
 
     `approximate` walks the model's HNSW index with pgvector's iterative scan ("hnsw"): the walk
     goes on until `limit` rows pass the filter, so a filter keeping a small share of the store
@@ -113,7 +114,7 @@ def nearest_vectors(
     # ranked by their full-precision distance.
     walk_distance = f"e.vector::halfvec({dims}) <=> (SELECT v::halfvec({dims}) FROM q)"  # noqa: S608
     rows = f"""
-        FROM memory_app_embedding e {join_sql}
+        FROM {table} e {join_sql}
         WHERE e.model = %s AND e.dimensions = {dims} AND e.vector IS NOT NULL AND {where_sql}
     """  # noqa: S608 - dims is an int; the fragments are the callers' constants
     if approximate:
@@ -135,7 +136,9 @@ def nearest_vectors(
         """  # noqa: S608
         args = [literal, model, *params, limit, model, *params, limit]
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(hnsw_settings_sql(model=model, dims=dims, limit=limit, share=share))
+            cursor.execute(
+                hnsw_settings_sql(model=model, dims=dims, limit=limit, share=share, table=table)
+            )
             cursor.execute(sql, args)
             found = cursor.fetchall()
         hits = sorted(((row[0], float(row[1])) for row in found), key=lambda hit: (hit[1], hit[0]))
@@ -159,11 +162,11 @@ def nearest_vectors(
 MIN_SCAN_TUPLES = 20_000
 MAX_EF_SEARCH = 1000
 SCAN_WORK_MEM_MB = 64
-_store_sizes: dict[tuple[str, int], tuple[float, int]] = {}
+_store_sizes: dict[tuple[str, int, str], tuple[float, int]] = {}
 STORE_SIZE_TTL = 300.0
 
 
-def store_size(model: str, dims: int) -> int:
+def store_size(model: str, dims: int, table: str = indexer.MESSAGE_VECTORS) -> int:
     """How many vectors the model's HNSW index holds, from the planner's statistics (kept up to
     date by autovacuum's ANALYZE, which estimates a partial index's own rows), cached per
     process for a few minutes.
@@ -174,13 +177,13 @@ def store_size(model: str, dims: int) -> int:
     since) falls back to the table's."""
     import time
 
-    key = (model, dims)
+    key = (model, dims, table)
     now = time.monotonic()
     cached = _store_sizes.get(key)
     if cached and cached[0] > now:
         return cached[1]
-    table, index = Embedding._meta.db_table, indexer.index_name(model, dims)
     with connection.cursor() as cursor:
+        index = indexer.VECTOR_TABLES[table] + indexer.index_name(model, dims)
         if scale_out.is_distributed(cursor, table):
             # On Citus the coordinator's index is an empty shell: the shards hold the rows.
             size = scale_out.index_rows_on_shards(cursor, table, index)
@@ -226,9 +229,11 @@ def ef_search_for(store: int, limit: int, share: int | None = None) -> int:
     return max(1, min(max(base, 2 * limit), MAX_EF_SEARCH))
 
 
-def hnsw_settings_sql(*, model: str, dims: int, limit: int, share: int | None) -> str:
+def hnsw_settings_sql(
+    *, model: str, dims: int, limit: int, share: int | None, table: str = indexer.MESSAGE_VECTORS
+) -> str:
     """SET LOCAL statements for one HNSW query (only ints, no parameters: one round trip)."""
-    store = store_size(model, dims)
+    store = store_size(model, dims, table)
     ef = ef_search_for(store, limit, share)
     # To find `limit` rows of a filter keeping `share` of `store` rows, the walk visits about
     # limit * store / share rows; four times that, so a clustered filter still gets its rows.

@@ -4,13 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from memory_app.audit import Actor, audit_record
 from memory_app.models import (
     Context,
+    ContextKey,
     keys_digest,
 )
+
+# The digest row is written first, under an id taken from the contexts' own sequence: the
+# unique digest decides the race (a loser's INSERT waits for the winner's commit, then does
+# nothing), and the context row follows in the same transaction, so a digest row is never
+# seen without its context.
+_CLAIM_DIGEST = """
+    INSERT INTO memory_app_contextkey (digest, target_id)
+    VALUES (%s, nextval(pg_get_serial_sequence('memory_app_context', 'id')))
+    ON CONFLICT (digest) DO NOTHING
+    RETURNING target_id
+"""
 
 
 def context_get_or_create(
@@ -18,9 +30,40 @@ def context_get_or_create(
 ) -> tuple[Context, bool]:
     """The context for `keys` (order-insensitive), created when missing; safe under races."""
     digest = keys_digest(keys)
-    defaults = {"keys": keys, "title": title or "", "metadata": metadata or {}}
-    # Django's get_or_create retries the read when a concurrent insert wins the unique index.
-    return Context.objects.get_or_create(keys_digest=digest, defaults=defaults)
+    # Twice at most: a digest row whose context was deleted by hand is dropped, then claimed.
+    for _ in range(2):
+        found = _context_of_digest(digest)
+        if found is not None:
+            return found, False
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(_CLAIM_DIGEST, [digest])
+                claimed = cursor.fetchone()
+            if claimed is not None:
+                context = Context.objects.create(
+                    pk=claimed[0],
+                    keys=keys,
+                    keys_digest=digest,
+                    title=title or "",
+                    metadata=metadata or {},
+                )
+                return context, True
+        # Another writer claimed the digest and has committed (the INSERT waited for it).
+        found = _context_of_digest(digest)
+        if found is not None:
+            return found, False
+    raise RuntimeError(f"context digest {digest} is claimed by no context")
+
+
+def _context_of_digest(digest: str) -> Context | None:
+    """The context the digest names; a digest row left without its context is deleted."""
+    target = ContextKey.objects.filter(digest=digest).values_list("target_id", flat=True).first()
+    if target is None:
+        return None
+    context = Context.objects.filter(pk=target).first()
+    if context is None:
+        ContextKey.objects.filter(digest=digest, target_id=target).delete()
+    return context
 
 
 def context_update(

@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 from memory_app.backlog import run_worker
 from memory_app.embeddings import providers, queue
 from memory_app.management.commands.embed_worker import provider_from_options
-from memory_app.models import Context, Embedding
+from memory_app.models import Context, Embedding, MemoryEmbedding
 
 
 class Command(BaseCommand):
@@ -44,10 +44,15 @@ class Command(BaseCommand):
                 raise CommandError(
                     "refusing to drop the model searches use now (AGENTMEMORY_EMBEDDING_MODEL)"
                 )
-            qs = Embedding.objects.filter(model=opts["drop_old"])
-            if opts["context"]:
-                qs = qs.filter(context_id=opts["context"])
-            deleted, _ = qs.delete()
+            deleted = 0
+            for table, context_field in (
+                (Embedding, "context_id"),
+                (MemoryEmbedding, "memory_record__context_id"),
+            ):
+                qs = table.objects.filter(model=opts["drop_old"])
+                if opts["context"]:
+                    qs = qs.filter(**{context_field: opts["context"]})
+                deleted += qs.delete()[1].get(table._meta.label, 0)
             self.stdout.write(f"deleted {deleted} rows of {opts['drop_old']}")
             return
         if opts["context"] and not Context.objects.filter(pk=opts["context"]).exists():
