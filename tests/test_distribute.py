@@ -65,7 +65,6 @@ def test_a_new_table_finds_its_place_by_the_same_rules():
     # What a distributed table points at is copied to every worker.
     assert kinds["memory_app_embeddingmodel"] == (REFERENCE, "")
     assert kinds["memory_app_sidecar"] == (LOCAL, "")
-    assert any(p.startswith("memory_app_sidecar: context_id may be NULL") for p in layout.problems)
     assert any(
         p.startswith("memory_app_sidecar: foreign key")
         and p.endswith("points from a local table into a distributed one")

@@ -36,6 +36,8 @@ from memory_app.models import (
     Embedding,
     EmbeddingRetry,
     Label,
+    MemoryEmbedding,
+    MemoryEmbeddingRetry,
     MemoryRecord,
     MemoryVersion,
     Message,
@@ -130,7 +132,8 @@ def erase_preview(*, keys: dict[str, Any]) -> dict[str, int]:
     ids = _contexts(keys)
     in_ctx = Q(context_id__in=ids)
     memories = MemoryRecord.objects.filter(in_ctx | Q(pk__in=_subset_memories(keys).values("pk")))
-    vectors = Embedding.objects.filter(in_ctx | Q(memory_record__in=memories.values("pk")))
+    vectors = Embedding.objects.filter(in_ctx)
+    memory_vectors = MemoryEmbedding.objects.filter(memory_record__in=memories.values("pk"))
     return {
         "contexts": len(ids),
         "messages": Message.objects.filter(in_ctx).count(),
@@ -142,10 +145,11 @@ def erase_preview(*, keys: dict[str, Any]) -> dict[str, int]:
         "memories": memories.count(),
         "memory_versions": MemoryVersion.objects.filter(memory__in=memories.values("pk")).count(),
         **{kind: model.objects.filter(in_ctx).count() for kind, model in CONTEXT_ROWS.items()},
-        "vectors": vectors.count(),
+        "vectors": vectors.count() + memory_vectors.count(),
         "embedding_retries": EmbeddingRetry.objects.filter(
             embedding__in=vectors.values("pk")
-        ).count(),
+        ).count()
+        + MemoryEmbeddingRetry.objects.filter(embedding__in=memory_vectors.values("pk")).count(),
         "api_keys": ApiKey.objects.filter(context_keys__contains=keys).count(),
     }
 
@@ -169,6 +173,17 @@ def _forget_admin_log(model, ids: list[int]) -> int:
     return deleted
 
 
+def _erase_memory_vectors(memory_ids: list[int]) -> Counter:
+    """The vectors of these memories and their retries (which go by their cascade), counted."""
+    vectors = MemoryEmbedding.objects.filter(memory_record_id__in=memory_ids)
+    return Counter(
+        embedding_retries=MemoryEmbeddingRetry.objects.filter(
+            embedding__in=vectors.values("pk")
+        ).count(),
+        vectors=_deleted(vectors),
+    )
+
+
 def _erase_context(context_id: int, keys: dict[str, Any]) -> Counter:
     """Everything of one context, in one transaction, its row locked first."""
     got: Counter = Counter()
@@ -182,9 +197,10 @@ def _erase_context(context_id: int, keys: dict[str, Any]) -> Counter:
             model: list(model.objects.filter(**of).values_list("pk", flat=True))
             for model in (Message, Run, Step, ToolCall, MemoryRecord)
         }
-        vectors = Embedding.objects.filter(Q(**of) | Q(memory_record_id__in=ids[MemoryRecord]))
+        got.update(_erase_memory_vectors(ids[MemoryRecord]))
+        vectors = Embedding.objects.filter(**of)
         got["embedding_retries"] += EmbeddingRetry.objects.filter(
-            embedding__in=vectors.values("pk")
+            context_id=context_id, embedding__in=vectors.values("pk")
         ).count()
         got["full_text_rows"] += MessageSearch.objects.filter(**of).count()
         got["vectors"] += _deleted(vectors)
@@ -228,11 +244,7 @@ def _erase_subset_memories(keys: dict[str, Any]) -> Counter:
         if not ids:
             return got
         _check_holds(keys, [])
-        vectors = Embedding.objects.filter(memory_record_id__in=ids)
-        got["embedding_retries"] += EmbeddingRetry.objects.filter(
-            embedding__in=vectors.values("pk")
-        ).count()
-        got["vectors"] += _deleted(vectors)
+        got.update(_erase_memory_vectors(ids))
         got["audit_events_redacted"] += _redact(
             Q(target_type="memoryrecord", target_ids__overlap=ids)
         )
