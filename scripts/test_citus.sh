@@ -28,4 +28,6 @@ AGENTMEMORY_TEST_DB_NAME=$database AGENTMEMORY_CITUS_TREE="$tree" "$python" -m p
     tests/test_api_*.py tests/test_mcp*.py tests/test_otel_*.py tests/test_embeddings.py \
     tests/test_deferred_index.py tests/test_curation.py tests/test_memories.py \
     tests/test_memory_review.py tests/test_search.py tests/test_selectors.py \
-    tests/test_client_live.py "$@"
+    tests/test_client_live.py tests/test_memory_history.py tests/test_retention.py \
+    tests/test_erasure.py tests/test_scores.py tests/test_langgraph_store.py \
+    tests/test_langgraph_checkpoint.py tests/test_citus_cluster.py "$@"

@@ -26,9 +26,9 @@ SAMPLES = {
     "path": "x/y",
     "uuid": "00000000-0000-0000-0000-000000000000",
 }
-# Not dashboard pages: the probe, the agent API and the OTLP receiver at its standard path
+# Not dashboard pages: the probe, the agent API and the OTLP receivers at their standard paths
 # (bearer keys), static files and the login pages.
-EXCLUDED = re.compile(r"^/(healthz|api/|v1/traces$|static/|accounts/login/|admin/login/)")
+EXCLUDED = re.compile(r"^/(healthz|api/|v1/(traces|logs)$|static/|accounts/login/|admin/login/)")
 
 
 def _sample_route(pattern) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection, transaction
 
+from memory_app import scale_out
 from memory_app.embeddings.registry import registered_dimensions
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ def ensure_model_index(*, model: str, dimensions: int) -> bool:
     built = True
     for table, prefix in VECTOR_TABLES.items():
         built &= _build_once(
+            table=table,
             name=prefix + index_name(model, dimensions),
             statement=index_sql(
                 model=model,
@@ -102,11 +104,16 @@ def ensure_model_index(*, model: str, dimensions: int) -> bool:
     return True
 
 
-def _build_once(*, name: str, statement) -> bool:
+def _build_once(*, table: str, name: str, statement) -> bool:
     """Build one index unless another session is building it (False then)."""
     connection.ensure_connection()
     statement = statement.as_string(connection.connection)
     with connection.cursor() as cursor:
+        if connection.in_atomic_block and scale_out.is_distributed(cursor, table):
+            # On Citus the shards' deferred foreign-key checks of this transaction are pending on
+            # the workers, where SET CONSTRAINTS does not reach: the index is built by the next
+            # call outside a transaction (the worker's, the indexer's), searches scan meanwhile.
+            return False
         # Never wait for the lock: a CREATE INDEX CONCURRENTLY in the session holding it waits
         # for every running transaction to end, this one (blocked on the lock) included, which
         # PostgreSQL ends as a deadlock. The other session is building the same index; searches

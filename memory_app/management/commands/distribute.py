@@ -78,9 +78,11 @@ class Command(BaseCommand):
         wrong = self._misplaced(layout)
         if wrong:
             raise CommandError("the layout is not as planned:\n  " + "\n  ".join(wrong))
+        by_context = [t for t in layout.of_kind(DISTRIBUTED) if t.column == "context_id"]
         self.stdout.write(
             f"ok: citus {row[0]}, {len(layout.of_kind(DISTRIBUTED))} distributed tables "
-            f"co-located with {CONTEXTS}, {len(layout.of_kind(REFERENCE))} reference"
+            f"({len(by_context)} co-located with {CONTEXTS}), "
+            f"{len(layout.of_kind(REFERENCE))} reference"
         )
 
     def _print_plan(self, layout: Layout) -> None:
