@@ -92,7 +92,11 @@ def start(tree: Path, data: Path, database: str, workers: int) -> str:
     if SERVER_USER:
         ensure_server_user(data)
     nodes = ["coordinator", *(f"worker{i}" for i in range(1, workers + 1))]
-    ports = {name: free_port() for name in nodes}
+    # A cluster started before keeps its ports: the coordinator's metadata names the workers
+    # by host and port.
+    saved = data / "ports"
+    ports = json.loads(saved.read_text())["ports"] if saved.exists() else {}
+    ports = {name: ports.get(name) or free_port() for name in nodes}
     (data / "ports").write_text(json.dumps({"tree": str(tree), "ports": ports}))
     for name in nodes:
         init_node(tree, data / name, ports[name])
@@ -106,7 +110,7 @@ def start(tree: Path, data: Path, database: str, workers: int) -> str:
         psql(tree, port, database, "CREATE EXTENSION IF NOT EXISTS vector")
     coordinator = ports["coordinator"]
     psql(tree, coordinator, database, f"SELECT citus_set_coordinator_host('{HOST}', {coordinator})")
-    for name in nodes[1:]:
+    for name in nodes[1:]:  # citus_add_node answers the node already there
         psql(tree, coordinator, database, f"SELECT citus_add_node('{HOST}', {ports[name]})")
     return url(data, database)
 

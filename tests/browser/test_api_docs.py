@@ -20,9 +20,12 @@ def test_api_docs_render_every_operation_without_outside_requests(browser_page):
     for path in (
         "/api/v1/contexts",
         "/api/v1/contexts/{context_id}/messages/batch",
-        "/api/v1/steps/{step_id}",
+        "/api/v1/contexts/{context_id}/steps/{step_id}",
     ):
         assert any(p.replace("\u200b", "") == path for p in paths), path
+    # A route by id alone is still documented, struck through as deprecated.
+    superseded = page.locator(".opblock-summary-path__deprecated").all_inner_texts()
+    assert any(p.replace("\u200b", "") == "/api/v1/steps/{step_id}" for p in superseded)
     # The bearer scheme is offered, so a reader can try requests with a key.
     assert page.locator("button.authorize").count() == 1
     page.watch.assert_clean()
