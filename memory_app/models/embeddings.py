@@ -9,7 +9,7 @@ from pgvector.django import VectorField
 from memory_app.models.contexts import Context
 from memory_app.models.memories import MemoryRecord
 from memory_app.models.messages import Message
-from memory_app.models.shared import context_of_row
+from memory_app.models.shared import ContextRow, context_of_row
 
 
 class EmbeddingModel(models.Model):
@@ -40,7 +40,7 @@ class EmbeddingModel(models.Model):
         return f"{self.name} ({self.dimensions}-d)"
 
 
-class Embedding(models.Model):
+class Embedding(ContextRow):
     """A message's vector under one model; several models coexist (one HNSW index per model).
     Rows of one context: on Citus distributed by `context_id`, with the messages. A memory
     record's vectors are in `MemoryEmbedding` (migration 0031): they go with the memories.
@@ -135,7 +135,7 @@ class MemoryEmbedding(models.Model):
         return f"memory {self.memory_record_id} under {self.model}{pending}"
 
 
-class EmbeddingRetry(models.Model):
+class EmbeddingRetry(ContextRow):
     """A pending message vector whose provider call failed: how often, why, and when it is due
     again (`MemoryEmbeddingRetry` for memory vectors).
 

@@ -18,7 +18,7 @@ from django.db.models import Q
 from memory_app.models.contexts import Context
 from memory_app.models.messages import Message
 from memory_app.models.runs import Run, Step
-from memory_app.models.shared import choices_check
+from memory_app.models.shared import ContextRow, choices_check
 
 NAME_CHARS = 100
 CATEGORY_CHARS = 200
@@ -43,7 +43,7 @@ def _target(model, related_name: str) -> models.ForeignKey:
     )
 
 
-class Annotation(models.Model):
+class Annotation(ContextRow):
     """What scores, labels and comments share: their target and who wrote them.
 
     A step's row names its run too (`run`), and a message's its run when the message has one,
