@@ -20,7 +20,7 @@ from django.db.models.expressions import RawSQL
 
 from memory_app.errors import Invalid
 from memory_app.memories import Scope, unexpired
-from memory_app.models import Embedding, MemoryRecord, MemoryStatus
+from memory_app.models import MemoryEmbedding, MemoryRecord, MemoryStatus
 from memory_app.namespace_items import (
     MAX_NAMESPACES_LIMIT,
     MAX_SEARCH_LIMIT,
@@ -157,7 +157,7 @@ def items_search(
     records = qs.in_bulk([pk for pk, _ in hits])
     found = [Found(records[pk], 1.0 - float(distance)) for pk, distance in hits]
     if len(found) < limit:
-        embedded = Embedding.objects.filter(
+        embedded = MemoryEmbedding.objects.filter(
             memory_record=OuterRef("pk"), model=model, vector__isnull=False
         )
         scoreless = _in_order(qs.filter(~Exists(embedded)))[: limit - len(found)]
