@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection, router, transaction
 
 from memory_app.audit import Actor, audit_record
 from memory_app.models import (
@@ -56,11 +56,14 @@ def context_get_or_create(
 
 
 def _context_of_digest(digest: str) -> Context | None:
-    """The context the digest names; a digest row left without its context is deleted."""
-    target = ContextKey.objects.filter(digest=digest).values_list("target_id", flat=True).first()
+    """The context the digest names; a digest row left without its context is deleted. Read
+    on the primary: a get-or-create decides on it (a replica may not have the row yet)."""
+    primary = router.db_for_write(ContextKey)
+    keys = ContextKey.objects.using(primary).filter(digest=digest)
+    target = keys.values_list("target_id", flat=True).first()
     if target is None:
         return None
-    context = Context.objects.filter(pk=target).first()
+    context = Context.objects.using(primary).filter(pk=target).first()
     if context is None:
         ContextKey.objects.filter(digest=digest, target_id=target).delete()
     return context
