@@ -16,6 +16,9 @@ if [ ! -f "$tree/lib/postgresql/citus.so" ]; then
 fi
 data=var/citus-data
 database=test_agentmemory_citus
+# A fresh cluster each run: the suite's database is made, migrated and distributed anew.
+if [ -f "$data/ports" ]; then "$python" scripts/citus_cluster.py stop "$data"; fi
+rm -rf "$data"
 "$python" scripts/citus_cluster.py start "$tree" "$data" --database "$database" >/dev/null
 trap '"$python" scripts/citus_cluster.py stop "$data"' EXIT
 export DATABASE_URL
