@@ -94,10 +94,11 @@ def step_for(request: HttpRequest, step_id: int, context_id: int | None = None) 
     return keys.step_for_key(request_key(request), step_id, context_id)
 
 
-def superseded(response: HttpResponse, path: str) -> None:
-    """Mark an answer of a by-id route kept for old clients: its successor names the context
-    (`path`), which routes it to one shard on a distributed store (RFC 9745 Deprecation, RFC
-    8288 Link)."""
+def superseded(response: HttpResponse, row, kind: str, action: str = "") -> None:
+    """Mark an answer of a by-id route kept for old clients: its successor names the row's
+    context (`/contexts/{context_id}/{kind}/{id}[/action]`), which routes it to one shard on a
+    distributed store (RFC 9745 Deprecation, RFC 8288 Link)."""
+    path = f"/api/v1/contexts/{row.context_id}/{kind}/{row.pk}" + (f"/{action}" if action else "")
     response["Deprecation"] = "true"
     response["Link"] = f'<{path}>; rel="successor-version"'
 

@@ -142,10 +142,6 @@ def context_message_edit(
     return Status(200, _message_edit(request, message_id, body, context_id))
 
 
-def _successor(message) -> str:
-    return f"/api/v1/contexts/{message.context_id}/messages/{message.pk}"
-
-
 @router.get(
     "/messages/{message_id}",
     response=responses({200: MessageOut}),
@@ -154,7 +150,7 @@ def _successor(message) -> str:
 )
 def message_get(request, message_id: MessageId, response: HttpResponse):
     message = _message_get(request, message_id)
-    superseded(response, _successor(message))
+    superseded(response, message, "messages")
     return Status(200, message)
 
 
@@ -166,7 +162,7 @@ def message_get(request, message_id: MessageId, response: HttpResponse):
 )
 def message_edit(request, message_id: MessageId, body: MessageEditIn, response: HttpResponse):
     message = _message_edit(request, message_id, body)
-    superseded(response, _successor(message))
+    superseded(response, message, "messages")
     return Status(200, message)
 
 
@@ -237,7 +233,7 @@ def message_prune(
     request, message_id: MessageId, response: HttpResponse, body: PruneNoteIn | None = None
 ):
     message, answer = _prune_one(request, message_id, body, True)
-    superseded(response, _successor(message) + "/prune")
+    superseded(response, message, "messages", "prune")
     return Status(200, answer)
 
 
@@ -251,5 +247,5 @@ def message_restore(
     request, message_id: MessageId, response: HttpResponse, body: PruneNoteIn | None = None
 ):
     message, answer = _prune_one(request, message_id, body, False)
-    superseded(response, _successor(message) + "/restore")
+    superseded(response, message, "messages", "restore")
     return Status(200, answer)

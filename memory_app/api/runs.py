@@ -119,10 +119,6 @@ def run_table(request, params: Query[RunTableQuery]):
 
 # Each by-id route comes twice: under its context (routed to one shard on a distributed store),
 # and by id alone, kept for old clients, whose answers name their successor.
-def _successor(run_or_step, kind: str) -> str:
-    return f"/api/v1/contexts/{run_or_step.context_id}/{kind}/{run_or_step.pk}"
-
-
 def _run_get(request, run_id: int, steps_limit: int, context_id: int | None = None):
     require_scope(request, "read")
     run = run_for(request, run_id, context_id)
@@ -231,7 +227,7 @@ SUPERSEDED = " (by id alone; superseded by the route with its context)"
 )
 def run_get(request, run_id: RunId, response: HttpResponse, steps_limit: int = STEPS_LIMIT):
     run, answer = _run_get(request, run_id, steps_limit)
-    superseded(response, _successor(run, "runs"))
+    superseded(response, run, "runs")
     return Status(200, answer)
 
 
@@ -251,7 +247,7 @@ def step_list(
 ):
     page = {"after": after, "limit": limit, "include_pruned": include_pruned}
     run, answer = _step_list(request, run_id, None, **page)
-    superseded(response, _successor(run, "runs") + "/steps")
+    superseded(response, run, "runs", "steps")
     return Status(200, answer)
 
 
@@ -263,7 +259,7 @@ def step_list(
 )
 def steps_append(request, run_id: RunId, body: StepsIn, response: HttpResponse):
     run, answer = _steps_append(request, run_id, body)
-    superseded(response, _successor(run, "runs") + "/steps")
+    superseded(response, run, "runs", "steps")
     return answer
 
 
@@ -275,7 +271,7 @@ def steps_append(request, run_id: RunId, body: StepsIn, response: HttpResponse):
 )
 def run_finish(request, run_id: RunId, body: RunFinishIn, response: HttpResponse):
     run = _run_finish(request, run_id, body)
-    superseded(response, _successor(run, "runs") + "/finish")
+    superseded(response, run, "runs", "finish")
     return Status(200, run)
 
 
@@ -287,5 +283,5 @@ def run_finish(request, run_id: RunId, body: RunFinishIn, response: HttpResponse
 )
 def step_get(request, step_id: StepId, response: HttpResponse):
     step = _step_get(request, step_id)
-    superseded(response, _successor(step, "steps"))
+    superseded(response, step, "steps")
     return Status(200, step)
