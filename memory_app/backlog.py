@@ -240,6 +240,14 @@ def run_worker(
             expired = expire_spans_batch() or 0
             for chore in chores:
                 expired += chore()
+        except db.DATABASE_FAULTS as exc:
+            # The database went away between the claim and the chores: the same outage as a
+            # failed claim, waited out with backoff (the embedded batch is counted below).
+            delay = outage.failed(exc)
+            if stop:
+                stop.wait(delay)
+            else:
+                time.sleep(delay)
         except Exception:
             log.exception("indexer: deferred vectors, full-text vectors or retention failed")
         totals.indexed += indexed
