@@ -32,6 +32,15 @@ class Invalid(DomainError):
     """Input the domain refuses: 422."""
 
 
+class FilterNotComparable(Invalid):
+    """A store filter's comparison met a stored value `float()` cannot read: LangGraph's
+    `InMemoryStore` raises `python_error` (TypeError or ValueError) there; so does the client."""
+
+    def __init__(self, message: str, python_error: str):
+        super().__init__(message)
+        self.python_error = python_error
+
+
 class Forbidden(DomainError):
     """The caller is known but may not do this (an API key's scope or confinement): 403."""
 

@@ -226,3 +226,54 @@ def test_migration_0028_keeps_every_stored_value_and_goes_back():
         k: rows[0][1] for k, rows in before.items()
     }
     assert result["written"] == result["value"]
+
+
+STORE_NAMESPACES_SCRIPT = textwrap.dedent(
+    """
+    import json, os
+    os.environ["DJANGO_SETTINGS_MODULE"] = "agentmemory_site.settings"
+    import django
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+    from django.utils import timezone
+
+    BEFORE = ("memory_app", "0032_local_tables_hold_no_keys_into_shards")
+    call_command("migrate", "memory_app", BEFORE[1], verbosity=0)
+    old = MigrationExecutor(connection).loader.project_state(BEFORE).apps
+    Record = old.get_model("memory_app", "MemoryRecord")
+    def item(digest, namespace, key, **extra):
+        Record.objects.create(
+            scope_keys={"user": digest}, scope_digest=digest * 64, content="{}",
+            content_hash=(digest + key).ljust(64, "0"), namespace=namespace, item_key=key, **extra)
+    item("a", ["prefs"], "k1")
+    item("a", ["docs", "x"], "k2")
+    item("a", ["prefs"], "k3", archived_at=timezone.now())
+    item("a", ["gone"], "k4", archived_at=timezone.now())
+    item("b", ["prefs"], "k1")
+    Record.objects.create(scope_keys={}, scope_digest="c" * 64, content="plain",
+                          content_hash="p" * 64)
+    call_command("migrate", "memory_app", verbosity=0)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT left(scope_digest, 1), scope_keys::text, namespace "
+            "FROM memory_app_storenamespace ORDER BY id")
+        print("RESULT " + json.dumps(cursor.fetchall()))
+    """
+)
+
+
+def test_migration_0033_lists_the_namespaces_items_were_ever_written_to_in_first_use_order():
+    with run_on_a_new_database("am_storens", ["-c", STORE_NAMESPACES_SCRIPT], timeout=300) as (
+        out,
+        _,
+    ):
+        assert out.returncode == 0, out.stderr[-3000:]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
+    assert json.loads(line.removeprefix("RESULT ")) == [
+        ["a", '{"user": "a"}', ["prefs"]],
+        ["a", '{"user": "a"}', ["docs", "x"]],
+        ["a", '{"user": "a"}', ["gone"]],
+        ["b", '{"user": "b"}', ["prefs"]],
+    ]

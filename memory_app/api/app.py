@@ -14,7 +14,7 @@ from ninja.renderers import JSONRenderer
 
 from memory_app import db
 from memory_app.api import common
-from memory_app.errors import Conflict, Forbidden, Invalid, NotFound
+from memory_app.errors import Conflict, FilterNotComparable, Forbidden, Invalid, NotFound
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,11 @@ def _conflict(request, exc):
 
 @api.exception_handler(Invalid)
 def _invalid(request, exc):
-    return api.create_response(request, {"detail": str(exc)}, status=422)
+    body = {"detail": str(exc)}
+    if isinstance(exc, FilterNotComparable):
+        # The store client raises what LangGraph's in-memory store raises on the same filter.
+        body["python_error"] = exc.python_error
+    return api.create_response(request, body, status=422)
 
 
 @api.exception_handler(DataError)

@@ -27,7 +27,12 @@ from memory_app.schemas.store import (
     StoreSearchIn,
     item_out,
 )
-from memory_app.services.store import item_delete, item_put, items_refresh_ttl
+from memory_app.services.store import (
+    item_delete,
+    item_put,
+    items_refresh_ttl,
+    namespace_touched,
+)
 
 router = Router(tags=["store"])
 
@@ -63,7 +68,9 @@ def store_get(request, body: StoreItemKeyIn):
     """The item, or 404 when there is none (deleted, expired, or never put)."""
     key = require_scope(request, "read")
     scope = scope_for_store(key, body.scope_keys)
-    record = item_get(scope=scope, namespace=body.namespace, key=body.key)
+    # Asking about a namespace puts it in the listing, as it does in `InMemoryStore`.
+    namespace = namespace_touched(scope, body.namespace)
+    record = item_get(scope=scope, namespace=namespace, key=body.key)
     if record is None:
         raise NotFound("no item under this namespace and key")
     if body.refresh_ttl and record.item_ttl is not None:

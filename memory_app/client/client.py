@@ -32,11 +32,13 @@ RETRY_STATUSES = {502, 503, 504}
 class ApiError(Exception):
     """The server answered with an error status; `detail` is its message."""
 
-    def __init__(self, status: int, detail: Any, differences: dict | None = None):
+    def __init__(self, status: int, detail: Any, differences: dict | None = None, body: Any = None):
         super().__init__(f"{status}: {detail}")
         self.status = status
         self.detail = detail
         self.differences = differences or {}
+        # The whole error answer, for the fields a caller knows beyond `detail`.
+        self.body = body if isinstance(body, dict) else {}
 
 
 class NotFoundError(ApiError):
@@ -196,7 +198,7 @@ class MemoryClient:
             detail = body.get("detail", body) if isinstance(body, dict) else body
             differences = body.get("differences") if isinstance(body, dict) else None
             cls = {404: NotFoundError, 409: ConflictError}.get(response.status_code, ApiError)
-            raise cls(response.status_code, detail, differences)
+            raise cls(response.status_code, detail, differences, body)
         if raw:
             return response.text
         return response.json() if response.content else None

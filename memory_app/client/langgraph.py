@@ -39,6 +39,7 @@ from langgraph.store.base import (
 
 from memory_app.client.client import (
     RETRY_STATUSES,
+    ApiError,
     MemoryClient,
     NotFoundError,
     ServerUnreachable,
@@ -46,6 +47,13 @@ from memory_app.client.client import (
 )
 
 RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.TimeoutException)
+
+
+def _raise_as_in_memory_store(exc: ApiError) -> None:
+    """A filter that `InMemoryStore` cannot evaluate raises its Python error here too."""
+    raised = {"TypeError": TypeError, "ValueError": ValueError}.get(exc.body.get("python_error"))
+    if raised is not None:
+        raise raised(exc.detail) from exc
 
 
 def _time(text: str) -> datetime:
@@ -169,6 +177,9 @@ class AgentMemoryStore(BaseStore):
                 if not isinstance(ops[n], GetOp):
                     raise
                 answer = None
+            except ApiError as exc:
+                _raise_as_in_memory_store(exc)
+                raise
             results[n] = self._result(ops[n], answer)
         return results
 
@@ -184,6 +195,9 @@ class AgentMemoryStore(BaseStore):
                     if not isinstance(ops[n], GetOp):
                         raise
                     answer = None
+                except ApiError as exc:
+                    _raise_as_in_memory_store(exc)
+                    raise
                 results[n] = self._result(ops[n], answer)
         return results
 

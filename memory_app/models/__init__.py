@@ -17,7 +17,7 @@ from memory_app.models.embeddings import (
     MemoryEmbedding,
     MemoryEmbeddingRetry,
 )
-from memory_app.models.memories import MemoryRecord, MemoryVersion
+from memory_app.models.memories import MemoryRecord, MemoryVersion, StoreNamespace
 from memory_app.models.messages import Message, MessageSearch
 from memory_app.models.retention import RetentionKind, RetentionPolicy
 from memory_app.models.runs import (
@@ -68,6 +68,7 @@ __all__ = [
     "MemoryReview",
     "MemoryStatus",
     "MemoryVersion",
+    "StoreNamespace",
     "Message",
     "MessageRole",
     "OrderedJSONField",

@@ -139,12 +139,6 @@ class MemoryRecord(models.Model):
             GinIndex(fields=["search_vector"], name="memory_fts_gin"),
             GinIndex(fields=["scope_keys"], name="memory_scope_gin", opclasses=["jsonb_path_ops"]),
             GinIndex(fields=["keywords"], name="memory_keywords_gin"),
-            # Where a namespace's items list: its first record, found by one index probe.
-            models.Index(
-                fields=["scope_digest", "namespace", "id"],
-                condition=Q(namespace__isnull=False),
-                name="memory_store_ns_first_idx",
-            ),
             # The review inbox: the (few) proposals, oldest first.
             models.Index(
                 fields=["created_at", "id"],
@@ -206,3 +200,32 @@ class MemoryVersion(models.Model):
 
     def __str__(self) -> str:
         return f"memory {self.memory_id} v{self.version}"
+
+
+class StoreNamespace(models.Model):
+    """A namespace of LangGraph's store that an agent has touched in a key subset: put into,
+    deleted from, or asked for an item. It stays listed after its items are deleted and orders
+    the namespaces of a search, as `InMemoryStore`'s namespaces do (they come into being on first
+    use and stay). Key-subset data like the items themselves: the scope's digest leads its key."""
+
+    scope_digest = models.CharField(max_length=64)
+    # The subset itself, so that erasing a subset finds its namespaces.
+    scope_keys = models.JSONField(default=dict)
+    namespace = ArrayField(models.TextField())
+    # First use; the id orders the namespaces.
+    touched_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["scope_digest", "namespace"], name="store_namespace_unique"
+            )
+        ]
+        indexes = [
+            GinIndex(
+                fields=["scope_keys"], name="store_namespace_keys_gin", opclasses=["jsonb_path_ops"]
+            )
+        ]
+
+    def __str__(self) -> str:
+        return "/".join(self.namespace)

@@ -11,7 +11,6 @@ of code points.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +19,7 @@ from django.db.models.expressions import RawSQL
 
 from memory_app.errors import Invalid
 from memory_app.memories import Scope, unexpired
-from memory_app.models import MemoryEmbedding, MemoryRecord, MemoryStatus
+from memory_app.models import MemoryEmbedding, MemoryRecord, MemoryStatus, StoreNamespace
 from memory_app.namespace_items import (
     MAX_NAMESPACES_LIMIT,
     MAX_SEARCH_LIMIT,
@@ -29,6 +28,7 @@ from memory_app.namespace_items import (
     clean_namespace,
 )
 from memory_app.queries.memories import _semantic_hits, text_vectors
+from memory_app.queries.store_filter import filtered
 
 TABLE = "memory_app_memoryrecord"
 
@@ -55,67 +55,11 @@ class Found:
     score: float | None = None
 
 
-def _path_sql(path: list[str]) -> tuple[str, list[Any]]:
-    return f"({TABLE}.content::jsonb #> %s::text[])", [path]
-
-
-def _equal_sql(path: list[str], value: Any) -> tuple[str, list[Any]]:
-    # A missing key reads as null, as `dict.get` does in InMemoryStore.
-    expr, params = _path_sql(path)
-    return f"COALESCE({expr}, 'null'::jsonb) = %s::jsonb", [*params, json.dumps(value)]
-
-
-COMPARE = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
-
-
-def _condition_sql(path: list[str], wanted: Any) -> tuple[str, list[Any]]:
-    """SQL for InMemoryStore's `_compare_values(value at path, wanted)`."""
-    if isinstance(wanted, dict) and any(k.startswith("$") for k in wanted):
-        parts: list[str] = []
-        params: list[Any] = []
-        for op, operand in wanted.items():
-            if op in ("$eq", "$ne"):
-                sql, p = _equal_sql(path, operand)
-                parts.append(sql if op == "$eq" else f"NOT ({sql})")
-                params += p
-            else:
-                expr, p = _path_sql(path)
-                # Numbers and booleans compare as numbers (Python's float()); anything else,
-                # and a missing key, matches nothing.
-                number = (
-                    f"CASE jsonb_typeof({expr}) WHEN 'number' THEN ({expr} #>> '{{}}')::float8 "
-                    f"WHEN 'boolean' THEN CASE WHEN {expr} = 'true'::jsonb THEN 1.0 ELSE 0.0 "
-                    "END END"
-                )
-                parts.append(f"COALESCE({number} {COMPARE[op]} %s, false)")
-                params += [*p, *p, *p, float(operand)]
-        return " AND ".join(f"({p})" for p in parts) or "true", params
-    if isinstance(wanted, dict):
-        # An object matches key by key (extra keys in the item's object are fine).
-        expr, params = _path_sql(path)
-        parts = [f"jsonb_typeof({expr}) = 'object'"]
-        for k, v in wanted.items():
-            sql, p = _condition_sql([*path, k], v)
-            parts.append(f"({sql})")
-            params += p
-        return " AND ".join(parts), params
-    return _equal_sql(path, wanted)
-
-
-def _filtered(qs: QuerySet, value_filter: dict[str, Any]) -> QuerySet:
-    for n, (key, wanted) in enumerate(value_filter.items()):
-        sql, params = _condition_sql([key], wanted)
-        # Values reach the SQL as parameters; the fragments are this module's constants.
-        qs = qs.alias(**{f"filter_{n}": RawSQL(sql, params, BooleanField())})  # noqa: S611
-        qs = qs.filter(**{f"filter_{n}": True})
-    return qs
-
-
 def _in_order(qs: QuerySet) -> QuerySet:
-    # The namespace's first record ever (archived ones included) places the namespace.
-    first = MemoryRecord.objects.filter(
+    # The namespace's first use places it: the order `InMemoryStore` iterates its namespaces.
+    first = StoreNamespace.objects.filter(
         scope_digest=OuterRef("scope_digest"), namespace=OuterRef("namespace")
-    ).order_by("pk")
+    )
     return qs.annotate(ns_first=Subquery(first.values("pk")[:1])).order_by(
         "ns_first", "created_at", "pk"
     )
@@ -147,7 +91,7 @@ def items_search(
     qs = items_visible(scope)
     if prefix:
         qs = qs.filter(**{f"namespace__0_{len(prefix)}": prefix})
-    qs = _filtered(qs, clean_filter(value_filter))
+    qs = filtered(qs, clean_filter(value_filter), _in_order)
     vector, model = None, None
     if query:
         [vector], model = text_vectors([query])
@@ -165,17 +109,20 @@ def items_search(
     return found
 
 
+NAMESPACES = "memory_app_storenamespace"
+
+
 def _match_sql(path: list[str], *, suffix: bool) -> tuple[str, list[Any]]:
     n = len(path)
-    parts, params = [f"cardinality({TABLE}.namespace) >= %s"], [n]
+    parts, params = [f"cardinality({NAMESPACES}.namespace) >= %s"], [n]
     for i, label in enumerate(path):
         if label == "*":
             continue
         if suffix:
-            parts.append(f"{TABLE}.namespace[cardinality({TABLE}.namespace) - %s] = %s")
+            parts.append(f"{NAMESPACES}.namespace[cardinality({NAMESPACES}.namespace) - %s] = %s")
             params += [n - 1 - i, label]
         else:
-            parts.append(f"{TABLE}.namespace[%s] = %s")
+            parts.append(f"{NAMESPACES}.namespace[%s] = %s")
             params += [i + 1, label]
     return " AND ".join(parts), params
 
@@ -189,14 +136,15 @@ def namespaces_list(
     limit: int = 100,
     offset: int = 0,
 ) -> list[list[str]]:
-    """The namespaces holding items, matching `prefix` and `suffix` (`*` matches any one
-    label), cut to `max_depth` labels (duplicates then once), sorted, paged."""
+    """The namespaces in use (put into, deleted from or asked about, as `InMemoryStore` keeps
+    them), matching `prefix` and `suffix` (`*` matches any one label), cut to `max_depth`
+    labels (duplicates then once), sorted, paged."""
     limit, offset = _bounds(limit, offset, MAX_NAMESPACES_LIMIT)
     if max_depth is not None and (
         isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1
     ):
         raise Invalid("max_depth must be an integer of 1 or more")
-    qs = items_visible(scope)
+    qs = StoreNamespace.objects.filter(scope_digest=scope.digest)
     for path, is_suffix in ((prefix, False), (suffix, True)):
         if path is not None:
             path = clean_namespace(path, empty=True, wildcard=True)
@@ -206,9 +154,9 @@ def namespaces_list(
             match = RawSQL(sql, params, BooleanField())  # noqa: S611
             qs = qs.alias(**{name: match}).filter(**{name: True})
     # Sorted by code point, as Python sorts InMemoryStore's tuples.
-    depth = "1:%s" if max_depth is not None else "1:cardinality(" + TABLE + ".namespace)"
+    depth = "1:%s" if max_depth is not None else "1:cardinality(" + NAMESPACES + ".namespace)"
     cut = RawSQL(  # noqa: S611
-        f'({TABLE}.namespace[{depth}])::text[] COLLATE "C"',
+        f'({NAMESPACES}.namespace[{depth}])::text[] COLLATE "C"',
         [max_depth] if max_depth is not None else [],
     )
     rows = (

@@ -1,10 +1,11 @@
 """Erasure by key subset ("forget everything about user ada"): every context whose keys contain
 the subset, with all it holds and every derived copy (messages and their full-text rows, runs,
 steps, tool calls, trace spans, memories and their vectors and retries), the memories of key
-subsets inside it, the audit trail's payloads about any of them (redacted: the events stay, so
-the trail still says who did what and when), the Django admin's log lines naming them, and the
-API keys confined inside the subset (they reach nothing else). Answers a receipt of counts per
-kind; the erasure's own audit event names the subset by its digest, never by its values.
+subsets inside it and the store namespaces their agents used, the audit trail's payloads about
+any of them (redacted: the events stay, so the trail still says who did what and when), the
+Django admin's log lines naming them, and the API keys confined inside the subset (they reach
+nothing else). Answers a receipt of counts per kind; the erasure's own audit event names the
+subset by its digest, never by its values.
 
 A record under legal hold anywhere in the subset refuses the whole erasure (409) before anything
 is deleted. Each context goes in its own transaction, its row locked first (one context at a
@@ -45,6 +46,7 @@ from memory_app.models import (
     Run,
     Score,
     Step,
+    StoreNamespace,
     ToolCall,
     TraceSpan,
     keys_digest,
@@ -64,6 +66,7 @@ KINDS = (
     "trace_spans",
     "memories",
     "memory_versions",
+    "store_namespaces",
     "scores",
     "labels",
     "comments",
@@ -150,6 +153,7 @@ def erase_preview(*, keys: dict[str, Any]) -> dict[str, int]:
             embedding__in=vectors.values("pk")
         ).count()
         + MemoryEmbeddingRetry.objects.filter(embedding__in=memory_vectors.values("pk")).count(),
+        "store_namespaces": StoreNamespace.objects.filter(scope_keys__contains=keys).count(),
         "api_keys": ApiKey.objects.filter(context_keys__contains=keys).count(),
     }
 
@@ -268,6 +272,10 @@ def erase(*, keys: dict[str, Any], confirmation: str, actor: Actor) -> dict[str,
         total += _erase_context(context_id, keys)
     total += _erase_subset_memories(keys)
     with transaction.atomic():
+        # The store's namespaces name what the subset's agents kept (e.g. a user's name).
+        total["store_namespaces"] += _deleted(
+            StoreNamespace.objects.filter(scope_keys__contains=keys)
+        )
         key_ids = list(
             ApiKey.objects.filter(context_keys__contains=keys).values_list("pk", flat=True)
         )

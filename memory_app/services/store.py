@@ -16,7 +16,7 @@ from django.utils import timezone
 from memory_app.audit import Actor, audit_record
 from memory_app.embeddings import queue
 from memory_app.memories import Scope, item_hash
-from memory_app.models import MemoryKind, MemoryRecord, MemoryStatus
+from memory_app.models import MemoryKind, MemoryRecord, MemoryStatus, StoreNamespace
 from memory_app.namespace_items import clean_key, clean_namespace, clean_ttl, content_of
 from memory_app.services.memories import _status_for, memory_set_archived, snapshot
 from memory_app.services.memory_history import check_may_change, versions_record
@@ -32,6 +32,24 @@ def _locked(scope: Scope, namespace: list[str], key: str) -> MemoryRecord | None
         .filter(scope_digest=scope.digest, namespace=namespace, item_key=key)
         .first()
     )
+
+
+def namespace_touched(scope: Scope, namespace: Any) -> list[str]:
+    """Note that an agent used `namespace` (a put, a delete or a get, even of nothing): it is
+    listed from now on, after the namespaces used before it, as `InMemoryStore` lists the
+    namespaces it has been asked about. Answers the cleaned namespace."""
+    namespace = clean_namespace(namespace)
+    if scope.keys is None:
+        raise ValueError("namespace items live in a key subset scope")
+    StoreNamespace.objects.bulk_create(
+        [
+            StoreNamespace(
+                scope_digest=scope.digest, scope_keys=scope.scope_keys, namespace=namespace
+            )
+        ],
+        ignore_conflicts=True,
+    )
+    return namespace
 
 
 def _gone(record: MemoryRecord) -> bool:
@@ -57,11 +75,9 @@ def item_put(
     item's new value. An item that was deleted, expired or set aside by review comes back as a
     new one (created again now). With `ttl` (minutes) the item expires that long after this
     write; without, it never does."""
-    namespace, key = clean_namespace(namespace), clean_key(key)
-    content, ttl = content_of(value), clean_ttl(ttl)
-    if scope.keys is None:
-        raise ValueError("namespace items live in a key subset scope")
+    key, content, ttl = clean_key(key), content_of(value), clean_ttl(ttl)
     with transaction.atomic():
+        namespace = namespace_touched(scope, namespace)
         record = _locked(scope, namespace, key)
         if record is None:
             try:
@@ -138,7 +154,8 @@ def _overwrite(
 def item_delete(*, scope: Scope, namespace: Any, key: Any, actor: Actor) -> bool:
     """Delete an item: archive it (the dashboard restores or purges it). True when there was a
     visible item; deleting an absent one is no error, as in LangGraph."""
-    namespace, key = clean_namespace(namespace), clean_key(key)
+    key = clean_key(key)
+    namespace = namespace_touched(scope, namespace)
     record = (
         MemoryRecord.objects.filter(scope_digest=scope.digest, namespace=namespace, item_key=key)
         .filter(archived_at__isnull=True)
