@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from memory_app.audit import Actor
 from memory_app.models import Run, RunStatus, Step
-from memory_app.queries import logbook as logbook_queries
+from memory_app.queries import model_input as model_input_queries
 from memory_app.queries.logbook import (
     run_cost,
     run_timeline,
@@ -197,8 +197,8 @@ def step_model_input(request, run_id: int, position: int):
     if not form.is_valid():
         return invalid_form(request, form)
     position = _step_position(run, position, form.cleaned_data["step"])
-    messages = logbook_queries.step_model_input(run=run, position=position) or []
-    context = {"run": run, "position": position, "model_input": messages}
+    seen = model_input_queries.model_input(run=run, position=position)
+    context = {"run": run, "position": position, "model_input": seen}
     return page(request, "memory_app/step_extra.html", context)
 
 
