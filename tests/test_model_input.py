@@ -118,6 +118,22 @@ def test_a_stored_input_is_sectioned_by_source_with_tokens_per_section(stored_ru
     assert seen.total_tokens == sum(expected)
 
 
+def test_a_turn_the_run_wrote_itself_is_an_earlier_step_not_a_hit(stored_run):
+    follow_up = "Also find a quiet one, please."
+    messages_append(
+        context=stored_run.context,
+        items=[{"role": "user", "text": follow_up, "run_id": stored_run.pk}],
+    )
+    steps_append(
+        run=stored_run,
+        items=[action_step(3, model_input_messages=[*SECOND_INPUT, text("user", follow_up)])],
+    )
+    seen = model_input(run=stored_run, position=4)
+    assert [m.section for m in seen.messages[-2:]] == ["tools", "steps"]
+    assert seen.messages[-1].message_seq is None
+    assert [m.section for m in seen.messages[2:4]] == ["memory", "memory"]
+
+
 def test_the_diff_is_against_the_previous_model_calls_input(stored_run):
     seen = model_input(run=stored_run, position=3)
     assert seen.previous == 2 and seen.previous_origin == "stored"

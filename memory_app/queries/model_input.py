@@ -14,10 +14,10 @@ Where the input comes from, in this order:
 Each message is put in one section by its source: the first system message is the system prompt,
 the first user message the task (and so is every later smolagents "New task:"), a later user or
 system message whose text is a memory record of the context, the context's compressed summary or
-one of its recent messages is a memory or selector hit, assistant messages and tool calls are
-earlier steps, tool results are tool outputs. Tokens are counted with the server's tokenizer
-(`memory_app.tokens`) over each message's text and structured parts, as the message tables count
-them; a provider's own count adds its chat framing.
+one of its recent messages (not one this run wrote) is a memory or selector hit, assistant
+messages and tool calls are earlier steps, tool results are tool outputs. Tokens are counted with
+the server's tokenizer (`memory_app.tokens`) over each message's text and structured parts, as
+the message tables count them; a provider's own count adds its chat framing.
 """
 
 from __future__ import annotations
@@ -203,7 +203,8 @@ def _classify(run: Run, messages: list[InputMessage]) -> None:
 def _match_memory(run: Run, candidates: list[InputMessage]) -> None:
     """Mark the candidates whose text is a memory record the context sees (scope: the context or
     a key subset of its keys; whitespace as the records' hash ignores it), the context's
-    compressed summary, or one of its recent messages."""
+    compressed summary, or one of its recent messages from outside this run (a turn the run
+    itself wrote is an earlier step, not a hit)."""
     context = run.context
     by_hash: dict[str, list[InputMessage]] = {}
     for m in candidates:
@@ -231,6 +232,7 @@ def _match_memory(run: Run, candidates: list[InputMessage]) -> None:
             seq__gt=context.last_seq - RECENT_MESSAGES,
             text__in=list(texts),
         )
+        .exclude(run_id=run.pk)
         .order_by("seq")
         .values_list("text", "seq")
     )
