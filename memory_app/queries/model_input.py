@@ -185,6 +185,7 @@ def _classify(run: Run, messages: list[InputMessage]) -> None:
     candidates = []
     for m in messages:
         role = m.role.lower()
+        role = "user" if role == "human" else role  # LangChain's name for the user
         if role == "system" and not seen_system:
             m.section, seen_system = "system", True
         elif role == "user" and (not seen_task or m.text.startswith(NEW_TASK)):
