@@ -106,9 +106,14 @@ def step_messages(
 
 
 def run_messages(
-    *, run: Run, summary_mode: bool = False, upto_position: int | None = None
+    *,
+    run: Run,
+    summary_mode: bool = False,
+    upto_position: int | None = None,
+    include_pruned: bool = False,
 ) -> list[dict[str, Any]]:
-    """The run as `write_memory_to_messages(summary_mode)`; pruned steps are left out.
+    """The run as `write_memory_to_messages(summary_mode)`; pruned steps are left out unless
+    `include_pruned` (what the model saw before an operator pruned them).
 
     `upto_position` gives the memory as it stood after that step (the dashboard's "transcript
     after this step"). Reads plain rows of the columns used: a 1,000-step run is two queries
@@ -118,7 +123,9 @@ def run_messages(
     messages: list[dict[str, Any]] = []
     if not summary_mode and run.system_prompt:
         messages.append(_chat_message("system", run.system_prompt))
-    live = Step.objects.filter(context_id=run.context_id, run=run, pruned_at__isnull=True)
+    live = Step.objects.filter(context_id=run.context_id, run=run)
+    if not include_pruned:
+        live = live.filter(pruned_at__isnull=True)
     if upto_position is not None:
         live = live.filter(position__lte=upto_position)
     steps = [

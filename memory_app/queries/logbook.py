@@ -1,5 +1,5 @@
 """Reads for a run's logbook in the dashboard: the step list around the current step, live steps,
-one step in full, the run's model, cost and timeline, and what the model saw at a step."""
+one step in full, the run's model, cost and timeline, and the transcript after a step."""
 
 from __future__ import annotations
 
@@ -352,15 +352,6 @@ def _timeline_bars(*, run: Run, per: int) -> list[TimelineBar]:
         )
         for r in rows
     ]
-
-
-def step_model_input(*, run: Run, position: int) -> list[dict[str, Any]] | None:
-    """What the model saw at that step (smolagents `model_input_messages`), or None."""
-    return (
-        Step.objects.filter(context_id=run.context_id, run=run, position=position)
-        .values_list("model_input_messages", flat=True)
-        .first()
-    )
 
 
 def _flat_text(content: Any) -> str:

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from memory_app.audit import Actor
 from memory_app.models import Run, RunStatus, Step
-from memory_app.queries import logbook as logbook_queries
+from memory_app.queries import model_input as model_input_queries
 from memory_app.queries.logbook import (
     run_cost,
     run_timeline,
@@ -36,17 +36,18 @@ from memory_app.views.forms import PrunedForm, RunLiveForm, StepDetailForm
 from memory_app.views.scores import review_blocks
 
 
-def _run(run_id: int) -> Run:
-    return get_object_or_404(
-        Run.objects.select_related("context").defer("system_prompt"), pk=run_id
-    )
+def _run(run_id: int, *, prompt: bool = False) -> Run:
+    """The run with its context; its system prompt only when the page shows it (a whole page,
+    the model input), not for every step a fragment brings."""
+    runs = Run.objects.select_related("context")
+    return get_object_or_404(runs if prompt else runs.defer("system_prompt"), pk=run_id)
 
 
 @require("view")
 @require_GET
 @replica_page
 def run_start(request, run_id: int):
-    run = _run(run_id)
+    run = _run(run_id, prompt=True)
     if run.last_position == 0:
         return page(request, "memory_app/run.html", _logbook_context(run, None))
     return redirect("run-step", run_id=run.pk, position=1)
@@ -101,7 +102,8 @@ def _step_id(run: Run, position: int) -> int | None:
 @replica_page
 @htmx_partial("logbook")
 def run_step(request, run_id: int, position: int):
-    return page(request, "memory_app/run.html", _logbook_context(_run(run_id), position))
+    run = _run(run_id, prompt=not wants_fragment(request))
+    return page(request, "memory_app/run.html", _logbook_context(run, position))
 
 
 # The poll's usual answer is the `live-update` partial (only new steps and out-of-band parts);
@@ -192,13 +194,13 @@ def _step_position(run: Run, position: int, step_id: int | None) -> int:
 @replica_page
 @htmx_partial("model-input")
 def step_model_input(request, run_id: int, position: int):
-    run = _run(run_id)
+    run = _run(run_id, prompt=True)
     form = StepDetailForm(request.GET)
     if not form.is_valid():
         return invalid_form(request, form)
     position = _step_position(run, position, form.cleaned_data["step"])
-    messages = logbook_queries.step_model_input(run=run, position=position) or []
-    context = {"run": run, "position": position, "model_input": messages}
+    seen = model_input_queries.model_input(run=run, position=position)
+    context = {"run": run, "position": position, "model_input": seen}
     return page(request, "memory_app/step_extra.html", context)
 
 
