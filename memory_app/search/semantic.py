@@ -65,16 +65,23 @@ def semantic_ranking(
         model=model,
         vector=vector,
         limit=limit,
-        item_column="message_id",
-        join_sql="JOIN memory_app_message m ON m.id = e.message_id",
-        # The context on both sides: the planner reaches the messages through its index
-        # rather than scanning the whole table for a hash join.
-        where_sql="e.context_id = %s AND m.context_id = %s AND m.pruned_at IS NULL"
-        " AND NOT (m.id = ANY(%s))",
-        params=[context_id, context_id, list(exclude_ids)],
+        **message_filter(context_id, exclude_ids),
         approximate=approximate,
         share=context_size,
     )
+
+
+def message_filter(context_id: int, exclude_ids: Sequence[int] = ()) -> dict[str, Any]:
+    """`nearest_vectors`' arguments for one context's live messages."""
+    return {
+        "item_column": "message_id",
+        "join_sql": "JOIN memory_app_message m ON m.id = e.message_id",
+        # The context on both sides: the planner reaches the messages through its index
+        # rather than scanning the whole table for a hash join.
+        "where_sql": "e.context_id = %s AND m.context_id = %s AND m.pruned_at IS NULL"
+        " AND NOT (m.id = ANY(%s))",
+        "params": [context_id, context_id, list(exclude_ids)],
+    }
 
 
 def nearest_vectors(
@@ -105,40 +112,21 @@ def nearest_vectors(
     memory: only `limit` rows are held, nothing spills to disk), exact and, for a few thousand
     rows, faster than the index."""
     dims = int(len(vector))
-    literal = vector_literal(vector)
-    # The query vector is written once (384 numbers of text, parsed once by the server) and
-    # referenced from each part; an uncorrelated subquery is a parameter the index scan takes.
-    query_cte = f"q AS MATERIALIZED (SELECT %s::vector({dims}) AS v)"
-    distance = f"e.vector::vector({dims}) <=> (SELECT v FROM q)"  # noqa: S608 - dims is an int
-    # The walk orders by the index's expression (half precision); the rows it keeps are then
-    # ranked by their full-precision distance.
-    walk_distance = f"e.vector::halfvec({dims}) <=> (SELECT v::halfvec({dims}) FROM q)"  # noqa: S608
-    rows = f"""
-        FROM {table} e {join_sql}
-        WHERE e.model = %s AND e.dimensions = {dims} AND e.vector IS NOT NULL AND {where_sql}
-    """  # noqa: S608 - dims is an int; the fragments are the callers' constants
+    query_cte, distance, rows = _query_parts(dims, table, join_sql, where_sql)
     if approximate:
-        # Relaxed order lets the walk return rows slightly out of distance order (better recall
-        # per visited node); the materialized CTE sorts the `limit` rows it kept. The walk
-        # covers the rows in the graph (`e.indexed`, the index's predicate); rows of a deferred
-        # batch still waiting for the indexer are scanned exactly (through their small partial
-        # index) and merged by distance, so they are found at once.
-        sql = f"""
-            WITH {query_cte}, nearest AS MATERIALIZED (
-                SELECT e.{item_column} AS item_id, {distance} AS distance {rows} AND e.indexed
-                ORDER BY {walk_distance} LIMIT %s
-            ), waiting AS MATERIALIZED (
-                SELECT e.{item_column} AS item_id, {distance} AS distance {rows} AND NOT e.indexed
-                ORDER BY distance, item_id LIMIT %s
-            )
-            SELECT item_id, distance, false FROM nearest
-            UNION ALL SELECT item_id, distance, true FROM waiting
-        """  # noqa: S608
-        args = [literal, model, *params, limit, model, *params, limit]
+        settings_sql, sql, args = walk_statements(
+            model=model,
+            vector=vector,
+            limit=limit,
+            item_column=item_column,
+            join_sql=join_sql,
+            where_sql=where_sql,
+            params=params,
+            share=share,
+            table=table,
+        )
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                hnsw_settings_sql(model=model, dims=dims, limit=limit, share=share, table=table)
-            )
+            cursor.execute(settings_sql)
             cursor.execute(sql, args)
             found = cursor.fetchall()
         hits = sorted(((row[0], float(row[1])) for row in found), key=lambda hit: (hit[1], hit[0]))
@@ -153,9 +141,62 @@ def nearest_vectors(
         ) s ORDER BY distance, item_id LIMIT %s
     """  # noqa: S608
     with connection.cursor() as cursor:
-        cursor.execute(sql, [literal, model, *params, limit])
+        cursor.execute(sql, [vector_literal(vector), model, *params, limit])
         hits = [(row[0], float(row[1])) for row in cursor.fetchall()]
     return hits, "hnsw+exact" if approximate else "exact"
+
+
+def _query_parts(dims: int, table: str, join_sql: str, where_sql: str) -> tuple[str, str, str]:
+    """The query vector's CTE, the full-precision distance and the rows' FROM/WHERE."""
+    # The query vector is written once (384 numbers of text, parsed once by the server) and
+    # referenced from each part; an uncorrelated subquery is a parameter the index scan takes.
+    query_cte = f"q AS MATERIALIZED (SELECT %s::vector({dims}) AS v)"
+    distance = f"e.vector::vector({dims}) <=> (SELECT v FROM q)"  # noqa: S608 - dims is an int
+    rows = f"""
+        FROM {table} e {join_sql}
+        WHERE e.model = %s AND e.dimensions = {dims} AND e.vector IS NOT NULL AND {where_sql}
+    """  # noqa: S608 - dims is an int; the fragments are the callers' constants
+    return query_cte, distance, rows
+
+
+def walk_statements(
+    *,
+    model: str,
+    vector: Sequence[float],
+    limit: int,
+    item_column: str,
+    join_sql: str,
+    where_sql: str,
+    params: Sequence[Any],
+    share: int | None,
+    table: str = indexer.MESSAGE_VECTORS,
+) -> tuple[str, str, list[Any]]:
+    """The HNSW walk as sent: its settings (one statement), the walk's SQL and arguments (rows:
+    item id, distance, whether it waited for the indexer). The benchmark runs the same."""
+    dims = int(len(vector))
+    query_cte, distance, rows = _query_parts(dims, table, join_sql, where_sql)
+    # The walk orders by the index's expression (half precision); the rows it keeps are then
+    # ranked by their full-precision distance.
+    walk_distance = f"e.vector::halfvec({dims}) <=> (SELECT v::halfvec({dims}) FROM q)"  # noqa: S608
+    # Relaxed order lets the walk return rows slightly out of distance order (better recall
+    # per visited node); the materialized CTE sorts the `limit` rows it kept. The walk
+    # covers the rows in the graph (`e.indexed`, the index's predicate); rows of a deferred
+    # batch still waiting for the indexer are scanned exactly (through their small partial
+    # index) and merged by distance, so they are found at once.
+    sql = f"""
+        WITH {query_cte}, nearest AS MATERIALIZED (
+            SELECT e.{item_column} AS item_id, {distance} AS distance {rows} AND e.indexed
+            ORDER BY {walk_distance} LIMIT %s
+        ), waiting AS MATERIALIZED (
+            SELECT e.{item_column} AS item_id, {distance} AS distance {rows} AND NOT e.indexed
+            ORDER BY distance, item_id LIMIT %s
+        )
+        SELECT item_id, distance, false FROM nearest
+        UNION ALL SELECT item_id, distance, true FROM waiting
+    """  # noqa: S608
+    args = [vector_literal(vector), model, *params, limit, model, *params, limit]
+    settings_sql = hnsw_settings_sql(model=model, dims=dims, limit=limit, share=share, table=table)
+    return settings_sql, sql, args
 
 
 # pgvector's defaults: hnsw.ef_search 40, hnsw.max_scan_tuples 20,000.
