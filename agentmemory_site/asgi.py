@@ -34,9 +34,7 @@ from memory_app.middleware import CONTENT_SECURITY_POLICY  # noqa: E402
 
 mcp_app = mcp_server.asgi_app()
 # As many threads as a worker's pool has connections: a further request would only wait there.
-api_app = ApiHandler(
-    settings.API_MIDDLEWARE, int(os.environ.get("AGENTMEMORY_DB_POOL_SIZE", "10"))
-)
+api_app = ApiHandler(settings.API_MIDDLEWARE, int(os.environ.get("AGENTMEMORY_DB_POOL_SIZE", "10")))
 
 
 async def _bad_host(send) -> None:

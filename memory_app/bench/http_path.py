@@ -86,8 +86,14 @@ class _Http:
         self.headers = {"Content-Type": "application/json", **headers}
 
     def post(self, path: str, body: bytes) -> bytes:
-        self.conn.request("POST", path, body=body, headers=self.headers)
-        response = self.conn.getresponse()
+        try:
+            self.conn.request("POST", path, body=body, headers=self.headers)
+            response = self.conn.getresponse()
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # The server closed the idle connection (its keep-alive ran out): a new one.
+            self.conn.close()
+            self.conn.request("POST", path, body=body, headers=self.headers)
+            response = self.conn.getresponse()
         data = response.read()
         if response.status not in (200, 201):
             raise BenchError(f"POST {path} answered {response.status}: {data[:300]!r}")
@@ -177,6 +183,7 @@ def _served(app: str, env: dict[str, str]):
     cmd = [sys.executable, "-m", "gunicorn", app, "--worker-class", "uvicorn_worker.UvicornWorker"]
     cmd += ["--config", "python:agentmemory_site.gunicorn_hooks", "--workers", "1"]
     cmd += ["--bind", f"127.0.0.1:{port}", "--log-level", "warning"]
+    cmd += ["--keep-alive", str(settings.AGENTMEMORY_KEEPALIVE_SECONDS)]
     proc = subprocess.Popen(cmd, env=env, cwd=settings.BASE_DIR)
     try:
         deadline = time.monotonic() + 120

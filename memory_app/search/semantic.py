@@ -21,15 +21,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 
-from memory_app import errors, scale_out
+from memory_app import db, errors, scale_out
 from memory_app.embeddings import client_vectors, indexer, providers
 from memory_app.errors import Invalid, ProviderDown, SemanticUnavailable
 
 
 def vector_literal(vector: Sequence[float]) -> str:
     return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+
+
+def query_vector_param(vector: Sequence[float]) -> list[float]:
+    """The query vector as the statements' binary `float8[]` parameter (see db.binding_cursor)."""
+    return [float(x) for x in vector]
 
 
 def semantic_ranking(
@@ -125,9 +130,10 @@ def nearest_vectors(
             share=share,
             table=table,
         )
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(settings_sql)
-            cursor.execute(sql, args)
+        with db.binding_cursor() as setter, db.binding_cursor() as cursor:
+            with db.pipelined_transaction(setter):
+                setter.execute(*settings_sql)
+                cursor.execute(sql, args)
             found = cursor.fetchall()
         hits = sorted(((row[0], float(row[1])) for row in found), key=lambda hit: (hit[1], hit[0]))
         walked = sum(1 for row in found if not row[2])
@@ -140,17 +146,17 @@ def nearest_vectors(
             SELECT e.{item_column} AS item_id, {distance} AS distance {rows} OFFSET 0
         ) s ORDER BY distance, item_id LIMIT %s
     """  # noqa: S608
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [vector_literal(vector), model, *params, limit])
+    with db.binding_cursor() as cursor:
+        cursor.execute(sql, [query_vector_param(vector), model, *params, limit])
         hits = [(row[0], float(row[1])) for row in cursor.fetchall()]
     return hits, "hnsw+exact" if approximate else "exact"
 
 
 def _query_parts(dims: int, table: str, join_sql: str, where_sql: str) -> tuple[str, str, str]:
     """The query vector's CTE, the full-precision distance and the rows' FROM/WHERE."""
-    # The query vector is written once (384 numbers of text, parsed once by the server) and
-    # referenced from each part; an uncorrelated subquery is a parameter the index scan takes.
-    query_cte = f"q AS MATERIALIZED (SELECT %s::vector({dims}) AS v)"
+    # The query vector is sent once (binary doubles) and referenced from each part; an
+    # uncorrelated subquery is a parameter the index scan takes.
+    query_cte = f"q AS MATERIALIZED (SELECT %b::float8[]::vector({dims}) AS v)"
     distance = f"e.vector::vector({dims}) <=> (SELECT v FROM q)"  # noqa: S608 - dims is an int
     rows = f"""
         FROM {table} e {join_sql}
@@ -194,7 +200,7 @@ def walk_statements(
         SELECT item_id, distance, false FROM nearest
         UNION ALL SELECT item_id, distance, true FROM waiting
     """  # noqa: S608
-    args = [vector_literal(vector), model, *params, limit, model, *params, limit]
+    args = [query_vector_param(vector), model, *params, limit, model, *params, limit]
     settings_sql = hnsw_settings_sql(model=model, dims=dims, limit=limit, share=share, table=table)
     return settings_sql, sql, args
 
@@ -272,8 +278,10 @@ def ef_search_for(store: int, limit: int, share: int | None = None) -> int:
 
 def hnsw_settings_sql(
     *, model: str, dims: int, limit: int, share: int | None, table: str = indexer.MESSAGE_VECTORS
-) -> str:
-    """SET LOCAL statements for one HNSW query (only ints, no parameters: one round trip)."""
+) -> tuple[str, list[str]]:
+    """The settings of one HNSW query as one statement and its parameters: `set_config(...,
+    true)` is SET LOCAL, so they end with the transaction (db.pipelined_transaction sends them
+    with the walk, in one round trip)."""
     store = store_size(model, dims, table)
     ef = ef_search_for(store, limit, share)
     # To find `limit` rows of a filter keeping `share` of `store` rows, the walk visits about
@@ -283,15 +291,18 @@ def hnsw_settings_sql(
     # The walk also stops when the tuples it holds outgrow work_mem * hnsw.scan_mem_multiplier
     # (each holds its vector): room for `scan` of them.
     multiplier = max(1, -(-scan * (dims * 4 + 256) // (SCAN_WORK_MEM_MB << 20)))
-    return (
-        f"SET LOCAL hnsw.ef_search = {int(ef)}; "
-        "SET LOCAL hnsw.iterative_scan = relaxed_order; "
-        f"SET LOCAL hnsw.max_scan_tuples = {int(scan)}; "
-        f"SET LOCAL work_mem = '{SCAN_WORK_MEM_MB}MB'; "
-        f"SET LOCAL hnsw.scan_mem_multiplier = {int(min(multiplier, 1000))}; "
+    values = {
+        "hnsw.ef_search": int(ef),
+        "hnsw.iterative_scan": "relaxed_order",
+        "hnsw.max_scan_tuples": int(scan),
+        "work_mem": f"{SCAN_WORK_MEM_MB}MB",
+        "hnsw.scan_mem_multiplier": int(min(multiplier, 1000)),
         # The index is the plan asked for: a sort over the filter's rows is what it replaces.
-        "SET LOCAL enable_sort = off"
-    )
+        # (A planner setting: it holds for the walk, the statement after this one.)
+        "enable_sort": "off",
+    }
+    calls = ", ".join("set_config(%s, %s, true)" for _ in values)
+    return f"SELECT {calls}", [str(x) for pair in values.items() for x in pair]
 
 
 def query_vector_for(

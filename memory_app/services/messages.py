@@ -7,6 +7,7 @@ that differ when it is not."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
-from memory_app import backlog, tokens
+from memory_app import backlog, db, tokens
 from memory_app.audit import Actor, audit_record
 from memory_app.db import copy_errors_as_django, copy_line, gc_paused, json_text, lock_contexts
 from memory_app.embeddings import client_vectors, providers, queue
@@ -108,7 +109,10 @@ def _messages_append(
 
 
 def _append_once(*, context, items, vectors, client_ids, tokenizer) -> AppendResult:
-    with transaction.atomic():
+    # A small batch without vectors (a single append above all) sends BEGIN with the counters'
+    # UPDATE and the full-text row with COMMIT (db.pipelined); COPY cannot run in a pipeline.
+    pipelined = len(items) < COPY_THRESHOLD and all(v is None for v in vectors)
+    with db.pipelined() if pipelined else contextlib.nullcontext(), transaction.atomic():
         existing = _stored_by_client_id(context, client_ids)
         results, created_flags, new = _match_repeats(items, existing)
         if new:
