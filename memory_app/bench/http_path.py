@@ -137,10 +137,15 @@ def _semantic_row(b: Bench, ours: _Http, raw: psycopg.Connection) -> None:
 
 
 def _raw_search(raw: psycopg.Connection, cid: int, statements) -> None:
-    settings_sql, sql, args = statements
-    with raw.transaction():
-        raw.execute(settings_sql)
-        found = raw.execute(sql, args).fetchall()
+    """The statements as the search sends them: BEGIN, the settings, the walk and COMMIT in one
+    round trip (a pipeline), then the hits' rows."""
+    (settings_sql, settings_args), sql, args = statements
+    with raw.pipeline():
+        raw.execute("BEGIN")
+        raw.execute(settings_sql, settings_args)
+        walk = raw.execute(sql, args)
+        raw.execute("COMMIT")
+    found = walk.fetchall()
     ids = [row[0] for row in sorted(found, key=lambda row: (row[1], row[0]))[:SEARCH_K]]
     raw.execute(
         f"SELECT {MESSAGE_COLUMNS} FROM memory_app_message "  # noqa: S608 - constant columns
