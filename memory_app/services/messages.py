@@ -412,13 +412,12 @@ def _copy_messages(
 
 def _check_links(*, context: Context, items: list[NewMessage]) -> None:
     """Messages may link only to runs and steps of their own context (others: NotFound)."""
-    for link, qs in (
-        ("run_id", Run.objects.filter(context=context)),
-        ("step_id", Step.objects.filter(context=context)),
-    ):
+    # The querysets are built only for a link some item names: most appends name none.
+    for link, model in (("run_id", Run), ("step_id", Step)):
         wanted = {getattr(i, link) for i in items if getattr(i, link)}
         if wanted:
-            found = set(qs.filter(pk__in=wanted).values_list("pk", flat=True))
+            qs = model.objects.filter(context=context, pk__in=wanted)
+            found = set(qs.values_list("pk", flat=True))
             if missing := wanted - found:
                 raise NotFound(
                     f"{link.removesuffix('_id')} {sorted(missing)[0]} not found in this context"
