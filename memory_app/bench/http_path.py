@@ -55,8 +55,9 @@ def run(b: Bench) -> None:
         "AGENTMEMORY_SEARCH_EXACT_THRESHOLD": str(settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD),
     }
     with (
-        _served("agentmemory_site.asgi:application", env) as ours_port,
-        _served("memory_app.bench.minimal_http:app", env) as minimal_port,
+        _served(
+            ["agentmemory_site.asgi:application", "memory_app.bench.minimal_http:app"], env
+        ) as (ours_port, minimal_port),
         psycopg.connect(**info, autocommit=True) as raw,
     ):
         ours = _Http(ours_port, {"Authorization": f"Bearer {b.api_secret}"})
@@ -179,32 +180,44 @@ def _append_row(b: Bench, ours: _Http, minimal: _Http) -> None:
 
 
 @contextmanager
-def _served(app: str, env: dict[str, str]):
-    """`app` under gunicorn with one uvicorn worker on a free port of 127.0.0.1, as `manage.py
-    serve` runs the site; stopped (by its own process id) on the way out."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    cmd = [sys.executable, "-m", "gunicorn", app, "--worker-class", "uvicorn_worker.UvicornWorker"]
-    cmd += ["--config", "python:agentmemory_site.gunicorn_hooks", "--workers", "1"]
-    cmd += ["--bind", f"127.0.0.1:{port}", "--log-level", "warning"]
-    cmd += ["--keep-alive", str(settings.AGENTMEMORY_KEEPALIVE_SECONDS)]
-    proc = subprocess.Popen(cmd, env=env, cwd=settings.BASE_DIR)
+def _served(apps: list[str], env: dict[str, str]):
+    """Each app under gunicorn with one uvicorn worker on a free port of 127.0.0.1, as `manage.py
+    serve` runs the site, started side by side; their ports. Stopped (by their own process
+    ids) on the way out."""
+    procs, ports = [], []
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise BenchError(f"{app} did not start serving (exit {proc.poll()})") from None
-                time.sleep(0.2)
-        yield port
+        for app in apps:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            cmd = [sys.executable, "-m", "gunicorn", app]
+            cmd += ["--worker-class", "uvicorn_worker.UvicornWorker", "--workers", "1"]
+            cmd += ["--config", "python:agentmemory_site.gunicorn_hooks"]
+            cmd += ["--bind", f"127.0.0.1:{port}", "--log-level", "warning"]
+            cmd += ["--keep-alive", str(settings.AGENTMEMORY_KEEPALIVE_SECONDS)]
+            procs.append(subprocess.Popen(cmd, env=env, cwd=settings.BASE_DIR))
+            ports.append(port)
+        for app, proc, port in zip(apps, procs, ports, strict=True):
+            _wait_serving(app, proc, port)
+        yield ports
     finally:
-        proc.terminate()
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_serving(app: str, proc: subprocess.Popen, port: int) -> None:
+    deadline = time.monotonic() + 180
+    while True:
         try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"{app} did not start serving (exit {proc.poll()})") from None
+            time.sleep(0.2)
