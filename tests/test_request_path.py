@@ -163,7 +163,7 @@ def test_the_walk_goes_out_with_its_transaction_in_one_round_trip(settings):
 
 
 def _fail_walk(execute, sql, params, many, context):
-    if sql.startswith("WITH"):
+    if sql.lstrip().startswith("WITH"):
         sql = "SELECT 1/0"
         params = None
     return execute(sql, params, many, context)
