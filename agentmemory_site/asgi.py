@@ -1,5 +1,7 @@
 """The site as one ASGI app (what `manage.py serve` runs): `/mcp` is the MCP server (the `mcp`
-SDK's Streamable HTTP transport, memory_app/mcp_server/), everything else is Django.
+SDK's Streamable HTTP transport, memory_app/mcp_server/); the Agent API's paths (`/api/`,
+OTLP's `/v1/`) are Django on a chain of their own (agentmemory_site/api_handler.py: one thread
+hop a request, no dashboard middleware); everything else is Django.
 
 Django does not speak the ASGI lifespan protocol; the MCP app does (it starts its session
 manager), so lifespan events go to it. Hosts are checked against ALLOWED_HOSTS for `/mcp` as
@@ -26,10 +28,13 @@ start_embedded_database()
 from django.conf import settings  # noqa: E402
 from django.http.request import split_domain_port, validate_host  # noqa: E402
 
+from agentmemory_site.api_handler import ApiHandler  # noqa: E402
 from memory_app import mcp_server  # noqa: E402
 from memory_app.middleware import CONTENT_SECURITY_POLICY  # noqa: E402
 
 mcp_app = mcp_server.asgi_app()
+# As many threads as a worker's pool has connections: a further request would only wait there.
+api_app = ApiHandler(settings.API_MIDDLEWARE, int(os.environ.get("AGENTMEMORY_DB_POOL_SIZE", "10")))
 
 
 async def _bad_host(send) -> None:
@@ -97,5 +102,7 @@ async def application(scope, receive, send):
             await _bad_host(send)
             return
         await mcp_app(scope, receive, send)
+    elif scope["type"] == "http" and scope["path"].startswith(settings.API_PATH_PREFIXES):
+        await api_app(scope, receive, send)
     else:
         await django_app(scope, receive, send)

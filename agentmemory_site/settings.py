@@ -99,6 +99,21 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",
 ]
 
+# Under ASGI the Agent API's paths (/api/, OTLP's /v1/) run this chain instead, on threads of
+# their own (agentmemory_site/api_handler.py): an API request carries no session, CSRF token or
+# login, so the dashboard's middleware would only cost it time.
+DASHBOARD_ONLY_MIDDLEWARE = (
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",
+)
+API_MIDDLEWARE = [m for m in MIDDLEWARE if m not in DASHBOARD_ONLY_MIDDLEWARE]
+API_PATH_PREFIXES = ("/api/", "/v1/")
+
 ROOT_URLCONF = "agentmemory_site.urls"
 WSGI_APPLICATION = "agentmemory_site.wsgi.application"
 ASGI_APPLICATION = "agentmemory_site.asgi.application"

@@ -26,6 +26,7 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from memory_app import db
 from memory_app.errors import Forbidden, NotFound
 from memory_app.models import ApiKey, Context, Message, Run, Step
 
@@ -123,16 +124,40 @@ def _parse(secret: str) -> str | None:
 
 def apikey_verify(secret: str) -> ApiKey | None:
     """The live key matching `secret`, or None (unknown, malformed or revoked)."""
+    return apikey_verify_with_context(secret, None)[0]
+
+
+def apikey_verify_with_context(
+    secret: str, context_id: int | None
+) -> tuple[ApiKey | None, Context | None]:
+    """The live key matching `secret` (None: unknown, malformed or revoked) and, when
+    `context_id` is given, that context if the key may see it (as `context_for_key` finds it),
+    in one query: a request to a context's route needs both before anything else."""
     prefix = _parse(secret or "")
     if prefix is None:
-        return None
-    key = ApiKey.objects.filter(prefix=prefix).first()
-    if key is None or key.revoked_at is not None:
-        return None
-    if not hmac.compare_digest(key.secret_hash, hash_secret(secret)):
-        return None
+        return None, None
+    with connection.cursor() as cursor:
+        # Confinement as `visible_contexts` applies it: every context contains `{}`.
+        cursor.execute(
+            f"SELECT {_KEY_COLUMNS}, {_CONTEXT_COLUMNS} FROM memory_app_apikey k "  # noqa: S608
+            "LEFT JOIN memory_app_context c ON c.id = %s AND c.keys @> k.context_keys "
+            "WHERE k.prefix = %s",
+            [context_id, prefix],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None, None
+    split = len(ApiKey._meta.concrete_fields)
+    key = db.from_row(ApiKey, row[:split])
+    if key.revoked_at is not None or not hmac.compare_digest(key.secret_hash, hash_secret(secret)):
+        return None, None
     _touch(key)
-    return key
+    context = db.from_row(Context, row[split:]) if row[split] is not None else None
+    return key, context
+
+
+_KEY_COLUMNS = db.select_columns(ApiKey, "k")
+_CONTEXT_COLUMNS = db.select_columns(Context, "c")
 
 
 def _touch(key: ApiKey) -> None:

@@ -66,6 +66,10 @@ def test_quick_benchmark_exits_cleanly_and_writes_the_markdown_table(quick_run):
     # fails, and the rows are missing, unless every vector sent was stored).
     for area in ("domain", "API", "HTTP"):
         assert f"| ingest ({area}) | batch of 100 messages with 384-d vectors" in text
+    # The request path over real HTTP, each row a median of interleaved per-pair ratios.
+    assert "| request path | semantic search k=10" in text
+    assert "| request path | single append: HTTP ÷ a minimal HTTP handler" in text
+    assert text.count("per-pair ratios") >= 2
 
 
 def test_every_target_row_says_met_or_missed(quick_run):

@@ -283,6 +283,10 @@ def test_client_sends_numpy_vectors_with_a_batch_and_with_memories(client, setti
         vector_model="client-np",
     )
     ids = [m["id"] for m in answer["messages"]]
+    assert [m["seq"] for m in answer["messages"]] == [1, 2, 3]
+    # The whole stored messages when asked.
+    whole = client.append_messages(ctx["id"], [{"role": "user", "text": "cyan"}], full=True)
+    assert whole["messages"][0]["text"] == "cyan" and whole["messages"][0]["seq"] == 4
     stored = dict(
         Embedding.objects.filter(message_id__in=ids, model="client-np").values_list(
             "message_id", "dimensions"

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection, transaction
 from django.test import override_settings
 
-from memory_app import errors
+from memory_app import db, errors
 from memory_app.embeddings import indexer
 from memory_app.models import Context, Embedding, EmbeddingModel, Message, keys_digest
 from memory_app.search.keyword import keyword_ranking
@@ -207,8 +207,8 @@ class CapturedVectorQueries:
 
 
 def _plan(sql, params, settings_sql):
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(settings_sql)
+    with transaction.atomic(), db.binding_cursor() as cur:
+        cur.execute(*settings_sql)
         cur.execute("EXPLAIN (COSTS OFF) " + sql, params)
         return "\n".join(row[0] for row in cur.fetchall())
 
@@ -239,8 +239,8 @@ def test_iterative_scan_returns_exactly_k_from_a_context_that_is_a_tiny_share_of
     plan = _plan(sql, params, settings_sql)
     assert f"Index Scan using {indexer.index_name(MODEL, DIMS)}" in plan, plan
     # Without the iterative scan the same statement finds fewer than k: the test means something.
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(settings_sql)
+    with transaction.atomic(), db.binding_cursor() as cur:
+        cur.execute(*settings_sql)
         cur.execute("SET LOCAL hnsw.iterative_scan = off")
         cur.execute(sql, params)
         assert len(cur.fetchall()) < k

@@ -21,6 +21,7 @@ from pydantic import ConfigDict
 
 from memory_app import auth as keys
 from memory_app.audit import Actor
+from memory_app.errors import NotFound
 from memory_app.json_values import finite_float, reject_constant
 from memory_app.models import ApiKey, Context, Message, Run, Step
 from memory_app.schemas.fields import INT64_MAX
@@ -50,10 +51,25 @@ class ApiKeyAuth(HttpBearer):
         return self.authenticate(request, token.strip())
 
     def authenticate(self, request: HttpRequest, token: str) -> ApiKey:
-        key = keys.apikey_verify(token)
+        # A context's route reads the context with the key (one round trip); `context_for`
+        # then answers from it.
+        context_id = _route_context_id(request)
+        key, context = keys.apikey_verify_with_context(token, context_id)
         if key is None:
             raise Unauthorized("invalid or revoked API key", invalid_token=True)
+        if context_id is not None:
+            request._key_context = (context_id, context)  # type: ignore[attr-defined]
         return key
+
+
+def _route_context_id(request: HttpRequest) -> int | None:
+    match = getattr(request, "resolver_match", None)
+    value = match.kwargs.get("context_id") if match else None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return None
+    return number if 0 < number <= INT64_MAX else None
 
 
 api_key_auth = ApiKeyAuth()
@@ -79,6 +95,11 @@ def not_found(what: str, ident: Any) -> HttpError:
 
 def context_for(request: HttpRequest, context_id: int, *, lock: bool = False) -> Context:
     """The context if the request's key may see it, else 404 (unknown and foreign look alike)."""
+    found = getattr(request, "_key_context", None)
+    if found is not None and found[0] == context_id and not lock:
+        if found[1] is None:
+            raise NotFound(f"context {context_id} not found")
+        return found[1]
     return keys.context_for_key(request_key(request), context_id, lock=lock)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from django.http import HttpResponse
 from ninja import Query, Router, Status
 
@@ -30,6 +32,7 @@ from memory_app.schemas.messages import (
     PruneNoteIn,
     PruneOut,
     message_out,
+    message_ref,
 )
 from memory_app.services import curation as curation_service
 from memory_app.services import messages as messages_service
@@ -63,15 +66,26 @@ def message_append(request, context_id: ContextId, body: MessageIn):
     response=responses({200: MessageBatchOut, 201: MessageBatchOut}, WRITE_ERRORS),
     summary="Append up to 1000 messages, all or nothing",
 )
-def message_append_batch(request, context_id: ContextId, body: MessageBatchIn):
+def message_append_batch(
+    request,
+    context_id: ContextId,
+    body: MessageBatchIn,
+    answer: Literal["ids", "full"] = Query(  # noqa: B008 - ninja parameter marker
+        "ids",
+        alias="return",
+        description="`ids` (default): each message's id, seq and client id; `full`: each "
+        "stored message whole, as one append answers it",
+    ),
+):
     """Seqs are consecutive in the order sent. One conflicting client id rejects the whole
     batch (409). 201 when at least one message was stored now, 200 when all were repeats."""
     # A large body runs with the cyclic GC paused from parsing to echo
     # (limits.BulkBodyGcMiddleware).
     result = _append(request, context_id, body.messages)
+    out = message_out if answer == "full" else message_ref
     return json_response(
         201 if result.any_created else 200,
-        {"messages": [message_out(m) for m in result.messages], "created": result.created},
+        {"messages": [out(m) for m in result.messages], "created": result.created},
     )
 
 

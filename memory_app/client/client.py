@@ -252,11 +252,13 @@ class MemoryClient:
         *,
         vectors: Any = None,
         vector_model: str | None = None,
+        full: bool = False,
     ) -> Any:
         """Up to 1,000 messages, all or nothing. `vectors`: one embedding per message (a list of
         lists or a 2-D numpy array, None for a message without one), stored with the messages under
         `vector_model` (default: the server's configured model); a message dict may also carry its
-        own `vector` / `vector_model`."""
+        own `vector` / `vector_model`. The answer's `messages` hold each message's `id`, `seq`
+        and `client_id`; `full=True` asks for each stored message whole."""
         if vectors is not None:
             if len(vectors) != len(messages):
                 raise ValueError(f"{len(vectors)} vectors for {len(messages)} messages")
@@ -267,7 +269,10 @@ class MemoryClient:
             messages = [_with_vector(m, None, vector_model) for m in messages]
         messages = [_with_client_id(m) for m in messages]
         return self.request(
-            "POST", f"contexts/{context_id}/messages/batch", json_body={"messages": messages}
+            "POST",
+            f"contexts/{context_id}/messages/batch",
+            json_body={"messages": messages},
+            params={"return": "full"} if full else None,
         )
 
     def list_messages(self, context_id: int, **params: Any) -> dict:

@@ -208,9 +208,25 @@ class MessageOut(Schema):
     is_pruned: bool
 
 
+class MessageRef(Schema):
+    """A stored message as a batch answers it by default: what a client needs to refer to it."""
+
+    id: int
+    seq: int
+    client_id: str | None
+
+
+MESSAGE_REF_FIELDS = tuple(MessageRef.model_fields)
+
+
 class MessageBatchOut(Schema):
-    model_config = _examples({"messages": [MESSAGE_EXAMPLE], "created": [True]})
-    messages: list[MessageOut]
+    model_config = _examples(
+        {"messages": [{"id": 1, "seq": 1, "client_id": "turn-1"}], "created": [True]}
+    )
+    messages: list[MessageRef | MessageOut] = Field(
+        description="per message, in the order sent: its id, seq and client id; the whole "
+        "stored message with `?return=full`"
+    )
     created: list[bool] = Field(description="per message: stored now (true) or already stored")
 
 
@@ -250,6 +266,11 @@ class PruneOut(Schema):
 
 
 MESSAGE_OUT_FIELDS = tuple(MessageOut.model_fields)
+
+
+def message_ref(message) -> dict[str, Any]:
+    """A stored message as the `MessageRef` dict."""
+    return {name: getattr(message, name) for name in MESSAGE_REF_FIELDS}
 
 
 def message_out(message) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from django.contrib.postgres.search import SearchConfig, SearchVectorField
 from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Func
 
+from memory_app import db
 from memory_app.models import FTS_CONFIG
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,8 @@ def _write_range(cursor, context_id: int, after: int, upto: int) -> int:
     savepoint each) and the ones that fail are stored without a vector, with their error."""
     try:
         with transaction.atomic():
-            cursor.execute(WRITE_SQL, [FTS_CONFIG, context_id, after, upto])
+            with db.synced():
+                cursor.execute(WRITE_SQL, [FTS_CONFIG, context_id, after, upto])
             return cursor.rowcount
     except DatabaseError as exc:
         if not _row_fault(exc):
@@ -91,7 +93,7 @@ def _write_range(cursor, context_id: int, after: int, upto: int) -> int:
     seqs = [seq for (seq,) in cursor.fetchall()]
     for seq in seqs:
         try:
-            with transaction.atomic():
+            with transaction.atomic(), db.synced():
                 cursor.execute(WRITE_SQL, [FTS_CONFIG, context_id, seq - 1, seq])
         except DatabaseError as exc:
             if not _row_fault(exc):

@@ -11,6 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from django.db import connections, router
+
+from memory_app import db
 from memory_app.embeddings import providers
 from memory_app.errors import Invalid, ProviderDown, SemanticUnavailable
 from memory_app.models import Context, Message
@@ -144,7 +147,7 @@ def _hits(
 ) -> list[Hit]:
     """The ranked messages, each with where it stood in the keyword and the semantic ranking.
     Read by id within their context: on a distributed store, one shard."""
-    messages = Message.objects.filter(context_id=context_id).in_bulk([mid for mid, _ in order])
+    messages = _messages_by_id(context_id, [mid for mid, _ in order])
     hits = []
     for rank, (mid, score) in enumerate(order, start=1):
         hits.append(
@@ -159,3 +162,22 @@ def _hits(
             )
         )
     return hits
+
+
+_MESSAGE_COLUMNS = db.select_columns(Message, "m")
+
+
+def _messages_by_id(context_id: int, ids: list[int]) -> dict[int, Message]:
+    """The messages by id, as `in_bulk` reads them (on the database the router names for
+    reads) without compiling a query on every search."""
+    if not ids:
+        return {}
+    using = router.db_for_read(Message)
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"SELECT {_MESSAGE_COLUMNS} FROM memory_app_message m"  # noqa: S608 - constant
+            " WHERE m.context_id = %s AND m.id = ANY(%s)",
+            [context_id, ids],
+        )
+        rows = cursor.fetchall()
+    return {row[0]: db.from_row(Message, row, using) for row in rows}

@@ -21,15 +21,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 
-from memory_app import errors, scale_out
+from memory_app import db, errors, scale_out
 from memory_app.embeddings import client_vectors, indexer, providers
 from memory_app.errors import Invalid, ProviderDown, SemanticUnavailable
 
 
 def vector_literal(vector: Sequence[float]) -> str:
     return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+
+
+def query_vector_param(vector: Sequence[float]) -> list[float]:
+    """The query vector as the statements' binary `float8[]` parameter (see db.binding_cursor)."""
+    return [float(x) for x in vector]
 
 
 def semantic_ranking(
@@ -65,16 +70,23 @@ def semantic_ranking(
         model=model,
         vector=vector,
         limit=limit,
-        item_column="message_id",
-        join_sql="JOIN memory_app_message m ON m.id = e.message_id",
-        # The context on both sides: the planner reaches the messages through its index
-        # rather than scanning the whole table for a hash join.
-        where_sql="e.context_id = %s AND m.context_id = %s AND m.pruned_at IS NULL"
-        " AND NOT (m.id = ANY(%s))",
-        params=[context_id, context_id, list(exclude_ids)],
+        **message_filter(context_id, exclude_ids),
         approximate=approximate,
         share=context_size,
     )
+
+
+def message_filter(context_id: int, exclude_ids: Sequence[int] = ()) -> dict[str, Any]:
+    """`nearest_vectors`' arguments for one context's live messages."""
+    return {
+        "item_column": "message_id",
+        "join_sql": "JOIN memory_app_message m ON m.id = e.message_id",
+        # The context on both sides: the planner reaches the messages through its index
+        # rather than scanning the whole table for a hash join.
+        "where_sql": "e.context_id = %s AND m.context_id = %s AND m.pruned_at IS NULL"
+        " AND NOT (m.id = ANY(%s))",
+        "params": [context_id, context_id, list(exclude_ids)],
+    }
 
 
 def nearest_vectors(
@@ -105,41 +117,23 @@ def nearest_vectors(
     memory: only `limit` rows are held, nothing spills to disk), exact and, for a few thousand
     rows, faster than the index."""
     dims = int(len(vector))
-    literal = vector_literal(vector)
-    # The query vector is written once (384 numbers of text, parsed once by the server) and
-    # referenced from each part; an uncorrelated subquery is a parameter the index scan takes.
-    query_cte = f"q AS MATERIALIZED (SELECT %s::vector({dims}) AS v)"
-    distance = f"e.vector::vector({dims}) <=> (SELECT v FROM q)"  # noqa: S608 - dims is an int
-    # The walk orders by the index's expression (half precision); the rows it keeps are then
-    # ranked by their full-precision distance.
-    walk_distance = f"e.vector::halfvec({dims}) <=> (SELECT v::halfvec({dims}) FROM q)"  # noqa: S608
-    rows = f"""
-        FROM {table} e {join_sql}
-        WHERE e.model = %s AND e.dimensions = {dims} AND e.vector IS NOT NULL AND {where_sql}
-    """  # noqa: S608 - dims is an int; the fragments are the callers' constants
+    query_cte, distance, rows = _query_parts(dims, table, join_sql, where_sql)
     if approximate:
-        # Relaxed order lets the walk return rows slightly out of distance order (better recall
-        # per visited node); the materialized CTE sorts the `limit` rows it kept. The walk
-        # covers the rows in the graph (`e.indexed`, the index's predicate); rows of a deferred
-        # batch still waiting for the indexer are scanned exactly (through their small partial
-        # index) and merged by distance, so they are found at once.
-        sql = f"""
-            WITH {query_cte}, nearest AS MATERIALIZED (
-                SELECT e.{item_column} AS item_id, {distance} AS distance {rows} AND e.indexed
-                ORDER BY {walk_distance} LIMIT %s
-            ), waiting AS MATERIALIZED (
-                SELECT e.{item_column} AS item_id, {distance} AS distance {rows} AND NOT e.indexed
-                ORDER BY distance, item_id LIMIT %s
-            )
-            SELECT item_id, distance, false FROM nearest
-            UNION ALL SELECT item_id, distance, true FROM waiting
-        """  # noqa: S608
-        args = [literal, model, *params, limit, model, *params, limit]
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                hnsw_settings_sql(model=model, dims=dims, limit=limit, share=share, table=table)
-            )
-            cursor.execute(sql, args)
+        settings_sql, sql, args = walk_statements(
+            model=model,
+            vector=vector,
+            limit=limit,
+            item_column=item_column,
+            join_sql=join_sql,
+            where_sql=where_sql,
+            params=params,
+            share=share,
+            table=table,
+        )
+        with db.binding_cursor() as setter, db.binding_cursor() as cursor:
+            with db.pipelined_transaction(setter):
+                setter.execute(*settings_sql)
+                cursor.execute(sql, args)
             found = cursor.fetchall()
         hits = sorted(((row[0], float(row[1])) for row in found), key=lambda hit: (hit[1], hit[0]))
         walked = sum(1 for row in found if not row[2])
@@ -152,10 +146,63 @@ def nearest_vectors(
             SELECT e.{item_column} AS item_id, {distance} AS distance {rows} OFFSET 0
         ) s ORDER BY distance, item_id LIMIT %s
     """  # noqa: S608
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [literal, model, *params, limit])
+    with db.binding_cursor() as cursor:
+        cursor.execute(sql, [query_vector_param(vector), model, *params, limit])
         hits = [(row[0], float(row[1])) for row in cursor.fetchall()]
     return hits, "hnsw+exact" if approximate else "exact"
+
+
+def _query_parts(dims: int, table: str, join_sql: str, where_sql: str) -> tuple[str, str, str]:
+    """The query vector's CTE, the full-precision distance and the rows' FROM/WHERE."""
+    # The query vector is sent once (binary doubles) and referenced from each part; an
+    # uncorrelated subquery is a parameter the index scan takes.
+    query_cte = f"q AS MATERIALIZED (SELECT %b::float8[]::vector({dims}) AS v)"
+    distance = f"e.vector::vector({dims}) <=> (SELECT v FROM q)"  # noqa: S608 - dims is an int
+    rows = f"""
+        FROM {table} e {join_sql}
+        WHERE e.model = %s AND e.dimensions = {dims} AND e.vector IS NOT NULL AND {where_sql}
+    """  # noqa: S608 - dims is an int; the fragments are the callers' constants
+    return query_cte, distance, rows
+
+
+def walk_statements(
+    *,
+    model: str,
+    vector: Sequence[float],
+    limit: int,
+    item_column: str,
+    join_sql: str,
+    where_sql: str,
+    params: Sequence[Any],
+    share: int | None,
+    table: str = indexer.MESSAGE_VECTORS,
+) -> tuple[str, str, list[Any]]:
+    """The HNSW walk as sent: its settings (one statement), the walk's SQL and arguments (rows:
+    item id, distance, whether it waited for the indexer). The benchmark runs the same."""
+    dims = int(len(vector))
+    query_cte, distance, rows = _query_parts(dims, table, join_sql, where_sql)
+    # The walk orders by the index's expression (half precision); the rows it keeps are then
+    # ranked by their full-precision distance.
+    walk_distance = f"e.vector::halfvec({dims}) <=> (SELECT v::halfvec({dims}) FROM q)"  # noqa: S608
+    # Relaxed order lets the walk return rows slightly out of distance order (better recall
+    # per visited node); the materialized CTE sorts the `limit` rows it kept. The walk
+    # covers the rows in the graph (`e.indexed`, the index's predicate); rows of a deferred
+    # batch still waiting for the indexer are scanned exactly (through their small partial
+    # index) and merged by distance, so they are found at once.
+    sql = f"""
+        WITH {query_cte}, nearest AS MATERIALIZED (
+            SELECT e.{item_column} AS item_id, {distance} AS distance {rows} AND e.indexed
+            ORDER BY {walk_distance} LIMIT %s
+        ), waiting AS MATERIALIZED (
+            SELECT e.{item_column} AS item_id, {distance} AS distance {rows} AND NOT e.indexed
+            ORDER BY distance, item_id LIMIT %s
+        )
+        SELECT item_id, distance, false FROM nearest
+        UNION ALL SELECT item_id, distance, true FROM waiting
+    """  # noqa: S608
+    args = [query_vector_param(vector), model, *params, limit, model, *params, limit]
+    settings_sql = hnsw_settings_sql(model=model, dims=dims, limit=limit, share=share, table=table)
+    return settings_sql, sql, args
 
 
 # pgvector's defaults: hnsw.ef_search 40, hnsw.max_scan_tuples 20,000.
@@ -231,8 +278,10 @@ def ef_search_for(store: int, limit: int, share: int | None = None) -> int:
 
 def hnsw_settings_sql(
     *, model: str, dims: int, limit: int, share: int | None, table: str = indexer.MESSAGE_VECTORS
-) -> str:
-    """SET LOCAL statements for one HNSW query (only ints, no parameters: one round trip)."""
+) -> tuple[str, list[str]]:
+    """The settings of one HNSW query as one statement and its parameters: `set_config(...,
+    true)` is SET LOCAL, so they end with the transaction (db.pipelined_transaction sends them
+    with the walk, in one round trip)."""
     store = store_size(model, dims, table)
     ef = ef_search_for(store, limit, share)
     # To find `limit` rows of a filter keeping `share` of `store` rows, the walk visits about
@@ -242,15 +291,18 @@ def hnsw_settings_sql(
     # The walk also stops when the tuples it holds outgrow work_mem * hnsw.scan_mem_multiplier
     # (each holds its vector): room for `scan` of them.
     multiplier = max(1, -(-scan * (dims * 4 + 256) // (SCAN_WORK_MEM_MB << 20)))
-    return (
-        f"SET LOCAL hnsw.ef_search = {int(ef)}; "
-        "SET LOCAL hnsw.iterative_scan = relaxed_order; "
-        f"SET LOCAL hnsw.max_scan_tuples = {int(scan)}; "
-        f"SET LOCAL work_mem = '{SCAN_WORK_MEM_MB}MB'; "
-        f"SET LOCAL hnsw.scan_mem_multiplier = {int(min(multiplier, 1000))}; "
+    values = {
+        "hnsw.ef_search": int(ef),
+        "hnsw.iterative_scan": "relaxed_order",
+        "hnsw.max_scan_tuples": int(scan),
+        "work_mem": f"{SCAN_WORK_MEM_MB}MB",
+        "hnsw.scan_mem_multiplier": int(min(multiplier, 1000)),
         # The index is the plan asked for: a sort over the filter's rows is what it replaces.
-        "SET LOCAL enable_sort = off"
-    )
+        # (A planner setting: it holds for the walk, the statement after this one.)
+        "enable_sort": "off",
+    }
+    calls = ", ".join("set_config(%s, %s, true)" for _ in values)
+    return f"SELECT {calls}", [str(x) for pair in values.items() for x in pair]
 
 
 def query_vector_for(

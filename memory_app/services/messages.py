@@ -7,6 +7,7 @@ that differ when it is not."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
-from memory_app import backlog, tokens
+from memory_app import backlog, db, tokens
 from memory_app.audit import Actor, audit_record
 from memory_app.db import copy_errors_as_django, copy_line, gc_paused, json_text, lock_contexts
 from memory_app.embeddings import client_vectors, providers, queue
@@ -108,7 +109,10 @@ def _messages_append(
 
 
 def _append_once(*, context, items, vectors, client_ids, tokenizer) -> AppendResult:
-    with transaction.atomic():
+    # A small batch without vectors (a single append above all) sends BEGIN with the counters'
+    # UPDATE and the full-text row with COMMIT (db.pipelined); COPY cannot run in a pipeline.
+    pipelined = len(items) < COPY_THRESHOLD and all(v is None for v in vectors)
+    with db.pipelined() if pipelined else contextlib.nullcontext(), transaction.atomic():
         existing = _stored_by_client_id(context, client_ids)
         results, created_flags, new = _match_repeats(items, existing)
         if new:
@@ -408,13 +412,12 @@ def _copy_messages(
 
 def _check_links(*, context: Context, items: list[NewMessage]) -> None:
     """Messages may link only to runs and steps of their own context (others: NotFound)."""
-    for link, qs in (
-        ("run_id", Run.objects.filter(context=context)),
-        ("step_id", Step.objects.filter(context=context)),
-    ):
+    # The querysets are built only for a link some item names: most appends name none.
+    for link, model in (("run_id", Run), ("step_id", Step)):
         wanted = {getattr(i, link) for i in items if getattr(i, link)}
         if wanted:
-            found = set(qs.filter(pk__in=wanted).values_list("pk", flat=True))
+            qs = model.objects.filter(context=context, pk__in=wanted)
+            found = set(qs.values_list("pk", flat=True))
             if missing := wanted - found:
                 raise NotFound(
                     f"{link.removesuffix('_id')} {sorted(missing)[0]} not found in this context"

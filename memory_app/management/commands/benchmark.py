@@ -25,6 +25,7 @@ from memory_app.bench import (
     dashboard,
     database,
     export,
+    http_path,
     ingest,
     peers,
     quality,
@@ -51,6 +52,7 @@ AREAS = {
     "export": export.export,
     "dashboard": dashboard.dashboard,
     "storage": storage.storage,
+    "http_path": http_path.run,
     "ingest": ingest.ingest,
     # Only with --peers (or --only peers): needs the `peers` extra.
     "peers": peers.run,

@@ -1,0 +1,223 @@
+"""The request path: what a request costs above the database's own work, over real HTTP.
+
+The product is served as `manage.py serve` serves it (gunicorn, uvicorn workers, the site's ASGI
+app; one worker here) on the benchmark's database, and each row pairs one of its requests with
+the same database work done without it, interleaved A B A B (A = ours over HTTP):
+
+- semantic search on the largest context ÷ the same SQL run raw (psycopg in this process, the
+  statements `memory_app.search.semantic` sends, then the hits' rows, as the API reads them);
+- a single append ÷ a minimal HTTP handler doing the same INSERT (`bench/minimal_http.py`:
+  the same statements in one transaction, no authentication, no validation, no middleware),
+  served by the same server with the same worker class, over the same keep-alive connection
+  kind from the same client.
+
+Each row's ratio is the median of the per-pair ratios, its spread beside it (issue target: both
+≤ 2.0). The HTTP client is `http.client` on one keep-alive connection per side; request bodies
+are encoded before the clock starts.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from urllib.parse import quote
+
+import orjson
+import psycopg
+from django.conf import settings
+
+from memory_app.bench.harness import API, SEARCH_K, Bench, BenchError, context_size
+from memory_app.bench.measure import Row, Target, time_pairs
+from memory_app.search import semantic
+
+AREA = "request path"
+RATIO_TARGET = Target("<=", 2.0, "median per-pair ratio ≤ 2.0", of_ratio=True)
+MESSAGE_COLUMNS = (
+    "id, context_id, seq, client_id, role, name, text, content, tags, metadata, key_order, "
+    "run_id, step_id, token_count, tokenizer, source_timestamp, created_at, updated_at, "
+    "pruned_at, pruned_by"
+)
+
+
+def run(b: Bench) -> None:
+    from memory_app.bench.database import conninfo
+
+    info = conninfo()
+    url = f"postgresql://{quote(info.get('user', ''))}:@/{info['dbname']}?host={info['host']}"
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "AGENTMEMORY_SEARCH_EXACT_THRESHOLD": str(settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD),
+    }
+    with (
+        _served(
+            ["agentmemory_site.asgi:application", "memory_app.bench.minimal_http:app"], env
+        ) as (ours_port, minimal_port),
+        psycopg.connect(**info, autocommit=True) as raw,
+    ):
+        ours = _Http(ours_port, {"Authorization": f"Bearer {b.api_secret}"})
+        minimal = _Http(minimal_port, {})
+        _semantic_row(b, ours, raw)
+        _append_row(b, ours, minimal)
+    b.report.notes += [
+        "",
+        "## Request path",
+        "",
+        "Over real HTTP on 127.0.0.1: the product as `manage.py serve` runs it (gunicorn with "
+        "uvicorn workers, one worker) against the same SQL without it, pairs of calls "
+        "interleaved A B A B; the ratio is the median of the per-pair ratios (the middle half "
+        "and the extremes in the row). Semantic search: the statements the search sends, raw "
+        "through psycopg in the benchmark's process (the walk's settings, the walk, the hits' "
+        "rows). Single append: a minimal ASGI handler on the same server doing the append's "
+        "statements in one transaction (counters and seq, the message row, its full-text "
+        "row), nothing else (memory_app/bench/minimal_http.py).",
+    ]
+
+
+class _Http:
+    """One keep-alive connection; a request's whole answer is read before the clock stops."""
+
+    def __init__(self, port: int, headers: dict[str, str]):
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.headers = {"Content-Type": "application/json", **headers}
+
+    def post(self, path: str, body: bytes) -> bytes:
+        try:
+            self.conn.request("POST", path, body=body, headers=self.headers)
+            response = self.conn.getresponse()
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # The server closed the idle connection (its keep-alive ran out): a new one.
+            self.conn.close()
+            self.conn.request("POST", path, body=body, headers=self.headers)
+            response = self.conn.getresponse()
+        data = response.read()
+        if response.status not in (200, 201):
+            raise BenchError(f"POST {path} answered {response.status}: {data[:300]!r}")
+        return data
+
+
+def _semantic_row(b: Bench, ours: _Http, raw: psycopg.Connection) -> None:
+    cid = b.data.largest_context_id
+    size = context_size(cid)
+    gen = b.gen(seed_offset=7)
+    topics = b.data.context_topics[cid]
+    queries = [gen.query(topics[i % len(topics)])[1] for i in range(b.samples + 3)]
+    path = f"{API}/contexts/{cid}/select"
+
+    def http(vector) -> None:
+        body = {
+            "selector": "search",
+            "query": "",
+            "k": SEARCH_K,
+            "mode": "semantic",
+            "model": b.data.model,
+            "query_vector": vector,
+        }
+        encoded = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+        return lambda: ours.post(path, encoded)
+
+    def direct(vector) -> None:
+        statements = semantic.walk_statements(
+            model=b.data.model,
+            vector=vector,
+            limit=SEARCH_K,
+            share=size,
+            **semantic.message_filter(cid),
+        )
+        return lambda: _raw_search(raw, cid, statements)
+
+    a, d, paired = time_pairs([(http(v), direct(v)) for v in queries])
+    label = f"semantic search k={SEARCH_K}, largest context ({size:,} msgs)"
+    row = Row(AREA, f"{label}: HTTP ÷ the same SQL raw", a, d, RATIO_TARGET, str(paired), paired)
+    b.report.add(row, b.log)
+
+
+def _raw_search(raw: psycopg.Connection, cid: int, statements) -> None:
+    """The statements as the search sends them: BEGIN, the settings, the walk and COMMIT in one
+    round trip (a pipeline), then the hits' rows."""
+    (settings_sql, settings_args), sql, args = statements
+    with raw.pipeline():
+        raw.execute("BEGIN")
+        raw.execute(settings_sql, settings_args)
+        walk = raw.execute(sql, args)
+        raw.execute("COMMIT")
+    found = walk.fetchall()
+    ids = [row[0] for row in sorted(found, key=lambda row: (row[1], row[0]))[:SEARCH_K]]
+    raw.execute(
+        f"SELECT {MESSAGE_COLUMNS} FROM memory_app_message "  # noqa: S608 - constant columns
+        "WHERE context_id = %s AND id = ANY(%s)",
+        [cid, ids],
+    ).fetchall()
+
+
+def _append_row(b: Bench, ours: _Http, minimal: _Http) -> None:
+    stamp = str(time.time_ns())
+    ours_ctx, minimal_ctx = (
+        b.post(f"{API}/contexts", {"keys": {"bench": f"request-path-{side}", "at": stamp}}).json()[
+            "id"
+        ]
+        for side in ("ours", "minimal")
+    )
+    gen = b.gen(seed_offset=8)
+    texts = gen.texts([i % 40 for i in range(b.samples + 3)])
+    bodies = [orjson.dumps({"role": "user", "text": text}) for text in texts]
+    a, m, paired = time_pairs(
+        [
+            (
+                lambda body=body: ours.post(f"{API}/contexts/{ours_ctx}/messages", body),
+                lambda body=body: minimal.post(f"/contexts/{minimal_ctx}/messages", body),
+            )
+            for body in bodies
+        ]
+    )
+    label = "single append: HTTP ÷ a minimal HTTP handler doing the same INSERT"
+    b.report.add(Row(AREA, label, a, m, RATIO_TARGET, str(paired), paired), b.log)
+
+
+@contextmanager
+def _served(apps: list[str], env: dict[str, str]):
+    """Each app under gunicorn with one uvicorn worker on a free port of 127.0.0.1, as `manage.py
+    serve` runs the site, started side by side; their ports. Stopped (by their own process
+    ids) on the way out."""
+    procs, ports = [], []
+    try:
+        for app in apps:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            cmd = [sys.executable, "-m", "gunicorn", app]
+            cmd += ["--worker-class", "uvicorn_worker.UvicornWorker", "--workers", "1"]
+            cmd += ["--config", "python:agentmemory_site.gunicorn_hooks"]
+            cmd += ["--bind", f"127.0.0.1:{port}", "--log-level", "warning"]
+            cmd += ["--keep-alive", str(settings.AGENTMEMORY_KEEPALIVE_SECONDS)]
+            procs.append(subprocess.Popen(cmd, env=env, cwd=settings.BASE_DIR))
+            ports.append(port)
+        for app, proc, port in zip(apps, procs, ports, strict=True):
+            _wait_serving(app, proc, port)
+        yield ports
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_serving(app: str, proc: subprocess.Popen, port: int) -> None:
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"{app} did not start serving (exit {proc.poll()})") from None
+            time.sleep(0.2)

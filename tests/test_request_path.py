@@ -1,0 +1,195 @@
+"""The API's request path: its own middleware chain under ASGI, and its hot paths in database
+round trips (a single append, a semantic search)."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import numpy as np
+import psycopg
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from memory_app import auth
+from memory_app.search.semantic import semantic_ranking
+from tests.api_helpers import make_key, new_context
+from tests.builders import make_context, register_models
+
+MODEL = "path-model"
+
+
+def _vector(seed: int) -> list[float]:
+    v = np.random.default_rng(seed).normal(size=384)
+    return (v / np.linalg.norm(v)).tolist()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_api_requests_skip_the_dashboard_middleware_and_keep_the_headers(asgi_live_server):
+    context = make_context(keys={"user": "ada"}, messages=3)
+    secret = auth.apikey_create(name="path", scopes=["read", "write"]).secret
+    http = httpx.Client(base_url=asgi_live_server.url, timeout=60)
+    headers = {"Authorization": f"Bearer {secret}", "Accept-Encoding": "gzip"}
+    response = http.get(f"/api/v1/contexts/{context.pk}/messages", headers=headers)
+    assert response.status_code == 200 and len(response.json()["items"]) == 3
+    # The security headers stay; nothing of a session (no cookie read or set, no Vary on it).
+    assert response.headers["X-Frame-Options"] == "DENY"
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert "default-src" in response.headers["Content-Security-Policy"]
+    assert "set-cookie" not in response.headers
+    assert "cookie" not in response.headers.get("Vary", "").lower()
+    # A write answers through the same chain (no CSRF check on a bearer-key request).
+    posted = http.post(
+        f"/api/v1/contexts/{context.pk}/messages",
+        json={"role": "user", "text": "over ASGI"},
+        headers=headers,
+    )
+    assert posted.status_code == 201 and posted.json()["seq"] == 4
+    missing = http.get("/api/v1/contexts")
+    assert missing.status_code == 401 and missing.headers["WWW-Authenticate"] == "Bearer"
+    # The dashboard keeps its middleware: the login page sets its CSRF cookie.
+    login = http.get("/accounts/login/")
+    assert login.status_code == 200 and "csrftoken" in login.headers.get("set-cookie", "")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_api_requests_run_on_a_fixed_pool_of_threads(asgi_live_server):
+    secret = auth.apikey_create(name="path", scopes=["read"]).secret
+    http = httpx.Client(base_url=asgi_live_server.url, timeout=60)
+    headers = {"Authorization": f"Bearer {secret}"}
+    before = {t.name for t in threading.enumerate()}
+    for _ in range(30):
+        assert http.get("/api/v1/contexts", headers=headers).status_code == 200
+    made = {t.name for t in threading.enumerate()} - before
+    # A thread per request would leave up to 30 here; the pool's threads are reused.
+    assert all(name.startswith("api") for name in made), made
+    assert len(made) <= 10
+
+
+def _store(api, n: int = 20) -> int:
+    register_models(**{MODEL: 384})
+    cid = new_context(api)
+    items = [
+        {"role": "user", "text": f"m{i}", "vector": _vector(i), "vector_model": MODEL}
+        for i in range(n)
+    ]
+    response = api.post(f"/api/v1/contexts/{cid}/messages/batch", {"messages": items})
+    assert response.status_code == 201
+    return cid
+
+
+@pytest.mark.django_db
+def test_a_semantic_search_reads_key_and_context_once_and_the_walk_in_one_go(settings):
+    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 5  # the HNSW walk
+    api = make_key()
+    cid = _store(api)
+    body = {
+        "selector": "search",
+        "query": "",
+        "mode": "semantic",
+        "k": 5,
+        "model": MODEL,
+        "query_vector": _vector(7),
+    }
+    api.post(f"/api/v1/contexts/{cid}/select", body)  # the store's size is cached from here
+    with CaptureQueriesContext(connection) as queries:
+        response = api.post(f"/api/v1/contexts/{cid}/select", body)
+    assert response.status_code == 200
+    assert "m7" in [item["message"]["text"] for item in response.json()["items"]]
+    statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
+    # The key and its context in one statement; the walk's settings, the walk; the hits.
+    assert len(statements) == 4, statements
+    assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[0]
+    assert statements[1].startswith("SELECT set_config(")
+    assert "<=>" in statements[2]
+    assert "$1::float8[]::vector(384)" in statements[2]  # a binary parameter, not a literal
+    assert statements[3].startswith("SELECT m.id")
+
+
+@pytest.mark.django_db
+def test_a_single_append_reads_key_and_context_in_one_statement():
+    api = make_key()
+    cid = new_context(api)
+    with CaptureQueriesContext(connection) as queries:
+        response = api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": "hi"})
+    assert response.status_code == 201 and response.json()["seq"] == 1
+    statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
+    assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[0]
+    assert not any(s.startswith('SELECT "memory_app_context"') for s in statements), statements
+
+
+@pytest.mark.django_db
+def test_a_foreign_or_unknown_context_is_still_not_found():
+    owner = make_key(context_keys={"tenant": "a"})
+    other = make_key(context_keys={"tenant": "b"})
+    cid = new_context(owner, {"tenant": "a", "chat": "1"})
+    assert owner.get(f"/api/v1/contexts/{cid}/messages").status_code == 200
+    assert other.get(f"/api/v1/contexts/{cid}/messages").status_code == 404
+    assert owner.get("/api/v1/contexts/999999/messages").status_code == 404
+    assert make_key(scopes=("read",)).post(
+        f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": "x"}
+    ).status_code in (403, 404)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_walk_goes_out_with_its_transaction_in_one_round_trip(settings):
+    """Outside a transaction: BEGIN, the settings, the walk and COMMIT all in one pipeline."""
+    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 5
+    api = make_key()
+    cid = _store(api)
+    seen = []
+
+    def record(execute, sql, params, many, context):
+        seen.append((sql.split()[0], connection.connection.info.pipeline_status))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        hits, path = semantic_ranking(
+            context_id=cid, model=MODEL, vector=_vector(3), limit=5, context_size=20
+        )
+    assert path == "hnsw" and hits[0][0] and len(hits) == 5
+    on = psycopg.pq.PipelineStatus.ON
+    # (A first search reads the store's size before: cached afterwards.)
+    assert seen[-4:] == [("BEGIN", on), ("SELECT", on), ("WITH", on), ("COMMIT", on)], seen
+    assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    # A failing walk rolls its transaction back: the connection is usable at once.
+    with pytest.raises(Exception), connection.execute_wrapper(_fail_walk):
+        semantic_ranking(context_id=cid, model=MODEL, vector=_vector(3), limit=5, context_size=20)
+    assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('enable_sort')")
+        assert cursor.fetchone()[0] == "on"  # SET LOCAL's values ended with the transaction
+
+
+def _fail_walk(execute, sql, params, many, context):
+    if sql.lstrip().startswith("WITH"):
+        sql = "SELECT 1/0"
+        params = None
+    return execute(sql, params, many, context)
+
+
+@pytest.mark.django_db
+def test_a_batch_answers_ids_and_seqs_unless_asked_for_the_whole_messages():
+    api = make_key()
+    cid = new_context(api)
+    batch = f"/api/v1/contexts/{cid}/messages/batch"
+    body = {
+        "messages": [
+            {"role": "user", "text": "a", "client_id": "c1"},
+            {"role": "assistant", "text": "b"},
+        ]
+    }
+    short = api.post(batch, body)
+    assert short.status_code == 201
+    first, second = short.json()["messages"]
+    assert first == {"id": first["id"], "seq": 1, "client_id": "c1"}
+    assert second == {"id": second["id"], "seq": 2, "client_id": None}
+    assert short.json()["created"] == [True, True]
+    # The whole stored messages, as before, when asked: a repeat answers the stored ones.
+    full = api.post(batch + "?return=full", {"messages": body["messages"][:1]})
+    assert full.status_code == 200
+    [stored] = full.json()["messages"]
+    assert (stored["id"], stored["text"], stored["role"]) == (first["id"], "a", "user")
+    assert "token_count" in stored and full.json()["created"] == [False]
+    assert api.post(batch + "?return=everything", body).status_code == 422
