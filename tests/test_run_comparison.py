@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from memory_app.queries.run_comparison import StepFacts, align, compare_runs, semantic
 from memory_app.services.runs import run_create, run_finish, steps_append
+from tests.api_helpers import make_key
 from tests.builders import action_step, make_context, make_user
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
@@ -309,6 +310,7 @@ def test_the_logbook_links_to_a_comparison_with_the_previous_run_of_its_context(
         viewer.get(reverse("run-step", args=[second.pk, 2]), **HTMX)
     with CaptureQueriesContext(connection) as whole:
         viewer.get(reverse("run-step", args=[second.pk, 2]))
+
     def previous_lookups(queries):
         return [q for q in queries if 'ORDER BY "memory_app_run"."created_at" DESC' in q["sql"]]
 
@@ -340,3 +342,48 @@ def test_a_300_step_run_compares_in_a_fixed_number_of_queries_with_long_texts_cu
     assert html.count('class="cmp-more"') == 299
     outputs = viewer.get(reverse("step-outputs", args=[a.pk, 2]), **HTMX)
     assert outputs.status_code == 200 and "Show all 2001 lines" in outputs.content.decode()
+
+
+# --- the Agent API ------------------------------------------------------------------------------
+
+
+@pytestmark_db
+def test_the_api_answers_the_alignment_within_the_keys_confinement():
+    ada = make_context(keys={"user": "ada"})
+    eve = make_context(keys={"user": "eve"})
+    a = _run(ada, [action_step(1), action_step(2), action_step(3)], minutes_ago=5)
+    second = action_step(2, error_type="TimeoutError", error_message="slow")
+    second["tool_calls"][0]["name"] = "browse"
+    b = _run(ada, [action_step(1, input_tokens=200), second])
+    other = _run(eve, [action_step(1)])
+
+    api = make_key(scopes=("read",))
+    answer = api.get("/api/v1/runs/compare", {"a": a.pk, "b": b.pk})
+    assert answer.status_code == 200, answer.content
+    body = answer.json()
+    assert (body["a"]["id"], body["b"]["id"]) == (a.pk, b.pk)
+    assert body["first_divergence"] == 2
+    assert [r["differences"] for r in body["rows"]] == [[], [], ["tool", "error"], ["missing"]]
+    assert body["rows"][1]["tokens_delta"] == 99
+    assert body["rows"][2]["b"] == {
+        "position": 3,
+        "kind": "action",
+        "tools": ["browse"],
+        "tokens": b.steps.get(position=3).total_tokens,
+        "cost": None,
+        "duration": b.steps.get(position=3).duration,
+        "error_type": "TimeoutError",
+    }
+    assert body["rows"][3]["b"] is None and body["rows"][3]["a"]["position"] == 4
+    assert body["tokens_delta"] == b.total_tokens - a.total_tokens
+    # Runs of two contexts compare; a key confined to one context sees only its runs.
+    assert api.get("/api/v1/runs/compare", {"a": a.pk, "b": other.pk}).status_code == 200
+    confined = make_key(scopes=("read",), context_keys={"user": "ada"})
+    assert confined.get("/api/v1/runs/compare", {"a": a.pk, "b": b.pk}).status_code == 200
+    hidden = confined.get("/api/v1/runs/compare", {"a": a.pk, "b": other.pk})
+    assert hidden.status_code == 404 and str(other.pk) in hidden.json()["detail"]
+    assert (
+        make_key(scopes=("write",)).get("/api/v1/runs/compare", {"a": 1, "b": 2}).status_code == 403
+    )
+    for bad in ({"a": a.pk}, {"a": "x", "b": b.pk}, {"a": 0, "b": b.pk}, {"a": 2**63, "b": 1}):
+        assert api.get("/api/v1/runs/compare", bad).status_code == 422, bad

@@ -61,6 +61,10 @@ class StepFacts:
     error_head: str = ""
 
     @property
+    def error_type(self) -> str | None:
+        return None if self.error is None else self.error[0]
+
+    @property
     def signature(self) -> tuple[str, tuple[str, ...]]:
         return (self.kind, self.tools)
 
