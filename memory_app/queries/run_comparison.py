@@ -57,7 +57,8 @@ class StepFacts:
     arguments_text: str = ""
     arguments_cut: bool = False
     output_head: str = ""
-    output_cut: bool = False
+    output_cut: bool = False  # the head is shorter than the text
+    output_more: bool = False  # the step brought back more than the row shows
     error_head: str = ""
 
     @property
@@ -225,12 +226,13 @@ def _facts(row: dict[str, Any], calls: list[dict[str, Any]], fallback_model: str
     arguments = tuple(c["arguments"] for c in calls)
     action = row["action_output"]
     outputs = [c for c in calls if c["out_head"] is not None]
-    # What a row shows: the observations, else the first tool output (cut when there are more),
-    # else the action output.
+    # What a row shows: the observations, else the first tool output, else the action output
+    # (its head); "more" when that is cut or the step brought back more than it.
+    pieces = (row["obs_head"] is not None) + len(outputs) + (action is not None)
     if row["obs_head"] is not None:
         head, chars = row["obs_head"], row["obs_chars"]
     elif outputs:
-        head, chars = outputs[0]["out_head"], outputs[0]["out_chars"] + len(outputs) - 1
+        head, chars = outputs[0]["out_head"], outputs[0]["out_chars"]
     elif action is not None:
         text = action if isinstance(action, str) else json.dumps(action, ensure_ascii=False)
         head, chars = text[:HEAD_CHARS], len(text)
@@ -264,6 +266,7 @@ def _facts(row: dict[str, Any], calls: list[dict[str, Any]], fallback_model: str
         arguments_cut=arguments_cut,
         output_head=head,
         output_cut=chars > len(head),
+        output_more=chars > len(head) or pieces > 1,
         error_head=(
             f"{row['error_type']}: {row['err_head'] or ''}" if row["error_type"] is not None else ""
         ),

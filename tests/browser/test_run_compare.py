@@ -21,6 +21,14 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 LONG_OUTPUT = "".join(f"row {i}: <b>not bold</b>\n" for i in range(400))
 
 
+@pytest.fixture
+def browser_page(browser_page):
+    # The live server's first answer waits for its database connection, which takes more than
+    # the default ten seconds on a loaded machine.
+    browser_page.set_default_navigation_timeout(30_000)
+    return browser_page
+
+
 def _run(context, steps, *, task, minutes_ago, status="success"):
     started = timezone.now() - timedelta(minutes=minutes_ago)
     run, _ = run_create(context=context, task=task, agent_name="helper", started_at=started)
@@ -93,7 +101,9 @@ def test_pick_two_runs_by_keyboard_and_see_where_they_part(browser_page, two_run
     expect(page.locator("tr.differs")).to_have_count(3)
     expect(page.locator('tr[data-row="2"]')).not_to_have_class(re.compile("differs"))
     expect(page.locator('tr[data-row="4"]')).to_have_attribute("data-differences", "missing")
-    expect(page.locator('tr[data-row="5"]')).to_have_attribute("data-differences", "arguments")
+    expect(page.locator('tr[data-row="5"]')).to_have_attribute(
+        "data-differences", "arguments output"
+    )
     expect(page.locator('tr[data-row="2"] td[data-label="Δ tokens"]')).to_have_text("+300")
 
     page.click("text=Go to the first divergence")
