@@ -21,6 +21,11 @@ def _run(run_id: int) -> Run:
     )
 
 
+def _steps_base(run: Run) -> str:
+    step_url = reverse("run-step", args=[run.pk, 1])
+    return step_url[: step_url.rindex("/1/") + 1]
+
+
 def compare_url(a: int, b: int) -> str:
     return reverse("run-compare") + "?" + query_string(a=a, b=b)
 
@@ -51,6 +56,9 @@ def run_compare(request):
         "a": a,
         "b": b,
         "differences": DIFFERENCES,
+        # Each side's steps URL, `<base><position>/` (reversed once: a row links two steps).
+        "a_steps": _steps_base(a),
+        "b_steps": _steps_base(b),
         "step_delta": b.step_count - a.step_count,
         "error_delta": b.error_count - a.error_count,
         "swap_url": compare_url(b.pk, a.pk),
