@@ -56,8 +56,9 @@ def run_start(request, run_id: int):
 def _logbook_context(run: Run, position: int | None) -> dict:
     """What the logbook partial needs at `position` (None: the run has no steps yet)."""
     # The page's header links to a comparison with the context's previous run; a callable, so
-    # the template reads it only where it draws the header (not in an htmx partial).
-    header = {"previous_run": lambda: previous_run(run)}
+    # the template reads it only where it draws the header (not in an htmx partial), and only
+    # looked for when the context holds another run.
+    header = {"previous_run": lambda: previous_run(run) if run.context.run_count > 1 else None}
     if position is None:
         return {
             **header,
