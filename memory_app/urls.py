@@ -14,6 +14,7 @@ from memory_app.views import (
     memories,
     playground,
     retention,
+    run_compare,
     run_table,
     runs,
     scores,
@@ -32,6 +33,7 @@ reading_urlpatterns = [
         name="message-prune",
     ),
     path("runs/", run_table.run_table, name="runs"),
+    path("runs/compare/", run_compare.run_compare, name="run-compare"),
     path("runs/<int:run_id>/", runs.run_start, name="run"),
     path("runs/<int:run_id>/live/", runs.run_live, name="run-live"),
     path("runs/<int:run_id>/steps/<int:position>/", runs.run_step, name="run-step"),
@@ -46,6 +48,11 @@ reading_urlpatterns = [
         name="step-transcript",
     ),
     path("runs/<int:run_id>/steps/<int:position>/prune/", runs.step_prune, name="step-prune"),
+    path(
+        "runs/<int:run_id>/steps/<int:position>/outputs/",
+        run_compare.step_outputs,
+        name="step-outputs",
+    ),
     # Review queues and the scores download: read by viewers, written by curators.
     path("queues/", scores.queues, name="queues"),
     path("queues/<int:queue_id>/", scores.queue, name="queue"),

@@ -28,10 +28,12 @@ from memory_app.queries.lists import (
     steps_by_ids,
     steps_list,
 )
+from memory_app.queries.run_comparison import compare_runs
 from memory_app.queries.runs_table import BadQuery, RunFilters, runs_table
 from memory_app.queries.scores import attach_run_scores
 from memory_app.schemas.fields import INT64_MAX
 from memory_app.schemas.runs import (
+    RunComparisonOut,
     RunDetailOut,
     RunFinishIn,
     RunIn,
@@ -115,6 +117,34 @@ def run_table(request, params: Query[RunTableQuery]):
         raise HttpError(422, str(exc)) from None
     page = {"items": attach_run_scores(found.runs), "has_more": found.next_cursor is not None}
     return Status(200, {**page, "next_cursor": found.next_cursor})
+
+
+COMPARED_RUN = Query(..., ge=1, le=INT64_MAX, description="run id", examples=[3])
+
+
+# Before `/runs/{run_id}`, which would take "compare" for a run id.
+@router.get(
+    "/runs/compare",
+    response=responses({200: RunComparisonOut}),
+    summary="Compare two runs: steps aligned, the first divergence, deltas",
+)
+def run_compare(request, a: int = COMPARED_RUN, b: int = COMPARED_RUN):
+    """Run `a` is the baseline; deltas are b − a. Both runs must be visible to the key; they may
+    belong to different contexts. Steps are paired by (kind, tool names) as a sequence
+    alignment, so a step one run has alone leaves the rest paired."""
+    require_scope(request, "read")
+    first, second = run_for(request, a), run_for(request, b)
+    found = compare_runs(first, second)
+    answer = {
+        "a": first,
+        "b": second,
+        "first_divergence": found.first,
+        "tokens_delta": found.tokens_delta,
+        "cost_delta": found.cost_delta,
+        "duration_delta": found.duration_delta,
+        "rows": found.rows,
+    }
+    return Status(200, answer)
 
 
 # Each by-id route comes twice: under its context (routed to one shard on a distributed store),

@@ -424,3 +424,90 @@ class RunDetailOut(Schema):
     )
     run: RunOut
     steps: StepPage
+
+
+COMPARED_STEP_EXAMPLE = {
+    "position": 3,
+    "kind": "action",
+    "tools": ["browse"],
+    "tokens": 612,
+    "cost": 0.0021,
+    "duration": 1.4,
+    "error_type": None,
+}
+COMPARED_RUN_EXAMPLE = {
+    "id": 3,
+    "context_id": 7,
+    "status": "success",
+    "step_count": 4,
+    "error_count": 0,
+    "total_tokens": 5510,
+    "cost": 0.0161,
+    "duration": 12.0,
+}
+
+
+class ComparedStepOut(Schema):
+    position: int
+    kind: str
+    tools: list[str] = Field(description="the names of the tools it called, in order")
+    tokens: int | None
+    cost: float | None = Field(description="USD, as reported or priced from its tokens")
+    duration: float | None
+    error_type: str | None
+
+
+class ComparedRowOut(Schema):
+    a: ComparedStepOut | None = Field(description="run a's step (null: only run b has one here)")
+    b: ComparedStepOut | None
+    differences: list[Literal["missing", "kind", "tool", "arguments", "output", "error"]] = Field(
+        description="how the two steps differ; empty when they called the same tools with the "
+        "same arguments (as JSON values) and got the same outputs and errors"
+    )
+    tokens_delta: int | None = Field(description="b − a; null when either is unknown")
+    cost_delta: float | None
+    duration_delta: float | None
+
+
+class ComparedRunOut(Schema):
+    id: int
+    context_id: int
+    status: str
+    step_count: int
+    error_count: int
+    total_tokens: int | None
+    cost: float | None
+    duration: float | None
+
+
+class RunComparisonOut(Schema):
+    """Run `a` (the baseline) against run `b`: their steps aligned, the first row that differs,
+    the totals' differences (b − a)."""
+
+    model_config = _examples(
+        {
+            "a": COMPARED_RUN_EXAMPLE,
+            "b": {**COMPARED_RUN_EXAMPLE, "id": 4, "status": "failed", "error_count": 1},
+            "first_divergence": 2,
+            "tokens_delta": 300,
+            "cost_delta": 0.0009,
+            "duration_delta": -1.5,
+            "rows": [
+                {
+                    "a": {**COMPARED_STEP_EXAMPLE, "tools": ["fetch"]},
+                    "b": COMPARED_STEP_EXAMPLE,
+                    "differences": ["tool"],
+                    "tokens_delta": 0,
+                    "cost_delta": 0.0,
+                    "duration_delta": 0.2,
+                }
+            ],
+        }
+    )
+    a: ComparedRunOut
+    b: ComparedRunOut
+    first_divergence: int | None = Field(description="index in `rows` of the first that differs")
+    tokens_delta: int | None
+    cost_delta: float | None
+    duration_delta: float | None
+    rows: list[ComparedRowOut]

@@ -181,3 +181,20 @@ def timeline_bars(timeline, run_pk: int):
             f' height="{bar.tokens_height}"></rect></a>'
         )
     return mark_safe("".join(parts))  # noqa: S308 - numbers and escaped text only
+
+
+@register.filter
+def delta(value, unit: str) -> str:
+    """A difference b − a with its sign, in `unit` (tokens, usd, seconds); unknown is a dash,
+    no difference "±0"."""
+    if value is None:
+        return "–"
+    if value == 0:
+        return "±0"
+    sign = "+" if value > 0 else "−"
+    size = abs(value)
+    if unit == "usd":
+        return sign + usd(size)
+    if unit == "seconds":
+        return sign + seconds(size)
+    return sign + compact(size)

@@ -25,6 +25,7 @@ from memory_app.queries.dashboard import (
 )
 from memory_app.queries.runs_table import ORDERS as RUN_ORDERS
 from memory_app.queries.runs_table import RunFilters
+from memory_app.schemas.fields import INT64_MAX
 from memory_app.services.curation import PruneFilter
 
 # --- fields ------------------------------------------------------------------------------------
@@ -273,6 +274,30 @@ class RunTableForm(KeyChipsForm):
             score_max=data["score_max"],
             label=data["label"],
         )
+
+
+class RunCompareForm(DashboardForm):
+    """Two runs to compare: `a` (the baseline) and `b`, or `run` twice (the runs table's
+    checkboxes, in any order)."""
+
+    a = WholeNumberField(minimum=1, max_value=INT64_MAX)
+    b = WholeNumberField(minimum=1, max_value=INT64_MAX)
+    run = ListField(item=WholeNumberField(minimum=1, max_value=INT64_MAX))
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        picked = sorted({pk for pk in data["run"] if pk is not None})
+        if data["run"]:
+            data["run"] = picked
+            if len(picked) != 2:
+                raise ValidationError(f"pick exactly two runs to compare, got {len(picked)}")
+        elif data["a"] is None or data["b"] is None:
+            raise ValidationError("name the two runs to compare: a (the baseline) and b")
+        elif data["a"] == data["b"]:
+            raise ValidationError("pick two different runs to compare")
+        return data
 
 
 class RunsPageForm(DashboardForm):

@@ -29,6 +29,7 @@ from memory_app.queries.logbook import (
     transcript_upto,
 )
 from memory_app.queries.memory_history import step_memories
+from memory_app.queries.run_comparison import previous_run
 from memory_app.roles import require
 from memory_app.services.curation import steps_set_pruned
 from memory_app.views.common import htmx_partial, invalid_form, page, replica_page, wants_fragment
@@ -55,8 +56,13 @@ def run_start(request, run_id: int):
 
 def _logbook_context(run: Run, position: int | None) -> dict:
     """What the logbook partial needs at `position` (None: the run has no steps yet)."""
+    # The page's header links to a comparison with the context's previous run; a callable, so
+    # the template reads it only where it draws the header (not in an htmx partial), and only
+    # looked for when the context holds another run.
+    header = {"previous_run": lambda: previous_run(run) if run.context.run_count > 1 else None}
     if position is None:
         return {
+            **header,
             "run": run,
             "step": None,
             "live": run.status == RunStatus.RUNNING,
@@ -73,6 +79,7 @@ def _logbook_context(run: Run, position: int | None) -> dict:
     shown = max([nav.last, *(s.position for s in window.steps)])
     live = run.status == RunStatus.RUNNING
     return {
+        **header,
         "run": run,
         "step": step,
         "nav": nav,

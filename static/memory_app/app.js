@@ -165,4 +165,16 @@
     var dismiss = event.target.closest('[data-dismiss="flash"]');
     if (dismiss) flash().replaceChildren();
   });
+
+  // Runs table: say how many runs are picked for a comparison (the server checks it is two).
+  document.addEventListener("change", function (event) {
+    var box = event.target;
+    if (!box.matches || !box.matches('input[name="run"][form="compare-form"]')) return;
+    var count = document.querySelector("[data-compare-count]");
+    if (!count) return;
+    var picked = document.querySelectorAll('input[name="run"][form="compare-form"]:checked').length;
+    count.textContent = picked === 2 ? "Two runs picked: press Compare."
+      : picked > 2 ? picked + " runs picked: a comparison takes two."
+      : picked + " of 2 runs picked.";
+  });
 })();
