@@ -94,6 +94,8 @@ def test_quick_citus_area_runs_end_to_end(tmp_path):
     # The store's storage was read on both sides: the vectors are on the shards.
     storage = {c[0]: c for c in rows if len(c) == 3}
     assert storage["`memory_app_embedding`"][2] != "—"
+    # The cluster has its own model index on every shard (built there, not taken as built).
+    assert storage["HNSW per vector"][2] != "0 B"
     assert "per message" in text
     # The cluster this run started is stopped and its folders gone.
     assert not (ROOT / "var" / "bench" / f"citus-{db_name}").exists()

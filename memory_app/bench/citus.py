@@ -57,13 +57,14 @@ def sizes(*, quick: bool, **overrides: int) -> Sizes:
     return Sizes(**{**base.as_dict(), **overrides})
 
 
-# The per-process caches of what the database is like: swapped with the connection.
-def _caches() -> tuple[dict, ...]:
+# The per-process caches of what the database is like (whether a table is distributed, the
+# store's size, registered models, the model indexes built): swapped with the connection.
+def _caches() -> tuple[dict | set, ...]:
     from memory_app import scale_out
-    from memory_app.embeddings import registry
+    from memory_app.embeddings import indexer, registry
     from memory_app.search import semantic
 
-    return (scale_out._distributed, semantic._store_sizes, registry._registered)
+    return (scale_out._distributed, semantic._store_sizes, registry._registered, indexer._ensured)
 
 
 @dataclass
@@ -71,7 +72,7 @@ class Side:
     name: str
     wrapper: object
     client: Client | None = None
-    saved: list[dict] = field(default_factory=lambda: [{} for _ in _caches()])
+    saved: list[dict | set] = field(default_factory=lambda: [type(c)() for c in _caches()])
 
 
 @dataclass
@@ -185,9 +186,9 @@ def prepare(
     database.recreate_database(db_name)
     log(f"single node: database {db_name} on the embedded server")
     database.migrate()
+    pair = Pair(Side("single node", connections["default"]), Side("cluster", wrapper_for(cluster)))
+    pair.use(pair.single)
     data = build(data_sizes)
-    single = Side("single node", connections["default"])
-    pair = Pair(single=single, cluster=Side("cluster", wrapper_for(cluster)))
     pair.use(pair.cluster)
     _refuse_a_used_database()
     log("cluster: migrate, load the same dataset, distribute")

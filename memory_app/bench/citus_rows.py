@@ -234,12 +234,22 @@ _HNSW_ON_SHARD = (
 )
 
 
+def _server(cursor) -> str:
+    cursor.execute(
+        "SELECT current_setting('server_version'), current_setting('shared_buffers'),"
+        " (SELECT extversion FROM pg_extension WHERE extname = 'vector')"
+    )
+    version, buffers, vector = cursor.fetchone()
+    return f"PostgreSQL {version}, pgvector {vector}, shared_buffers {buffers}"
+
+
 def storage(pair: Pair, data: Dataset) -> dict:
     """Bytes of the store's tables with their indexes on each side (the cluster's summed over
     its shards), the HNSW graphs' bytes, and how the cluster's bytes sit on its nodes."""
     out: dict = {"tables": {}}
     pair.use(pair.single)
     with connection.cursor() as cursor:
+        out["server"] = _server(cursor)
         cursor.execute("SELECT count(*) FROM memory_app_message")
         out["messages"] = cursor.fetchone()[0]
         cursor.execute("SELECT count(*) FROM memory_app_embedding WHERE vector IS NOT NULL")
@@ -254,6 +264,9 @@ def storage(pair: Pair, data: Dataset) -> dict:
         out["hnsw"] = [int(cursor.fetchone()[0]), None]
     pair.use(pair.cluster)
     with connection.cursor() as cursor:
+        out["cluster_server"] = _server(cursor)
+        cursor.execute("SELECT citus_version()")
+        out["citus"] = cursor.fetchone()[0].split(" on ")[0]
         for table in STORE_TABLES:
             cursor.execute("SELECT citus_total_relation_size(%s)", [table])
             out["tables"][table][1] = cursor.fetchone()[0]
@@ -299,6 +312,8 @@ def section(
         + (" (quick mode: checks the area runs; the figures mean nothing)" if quick else "")
         + "; the rest of this file comes from the full run and is left as it is.",
         "",
+        f"- Servers: single node {store['server']}; coordinator {store['cluster_server']}, "
+        f"{store['citus']} (the workers run the same build).",
         f"- Cluster: {cluster}, {store['shards']} shards per distributed table "
         "(`manage.py distribute`), every node on this machine "
         f"({os.cpu_count()} cores shared by all three and by the client); each node has the "
