@@ -17,6 +17,7 @@ are swapped with it. `bench.citus_rows` measures and reports.
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -142,7 +143,7 @@ def start_cluster(tree: Path, data: Path, db_name: str, log: Callable[[str], Non
     # Each node gets the memory settings the embedded server gives itself, as each machine of a
     # real cluster would; only the pages a node touches take memory.
     url = _quiet(lambda: script.start(tree, data, db_name, WORKERS, server_settings()))
-    ports = script.json.loads((data / "ports").read_text())["ports"]
+    ports = json.loads((data / "ports").read_text())["ports"]
     version = script.run(str(tree / "bin" / "postgres"), "--version").strip()
     return Cluster(
         url=url,
