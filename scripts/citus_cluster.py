@@ -65,7 +65,7 @@ def ensure_server_user(data: Path) -> None:
         folder.chmod(folder.stat().st_mode | 0o055)
 
 
-def init_node(tree: Path, folder: Path, port: int) -> None:
+def init_node(tree: Path, folder: Path, port: int, settings: dict[str, str] | None = None) -> None:
     if not (folder / "PG_VERSION").exists():
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         if SERVER_USER:
@@ -81,11 +81,16 @@ def init_node(tree: Path, folder: Path, port: int) -> None:
         f"listen_addresses = '{HOST}'\n"
         f"unix_socket_directories = '{folder}'\n"
         "max_connections = 200\n"
+        + "".join(f"{name} = '{value}'\n" for name, value in (settings or {}).items())
     )
     run(str(tree / "bin" / "pg_ctl"), "-D", str(folder), "-l", str(folder / "log"), "-w", "start")
 
 
-def start(tree: Path, data: Path, database: str, workers: int) -> str:
+def start(
+    tree: Path, data: Path, database: str, workers: int, settings: dict[str, str] | None = None
+) -> str:
+    """Start (creating on first use) the coordinator and `workers` workers; `settings` go into
+    every node's configuration (the benchmark gives each node the embedded server's own)."""
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", database):
         raise SystemExit(f"not a plain database name: {database!r}")
     data.mkdir(parents=True, exist_ok=True)
@@ -99,7 +104,7 @@ def start(tree: Path, data: Path, database: str, workers: int) -> str:
     ports = {name: ports.get(name) or free_port() for name in nodes}
     (data / "ports").write_text(json.dumps({"tree": str(tree), "ports": ports}))
     for name in nodes:
-        init_node(tree, data / name, ports[name])
+        init_node(tree, data / name, ports[name], settings)
     for name in nodes:
         port = ports[name]
         query = f"SELECT 1 FROM pg_database WHERE datname = '{database}'"  # noqa: S608 - checked

@@ -9,6 +9,7 @@ See `memory_app/bench/`.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 import traceback
@@ -18,10 +19,12 @@ import psycopg
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection
+from django.db import connection, connections
 from django.test import Client
 
 from memory_app.bench import (
+    citus,
+    citus_rows,
     dashboard,
     database,
     export,
@@ -156,7 +159,20 @@ class Command(BaseCommand):
         parser.add_argument(
             "--only",
             default="",
-            help="comma-separated areas to measure: " + ", ".join(AREAS) + " (default all)",
+            help="comma-separated areas to measure: " + ", ".join(AREAS) + " (default all); or "
+            "citus alone: the single node against a Citus cluster (writes only its section)",
+        )
+        parser.add_argument(
+            "--citus-tree",
+            default=None,
+            help="with --only citus: the Citus build to start a coordinator and 2 workers from "
+            f"(default $AGENTMEMORY_CITUS_TREE, else {citus.DEFAULT_TREE})",
+        )
+        parser.add_argument(
+            "--citus-url",
+            default=None,
+            help="with --only citus: a running coordinator's DATABASE_URL instead (its database "
+            "empty, with the citus and vector extensions, the workers added)",
         )
         parser.add_argument(
             "--output",
@@ -171,6 +187,10 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         if opts["quality"]:
             return self._quality(opts)
+        if "citus" in {a.strip() for a in opts["only"].split(",")}:
+            if opts["only"].strip() != "citus":
+                raise CommandError("--only citus runs alone (it builds its own two stores)")
+            return self._citus(opts)
         quick, scale = opts["quick"], opts["scale"]
         if quick and scale:
             raise CommandError("--quick and --scale exclude each other")
@@ -228,8 +248,71 @@ class Command(BaseCommand):
         if output:
             path = Path(output)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            # The citus area's section comes from its own run (--only citus): kept as it is.
+            kept = citus_rows.kept_section(path)
+            path.write_text(citus_rows.with_section(text, kept) if kept else text)
             self.log(f"\nwritten to {path}")
+
+    def _citus(self, opts) -> None:
+        """The single node against a Citus cluster (memory_app/bench/citus.py)."""
+        import os
+
+        from memory_app.bench.load import build
+
+        quick = opts["quick"]
+        overrides = {k: opts[k] for k in ("messages", "contexts", "runs") if opts[k] is not None}
+        data_sizes = citus.sizes(quick=quick, **overrides)
+        db_name = opts["db_name"] or ("agentmemory_bench_citus" + ("_quick" if quick else ""))
+        samples = opts["samples"] or (5 if quick else 50)
+        output = opts["output"] or (
+            None if quick else str(Path(settings.BASE_DIR) / "docs" / "benchmarks.md")
+        )
+        tree = Path(
+            opts["citus_tree"] or os.environ.get("AGENTMEMORY_CITUS_TREE") or citus.DEFAULT_TREE
+        ).resolve()
+        single_wrapper = connections["default"]
+        pair = cluster = data_dir = None
+        try:
+            if opts["citus_url"]:
+                cluster = citus.Cluster(url=opts["citus_url"], description="given coordinator")
+            else:
+                data_dir = Path(settings.BASE_DIR) / "var" / "bench" / f"citus-{db_name}"
+                cluster = citus.start_cluster(tree, data_dir, db_name, self.log)
+            pair, data = citus.prepare(
+                db_name=db_name,
+                data_sizes=data_sizes,
+                cluster=cluster,
+                log=self.log,
+                build=lambda s: build(sizes=s, log=self.log, **({"chunk": 500} if quick else {})),
+            )
+            citus_rows.connect_clients(pair)
+            self.log(f"measuring citus ({samples} calls per side)")
+            rows, fanned = citus_rows.measure(pair, data, samples=samples, log=self.log)
+            store = citus_rows.storage(pair, data)
+            lines = citus_rows.section(
+                rows,
+                fanned,
+                store,
+                data,
+                command=_command_line(),
+                cluster=cluster.description,
+                samples=samples,
+                quick=quick,
+            )
+        except citus.BenchError as exc:
+            raise CommandError(str(exc)) from exc
+        finally:
+            citus.close(pair, single_wrapper)
+            if cluster is not None and cluster.stop is not None:
+                cluster.stop()
+            if not opts["keep"]:
+                database.drop_database(db_name)
+                if data_dir is not None:
+                    shutil.rmtree(data_dir, ignore_errors=True)
+        self.log("\n" + "\n".join(lines))
+        if output:
+            citus_rows.write_section(Path(output), lines)
+            self.log(f"\nwritten to {output} (its section {citus_rows.SECTION!r})")
 
     def _quality(self, opts) -> None:
         path = Path(opts["dataset"] or Path(settings.BASE_DIR) / "var" / "bench" / "locomo10.json")
