@@ -22,6 +22,7 @@ from memory_app.queries import logbook as logbook_queries
 from memory_app.queries.logbook import (
     run_cost,
     run_timeline,
+    spans_being_mapped,
     step_detail,
     step_nav,
     step_window,
@@ -54,11 +55,13 @@ def run_start(request, run_id: int):
 
 def _logbook_context(run: Run, position: int | None) -> dict:
     """What the logbook partial needs at `position` (None: the run has no steps yet)."""
+    mapping = spans_being_mapped(run)
     if position is None:
         return {
             "run": run,
             "step": None,
-            "live": run.status == RunStatus.RUNNING,
+            "mapping": mapping,
+            "live": run.status == RunStatus.RUNNING or mapping,
             "cost": run_cost(run=run),
             **review_blocks(run, None),
         }
@@ -70,9 +73,10 @@ def _logbook_context(run: Run, position: int | None) -> dict:
     # The poll asks for steps after the last one the page holds (a step written between
     # reading the run and its steps is already in the list).
     shown = max([nav.last, *(s.position for s in window.steps)])
-    live = run.status == RunStatus.RUNNING
+    live = run.status == RunStatus.RUNNING or mapping
     return {
         "run": run,
+        "mapping": mapping,
         "step": step,
         "nav": nav,
         "window": window,
@@ -145,8 +149,10 @@ def run_live(request, run_id: int):
         raise Http404(f"run {run.pk} has no step {position}")
     fresh = steps_after(run=run, after=after)
     shown = fresh.steps[-1].position if fresh.steps else after
+    mapping = spans_being_mapped(run)
     context = {
         "run": run,
+        "mapping": mapping,
         "fresh": fresh,
         "shown": shown,
         "seen": {"step": step_id, "last": fresh.steps[-1].pk if fresh.steps else last_id},
@@ -155,7 +161,7 @@ def run_live(request, run_id: int):
         "timeline": run_timeline(run=run, position=position),
         "cost": run_cost(run=run),
         # Keep polling until the page has every step of a finished run.
-        "live": run.status == RunStatus.RUNNING or fresh.has_later,
+        "live": run.status == RunStatus.RUNNING or mapping or fresh.has_later,
     }
     return page(request, "memory_app/run.html#live-update", context)
 
