@@ -2,7 +2,8 @@
 
 Born ready for Citus (docs/scale-out.md): rows carry their context, which is part of the
 primary key `(id, context_id)`, so the table is distributed by it and co-located with the
-contexts; the mapping worker claims one context's rows at a time.
+contexts; the mapping worker claims one context's rows at a time. Trace spans get an index on
+their trace id: the receiver looks up which context a trace went to before it knows it.
 
 Frozen: the SQL is written out here.
 """
@@ -34,6 +35,10 @@ class Migration(migrations.Migration):
             options={
                 'indexes': [django.contrib.postgres.indexes.GinIndex(fields=['trace_ids'], name='spanqueue_trace_ids_gin')],
             },
+        ),
+        migrations.AddIndex(
+            model_name='tracespan',
+            index=models.Index(fields=['trace_id'], name='tracespan_trace_idx'),
         ),
         migrations.RunSQL(
             "ALTER TABLE memory_app_spanqueue DROP CONSTRAINT memory_app_spanqueue_pkey,"

@@ -238,8 +238,12 @@ class TraceSpan(ContextRow):
                 fields=["context", "trace_id", "span_id"], name="tracespan_ids_unique"
             ),
         ]
-        # The retention's batches (AGENTMEMORY_SPAN_RETENTION_DAYS) take the oldest first.
-        indexes = [models.Index(fields=["received_at"], name="tracespan_received_idx")]
+        indexes = [
+            # The retention's batches (AGENTMEMORY_SPAN_RETENTION_DAYS) take the oldest first.
+            models.Index(fields=["received_at"], name="tracespan_received_idx"),
+            # The receiver finds the context a trace went to, whatever the context.
+            models.Index(fields=["trace_id"], name="tracespan_trace_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"span {self.span_id} ({self.role}) of trace {self.trace_id}"

@@ -9,10 +9,10 @@ again.
 The mapping is a backlog drained by the per-process indexer thread (woken when an export
 commits) and by every turn of `manage.py embed_worker`, provider or not: `spans_map_batch` locks
 one context (SKIP LOCKED: another mapper or writer holding it is passed over), claims up to
-MAP_SPANS of its queued spans in arrival order, maps them with `traces.traces_map` (each trace
-brought up to date once for all the exports that hold spans of it) and deletes the rows, in one
-transaction. A span queued twice (an exporter's retry before the first copy was mapped) is kept
-once, first received first.
+MAP_SPANS of its queued spans in arrival order, maps them with `trace_bulk.traces_map_bulk` (new
+traces written together, each trace brought up to date once for all the exports that hold spans
+of it) and deletes the rows, in one transaction. A span queued twice (an exporter's retry before
+the first copy was mapped) is kept once, first received first.
 
 AGENTMEMORY_OTLP_MAP_INLINE maps in the request instead (the synchronous path: the export is
 answered once its runs and steps are written).
@@ -28,8 +28,8 @@ from django.conf import settings
 from django.db import transaction
 
 from memory_app import backlog, db
-from memory_app.models import ApiKey, Context, SpanQueue
-from memory_app.services import traces
+from memory_app.models import ApiKey, Context, SpanQueue, TraceSpan
+from memory_app.services import trace_bulk, traces
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,16 @@ def logs_receive(*, key: ApiKey, records: list[dict[str, Any]]) -> dict[str, Any
 def _enqueue(*, key: ApiKey, rows: list[dict[str, Any]]) -> dict[str, Any]:
     queued, rejected = [], []
     with transaction.atomic():
-        for context, group in traces.traces_place(key=key, rows=rows):
-            fresh, differing = traces.trace_spans_unkept(context=context, spans=group)
+        placed = traces.traces_place(key=key, rows=rows)
+        kept = _kept(placed)
+        for context, group in placed:
+            fresh, differing = [], []
+            for r in group:
+                row = kept.get((context.pk, r["trace_id"], r["span_id"]))
+                if row is None:
+                    fresh.append(r)
+                elif any(getattr(row, k) != r[k] for k in traces.SPAN_FIELDS):
+                    differing.append(r["span_id"])
             rejected += differing
             if fresh:
                 queued.append(
@@ -80,6 +88,20 @@ def _enqueue(*, key: ApiKey, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "rejected": len(rejected),
         "rejected_ids": rejected,
     }
+
+
+def _kept(placed: list[tuple[Context, list[dict[str, Any]]]]) -> dict[tuple, TraceSpan]:
+    """The spans of the export already kept, by context, trace and span id: one statement for
+    every context (a span re-sent is answered from them, and not queued again)."""
+    rows = [r for _, group in placed for r in group]
+    if not rows:
+        return {}
+    found = TraceSpan.objects.filter(
+        context_id__in=[c.pk for c, _ in placed],
+        trace_id__in={r["trace_id"] for r in rows},
+        span_id__in={r["span_id"] for r in rows},
+    )
+    return {(s.context_id, s.trace_id, s.span_id): s for s in found}
 
 
 def spans_map_batch(*, max_spans: int = MAP_SPANS, wait: bool = False) -> int | None:
@@ -145,7 +167,7 @@ def _map_context(context_id: int, *, max_spans: int, wait: bool) -> int | None:
                 if (row["trace_id"], row["span_id"]) not in seen:
                     seen.add((row["trace_id"], row["span_id"]))
                     rows.append(row)
-        traces.traces_map([(context, rows)])
+        trace_bulk.traces_map_bulk(context=context, rows=rows)
         payloads.delete()
     return len(rows)
 

@@ -52,7 +52,7 @@ from memory_app.models import (
     TraceSpan,
     keys_digest,
 )
-from memory_app.services.contexts import context_get_or_create
+from memory_app.services.contexts import contexts_get_or_create
 from memory_app.services.runs import (
     run_create,
     run_finish,
@@ -163,7 +163,8 @@ def traces_place(*, key: ApiKey, rows: list[dict[str, Any]]) -> list[tuple[Conte
                 f"spans name context keys {keys}; this API key may only use contexts whose keys "
                 f"contain {key.context_keys}"
             )
-    return [(context_get_or_create(keys=keys)[0], group) for keys, group in groups.values()]
+    contexts = contexts_get_or_create(keys=[keys for keys, _ in groups.values()])
+    return list(zip(contexts, [group for _, group in groups.values()], strict=True))
 
 
 def _ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]:

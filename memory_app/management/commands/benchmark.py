@@ -26,6 +26,7 @@ from memory_app.bench import (
     database,
     export,
     ingest,
+    otlp,
     peers,
     quality,
     recall,
@@ -52,6 +53,7 @@ AREAS = {
     "dashboard": dashboard.dashboard,
     "storage": storage.storage,
     "ingest": ingest.ingest,
+    "otlp": otlp.otlp,
     # Only with --peers (or --only peers): needs the `peers` extra.
     "peers": peers.run,
 }
