@@ -148,7 +148,7 @@ def traces_place(*, key: ApiKey, rows: list[dict[str, Any]]) -> list[tuple[Conte
     )
     queued = (
         SpanQueue.objects.filter(trace_ids__overlap=list(by_trace), context__in=visible)
-        .order_by("-pk")
+        .order_by("pk")
         .values_list("trace_ids", "context__keys")
     )
     for trace_ids, keys in queued:
