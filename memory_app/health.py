@@ -27,7 +27,9 @@ def healthz(request):
                 " + (SELECT count(*) FROM memory_app_memoryembedding WHERE NOT indexed),"
                 f" ({fulltext.PENDING_SQL}),"
                 " (SELECT coalesce(sum(span_count), 0) FROM memory_app_spanqueue WHERE error = ''),"
-                " (SELECT extract(epoch FROM now() - min(received_at)) FROM memory_app_spanqueue"
+                # The wall clock, not the transaction's start.
+                " (SELECT extract(epoch FROM clock_timestamp() - min(received_at))"
+                "  FROM memory_app_spanqueue"
                 "  WHERE error = ''),"
                 " (SELECT count(*) FROM memory_app_spanqueue WHERE error <> '')"
             )
@@ -49,7 +51,10 @@ def healthz(request):
             "vectors_unindexed": row[1],
             "fulltext_pending": int(row[2]),
             "spans_queued": int(row[3]),
-            "spans_queued_oldest_seconds": None if row[4] is None else round(float(row[4]), 3),
+            # Never below 0: the rows' times are the web process's clock.
+            "spans_queued_oldest_seconds": (
+                None if row[4] is None else max(0.0, round(float(row[4]), 3))
+            ),
             "spans_set_aside": row[5],
         }
     )
