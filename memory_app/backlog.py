@@ -216,6 +216,8 @@ def expire_spans(*, batch_size: int = SPAN_EXPIRE_BATCH) -> int:
     return total
 
 
+# Why long: one turn of the worker is one sequence (claim, indexers, retention, chores) whose
+# outage handling and totals are shared; split, each part would re-implement the backoff.
 def run_worker(
     *,
     provider: EmbeddingProvider | None,

@@ -172,6 +172,8 @@ def _attrs(values: dict) -> list[KeyValue]:
     return out
 
 
+# Why long: one run's spans written out as the smolagents instrumentation shapes them, attribute by
+# attribute, read top to bottom like the trace they make.
 def _trace(rng: random.Random, number: int, start_ns: int) -> list[tuple[Span, int, str]]:
     """One run's spans with its session, in the order they end."""
     trace_id = rng.randbytes(16)
