@@ -351,6 +351,9 @@ AGENTMEMORY_INDEXER_BATCH = int(os.environ.get("AGENTMEMORY_INDEXER_BATCH", "100
 # Trace spans received more than this many days ago are deleted (the steps and runs made from them
 # stay) by `embed_worker` and `manage.py expire_spans`; 0 keeps them.
 AGENTMEMORY_SPAN_RETENTION_DAYS = int(os.environ.get("AGENTMEMORY_SPAN_RETENTION_DAYS", "0"))
+# OTLP exports are answered once queued; the indexer thread and `embed_worker` map them into runs
+# and steps in bulk (memory_app/services/span_queue.py). On, an export is mapped in its request.
+AGENTMEMORY_OTLP_MAP_INLINE = env_bool("AGENTMEMORY_OTLP_MAP_INLINE", False)
 
 # What the run logbook prices a step at when the agent reports no cost: USD per million input
 # and output tokens, by model name (a dated name such as gpt-4o-2024-08-06 takes the price of its

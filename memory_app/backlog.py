@@ -1,7 +1,8 @@
 """Deferred work and who does it: vectors waiting for a provider, vectors waiting for their HNSW
-graph, messages waiting for their full-text vector, trace spans past their retention. A
-per-process thread drains the middle two after a large batch commits; `manage.py embed_worker`
-(`run_worker`) loops over all four; `manage.py expire_spans` applies the retention once."""
+graph, messages waiting for their full-text vector, queued OTLP exports waiting to be mapped,
+trace spans past their retention. A per-process thread drains the middle three after a write
+commits; `manage.py embed_worker` (`run_worker`) loops over all five; `manage.py expire_spans`
+applies the retention once."""
 
 from __future__ import annotations
 
@@ -62,10 +63,21 @@ class Outage:
             self.failures = 0
 
 
+# Backlogs of the layers above, drained by the indexer thread too (`register_drain`): each call
+# does one batch and answers what it did, 0 when work is waiting on a busy context, None when
+# there is none.
+_drains: list[Callable[[], int | None]] = []
+
+
+def register_drain(drain: Callable[[], int | None]) -> None:
+    if drain not in _drains:
+        _drains.append(drain)
+
+
 class _Indexer:
     """The per-process daemon thread that drains the backlogs after a deferred batch commits:
-    vectors waiting for their HNSW graph, then messages waiting for their full-text vector
-    (`memory_app.search.fulltext`).
+    vectors waiting for their HNSW graph, messages waiting for their full-text vector
+    (`memory_app.search.fulltext`), then the registered drains (queued OTLP exports).
 
     Woken by `wake()` (an on_commit hook); it drains on its own database connection (Django's
     connections are per thread), closes it when the backlog is empty, then sleeps until woken
@@ -114,7 +126,12 @@ class _Indexer:
                 parsed = fulltext.index_pending()
                 if parsed:
                     log.info("indexer: %d messages' full-text vectors written", parsed)
-                if fulltext.pending_count():
+                busy = False
+                for drain in _drains:
+                    while done := drain():
+                        log.info("indexer: %s did %d", drain.__name__, done)
+                    busy = busy or done == 0
+                if busy or fulltext.pending_count():
                     # Contexts locked by writers that do not wake the indexer (edits, prunes).
                     time.sleep(self.BUSY_SECONDS)
                     self._wake.set()
@@ -199,9 +216,11 @@ def expire_spans(*, batch_size: int = SPAN_EXPIRE_BATCH) -> int:
     return total
 
 
+# Why long: one turn of the worker is one sequence (claim, indexers, retention, chores) whose
+# outage handling and totals are shared; split, each part would re-implement the backoff.
 def run_worker(
     *,
-    provider: EmbeddingProvider,
+    provider: EmbeddingProvider | None,
     batch_size: int | None = None,
     once: bool = False,
     max_batches: int | None = None,
@@ -212,7 +231,9 @@ def run_worker(
 ) -> BatchResult:
     """Loop over `embed_batch`; `once` stops when nothing is due (tests, cron), otherwise it
     sleeps when idle and after failures. `chores` run once a turn too (the retention's batches,
-    which live above this module), each answering the rows it changed. Returns the totals."""
+    the mapping of queued OTLP exports, which live above this module), each answering the rows
+    it changed. With no provider (none configured) only the chores and indexers run. Returns
+    the totals."""
     totals = BatchResult()
     batches = 0
     outage = Outage("embed worker")
@@ -220,7 +241,11 @@ def run_worker(
         if max_batches is not None and batches >= max_batches:
             break
         try:
-            res = embed_batch(provider=provider, batch_size=batch_size, backoff_base=backoff_base)
+            res = (
+                embed_batch(provider=provider, batch_size=batch_size, backoff_base=backoff_base)
+                if provider is not None
+                else BatchResult()
+            )
             outage.succeeded()
         except db.DATABASE_FAULTS as exc:
             delay = outage.failed(exc)
@@ -230,7 +255,7 @@ def run_worker(
                 time.sleep(delay)
             continue
         # The deferred HNSW insertions too, one batch per turn (several workers share them).
-        indexed, parsed, expired = 0, None, 0
+        indexed, parsed, expired, chored = 0, None, 0, 0
         try:
             indexed = index_batch()
             # And the messages waiting for their full-text vector, one context's batch a turn
@@ -239,7 +264,7 @@ def run_worker(
             # And the trace spans past their retention, one batch a turn.
             expired = expire_spans_batch() or 0
             for chore in chores:
-                expired += chore()
+                chored += chore()
         except db.DATABASE_FAULTS as exc:
             # The database went away between the claim and the chores: the same outage as a
             # failed claim, waited out with backoff (the embedded batch is counted below).
@@ -265,12 +290,16 @@ def run_worker(
             log.info(
                 "embedded %d items with %s (%d so far)",
                 res.embedded,
-                provider.describe(),
+                provider.describe() if provider is not None else "",
                 totals.embedded,
             )
         if expired:
-            log.info("removed %d rows past their retention", expired)
-        if (not res.claimed and not indexed and parsed is None and not expired) or res.failed:
+            log.info("removed %d trace spans past their retention", expired)
+        if chored:
+            log.info("chores (retention, span mapping) changed %d rows", chored)
+        if (
+            not res.claimed and not indexed and parsed is None and not expired and not chored
+        ) or res.failed:
             if once:
                 break
             time.sleep(idle_sleep)

@@ -2,7 +2,10 @@
 indexer's backlog: vectors stored by a large batch, searchable (scanned exactly) but not yet in
 their HNSW graph; `fulltext_pending` the messages of large batches whose full-text vectors the
 indexer has not written yet (matched from their text meanwhile). Both should fall back to 0
-within seconds of a batch."""
+within seconds of a batch. `spans_queued` is the OTLP mapping's backlog: spans of acknowledged
+exports not yet mapped into runs and steps, the oldest received `spans_queued_oldest_seconds` ago
+(null when none); `spans_set_aside` counts exports the mapping refused (kept, with the error, in
+`memory_app_spanqueue`)."""
 
 from django.db import DatabaseError, connection
 from django.http import JsonResponse
@@ -22,7 +25,13 @@ def healthz(request):
                 "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector'),"  # noqa: S608 - constants
                 " (SELECT count(*) FROM memory_app_embedding WHERE NOT indexed)"
                 " + (SELECT count(*) FROM memory_app_memoryembedding WHERE NOT indexed),"
-                f" ({fulltext.PENDING_SQL})"
+                f" ({fulltext.PENDING_SQL}),"
+                " (SELECT coalesce(sum(span_count), 0) FROM memory_app_spanqueue WHERE error = ''),"
+                # The wall clock, not the transaction's start.
+                " (SELECT extract(epoch FROM clock_timestamp() - min(received_at))"
+                "  FROM memory_app_spanqueue"
+                "  WHERE error = ''),"
+                " (SELECT count(*) FROM memory_app_spanqueue WHERE error <> '')"
             )
             row = cursor.fetchone()
     except DatabaseError as exc:
@@ -41,5 +50,11 @@ def healthz(request):
             "pgvector": row[0],
             "vectors_unindexed": row[1],
             "fulltext_pending": int(row[2]),
+            "spans_queued": int(row[3]),
+            # Never below 0: the rows' times are the web process's clock.
+            "spans_queued_oldest_seconds": (
+                None if row[4] is None else max(0.0, round(float(row[4]), 3))
+            ),
+            "spans_set_aside": row[5],
         }
     )

@@ -24,7 +24,16 @@ from memory_app.backup.export import export_lines
 from memory_app.backup.restore import import_lines
 from memory_app.db import lock_contexts
 from memory_app.embeddings import indexer, providers, worker
-from memory_app.models import Context, Embedding, MemoryEmbedding, Message, Step, TraceSpan
+from memory_app.models import (
+    Context,
+    Embedding,
+    MemoryEmbedding,
+    Message,
+    Run,
+    SpanQueue,
+    Step,
+    TraceSpan,
+)
 from memory_app.search import fulltext
 from memory_app.services import curation
 from memory_app.services.memories import memories_record
@@ -42,6 +51,7 @@ DISTRIBUTED = {
     "memory_app_step",
     "memory_app_toolcall",
     "memory_app_tracespan",
+    "memory_app_spanqueue",
     "memory_app_embedding",
     "memory_app_embeddingretry",
 }
@@ -346,6 +356,29 @@ def test_span_expiry_claims_one_context_per_lock(statements, settings):
     assert backlog.expire_spans_batch(batch_size=10) == 6
     assert_routable(statements, at_least=2)
     assert not TraceSpan.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_span_mapper_claims_one_context_per_lock(statements):
+    from memory_app.bench.otlp import _exports
+    from memory_app.services.span_queue import spans_map_pending
+    from tests.api_helpers import make_key
+
+    writer = make_key(scopes=("write",))
+    exports = _exports("citus-sql", 3)  # three runs, in three contexts
+    for body in exports:
+        response = writer.client.generic(
+            "POST", "/v1/traces", body, content_type="application/x-protobuf", **writer._headers()
+        )
+        assert response.status_code == 200, response.content
+    assert_routable(statements, at_least=0)
+    queued = sum(SpanQueue.objects.values_list("span_count", flat=True))
+    statements.clear()
+    assert spans_map_pending() == queued > 0
+    # A context lock and a claim of its queued exports, per context.
+    assert_routable(statements, at_least=6)
+    assert not SpanQueue.objects.exists()
+    assert Run.objects.filter(status="success").count() == 3
 
 
 def _trigger_functions() -> list[tuple[str, str, int, str]]:

@@ -12,6 +12,7 @@ import pytest
 
 from memory_app.models import Context, MemoryRecord, Message, Run, ToolCall
 from tests.api_helpers import make_key, new_context
+from tests.otlp_queue import map_queued
 
 FLAT = {"query": "cats", "k": 3, "lang": "en"}
 NESTED = {
@@ -208,6 +209,7 @@ def _otlp(api, value, *, split: bool = False) -> list:
             **api._headers(),
         )
         assert response.status_code == 200, response.content
+    map_queued()
     call = ToolCall.objects.get()
     step = api.get(f"/api/v1/steps/{call.step_id}").json()
     return [(step["tool_calls"][0]["arguments"], value)]

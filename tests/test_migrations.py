@@ -239,7 +239,7 @@ STORE_NAMESPACES_SCRIPT = textwrap.dedent(
     from django.db.migrations.executor import MigrationExecutor
     from django.utils import timezone
 
-    BEFORE = ("memory_app", "0032_local_tables_hold_no_keys_into_shards")
+    BEFORE = ("memory_app", "0033_span_queue")
     call_command("migrate", "memory_app", BEFORE[1], verbosity=0)
     old = MigrationExecutor(connection).loader.project_state(BEFORE).apps
     Record = old.get_model("memory_app", "MemoryRecord")
@@ -264,7 +264,7 @@ STORE_NAMESPACES_SCRIPT = textwrap.dedent(
 )
 
 
-def test_migration_0033_lists_the_namespaces_items_were_ever_written_to_in_first_use_order():
+def test_migration_0034_lists_the_namespaces_items_were_ever_written_to_in_first_use_order():
     with run_on_a_new_database("am_storens", ["-c", STORE_NAMESPACES_SCRIPT], timeout=300) as (
         out,
         _,

@@ -28,6 +28,7 @@ from memory_app import auth
 from memory_app.models import Run, Step, ToolCall, TraceSpan
 from tests.api_helpers import make_key
 from tests.otel_agents import protobuf_body
+from tests.otlp_queue import map_queued, mapped
 
 PROTO = "application/x-protobuf"
 TASK = "Weather in Paris in May for 2?"
@@ -202,6 +203,7 @@ def test_an_agent_on_the_openai_client_is_one_run_with_its_messages(
     with instrumented(spans, logs, monkeypatch) as (tracer_provider, _):
         run_agent(fake_openai, tracer_provider.get_tracer("weather-bot"))
         assert tracer_provider.force_flush()
+    map_queued()
     [run] = Run.objects.all()
     assert run.context.keys == {"service": "weather-bot"}
     assert (run.agent_name, run.status, run.task, run.final_answer) == (
@@ -255,6 +257,7 @@ def test_plain_model_calls_of_one_export_are_runs_in_start_order(
                 model="gpt-4o-mini", messages=[{"role": "user", "content": question}]
             )
         assert provider.force_flush()  # one export for the three spans
+    map_queued()
     runs = list(Run.objects.order_by("pk"))
     assert [r.task for r in runs] == questions
     assert [r.final_answer for r in runs] == [f"About {q}: sunny." for q in questions]
@@ -278,7 +281,9 @@ def captured(fake_openai, monkeypatch, task: str = TASK) -> tuple[list, list]:
 
 
 def post(client, path: str, body: bytes, content_type: str):
-    return client.client.generic("POST", path, body, content_type=content_type, **client._headers())
+    return mapped(
+        client.client.generic("POST", path, body, content_type=content_type, **client._headers())
+    )
 
 
 def logs_json(records) -> bytes:

@@ -14,6 +14,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from memory_app.models import Context, Run, Step, ToolCall, TraceSpan
 from tests.api_helpers import make_key
 from tests.otel_agents import assert_run_matches_memory, json_body, protobuf_body, traced_run
+from tests.otlp_queue import mapped
 
 pytestmark = pytest.mark.django_db
 
@@ -29,8 +30,10 @@ CONTEXT = {"user": "ada", "app": "weather"}
 
 def post(client, body: bytes, content_type: str = PROTO, url: str = URL, **headers):
     extra = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in headers.items()}
-    return client.client.generic(
-        "POST", url, body, content_type=content_type, **client._headers(), **extra
+    return mapped(
+        client.client.generic(
+            "POST", url, body, content_type=content_type, **client._headers(), **extra
+        )
     )
 
 

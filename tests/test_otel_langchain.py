@@ -26,6 +26,7 @@ from memory_app.models import Run, Step, ToolCall, TraceSpan
 from memory_app.services.traces import _steps, _with_logs
 from tests.api_helpers import make_key
 from tests.otel_agents import protobuf_body
+from tests.otlp_queue import map_queued, mapped
 
 TASK = "Weather in Paris in May for 2, and how many live there?"
 ANSWER = "Sunny in Paris in May; the population is unknown."
@@ -174,14 +175,21 @@ def test_langgraph_react_agent_exported_over_otlp_http_is_one_run(live_server, s
     with instrumented(processor) as provider:
         _, model = run_agent()
         assert provider.force_flush()
+    map_queued()
     [run] = Run.objects.all()
     assert run.context.keys == {"user": "ada"}
     check_run(run, model)
 
 
 def send(writer, spans) -> None:
-    response = writer.client.generic(
-        "POST", "/v1/traces", protobuf_body(spans), content_type=otlp.PROTOBUF, **writer._headers()
+    response = mapped(
+        writer.client.generic(
+            "POST",
+            "/v1/traces",
+            protobuf_body(spans),
+            content_type=otlp.PROTOBUF,
+            **writer._headers(),
+        )
     )
     assert response.status_code == 200, response.content
 

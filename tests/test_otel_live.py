@@ -10,6 +10,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from memory_app import auth
 from memory_app.models import Run, ToolCall
 from tests.otel_agents import JsonSpanExporter, assert_run_matches_memory, instrumented
+from tests.otlp_queue import map_queued
 from tests.smol_agents import run_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -53,6 +54,7 @@ def test_otlp_http_exporter_configured_by_env_records_the_run(
     with instrumented(processor) as provider:
         agent = run_agent("tool_calling")
         assert provider.force_flush()
+    map_queued()
     run = check_run(agent, tool_calls=True)
     assert run.final_answer == "Sunny, 22C"
     calls = list(ToolCall.objects.filter(step__run=run).order_by("step__position", "position"))
@@ -77,6 +79,7 @@ def test_otlp_json_encoding_records_the_run(live_server, secret, monkeypatch):
     with instrumented(SimpleSpanProcessor(exporter)):
         agent = run_agent("code")
     assert set(exporter.statuses) == {200}
+    map_queued()
     # CodeAgent's python_interpreter call is not in its trace (README, "Not mapped").
     run = check_run(agent, tool_calls=False)
     assert str(run.final_answer) == "1024"

@@ -39,6 +39,7 @@ from memory_app.services.memories import (
 from memory_app.services.messages import message_edit, messages_append
 from tests.api_helpers import make_key
 from tests.builders import make_context, make_user, register_models
+from tests.otlp_queue import map_queued
 
 pytestmark = pytest.mark.django_db
 
@@ -163,6 +164,7 @@ def send(client, body: bytes):
         "POST", "/v1/traces", body, content_type="application/json", **client._headers()
     )
     assert response.status_code == 200, response.content
+    map_queued()
     return response
 
 

@@ -25,7 +25,7 @@ from pydantic import ConfigDict
 from memory_app import errors
 from memory_app.api.common import WRITE_ERRORS, require_scope
 from memory_app.interop import otlp
-from memory_app.services import traces
+from memory_app.services import span_queue
 
 router = Router(tags=["traces"])
 
@@ -317,9 +317,9 @@ def _export(request: HttpRequest, *, logs: bool) -> HttpResponse:
         raise HttpError(400, str(exc)) from None
     try:
         if logs:
-            result = traces.logs_ingest(key=key, records=items)
+            result = span_queue.logs_receive(key=key, records=items)
         else:
-            result = traces.traces_ingest(key=key, spans=items)
+            result = span_queue.traces_receive(key=key, spans=items)
     except errors.KeysNotAllowed as exc:
         raise HttpError(403, str(exc)) from None
     message = ""

@@ -25,6 +25,7 @@ from memory_app.models.runs import (
     RUN_DURATION,
     RUN_STARTED,
     Run,
+    SpanQueue,
     Step,
     ToolCall,
     TraceSpan,
@@ -83,6 +84,7 @@ __all__ = [
     "Step",
     "StepKind",
     "ToolCall",
+    "SpanQueue",
     "TraceSpan",
     "keys_digest",
 ]

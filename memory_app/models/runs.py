@@ -238,8 +238,38 @@ class TraceSpan(ContextRow):
                 fields=["context", "trace_id", "span_id"], name="tracespan_ids_unique"
             ),
         ]
-        # The retention's batches (AGENTMEMORY_SPAN_RETENTION_DAYS) take the oldest first.
-        indexes = [models.Index(fields=["received_at"], name="tracespan_received_idx")]
+        indexes = [
+            # The retention's batches (AGENTMEMORY_SPAN_RETENTION_DAYS) take the oldest first.
+            models.Index(fields=["received_at"], name="tracespan_received_idx"),
+            # The receiver finds the context a trace went to, whatever the context.
+            models.Index(fields=["trace_id"], name="tracespan_trace_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"span {self.span_id} ({self.role}) of trace {self.trace_id}"
+
+
+class SpanQueue(ContextRow):
+    """One OTLP export's spans (or log events) of one context, acknowledged and waiting to be
+    mapped into runs and steps (`memory_app.services.span_queue`).
+
+    The receiver decodes, authenticates and places an export in its contexts, then answers:
+    mapping costs several statements a trace, which the worker spends in bulk, many exports of
+    one context at a time. Rows are deleted in the transaction that maps them. `payload` is the
+    spans as JSON text (in the order received, keys as sent), `trace_ids` what a reader needs to
+    tell that a run's spans are still queued.
+    """
+
+    context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="+")
+    trace_ids = ArrayField(models.CharField(max_length=32))
+    span_count = models.IntegerField()
+    payload = models.TextField()
+    received_at = models.DateTimeField(auto_now_add=True)
+    # Why the mapping refused this export: kept aside, out of the backlog, for the operator.
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        indexes = [GinIndex(fields=["trace_ids"], name="spanqueue_trace_ids_gin")]
+
+    def __str__(self) -> str:
+        return f"{self.span_count} queued spans of context {self.context_id}"

@@ -13,6 +13,7 @@ from django.db.models import Count, F, Max, Min, Q, Sum
 from memory_app import pricing, transcripts
 from memory_app.models import (
     Run,
+    SpanQueue,
     Step,
     ToolCall,
 )
@@ -109,6 +110,17 @@ def steps_after(*, run: Run, after: int, limit: int = LIVE_MAX_STEPS) -> StepWin
     )
     steps = rows[:limit]
     return StepWindow(steps=steps, tool_names=_tool_names(run, steps), has_later=len(rows) > limit)
+
+
+def spans_being_mapped(run: Run) -> bool:
+    """Whether spans of the run's trace are acknowledged but still queued for mapping (an OTLP
+    run's steps and outcome may not all be written yet)."""
+    client_id = run.client_id or ""
+    if not client_id.startswith("otel:"):
+        return False
+    return SpanQueue.objects.filter(
+        context_id=run.context_id, error="", trace_ids__contains=[client_id[len("otel:") :]]
+    ).exists()
 
 
 def _tool_names(run: Run, steps: list[Step]) -> dict[int, list[str]]:

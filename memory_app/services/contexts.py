@@ -55,6 +55,23 @@ def context_get_or_create(
     raise RuntimeError(f"context digest {digest} is claimed by no context")
 
 
+def contexts_get_or_create(*, keys: list[dict[str, Any]]) -> list[Context]:
+    """The contexts for several sets of keys, in their order, created when missing: the ones
+    that exist are read in two statements whatever their number (a request naming many)."""
+    primary = router.db_for_write(ContextKey)
+    digests = [keys_digest(k) for k in keys]
+    targets = dict(
+        ContextKey.objects.using(primary)
+        .filter(digest__in=digests)
+        .values_list("digest", "target_id")
+    )
+    found = Context.objects.using(primary).in_bulk(list(targets.values()))
+    return [
+        found.get(targets.get(digest)) or context_get_or_create(keys=k)[0]
+        for k, digest in zip(keys, digests, strict=True)
+    ]
+
+
 def _context_of_digest(digest: str) -> Context | None:
     """The context the digest names; a digest row left without its context is deleted. Read
     on the primary: a get-or-create decides on it (a replica may not have the row yet)."""

@@ -425,3 +425,123 @@ def steps_order_by_start(*, run: Run) -> bool:
         for position, (pk, _, _) in enumerate(wanted, start=1):
             Step.objects.filter(pk=pk).update(position=position)
     return True
+
+
+@dataclass
+class NewRun:
+    """A run to create with its steps and, once known, its outcome (`runs_create_bulk`)."""
+
+    client_id: str
+    framework: str
+    metadata: dict
+    started_at: Any
+    # In the order `steps_append` would number them; renumbered by start as
+    # `steps_order_by_start` does.
+    items: list[dict[str, Any]]
+    # What `run_update` then `run_finish` would write: task, agent_name, system_prompt,
+    # started_at, finished_at and the outcome (status, final_answer, token totals); None while
+    # the run goes on.
+    finish: dict[str, Any] | None = None
+
+
+# Why long: one pass that writes what five per-run calls (create, append, renumber, describe,
+# finish) would, for many runs in four statements, so the counters are computed here as they are.
+def runs_create_bulk(*, context: Context, new: list[NewRun]) -> list[Run]:
+    """Create runs whose client ids are not taken, each with its steps, tool calls and outcome,
+    in the caller's transaction: the rows `run_create`, `steps_append`, `steps_order_by_start`,
+    `run_update` and `run_finish` write, in one INSERT per table (OpenTelemetry traces mapped in
+    bulk, many runs at a time)."""
+    runs, steps = [], []
+    now = timezone.now()
+    for spec in new:
+        run = Run(
+            context=context,
+            client_id=spec.client_id,
+            framework=spec.framework or "",
+            metadata=spec.metadata,
+            started_at=spec.started_at,
+            model_names=_with_models([], [metadata_model(spec.metadata)]),
+        )
+        ordered = sorted(
+            enumerate(spec.items),
+            key=lambda p: (p[1].get("start_time") is None, p[1].get("start_time") or 0.0, p[0]),
+        )
+        run_steps = []
+        for position, (_, item) in enumerate(ordered, start=1):
+            step = Step(context_id=context.pk, client_id=item.get("client_id") or None)
+            for name, value in _step_data(item).items():
+                setattr(step, name, value)
+            step.position = position
+            step_calls = [_tool_call_data(c) for c in item.get("tool_calls") or []]
+            run_steps.append((step, step_calls))
+        run.last_position = run.step_count = len(run_steps)
+        run.error_count = sum(1 for s, _ in run_steps if s.error_type)
+        run.tool_call_count = sum(len(c) for _, c in run_steps)
+        run.model_names = _with_models(run.model_names, [s.model for s, _ in run_steps])
+        run.cost = _steps_cost(run, [s for s, _ in run_steps])
+        if spec.finish is not None:
+            _finish_new(run, [s for s, _ in run_steps], spec.finish, now)
+        runs.append(run)
+        steps.append(run_steps)
+    Run.objects.bulk_create(runs)
+    for run, run_steps in zip(runs, steps, strict=True):
+        for step, _ in run_steps:
+            step.run_id = run.pk
+    Step.objects.bulk_create([s for run_steps in steps for s, _ in run_steps])
+    ToolCall.objects.bulk_create(
+        [
+            ToolCall(step=s, context_id=context.pk, position=i, **c)
+            for run_steps in steps
+            for s, step_calls in run_steps
+            for i, c in enumerate(step_calls, start=1)
+        ]
+    )
+    if runs:
+        Context.objects.filter(pk=context.pk).update(
+            run_count=F("run_count") + len(runs), last_activity_at=now
+        )
+    return runs
+
+
+def _finish_new(run: Run, steps: list[Step], finish: dict[str, Any], now) -> None:
+    """`run_update` then `run_finish` on a run not written yet, from its steps in memory."""
+    for name in ("task", "agent_name", "system_prompt", "started_at"):
+        if finish.get(name) is not None:
+            setattr(run, name, finish[name])
+    outcome = dict(finish["outcome"])
+    tokens = ("input_tokens", "output_tokens", "total_tokens")
+    if all(outcome.get(k) is None for k in tokens):
+        for k in tokens:
+            values = [getattr(s, k) for s in steps if getattr(s, k) is not None]
+            outcome[k] = sum(values) if values else None
+    elif outcome.get("total_tokens") is None and None not in (
+        outcome.get("input_tokens"),
+        outcome.get("output_tokens"),
+    ):
+        outcome["total_tokens"] = outcome["input_tokens"] + outcome["output_tokens"]
+    run.status = outcome["status"]
+    run.final_answer = outcome.get("final_answer")
+    run.input_tokens, run.output_tokens, run.total_tokens = (outcome[k] for k in tokens)
+    starts = [s.start_time for s in steps if s.start_time is not None]
+    ends = [
+        e
+        for s in steps
+        if (
+            e := s.end_time
+            if s.end_time is not None
+            else (
+                s.start_time + s.duration
+                if s.start_time is not None and s.duration is not None
+                else s.start_time
+            )
+        )
+        is not None
+    ]
+    run.started_at, run.finished_at = run_span(
+        started_at=run.started_at,
+        finished_at=finish.get("finished_at"),
+        first_start=min(starts) if starts else None,
+        last_end=max(ends) if ends else None,
+        created_at=now,
+    )
+    run.duration = max(0.0, (run.finished_at - run.started_at).total_seconds())

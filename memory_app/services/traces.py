@@ -1,8 +1,9 @@
 """OpenTelemetry trace ingest: spans (decoded by `memory_app.interop.otlp`) -> runs and steps.
 
-One request is one transaction. Its spans are kept first (`TraceSpan`, idempotent by trace and
-span id), then every trace that gained spans is brought up to date from all the spans kept for
-it, whichever request brought them:
+One mapping (a request's, or a batch of queued exports of a context: `span_queue`) is one
+transaction. Its spans are kept first (`TraceSpan`, idempotent by trace and span id), then every
+trace that gained spans is brought up to date from all the spans kept for it, whoever brought
+them:
 
 - the trace's run (client id `otel:<trace id>`) is created with its first span;
 - a step is written once the span that makes it has arrived (a CHAIN span ends after the LLM and
@@ -41,8 +42,17 @@ from memory_app.interop.otlp_steps import (
     system_prompt,
     task_step,
 )
-from memory_app.models import ApiKey, Context, Run, RunStatus, Step, TraceSpan, keys_digest
-from memory_app.services.contexts import context_get_or_create
+from memory_app.models import (
+    ApiKey,
+    Context,
+    Run,
+    RunStatus,
+    SpanQueue,
+    Step,
+    TraceSpan,
+    keys_digest,
+)
+from memory_app.services.contexts import contexts_get_or_create
 from memory_app.services.runs import (
     run_create,
     run_finish,
@@ -60,26 +70,39 @@ def _when(ns: int | None) -> datetime | None:
 
 
 def traces_ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]:
-    """Store decoded spans as runs and steps of the contexts their attributes name, all or nothing.
+    """Store decoded spans as runs and steps of the contexts their attributes name, all or nothing,
+    in the caller's request (the synchronous path; `span_queue` queues them instead).
 
     Returns `{"spans", "new_spans", "rejected", "rejected_ids", "runs"}`; `rejected` counts spans
     sent again with different content (the first version is kept).
     """
-    return _ingest(key=key, spans=[{**s, "role": otlp.span_role(s)} for s in spans])
+    return _ingest(key=key, spans=span_rows(spans))
 
 
 def logs_ingest(*, key: ApiKey, records: list[dict[str, Any]]) -> dict[str, Any]:
     """Keep decoded log records with the spans of their traces and bring those traces' runs up to
     date, all or nothing. A record outside any span has no step to join: it is not kept and
     counts as `rejected` (its index in `rejected_ids`)."""
+    kept, outside = log_rows(records)
+    result = _ingest(key=key, spans=kept)
+    return {**result, "rejected": len(outside), "rejected_ids": outside}
+
+
+def span_rows(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Decoded spans as the rows kept of them, each with its role."""
+    return [_row({**s, "role": otlp.span_role(s)}) for s in spans]
+
+
+def log_rows(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Decoded log records as rows beside the spans, and the indexes of the records outside any
+    span (not kept)."""
     kept, outside = [], []
     for index, record in enumerate(records):
         if record["trace_id"] and record["span_id"]:
-            kept.append(_log_span(record))
+            kept.append(_row(_log_span(record)))
         else:
             outside.append(str(index))
-    result = _ingest(key=key, spans=kept)
-    return {**result, "rejected": len(outside), "rejected_ids": outside}
+    return kept, outside
 
 
 def _log_span(record: dict[str, Any]) -> dict[str, Any]:
@@ -105,62 +128,85 @@ def _log_span(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]:
+def traces_place(*, key: ApiKey, rows: list[dict[str, Any]]) -> list[tuple[Context, list[dict]]]:
+    """The contexts the rows of an export go to, each with its rows, created when missing.
+
+    A trace stays in the context its first spans (or log events) went to, kept or still queued
+    (later spans may lack a session id); a new trace goes where its spans' attributes say. A
+    context outside the key's confinement is refused (`KeysNotAllowed`), and so is a span id
+    that repeats within the export (`Invalid`)."""
+    if len({(r["trace_id"], r["span_id"]) for r in rows}) != len(rows):
+        raise Invalid("a span id repeats within the request")
     by_trace: dict[str, list[dict]] = defaultdict(list)
-    for span in spans:
-        by_trace[span["trace_id"]].append(span)
-    # A trace stays in the context its first spans (or log events) went to (later spans may
-    # lack a session id).
+    for row in rows:
+        by_trace[row["trace_id"]].append(row)
+    visible = auth.visible_contexts(key)
     known = dict(
-        TraceSpan.objects.filter(
-            trace_id__in=list(by_trace), context__in=auth.visible_contexts(key)
-        )
+        TraceSpan.objects.filter(trace_id__in=list(by_trace), context__in=visible)
         .values_list("trace_id", "context__keys")
         .distinct()
     )
+    queued = (
+        SpanQueue.objects.filter(trace_ids__overlap=list(by_trace), context__in=visible)
+        .order_by("pk")
+        .values_list("trace_ids", "context__keys")
+    )
+    for trace_ids, keys in queued:
+        known.update(dict.fromkeys(set(trace_ids) & by_trace.keys() - known.keys(), keys))
     groups: dict[str, tuple[dict, list[dict]]] = {}
-    for trace_id, trace_spans in by_trace.items():
-        keys = known.get(trace_id) or otlp.context_keys(trace_spans)
-        groups.setdefault(keys_digest(keys), (keys, []))[1].extend(trace_spans)
+    for trace_id, trace_rows in by_trace.items():
+        keys = known.get(trace_id) or otlp.context_keys([r | r["data"] for r in trace_rows])
+        groups.setdefault(keys_digest(keys), (keys, []))[1].extend(trace_rows)
     for keys, _ in groups.values():
         if not auth.keys_allowed(key, keys):
             raise KeysNotAllowed(
                 f"spans name context keys {keys}; this API key may only use contexts whose keys "
                 f"contain {key.context_keys}"
             )
-    new_count, rejected, runs, pending = 0, [], [], []
+    contexts = contexts_get_or_create(keys=[keys for keys, _ in groups.values()])
+    return list(zip(contexts, [group for _, group in groups.values()], strict=True))
+
+
+def _ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]:
     with transaction.atomic():
-        contexts = [context_get_or_create(keys=keys)[0] for keys, _ in groups.values()]
-        # One writer per context at a time: two requests of one trace must not both create
-        # its run. Locked in one order, so two requests over the same contexts do not deadlock.
-        locked = {
-            c.pk: c
-            for c in Context.objects.select_for_update()
-            .filter(pk__in=[c.pk for c in contexts])
-            .order_by("pk")
-        }
-        for context, (_, group) in zip(contexts, groups.values(), strict=True):
-            context = locked[context.pk]
-            new, differing = trace_spans_record(context=context, spans=[_row(s) for s in group])
-            new_count += len(new)
-            rejected += differing
-            starts: dict[str, int] = {}
-            late_logs: dict[str, set[str]] = defaultdict(set)
-            for row in new:
-                starts[row.trace_id] = min(starts.get(row.trace_id, row.start_ns), row.start_ns)
-                if row.role == otlp.LOG:
-                    late_logs[row.trace_id].add(row.span_id)
-            pending += [
-                (start, trace_id, context, late_logs[trace_id])
-                for trace_id, start in starts.items()
-            ]
-        # The runs of one export are made in the order their traces started.
-        for _, trace_id, context, logs in sorted(pending, key=lambda p: (p[0], p[1])):
-            run = _bring_up_to_date(context=context, trace_id=trace_id, new_logs=logs)
-            if run is not None:
-                runs.append(run.pk)
+        placed = traces_place(key=key, rows=spans)
+        result = traces_map(placed)
+    return {"spans": len(spans), **result}
+
+
+def traces_map(placed: list[tuple[Context, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Keep the rows (`span_rows`, `log_rows`) in their contexts and bring every trace that gained
+    rows up to date, in the caller's transaction. Answers `{"new_spans", "rejected",
+    "rejected_ids", "runs"}`."""
+    new_count, rejected, runs, pending = 0, [], [], []
+    # One writer per context at a time: two writers of one trace must not both create its run.
+    # Locked in one order, so two writers over the same contexts do not deadlock.
+    locked = {
+        c.pk: c
+        for c in Context.objects.select_for_update()
+        .filter(pk__in=[c.pk for c, _ in placed])
+        .order_by("pk")
+    }
+    for context, group in placed:
+        context = locked[context.pk]
+        new, differing = trace_spans_record(context=context, spans=group)
+        new_count += len(new)
+        rejected += differing
+        starts: dict[str, int] = {}
+        late_logs: dict[str, set[str]] = defaultdict(set)
+        for row in new:
+            starts[row.trace_id] = min(starts.get(row.trace_id, row.start_ns), row.start_ns)
+            if row.role == otlp.LOG:
+                late_logs[row.trace_id].add(row.span_id)
+        pending += [
+            (start, trace_id, context, late_logs[trace_id]) for trace_id, start in starts.items()
+        ]
+    # The runs of one export are made in the order their traces started.
+    for _, trace_id, context, logs in sorted(pending, key=lambda p: (p[0], p[1])):
+        run = _bring_up_to_date(context=context, trace_id=trace_id, new_logs=logs)
+        if run is not None:
+            runs.append(run.pk)
     return {
-        "spans": len(spans),
         "new_spans": new_count,
         "rejected": len(rejected),
         "rejected_ids": rejected,
@@ -533,30 +579,42 @@ def trace_spans_record(
     Returns the new rows and the ids of re-sent spans whose content differs from the kept one
     (the kept one wins: a span does not change once it has ended).
     """
+    with transaction.atomic():
+        fresh, differing = trace_spans_unkept(context=context, spans=spans)
+        new = [
+            TraceSpan(
+                context=context,
+                trace_id=s["trace_id"],
+                span_id=s["span_id"],
+                **{k: s[k] for k in SPAN_FIELDS},
+            )
+            for s in fresh
+        ]
+        TraceSpan.objects.bulk_create(new)
+    return new, differing
+
+
+def trace_spans_unkept(
+    *, context: Context, spans: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The spans of the context not kept yet, and the ids of those kept with other content."""
     ids = {(s["trace_id"], s["span_id"]) for s in spans}
     if len(ids) != len(spans):
         raise Invalid("a span id repeats within the request")
-    with transaction.atomic():
-        stored = {}
-        for trace_id in {s["trace_id"] for s in spans}:
-            wanted = [s["span_id"] for s in spans if s["trace_id"] == trace_id]
-            for row in TraceSpan.objects.filter(
-                context=context, trace_id=trace_id, span_id__in=wanted
-            ):
-                stored[(row.trace_id, row.span_id)] = row
-        new, differing = [], []
-        for s in spans:
-            row = stored.get((s["trace_id"], s["span_id"]))
-            if row is None:
-                new.append(
-                    TraceSpan(
-                        context=context,
-                        trace_id=s["trace_id"],
-                        span_id=s["span_id"],
-                        **{k: s[k] for k in SPAN_FIELDS},
-                    )
-                )
-            elif any(getattr(row, k) != s[k] for k in SPAN_FIELDS):
-                differing.append(s["span_id"])
-        TraceSpan.objects.bulk_create(new)
-    return new, differing
+    # One statement for the context; the pairs are matched here.
+    stored = {
+        (row.trace_id, row.span_id): row
+        for row in TraceSpan.objects.filter(
+            context=context,
+            trace_id__in={s["trace_id"] for s in spans},
+            span_id__in={s["span_id"] for s in spans},
+        )
+    }
+    fresh, differing = [], []
+    for s in spans:
+        row = stored.get((s["trace_id"], s["span_id"]))
+        if row is None:
+            fresh.append(s)
+        elif any(getattr(row, k) != s[k] for k in SPAN_FIELDS):
+            differing.append(s["span_id"])
+    return fresh, differing

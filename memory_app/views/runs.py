@@ -22,6 +22,7 @@ from memory_app.queries import model_input as model_input_queries
 from memory_app.queries.logbook import (
     run_cost,
     run_timeline,
+    spans_being_mapped,
     step_detail,
     step_nav,
     step_window,
@@ -60,12 +61,14 @@ def _logbook_context(run: Run, position: int | None) -> dict:
     # the template reads it only where it draws the header (not in an htmx partial), and only
     # looked for when the context holds another run.
     header = {"previous_run": lambda: previous_run(run) if run.context.run_count > 1 else None}
+    mapping = spans_being_mapped(run)
     if position is None:
         return {
             **header,
             "run": run,
             "step": None,
-            "live": run.status == RunStatus.RUNNING,
+            "mapping": mapping,
+            "live": run.status == RunStatus.RUNNING or mapping,
             "cost": run_cost(run=run),
             **review_blocks(run, None),
         }
@@ -77,10 +80,11 @@ def _logbook_context(run: Run, position: int | None) -> dict:
     # The poll asks for steps after the last one the page holds (a step written between
     # reading the run and its steps is already in the list).
     shown = max([nav.last, *(s.position for s in window.steps)])
-    live = run.status == RunStatus.RUNNING
+    live = run.status == RunStatus.RUNNING or mapping
     return {
         **header,
         "run": run,
+        "mapping": mapping,
         "step": step,
         "nav": nav,
         "window": window,
@@ -154,8 +158,10 @@ def run_live(request, run_id: int):
         raise Http404(f"run {run.pk} has no step {position}")
     fresh = steps_after(run=run, after=after)
     shown = fresh.steps[-1].position if fresh.steps else after
+    mapping = spans_being_mapped(run)
     context = {
         "run": run,
+        "mapping": mapping,
         "fresh": fresh,
         "shown": shown,
         "seen": {"step": step_id, "last": fresh.steps[-1].pk if fresh.steps else last_id},
@@ -164,7 +170,7 @@ def run_live(request, run_id: int):
         "timeline": run_timeline(run=run, position=position),
         "cost": run_cost(run=run),
         # Keep polling until the page has every step of a finished run.
-        "live": run.status == RunStatus.RUNNING or fresh.has_later,
+        "live": run.status == RunStatus.RUNNING or mapping or fresh.has_later,
     }
     return page(request, "memory_app/run.html#live-update", context)
 

@@ -13,6 +13,7 @@ from memory_app import auth
 from memory_app.services.runs import run_create, run_finish, steps_append
 from tests.browser.conftest import login, screenshot
 from tests.builders import TEST_PASSWORD, action_step, make_user
+from tests.otlp_queue import map_queued
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -132,6 +133,7 @@ def test_a_traced_run_keeps_the_operators_step_when_its_task_step_arrives_last(
             headers={"Authorization": f"Bearer {secret}", "Content-Type": "application/x-protobuf"},
         )
         assert response.status_code == 200, response.content
+        map_queued()
 
     export(spans[:7])  # the planning call, steps 1 and 2
     run = Run.objects.get()

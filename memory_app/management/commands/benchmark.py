@@ -30,6 +30,7 @@ from memory_app.bench import (
     export,
     http_path,
     ingest,
+    otlp,
     peers,
     quality,
     recall,
@@ -57,6 +58,7 @@ AREAS = {
     "storage": storage.storage,
     "http_path": http_path.run,
     "ingest": ingest.ingest,
+    "otlp": otlp.otlp,
     # Only with --peers (or --only peers): needs the `peers` extra.
     "peers": peers.run,
 }

@@ -3,7 +3,9 @@
 Run as many as you like, on any machines: each batch is claimed with FOR UPDATE SKIP LOCKED, so
 no item is embedded twice; a provider failure postpones the batch with exponential backoff.
 Each turn also inserts a batch of deferred vectors into their HNSW graph (see index_pending) and
-removes a batch of what is past its retention (expired memories, retention policies).
+removes a batch of what is past its retention (expired memories, retention policies), and maps a
+batch of queued OTLP exports into runs and steps. With no embedding provider configured it does
+all of that but the embedding (the span mapping must not wait for a provider).
 `--provider/--model/--base-url` embed another model's queue (e.g. during `reembed`).
 """
 
@@ -19,6 +21,7 @@ from memory_app import errors
 from memory_app.backlog import run_worker
 from memory_app.embeddings import providers, queue
 from memory_app.services.retention import retention_batch
+from memory_app.services.span_queue import spans_map_chore
 
 log = logging.getLogger("memory_app.embeddings")
 
@@ -46,15 +49,24 @@ class Command(BaseCommand):
         parser.add_argument("--base-url", help="openai: default AGENTMEMORY_OPENAI_BASE_URL")
 
     def handle(self, *args, **opts):
-        provider = provider_from_options(opts)
+        provider = (
+            None
+            if not opts.get("provider") and providers.provider_kind() == "none"
+            else provider_from_options(opts)
+        )
         stop = threading.Event()
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: stop.set())
-        self.stdout.write(
-            f"embedding with {provider.describe()}: "
-            f"{queue.pending_count(model=provider.model)} pending"
-        )
+        if provider is None:
+            self.stdout.write(
+                "no embedding provider configured: mapping spans, indexing and retention only"
+            )
+        else:
+            self.stdout.write(
+                f"embedding with {provider.describe()}: "
+                f"{queue.pending_count(model=provider.model)} pending"
+            )
         totals = run_worker(
             provider=provider,
             batch_size=opts["batch_size"],
@@ -62,13 +74,17 @@ class Command(BaseCommand):
             max_batches=opts["max_batches"],
             idle_sleep=opts["idle_sleep"],
             stop=stop,
-            chores=[retention_batch],
+            chores=[retention_batch, spans_map_chore],
         )
         self.stdout.write(
             f"done: {totals.embedded} embedded, {totals.failed} postponed,"
             f" {totals.indexed} indexed, {totals.parsed} full-text written"
             + (f" (last error: {totals.error})" if totals.error else "")
-            + f", {queue.pending_count(model=provider.model)} pending"
+            + (
+                f", {queue.pending_count(model=provider.model)} pending"
+                if provider is not None
+                else ""
+            )
         )
 
 

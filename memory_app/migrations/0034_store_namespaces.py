@@ -12,7 +12,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('memory_app', '0032_local_tables_hold_no_keys_into_shards'),
+        ('memory_app', '0033_span_queue'),
     ]
 
     operations = [

@@ -1,0 +1,201 @@
+"""OTLP exports acknowledged at once and mapped into runs and steps in bulk.
+
+The receiver (`POST /v1/traces`, `/v1/logs`) decodes and authenticates an export, places its
+traces in their contexts (`traces.traces_place`: the same rules and refusals as the mapping) and
+writes one `SpanQueue` row per context in one statement, then answers. Spans kept before with
+other content are answered as rejected there and then; spans already kept as sent are not queued
+again.
+
+The mapping is a backlog drained by the per-process indexer thread (woken when an export
+commits) and by every turn of `manage.py embed_worker`, provider or not: `spans_map_batch` locks
+one context (SKIP LOCKED: another mapper or writer holding it is passed over), claims up to
+MAP_SPANS of its queued spans in arrival order, maps them with `trace_bulk.traces_map_bulk` (new
+traces written together, each trace brought up to date once for all the exports that hold spans
+of it) and deletes the rows, in one transaction. A span queued twice (an exporter's retry before
+the first copy was mapped) is kept once, first received first.
+
+AGENTMEMORY_OTLP_MAP_INLINE maps in the request instead (the synchronous path: the export is
+answered once its runs and steps are written).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from memory_app import backlog, db
+from memory_app.models import ApiKey, Context, SpanQueue, TraceSpan
+from memory_app.services import trace_bulk, traces
+
+log = logging.getLogger(__name__)
+
+# Spans mapped in one transaction (at least one export, whatever its size).
+MAP_SPANS = 5000
+# Exports of a context looked at per claim.
+CLAIM_ROWS = 500
+
+
+def traces_receive(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]:
+    """Accept decoded spans: queued for mapping (or mapped now, see the module doc). Returns
+    `{"spans", "rejected", "rejected_ids", ...}` as `traces.traces_ingest` does."""
+    if settings.AGENTMEMORY_OTLP_MAP_INLINE:
+        return traces.traces_ingest(key=key, spans=spans)
+    return _enqueue(key=key, rows=traces.span_rows(spans))
+
+
+def logs_receive(*, key: ApiKey, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Accept decoded log records as `traces.logs_ingest` does, queued for mapping."""
+    if settings.AGENTMEMORY_OTLP_MAP_INLINE:
+        return traces.logs_ingest(key=key, records=records)
+    kept, outside = traces.log_rows(records)
+    result = _enqueue(key=key, rows=kept)
+    return {**result, "rejected": len(outside), "rejected_ids": outside}
+
+
+def _enqueue(*, key: ApiKey, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    queued, rejected = [], []
+    with transaction.atomic():
+        placed = traces.traces_place(key=key, rows=rows)
+        kept = _kept(placed)
+        for context, group in placed:
+            fresh, differing = [], []
+            for r in group:
+                row = kept.get((context.pk, r["trace_id"], r["span_id"]))
+                if row is None:
+                    fresh.append(r)
+                elif any(getattr(row, k) != r[k] for k in traces.SPAN_FIELDS):
+                    differing.append(r["span_id"])
+            rejected += differing
+            if fresh:
+                queued.append(
+                    SpanQueue(
+                        context=context,
+                        trace_ids=sorted({r["trace_id"] for r in fresh}),
+                        span_count=len(fresh),
+                        payload=json.dumps(fresh, ensure_ascii=False),
+                    )
+                )
+        SpanQueue.objects.bulk_create(queued)
+        if queued:
+            transaction.on_commit(backlog.wake_indexer)
+    return {
+        "spans": len(rows),
+        "queued": sum(q.span_count for q in queued),
+        "rejected": len(rejected),
+        "rejected_ids": rejected,
+    }
+
+
+def _kept(placed: list[tuple[Context, list[dict[str, Any]]]]) -> dict[tuple, TraceSpan]:
+    """The spans of the export already kept, by context, trace and span id: one statement for
+    every context (a span re-sent is answered from them, and not queued again)."""
+    rows = [r for _, group in placed for r in group]
+    if not rows:
+        return {}
+    found = TraceSpan.objects.filter(
+        context_id__in=[c.pk for c, _ in placed],
+        trace_id__in={r["trace_id"] for r in rows},
+        span_id__in={r["span_id"] for r in rows},
+    )
+    return {(s.context_id, s.trace_id, s.span_id): s for s in found}
+
+
+def spans_map_batch(*, max_spans: int = MAP_SPANS, wait: bool = False) -> int | None:
+    """Map one context's queued spans (up to `max_spans`, at least one export) in one committed
+    transaction. Answers the spans mapped; 0 when spans are queued but every context holding
+    them is being written by someone else (`wait`: waited for instead); None when nothing is
+    queued."""
+    heads = (
+        SpanQueue.objects.filter(error="")
+        .order_by("pk")
+        .values_list("context_id", flat=True)[:CLAIM_ROWS]
+    )
+    contexts = list(dict.fromkeys(heads))
+    if not contexts:
+        return None
+    for context_id in contexts:
+        try:
+            done = _map_context(context_id, max_spans=max_spans, wait=wait)
+        except db.DATABASE_FAULTS:
+            raise
+        except Exception as exc:
+            # Spans the mapping cannot take must not hold up the context's later exports, nor
+            # the other contexts': the first export alone is tried, and kept aside if it fails.
+            log.exception("span mapping failed for context %s", context_id)
+            try:
+                done = _map_context(context_id, max_spans=0, wait=wait)
+            except db.DATABASE_FAULTS:
+                raise
+            except Exception:
+                _set_aside(context_id, exc)
+                done = 0
+        if done is not None:
+            return done
+    return 0
+
+
+def _map_context(context_id: int, *, max_spans: int, wait: bool) -> int | None:
+    """Map the context's oldest queued exports; None when its lock or its rows are taken."""
+    with transaction.atomic():
+        context = (
+            Context.objects.select_for_update(skip_locked=not wait).filter(pk=context_id).first()
+        )
+        if context is None:
+            return None
+        claimed = list(
+            SpanQueue.objects.filter(context_id=context_id, error="")
+            .order_by("pk")
+            .select_for_update(skip_locked=True)
+            .values_list("pk", "span_count")[:CLAIM_ROWS]
+        )
+        taken, size = [], 0
+        for pk, count in claimed:
+            if taken and size + count > max_spans:
+                break
+            taken.append(pk)
+            size += count
+        if not taken:
+            return None
+        payloads = SpanQueue.objects.filter(context_id=context_id, pk__in=taken)
+        rows, seen = [], set()
+        for payload in payloads.order_by("pk").values_list("payload", flat=True):
+            for row in json.loads(payload):
+                if (row["trace_id"], row["span_id"]) not in seen:
+                    seen.add((row["trace_id"], row["span_id"]))
+                    rows.append(row)
+        trace_bulk.traces_map_bulk(context=context, rows=rows)
+        payloads.delete()
+    return len(rows)
+
+
+def _set_aside(context_id: int, exc: Exception) -> None:
+    """The context's oldest export, which the mapping refuses: kept with the error, out of the
+    backlog (`/healthz` counts it)."""
+    with transaction.atomic():
+        oldest = (
+            SpanQueue.objects.filter(context_id=context_id, error="")
+            .order_by("pk")
+            .values_list("pk", flat=True)
+            .first()
+        )
+        SpanQueue.objects.filter(context_id=context_id, pk=oldest).update(
+            error=f"{type(exc).__name__}: {exc}"[:1000] or "failed"
+        )
+
+
+def spans_map_chore() -> int:
+    """One batch, for the embed worker's turn: the spans mapped."""
+    return spans_map_batch() or 0
+
+
+def spans_map_pending() -> int:
+    """Map every queued span (tests, benchmarks); answers the spans mapped. A context held by
+    another writer is waited for."""
+    total = 0
+    while (done := spans_map_batch(wait=True)) is not None:
+        total += done
+    return total

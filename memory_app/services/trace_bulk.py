@@ -1,0 +1,145 @@
+"""Queued OTLP spans of one context mapped many traces at a time (`span_queue`'s batches).
+
+A trace none of whose spans was kept before and that has no run yet, the usual case for a
+batch of queued exports, is mapped from the batch in memory: its run, steps, tool calls and
+outcome are computed as `traces` computes them and written for all such traces at once
+(`runs.runs_create_bulk`), with the spans, in a few statements for the whole batch. A trace that
+already has spans or a run (its first spans came in an earlier batch; a step of it was purged)
+is brought up to date from everything kept for it, one trace at a time, as `traces` does.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from memory_app.interop import otlp
+from memory_app.interop.key_order import jsonb_order
+from memory_app.interop.otlp_steps import run_agent_name, run_outcome, run_task, system_prompt
+from memory_app.models import Context, Run, TraceSpan
+from memory_app.services import traces
+from memory_app.services.runs import NewRun, runs_create_bulk
+
+
+def traces_map_bulk(*, context: Context, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """As `traces.traces_map` of one context, whose lock the caller holds: the rows
+    (`traces.span_rows`, `traces.log_rows`) kept, every trace that gained rows brought up to
+    date. Answers `{"new_spans", "rejected", "rejected_ids", "runs"}`."""
+    fresh_rows, differing = traces.trace_spans_unkept(context=context, spans=rows)
+    trace_ids = sorted({r["trace_id"] for r in fresh_rows})
+    # Traces the context has seen before: mapped from what is kept, one by one.
+    seen = set(
+        TraceSpan.objects.filter(context=context, trace_id__in=trace_ids)
+        .order_by()
+        .values_list("trace_id", flat=True)
+        .distinct()
+    )
+    seen |= {
+        client_id.removeprefix("otel:")
+        for client_id in Run.objects.filter(
+            context=context, client_id__in=[f"otel:{t}" for t in trace_ids]
+        ).values_list("client_id", flat=True)
+    }
+    by_trace: dict[str, list[dict]] = defaultdict(list)
+    for row in fresh_rows:
+        by_trace[row["trace_id"]].append(row)
+    starts = {t: min(r["start_ns"] for r in by_trace[t]) for t in trace_ids}
+    # The runs of a batch are made in the order their traces started.
+    order = sorted(trace_ids, key=lambda t: (starts[t], t))
+    new_runs = [
+        spec for t in order if t not in seen and (spec := _new_run(t, by_trace[t])) is not None
+    ]
+    created = runs_create_bulk(context=context, new=new_runs)
+    run_of = {
+        spec.metadata["otel_trace_id"]: run.pk for spec, run in zip(new_runs, created, strict=True)
+    }
+    TraceSpan.objects.bulk_create(
+        [
+            TraceSpan(
+                context=context,
+                run_id=run_of.get(r["trace_id"]),
+                trace_id=r["trace_id"],
+                span_id=r["span_id"],
+                **{k: r[k] for k in traces.SPAN_FIELDS},
+            )
+            for r in fresh_rows
+        ]
+    )
+    runs = []
+    for trace_id in order:
+        if trace_id in run_of:
+            runs.append(run_of[trace_id])
+            continue
+        logs = {r["span_id"] for r in by_trace[trace_id] if r["role"] == otlp.LOG}
+        run = traces._bring_up_to_date(context=context, trace_id=trace_id, new_logs=logs)
+        if run is not None:
+            runs.append(run.pk)
+    return {
+        "new_spans": len(fresh_rows),
+        "rejected": len(differing),
+        "rejected_ids": differing,
+        "runs": runs,
+    }
+
+
+def _as_kept(value: Any) -> Any:
+    """A value as it reads back from a `jsonb` column (keys in jsonb's order), so a trace mapped
+    from the batch maps exactly as one read back from its kept spans."""
+    if isinstance(value, dict):
+        return {k: _as_kept(value[k]) for k in jsonb_order(list(value))}
+    if isinstance(value, list):
+        return [_as_kept(v) for v in value]
+    return value
+
+
+def _new_run(trace_id: str, rows: list[dict[str, Any]]) -> NewRun | None:
+    """The run a trace seen for the first time makes from these rows, as
+    `traces._bring_up_to_date` would write it; None while only log events of it have come."""
+    kept = [
+        {
+            "trace_id": r["trace_id"],
+            "span_id": r["span_id"],
+            "parent_span_id": r["parent_span_id"],
+            "name": r["name"],
+            "role": r["role"],
+            "start_ns": r["start_ns"],
+            "end_ns": r["end_ns"],
+            **traces._EMPTY,
+            **_as_kept(r["data"]),
+        }
+        for r in sorted(rows, key=lambda r: r["start_ns"])
+    ]
+    spans = traces._with_logs(kept)
+    if not spans:
+        return None
+    items, root, _ = traces._steps(spans)
+    finish = None
+    if root is not None:
+        llms = [s for s in spans if s["role"] == otlp.LLM]
+        outcome = run_outcome(root, llms)
+        if any(_step_tokens(i) for i in items):
+            # The steps' own usage, as `traces` counts it.
+            outcome.update(input_tokens=None, output_tokens=None, total_tokens=None)
+        finish = {
+            "task": run_task(root, llms) if root["role"] != otlp.TOOL else None,
+            "agent_name": run_agent_name(root) if root["role"] in traces._AGENT_ROOTS else None,
+            "system_prompt": system_prompt(llms),
+            "started_at": traces._when(root["start_ns"]),
+            "finished_at": traces._when(root["end_ns"]),
+            "outcome": outcome,
+        }
+    return NewRun(
+        client_id=f"otel:{trace_id}",
+        framework=otlp.framework(spans[0]),
+        metadata={"otel_trace_id": trace_id},
+        started_at=traces._when(spans[0]["start_ns"]),
+        items=items,
+        finish=finish,
+    )
+
+
+def _step_tokens(item: dict[str, Any]) -> bool:
+    """Whether the step written from this item has a token total (given or in + out)."""
+    return item.get("total_tokens") is not None or (
+        item.get("input_tokens") is not None and item.get("output_tokens") is not None
+    )

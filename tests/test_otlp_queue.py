@@ -1,0 +1,205 @@
+"""OTLP exports are acknowledged once queued and mapped by the worker in bulk
+(memory_app/services/span_queue.py): the same runs as mapping in the request, duplicate
+deliveries kept once, the backlog in /healthz and on the run's page, and the worker mapping with
+no embedding provider configured."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+from django.db import transaction
+from django.test import Client
+
+from memory_app import backlog
+from memory_app.models import Context, Run, SpanQueue, Step, ToolCall, TraceSpan
+from memory_app.services import span_queue
+from tests.api_helpers import make_key
+from tests.builders import make_user
+from tests.otel_agents import protobuf_body, traced_run
+from tests.otlp_queue import map_queued
+
+PROTO = "application/x-protobuf"
+KEYS = {"agentmemory.context.user": "ada", "service.name": "weather-bot"}
+
+
+def export(client, spans) -> dict:
+    """POST the spans as an exporter does; the export's answer, not mapped yet."""
+    response = client.client.generic(
+        "POST", "/v1/traces", protobuf_body(spans), content_type=PROTO, **client._headers()
+    )
+    assert response.status_code == 200, response.content
+    return response
+
+
+@pytest.fixture(scope="module")
+def tool_run():
+    return traced_run("tool_calling", resource=KEYS)
+
+
+@pytest.fixture(scope="module")
+def code_run():
+    return traced_run("code", resource=KEYS)
+
+
+@pytest.fixture
+def writer():
+    return make_key(scopes=("read", "write"))
+
+
+def snapshot() -> list[dict]:
+    """Every run with its steps and tool calls, without ids and server times."""
+    dropped = {"id", "context_id", "run_id", "step_id", "created_at", "updated_at"}
+
+    def plain(row: dict) -> dict:
+        return {k: v for k, v in row.items() if k not in dropped}
+
+    out = []
+    for run in Run.objects.order_by("client_id").values():
+        steps = []
+        for step in Step.objects.filter(run_id=run["id"]).order_by("position").values():
+            calls = ToolCall.objects.filter(step_id=step["id"]).order_by("position").values()
+            steps.append({**plain(step), "tool_calls": [plain(c) for c in calls]})
+        out.append({**plain(run), "steps": steps})
+    return out
+
+
+def mapped_as(way: str, writer, batches: list[list]) -> list[dict]:
+    """The runs the batches make when mapped `way`, rolled back afterwards."""
+    with transaction.atomic():
+        for batch in batches:
+            if way == "inline":
+                from django.conf import settings
+
+                settings.AGENTMEMORY_OTLP_MAP_INLINE = True
+                try:
+                    export(writer, batch)
+                finally:
+                    settings.AGENTMEMORY_OTLP_MAP_INLINE = False
+            else:
+                export(writer, batch)
+                if way == "queued, mapped after each export":
+                    map_queued()
+        map_queued()
+        assert not SpanQueue.objects.exists()
+        runs = snapshot()
+        transaction.set_rollback(True)
+    return runs
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", ["tool_run", "code_run"])
+def test_queued_exports_map_into_the_runs_mapping_in_the_request_makes(writer, kind, request):
+    _, spans = request.getfixturevalue(kind)
+    by_end = sorted(spans, key=lambda s: s.end_time)
+    half = len(by_end) // 2
+    # Children before parents, in two exports, as a batch processor sends a run.
+    batches = [by_end[:half], by_end[half:]]
+    inline = mapped_as("inline", writer, batches)
+    assert len(inline) == 1 and inline[0]["status"] == "success" and inline[0]["steps"]
+    # Both exports mapped in one batch (every span new: written in bulk), and mapped one
+    # export at a time (the second brings the trace of a run already written up to date).
+    assert mapped_as("queued, mapped together", writer, batches) == inline
+    assert mapped_as("queued, mapped after each export", writer, batches) == inline
+
+
+@pytest.mark.django_db
+def test_an_export_is_answered_before_its_spans_are_mapped_and_healthz_shows_the_backlog(
+    writer, tool_run, client
+):
+    _, spans = tool_run
+    assert client.get("/healthz").json()["spans_queued"] == 0
+    assert client.get("/healthz").json()["spans_queued_oldest_seconds"] is None
+    export(writer, spans)
+    assert not Run.objects.exists() and not TraceSpan.objects.exists()
+    health = client.get("/healthz").json()
+    assert health["spans_queued"] == len(spans)
+    assert 0 <= health["spans_queued_oldest_seconds"] < 60
+    assert map_queued() == len(spans)
+    health = client.get("/healthz").json()
+    assert (health["spans_queued"], health["spans_queued_oldest_seconds"]) == (0, None)
+    assert Run.objects.get().status == "success"
+
+
+@pytest.mark.django_db
+def test_duplicate_deliveries_queued_side_by_side_make_one_run(writer, tool_run):
+    """An exporter retries an export whose answer it did not get: both copies are queued before
+    the worker maps either; every span, step and tool call is kept once."""
+    _, spans = tool_run
+    by_end = sorted(spans, key=lambda s: s.end_time)
+    export(writer, by_end[:4])
+    export(writer, by_end)
+    export(writer, by_end[:4])
+    assert SpanQueue.objects.count() == 3
+    map_queued()
+    once = snapshot()
+    assert TraceSpan.objects.count() == len(spans)
+    # Sent again once mapped: answered from what is kept, nothing queued, nothing new.
+    export(writer, by_end)
+    assert not SpanQueue.objects.exists()
+    assert snapshot() == once and len(once) == 1
+
+
+@pytest.mark.django_db
+def test_the_run_page_marks_a_run_whose_spans_are_still_being_mapped(writer, tool_run):
+    _, spans = tool_run
+    by_end = sorted(spans, key=lambda s: s.end_time)
+    export(writer, by_end[:-1])
+    map_queued()
+    run = Run.objects.get()
+    export(writer, by_end[-1:])  # the root: the run's outcome, still queued
+    web = Client()
+    web.force_login(make_user(role="viewer"))
+    page = web.get(f"/runs/{run.pk}/", follow=True)
+    assert "spans still being mapped" in page.content.decode()
+    live = web.get(f"/runs/{run.pk}/live/?after=0&position=1&tail=1")
+    assert "spans still being mapped" in live.content.decode()
+    map_queued()
+    page = web.get(f"/runs/{run.pk}/", follow=True)
+    assert "spans still being mapped" not in page.content.decode()
+    assert Run.objects.get().status == "success"
+
+
+@pytest.mark.django_db
+def test_the_embed_worker_maps_the_queue_with_no_embedding_provider(writer, tool_run, settings):
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    _, spans = tool_run
+    export(writer, spans)
+    out = io.StringIO()
+    call_command("embed_worker", "--once", "--idle-sleep", "0", stdout=out)
+    assert "no embedding provider configured" in out.getvalue()
+    assert not SpanQueue.objects.exists()
+    assert Run.objects.get().status == "success"
+
+
+@pytest.mark.django_db
+def test_an_export_the_mapping_refuses_is_set_aside_and_the_rest_still_maps(
+    writer, tool_run, client, caplog
+):
+    _, spans = tool_run
+    broken = Context.objects.create(keys={"broken": "1"}, keys_digest="broken-1")
+    SpanQueue.objects.create(
+        context=broken, trace_ids=["ab" * 16], span_count=1, payload=json.dumps([{"x": 1}])
+    )
+    export(writer, spans)
+    map_queued()
+    assert Run.objects.get().status == "success"
+    kept = SpanQueue.objects.get()
+    assert kept.context_id == broken.pk and "KeyError" in kept.error
+    health = client.get("/healthz").json()
+    assert (health["spans_queued"], health["spans_set_aside"]) == (0, 1)
+    assert "span mapping failed" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_indexer_thread_maps_an_export_once_it_commits(settings, tool_run):
+    settings.AGENTMEMORY_INDEXER_THREAD = True
+    writer = make_key(scopes=("write",))
+    _, spans = tool_run
+    export(writer, spans)
+    assert backlog.indexer.wait_idle(120)
+    assert not SpanQueue.objects.exists()
+    assert Run.objects.get().status == "success"
+    assert span_queue.spans_map_batch() is None
