@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Count, F, Max, Min, Q, Sum
+from django.db import connection, connections, router
+from django.db.models import Count, Q, Sum
 
 from memory_app import pricing, transcripts
 from memory_app.models import (
@@ -16,7 +17,6 @@ from memory_app.models import (
     Step,
     ToolCall,
 )
-from memory_app.queries.lists import STEP_SPAN
 
 STEP_RADIUS = 15
 TIMELINE_MAX_BARS = 200
@@ -275,7 +275,7 @@ def run_timeline(
     if count == 0:
         return timeline
     per = math.ceil(count / max_bars)
-    bars = _timeline_bars(run=run, per=per)
+    bars = _timeline_bars(run=run, per=per, width=timeline.width)
     timeline.bars = bars
     starts = [b.first_start for b in bars if b.first_start is not None]
     if starts:
@@ -322,35 +322,50 @@ def run_timeline(
     return timeline
 
 
-def _timeline_bars(*, run: Run, per: int) -> list[TimelineBar]:
-    """The run's steps in groups of `per` positions, one bar per group, in order: summed
-    durations, tokens and errors, and when the group's first step began and its last ended."""
-    rows = (
-        Step.objects.filter(context_id=run.context_id, run=run)
-        .annotate(bucket=(F("position") - 1) / per)
-        .values("bucket")
-        .annotate(
-            start=Min("position"),
-            end=Max("position"),
-            # Not named "duration": STEP_SPAN reads the column of that name.
-            busy=Sum("duration"),
-            tokens=Sum("total_tokens"),
-            errors=Count("error_type"),
-            **STEP_SPAN,
-        )
-        .order_by("bucket")
-    )
+# One query, windowed: a step's group is its position bucket, split wherever the agent sat
+# idle for a visible stretch (at least one unit of the timeline's width) since every earlier step
+# ended, so no bar covers time when nothing ran.
+_TIMELINE_SQL = """
+WITH s AS (
+    SELECT position, duration, total_tokens, error_type, start_time,
+           COALESCE(end_time, start_time + duration, start_time) AS stop
+    FROM {table} WHERE context_id = %(context)s AND run_id = %(run)s
+), p AS (
+    SELECT s.*, (position - 1) / %(per)s AS bucket,
+           MAX(stop) OVER (ORDER BY position ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+               AS before_end,
+           (MAX(stop) OVER () - MIN(start_time) OVER ()) / %(width)s AS visible
+    FROM s
+), g AS (
+    SELECT p.*, SUM(CASE WHEN start_time - before_end >= visible AND visible > 0 THEN 1 ELSE 0 END)
+               OVER (ORDER BY position) AS island
+    FROM p
+)
+SELECT MIN(position), MAX(position), SUM(duration), SUM(total_tokens), COUNT(error_type),
+       MIN(start_time), MAX(stop)
+FROM g GROUP BY bucket, island ORDER BY MIN(position)
+"""
+
+
+def _timeline_bars(*, run: Run, per: int, width: int) -> list[TimelineBar]:
+    """The run's steps in groups of `per` positions (a group split at an idle stretch), one bar
+    per group, in order: summed durations, tokens and errors, and when the group's first step
+    began and its last ended."""
+    sql = _TIMELINE_SQL.format(table=connection.ops.quote_name(Step._meta.db_table))
+    with connections[router.db_for_read(Step)].cursor() as cursor:
+        cursor.execute(sql, {"context": run.context_id, "run": run.pk, "per": per, "width": width})
+        rows = cursor.fetchall()
     return [
         TimelineBar(
-            start=r["start"],
-            end=r["end"],
-            duration=r["busy"] or 0.0,
-            tokens=r["tokens"] or 0,
-            errors=r["errors"],
-            first_start=r["first_start"],
-            last_end=r["last_end"],
+            start=start,
+            end=end,
+            duration=busy or 0.0,
+            tokens=tokens or 0,
+            errors=errors,
+            first_start=first_start,
+            last_end=last_end,
         )
-        for r in rows
+        for start, end, busy, tokens, errors, first_start, last_end in rows
     ]
 
 
