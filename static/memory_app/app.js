@@ -28,9 +28,82 @@
     var action = SHORTCUTS[event.key];
     if (!action) return;
     var link = document.querySelector('#logbook [data-shortcut="' + action + '"]');
+    var step = action === "next" ? 1 : action === "prev" ? -1 : 0;
+    if (step && stepLoading) {
+      // A step is still loading: its links lead where the page was, not where the operator
+      // already is. Count the press and go there once the step is in (see drainPending).
+      event.preventDefault();
+      queueStep(step);
+      return;
+    }
     if (!link) return;
     event.preventDefault();
     link.click();
+  });
+
+  // j / k pressed while a step loads, summed (+ forward, - back); the step they lead to is
+  // marked in the list at once and loaded when the current load settles.
+  var stepLoading = false;
+  var pendingSteps = 0;
+
+  function logbookBounds() {
+    var logbook = document.getElementById("logbook");
+    if (!logbook) return null;
+    return { position: Number(logbook.dataset.position), last: Number(logbook.dataset.last) };
+  }
+
+  function queueStep(step) {
+    var bounds = logbookBounds();
+    if (!bounds || !bounds.last) return;
+    var target = Math.min(bounds.last, Math.max(1, bounds.position + pendingSteps + step));
+    pendingSteps = target - bounds.position;
+    document.querySelectorAll("#step-list li.pending").forEach(function (li) {
+      li.classList.remove("pending");
+    });
+    var item = document.getElementById("step-item-" + target);
+    if (item) item.classList.add("pending");
+  }
+
+  function drainPending() {
+    var bounds = logbookBounds();
+    if (!pendingSteps || !bounds) {
+      pendingSteps = 0;
+      return;
+    }
+    var target = Math.min(bounds.last, Math.max(1, bounds.position + pendingSteps));
+    pendingSteps = 0;
+    if (target === bounds.position) return;
+    // The step list holds the steps around the current one; beyond it, one step at a time.
+    var link = document.querySelector("#step-item-" + target + " a");
+    if (!link) {
+      var toward = target > bounds.position ? "next" : "prev";
+      link = document.querySelector('#logbook [data-shortcut="' + toward + '"]');
+      pendingSteps = target - bounds.position - (toward === "next" ? 1 : -1);
+    }
+    if (link) link.click();
+  }
+
+  function targetsLogbook(event) {
+    var target = event.detail && event.detail.target;
+    return !!target && target.id === "logbook";
+  }
+
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    if (targetsLogbook(event)) stepLoading = true;
+  });
+  document.addEventListener("htmx:afterRequest", function (event) {
+    // A failed or aborted load swaps nothing: the presses counted for it are dropped.
+    if (targetsLogbook(event) && !event.detail.successful) {
+      stepLoading = false;
+      pendingSteps = 0;
+    }
+  });
+  document.addEventListener("htmx:afterSettle", function (event) {
+    if (!stepLoading || !document.getElementById("logbook")) return;
+    if (event.detail && event.detail.elt && event.detail.elt.hasAttribute &&
+        event.detail.elt.hasAttribute("data-live-poll")) return;
+    stepLoading = false;
+    drainPending();
   });
 
   // After a jump to a sequence number, bring that message into view.
