@@ -17,6 +17,7 @@ from memory_app.models import (
     Step,
     ToolCall,
 )
+from memory_app.queries.lists import STEP_SPAN
 
 STEP_RADIUS = 15
 TIMELINE_MAX_BARS = 200
@@ -367,6 +368,64 @@ def _timeline_bars(*, run: Run, per: int, width: int) -> list[TimelineBar]:
         )
         for start, end, busy, tokens, errors, first_start, last_end in rows
     ]
+
+
+# A running run's timeline is drawn one bar per step and laid out in the browser (app.js), so a
+# poll appends the new steps' bars instead of redrawing the picture; past this many steps the
+# page draws the grouped picture once and polls leave it be.
+LIVE_TIMELINE_MAX_STEPS = 1000
+
+
+@dataclass
+class LiveBar:
+    position: int
+    offset: float | None  # seconds from the run's time zero; None: the step carries no timing
+    end: float | None
+    duration: float
+    tokens: int
+    error: bool
+
+
+def timeline_totals(*, run: Run) -> Timeline:
+    """The timeline's caption and axis (time zero, span, busy time, tokens), without bars."""
+    row = Step.objects.filter(context_id=run.context_id, run=run).aggregate(
+        busy=Sum("duration"), tokens=Sum("total_tokens"), **STEP_SPAN
+    )
+    timeline = Timeline(bars=[])
+    timeline.total_duration = row["busy"] or 0.0
+    timeline.total_tokens = row["tokens"] or 0
+    if row["first_start"] is not None:
+        timeline.start = row["first_start"]
+        timeline.span = row["last_end"] - row["first_start"]
+        timeline.ticks = [timeline.span * i / 4 for i in range(5)] if timeline.span else []
+    return timeline
+
+
+def live_bars(*, run: Run, start: float | None, after: int = 0, limit: int | None = None) -> list:
+    """One bar per step after position `after`, offsets from `start` (the run's time zero)."""
+    rows = (
+        Step.objects.filter(context_id=run.context_id, run=run, position__gt=after)
+        .order_by("position")
+        .values_list("position", "start_time", "end_time", "duration", "total_tokens", "error_type")
+    )
+    if limit is not None:
+        rows = rows[:limit]
+    bars = []
+    for position, begin, end, duration, tokens, error in rows:
+        timed = begin is not None and start is not None
+        if timed and end is None:
+            end = begin + (duration or 0.0)
+        bars.append(
+            LiveBar(
+                position=position,
+                offset=begin - start if timed else None,
+                end=end - start if timed else None,
+                duration=duration or 0.0,
+                tokens=tokens or 0,
+                error=error is not None,
+            )
+        )
+    return bars
 
 
 def step_model_input(*, run: Run, position: int) -> list[dict[str, Any]] | None:

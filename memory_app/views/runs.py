@@ -20,12 +20,15 @@ from memory_app.audit import Actor
 from memory_app.models import Run, RunStatus, Step
 from memory_app.queries import logbook as logbook_queries
 from memory_app.queries.logbook import (
+    LIVE_TIMELINE_MAX_STEPS,
+    live_bars,
     run_cost,
     run_timeline,
     step_detail,
     step_nav,
     step_window,
     steps_after,
+    timeline_totals,
     transcript_upto,
 )
 from memory_app.queries.memory_history import step_memories
@@ -71,12 +74,21 @@ def _logbook_context(run: Run, position: int | None) -> dict:
     # reading the run and its steps is already in the list).
     shown = max([nav.last, *(s.position for s in window.steps)])
     live = run.status == RunStatus.RUNNING
+    # A running run's timeline grows a bar per step in the page (see logbook.live_bars).
+    live_timeline = live and run.last_position <= LIVE_TIMELINE_MAX_STEPS
+    if live_timeline:
+        timeline = timeline_totals(run=run)
+        bars = live_bars(run=run, start=timeline.start)
+    else:
+        timeline, bars = run_timeline(run=run, position=position), []
     return {
         "run": run,
         "step": step,
         "nav": nav,
         "window": window,
-        "timeline": run_timeline(run=run, position=position),
+        "timeline": timeline,
+        "live_timeline": live_timeline,
+        "live_bars": bars,
         "cost": run_cost(run=run),
         "live": live,
         "shown": shown,
@@ -145,14 +157,24 @@ def run_live(request, run_id: int):
         raise Http404(f"run {run.pk} has no step {position}")
     fresh = steps_after(run=run, after=after)
     shown = fresh.steps[-1].position if fresh.steps else after
+    # Only what changed: the new steps' bars (when the page draws them one by one) and the
+    # timeline's caption, never the whole picture again.
+    timeline = timeline_totals(run=run)
+    fresh_bars = (
+        live_bars(run=run, start=timeline.start, after=after, limit=len(fresh.steps))
+        if data["tl"] and fresh.steps
+        else []
+    )
     context = {
         "run": run,
         "fresh": fresh,
+        "fresh_bars": fresh_bars,
+        "live_timeline": data["tl"],
         "shown": shown,
         "seen": {"step": step_id, "last": fresh.steps[-1].pk if fresh.steps else last_id},
         "tail": data["tail"],
         "nav": step_nav(run=run, position=position),
-        "timeline": run_timeline(run=run, position=position),
+        "timeline": timeline,
         "cost": run_cost(run=run),
         # Keep polling until the page has every step of a finished run.
         "live": run.status == RunStatus.RUNNING or fresh.has_later,
