@@ -217,7 +217,7 @@ def test_run_page_header_timeline_and_step_agree(client):
     assert stats(html, "Cost") == [f"${run_cost:.4f}", f"${step_cost:.4f}"]
     # The step list shows each step's offset; the axis runs from +0 to the run's length.
     assert re.search(r'<span class="at">\+3\.0 s</span>', html)
-    assert '<div class="tl-axis"' in html and "<span>+6 min 14 s</span>" in html
+    assert 'class="tl-axis"' in html and "<span>+6 min 14 s</span>" in html
 
 
 def test_run_page_says_unknown_cost_with_a_dash(client):

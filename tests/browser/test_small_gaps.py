@@ -9,8 +9,9 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from memory_app.models import Message
+from memory_app.services.runs import run_create, steps_append
 from tests.browser.conftest import login, screenshot
-from tests.builders import TEST_PASSWORD, make_context, make_run, make_user
+from tests.builders import TEST_PASSWORD, action_step, make_context, make_run, make_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -138,4 +139,43 @@ def test_fast_j_and_k_presses_are_all_honoured(browser_page, curator):
         page.wait_for_timeout(150)
     expect(page.locator("#logbook")).to_have_attribute("data-position", "7", timeout=20_000)
     assert page.url.endswith(f"/runs/{run.pk}/steps/7/")
+    page.watch.assert_clean()
+
+
+def bar_geometry(page) -> dict[int, tuple[float, float]]:
+    """Each live bar's (x, width) of its duration rect, by step position."""
+    rows = page.locator("#tl-bars > a").evaluate_all(
+        "els => els.map(a => [a.dataset.p, a.querySelector('.tl-dur').getAttribute('x'),"
+        " a.querySelector('.tl-dur').getAttribute('width')])"
+    )
+    return {int(p): (float(x or 0), float(w or 0)) for p, x, w in rows}
+
+
+def test_a_running_runs_timeline_grows_on_the_clock_as_steps_arrive(browser_page, curator):
+    page = browser_page
+    run, _ = run_create(context=make_context(), task="Find the weather")
+    t0 = 1_700_000_000.0
+    items = [{"kind": "task", "task": "Find the weather"}]
+    for number, (offset, seconds) in enumerate([(0, 2.5), (3, 10.0), (14, 360.0)], start=1):
+        items.append(action_step(number, start_time=t0 + offset, end_time=t0 + offset + seconds))
+    steps_append(run=run, items=items)
+    login(page, "cura", TEST_PASSWORD, next_path=f"/runs/{run.pk}/steps/4/")
+    expect(page.locator("#run-live")).to_be_visible()
+    geometry = bar_geometry(page)
+    assert geometry[4][1] > 900  # the long step spans most of the run
+    assert geometry[1][0] == 0 and geometry[2][1] < 10
+
+    # A step after an idle stretch: the poll appends its bar and the picture rescales.
+    steps_append(run=run, items=[action_step(4, start_time=t0 + 574, end_time=t0 + 600)])
+    expect(page.locator("#tl-bars > a")).to_have_count(5, timeout=8_000)
+    expect(page.locator("#tl-caption")).to_contain_text("run 10 min")
+    geometry = bar_geometry(page)
+    scale = 1000 / 600
+    assert geometry[4] == pytest.approx((14 * scale, 360 * scale), abs=0.02)
+    assert geometry[5] == pytest.approx((574 * scale, 26 * scale), abs=0.02)
+    # Nothing drawn over the idle stretch between steps 4 and 5.
+    assert all(x + w <= 374 * scale + 0.02 or x >= 574 * scale - 0.02 for x, w in geometry.values())
+    marker = float(page.locator(".tl-marker").get_attribute("x1"))
+    assert marker == pytest.approx((14 + 180) * scale, abs=0.02)
+    screenshot(page, "run-timeline-live")
     page.watch.assert_clean()
