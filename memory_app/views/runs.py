@@ -1,8 +1,9 @@
 """Run logbook: step list beside the current step, stepped through by URL (/runs/<id>/steps/<n>/).
 
 A run still being written is followed by polling `/runs/<id>/live/` (htmx, every 2 s): the answer
-appends the new steps to the list and refreshes the header, timeline and stepper out of band,
-never the step the operator is reading, so their place and open details stay as they were.
+appends the new steps to the list and their bars to the timeline (laid out in the page), and
+refreshes the header, the timeline's caption and the stepper out of band, never the step the
+operator is reading, so their place and open details stay as they were.
 
 Steps can be renumbered while the page is open: a step that starts earlier than steps already
 written (trace ingest writes a run's task step when the root span ends, last) takes its place in
