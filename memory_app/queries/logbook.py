@@ -276,7 +276,7 @@ def run_timeline(
     if count == 0:
         return timeline
     per = math.ceil(count / max_bars)
-    bars = _timeline_bars(run=run, per=per, width=timeline.width)
+    bars = _timeline_bars(run=run, per=per, slots=max_bars)
     timeline.bars = bars
     starts = [b.first_start for b in bars if b.first_start is not None]
     if starts:
@@ -323,9 +323,9 @@ def run_timeline(
     return timeline
 
 
-# One query, windowed: a step's group is its position bucket, split wherever the agent sat
-# idle for a visible stretch (at least one unit of the timeline's width) since every earlier step
-# ended, so no bar covers time when nothing ran.
+# One query, windowed: a step's group is its position bucket, split wherever the agent sat idle
+# since every earlier step ended for as long as one bar is wide (1/max_bars of the run), so no
+# bar covers a stretch of the picture when nothing ran; at most max_bars such splits.
 _TIMELINE_SQL = """
 WITH s AS (
     SELECT position, duration, total_tokens, error_type, start_time,
@@ -335,7 +335,7 @@ WITH s AS (
     SELECT s.*, (position - 1) / %(per)s AS bucket,
            MAX(stop) OVER (ORDER BY position ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
                AS before_end,
-           (MAX(stop) OVER () - MIN(start_time) OVER ()) / %(width)s AS visible
+           (MAX(stop) OVER () - MIN(start_time) OVER ()) / %(slots)s AS visible
     FROM s
 ), g AS (
     SELECT p.*, SUM(CASE WHEN start_time - before_end >= visible AND visible > 0 THEN 1 ELSE 0 END)
@@ -348,13 +348,13 @@ FROM g GROUP BY bucket, island ORDER BY MIN(position)
 """
 
 
-def _timeline_bars(*, run: Run, per: int, width: int) -> list[TimelineBar]:
+def _timeline_bars(*, run: Run, per: int, slots: int) -> list[TimelineBar]:
     """The run's steps in groups of `per` positions (a group split at an idle stretch), one bar
     per group, in order: summed durations, tokens and errors, and when the group's first step
     began and its last ended."""
     sql = _TIMELINE_SQL.format(table=connection.ops.quote_name(Step._meta.db_table))
     with connections[router.db_for_read(Step)].cursor() as cursor:
-        cursor.execute(sql, {"context": run.context_id, "run": run.pk, "per": per, "width": width})
+        cursor.execute(sql, {"context": run.context_id, "run": run.pk, "per": per, "slots": slots})
         rows = cursor.fetchall()
     return [
         TimelineBar(
