@@ -1,5 +1,7 @@
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic.base import RedirectView
 
 from memory_app.api.app import api
 from memory_app.health import healthz
@@ -14,6 +16,8 @@ def _api_view(url_name: str):
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    # Browsers ask for /favicon.ico on pages that name no icon (JSON answers, the API docs).
+    path("favicon.ico", RedirectView.as_view(url=static("memory_app/favicon.svg"), permanent=True)),
     path("admin/", admin.site.urls),
     # Agent API: /api/v1/..., /api/openapi.json, /api/docs (see memory_app/api/__init__.py).
     path("api/", api_urls),

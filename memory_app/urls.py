@@ -18,6 +18,7 @@ from memory_app.views import (
     run_table,
     runs,
     scores,
+    users,
 )
 
 reading_urlpatterns = [
@@ -112,6 +113,10 @@ curation_urlpatterns = [
     path("keys/<int:key_id>/revoke/", keys.key_revoke, name="key-revoke"),
     path("keys/<int:key_id>/review/", keys.key_review, name="key-review"),
     path("keys/embedding-models/", keys.embedding_model_add, name="embedding-model-add"),
+    path("users/", users.users, name="users"),
+    path("users/<int:user_id>/role/", users.user_role, name="user-role"),
+    path("users/<int:user_id>/active/", users.user_active, name="user-active"),
+    path("users/<int:user_id>/password/", users.user_password, name="user-password"),
     path("purge/", audit.purge, name="purge"),
     path("retention/", retention.retention_policies, name="retention"),
     path("erasure/", retention.erasure_page, name="erasure"),

@@ -85,3 +85,24 @@ def test_patch_title_longer_than_the_column_is_422(api):
 
 def test_empty_keys_are_422(api):
     assert api.post("/api/v1/contexts", {"keys": {}}).status_code == 422
+
+
+def test_pruned_messages_are_left_out_of_the_context_counts(api):
+    cid = new_context(api, {"user": "ada", "chat": "counts"})
+    texts = ["one short", "two words here", "three of them now", "four is the longest of all"]
+    posted = api.post(
+        f"/api/v1/contexts/{cid}/messages/batch",
+        {"messages": [{"role": "user", "text": t} for t in texts]},
+    ).json()
+    items = posted["messages"]
+    tokens = [m["token_count"] for m in items]
+    pruned = api.post(f"/api/v1/contexts/{cid}/messages/{items[1]['id']}/prune", {})
+    assert pruned.status_code == 200, pruned.text
+    got = api.get(f"/api/v1/contexts/{cid}").json()
+    assert (got["message_count"], got["token_count"]) == (3, sum(tokens) - tokens[1])
+    listed = api.get("/api/v1/contexts", params={"keys": '{"chat": "counts"}'}).json()["items"]
+    assert [(c["message_count"], c["token_count"]) for c in listed] == [
+        (3, sum(tokens) - tokens[1])
+    ]
+    again = api.post("/api/v1/contexts", {"keys": {"user": "ada", "chat": "counts"}}).json()
+    assert (again["message_count"], again["token_count"]) == (3, sum(tokens) - tokens[1])

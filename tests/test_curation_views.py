@@ -40,6 +40,7 @@ def world():
         "event": event,
         "memory": memory,
         "key": key,
+        "user": make_user(role="viewer", username="someone"),
     }
 
 
@@ -53,6 +54,7 @@ def concrete_urls(world) -> list[str]:
         "step_id": world["step"].pk,
         "event_id": world["event"].pk,
         "key_id": world["key"].pk,
+        "user_id": world["user"].pk,
     }
     urls = []
     for pattern in urlpatterns:

@@ -27,8 +27,10 @@ SAMPLES = {
     "uuid": "00000000-0000-0000-0000-000000000000",
 }
 # Not dashboard pages: the probe, the agent API and the OTLP receivers at their standard paths
-# (bearer keys), static files and the login pages.
-EXCLUDED = re.compile(r"^/(healthz|api/|v1/(traces|logs)$|static/|accounts/login/|admin/login/)")
+# (bearer keys), static files (and /favicon.ico, a redirect to one) and the login pages.
+EXCLUDED = re.compile(
+    r"^/(healthz|favicon\.ico$|api/|v1/(traces|logs)$|static/|accounts/login/|admin/login/)"
+)
 
 
 def _sample_route(pattern) -> str:

@@ -72,6 +72,15 @@ def test_message_counts_are_live_with_pruned_shown_apart(viewer):
     assert re.search(
         r'data-label="Messages">3 <span class="muted pruned-count"[^>]*>\+2 pruned<', listing
     )
+    # Token totals leave the pruned messages out too, on the page and in the list.
+    live_tokens = sum(
+        Message.objects.filter(context=context, pruned_at__isnull=True).values_list(
+            "token_count", flat=True
+        )
+    )
+    assert live_tokens < Context.objects.get(pk=context.pk).token_count
+    assert re.search(rf'data-testid="live-tokens" title="{live_tokens}"', page)
+    assert re.search(rf'data-label="Tokens" title="{live_tokens}"', listing)
     messages_set_pruned(context=context, ids=ids[:2], pruned=False, actor=Actor.system("t"))
     page = viewer.get(reverse("context", args=[context.pk])).content.decode()
     assert re.search(r'data-testid="live-count">5<', page) and "pruned-count" not in page

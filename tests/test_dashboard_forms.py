@@ -73,6 +73,9 @@ POST_ONLY = {
     "key-revoke",
     "embedding-model-add",
     "run-review",
+    "user-role",
+    "user-active",
+    "user-password",
 }
 
 
@@ -106,6 +109,7 @@ def urls() -> dict[str, str]:
         "step_id": step.pk,
         "event_id": event.pk,
         "key_id": key.pk,
+        "user_id": make_user(role="viewer").pk,
         "queue_id": ReviewQueue.objects.create(
             name="q", score_name="correct", score_kind="boolean"
         ).pk,
@@ -118,7 +122,7 @@ def urls() -> dict[str, str]:
 
 def test_the_method_lists_cover_every_dashboard_url(urls):
     both = {"login", "curate-message-edit", "memory-edit", "keys", "purge", "retention", "erasure"}
-    both |= {"queues", "queue"}
+    both |= {"queues", "queue", "users"}
     assert set(urls) == GET_ONLY | POST_ONLY | both
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from html import unescape
 
 import pytest
 from django.test import Client
@@ -219,3 +220,39 @@ def test_step_details_load_by_step_id_after_renumbering(client):
         client.get(f"/runs/{run.pk}/steps/1/transcript/", {"step": foreign}, **HX).status_code
         == 404
     )
+
+
+def poll_url(html: str) -> str:
+    return unescape(re.search(r'hx-get="([^"]+)"', poller(html)).group(1))
+
+
+def test_a_poll_sends_only_the_new_steps_however_long_the_run_grows(client):
+    # Every poll used to send the whole timeline picture again: 50 KB at 300 steps, growing.
+    run = running_run(1)
+    t0 = 1_700_000_000.0
+    written = 1
+    sizes = {}
+    for total in (20, 900):
+        items = [
+            action_step(n, start_time=t0 + n, end_time=t0 + n + 0.5) for n in range(written, total)
+        ]
+        steps_append(run=run, items=items)
+        written = total
+        html = client.get(f"/runs/{run.pk}/steps/{total}/").content.decode()
+        assert html.count('class="tl-bar') == total  # one bar per step, laid out by app.js
+        url = poll_url(html)
+        steps_append(
+            run=run,
+            items=[action_step(n, start_time=t0 + n, end_time=t0 + n + 0.5) for n in (total,)],
+        )
+        written += 1
+        answer = client.get(url, **HX)
+        assert answer.status_code == 200
+        body = answer.content.decode()
+        # The new step's bar is appended, the picture is not sent again.
+        bars = re.search(r'<svg hx-swap-oob="beforeend:#tl-bars">(.*?)</svg>', body, re.S)
+        assert bars and re.findall(r'data-p="(\d+)"', bars.group(1)) == [str(total + 1)]
+        assert 'id="run-timeline"' not in body
+        sizes[total] = len(answer.content)
+    assert sizes[900] < 8_000, sizes
+    assert sizes[900] - sizes[20] < 500, sizes

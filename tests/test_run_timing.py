@@ -217,7 +217,7 @@ def test_run_page_header_timeline_and_step_agree(client):
     assert stats(html, "Cost") == [f"${run_cost:.4f}", f"${step_cost:.4f}"]
     # The step list shows each step's offset; the axis runs from +0 to the run's length.
     assert re.search(r'<span class="at">\+3\.0 s</span>', html)
-    assert '<div class="tl-axis"' in html and "<span>+6 min 14 s</span>" in html
+    assert 'class="tl-axis"' in html and "<span>+6 min 14 s</span>" in html
 
 
 def test_run_page_says_unknown_cost_with_a_dash(client):
@@ -257,3 +257,24 @@ def test_a_bad_price_table_fails_the_system_checks():
     errors = check_model_prices(None)
     assert [e.id for e in errors] == ["memory_app.E002"]
     assert "AGENTMEMORY_MODEL_PRICES" in errors[0].msg
+
+
+def test_a_timeline_bar_never_spans_an_idle_gap():
+    # 302 one-second steps back to back, but the agent waited 200 s after step 153 (the task is
+    # step 1): with more steps than bars, steps are drawn in pairs, and step 153 shares its bar
+    # with step 154. That bar must not bridge the wait.
+    spans = [(float(i), 1.0) for i in range(152)] + [(352.0 + i, 1.0) for i in range(150)]
+    run = finished_run(timed_steps(*spans))
+    timeline = logbook_queries.run_timeline(run=run)
+    scale = timeline.width / timeline.span
+    idle = (152 * scale, 352 * scale)  # from step 153's end to step 154's start
+    assert idle[1] - idle[0] > 100
+    for bar in timeline.bars:
+        assert bar.x + bar.width <= idle[0] + 0.01 or bar.x >= idle[1] - 0.01, (
+            f"steps {bar.start}-{bar.end} drawn from {bar.x} to {bar.x + bar.width}: across the "
+            f"idle time {idle}"
+        )
+    # Still grouped (not one bar per step), and every step in exactly one bar.
+    assert len(timeline.bars) <= 205
+    covered = [p for bar in timeline.bars for p in range(bar.start, bar.end + 1)]
+    assert covered == list(range(1, run.last_position + 1))

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.postgres.search import SearchQuery
-from django.db.models import Count, F, Q, QuerySet
+from django.db.models import F, Q, QuerySet
 
 from memory_app.models import (
     FTS_CONFIG,
@@ -25,6 +25,7 @@ from memory_app.models import (
     MessageSearch,
     Run,
 )
+from memory_app.queries.lists import with_live_counts
 from memory_app.search import fulltext
 
 PAGE_SIZE = 50
@@ -126,23 +127,9 @@ def contexts_page(
 
 
 def with_message_counts(contexts: list[Context]) -> list[Context]:
-    """Set `live_count` and `pruned_count` on each context. `message_count` counts every stored
-    message, pruned ones included; pruned rows are counted on their own partial index (one query
-    for the whole page, as cheap as the number of pruned messages)."""
-    pruned = (
-        dict(
-            Message.objects.filter(context__in=contexts, pruned_at__isnull=False)
-            .values("context")
-            .annotate(n=Count("id"))
-            .values_list("context", "n")
-        )
-        if contexts
-        else {}
-    )
-    for c in contexts:
-        c.pruned_count = pruned.get(c.pk, 0)
-        c.live_count = c.message_count - c.pruned_count
-    return contexts
+    """Set `live_count`, `pruned_count` and `live_tokens` on each context (pruned messages are
+    counted on their own, never in a total: `lists.with_live_counts`)."""
+    return with_live_counts(contexts)
 
 
 @dataclass
@@ -168,6 +155,9 @@ class HistoryWindow:
     messages: list[Message]
     has_earlier: bool = False
     has_later: bool = False
+    # After a jump to a seq the window does not show: "pruned" (shown with "show pruned"),
+    # "filtered" (left out by the filters) or "missing" (no message has that seq).
+    target_hidden: str = ""
 
     @property
     def first_seq(self) -> int | None:
@@ -231,6 +221,8 @@ def history_window(
             has_earlier=len(earlier) > half,
             has_later=len(later) > limit - half,
         )
+        if not any(m.seq == around for m in window.messages):
+            window.target_hidden = _why_hidden(context, filters, around)
         return window
     if after is not None:
         rows = list(qs.filter(seq__gt=after).order_by("seq")[: limit + 1])
@@ -243,6 +235,15 @@ def history_window(
         has_earlier=len(rows) > limit,
         has_later=before is not None,
     )
+
+
+def _why_hidden(context: Context, filters: HistoryFilters, seq: int) -> str:
+    pruned_at = Message.objects.filter(context=context, seq=seq).values_list(
+        "pruned_at", flat=True
+    )[:1]
+    if not pruned_at:
+        return "missing"
+    return "pruned" if pruned_at[0] is not None and not filters.show_pruned else "filtered"
 
 
 def context_tags(*, context: Context, limit: int = 30) -> list[str]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
-from django.db.models import F, Max, Min, Prefetch, QuerySet
+from django.db.models import Count, F, Max, Min, Prefetch, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -56,7 +56,31 @@ def contexts_list(
         qs = qs.filter(keys__contains=keys)
     if after is not None:
         qs = qs.filter(pk__gt=after)
-    return _page_forward(qs.order_by("pk"), limit=_clamp(limit), cursor_field="pk")
+    page = _page_forward(qs.order_by("pk"), limit=_clamp(limit), cursor_field="pk")
+    with_live_counts(page.items)
+    return page
+
+
+def with_live_counts(contexts: list[Context]) -> list[Context]:
+    """Set `live_count`, `live_tokens` and `pruned_count` on each context: what its messages
+    count once pruned ones are left out. The stored counters (`message_count`, `token_count`)
+    count every stored message; pruned rows are summed on their own partial index, one query for
+    all the contexts, as cheap as the number of pruned messages."""
+    pruned = {}
+    if contexts:
+        pruned = {
+            row["context"]: row
+            for row in Message.objects.filter(context__in=contexts, pruned_at__isnull=False)
+            .values("context")
+            .annotate(n=Count("id"), tokens=Sum("token_count"))
+            .order_by()
+        }
+    for c in contexts:
+        row = pruned.get(c.pk, {})
+        c.pruned_count = row.get("n", 0)
+        c.live_count = c.message_count - c.pruned_count
+        c.live_tokens = c.token_count - (row.get("tokens") or 0)
+    return contexts
 
 
 def context_by_keys(*, within: QuerySet, keys: dict[str, Any]) -> Context | None:

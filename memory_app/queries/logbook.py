@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Count, F, Max, Min, Q, Sum
+from django.db import connection, connections, router
+from django.db.models import Count, Q, Sum
 
 from memory_app import pricing, transcripts
 from memory_app.models import (
@@ -287,7 +288,7 @@ def run_timeline(
     if count == 0:
         return timeline
     per = math.ceil(count / max_bars)
-    bars = _timeline_bars(run=run, per=per)
+    bars = _timeline_bars(run=run, per=per, slots=max_bars)
     timeline.bars = bars
     starts = [b.first_start for b in bars if b.first_start is not None]
     if starts:
@@ -334,36 +335,109 @@ def run_timeline(
     return timeline
 
 
-def _timeline_bars(*, run: Run, per: int) -> list[TimelineBar]:
-    """The run's steps in groups of `per` positions, one bar per group, in order: summed
-    durations, tokens and errors, and when the group's first step began and its last ended."""
-    rows = (
-        Step.objects.filter(context_id=run.context_id, run=run)
-        .annotate(bucket=(F("position") - 1) / per)
-        .values("bucket")
-        .annotate(
-            start=Min("position"),
-            end=Max("position"),
-            # Not named "duration": STEP_SPAN reads the column of that name.
-            busy=Sum("duration"),
-            tokens=Sum("total_tokens"),
-            errors=Count("error_type"),
-            **STEP_SPAN,
-        )
-        .order_by("bucket")
-    )
+# One query, windowed: a step's group is its position bucket, split wherever the agent sat idle
+# since every earlier step ended for as long as one bar is wide (1/max_bars of the run), so no
+# bar covers a stretch of the picture when nothing ran; at most max_bars such splits.
+_TIMELINE_SQL = """
+WITH s AS (
+    SELECT position, duration, total_tokens, error_type, start_time,
+           COALESCE(end_time, start_time + duration, start_time) AS stop
+    FROM {table} WHERE context_id = %(context)s AND run_id = %(run)s
+), p AS (
+    SELECT s.*, (position - 1) / %(per)s AS bucket,
+           MAX(stop) OVER (ORDER BY position ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+               AS before_end,
+           (MAX(stop) OVER () - MIN(start_time) OVER ()) / %(slots)s AS visible
+    FROM s
+), g AS (
+    SELECT p.*, SUM(CASE WHEN start_time - before_end >= visible AND visible > 0 THEN 1 ELSE 0 END)
+               OVER (ORDER BY position) AS island
+    FROM p
+)
+SELECT MIN(position), MAX(position), SUM(duration), SUM(total_tokens), COUNT(error_type),
+       MIN(start_time), MAX(stop)
+FROM g GROUP BY bucket, island ORDER BY MIN(position)
+"""
+
+
+def _timeline_bars(*, run: Run, per: int, slots: int) -> list[TimelineBar]:
+    """The run's steps in groups of `per` positions (a group split at an idle stretch), one bar
+    per group, in order: summed durations, tokens and errors, and when the group's first step
+    began and its last ended."""
+    sql = _TIMELINE_SQL.format(table=connection.ops.quote_name(Step._meta.db_table))
+    with connections[router.db_for_read(Step)].cursor() as cursor:
+        cursor.execute(sql, {"context": run.context_id, "run": run.pk, "per": per, "slots": slots})
+        rows = cursor.fetchall()
     return [
         TimelineBar(
-            start=r["start"],
-            end=r["end"],
-            duration=r["busy"] or 0.0,
-            tokens=r["tokens"] or 0,
-            errors=r["errors"],
-            first_start=r["first_start"],
-            last_end=r["last_end"],
+            start=start,
+            end=end,
+            duration=busy or 0.0,
+            tokens=tokens or 0,
+            errors=errors,
+            first_start=first_start,
+            last_end=last_end,
         )
-        for r in rows
+        for start, end, busy, tokens, errors, first_start, last_end in rows
     ]
+
+
+# A running run's timeline is drawn one bar per step and laid out in the browser (app.js), so a
+# poll appends the new steps' bars instead of redrawing the picture; past this many steps the
+# page draws the grouped picture once and polls leave it be.
+LIVE_TIMELINE_MAX_STEPS = 1000
+
+
+@dataclass
+class LiveBar:
+    position: int
+    offset: float | None  # seconds from the run's time zero; None: the step carries no timing
+    end: float | None
+    duration: float
+    tokens: int
+    error: bool
+
+
+def timeline_totals(*, run: Run) -> Timeline:
+    """The timeline's caption and axis (time zero, span, busy time, tokens), without bars."""
+    row = Step.objects.filter(context_id=run.context_id, run=run).aggregate(
+        busy=Sum("duration"), tokens=Sum("total_tokens"), **STEP_SPAN
+    )
+    timeline = Timeline(bars=[])
+    timeline.total_duration = row["busy"] or 0.0
+    timeline.total_tokens = row["tokens"] or 0
+    if row["first_start"] is not None:
+        timeline.start = row["first_start"]
+        timeline.span = row["last_end"] - row["first_start"]
+        timeline.ticks = [timeline.span * i / 4 for i in range(5)] if timeline.span else []
+    return timeline
+
+
+def live_bars(*, run: Run, start: float | None, after: int = 0, limit: int | None = None) -> list:
+    """One bar per step after position `after`, offsets from `start` (the run's time zero)."""
+    rows = (
+        Step.objects.filter(context_id=run.context_id, run=run, position__gt=after)
+        .order_by("position")
+        .values_list("position", "start_time", "end_time", "duration", "total_tokens", "error_type")
+    )
+    if limit is not None:
+        rows = rows[:limit]
+    bars = []
+    for position, begin, end, duration, tokens, error in rows:
+        timed = begin is not None and start is not None
+        if timed and end is None:
+            end = begin + (duration or 0.0)
+        bars.append(
+            LiveBar(
+                position=position,
+                offset=begin - start if timed else None,
+                end=end - start if timed else None,
+                duration=duration or 0.0,
+                tokens=tokens or 0,
+                error=error is not None,
+            )
+        )
+    return bars
 
 
 def _flat_text(content: Any) -> str:

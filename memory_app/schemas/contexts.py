@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from ninja import Schema
 from pydantic import Field
 
+from memory_app.queries.lists import with_live_counts
 from memory_app.schemas.fields import (
     JsonObject,
     Short,
@@ -53,12 +54,25 @@ class ContextOut(Schema):
     title: str
     metadata: Any
     last_seq: int
-    message_count: int
-    token_count: int
+    message_count: int = Field(description="messages, pruned ones left out")
+    token_count: int = Field(description="tokens of those messages (pruned ones left out)")
     run_count: int
     created_at: datetime
     updated_at: datetime
     last_activity_at: datetime
+
+    # Lists count a whole page at once (`contexts_list`); a single context is counted here.
+    @staticmethod
+    def resolve_message_count(obj) -> int:
+        if not hasattr(obj, "live_count"):
+            with_live_counts([obj])
+        return obj.live_count
+
+    @staticmethod
+    def resolve_token_count(obj) -> int:
+        if not hasattr(obj, "live_tokens"):
+            with_live_counts([obj])
+        return obj.live_tokens
 
 
 class ContextPage(Schema):

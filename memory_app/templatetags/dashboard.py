@@ -198,3 +198,29 @@ def delta(value, unit: str) -> str:
     if unit == "seconds":
         return sign + seconds(size)
     return sign + compact(size)
+@register.simple_tag
+def live_timeline_bars(bars, run_pk: int):
+    """A running run's bars, one per step, with their numbers as data: app.js lays them out on
+    the run's clock (and again after a poll appends more), so a poll sends only its new steps."""
+    placeholder = 987654321
+    url = reverse("run-step", args=[run_pk, placeholder])
+    parts = []
+    for bar in bars:
+        title = f"step {bar.position}:"
+        if bar.offset is not None:
+            title += f" at +{seconds(bar.offset)},"
+        title += f" {seconds(bar.duration)}, {bar.tokens} tokens" + (", error" if bar.error else "")
+        timing = (
+            f' data-s="{round(bar.offset, 3)}" data-e="{round(bar.end, 3)}"'
+            if bar.offset is not None
+            else ""
+        )
+        href = url.replace(str(placeholder), str(bar.position))
+        parts.append(
+            f'<a href="{escape(href)}" class="tl-bar{" has-error" if bar.error else ""}"'
+            f' data-p="{bar.position}"{timing} data-d="{round(bar.duration, 3)}"'
+            f' data-t="{bar.tokens}"><title>{escape(title)}</title>'
+            '<rect class="tl-hit"></rect><rect class="tl-dur"></rect><rect class="tl-tok"></rect>'
+            "</a>"
+        )
+    return mark_safe("".join(parts))  # noqa: S308 - numbers and escaped text only

@@ -118,8 +118,13 @@ def audit_log(request):
             "archive",
             "memory_merge",
             "memory_promote",
+            "user_create",
+            "user_role",
+            "user_deactivate",
+            "user_activate",
+            "user_password",
         ],
-        "targets": ["message", "step", "memoryrecord", "context", "apikey"],
+        "targets": ["message", "step", "memoryrecord", "context", "apikey", "user"],
     }
     return page(request, "memory_app/curate/audit.html", context)
 

@@ -95,9 +95,10 @@ def context_runs(request, context_id: int):
 
 @require("curate")
 @require_POST
-@htmx_partial("message")
+@htmx_partial("message-changed")
 def message_prune(request, context_id: int, message_id: int):
-    """Prune (soft delete) or restore one message; answers the message's updated row."""
+    """Prune (soft delete) or restore one message; answers the message's updated row and, out of
+    band, the header's counts."""
     context_obj = get_object_or_404(Context, pk=context_id)
     form = MessagePruneForm(request.POST)
     if not form.is_valid():
@@ -112,6 +113,7 @@ def message_prune(request, context_id: int, message_id: int):
     except NotFound as exc:
         raise Http404(str(exc)) from exc
     message = messages_for_history().get(pk=message_id)
+    with_message_counts([context_obj])
     if not wants_fragment(request):
         return redirect(reverse("context", args=[context_obj.pk]) + f"?pruned=1&seq={message.seq}")
     return page(

@@ -7,6 +7,7 @@ fragment with a stable id comes back and swaps outerHTML). Undo is an audit even
 
 from __future__ import annotations
 
+from django.db.models.functions import Substr
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
@@ -15,6 +16,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from memory_app.audit import Actor
 from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.models import AuditEvent, Context, Message, MessageRole, Run, Step
+from memory_app.queries.dashboard import with_message_counts
 from memory_app.rendering import content_blocks
 from memory_app.roles import require
 from memory_app.services import curation
@@ -56,7 +58,40 @@ def _recent_undoable(context: Context, limit: int = 5) -> list[AuditEvent]:
         .exclude(pk__in=undos)
         .order_by("-id")[:limit]
     )
-    return list(events)
+    events = list(events)
+    _name_targets(context, events)
+    return events
+
+
+NAMED_TARGETS = 3
+NAME_WORDS_CHARS = 40
+
+
+def _name_targets(context: Context, events: list[AuditEvent]) -> None:
+    """Set `named` on each event: its first few messages as "#seq · first words…" (or steps as
+    "run R step N"), so a change says which message it touched. One query per kind of target."""
+    wanted = {"message": set(), "step": set()}
+    for event in events:
+        ids = [i for i in (event.target_ids or [])[:NAMED_TARGETS] if isinstance(i, int)]
+        wanted.get(event.target_type, set()).update(ids)
+    names: dict[tuple[str, int], str] = {}
+    if wanted["message"]:
+        for pk, seq, words in Message.objects.filter(
+            context=context, pk__in=wanted["message"]
+        ).values_list("pk", "seq", Substr("text", 1, NAME_WORDS_CHARS + 1)):
+            words = " ".join((words or "").split())
+            if len(words) > NAME_WORDS_CHARS:
+                cut = words[:NAME_WORDS_CHARS]
+                words = (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "…"
+            names["message", pk] = f"#{seq} · {words}" if words else f"#{seq}"
+    if wanted["step"]:
+        for pk, run_id, position in Step.objects.filter(
+            context_id=context.pk, pk__in=wanted["step"]
+        ).values_list("pk", "run_id", "position"):
+            names["step", pk] = f"run {run_id} step {position}"
+    for event in events:
+        ids = (event.target_ids or [])[:NAMED_TARGETS]
+        event.named = [names[key] for i in ids if (key := (event.target_type, i)) in names]
 
 
 # --- chat history ----------------------------------------------------------------------------
@@ -70,6 +105,7 @@ def _history_state(context: Context, *, view: str, before: int | None = None) ->
         qs = qs.filter(seq__lt=before)
     rows = list(qs.order_by("-seq")[: PAGE + 1])
     messages = list(reversed(rows[:PAGE]))
+    with_message_counts([context])
     base = reverse("curate-history", args=[context.pk])
     here = query_string(view=view if view == "pruned" else "", before=before)
     earlier = (
@@ -91,7 +127,12 @@ def _history_state(context: Context, *, view: str, before: int | None = None) ->
 @require("curate")
 @require_GET
 @htmx_partial(
-    "curate-panel", targets={"curate-list": "curate-list", "recent-changes": "recent-changes"}
+    "curate-panel",
+    targets={
+        "curate-list": "curate-list",
+        "recent-changes": "recent-changes",
+        "context-counts-box": "counts",
+    },
 )
 def curate_history(request, context_id: int):
     context = get_object_or_404(Context, pk=context_id)
@@ -131,9 +172,10 @@ def curate_set_pruned(request, context_id: int):
     if not wants_fragment(request):
         qs = query_string(view=view if view == "pruned" else "", done=event.pk if event else "")
         return redirect(reverse("curate-history", args=[context.pk]) + (f"?{qs}" if qs else ""))
-    # The list the operator was on, from its first page.
+    # The list the operator was on, from its first page, and the header's new counts.
     state = _history_state(context, view=view)
     state["done"] = event
+    state["counts_changed"] = True
     return page(request, "memory_app/curate/history.html", state)
 
 

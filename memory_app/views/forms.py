@@ -320,6 +320,8 @@ class RunLiveForm(DashboardForm):
     step = WholeNumberField(minimum=1)
     last = WholeNumberField(minimum=1)
     tail = FlagField()
+    # The page draws the timeline a step at a time (app.js): the poll sends the new steps' bars.
+    tl = FlagField()
 
 
 class StepDetailForm(DashboardForm):

@@ -1,8 +1,9 @@
 """Run logbook: step list beside the current step, stepped through by URL (/runs/<id>/steps/<n>/).
 
 A run still being written is followed by polling `/runs/<id>/live/` (htmx, every 2 s): the answer
-appends the new steps to the list and refreshes the header, timeline and stepper out of band,
-never the step the operator is reading, so their place and open details stay as they were.
+appends the new steps to the list and their bars to the timeline (laid out in the page), and
+refreshes the header, the timeline's caption and the stepper out of band, never the step the
+operator is reading, so their place and open details stay as they were.
 
 Steps can be renumbered while the page is open: a step that starts earlier than steps already
 written (trace ingest writes a run's task step when the root span ends, last) takes its place in
@@ -20,6 +21,8 @@ from memory_app.audit import Actor
 from memory_app.models import Run, RunStatus, Step
 from memory_app.queries import model_input as model_input_queries
 from memory_app.queries.logbook import (
+    LIVE_TIMELINE_MAX_STEPS,
+    live_bars,
     run_cost,
     run_timeline,
     spans_being_mapped,
@@ -27,6 +30,7 @@ from memory_app.queries.logbook import (
     step_nav,
     step_window,
     steps_after,
+    timeline_totals,
     transcript_upto,
 )
 from memory_app.queries.memory_history import step_memories
@@ -81,6 +85,13 @@ def _logbook_context(run: Run, position: int | None) -> dict:
     # reading the run and its steps is already in the list).
     shown = max([nav.last, *(s.position for s in window.steps)])
     live = run.status == RunStatus.RUNNING or mapping
+    # A running run's timeline grows a bar per step in the page (see logbook.live_bars).
+    live_timeline = live and run.last_position <= LIVE_TIMELINE_MAX_STEPS
+    if live_timeline:
+        timeline = timeline_totals(run=run)
+        bars = live_bars(run=run, start=timeline.start)
+    else:
+        timeline, bars = run_timeline(run=run, position=position), []
     return {
         **header,
         "run": run,
@@ -88,7 +99,9 @@ def _logbook_context(run: Run, position: int | None) -> dict:
         "step": step,
         "nav": nav,
         "window": window,
-        "timeline": run_timeline(run=run, position=position),
+        "timeline": timeline,
+        "live_timeline": live_timeline,
+        "live_bars": bars,
         "cost": run_cost(run=run),
         "live": live,
         "shown": shown,
@@ -159,15 +172,25 @@ def run_live(request, run_id: int):
     fresh = steps_after(run=run, after=after)
     shown = fresh.steps[-1].position if fresh.steps else after
     mapping = spans_being_mapped(run)
+    # Only what changed: the new steps' bars (when the page draws them one by one) and the
+    # timeline's caption, never the whole picture again.
+    timeline = timeline_totals(run=run)
+    fresh_bars = (
+        live_bars(run=run, start=timeline.start, after=after, limit=len(fresh.steps))
+        if data["tl"] and fresh.steps
+        else []
+    )
     context = {
         "run": run,
         "mapping": mapping,
         "fresh": fresh,
+        "fresh_bars": fresh_bars,
+        "live_timeline": data["tl"],
         "shown": shown,
         "seen": {"step": step_id, "last": fresh.steps[-1].pk if fresh.steps else last_id},
         "tail": data["tail"],
         "nav": step_nav(run=run, position=position),
-        "timeline": run_timeline(run=run, position=position),
+        "timeline": timeline,
         "cost": run_cost(run=run),
         # Keep polling until the page has every step of a finished run.
         "live": run.status == RunStatus.RUNNING or mapping or fresh.has_later,

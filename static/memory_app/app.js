@@ -28,9 +28,82 @@
     var action = SHORTCUTS[event.key];
     if (!action) return;
     var link = document.querySelector('#logbook [data-shortcut="' + action + '"]');
+    var step = action === "next" ? 1 : action === "prev" ? -1 : 0;
+    if (step && stepLoading) {
+      // A step is still loading: its links lead where the page was, not where the operator
+      // already is. Count the press and go there once the step is in (see drainPending).
+      event.preventDefault();
+      queueStep(step);
+      return;
+    }
     if (!link) return;
     event.preventDefault();
     link.click();
+  });
+
+  // j / k pressed while a step loads, summed (+ forward, - back); the step they lead to is
+  // marked in the list at once and loaded when the current load settles.
+  var stepLoading = false;
+  var pendingSteps = 0;
+
+  function logbookBounds() {
+    var logbook = document.getElementById("logbook");
+    if (!logbook) return null;
+    return { position: Number(logbook.dataset.position), last: Number(logbook.dataset.last) };
+  }
+
+  function queueStep(step) {
+    var bounds = logbookBounds();
+    if (!bounds || !bounds.last) return;
+    var target = Math.min(bounds.last, Math.max(1, bounds.position + pendingSteps + step));
+    pendingSteps = target - bounds.position;
+    document.querySelectorAll("#step-list li.pending").forEach(function (li) {
+      li.classList.remove("pending");
+    });
+    var item = document.getElementById("step-item-" + target);
+    if (item) item.classList.add("pending");
+  }
+
+  function drainPending() {
+    var bounds = logbookBounds();
+    if (!pendingSteps || !bounds) {
+      pendingSteps = 0;
+      return;
+    }
+    var target = Math.min(bounds.last, Math.max(1, bounds.position + pendingSteps));
+    pendingSteps = 0;
+    if (target === bounds.position) return;
+    // The step list holds the steps around the current one; beyond it, one step at a time.
+    var link = document.querySelector("#step-item-" + target + " a");
+    if (!link) {
+      var toward = target > bounds.position ? "next" : "prev";
+      link = document.querySelector('#logbook [data-shortcut="' + toward + '"]');
+      pendingSteps = target - bounds.position - (toward === "next" ? 1 : -1);
+    }
+    if (link) link.click();
+  }
+
+  function targetsLogbook(event) {
+    var target = event.detail && event.detail.target;
+    return !!target && target.id === "logbook";
+  }
+
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    if (targetsLogbook(event)) stepLoading = true;
+  });
+  document.addEventListener("htmx:afterRequest", function (event) {
+    // A failed or aborted load swaps nothing: the presses counted for it are dropped.
+    if (targetsLogbook(event) && !event.detail.successful) {
+      stepLoading = false;
+      pendingSteps = 0;
+    }
+  });
+  document.addEventListener("htmx:afterSettle", function (event) {
+    if (!stepLoading || !document.getElementById("logbook")) return;
+    if (event.detail && event.detail.elt && event.detail.elt.hasAttribute &&
+        event.detail.elt.hasAttribute("data-live-poll")) return;
+    stepLoading = false;
+    drainPending();
   });
 
   // After a jump to a sequence number, bring that message into view.
@@ -114,6 +187,68 @@
     revealCurrentStep();
   }
 
+  // A running run's timeline: one bar per step, carrying its numbers (data-s / data-e: offset
+  // and end in seconds from the run's time zero, data-d duration, data-t tokens). Laid out here,
+  // on the run's clock when steps are timed (else one slot per step), so a poll only appends
+  // the new steps' bars. Tracks as in queries/logbook.Timeline: durations 48 high, tokens 32
+  // high below them, in a 1000-wide picture.
+  var TL = { width: 1000, dur: 48, tokBase: 54, tok: 32 };
+
+  function layoutLiveTimeline() {
+    var figure = document.querySelector("#run-timeline[data-live-timeline]");
+    if (!figure) return;
+    var bars = figure.querySelectorAll("#tl-bars > a");
+    var span = 0, maxDur = 0, maxTok = 0, timed = false;
+    bars.forEach(function (bar) {
+      if (bar.dataset.s !== undefined) {
+        timed = true;
+        span = Math.max(span, Number(bar.dataset.e));
+      }
+      maxDur = Math.max(maxDur, Number(bar.dataset.d));
+      maxTok = Math.max(maxTok, Number(bar.dataset.t));
+    });
+    var onClock = timed && span > 0;
+    var slot = TL.width / Math.max(bars.length, 1);
+    var previousEnd = 0;
+    var centres = {};
+    bars.forEach(function (bar, i) {
+      var x, w;
+      if (onClock && bar.dataset.s !== undefined) {
+        x = Number(bar.dataset.s) / span * TL.width;
+        w = Math.max((Number(bar.dataset.e) - Number(bar.dataset.s)) / span * TL.width, 1.5);
+        previousEnd = x + w;
+      } else if (onClock) {
+        x = previousEnd; w = 1.5; // an untimed step (the task) where the previous one ended
+      } else {
+        x = i * slot; w = Math.max(slot * 0.8, 0.5);
+      }
+      var d = Number(bar.dataset.d), t = Number(bar.dataset.t);
+      var dh = d ? Math.max(d / (maxDur || 1) * TL.dur, 1) : 0;
+      var th = t ? Math.max(t / (maxTok || 1) * TL.tok, 1) : 0;
+      var rects = bar.querySelectorAll("rect");
+      setRect(rects[0], x, 0, w, TL.tokBase + TL.tok);
+      setRect(rects[1], x, TL.dur - dh, w, dh);
+      setRect(rects[2], x, TL.tokBase, w, th);
+      centres[bar.dataset.p] = x + w / 2;
+    });
+    var marker = figure.querySelector(".tl-marker[data-p]");
+    if (marker && centres[marker.dataset.p] !== undefined) {
+      marker.setAttribute("x1", centres[marker.dataset.p].toFixed(2));
+      marker.setAttribute("x2", centres[marker.dataset.p].toFixed(2));
+    }
+  }
+
+  function setRect(rect, x, y, w, h) {
+    if (!rect) return;
+    rect.setAttribute("x", x.toFixed(2));
+    rect.setAttribute("y", y.toFixed(2));
+    rect.setAttribute("width", w.toFixed(2));
+    rect.setAttribute("height", h.toFixed(2));
+  }
+
+  document.addEventListener("DOMContentLoaded", layoutLiveTimeline);
+  document.addEventListener("htmx:afterSettle", layoutLiveTimeline);
+  document.addEventListener("htmx:oobAfterSwap", layoutLiveTimeline);
   document.addEventListener("DOMContentLoaded", settle);
   document.addEventListener("DOMContentLoaded", openAtLatest);
   document.addEventListener("htmx:afterSettle", settle);

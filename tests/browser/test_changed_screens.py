@@ -142,6 +142,9 @@ def test_the_favicon_loads_and_the_nav_links_to_the_api_docs(browser_page, viewe
     answer = page.request.get(page.base_url + icon)
     assert answer.status == 200 and answer.headers["content-type"].startswith("image/svg+xml")
     assert b"<svg" in answer.body()
+    # Pages that name no icon (the API's JSON) make the browser ask for /favicon.ico.
+    fallback = page.request.get(page.base_url + "/favicon.ico")
+    assert fallback.status == 200 and fallback.body() == answer.body()
     page.click("nav a:has-text('API docs')")
     page.wait_for_url(lambda url: url.endswith("/api/docs"))
     page.wait_for_selector(".opblock-summary", state="visible")
