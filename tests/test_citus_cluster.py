@@ -7,6 +7,7 @@ walks, and an index's size is read from the shards. Skipped where no Citus build
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -14,7 +15,14 @@ from django.core.management import call_command
 from django.db import connection, transaction
 
 from memory_app import scale_out
-from tests.builders import make_context
+from memory_app.embeddings import client_vectors
+from memory_app.memories import Scope
+from memory_app.models import Message
+from memory_app.queries.memories import memories_retrieve
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.memories import memories_record
+from tests.api_helpers import append, make_key, new_context
+from tests.builders import make_context, register_models
 
 pytestmark = [
     pytest.mark.skipif(
@@ -87,3 +95,167 @@ def test_an_index_size_is_summed_over_the_shards():
             conn.execute("DROP TABLE probe_rows")
     # 89 of each 100 rows are in the partial index; the estimate is the planner's.
     assert abs(rows - 17_800) < 1_000
+
+
+@contextmanager
+def multi_shard_statements():
+    """The statements run inside that Citus planned as more than one task (a fan-out to every
+    shard): `citus.multi_task_query_log_level` warns of each, and the warning arrives while its
+    statement runs, so the statement it belongs to is the one executing."""
+    warned: list[str] = []
+    fanned: list[str] = []
+
+    def on_notice(diagnostic) -> None:
+        if "multi-task query" in (diagnostic.message_primary or ""):
+            warned.append(diagnostic.message_primary)
+
+    def wrapper(execute, sql, params, many, context):
+        before = len(warned)
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            if len(warned) > before:
+                fanned.append(sql)
+
+    connection.ensure_connection()
+    connection.connection.add_notice_handler(on_notice)
+    with connection.cursor() as cursor:
+        cursor.execute("SET citus.multi_task_query_log_level = 'warning'")
+    try:
+        with connection.execute_wrapper(wrapper):
+            yield fanned
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET citus.multi_task_query_log_level")
+        connection.connection.remove_notice_handler(on_notice)
+
+
+def test_the_agents_hot_paths_run_on_one_shard(settings):
+    """Get-or-create, append (one and a batch), the window, select, keyword and semantic search,
+    a run's creation, its steps (sent, then retried) with their tool calls, reading it and a step
+    back, its finish: each statement they send names its context and is routed to one shard (a
+    router query), none fans out."""
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    api = make_key(scopes=["read", "write"])
+    register_models(**{"route-3": 3})
+    with multi_shard_statements() as fanned:
+        Message.objects.count()
+    assert len(fanned) == 1  # what reads every shard is seen
+    with multi_shard_statements() as fanned:
+        cid = new_context(api, {"user": "ada", "chat": "routed"})
+        assert new_context(api, {"user": "ada", "chat": "routed"}) == cid
+        first = append(api, cid, text="red apples in the basket", client_id="m1")
+        batch = api.post(
+            f"/api/v1/contexts/{cid}/messages/batch",
+            {
+                "messages": [
+                    {"role": "assistant", "text": "green pears"},
+                    {"role": "user", "text": "blue sky"},
+                ]
+            },
+        )
+        assert batch.status_code in (200, 201), batch.content
+        assert api.get(f"/api/v1/contexts/{cid}/messages", {"limit": 10}).status_code == 200
+        assert api.get(f"/api/v1/contexts/{cid}/messages/{first['id']}").status_code == 200
+        window = api.post(f"/api/v1/contexts/{cid}/select", {"selector": "window", "k": 2})
+        assert window.json()["count"] == 2, window.content
+        keyword = api.post(
+            f"/api/v1/contexts/{cid}/select",
+            {"selector": "search", "query": "apples", "k": 2, "mode": "keyword"},
+        )
+        assert _selected(keyword) == [first["id"]], keyword.content
+    assert fanned == []
+    messages = Message.objects.filter(context_id=cid).order_by("seq")
+    for message, vector in zip(messages, VECTORS, strict=True):
+        client_vectors.vector_put(model="route-3", vector=vector, message=message)
+    with multi_shard_statements() as fanned:
+        semantic = api.post(
+            f"/api/v1/contexts/{cid}/select",
+            {
+                "selector": "search",
+                "k": 1,
+                "mode": "semantic",
+                "model": "route-3",
+                "query_vector": [1, 0, 0],
+                "order": "rank",
+            },
+        )
+        assert _selected(semantic) == [first["id"]], semantic.content
+        run = api.post(f"/api/v1/contexts/{cid}/runs", {"client_id": "r1", "task": "fruit?"})
+        assert run.status_code in (200, 201), run.content
+        url = f"/api/v1/contexts/{cid}/runs/{run.json()['id']}"
+        for _ in range(2):  # the second time is a retry: matched against what is stored
+            steps = api.post(f"{url}/steps", {"steps": STEPS})
+            assert steps.status_code in (200, 201), steps.content
+        detail = api.get(url).json()
+        assert [s["kind"] for s in detail["steps"]["items"]] == ["task", "action"], detail
+        assert api.get(f"{url}/steps").status_code == 200
+        step_id = detail["steps"]["items"][1]["id"]
+        step = api.get(f"/api/v1/contexts/{cid}/steps/{step_id}").json()
+        assert [c["name"] for c in step["tool_calls"]] == ["pick"], step
+        finished = api.post(f"{url}/finish", {"status": "success", "final_answer": "pears"})
+        assert finished.status_code == 200, finished.content
+    assert fanned == []
+
+
+VECTORS = ([1, 0, 0], [0, 1, 0], [0, 0, 1])
+STEPS = [
+    {"client_id": "s1", "kind": "task", "task": "fruit?"},
+    {
+        "client_id": "s2",
+        "kind": "action",
+        "step_number": 1,
+        "model_output": "pick a fruit",
+        "tool_calls": [{"call_id": "c1", "name": "pick", "arguments": {"what": "pears"}}],
+    },
+]
+
+
+def _selected(response) -> list[int]:
+    return [item["message"]["id"] for item in response.json()["items"]]
+
+
+def test_memories_stay_on_the_coordinator_and_recall_crosses_shards(system_actor):
+    """Memories are local tables on the coordinator (a key-subset memory belongs to no context,
+    so to no shard): a recall reads them there alone, as one node does, whatever shards the
+    recalling contexts live on. A key-subset memory is recalled by contexts on two shards, each
+    context's own memory by that context alone."""
+    with connection.cursor() as cursor:
+        for table in MEMORY_TABLES:
+            cursor.execute(
+                "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = %s::regclass", [table]
+            )
+            assert cursor.fetchone()[0] == 0, f"{table} is not local"
+        by_shard = {}
+        for n in range(8):
+            context = context_get_or_create(keys={"user": "ada", "chat": f"shard-{n}"})[0]
+            cursor.execute(
+                "SELECT get_shard_id_for_distribution_column('memory_app_context', %s)",
+                [context.pk],
+            )
+            by_shard.setdefault(cursor.fetchone()[0], context)
+    assert len(by_shard) >= 2
+    a, b = list(by_shard.values())[:2]
+
+    def remember(scope, text):
+        [made] = memories_record(scope=scope, items=[{"content": text}], actor=system_actor)
+        return made.record.pk
+
+    shared = remember(Scope(keys={"user": "ada"}), "Ada drinks green tea every morning")
+    own_a = remember(Scope(context=a), "Chat A: tea with the Lisbon team")
+    own_b = remember(Scope(context=b), "Chat B: tea at the Porto office")
+    remember(Scope(keys={"user": "bob"}), "Bob drinks tea too")
+    with multi_shard_statements() as fanned:
+        by_keyword = memories_retrieve(context=a, keywords=["tea"], limit=10)
+        by_query = memories_retrieve(context=b, query="tea", limit=10)
+    assert fanned == []
+    assert {r.record.pk for r in by_keyword} == {shared, own_a}
+    assert {r.record.pk for r in by_query} == {shared, own_b}
+
+
+MEMORY_TABLES = (
+    "memory_app_memoryrecord",
+    "memory_app_memoryembedding",
+    "memory_app_memoryembeddingretry",
+    "memory_app_memoryversion",
+)

@@ -134,9 +134,11 @@ def test_two_indexers_never_take_the_same_rows(defer):
         params.pop("context", None)
         with psycopg.connect(**params) as other:
             # The other indexer holds its batch (uncommitted): this one skips it, without waiting.
+            # Named by its context, as the indexer's own claim is (on Citus a row lock names one).
             other.execute(
-                "SELECT id FROM memory_app_embedding WHERE id = ANY(%s) FOR UPDATE SKIP LOCKED",
-                [locked],
+                "SELECT id FROM memory_app_embedding WHERE context_id = %s AND id = ANY(%s)"
+                " FOR UPDATE SKIP LOCKED",
+                [context.pk, locked],
             )
             assert indexer.index_pending() == 15
             assert set(Embedding.objects.filter(indexed=False).values_list("id", flat=True)) == set(

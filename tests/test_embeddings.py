@@ -240,12 +240,25 @@ def test_no_provider_queues_nothing(settings):
     assert providers.get_provider() is None
 
 
-@pytest.mark.django_db
+# Committed, as an agent's request is: the model's first vector builds its index after its
+# transaction (on Citus a transaction with pending foreign-key checks on the workers leaves it to
+# the next call outside one).
+@pytest.mark.django_db(transaction=True)
 def test_client_vectors_fix_the_models_dimensions(settings):
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
     context, _ = context_get_or_create(keys={"test": "client-vectors"})
     a, b, c = append(context, "red apples", "green pears", "blue sky")
     register_models(**{"client-3": 3})
+    try:
+        _client_vectors_fix_the_models_dimensions(context, a, b, c)
+    finally:
+        with connection.cursor() as cur:
+            for prefix in indexer.VECTOR_TABLES.values():
+                cur.execute(f'DROP INDEX IF EXISTS "{prefix}{indexer.index_name("client-3", 3)}"')
+        indexer._ensured.discard(("client-3", 3))
+
+
+def _client_vectors_fix_the_models_dimensions(context, a, b, c):
     client_vectors.vector_put(model="client-3", vector=[1, 0, 0], message=a)
     client_vectors.vector_put(model="client-3", vector=[0, 1, 0], message=b)
     client_vectors.vector_put(model="client-3", vector=[0.9, 0.1, 0], message=c)

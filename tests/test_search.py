@@ -185,7 +185,7 @@ def _exact(context_id, query, limit, exclude_ids=()):
         vector=query,
         limit=limit,
         item_column="message_id",
-        join_sql="JOIN memory_app_message m ON m.id = e.message_id",
+        join_sql="JOIN memory_app_message m ON m.id = e.message_id AND m.context_id = e.context_id",
         where_sql="e.context_id = %s AND m.pruned_at IS NULL AND NOT (m.id = ANY(%s))",
         params=[context_id, list(exclude_ids)],
         approximate=False,

@@ -48,16 +48,18 @@ def vector_put(
     if (message is None) == (memory_record is None):
         raise Invalid("a vector belongs to exactly one message or memory record")
     if message is not None:
-        rows, retries = Embedding.objects.filter(context_id=message.context_id), EmbeddingRetry
-        item = {"message": message, "context_id": message.context_id}
+        # By its context too: on Citus the statements go to the context's shard.
+        of = {"context_id": message.context_id}
+        rows, retries = Embedding.objects.filter(**of), EmbeddingRetry.objects.filter(**of)
+        item = {"message": message, **of}
     else:
-        rows, retries = MemoryEmbedding.objects.all(), MemoryEmbeddingRetry
+        rows, retries = MemoryEmbedding.objects.all(), MemoryEmbeddingRetry.objects.all()
         item = {"memory_record": memory_record}
     with transaction.atomic():
         row, _ = rows.select_for_update().get_or_create(**item, model=model)
         row.vector, row.dimensions = values, len(values)
         row.save()
-        retries.objects.filter(embedding=row).delete()
+        retries.filter(embedding=row).delete()
     ensure_model_index(model=model, dimensions=len(values))
     return row
 

@@ -72,9 +72,9 @@ def embed_batch(
         tried = {
             (retry, pk): (attempts, due)
             for retry in (EmbeddingRetry, MemoryEmbeddingRetry)
-            for pk, attempts, due in retry.objects.filter(
-                embedding__in=[r.pk for r in rows if RETRY[type(r)] is retry]
-            ).values_list("embedding_id", "attempts", "next_attempt_at")
+            for pk, attempts, due in _of_rows(retry, rows).values_list(
+                "embedding_id", "attempts", "next_attempt_at"
+            )
         }
         rows = [r for r in rows if _key(r) not in tried or tried[_key(r)][1] <= now]
         result.claimed = len(rows)
@@ -106,15 +106,42 @@ def embed_batch(
             r.vector, r.dimensions = v, len(v)
         for table, retry in RETRY.items():
             mine = [r for r in rows if type(r) is table]
-            table.objects.bulk_update(mine, ["vector", "dimensions"])
-            if done_retrying := [r.pk for r in mine if (retry, r.pk) in tried]:
-                retry.objects.filter(embedding__in=done_retrying).delete()
+            # One UPDATE per context for the messages' vectors (on Citus each goes to the
+            # context's shard, where one for the whole batch would reach every shard).
+            for group in _per_context(mine):
+                _of_rows(table, group).bulk_update(group, ["vector", "dimensions"])
+            if done_retrying := [r for r in mine if (retry, r.pk) in tried]:
+                _of_rows(retry, done_retrying).delete()
         result.embedded = len(rows)
     ensure_model_index(model=provider.model, dimensions=len(vectors[0]))
     return result
 
 
 RETRY = {Embedding: EmbeddingRetry, MemoryEmbedding: MemoryEmbeddingRetry}
+
+
+def _per_context(rows: list[Embedding | MemoryEmbedding]) -> list[list]:
+    """The rows grouped by context (memory vectors, which have none, in one group)."""
+    groups: dict[int | None, list] = {}
+    for r in rows:
+        groups.setdefault(getattr(r, "context_id", None), []).append(r)
+    return list(groups.values())
+
+
+def _of_rows(model: type, rows: list[Embedding | MemoryEmbedding]):
+    """`model`'s rows for these claimed vectors (the vectors themselves, or their retries), by
+    id and, for the messages' vectors, by their contexts too: on Citus the contexts prune the
+    statement to their shards."""
+    if model in (Embedding, EmbeddingRetry):
+        mine = [r for r in rows if isinstance(r, Embedding)]
+        contexts = {r.context_id for r in mine}
+        field = "pk" if model is Embedding else "embedding_id"
+        return model.objects.filter(
+            **{f"{field}__in": [r.pk for r in mine]}, context_id__in=contexts
+        )
+    mine = [r for r in rows if isinstance(r, MemoryEmbedding)]
+    field = "pk" if model is MemoryEmbedding else "embedding_id"
+    return model.objects.filter(**{f"{field}__in": [r.pk for r in mine]})
 
 
 def _key(row: Embedding | MemoryEmbedding) -> tuple[type, int]:
@@ -187,9 +214,10 @@ def _claim_memories(*, model: str, batch_size: int, now: datetime) -> list[Memor
 
 def _texts(rows: list[Embedding | MemoryEmbedding]) -> list[str]:
     """The claimed items' texts, read after the claim (its lock statement reads one table)."""
+    vectors = [r for r in rows if isinstance(r, Embedding)]
     messages = dict(
         Message.objects.filter(
-            pk__in=[r.message_id for r in rows if isinstance(r, Embedding)]
+            pk__in=[r.message_id for r in vectors], context_id__in={r.context_id for r in vectors}
         ).values_list("pk", "text")
     )
     records = dict(

@@ -143,7 +143,9 @@ def step_detail(*, run: Run, position: int) -> Step | None:
         .first()
     )
     if step is not None:
-        step.tool_call_list = list(step.tool_calls.order_by("position"))
+        step.tool_call_list = list(
+            step.tool_calls.filter(context_id=step.context_id).order_by("position")
+        )
         step.model_name = step.model or run_model(run)
         step.price = pricing.step_cost(
             model=step.model_name,

@@ -80,7 +80,10 @@ def message_filter(context_id: int, exclude_ids: Sequence[int] = ()) -> dict[str
     """`nearest_vectors`' arguments for one context's live messages."""
     return {
         "item_column": "message_id",
-        "join_sql": "JOIN memory_app_message m ON m.id = e.message_id",
+        # Joined on the context too (the vector's and its message's are one): on Citus a join
+        # of two distributed tables on their distribution column stays on one shard.
+        "join_sql": "JOIN memory_app_message m"
+        " ON m.id = e.message_id AND m.context_id = e.context_id",
         # The context on both sides: the planner reaches the messages through its index
         # rather than scanning the whole table for a hash join.
         "where_sql": "e.context_id = %s AND m.context_id = %s AND m.pruned_at IS NULL"

@@ -92,7 +92,9 @@ def run_update(
     }
     fields = {k: v for k, v in given.items() if v is not None and v != getattr(run, k)}
     if fields:
-        Run.objects.filter(pk=run.pk).update(**fields, updated_at=timezone.now())
+        Run.objects.filter(pk=run.pk, context_id=run.context_id).update(
+            **fields, updated_at=timezone.now()
+        )
         for name, value in fields.items():
             setattr(run, name, value)
     return run
@@ -198,7 +200,9 @@ def steps_append(*, run: Run, items: list[dict[str, Any]]) -> StepsResult:
                 diff = differences({k: getattr(stored, k) for k in STEP_FIELDS}, data)
                 stored_calls = [
                     {k: getattr(tc, k) for k in TOOL_CALL_FIELDS}
-                    for tc in stored.tool_calls.order_by("position")
+                    for tc in stored.tool_calls.filter(context_id=run.context_id).order_by(
+                        "position"
+                    )
                 ]
                 if stored_calls != calls:
                     diff["tool_calls"] = {"stored": stored_calls, "sent": calls}
@@ -227,7 +231,8 @@ def steps_append(*, run: Run, items: list[dict[str, Any]]) -> StepsResult:
             added = _steps_cost(locked, [s for s, _ in new_steps])
             if added is not None:
                 counters["cost"] = Coalesce(F("cost"), 0.0) + added
-            Run.objects.filter(pk=run.pk).update(
+            # By id and context: on Citus the context routes the counters' UPDATE to one shard.
+            Run.objects.filter(pk=run.pk, context_id=run.context_id).update(
                 last_position=F("last_position") + len(new_steps),
                 step_count=F("step_count") + len(new_steps),
                 error_count=F("error_count") + errors,
@@ -268,14 +273,16 @@ def step_fill(*, run: Run, item: dict[str, Any]) -> bool:
         if fields:
             step.save(update_fields=fields)
         calls = [_tool_call_data(c) for c in item.get("tool_calls") or []]
-        stored = list(step.tool_calls.order_by("position"))
+        stored = list(step.tool_calls.filter(context_id=step.context_id).order_by("position"))
         filled = bool(fields)
         if not stored and calls:
             ToolCall.objects.bulk_create(
                 ToolCall(step=step, context_id=step.context_id, position=i, **c)
                 for i, c in enumerate(calls, start=1)
             )
-            Run.objects.filter(pk=run.pk).update(tool_call_count=F("tool_call_count") + len(calls))
+            Run.objects.filter(pk=run.pk, context_id=run.context_id).update(
+                tool_call_count=F("tool_call_count") + len(calls)
+            )
             return True
         for call, new in zip(stored, calls, strict=False):
             same = (call.call_id, call.name) == (new["call_id"], new["name"])
@@ -344,7 +351,7 @@ def runs_recount(*, run_ids: list[int]) -> None:
             errors=Count("pk", filter=Q(error_type__isnull=False) & ~Q(error_type="")),
         )
         models = steps.exclude(model="").order_by().values_list("model", flat=True)
-        Run.objects.filter(pk=run.pk).update(
+        Run.objects.filter(pk=run.pk, context_id=run.context_id).update(
             step_count=counts["n"],
             error_count=counts["errors"],
             tool_call_count=ToolCall.objects.filter(
@@ -377,7 +384,7 @@ def run_finish(
         )
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run.pk, context_id=run.context_id)
-        sums = run.steps.aggregate(
+        sums = run.steps.filter(context_id=run.context_id).aggregate(
             i=Sum("input_tokens"), o=Sum("output_tokens"), t=Sum("total_tokens"), **STEP_SPAN
         )
         if input_tokens is None and output_tokens is None and total_tokens is None:
@@ -423,7 +430,7 @@ def steps_order_by_start(*, run: Run) -> bool:
             position=F("position") + shift
         )
         for position, (pk, _, _) in enumerate(wanted, start=1):
-            Step.objects.filter(pk=pk).update(position=position)
+            Step.objects.filter(pk=pk, context_id=run.context_id).update(position=position)
     return True
 
 

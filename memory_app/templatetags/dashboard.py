@@ -198,6 +198,8 @@ def delta(value, unit: str) -> str:
     if unit == "seconds":
         return sign + seconds(size)
     return sign + compact(size)
+
+
 @register.simple_tag
 def live_timeline_bars(bars, run_pk: int):
     """A running run's bars, one per step, with their numbers as data: app.js lays them out on
