@@ -19,6 +19,7 @@ markup.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import QuerySet
 from django.db.models.functions import Substr
+from django.urls import reverse
 
 from memory_app.models import FTS_CONFIG, Context, Message, Run, Step, ToolCall
 from memory_app.queries.dashboard import (
@@ -113,6 +115,13 @@ class Hit:
     role: str = ""
     tool_name: str = ""
     parts: list[tuple[str, bool]] = field(default_factory=list)
+    # Whether the snippet starts after the text's start, ends before its end.
+    cut_before: bool = False
+    cut_after: bool = False
+
+    @property
+    def link(self) -> str:
+        return hit_link(self)
 
     @property
     def snippet(self) -> str:
@@ -226,12 +235,13 @@ def search_all(
         counts[row[0]] += 1
     capped = [k for k in KINDS if counts[k] >= CANDIDATES]
     page = [Hit(*row) for row in rows[offset : offset + limit]]
-    _describe(page, tsquery)
+    page = _describe(page, tsquery)
     more = offset + limit < len(rows)
     return SearchPage(page, _encode_cursor(offset + limit) if more else None, capped, offset)
 
 
-def _headlines(sql: str, pairs: list[tuple[int, int]], tsquery: str) -> dict[int, str]:
+def _headlines(sql: str, pairs: list[tuple[int, int]], tsquery: str) -> dict[int, tuple[str, str]]:
+    """(text, headline) of each (context, id) pair's row."""
     if not pairs:
         return {}
     with connection.cursor() as db:
@@ -245,7 +255,7 @@ def _headlines(sql: str, pairs: list[tuple[int, int]], tsquery: str) -> dict[int
                 "options": HEADLINE,
             },
         )
-        return dict(db.fetchall())
+        return {row[0]: (row[1], row[2]) for row in db.fetchall()}
 
 
 # The text of each kind, as its vector was made (migration 0033 for what runs wrote), with the
@@ -260,32 +270,66 @@ _TEXTS = {
     "error": ("memory_app_step", "concat_ws(' ', t.error_type, t.error_message)"),
     "tool": ("memory_app_toolcall", "concat_ws(' ', t.name, t.arguments #>> '{}', t.output)"),
 }
+# The text is read as far as its vector reaches; the headline is read from it with the highlight
+# marks taken out, for the words it marks only.
 _HEADLINE_SQL = """
-    SELECT t.id, ts_headline(%(config)s::regconfig,
-        translate(left({text}, memory_app_search_chars()), E'\\x02\\x03', ''),
-        %(q)s::tsquery, %(options)s)
+    SELECT t.id, b.body, ts_headline(%(config)s::regconfig,
+        translate(b.body, E'\\x02\\x03', ''), %(q)s::tsquery, %(options)s)
     FROM {table} t
     JOIN unnest(%(contexts)s::bigint[], %(ids)s::bigint[]) AS p(context_id, id)
-        ON t.context_id = p.context_id AND t.id = p.id
+        ON t.context_id = p.context_id AND t.id = p.id,
+    LATERAL (SELECT left({text}, memory_app_search_chars()) AS body) b
 """
+BEFORE, AFTER = 60, 240
 
 
-def _split(headline: str) -> list[tuple[str, bool]]:
-    """A headline's text as (text, highlighted) parts."""
+def _marked(headline: str) -> set[str]:
+    """The words a headline marks."""
+    return {chunk.split(STOP, 1)[0] for chunk in headline.split(START)[1:] if STOP in chunk}
+
+
+def snippet_parts(text: str, words: set[str]) -> tuple[list[tuple[str, bool]], bool, bool]:
+    """A window of `text` around the first of `words` as (text, highlighted) parts, each a
+    verbatim piece of the text (PostgreSQL's own headline rewrites it: markup-like text becomes
+    spaces), and whether text was cut before and after the window."""
+    if not text:
+        return [], False, False
+    pattern = (
+        re.compile(
+            r"(?<!\w)("
+            + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
+            + r")(?!\w)",
+            re.IGNORECASE,
+        )
+        if words
+        else None
+    )
+    first = pattern.search(text) if pattern else None
+    start = max(0, first.start() - BEFORE) if first else 0
+    end = min(len(text), start + BEFORE + AFTER)
+    # Cut at a space where there is one near the edge, not inside a word.
+    if start > 0 and (space := text.find(" ", start, start + 20)) != -1:
+        start = space + 1
+    if end < len(text) and (space := text.rfind(" ", end - 20, end)) != -1:
+        end = space
+    window = text[start:end]
     parts: list[tuple[str, bool]] = []
-    for chunk in headline.split(START):
-        marked, _, rest = chunk.partition(STOP) if STOP in chunk else ("", "", chunk)
-        if marked:
-            parts.append((marked, True))
-        if rest:
-            parts.append((rest, False))
-    return parts
+    at = 0
+    for match in pattern.finditer(window) if pattern else ():
+        if match.start() > at:
+            parts.append((window[at : match.start()], False))
+        parts.append((match.group(0), True))
+        at = match.end()
+    if at < len(window):
+        parts.append((window[at:], False))
+    return parts, start > 0, end < len(text)
 
 
-def _describe(hits: list[Hit], tsquery: str) -> None:
-    """Each hit's context, run, position or seq, and snippet (a few reads for the page)."""
+def _describe(hits: list[Hit], tsquery: str) -> list[Hit]:
+    """Each hit's context, run, position or seq, and snippet (a few reads for the page); a hit
+    whose row was deleted since it was found is left out."""
     if not hits:
-        return
+        return hits
     context_ids = {h.context_id for h in hits}
     contexts = Context.objects.only("keys", "title").in_bulk(context_ids)
     run_ids = {h.run_id for h in hits if h.run_id}
@@ -329,4 +373,27 @@ def _describe(hits: list[Hit], tsquery: str) -> None:
         else:
             hit.step_position = positions.get((hit.context_id, hit.step_id))
         hit.tool_name = tools.get((hit.context_id, hit.ref_id), "") if hit.kind == "tool" else ""
-        hit.parts = _split(headlines.get((hit.kind, hit.ref_id), ""))
+        text, headline = headlines.get((hit.kind, hit.ref_id), ("", ""))
+        hit.parts, hit.cut_before, hit.cut_after = snippet_parts(text, _marked(headline))
+    return [
+        h
+        for h in hits
+        if h.context is not None
+        and (h.message_seq if h.kind == "message" else h.step_position) is not None
+    ]
+
+
+def hit_link(hit: Hit) -> str:
+    """The dashboard page that shows the hit: the message in its context's history, or the
+    step in its run's logbook (a tool call's or an error's step)."""
+    if hit.kind == "message":
+        seq = hit.message_seq
+        return reverse("context", args=[hit.context_id]) + f"?seq={seq}#m-{seq}"
+    return reverse("run-step", args=[hit.run_id, hit.step_position]) + f"#step-{hit.step_position}"
+
+
+def hit_api_path(hit: Hit) -> str:
+    """The Agent API's route of the hit's message or step (with its tool calls)."""
+    if hit.kind == "message":
+        return f"/api/v1/contexts/{hit.context_id}/messages/{hit.ref_id}"
+    return f"/api/v1/contexts/{hit.context_id}/steps/{hit.step_id}"
