@@ -9,6 +9,7 @@ from pydantic import Field
 
 from memory_app.queries.dashboard import MAX_QUERY_CHARS
 from memory_app.queries.search_all import KINDS, Hit, SearchPage, hit_api_path, hit_link
+from memory_app.schemas.fields import _examples
 
 HitKind = Literal[tuple(KINDS)]  # type: ignore[valid-type]
 
@@ -35,7 +36,27 @@ class SearchQuery(Schema):
     limit: int = Field(20, ge=1, le=100)
 
 
+HIT_EXAMPLE = {
+    "kind": "tool",
+    "score": 0.1,
+    "context_id": 7,
+    "context_keys": {"user": "ada"},
+    "run_id": 42,
+    "step_id": 310,
+    "step_position": 3,
+    "message_id": None,
+    "message_seq": None,
+    "tool_call_id": 512,
+    "tool_name": "web_search",
+    "snippet": 'web_search {"query": "Paris weather"} Sunny, 21°C',
+    "highlights": [[22, 27]],
+    "path": "/api/v1/contexts/7/steps/310",
+    "dashboard_path": "/runs/42/steps/3/#step-3",
+}
+
+
 class SearchHitOut(Schema):
+    model_config = _examples(HIT_EXAMPLE)
     kind: HitKind
     score: float = Field(..., description="ts_rank_cd of the hit's text for the query")
     context_id: int
@@ -56,6 +77,9 @@ class SearchHitOut(Schema):
 
 
 class SearchPageOut(Schema):
+    model_config = _examples(
+        {"items": [HIT_EXAMPLE], "has_more": True, "next_cursor": "WzIwXQ", "capped": []}
+    )
     items: list[SearchHitOut]
     has_more: bool
     next_cursor: str | None
