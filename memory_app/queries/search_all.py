@@ -6,15 +6,16 @@ wrote) and the work is bounded whatever the store's size: each kind yields at mo
 `CANDIDATES` matches (the first the index gives, ranked with `ts_rank_cd` as they are read),
 the kinds are merged by rank and a page is cut from the merge. A kind that reaches the bound
 says so (`SearchPage.capped`): its best hits are the best of the matches read, and a narrower
-query (more words, a "phrase", a key) reads them all. Pruned messages have no vector; a pruned
-step is joined and left out. Messages a large batch stored are found once the full-text
-indexer reaches them (`memory_app.search.fulltext`; small appends are indexed at once).
+query (more words, a "phrase", a key) reads them all. Pruned messages have no vector; the
+candidates of pruned steps are looked up by their keys and left out. Messages a large batch
+stored are found once the full-text indexer reaches them (`memory_app.search.fulltext`; small
+appends are indexed at once).
 
-The query reads one kind per statement part, each a plain SELECT joined on the context: on
-Citus each part fans out to every shard with its LIMIT pushed down and the coordinator merges.
-Snippets are PostgreSQL's `ts_headline`, with control characters as the highlight marks (taken
-out of the text first), split into parts the caller escapes: agent-written text never becomes
-markup.
+The query reads one kind per statement part, each a plain SELECT (messages joined to their
+vectors on the context): on Citus each part fans out to every shard with its LIMIT pushed down
+and the coordinator merges. A snippet is a verbatim window of the text around the words
+PostgreSQL's `ts_headline` marks (its own output rewrites markup-like text), as parts the
+caller escapes: agent-written text never becomes markup.
 """
 
 from __future__ import annotations
@@ -66,10 +67,16 @@ _RUN_ROWS = """
     (SELECT r.kind, r.context_id, r.run_id, r.step_id, r.ref_id,
             ts_rank_cd(r.search_vector, %s::tsquery)
      FROM memory_app_runsearch r
-     JOIN memory_app_step st ON st.context_id = r.context_id AND st.id = r.step_id
-     WHERE r.search_vector @@ %s::tsquery AND r.kind = '{kind}' AND st.pruned_at IS NULL
-       {contexts}
+     WHERE r.search_vector @@ %s::tsquery AND r.kind = '{kind}' {contexts}
      LIMIT %s)
+"""
+# Of the steps the candidates belong to, the pruned ones (each looked up by its key: a join in
+# the candidates' query let the planner read every match of a frequent word to hash it).
+_PRUNED = """
+    SELECT st.context_id, st.id FROM memory_app_step st
+    JOIN unnest(%s::bigint[], %s::bigint[]) AS p(context_id, id)
+        ON st.context_id = p.context_id AND st.id = p.id
+    WHERE st.pruned_at IS NOT NULL
 """
 
 
@@ -226,14 +233,22 @@ def search_all(
             parts.append(_RUN_ROWS.format(kind=kind, contexts=condition.format(alias="r")))
         # Each part: the rank's query, the match's query, the context filter, the bound.
         params += [tsquery, tsquery, *context_params, CANDIDATES]
-    sql = " UNION ALL ".join(parts) + " ORDER BY 6 DESC, 2, 1, 5 DESC"
+    sql = " UNION ALL ".join(parts)
     with connection.cursor() as db:
         db.execute(sql, params)
         rows = db.fetchall()
+        steps = {(row[1], row[3]) for row in rows if row[0] != "message"}
+        pruned: set[tuple[int, int]] = set()
+        if steps:
+            db.execute(_PRUNED, [[c for c, _ in steps], [i for _, i in steps]])
+            pruned = set(db.fetchall())
     counts: dict[str, int] = defaultdict(int)
     for row in rows:
         counts[row[0]] += 1
     capped = [k for k in KINDS if counts[k] >= CANDIDATES]
+    rows = [row for row in rows if row[0] == "message" or (row[1], row[3]) not in pruned]
+    # Best first; ties in a stable order (context, kind, newest first) so pages never overlap.
+    rows.sort(key=lambda row: (-row[5], row[1], row[0], -row[4]))
     page = [Hit(*row) for row in rows[offset : offset + limit]]
     page = _describe(page, tsquery)
     more = offset + limit < len(rows)
