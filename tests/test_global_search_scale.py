@@ -12,6 +12,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from memory_app.models import Context
 from memory_app.queries.search_all import SearchFilters, search_all
 from tests.api_helpers import make_key
 from tests.builders import make_context, make_user
@@ -112,13 +113,15 @@ def test_search_everything_at_1000000_messages():
     web = Client()
     web.force_login(make_user(role="viewer"))
     print(f"load average {os.getloadavg()}")
-    for q in ("report", "garden"):
+    t3 = Context.objects.filter(keys__contains={"tenant": "t3"})
+    for q, within in (("report", None), ("garden", None), ("report", t3)):
         with CaptureQueriesContext(connection) as queries:
-            search_all(filters=SearchFilters(q=q))
+            search_all(filters=SearchFilters(q=q), contexts=within)
         sql = next(x["sql"] for x in queries.captured_queries if "UNION ALL" in x["sql"])
         with connection.cursor() as cursor:
             cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql)
             print("\n".join(row[0] for row in cursor.fetchall()))
+    missed = []
     for q in QUERIES:
         calls = {
             "query": lambda q=q: search_all(filters=SearchFilters(q=q)),
@@ -143,5 +146,7 @@ def test_search_everything_at_1000000_messages():
             )
             # The SQL is what the search adds, held to the target whatever else runs on the
             # machine; the whole request's time (rendering is CPU) is printed.
-            assert statistics.median(reads) < 0.150, (q, name)
+            if statistics.median(reads) >= 0.150:
+                missed.append((q, name, statistics.median(reads)))
     print(f"load average {os.getloadavg()}")
+    assert not missed

@@ -25,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Substr
 from django.urls import reverse
@@ -234,7 +234,10 @@ def search_all(
         # Each part: the rank's query, the match's query, the context filter, the bound.
         params += [tsquery, tsquery, *context_params, CANDIDATES]
     sql = " UNION ALL ".join(parts)
-    with connection.cursor() as db:
+    with transaction.atomic(), connection.cursor() as db:
+        # Bitmap scans of the GIN indexes only: with a LIMIT the planner otherwise walks a
+        # table hoping to meet enough matches early, and reads all of it for a rare word.
+        db.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_indexscan = off")
         db.execute(sql, params)
         rows = db.fetchall()
         steps = {(row[1], row[3]) for row in rows if row[0] != "message"}
@@ -288,12 +291,12 @@ _TEXTS = {
 # The text is read as far as its vector reaches; the headline is read from it with the highlight
 # marks taken out, for the words it marks only.
 _HEADLINE_SQL = """
-    SELECT t.id, b.body, ts_headline(%(config)s::regconfig,
-        translate(b.body, E'\\x02\\x03', ''), %(q)s::tsquery, %(options)s)
+    SELECT t.id, left({text}, memory_app_search_chars()), ts_headline(%(config)s::regconfig,
+        translate(left({text}, memory_app_search_chars()), E'\\x02\\x03', ''),
+        %(q)s::tsquery, %(options)s)
     FROM {table} t
     JOIN unnest(%(contexts)s::bigint[], %(ids)s::bigint[]) AS p(context_id, id)
-        ON t.context_id = p.context_id AND t.id = p.id,
-    LATERAL (SELECT left({text}, memory_app_search_chars()) AS body) b
+        ON t.context_id = p.context_id AND t.id = p.id
 """
 BEFORE, AFTER = 60, 240
 

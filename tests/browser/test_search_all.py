@@ -6,6 +6,7 @@ filters land in the URL, and a hit's link opens the step in its run's logbook. S
 from __future__ import annotations
 
 import re
+import urllib.request
 
 import pytest
 from playwright.sync_api import expect
@@ -18,7 +19,10 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def store():
+def store(live_server):
+    # The server's first page imports and renders what every later one reuses: on a loaded
+    # shared machine that alone can outlast a navigation's timeout.
+    urllib.request.urlopen(live_server.url + "/accounts/login/", timeout=300).read()
     make_user(role="viewer", username="vera")
     ada = make_context(keys={"user": "ada"}, title="Ada's chat")
     eve = make_context(keys={"user": "eve"}, title="Eve's chat")
@@ -55,6 +59,8 @@ def store():
 def test_search_groups_hits_and_a_hit_opens_its_step(browser_page, store):
     run, other = store
     page = browser_page
+    # A search page reads several tables: give a loaded shared machine room before failing.
+    page.set_default_timeout(30_000)
     login(page, "vera", TEST_PASSWORD, next_path="/runs/")
     page.keyboard.press("/")
     expect(page.locator("#top-search")).to_be_focused()
@@ -91,6 +97,7 @@ def test_search_groups_hits_and_a_hit_opens_its_step(browser_page, store):
 
 def test_empty_and_no_match_states(browser_page, store):
     page = browser_page
+    page.set_default_timeout(30_000)
     login(page, "vera", TEST_PASSWORD, next_path="/search/")
     expect(page.locator("#search-results .empty")).to_contain_text("Search the messages")
     page.fill("#search-results input[name=q]", "okapi")
