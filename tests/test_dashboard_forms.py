@@ -28,6 +28,7 @@ GET_ONLY = {
     "home",
     "contexts",
     "runs",
+    "search",
     "context",
     "context-runs",
     "run",
