@@ -18,6 +18,7 @@ from memory_app.views import (
     run_table,
     runs,
     scores,
+    search_all,
     users,
 )
 
@@ -35,6 +36,7 @@ reading_urlpatterns = [
     ),
     path("runs/", run_table.run_table, name="runs"),
     path("runs/compare/", run_compare.run_compare, name="run-compare"),
+    path("search/", search_all.search_page, name="search"),
     path("runs/<int:run_id>/", runs.run_start, name="run"),
     path("runs/<int:run_id>/live/", runs.run_live, name="run-live"),
     path("runs/<int:run_id>/steps/<int:position>/", runs.run_step, name="run-step"),

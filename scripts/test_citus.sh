@@ -33,4 +33,4 @@ AGENTMEMORY_TEST_DB_NAME=$database AGENTMEMORY_CITUS_TREE="$tree" "$python" -m p
     tests/test_memory_review.py tests/test_search.py tests/test_selectors.py \
     tests/test_client_live.py tests/test_memory_history.py tests/test_retention.py \
     tests/test_erasure.py tests/test_scores.py tests/test_langgraph_store.py \
-    tests/test_langgraph_checkpoint.py tests/test_citus_cluster.py "$@"
+    tests/test_langgraph_checkpoint.py tests/test_citus_cluster.py tests/test_global_search.py "$@"

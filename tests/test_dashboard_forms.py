@@ -29,6 +29,7 @@ GET_ONLY = {
     "contexts",
     "runs",
     "run-compare",
+    "search",
     "context",
     "context-runs",
     "run",

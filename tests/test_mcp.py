@@ -33,6 +33,7 @@ TOOLS = {
     "delete_memory",
     "list_runs",
     "read_run",
+    "search_everything",
     "score",
 }
 

@@ -161,3 +161,7 @@ api.add_router("/v1/", checkpoints_api.router)
 from memory_app.api import scores as scores_api  # noqa: E402
 
 api.add_router("/v1/", scores_api.router)
+
+from memory_app.api import search_all as search_all_api  # noqa: E402
+
+api.add_router("/v1/", search_all_api.router)

@@ -7,9 +7,9 @@ from urllib.parse import quote
 
 from django.urls import NoReverseMatch, reverse
 
-from memory_app.bench.harness import MAX_TOKENS, WINDOW_K, Bench, BenchError
+from memory_app.bench.harness import API, MAX_TOKENS, WINDOW_K, Bench, BenchError
 from memory_app.bench.measure import Amount, Row, Target, time_calls
-from memory_app.models import Context, Run, Step
+from memory_app.models import Context, Message, Run, Step
 
 
 def dashboard(b: Bench) -> None:
@@ -25,6 +25,7 @@ def dashboard(b: Bench) -> None:
         (f"run logbook ({run.step_count:,} steps)", _url("run", data.long_run_id)),
     ]
     pages += _runs_table_pages(largest)
+    pages += _search_pages(b, largest)
     playground = _url("playground", data.largest_context_id)
     if playground:
         pages.append((f"selector playground ({largest.message_count:,} msgs)", playground))
@@ -90,6 +91,37 @@ def _runs_table_pages(largest: Context) -> list[tuple[str, str | None]]:
         (f"runs table, failed with errors ({size})", f"{runs}?status=failed&has_error=1"),
         (f"runs table, one context's key ({size})", f"{runs}?key={quote(f'{key}={value}')}"),
         (f"runs table, costliest first ({size})", f"{runs}?sort=cost"),
+    ]
+
+
+def _search_pages(b: Bench, largest: Context) -> list[tuple[str, str | None]]:
+    """Search everything across every context, as a reviewer types it: a word of the largest
+    context's latest message (frequent in the dataset's vocabulary) and two of its words; the
+    Agent API's answer to the same search is timed here too (its own row)."""
+    search = _url("search")
+    if search is None:
+        return [("search everything", None)]
+    text = (
+        Message.objects.filter(context_id=largest.pk, text__gt="")
+        .order_by("-seq")
+        .values_list("text", flat=True)
+        .first()
+    ) or "report"
+    words = [w for w in text.split() if w.isalpha() and len(w) > 3][:2] or ["report"]
+    size = f"{Message.objects.count():,} msgs, {Step.objects.count():,} steps"
+    one, two = quote(words[0]), quote(" ".join(words))
+    api = f"{API}/search?q={two}"
+    try:
+        b.get(api)
+        latency = time_calls(lambda: b.get(api), n=max(5, b.samples // 2))
+        target = Target("<=", 150, "p50 ≤ 150 ms")
+        name = f"search everything API, two words ({size})"
+        b.report.add(Row("dashboard", name, latency, None, target), b.log)
+    except BenchError as exc:
+        b.report.skip("dashboard: search everything API", f"failed: {exc}", b.log)
+    return [
+        (f"search everything, one word ({size})", f"{search}?q={one}"),
+        (f"search everything, two words ({size})", f"{search}?q={two}"),
     ]
 
 

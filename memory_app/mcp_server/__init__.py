@@ -6,8 +6,9 @@ tool the key's scope does not allow answers a tool error naming the scope; ids o
 context keys answer "not found", as unknown ids do.
 
 One module per job: `keys` (Bearer keys), `app` (the server and how a tool runs), `schema`
-(input schemas every client can call), `contexts`, `memories`, `runs` and `scores` (the tools),
-`transport` (JSON bodies, the ASGI app) and `unavailable` (a database fault as a 503).
+(input schemas every client can call), `contexts`, `memories`, `runs`, `scores` and
+`search_all` (the tools), `transport` (JSON bodies, the ASGI app) and `unavailable` (a database
+fault as a 503).
 
 The tools are thin: they validate their arguments with the REST API's input schemas and call the
 domain functions the routers call (auth, services, search, selectors, memories, queries), so an
@@ -23,6 +24,7 @@ from memory_app.mcp_server import (  # noqa: F401  (they register the tools)
     memories,
     runs,
     scores,
+    search_all,
 )
 from memory_app.mcp_server.app import PATH, server
 from memory_app.mcp_server.transport import asgi_app

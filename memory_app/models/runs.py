@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVectorField
 from django.db import models
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
@@ -194,6 +195,35 @@ class ToolCall(ContextRow):
 
     def __str__(self) -> str:
         return f"{self.name}({self.call_id})"
+
+
+class RunSearch(models.Model):
+    """The full-text vector of what a run wrote, for the search across contexts
+    (`memory_app.queries.search_all`): one row per step output (`output`: plan, code, model
+    output, observations, action output), per step error (`error`: type and message) and per
+    tool call (`tool`: name, arguments, output).
+
+    Written by database triggers on steps and tool calls (migration 0035), whoever writes them,
+    with the vector of the first `memory_app_search_chars()` characters as messages' vectors
+    are; keyed by the row's context (the distribution column) and the step's or tool call's id.
+    A pruned step keeps its rows: the search joins the step and leaves it out while it is
+    pruned, so a restore needs no rewrite.
+    """
+
+    pk = models.CompositePrimaryKey("context_id", "kind", "ref_id")
+    context_id = models.BigIntegerField()
+    kind = models.CharField(max_length=10)
+    # The step's id (`output`, `error`) or the tool call's (`tool`).
+    ref_id = models.BigIntegerField()
+    run_id = models.BigIntegerField()
+    step_id = models.BigIntegerField()
+    search_vector = SearchVectorField()
+
+    class Meta:
+        indexes = [GinIndex(fields=["search_vector"], name="run_search_gin")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.ref_id} of run {self.run_id}"
 
 
 class TraceSpan(ContextRow):

@@ -25,6 +25,7 @@ from memory_app.queries.dashboard import (
 )
 from memory_app.queries.runs_table import ORDERS as RUN_ORDERS
 from memory_app.queries.runs_table import RunFilters
+from memory_app.queries.search_all import KINDS as SEARCH_KINDS
 from memory_app.schemas.fields import INT64_MAX
 from memory_app.services.curation import PruneFilter
 
@@ -298,6 +299,19 @@ class RunCompareForm(DashboardForm):
         elif data["a"] == data["b"]:
             raise ValidationError("pick two different runs to compare")
         return data
+
+
+class SearchAllForm(KeyChipsForm):
+    """The search page's query, kinds and page: every one in the URL, so a search can be shared.
+    An empty query is the page's empty state, not an error."""
+
+    q = TextField(label="search text", max_length=MAX_QUERY_CHARS)
+    kind = forms.MultipleChoiceField(
+        choices=list(SEARCH_KINDS.items()),
+        required=False,
+        error_messages={"invalid_choice": f"must be among {list(SEARCH_KINDS)}, got %(value)s"},
+    )
+    cursor = TextField()
 
 
 class RunsPageForm(DashboardForm):

@@ -25,6 +25,14 @@
       }
       return;
     }
+    // "/" puts the cursor in the top bar's search box.
+    var search = document.getElementById("top-search");
+    if (event.key === "/" && search) {
+      event.preventDefault();
+      search.focus();
+      search.select();
+      return;
+    }
     var action = SHORTCUTS[event.key];
     if (!action) return;
     var link = document.querySelector('#logbook [data-shortcut="' + action + '"]');
