@@ -33,8 +33,11 @@ from memory_app import mcp_server  # noqa: E402
 from memory_app.middleware import CONTENT_SECURITY_POLICY  # noqa: E402
 
 mcp_app = mcp_server.asgi_app()
-# As many threads as a worker's pool has connections: a further request would only wait there.
-api_app = ApiHandler(settings.API_MIDDLEWARE, int(os.environ.get("AGENTMEMORY_DB_POOL_SIZE", "10")))
+# More threads than the pool has connections: every request in flight reaches the pool, whose
+# timeout turns a wait for a connection into a 503 with Retry-After; with no more threads than
+# connections, the requests past them would queue for a thread without any bound instead.
+API_THREADS = max(64, 4 * int(os.environ.get("AGENTMEMORY_DB_POOL_SIZE", "10")))
+api_app = ApiHandler(settings.API_MIDDLEWARE, API_THREADS)
 
 
 async def _bad_host(send) -> None:

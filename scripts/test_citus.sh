@@ -17,7 +17,7 @@ fi
 data=var/citus-data
 database=test_agentmemory_citus
 # A fresh cluster each run: the suite's database is made, migrated and distributed anew.
-if [ -f "$data/ports" ]; then "$python" scripts/citus_cluster.py stop "$data"; fi
+if [ -f "$data/ports" ]; then "$python" scripts/citus_cluster.py stop "$data" || true; fi
 rm -rf "$data"
 "$python" scripts/citus_cluster.py start "$tree" "$data" --database "$database" >/dev/null
 trap '"$python" scripts/citus_cluster.py stop "$data"' EXIT
