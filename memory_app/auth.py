@@ -137,11 +137,14 @@ def apikey_verify_with_context(
     if prefix is None:
         return None, None
     with connection.cursor() as cursor:
-        # Confinement as `visible_contexts` applies it: every context contains `{}`.
+        # Confinement as `visible_contexts` applies it: every context contains `{}`. The
+        # context is filtered inside its own subquery: on Citus, where the keys are a local
+        # table and the contexts are sharded, that subquery reaches the context's shard only
+        # (a filter left in the join's condition made it read every shard).
         cursor.execute(
             f"SELECT {_KEY_COLUMNS}, {_CONTEXT_COLUMNS} FROM memory_app_apikey k "  # noqa: S608
-            "LEFT JOIN memory_app_context c ON c.id = %s AND c.keys @> k.context_keys "
-            "WHERE k.prefix = %s",
+            "LEFT JOIN (SELECT * FROM memory_app_context WHERE id = %s) c "
+            "ON c.keys @> k.context_keys WHERE k.prefix = %s",
             [context_id, prefix],
         )
         row = cursor.fetchone()

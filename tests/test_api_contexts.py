@@ -91,7 +91,7 @@ def test_pruned_messages_are_left_out_of_the_context_counts(api):
     cid = new_context(api, {"user": "ada", "chat": "counts"})
     texts = ["one short", "two words here", "three of them now", "four is the longest of all"]
     posted = api.post(
-        f"/api/v1/contexts/{cid}/messages/batch",
+        f"/api/v1/contexts/{cid}/messages/batch?return=full",
         {"messages": [{"role": "user", "text": t} for t in texts]},
     ).json()
     items = posted["messages"]
