@@ -409,7 +409,8 @@ def test_memory_records_are_embedded_and_recalled_by_similarity(
     statements = []
 
     def capture(execute, sql, params, many, ctx):
-        statements.append(sql)
+        # The walk's settings are parameters of set_config() (SET LOCAL statements on Citus).
+        statements.append(f"{sql} {params}")
         return execute(sql, params, many, ctx)
 
     with connection.execute_wrapper(capture):

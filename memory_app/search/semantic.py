@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
 from memory_app import db, errors, scale_out
 from memory_app.embeddings import client_vectors, indexer, providers
@@ -133,11 +133,23 @@ def nearest_vectors(
             share=share,
             table=table,
         )
-        with db.binding_cursor() as setter, db.binding_cursor() as cursor:
-            with db.pipelined_transaction(setter):
-                setter.execute(*settings_sql)
+        with connection.cursor() as probe:
+            sharded = scale_out.is_distributed(probe, table)
+        if sharded:
+            # Citus passes SET LOCAL on to the workers that walk the shards' graphs, not
+            # set_config(): one SET LOCAL a setting (names and values are this module's own).
+            _, pairs = settings_sql
+            with transaction.atomic(), db.binding_cursor() as cursor:
+                for name, value in zip(pairs[::2], pairs[1::2], strict=True):
+                    cursor.execute(f"SET LOCAL {name} = '{value}'")
                 cursor.execute(sql, args)
-            found = cursor.fetchall()
+                found = cursor.fetchall()
+        else:
+            with db.binding_cursor() as setter, db.binding_cursor() as cursor:
+                with db.pipelined_transaction(setter):
+                    setter.execute(*settings_sql)
+                    cursor.execute(sql, args)
+                found = cursor.fetchall()
         hits = sorted(((row[0], float(row[1])) for row in found), key=lambda hit: (hit[1], hit[0]))
         walked = sum(1 for row in found if not row[2])
         if walked == limit:
