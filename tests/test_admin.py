@@ -14,7 +14,10 @@ from memory_app.models import (
     MemoryVersion,
     Message,
     MessageSearch,
+    RunSearch,
+    SpanQueue,
     Step,
+    StoreNamespace,
     ToolCall,
 )
 from memory_app.services.contexts import context_get_or_create
@@ -56,8 +59,14 @@ def history():
 # Derived rows, and rows with composite keys the admin cannot address: the full-text vectors
 # follow their messages (triggers); the digest table follows the contexts' keys (an edit there
 # would give one context's keys to another); a memory's versions are its history page's;
-# LangGraph's checkpoints are serializer bytes (their runs are in the logbook).
+# LangGraph's checkpoints are serializer bytes (their runs are in the logbook); the run search's
+# vectors follow steps and tool calls (triggers, keyed by context, kind and row); queued OTLP
+# exports are the worker's to map (their backlog is in /healthz); the store's namespaces follow
+# what agents put, delete and ask for.
 NOT_IN_ADMIN = {
+    RunSearch,
+    SpanQueue,
+    StoreNamespace,
     MessageSearch,
     ContextKey,
     MemoryVersion,
