@@ -55,6 +55,14 @@ class Outage:
         connections.close_all()
         return min(self.BASE_SECONDS * 2 ** (self.failures - 1), self.MAX_SECONDS)
 
+    def wait_out(self, exc: BaseException, stop: threading.Event | None) -> None:
+        """Wait before the next attempt (cut short when `stop` is set)."""
+        delay = self.failed(exc)
+        if stop:
+            stop.wait(delay)
+        else:
+            time.sleep(delay)
+
     def succeeded(self) -> None:
         if self.failures:
             log.warning(
@@ -248,11 +256,7 @@ def run_worker(
             )
             outage.succeeded()
         except db.DATABASE_FAULTS as exc:
-            delay = outage.failed(exc)
-            if stop:
-                stop.wait(delay)
-            else:
-                time.sleep(delay)
+            outage.wait_out(exc, stop)
             continue
         # The deferred HNSW insertions too, one batch per turn (several workers share them).
         indexed, parsed, expired, chored = 0, None, 0, 0
@@ -268,11 +272,7 @@ def run_worker(
         except db.DATABASE_FAULTS as exc:
             # The database went away between the claim and the chores: the same outage as a
             # failed claim, waited out with backoff (the embedded batch is counted below).
-            delay = outage.failed(exc)
-            if stop:
-                stop.wait(delay)
-            else:
-                time.sleep(delay)
+            outage.wait_out(exc, stop)
         except Exception:
             log.exception("indexer: deferred vectors, full-text vectors or retention failed")
         totals.indexed += indexed
