@@ -119,8 +119,6 @@ def nearest_vectors(
     Otherwise ("exact") every kept row is scanned and the `limit` nearest kept (a top-N sort in
     memory: only `limit` rows are held, nothing spills to disk), exact and, for a few thousand
     rows, faster than the index."""
-    dims = int(len(vector))
-    query_cte, distance, rows = _query_parts(dims, table, join_sql, where_sql)
     if approximate:
         settings_sql, sql, args = walk_statements(
             model=model,
@@ -154,6 +152,8 @@ def nearest_vectors(
         walked = sum(1 for row in found if not row[2])
         if walked == limit:
             return hits[:limit], "hnsw" if len(found) == walked else "hnsw+pending"
+    # The walk built its own parts; the exact scan builds them only when it runs.
+    query_cte, distance, rows = _query_parts(int(len(vector)), table, join_sql, where_sql)
     # OFFSET 0 keeps the subquery apart, so the ORDER BY cannot be answered by the HNSW index.
     sql = f"""
         WITH {query_cte}
