@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from django.contrib.auth.models import Group, User
+from django.db import connection
 
 from memory_app.models import Context, Run
 from memory_app.roles import sync_role_groups
@@ -158,3 +159,16 @@ def signed_backup(lines: list[str]) -> str:
     body = "".join(lines)
     digest = hashlib.sha256(body.encode()).hexdigest()
     return body + json.dumps({"type": "trailer", "counts": counts, "sha256": digest}) + "\n"
+
+
+def analyse(*tables: str) -> None:
+    """ANALYZE `tables` (names without the memory_app_ prefix) as this test's transaction sees
+    them, and keep autovacuum from analysing them again until it ends: an autovacuum left over
+    from an earlier test's rolled-back bulk load sees none of this test's uncommitted rows, and
+    its statistics (an empty table) would turn the planner to sequential scans mid-test. The
+    lock is the one VACUUM and ANALYZE take; a running autovacuum yields to it."""
+    names = ", ".join(f"memory_app_{t}" for t in tables)
+    with connection.cursor() as cursor:
+        cursor.execute(f"LOCK TABLE {names} IN SHARE UPDATE EXCLUSIVE MODE")
+        for table in tables:
+            cursor.execute(f"ANALYZE memory_app_{table}")

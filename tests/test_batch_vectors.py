@@ -14,7 +14,7 @@ from memory_app.search.semantic import semantic_ranking
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import messages_append
 from tests.api_helpers import make_key, new_context
-from tests.builders import register_models
+from tests.builders import analyse, register_models
 
 pytestmark = pytest.mark.django_db
 
@@ -383,8 +383,7 @@ def test_a_models_store_size_counts_its_own_vectors_not_every_models(api, settin
             for i in range(n)
         ]
         messages_append(context=context, items=items)
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE memory_app_embedding")
+    analyse("embedding")
     message_search._store_sizes.clear()
     assert message_search.store_size("inline-3", 3) == 300
     assert message_search.store_size("inline-4", 4) == 100

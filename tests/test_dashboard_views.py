@@ -14,7 +14,7 @@ from memory_app.models import Message
 from memory_app.rendering import render_markdown
 from memory_app.services.curation import messages_set_pruned, steps_set_pruned
 from memory_app.services.messages import messages_append
-from tests.builders import add_messages, make_context, make_run, make_user
+from tests.builders import add_messages, analyse, make_context, make_run, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -192,10 +192,7 @@ def test_big_context_and_long_run_pages_stay_bounded_and_small(client):
     ctx = make_context(title="big")
     add_messages(context=ctx, count=100_000, batch=1000)
     run = make_run(context=ctx, steps=2000, error_at=(1500,))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "ANALYZE memory_app_message; ANALYZE memory_app_step; ANALYZE memory_app_toolcall"
-        )
+    analyse("message", "step", "toolcall")
     for url in (
         f"/contexts/{ctx.pk}/",
         f"/contexts/{ctx.pk}/?seq=50000",

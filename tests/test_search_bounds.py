@@ -26,7 +26,7 @@ from memory_app.search.keyword import keyword_ranking
 from memory_app.search.messages import search_messages
 from memory_app.services.messages import messages_append
 from tests.bm25_truth import bm25_truth, split
-from tests.builders import make_context, make_user
+from tests.builders import analyse, make_context, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -209,8 +209,7 @@ def big_context(settings):
         # As autovacuum would have by now: new entries merged from the GIN pending list (the
         # planner prices a long pending list, which holds the whole table here).
         cur.execute("SELECT gin_clean_pending_list('message_search_gin'::regclass)")
-        cur.execute("ANALYZE memory_app_message")
-        cur.execute("ANALYZE memory_app_messagesearch")
+    analyse("message", "messagesearch")
     context.refresh_from_db()
     return context
 

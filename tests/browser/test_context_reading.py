@@ -160,10 +160,11 @@ def test_question_mark_opens_the_shortcut_help_and_escape_closes_it(browser_page
     help_dialog = page.locator("dialog#shortcuts")
     expect(help_dialog).to_be_hidden()
     # Typing a ? into a field types it; it does not open the help.
-    page.fill("input[name=q]", "")
-    page.locator("input[name=q]").press("?")
+    text_field = page.locator("#main input[name=q]")
+    text_field.fill("")
+    text_field.press("?")
     expect(help_dialog).to_be_hidden()
-    assert page.locator("input[name=q]").input_value() == "?"
+    assert text_field.input_value() == "?"
     page.locator("body").click(position={"x": 5, "y": 300})
     page.keyboard.press("?")
     expect(help_dialog).to_be_visible()

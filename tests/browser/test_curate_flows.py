@@ -225,7 +225,7 @@ def test_promote_a_message_then_find_it_by_search(browser_page, demo):
     record = MemoryRecord.objects.get(source_message=m)
     page.click(f"#promote-{m.pk} a")
     page.goto(f"{page.base_url}/memories/")
-    page.fill("input[name=q]", "Lisbon rain")
+    page.locator("#main input[name=q]").fill("Lisbon rain")
     expect(page.locator(f"#mem-{record.pk}")).to_be_visible()
     expect(page.locator(f"#mem-{record.pk} .source a")).to_have_text("message #9")
     screenshot(page, "memories-search")
