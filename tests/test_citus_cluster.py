@@ -16,6 +16,7 @@ from django.db import connection, transaction
 
 from memory_app import scale_out
 from memory_app.embeddings import client_vectors
+from memory_app.management.commands.distribute import distribute_table
 from memory_app.memories import Scope
 from memory_app.models import Message
 from memory_app.queries.memories import memories_retrieve
@@ -95,6 +96,62 @@ def test_an_index_size_is_summed_over_the_shards():
             conn.execute("DROP TABLE probe_rows")
     # 89 of each 100 rows are in the partial index; the estimate is the planner's.
     assert abs(rows - 17_800) < 1_000
+
+
+def test_a_loaded_table_is_distributed_with_its_hnsw_graphs_built_on_the_shards():
+    db = connection.settings_dict
+    with psycopg.connect(
+        host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"], autocommit=True
+    ) as conn:
+        conn.execute("DROP TABLE IF EXISTS probe_vectors")
+        conn.execute("DROP TABLE IF EXISTS probe_derived")
+        conn.execute("CREATE TABLE probe_vectors (context_id bigint, id bigint, v vector(3))")
+        # A row trigger deriving rows into a table distributed after it, as the run-search
+        # triggers do: the copy into the shards must not fire it.
+        conn.execute("CREATE TABLE probe_derived (context_id bigint, id bigint)")
+        conn.execute(
+            "CREATE FUNCTION probe_derive() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            " INSERT INTO probe_derived VALUES (NEW.context_id, NEW.id); RETURN NEW; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER probe_derive AFTER INSERT ON probe_vectors"
+            " FOR EACH ROW EXECUTE FUNCTION probe_derive()"
+        )
+        conn.execute(
+            "INSERT INTO probe_vectors SELECT i % 7, i, ARRAY[i % 13, i % 17, 1]::vector"
+            " FROM generate_series(1, 3000) i"
+        )
+        conn.execute(
+            "CREATE INDEX probe_vectors_hnsw ON probe_vectors USING hnsw (v vector_l2_ops)"
+            " WITH (m = 8)"
+        )
+        try:
+            with conn.transaction(), conn.cursor() as cursor:
+                distribute_table(cursor, "probe_vectors", "context_id", shards=4)
+                distribute_table(cursor, "probe_derived", "context_id", colocate="probe_vectors")
+            assert conn.execute("SELECT count(*) FROM probe_derived").fetchone()[0] == 3000
+            # Every row reached a shard, and each shard's graph was built over them.
+            assert conn.execute("SELECT count(*) FROM probe_vectors").fetchone()[0] == 3000
+            per_shard = conn.execute(
+                "SELECT result FROM run_command_on_shards('probe_vectors', $$SELECT"
+                " indexdef FROM pg_indexes WHERE tablename = '%s'$$)"
+            ).fetchall()
+            assert len(per_shard) == 4
+            assert all("USING hnsw (v vector_l2_ops) WITH (m='8')" in r[0] for r in per_shard)
+            with conn.transaction():
+                conn.execute("SET LOCAL citus.propagate_set_commands = 'local'")
+                conn.execute("SET LOCAL enable_seqscan = off")
+                plan = "\n".join(
+                    row[0]
+                    for row in conn.execute(
+                        "EXPLAIN SELECT id FROM probe_vectors WHERE context_id = 3"
+                        " ORDER BY v <-> '[1,2,1]' LIMIT 5"
+                    ).fetchall()
+                )
+            assert "probe_vectors_hnsw" in plan, plan
+        finally:
+            conn.execute("DROP TABLE IF EXISTS probe_vectors, probe_derived")
+            conn.execute("DROP FUNCTION IF EXISTS probe_derive()")
 
 
 @contextmanager

@@ -41,6 +41,53 @@ _PLACED_SQL = """
 """
 
 
+_HNSW_INDEXES_SQL = """
+    SELECT c.relname, pg_get_indexdef(c.oid)
+    FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam
+    WHERE i.indrelid = %s::regclass AND a.amname = 'hnsw'
+    ORDER BY c.relname
+"""
+
+
+def distribute_table(
+    cursor, table: str, column: str, *, shards: int | None = None, colocate: str | None = None
+) -> None:
+    """Distribute `table` by `column`, co-located with `colocate` or (with `shards`) in a group
+    of its own. A table that already holds rows has its HNSW graphs dropped first and built
+    again on the shards after: Citus would otherwise insert every copied vector into each
+    shard's graph one at a time, some hundred times slower than building the graph in bulk.
+    The rows are copied with user triggers off (`session_replication_role`, passed on to the
+    workers' connections): what they derive (full-text rows, run-search rows) is already
+    stored beside them and is distributed in its own turn, and a trigger firing on a shard
+    would write into a table that may not be distributed yet. The caller's transaction keeps
+    the drop, the copy and the rebuild together."""
+    quoted = connection.ops.quote_name(table)
+    cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {quoted})")  # noqa: S608 - catalog name
+    loaded = cursor.fetchone()[0]
+    graphs = []
+    if loaded:
+        cursor.execute(_HNSW_INDEXES_SQL, [table])
+        graphs = cursor.fetchall()
+        cursor.execute("SET LOCAL citus.propagate_set_commands = 'local'")
+        cursor.execute("SET LOCAL session_replication_role = replica")
+    for name, _definition in graphs:
+        cursor.execute(f"DROP INDEX {connection.ops.quote_name(name)}")
+    if colocate is None:
+        cursor.execute(
+            "SELECT create_distributed_table(%s, %s, shard_count => %s, colocate_with => 'none')",
+            [table, column, shards],
+        )
+    else:
+        cursor.execute(
+            "SELECT create_distributed_table(%s, %s, colocate_with => %s)",
+            [table, column, colocate],
+        )
+    if loaded:
+        cursor.execute("SET LOCAL session_replication_role = origin")
+    for _name, definition in graphs:
+        cursor.execute(definition)
+
+
 class Command(BaseCommand):
     help = "Distribute the tables on a Citus coordinator by context (and check the result)."
 
@@ -111,16 +158,9 @@ class Command(BaseCommand):
                     if table.kind == REFERENCE:
                         cursor.execute("SELECT create_reference_table(%s)", [table.name])
                     elif table.name == CONTEXTS or table.column != "context_id":
-                        cursor.execute(
-                            "SELECT create_distributed_table(%s, %s, shard_count => %s,"
-                            " colocate_with => 'none')",
-                            [table.name, table.column, shards],
-                        )
+                        distribute_table(cursor, table.name, table.column, shards=shards)
                     else:
-                        cursor.execute(
-                            "SELECT create_distributed_table(%s, %s, colocate_with => %s)",
-                            [table.name, table.column, CONTEXTS],
-                        )
+                        distribute_table(cursor, table.name, table.column, colocate=CONTEXTS)
 
             # Rows already there were copied into the shards; the coordinator's own copy is
             # dead weight, and goes once no table still local points at it.
