@@ -4,9 +4,11 @@ OTLP's `/v1/`) are Django on a chain of their own (agentmemory_site/api_handler.
 hop a request, no dashboard middleware); everything else is Django.
 
 Django does not speak the ASGI lifespan protocol; the MCP app does (it starts its session
-manager), so lifespan events go to it. Hosts are checked against ALLOWED_HOSTS for `/mcp` as
-Django checks them for its own paths, and `/mcp` answers carry the security headers Django's
-middleware gives every other answer.
+manager), so lifespan events go to it. A worker's lifespan starting also starts loading the
+local embedding model on a thread of its own, so that the first semantic search does not pay
+for it (after the fork: a forked copy of torch's threads would hang). Hosts are checked against
+ALLOWED_HOSTS for `/mcp` as Django checks them for its own paths, and `/mcp` answers carry the
+security headers Django's middleware gives every other answer.
 """
 
 import os
@@ -30,6 +32,7 @@ from django.http.request import split_domain_port, validate_host  # noqa: E402
 
 from agentmemory_site.api_handler import ApiHandler  # noqa: E402
 from memory_app import mcp_server  # noqa: E402
+from memory_app.embeddings import providers  # noqa: E402
 from memory_app.middleware import CONTENT_SECURITY_POLICY  # noqa: E402
 
 mcp_app = mcp_server.asgi_app()
@@ -96,6 +99,7 @@ def _with_security_headers(send):
 
 async def application(scope, receive, send):
     if scope["type"] == "lifespan":
+        providers.warm_up_in_background()
         await mcp_app(scope, receive, send)
     elif scope["type"] == "http" and (
         scope["path"] == mcp_server.PATH or scope["path"].startswith(mcp_server.PATH + "/")

@@ -5,7 +5,8 @@ indexer has not written yet (matched from their text meanwhile). Both should fal
 within seconds of a batch. `spans_queued` is the OTLP mapping's backlog: spans of acknowledged
 exports not yet mapped into runs and steps, the oldest received `spans_queued_oldest_seconds` ago
 (null when none); `spans_set_aside` counts exports the mapping refused (kept, with the error, in
-`memory_app_spanqueue`)."""
+`memory_app_spanqueue`). `embedding_model` is the local model's state in the worker that
+answered ("loading" from its start, then "ready"; null with another provider)."""
 
 from django.db import DatabaseError, connection
 from django.http import JsonResponse
@@ -13,6 +14,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from memory_app import db
+from memory_app.embeddings import providers
 from memory_app.search import fulltext
 
 
@@ -56,5 +58,6 @@ def healthz(request):
                 None if row[4] is None else max(0.0, round(float(row[4]), 3))
             ),
             "spans_set_aside": row[5],
+            "embedding_model": providers.local_model_state(),
         }
     )

@@ -1,13 +1,10 @@
-"""BM25's pure parts (query splitting, term frequencies, document frequency estimates, scores)
-and the quality benchmark's scoring, on tiny hand-made inputs (the benchmark's dataset is
-fetched at its run time only, never in the test suite)."""
+"""BM25's pure parts (query splitting, fusion) and the quality benchmark's scoring, on tiny
+hand-made inputs (the benchmark's dataset is fetched at its run time only, never in the test
+suite). The scores the server computes are checked in tests/test_search_bounds.py."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
-from rank_bm25 import BM25Okapi
 
 from memory_app.bench import quality
 from memory_app.search import bm25, fusion
@@ -21,46 +18,6 @@ def test_a_web_search_splits_into_words_phrases_and_exclusions():
     assert split.exclusion_text == '-rain -"cold front"'
     assert bm25.split_websearch('- "" --x').excluded == ("x",)
     assert bm25.split_websearch('- "" --x').words == ()
-
-
-def test_term_frequencies_count_positions_of_each_lexeme():
-    tfs = bm25.term_frequencies("'it''s':1A,5A,9A 'alpha':3A 'bare'")
-    assert tfs == {"it's": 3, "alpha": 1, "bare": 1}
-    phrase = bm25.Term("'new' <-> 'york'", ("new", "york"))
-    assert bm25.term_frequency(phrase, {"new": 3, "york": 2}) == 2
-    assert bm25.term_frequency(phrase, {"new": 3}) == 0
-
-
-def test_document_frequency_is_exact_below_the_cap_and_estimated_above_it():
-    assert bm25.estimated_df(matches=7, cap=10, oldest_seq=3, last_seq=1000, n=1000) == 7
-    # The newest 10 matches reach back 100 seqs of 1,000: about 100 in the context.
-    assert bm25.estimated_df(matches=10, cap=10, oldest_seq=901, last_seq=1000, n=1000) == 100
-    # Never below what was seen nor above the context.
-    assert bm25.estimated_df(matches=10, cap=10, oldest_seq=995, last_seq=1000, n=1000) == 1000
-    assert bm25.estimated_df(matches=10, cap=10, oldest_seq=1, last_seq=1000, n=1000) == 10
-
-
-def test_scores_equal_rank_bm25_on_the_same_counts():
-    """Okapi BM25 with Lucene's IDF: rank-bm25's BM25Plus-free formula differs only in its IDF,
-    so the term part is compared with it on a corpus where every document has the same IDFs."""
-    corpus = [["a", "b", "b"], ["a", "c"], ["b", "c", "c", "d"]]
-    n, avgdl = len(corpus), sum(map(len, corpus)) / len(corpus)
-    terms = [bm25.Term("'b'", ("b",)), bm25.Term("'c'", ("c",))]
-    idfs = [bm25.idf(2, n), bm25.idf(2, n)]
-    assert idfs[0] == pytest.approx(math.log(1 + (3 - 2 + 0.5) / 2.5))
-    okapi = BM25Okapi(corpus, k1=bm25.K1, b=bm25.B)
-    expected = okapi.get_scores(["b", "c"]) / okapi.idf["b"] * idfs[0]
-    for doc, want in zip(corpus, expected, strict=True):
-        tfs = {t: doc.count(t) for t in set(doc)}
-        got = bm25.score(terms=terms, idfs=idfs, tfs=tfs, length=len(doc), avgdl=avgdl)
-        assert got == pytest.approx(want)
-
-
-def test_rank_scores_each_candidate_once_best_first_ties_newest_first():
-    terms = [bm25.Term("'x'", ("x",))]
-    rows = [(1, 1, 2, "'x':1A"), (2, 2, 2, "'x':1A"), (2, 2, 2, "'x':1A"), (3, 3, 2, "'x':1A,2A")]
-    ranked = bm25.rank(rows, terms=terms, idfs=[1.0], avgdl=2.0)
-    assert [mid for mid, _, _ in ranked] == [3, 2, 1]
 
 
 def test_hybrid_weighs_a_clear_keyword_winner_above_a_flat_cosine_list():

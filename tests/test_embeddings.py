@@ -377,6 +377,13 @@ def test_real_minilm_ranks_the_paris_weather_first(settings):
         context=context, query="what is the weather in Paris", k=5, mode="semantic"
     ).hits
     assert hits[0].message.text == "Sunny, 25C in Paris today"
+    # A single text (a search's query) skips encode()'s per-call work, not its result: the
+    # vector is encode()'s, and the one stored for the same text embedded in a batch.
+    [one] = provider.embed(["Sunny, 25C in Paris today"])
+    encoded = provider._st.encode(["Sunny, 25C in Paris today"], normalize_embeddings=True)
+    assert one == encoded[0].tolist()
+    stored = Embedding.objects.get(message__text="Sunny, 25C in Paris today").vector
+    assert one == pytest.approx(list(stored), abs=1e-5)
     # The model runs on one intra-op thread (a query's forward pass is too small to share).
     import torch
 

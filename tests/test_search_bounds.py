@@ -11,6 +11,7 @@ playground found nothing for "weather in Kyoto" when no message held both words)
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from django.db import connection
@@ -20,7 +21,7 @@ from django.urls import reverse
 
 from memory_app import selectors
 from memory_app.models import Message
-from memory_app.search import fulltext
+from memory_app.search import bm25, fulltext
 from memory_app.search import keyword as message_search
 from memory_app.search.keyword import keyword_ranking
 from memory_app.search.messages import search_messages
@@ -125,6 +126,57 @@ def test_keyword_ranks_the_newest_matches_when_more_match_than_the_candidates(
     expected = bm25_truth(context, words=["alpha"])[:10]
     assert [h for h, _ in hits] == [mid for mid, _ in expected]
     assert [s for _, s in hits] == pytest.approx([s for _, s in expected])
+
+
+def test_a_frequent_term_s_document_frequency_is_estimated_from_its_newest_matches(settings):
+    """Above the cap a term's df is its newest matches' density over the context: 5 matches
+    reaching back over seqs 84..100 of 100 messages make about 29.4 (every fourth holds it)."""
+    settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 5
+    context = make_context()
+    items = [
+        {"role": "user", "text": f"alpha {i}" if i % 4 == 0 else f"filler {i}"}
+        for i in range(1, 101)
+    ]
+    messages = messages_append(context=context, items=items).messages
+    context.refresh_from_db()
+    hits = search_messages(context=context, query="alpha", k=5, mode="keyword").hits
+    assert [h.message.pk for h in hits] == [messages[i - 1].pk for i in (100, 96, 92, 88, 84)]
+    df = 5 * 100 / 17
+    # Every candidate holds it once and has the same length: its score is the term's IDF.
+    idf = math.log(1 + (100 - df + 0.5) / (df + 0.5))
+    assert [h.score for h in hits] == pytest.approx([idf] * 5)
+    # With room for every match the count is exact, as the truth counts it.
+    settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 100
+    hits = keyword_ranking(context_id=context.pk, query="alpha", limit=5)
+    assert [s for _, s in hits] == pytest.approx(
+        [s for _, s in bm25_truth(context, words=["alpha"])[:5]]
+    )
+    assert hits[0][1] == pytest.approx(math.log(1 + (100 - 25 + 0.5) / 25.5))
+
+
+@pytest.mark.django_db
+def test_term_parts_equal_rank_bm25_on_the_same_counts(settings):
+    """Okapi BM25 with Lucene's IDF: rank-bm25 differs in its IDF and in a document's length
+    (its tokens; ours its distinct lexemes), so the term part is compared with it on texts
+    whose words are all distinct, where both terms have the same IDF."""
+    from rank_bm25 import BM25Okapi
+
+    settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 100
+    corpus = [
+        ["alpha", "bravo"],
+        ["alpha", "charli", "delta"],
+        ["bravo", "charli", "echo", "golf", "hotel"],
+    ]
+    context = make_context()
+    messages = messages_append(
+        context=context, items=[{"role": "user", "text": " ".join(doc)} for doc in corpus]
+    ).messages
+    hits = dict(keyword_ranking(context_id=context.pk, query="bravo charli", limit=5))
+    okapi = BM25Okapi(corpus, k1=bm25.K1, b=bm25.B)
+    # The candidates are the messages holding a term: every one here, so the lengths agree.
+    idf = math.log(1 + (3 - 2 + 0.5) / 2.5)
+    expected = okapi.get_scores(["bravo", "charli"]) / okapi.idf["bravo"] * idf
+    assert [hits[m.pk] for m in messages] == pytest.approx(list(expected))
 
 
 def test_a_rare_old_match_is_found_by_widening_the_window(settings, monkeypatch):

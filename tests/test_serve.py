@@ -36,7 +36,9 @@ def _status(url: str) -> int | None:
         return None
 
 
-def _start(data_dir: Path, port: int) -> tuple[subprocess.Popen, float]:
+def _start(
+    data_dir: Path, port: int, *args: str, **extra_env: str
+) -> tuple[subprocess.Popen, float]:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -46,10 +48,10 @@ def _start(data_dir: Path, port: int) -> tuple[subprocess.Popen, float]:
         "AGENTMEMORY_DATA_DIR": str(data_dir),
         "AGENTMEMORY_WORKERS": "2",
         "PYTHONUNBUFFERED": "1",
-    }
+    } | extra_env
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "manage.py", "serve", "--port", str(port)],
+        [sys.executable, "manage.py", "serve", "--port", str(port), *args],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -60,13 +62,13 @@ def _start(data_dir: Path, port: int) -> tuple[subprocess.Popen, float]:
     return proc, started
 
 
-def _wait_for_login(port: int, started: float, proc: subprocess.Popen) -> float:
-    while time.monotonic() - started < 60:
+def _wait_for_login(port: int, started: float, proc: subprocess.Popen, within: float = 60) -> float:
+    while time.monotonic() - started < within:
         if _status(f"http://127.0.0.1:{port}/accounts/login/") == 200:
             return time.monotonic() - started
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.3)
-    raise AssertionError("login page not served within 60 s")
+    raise AssertionError(f"login page not served within {within:.0f} s")
 
 
 def _stop(proc: subprocess.Popen) -> str:
@@ -213,3 +215,35 @@ def test_a_second_serve_on_the_same_data_folder_says_so_and_leaves_the_first_ser
     finally:
         _stop(first)
     assert not _postgres_running(data_dir)
+
+
+def _health(port: int) -> dict:
+    import json
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.slow
+def test_a_worker_loads_the_local_model_as_it_starts_without_waiting_for_a_search(tmp_path):
+    data_dir = tmp_path / "var"
+    os.chmod(tmp_path, 0o755)
+    port = _free_port()
+    # No demo data: serve itself would load the model to embed it, before gunicorn starts.
+    proc, started = _start(
+        data_dir, port, "--no-demo", AGENTMEMORY_WORKERS="1", AGENTMEMORY_EMBEDDING_PROVIDER="local"
+    )
+    try:
+        # Serving does not wait for the model (its import alone takes seconds). The start's
+        # own speed is test_serve_starts_fast_stops_cleanly_and_keeps_data's to check.
+        _wait_for_login(port, started, proc, within=180)
+        assert _health(port)["embedding_model"] in ("loading", "ready")
+        # No search has been made: the worker loads it on its own.
+        deadline = time.monotonic() + 180
+        while (state := _health(port)["embedding_model"]) != "ready":
+            assert state == "loading", state
+            assert time.monotonic() < deadline, "the model was not loaded within 180 s"
+            time.sleep(0.5)
+    finally:
+        out = _stop(proc)
+    assert "could not be loaded" not in out, out

@@ -1,4 +1,6 @@
-"""BM25 (Okapi, Lucene's IDF) over PostgreSQL full-text vectors: the pure part, no database.
+"""BM25 (Okapi, Lucene's IDF) over PostgreSQL full-text vectors: the formula, the constants and
+the query's parts. The scores are computed by the server, in the statement that finds the
+candidates (`memory_app.search.keyword.RANK_SQL`).
 
 For a query of terms t (each stemmed word of the query, and each "quoted phrase") and a message d:
 
@@ -18,8 +20,9 @@ that a query's work stays bounded at a million messages in a context:
   vector is stored yet or parsed from its text).
 - df(t) counts the messages the query can match (its exclusions applied). It is exact when
   fewer than the per-term cap of messages match t; otherwise it is estimated from how far back
-  the newest `cap` matches reach (`estimated_df`): a term that frequent has an IDF near its
-  floor, where the estimate's error barely moves the score.
+  the newest `cap` matches reach: cap × N / (last seq - oldest of them + 1), never below the
+  matches seen nor above N. A term that frequent has an IDF near its floor, where the
+  estimate's error barely moves the score.
 - A message is a candidate when it is among the newest `cap` matches of at least one term: every
   match of a rare term is scored, and a message holding only frequent terms older than their
   newest `cap` matches is missed (its score, made of low IDFs, would rank it low anyway).
@@ -27,9 +30,7 @@ that a query's work stays bounded at a million messages in a context:
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 K1 = 1.2
@@ -38,8 +39,6 @@ B = 0.75
 # A web search's tokens as websearch_to_tsquery reads them: "quoted phrases" (an unclosed quote
 # runs to the end) and words, each possibly negated by a leading "-".
 _TOKEN = re.compile(r'(-?)"([^"]*)(?:"|$)|(-?)([^\s"]+)')
-# A lexeme and its positions in a tsvector's text: 'it''s':1A,5A
-_LEXEME = re.compile(r"'((?:[^'\\]|''|\\.)*)'(?::([0-9A-D,]+))?")
 
 
 @dataclass(frozen=True)
@@ -91,70 +90,3 @@ class Term:
 def quote_lexeme(lexeme: str) -> str:
     """A lexeme as a tsquery operand."""
     return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
-
-
-def term_frequencies(vector_text: str) -> dict[str, int]:
-    """lexeme → number of positions, from a tsvector's text."""
-    found = {}
-    for raw, positions in _LEXEME.findall(vector_text):
-        lexeme = raw.replace("''", "'").replace("\\\\", "\\")
-        found[lexeme] = positions.count(",") + 1 if positions else 1
-    return found
-
-
-def term_frequency(term: Term, tfs: dict[str, int]) -> int:
-    return min((tfs.get(lexeme, 0) for lexeme in term.lexemes), default=0)
-
-
-def idf(df: float, n: int) -> float:
-    n = max(n, df, 1)
-    return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
-
-
-def estimated_df(*, matches: int, cap: int, oldest_seq: int | None, last_seq: int, n: int) -> float:
-    """Messages holding a term: exact when fewer than `cap` matched (`matches`); else the
-    density of the newest `cap` matches (they reach back to `oldest_seq`) over the context's `n`
-    messages, never below what was seen."""
-    if matches < cap or oldest_seq is None:
-        return float(matches)
-    span = max(last_seq - oldest_seq + 1, matches)
-    return float(min(max(matches * n / span, matches), max(n, matches)))
-
-
-def score(
-    *,
-    terms: Sequence[Term],
-    idfs: Sequence[float],
-    tfs: dict[str, int],
-    length: int,
-    avgdl: float,
-) -> float:
-    """BM25 of one message: its term frequencies `tfs` and length `length` (distinct lexemes)."""
-    norm = 1.0 - B + B * (length / avgdl if avgdl > 0 else 1.0)
-    total = 0.0
-    for term, weight in zip(terms, idfs, strict=True):
-        tf = term_frequency(term, tfs)
-        if tf:
-            total += weight * tf * (K1 + 1.0) / (tf + K1 * norm)
-    return total
-
-
-def rank(
-    rows: Iterable[tuple[int, int, int, str]],
-    *,
-    terms: Sequence[Term],
-    idfs: Sequence[float],
-    avgdl: float,
-) -> list[tuple[int, int, float]]:
-    """(id, seq, score) of candidate rows (id, seq, length, vector text of the query's
-    lexemes), best first, ties newest first; each id once."""
-    seen: dict[int, tuple[int, int, float]] = {}
-    for mid, seq, length, vector_text in rows:
-        if mid not in seen:
-            tfs = term_frequencies(vector_text or "")
-            seen[mid] = (
-                mid,
-                seq,
-                score(terms=terms, idfs=idfs, tfs=tfs, length=length, avgdl=avgdl),
-            )
-    return sorted(seen.values(), key=lambda row: (-row[2], -row[1]))

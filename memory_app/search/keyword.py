@@ -7,7 +7,7 @@ from the stored tsvectors and document frequencies counted per term with a cap (
 its approximations: `memory_app.search.bm25`). The work is bounded whatever the context's size:
 each term reads at most `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` of its newest matches, through
 the GIN index for rare terms and a walk back on the primary key for frequent ones (see
-`_keyword_candidates`).
+`_term_candidates`), and the server scores them in the same statement (`RANK_SQL`).
 """
 
 from __future__ import annotations
@@ -45,10 +45,6 @@ class KeywordQuery:
     terms: tuple[bm25.Term, ...]
     exclusion: str
     strict: str
-
-    @property
-    def lexemes(self) -> list[str]:
-        return sorted({lexeme for term in self.terms for lexeme in term.lexemes})
 
     def term_tsquery(self, term: bm25.Term) -> str:
         return f"({term.tsquery}) & ({self.exclusion})" if self.exclusion else term.tsquery
@@ -111,7 +107,11 @@ def keyword_ranking(
     Each term's newest `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` matches are the candidates (and
     its count, exact below that cap, estimated above it): every match of a rare term is scored.
     `last_seq`, `search_seq` and `message_count` are the context's counters (read when not
-    given; an older `search_seq` is always safe). See `_keyword_candidates`.
+    given; an older `search_seq` is always safe). See `_term_candidates`.
+
+    One statement after the query's parse: every term's passes, the document frequencies, and
+    the scores are computed by the server, which sends back the top `limit` only (scoring a
+    thousand candidates in Python, and sending them, cost more than finding them).
     """
     parsed = parse_query(query)
     if not parsed.terms or (match == "all" and not parsed.strict):
@@ -121,94 +121,143 @@ def keyword_ranking(
             "last_seq", "search_seq", "message_count"
         ).first() or (0, 0, 0)
     cap = max(settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES, limit)
-    fetch = {
-        "context_id": context_id,
-        "lexemes": parsed.lexemes,
+    bounds = {"last_seq": last_seq, "search_seq": search_seq, "excluding": bool(exclude_ids)}
+    params: dict = {
+        "context": context_id,
+        "exclude": list(exclude_ids),
+        "config": FTS_CONFIG,
+        "need": cap,
+        "n": message_count,
+        "cap": cap,
         "last_seq": last_seq,
-        "search_seq": search_seq,
-        "candidates": cap,
-        "exclude_ids": list(exclude_ids),
+        "limit": limit,
+        "lexemes": sorted({lexeme for term in parsed.terms for lexeme in term.lexemes}),
     }
-    rows: list[tuple[int, int, int, str]] = []
-    found_per_term = []
-    for term in parsed.terms:
-        found_per_term.append(_keyword_candidates(tsquery=parsed.term_tsquery(term), **fetch))
-        rows += found_per_term[-1]
-    # The counter may lag a store written around the domain (never below what was found).
-    n = max(message_count, len({row[0] for row in rows}))
-    idfs = []
-    for found in found_per_term:
-        df = bm25.estimated_df(
-            matches=len(found),
-            cap=cap,
-            oldest_seq=min((row[1] for row in found), default=None),
-            last_seq=last_seq,
-            n=n,
-        )
-        idfs.append(bm25.idf(df, n))
+    found = []
+    for i, term in enumerate(parsed.terms, start=1):
+        params[f"q{i}"] = parsed.term_tsquery(term)
+        params[f"l{i}"] = list(term.lexemes)
+        found.append(f"SELECT {i} AS term, f.* FROM ({_term_candidates(f'q{i}', **bounds)}) f")  # noqa: S608 - constant SQL
     if match == "all":
-        rows = _keyword_candidates(tsquery=parsed.strict, **fetch)
-    lengths = {row[0]: row[2] for row in rows}
-    avgdl = sum(lengths.values()) / len(lengths) if lengths else 0.0
-    ranked = bm25.rank(rows, terms=parsed.terms, idfs=idfs, avgdl=avgdl)
-    return [(mid, score) for mid, _, score in ranked[:limit]]
+        params["q0"] = parsed.strict
+        found.append(f"SELECT 0 AS term, f.* FROM ({_term_candidates('q0', **bounds)}) f")  # noqa: S608
+    terms = ", ".join(
+        f"({i}, %(q{i})s::tsquery, %(l{i})s::text[])" for i in range(1, len(parsed.terms) + 1)
+    )
+    sql = RANK_SQL.format(
+        found=" UNION ALL ".join(found),
+        terms=terms,
+        candidates="term = 0" if match == "all" else "term > 0",
+        k1=bm25.K1,
+        b=bm25.B,
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [(mid, float(score)) for mid, score in cursor.fetchall()]
 
 
-# What BM25 reads of a candidate's vector: its positions of the query's lexemes (the vector
-# restricted to them: those lexemes weighted A, then only A kept).
-FEATURES = "ts_filter(setweight({vector}, 'A', %(lexemes)s::text[]), '{{a}}')::text"
+# BM25 (memory_app.search.bm25) over the candidates `found` (term, seq, length, vector): the
+# terms' matches (term 0: the strict query's, the candidates of `match="all"`). Each term's df
+# is its match count, exact below the cap, else the density of its newest `cap` matches over
+# the context; N the context's count, never below the messages found; avgdl the candidates'
+# mean length; a term's tf the fewest positions of its lexemes in a candidate holding them all
+# (a phrase: matching it). The query's lexemes are read from each candidate's vector in one
+# pass (`ts_filter` keeps only theirs). Ties newest first; only the best `limit` are joined to
+# their messages.
+RANK_SQL = """
+WITH found AS MATERIALIZED ({found}),
+terms (term, q, lexemes) AS (VALUES {terms}),
+candidates AS (
+    SELECT DISTINCT ON (seq) seq, length, vector FROM found
+    WHERE {candidates}
+),
+n AS (
+    SELECT greatest(%(n)s, (SELECT count(DISTINCT seq) FROM found WHERE term > 0), 1)::float8 AS n
+),
+df AS (
+    SELECT t.term, t.q, t.lexemes, CASE
+        WHEN count(f.seq) < %(cap)s THEN count(f.seq)::float8
+        ELSE least(
+            greatest(count(f.seq) * n.n
+                     / greatest(%(last_seq)s - min(f.seq) + 1, count(f.seq)), count(f.seq)),
+            greatest(n.n, count(f.seq)))
+        END AS df
+    FROM terms t CROSS JOIN n LEFT JOIN found f ON f.term = t.term
+    GROUP BY t.term, t.q, t.lexemes, n.n
+),
+idf AS (
+    SELECT term, q, lexemes,
+           ln(1 + (greatest(n.n, df) - df + 0.5) / (df + 0.5)) AS idf
+    FROM df CROSS JOIN n
+),
+avgdl AS (SELECT avg(length)::float8 AS avgdl FROM candidates),
+lexemes AS (
+    SELECT i.term, i.q, i.idf, x.lexeme, cardinality(i.lexemes) AS parts
+    FROM idf i CROSS JOIN unnest(i.lexemes) x (lexeme)
+),
+tfs AS (
+    SELECT c.seq, c.length, l.term, l.idf, min(coalesce(array_length(u.positions, 1), 1)) AS tf
+    FROM candidates c
+    CROSS JOIN unnest(ts_filter(setweight(c.vector, 'A', %(lexemes)s::text[]), '{{a}}')) u
+    JOIN lexemes l ON l.lexeme = u.lexeme
+    GROUP BY c.seq, c.length, l.term, l.idf
+    HAVING count(*) = max(l.parts) AND bool_and(l.parts = 1 OR c.vector @@ l.q)
+),
+scored AS (
+    SELECT t.seq, sum(
+        t.idf * t.tf * ({k1} + 1)
+        / (t.tf + {k1} * (1 - {b} + {b} * CASE WHEN a.avgdl > 0 THEN t.length / a.avgdl
+                                                ELSE 1 END))
+    ) AS score
+    FROM tfs t CROSS JOIN avgdl a
+    GROUP BY t.seq
+),
+best AS (SELECT seq, score FROM scored ORDER BY score DESC, seq DESC LIMIT %(limit)s)
+SELECT m.id, b.score FROM best b
+JOIN memory_app_message m ON m.context_id = %(context)s AND m.seq = b.seq
+ORDER BY b.score DESC, b.seq DESC
+"""
 
 
-# The keyword passes of `_keyword_candidates` as SQL text: seq bounds are ints written into the
-# text, the rest are parameters.
-def _parsed_pass(after: int, upto: int) -> str:
+# The keyword passes of `_term_candidates` as SQL text: seq bounds are ints written into the
+# text, the rest are parameters (`q` names the term's tsquery parameter).
+def _parsed_pass(after: int, upto: int, q: str, excluding: bool) -> str:
     """A keyword pass over messages the indexer has not reached: their text is parsed (its first
     part, as the indexer parses it)."""
     return f"""
-        SELECT m.id, m.seq, length(v.vector), {FEATURES.format(vector="v.vector")}
+        SELECT m.seq, length(v.vector) AS length, v.vector
         FROM memory_app_message m,
              LATERAL (SELECT memory_app_search_vector(%(config)s::regconfig, m.text) AS vector) v
         WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
           AND m.seq > {int(after)} AND m.seq <= {int(upto)}
-          AND v.vector @@ %(q)s::tsquery
-          AND NOT (m.id = ANY(%(exclude)s))
+          AND v.vector @@ %({q})s::tsquery
+          {"AND NOT (m.id = ANY(%(exclude)s))" if excluding else ""}
         ORDER BY m.seq DESC LIMIT %(need)s
     """  # noqa: S608 - constant SQL
 
 
-def _stored_pass(after: int, upto: int, match: str) -> str:
-    """A keyword pass over stored vectors, `match` being the condition on s.search_vector."""
-    # The message's id is looked up for each candidate (a subplan on
-    # message_context_seq_unique), never by joining the context's messages.
+_EXCLUDED_SEQS = """
+    AND NOT (s.seq = ANY(ARRAY(SELECT x.seq FROM memory_app_message x
+                               WHERE x.context_id = %(context)s AND x.id = ANY(%(exclude)s))))
+"""
+
+
+def _stored_pass(after: int, upto: int, match: str, excluding: bool) -> str:
+    """A keyword pass over stored vectors, `match` being the condition on s.search_vector.
+    Excluded messages are left out by their seqs (looked up once, by id)."""
     return f"""
-        SELECT c.id, c.seq, c.length, c.tfs FROM (
-            SELECT (SELECT m.id FROM memory_app_message m
-                    WHERE m.context_id = %(context)s AND m.seq = s.seq) AS id,
-                   s.seq, length(s.search_vector) AS length,
-                   {FEATURES.format(vector="s.search_vector")} AS tfs
-            FROM {fulltext.TABLE} s
-            WHERE s.context_id = %(context)s AND s.seq > {int(after)} AND s.seq <= {int(upto)}
-              AND {match}
-            ORDER BY s.seq DESC LIMIT %(need)s + cardinality(%(exclude)s::bigint[])
-        ) c
-        WHERE c.id IS NOT NULL AND NOT (c.id = ANY(%(exclude)s))
-        ORDER BY c.seq DESC LIMIT %(need)s
+        SELECT s.seq, length(s.search_vector) AS length, s.search_vector AS vector
+        FROM {fulltext.TABLE} s
+        WHERE s.context_id = %(context)s AND s.seq > {int(after)} AND s.seq <= {int(upto)}
+          AND {match} {_EXCLUDED_SEQS if excluding else ""}
+        ORDER BY s.seq DESC LIMIT %(need)s
     """  # noqa: S608 - constant SQL
 
 
-def _keyword_candidates(
-    *,
-    context_id: int,
-    tsquery: str,
-    lexemes: list[str],
-    last_seq: int,
-    search_seq: int,
-    candidates: int,
-    exclude_ids: list[int],
-) -> list[tuple[int, int, int, str]]:
-    """(id, seq, vector length, vector text restricted to `lexemes`) of the newest `candidates`
-    live matches of `tsquery`, newest seqs first, in passes whose cost follows the candidates,
-    not the context's size.
+def _term_candidates(q: str, *, last_seq: int, search_seq: int, excluding: bool) -> str:
+    """SQL of (seq, vector length, vector) of the newest `need` live matches of the tsquery
+    parameter `q`, newest seqs first, in passes whose cost follows the candidates, not the
+    context's size.
 
     Up to the context's `search_seq` the vectors are read from MessageSearch (live messages
     only, keyed by (context, seq)); after it, where the indexer has not been yet, each message's
@@ -226,35 +275,24 @@ def _keyword_candidates(
     4. The older vectors, newest first, where the planner takes the GIN index for rare words
        (and walks on for words that are frequent further back, stopping at the candidates it
        still needs).
-    Each pass looks up the ids of the messages it found only (message_context_seq_unique).
+    The passes are one UNION ALL under the limit: a pass runs only while the ones before it
+    found fewer than `need`. The tsquery is written into the statement as a constant, so the
+    planner chooses each term's plan from that word's statistics.
     """
     older = max(last_seq - KEYWORD_RECENT_SEQS, 0)
     searched_older = min(search_seq, older)
     # No upper bound on the newest pass: messages appended since `last_seq` was read.
     newest = 2**63 - 1
     passes = [
-        # 1 and 2 in one statement (every row of the first is newer than the second's).
-        f"({_parsed_pass(max(search_seq, older), newest)}) UNION ALL"
-        f" ({_stored_pass(older, search_seq, 'ts_match_vq(s.search_vector, %(q)s::tsquery)')})"
-        " ORDER BY 2 DESC LIMIT %(need)s",
-        _parsed_pass(searched_older, older) if search_seq < older else None,
-        _stored_pass(0, searched_older, "s.search_vector @@ %(q)s::tsquery")
-        if searched_older > 0
-        else None,
+        _parsed_pass(max(search_seq, older), newest, q, excluding),
+        _stored_pass(
+            older, search_seq, f"ts_match_vq(s.search_vector, %({q})s::tsquery)", excluding
+        ),
     ]
-    params = {
-        "context": context_id,
-        "q": tsquery,
-        "exclude": exclude_ids,
-        "config": FTS_CONFIG,
-        "lexemes": lexemes,
-    }
-    found: list = []
-    with connection.cursor() as cursor:
-        for sql in passes:
-            if len(found) >= candidates:
-                break
-            if sql:
-                cursor.execute(sql, {**params, "need": candidates - len(found)})
-                found += cursor.fetchall()
-    return [(mid, seq, int(length or 0), tfs or "") for mid, seq, length, tfs in found]
+    if search_seq < older:
+        passes.append(_parsed_pass(searched_older, older, q, excluding))
+    if searched_older > 0:
+        passes.append(
+            _stored_pass(0, searched_older, f"s.search_vector @@ %({q})s::tsquery", excluding)
+        )
+    return " UNION ALL ".join(f"({p})" for p in passes) + " LIMIT %(need)s"

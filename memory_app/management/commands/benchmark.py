@@ -9,6 +9,7 @@ See `memory_app/bench/`.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -30,6 +31,7 @@ from memory_app.bench import (
     export,
     http_path,
     ingest,
+    keyword_scale,
     otlp,
     peers,
     quality,
@@ -104,6 +106,14 @@ class Command(BaseCommand):
             default=None,
             help="with --quality: a LoCoMo JSON file (or a folder of its per-conversation files) "
             "to read instead of fetching it",
+        )
+        parser.add_argument(
+            "--keyword-messages",
+            type=int,
+            default=None,
+            help="with --quality: instead of the quality figures, time LoCoMo's questions in "
+            "keyword mode on one context of this many messages (target at 1,000,000: p50 ≤ 30 "
+            "ms; database agentmemory_bench_keyword unless --db-name, built once, then reused)",
         )
         parser.add_argument(
             "--messages",
@@ -327,6 +337,8 @@ class Command(BaseCommand):
             loaded = json.loads(file.read_text())
             raw += loaded if isinstance(loaded, list) else [{"sample_id": file.stem, **loaded}]
         conversations = quality.parse_locomo(raw)
+        if opts["keyword_messages"]:
+            return self._keyword_scale(conversations, opts["keyword_messages"], opts["db_name"])
         settings.AGENTMEMORY_EMBEDDING_PROVIDER = "local"
         db_name = opts["db_name"] or "agentmemory_bench_quality"
         try:
@@ -347,6 +359,32 @@ class Command(BaseCommand):
                 database.drop_database(db_name)
         self.log("")
         self.log("\n".join(quality.report(result)))
+
+    def _keyword_scale(self, conversations, messages: int, db_name: str | None) -> None:
+        db_name = db_name or "agentmemory_bench_keyword"
+        try:
+            exists = database.database_exists(db_name)
+            database.switch_to(db_name)
+            if not exists:
+                database.recreate_database(db_name)
+        except (database.BenchDatabaseError, psycopg.Error) as exc:
+            raise CommandError(f"cannot prepare the benchmark database {db_name!r}: {exc}") from exc
+        database.migrate()
+        settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+        if keyword_scale.built_size() != messages:
+            if exists:
+                connection.close()
+                database.recreate_database(db_name)
+                database.migrate()
+            self.log(f"building one context of {messages:,} messages in {db_name}")
+            turns = [(t[1], t[2]) for c in conversations for t in c.turns]
+            keyword_scale.build(turns, messages, self.log)
+        context = keyword_scale.scale_context()
+        questions = [q for c in conversations for q, _ in c.questions]
+        step = max(len(questions) // keyword_scale.QUESTIONS, 1)
+        result = keyword_scale.run(context, questions[::step][: keyword_scale.QUESTIONS], self.log)
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        self.log("\n".join(keyword_scale.report(result, messages, load)))
 
     # --- database and dataset -----------------------------------------------------------------
 
