@@ -78,7 +78,8 @@ def _array(values: list[str]) -> str:
     return "ARRAY[" + ",".join("'" + v.replace("'", "''") + "'" for v in values) + "]"
 
 
-def _sql(s: FleetSizes) -> dict[str, str]:
+def rows_sql(s: FleetSizes, *, first: int = 1) -> dict[str, str]:
+    """The statements that load the rows, by name; the contexts are ids `first` onwards."""
     topics, models = _array(TOPICS), _array(MODELS)
     prices = [pricing.model_price(m) or (0.0, 0.0) for m in MODELS]
     price_in = "ARRAY[" + ",".join(str(p[0]) for p in prices) + "]::float8[]"
@@ -90,7 +91,7 @@ def _sql(s: FleetSizes) -> dict[str, str]:
         "messages": f"""
 INSERT INTO memory_app_message (context_id, seq, role, name, text, tags, metadata, token_count,
     tokenizer, source_timestamp, created_at, updated_at, pruned_by)
-SELECT 1 + g % {c}, g / {c} + 1, (ARRAY['user','assistant'])[1 + g % 2], '',
+SELECT {first} + g % {c}, g / {c} + 1, (ARRAY['user','assistant'])[1 + g % 2], '',
     'status report about ' || ({topics})[1 + (g / 7) % 40] || ' code' || (g % 100000)
         || ' for the team, nothing unusual today',
     '{{}}', '{{}}', 12, '', '', now() - ({n} - g) * interval '2 seconds',
@@ -101,7 +102,7 @@ FROM generate_series(0, {n} - 1) g""",  # noqa: S608 - constants
 INSERT INTO memory_app_run (context_id, task, system_prompt, agent_name, framework, status,
     started_at, finished_at, duration, step_count, error_count, last_position, tool_call_count,
     model_names, metadata, created_at, updated_at)
-SELECT 1 + g % {c}, 'look into the ' || ({topics})[1 + g % 40] || ' question number ' || g, '',
+SELECT {first} + g % {c}, 'look into the ' || ({topics})[1 + g % 40] || ' question ' || g, '',
     (ARRAY['researcher','planner','support'])[1 + g % 3], 'smolagents', st,
     now() - g * interval '13 seconds',
     CASE WHEN st <> 'running' THEN now() - g * interval '13 seconds' + dur * interval '1 second'
@@ -155,7 +156,8 @@ FROM memory_app_run WHERE id % 20 = 0""",
     }
 
 
-def _counters() -> list[str]:
+def counters_sql() -> list[str]:
+    """What the write path keeps on runs and contexts, from their rows."""
     return [
         """
 UPDATE memory_app_run r SET step_count = s.n, last_position = s.last, error_count = s.errors,
@@ -180,8 +182,9 @@ WHERE c.id = r.context_id""",
     ]
 
 
-def _vectors() -> list[str]:
-    """The full-text vectors as the indexer and migration 0035's triggers write them."""
+def vectors_sql() -> list[str]:
+    """The full-text vectors as the indexer (messages) and migration 0035's triggers (what runs
+    wrote) write them."""
     run_rows = " UNION ALL ".join(
         f"SELECT t.context_id, '{kind}', t.id, {run}, {step},"  # noqa: S608 - constants
         f" memory_app_search_vector('{FTS_CONFIG}', {text})"
@@ -211,7 +214,7 @@ def _vectors() -> list[str]:
 def build(sizes: FleetSizes, log: Callable[[str], None]) -> dict[str, float]:
     """Load the dataset into the current (empty, migrated) database; the seconds of each step."""
     timings: dict[str, float] = {}
-    sql = _sql(sizes)
+    sql = rows_sql(sizes)
     connection.ensure_connection()
     raw = connection.connection.cursor()
     start = datetime.now(UTC) - timedelta(days=30)
@@ -230,8 +233,8 @@ def build(sizes: FleetSizes, log: Callable[[str], None]) -> dict[str, float]:
             cursor.execute(f"ALTER TABLE {table} DISABLE TRIGGER USER")
         steps = [
             *sql.items(),
-            *(("counters", q) for q in _counters()),
-            *(("full-text vectors", q) for q in _vectors()),
+            *(("counters", q) for q in counters_sql()),
+            *(("full-text vectors", q) for q in vectors_sql()),
             *(("indexes", q) for q in dropped),
         ]
         for name, statement in steps:
