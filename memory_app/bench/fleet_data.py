@@ -163,12 +163,12 @@ def counters_sql() -> list[str]:
 UPDATE memory_app_run r SET step_count = s.n, last_position = s.last, error_count = s.errors,
     tool_call_count = s.n, input_tokens = s.i, output_tokens = s.o, total_tokens = s.t,
     cost = s.cost, model_names = s.models
-FROM (SELECT run_id, count(*) AS n, max(position) AS last,
+FROM (SELECT context_id, run_id, count(*) AS n, max(position) AS last,
              count(*) FILTER (WHERE error_type IS NOT NULL) AS errors, sum(input_tokens) AS i,
              sum(output_tokens) AS o, sum(total_tokens) AS t, sum(cost) AS cost,
              array_agg(DISTINCT model ORDER BY model)::varchar[] AS models
-      FROM memory_app_step GROUP BY run_id) s
-WHERE r.id = s.run_id""",
+      FROM memory_app_step GROUP BY context_id, run_id) s
+WHERE r.context_id = s.context_id AND r.id = s.run_id""",
         """
 UPDATE memory_app_context c SET last_seq = m.n, search_seq = m.n, message_count = m.n,
     token_count = m.tokens, last_activity_at = m.last_at, updated_at = m.last_at

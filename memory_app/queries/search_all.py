@@ -39,6 +39,7 @@ from django.db.models import QuerySet
 from django.db.models.functions import Substr
 from django.urls import reverse
 
+from memory_app import scale_out
 from memory_app.models import FTS_CONFIG, Context, Message, Run, Step, ToolCall
 from memory_app.queries.dashboard import (
     MAX_QUERY_CHARS,
@@ -306,7 +307,9 @@ def search_all(
 
 def _walked_kinds(db, tsquery: str, kinds: list[str]) -> list[str]:
     """The kinds whose matches the planner's statistics put at WALK_SHARE of their side table's
-    rows or more (none where the table's size is unknown, as on a Citus coordinator)."""
+    rows or more (none on Citus, whose coordinator has no statistics of the shards' rows)."""
+    if scale_out.is_distributed(db, "memory_app_messagesearch"):
+        return []
     db.execute(_SHARES)
     sizes = dict(db.fetchall())
     if min(sizes.values(), default=0) <= 0:
