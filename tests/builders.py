@@ -195,7 +195,10 @@ def load_fleet(*, runs: int, steps_per_run: int, messages: int, contexts: int) -
         cursor.execute(vectors_sql()[0])
         # As autovacuum would have by now: the GIN pending lists merged (the planner prices a
         # long pending list, which holds every row here).
-        for index in ("message_search_gin", "run_search_gin"):
+        for index in (
+            "message_search_gin",
+            *(f"run_search_{k}_gin" for k in ("output", "error", "tool")),
+        ):
             cursor.execute("SELECT gin_clean_pending_list(%s::regclass)", [index])
     analyse("context", "message", "messagesearch", "run", "step", "toolcall", "runsearch")
     analyse("score", "label")
