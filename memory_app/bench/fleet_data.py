@@ -237,11 +237,12 @@ def build(sizes: FleetSizes, log: Callable[[str], None]) -> dict[str, float]:
             *(("full-text vectors", q) for q in vectors_sql()),
             *(("indexes", q) for q in dropped),
         ]
-        for name, statement in steps:
+        for i, (name, statement) in enumerate(steps):
             t = time.perf_counter()
             cursor.execute(statement)
             timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
-            log(f"  {name}: {time.perf_counter() - t:.1f} s")
+            if i + 1 == len(steps) or steps[i + 1][0] != name:
+                log(f"  {name}: {timings[name]:.1f} s")
         for table in ("memory_app_step", "memory_app_toolcall"):
             cursor.execute(f"ALTER TABLE {table} ENABLE TRIGGER USER")
         for table in ("context", "message", "run", "step", "toolcall"):
@@ -252,7 +253,8 @@ def build(sizes: FleetSizes, log: Callable[[str], None]) -> dict[str, float]:
         t = time.perf_counter()
         cursor.execute("VACUUM ANALYZE")
         timings["VACUUM ANALYZE"] = time.perf_counter() - t
-        cursor.execute(f"CREATE TABLE {META_TABLE} (data jsonb NOT NULL)")
+        # json, not jsonb: the build steps keep the order they ran in.
+        cursor.execute(f"CREATE TABLE {META_TABLE} (data json NOT NULL)")
         cursor.execute(
             f"INSERT INTO {META_TABLE} (data) VALUES (%s)",  # noqa: S608
             [json.dumps({"sizes": asdict(sizes), "build_seconds": timings})],
