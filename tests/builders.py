@@ -172,3 +172,61 @@ def analyse(*tables: str) -> None:
         cursor.execute(f"LOCK TABLE {names} IN SHARE UPDATE EXCLUSIVE MODE")
         for table in tables:
             cursor.execute(f"ANALYZE memory_app_{table}")
+
+
+def load_fleet(*, runs: int, steps_per_run: int, messages: int, contexts: int) -> list[Context]:
+    """Contexts (keys `tenant` t0…t6 and `user`) holding runs, steps, tool calls, scores,
+    labels and messages loaded by the fleet benchmark's own SQL (`memory_app.bench.fleet_data`:
+    thousands of rows in a second, where the write path takes minutes), with the counters and
+    full-text vectors the write path keeps, analysed."""
+    from memory_app.bench.fleet_data import FleetSizes, counters_sql, rows_sql, vectors_sql
+
+    made = [make_context(keys={"tenant": f"t{i % 7}", "user": f"u{i}"}) for i in range(contexts)]
+    first = made[0].pk
+    # The statements give the rows of the n-th context to the id `first + n`.
+    assert [c.pk for c in made] == list(range(first, first + contexts))
+    sizes = FleetSizes(runs=runs, steps_per_run=steps_per_run, messages=messages, contexts=contexts)
+    with connection.cursor() as cursor:
+        for statement in rows_sql(sizes, first=first).values():
+            cursor.execute(statement)
+        for statement in counters_sql():
+            cursor.execute(statement)
+        # The messages' vectors, as the indexer writes them (the triggers wrote the runs').
+        cursor.execute(vectors_sql()[0])
+        # As autovacuum would have by now: the GIN pending lists merged (the planner prices a
+        # long pending list, which holds every row here).
+        for index in (
+            "message_search_gin",
+            *(f"run_search_{k}_gin" for k in ("output", "error", "tool")),
+        ):
+            cursor.execute("SELECT gin_clean_pending_list(%s::regclass)", [index])
+    analyse("context", "message", "messagesearch", "run", "step", "toolcall", "runsearch")
+    analyse("score", "label")
+    for context in made:
+        context.refresh_from_db()
+    return made
+
+
+def plan_nodes(sql: str, settings: list[str] = ()) -> list[dict]:
+    """Every node of the plan of `sql` (a captured query) under `settings` (SET LOCAL
+    statements, as the code ran it with), in a savepoint that takes the settings back.
+
+    Sequential scans are priced out: on a test's few thousand rows a scan is the cheaper plan,
+    at a million rows it is seconds. A Seq Scan left in the plan is one no index can replace:
+    the query's shape, not the table's size, calls for it."""
+    from django.db import transaction
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_indexscan = on")
+        for setting in settings:
+            cursor.execute(setting)
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql)
+        plan = cursor.fetchone()[0]
+        transaction.set_rollback(True)
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    nodes, todo = [], [plan[0]["Plan"]]
+    while todo:
+        node = todo.pop()
+        nodes.append(node)
+        todo += node.get("Plans", [])
+    return nodes

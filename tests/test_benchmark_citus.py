@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from memory_app.bench import citus_rows
+from memory_app.bench import citus_rows, sections
 
 ROOT = Path(__file__).resolve().parent.parent
 TREE = Path(os.environ.get("AGENTMEMORY_CITUS_TREE") or ROOT / "var" / "citus-pg")
@@ -24,18 +24,18 @@ OTHER = "# Benchmarks\n\n## Results\n\n| a |\n\n## Where the time goes (profiles
 def test_the_section_goes_in_alone_and_a_full_rewrite_keeps_it(tmp_path):
     path = tmp_path / "benchmarks.md"
     path.write_text(OTHER)
-    citus_rows.write_section(path, [citus_rows.SECTION, "", "first"])
+    sections.write_section(path, citus_rows.SECTION, [citus_rows.SECTION, "", "first"])
     text = path.read_text()
     # Placed before the profiles, the rest untouched.
     assert text.replace(citus_rows.SECTION + "\n\nfirst\n\n", "") == OTHER
-    citus_rows.write_section(path, [citus_rows.SECTION, "", "second"])
+    sections.write_section(path, citus_rows.SECTION, [citus_rows.SECTION, "", "second"])
     assert "first" not in path.read_text() and path.read_text().count(citus_rows.SECTION) == 1
     # A full run writes the whole file anew: the section of the citus run is carried over.
-    kept = citus_rows.kept_section(path)
-    rewritten = citus_rows.with_section(OTHER.replace("| a |", "| b |"), kept)
+    kept = sections.kept_section(path, citus_rows.SECTION)
+    rewritten = sections.with_section(OTHER.replace("| a |", "| b |"), citus_rows.SECTION, kept)
     assert "second" in rewritten and "| b |" in rewritten
     assert rewritten.index("second") < rewritten.index("## Where the time goes")
-    assert citus_rows.kept_section(tmp_path / "absent.md") is None
+    assert sections.kept_section(tmp_path / "absent.md", citus_rows.SECTION) is None
 
 
 @pytest.mark.slow

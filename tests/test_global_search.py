@@ -3,17 +3,29 @@ through the query, the Agent API, the MCP tool and the dashboard page."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from memory_app.models import RunSearch, Step, ToolCall
+from memory_app import scale_out
+from memory_app.bench.fleet import QUERIES
+from memory_app.models import Context, RunSearch, Step, ToolCall
 from memory_app.queries import search_all as sa
 from memory_app.queries.search_all import SearchFilters, search_all
 from tests.api_helpers import make_key
-from tests.builders import add_messages, make_context, make_run, make_user
+from tests.builders import (
+    add_messages,
+    load_fleet,
+    make_context,
+    make_run,
+    make_user,
+    plan_nodes,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -307,3 +319,108 @@ def test_the_mcp_tool_searches_within_the_keys_confinement(asgi_live_server):
         "search_everything", query="narwhal"
     )
     assert "cursor" in both.error("search_everything", query="narwhal", cursor="!!")
+
+
+# The tables whose reads must stay on an index at any size (a scan of one is seconds at a
+# million rows: the benchmark's fleet area measures that size).
+SCANNED = {
+    "memory_app_message",
+    "memory_app_messagesearch",
+    "memory_app_runsearch",
+    "memory_app_step",
+    "memory_app_toolcall",
+}
+
+
+def _reads(fn) -> tuple[object, list[tuple[str, list[str]]]]:
+    """What `fn` returns, and each statement it sent that reads the searched tables, with the
+    SET LOCAL settings it ran under."""
+    with CaptureQueriesContext(connection) as queries:
+        result = fn()
+    reads, settings = [], []
+    for query in queries.captured_queries:
+        sql = query["sql"]
+        if sql.startswith("SET LOCAL"):
+            settings.append(sql)
+        elif sql.startswith(("RELEASE", "COMMIT", "ROLLBACK")):
+            settings = []
+        elif (
+            "pg_class" not in sql
+            and not sql.lstrip().startswith("EXPLAIN")
+            and any(t in sql for t in SCANNED)
+        ):
+            reads.append((sql, list(settings)))
+    return result, reads
+
+
+def _single_node() -> None:
+    """The plans checked are the single node's: a Citus coordinator plans a distributed scan
+    for the shards, and the search walks nothing there (no statistics of the shards' rows)."""
+    with connection.cursor() as cursor:
+        if scale_out.is_distributed(cursor, "memory_app_messagesearch"):
+            pytest.skip("the single node's plans")
+
+
+@pytest.fixture
+def fleet():
+    """3,000 messages and 150 runs of 10 steps with a tool call each, over 10 contexts, by the
+    benchmark's SQL (`memory_app.bench.fleet_data`): every message says "report", a topic word
+    is in 2.5 % of the rows, a code in one message."""
+    return load_fleet(runs=150, steps_per_run=10, messages=3000, contexts=10)
+
+
+# The benchmark's searches (`memory_app.bench.fleet.QUERIES`), with a code of this smaller store.
+SHAPES = [q if q != "code4242" else "code42" for q, _ in QUERIES]
+
+
+def test_every_read_stays_on_an_index(fleet):
+    _single_node()
+    within = Context.objects.filter(keys__contains={"tenant": "t3"})
+    allowed = set(within.values_list("pk", flat=True))
+    for q, contexts in itertools.product(SHAPES, (None, within)):
+        page, reads = _reads(
+            lambda q=q, c=contexts: search_all(filters=SearchFilters(q=q), contexts=c)
+        )
+        assert reads, q
+        for sql, settings in reads:
+            scans = [n for n in plan_nodes(sql, settings) if n.get("Relation Name") in SCANNED]
+            assert scans, sql
+            assert not [n for n in scans if n["Node Type"] == "Seq Scan"], sql
+        if contexts is None:
+            assert bool(page.hits) == (q != "nothingmatchesthis"), q
+        else:
+            assert {h.context_id for h in page.hits} <= allowed, q
+
+
+def test_a_word_in_every_message_is_walked_newest_first_within_the_reader_contexts(fleet):
+    _single_node()
+    within = Context.objects.filter(keys__contains={"tenant": "t3"})
+    allowed = set(within.values_list("pk", flat=True))
+    for contexts in (None, within):
+        page, reads = _reads(
+            lambda c=contexts: search_all(filters=SearchFilters(q="report"), contexts=c)
+        )
+        # Walked on the vectors' primary key, context by context: no GIN bitmap of every message.
+        (walk,) = [sql for sql, _ in reads if "LATERAL" in sql]
+        assert "message_search_gin" not in str(plan_nodes(walk, ["SET LOCAL enable_seqscan = off"]))
+        assert page.capped == ["message"] and {h.kind for h in page.hits} == {"message"}
+        assert len(page.hits) == sa.PAGE_SIZE
+        if contexts is not None:
+            assert {h.context_id for h in page.hits} <= allowed
+        # The newest messages of the contexts walked.
+        last = dict(Context.objects.values_list("pk", "last_seq"))
+        assert all(h.message_seq > last[h.context_id] - sa.CANDIDATES for h in page.hits)
+    # A word of a few rows is read through the index, every match found.
+    page, reads = _reads(lambda: search_all(filters=SearchFilters(q="code42")))
+    assert not [sql for sql, _ in reads if "LATERAL" in sql]
+    assert [h.kind for h in page.hits] == ["message"] and not page.capped
+
+
+def test_a_walk_that_meets_too_few_matches_reads_the_index(fleet, monkeypatch):
+    # Two rows walked per context meet fewer than CANDIDATES matches: the index finds them all.
+    monkeypatch.setattr(sa, "WALK_ROWS", 2)
+    walked = search_all(filters=SearchFilters(q="report"), limit=50)
+    monkeypatch.setattr(sa, "WALK_SHARE", 2.0)  # never walk
+    indexed = search_all(filters=SearchFilters(q="report"), limit=50)
+    assert [(h.kind, h.ref_id) for h in walked.hits] == [(h.kind, h.ref_id) for h in indexed.hits]
+    assert walked.capped == indexed.capped == ["message"]

@@ -5,8 +5,6 @@ page's failed and running runs) and `GET /api/v1/runs` within an API key's confi
 from __future__ import annotations
 
 import importlib
-import statistics
-import time
 from datetime import timedelta
 
 import pytest
@@ -16,14 +14,21 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from memory_app import audit
+from memory_app import audit, scale_out
 from memory_app.models import Run
 from memory_app.queries.logbook import run_cost
 from memory_app.queries.runs_table import BadQuery, RunFilters, runs_table
 from memory_app.services.curation import PURGE_CONFIRMATION, selected_purge
 from memory_app.services.runs import run_create, run_finish, steps_append
 from tests.api_helpers import make_key
-from tests.builders import action_step, make_context, make_run, make_user
+from tests.builders import (
+    action_step,
+    load_fleet,
+    make_context,
+    make_run,
+    make_user,
+    plan_nodes,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -316,73 +321,42 @@ def test_a_confined_key_lists_only_its_contexts_runs(fleet):
     assert make_key(scopes=("write",)).get("/api/v1/runs").status_code == 403
 
 
-FLEET_SQL = """
-INSERT INTO memory_app_run (context_id, task, system_prompt, agent_name, framework, status,
-    started_at, finished_at, duration, step_count, error_count, last_position, tool_call_count,
-    model_names, cost, total_tokens, metadata, created_at, updated_at)
-SELECT c.id, 'task ' || g, '', 'bench', 'smolagents',
-    (ARRAY['success','success','success','success','success','success','success','success',
-           'failed','running','max_steps_error','cancelled'])[1 + g %% 12],
-    now() - g * interval '13 seconds', now() - g * interval '13 seconds' + interval '30 seconds',
-    30 + g %% 97, 10, (g %% 5 = 0)::int, 10, 12, ARRAY[(ARRAY['gpt-4o','gpt-4o-mini'])[1 + g %% 2]],
-    (g %% 1000) / 10000.0, 5000 + g %% 3000, '{}', now(), now()
-FROM generate_series(1, %(runs)s) g
-JOIN memory_app_context c ON c.id = %(first)s + g %% %(contexts)s
-"""
-STEPS_SQL = """
-INSERT INTO memory_app_step (run_id, context_id, position, kind, error_type, error_message,
-    model, is_final_answer, pruned_by, created_at)
-SELECT r.id, r.context_id, p, 'action',
-    CASE WHEN r.error_count > 0 AND p = 5 THEN 'AgentExecutionError' END,
-    CASE WHEN r.error_count > 0 AND p = 5 THEN 'tool failed: timeout ' || r.id END,
-    '', false, '', now()
-FROM memory_app_run r CROSS JOIN generate_series(1, 10) p
-"""
+# The tables whose reads must stay on an index at any size (a scan of one is seconds at the
+# 100,000 runs and 1,000,000 steps the benchmark's fleet area measures).
+SCANNED = {"memory_app_run", "memory_app_step", "memory_app_score", "memory_app_label"}
 
 
-# The runs table at its target's size: 100,000 runs and 1,000,000 steps.
-@pytest.mark.slow
-def test_a_page_costs_the_same_at_100000_runs_and_1000000_steps(viewer):
-    contexts = [make_context(keys={"tenant": f"t{i % 7}", "user": f"u{i}"}) for i in range(50)]
+def test_every_page_reads_runs_on_an_index_in_a_bounded_number_of_queries(viewer):
     with connection.cursor() as cursor:
-        cursor.execute(FLEET_SQL, {"runs": 100_000, "first": contexts[0].pk, "contexts": 50})
-        cursor.execute(STEPS_SQL)
-        cursor.execute(
-            "ANALYZE memory_app_run; ANALYZE memory_app_step; ANALYZE memory_app_context"
-        )
-    cursor_page = runs_table(filters=RunFilters(), limit=50).next_cursor
+        if scale_out.is_distributed(cursor, "memory_app_run"):
+            pytest.skip("the single node's plans (a Citus coordinator plans for the shards)")
+    load_fleet(runs=1000, steps_per_run=5, messages=0, contexts=10)
+    second = runs_table(filters=RunFilters(), limit=50).next_cursor
     urls = [
         "/runs/",
+        f"/runs/?cursor={second}",
         "/runs/?status=failed&has_error=1",
         "/runs/?status=running",
         "/runs/?key=tenant%3Dt3",
         "/runs/?model=gpt-4o-mini&min_duration=100",
         "/runs/?sort=cost",
         "/runs/?sort=duration",
+        "/runs/?score=correct&score_value=false",
+        "/runs/?label=needs-review",
+        "/runs/?error=timeout",
         "/runs/?error=timeout+4242",
-        f"/runs/?cursor={cursor_page}",
         "/",
     ]
     for url in urls:
-        viewer.get(url)  # warm
-        timings, reads = [], []
-        for _ in range(5):
-            with CaptureQueriesContext(connection) as queries:
-                start = time.perf_counter()
-                response = viewer.get(url)
-                timings.append(time.perf_counter() - start)
-            assert response.status_code == 200
-            assert len(queries) <= 10, url
-            runs = [q for q in queries.captured_queries if 'FROM "memory_app_run"' in q["sql"]]
-            reads.append(sum(float(q["time"]) for q in runs))
-        # The page's reads of runs stay index-driven at this size: a read that scans the runs or
-        # steps takes seconds here. The 150 ms target itself is measured by `manage.py
-        # benchmark` (the runs-table row), not by a test sharing the machine with others.
-        print(
-            f"{url}: page p50 {statistics.median(timings) * 1000:.0f} ms, "
-            f"runs reads p50 {statistics.median(reads) * 1000:.0f} ms"
-        )
-        assert statistics.median(reads) < 1.0, url
+        with CaptureQueriesContext(connection) as queries:
+            response = viewer.get(url)
+        assert response.status_code == 200, url
+        assert len(queries) <= 10, url
+        reads = [q["sql"] for q in queries.captured_queries if any(t in q["sql"] for t in SCANNED)]
+        assert reads, url
+        for sql in reads:
+            scans = [n for n in plan_nodes(sql) if n.get("Relation Name") in SCANNED]
+            assert not [n for n in scans if n["Node Type"] == "Seq Scan"], (url, sql)
 
 
 @pytest.mark.parametrize("offset", ["+22:33", "-20:00"])

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 import numpy as np
 from django.db import connection
@@ -378,33 +377,3 @@ def storage_lines(store: dict) -> list[str]:
         + "; ".join(f"{node}: {n} shards, {_mb(int(size))}" for node, n, size in store["nodes"]),
     ]
     return lines
-
-
-def write_section(path: Path, lines: list[str]) -> None:
-    """Put the section into `path` in place of the one there (else before the profiles, else at
-    the end), leaving the rest of the file as it is."""
-    old = path.read_text() if path.exists() else ""
-    path.write_text(with_section(old, "\n".join(lines).rstrip() + "\n"))
-
-
-def with_section(text: str, block: str) -> str:
-    start = text.find(SECTION + "\n")
-    if start >= 0:
-        end = text.find("\n## ", start + len(SECTION))
-        return text[:start] + block + ("\n" + text[end + 1 :] if end >= 0 else "")
-    anchor = text.find("\n## Where the time goes")
-    if anchor >= 0:
-        return text[: anchor + 1] + block + "\n" + text[anchor + 1 :]
-    return (text.rstrip() + "\n\n" if text.strip() else "") + block
-
-
-def kept_section(old_path: Path) -> str | None:
-    """The section a full run's rewrite of `old_path` carries over (the citus area wrote it)."""
-    if not old_path.exists():
-        return None
-    text = old_path.read_text()
-    start = text.find(SECTION + "\n")
-    if start < 0:
-        return None
-    end = text.find("\n## ", start + len(SECTION))
-    return text[start : end + 1 if end >= 0 else len(text)].rstrip() + "\n"

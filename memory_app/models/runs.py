@@ -220,7 +220,14 @@ class RunSearch(models.Model):
     search_vector = SearchVectorField()
 
     class Meta:
-        indexes = [GinIndex(fields=["search_vector"], name="run_search_gin")]
+        # One GIN index per kind: a search reads each kind's matches (`search_all`), and one
+        # index of every kind made each of the three reads build a bitmap of all three's.
+        indexes = [
+            GinIndex(
+                fields=["search_vector"], name=f"run_search_{kind}_gin", condition=Q(kind=kind)
+            )
+            for kind in ("output", "error", "tool")
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.ref_id} of run {self.run_id}"

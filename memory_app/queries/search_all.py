@@ -11,15 +11,24 @@ candidates of pruned steps are looked up by their keys and left out. Messages a 
 stored are found once the full-text indexer reaches them (`memory_app.search.fulltext`; small
 appends are indexed at once).
 
+A word the planner's statistics put in a large share of a kind's rows (`WALK_SHARE`: a word
+in every message, say) is not read through the GIN index, whose bitmap holds every match
+before the first is read: that kind's rows are walked newest first instead, context by context
+(the most recently active first) on the side table's primary key, at most `WALK_ROWS` of them,
+until `CANDIDATES` match; if the walk meets fewer, the kind is read through its index as any
+other. Either way each read stays within the visible contexts and on an index.
+
 The query reads one kind per statement part, each a plain SELECT (messages joined to their
 vectors on the context): on Citus each part fans out to every shard with its LIMIT pushed down
-and the coordinator merges. A snippet is a verbatim window of the text around the words
+and the coordinator merges (the planner's estimates there are not the shards', so no kind is
+walked). A snippet is a verbatim window of the text around the words
 PostgreSQL's `ts_headline` marks (its own output rewrites markup-like text), as parts the
 caller escapes: agent-written text never becomes markup.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -30,6 +39,7 @@ from django.db.models import QuerySet
 from django.db.models.functions import Substr
 from django.urls import reverse
 
+from memory_app import scale_out
 from memory_app.models import FTS_CONFIG, Context, Message, Run, Step, ToolCall
 from memory_app.queries.dashboard import (
     MAX_QUERY_CHARS,
@@ -48,6 +58,11 @@ KINDS = {
 }
 PAGE_SIZE = 20
 CANDIDATES = 200
+# A kind whose matches the planner puts at this share of its rows or more is walked newest first
+# (see the module doc), reading at most WALK_ROWS rows: at that share they hold about twice
+# CANDIDATES matches.
+WALK_SHARE = 0.25
+WALK_ROWS = 8 * CANDIDATES
 START, STOP = "\x02", "\x03"
 HEADLINE = (
     f"StartSel={START}, StopSel={STOP}, MaxWords=30, MinWords=12, MaxFragments=2,"
@@ -69,6 +84,41 @@ _RUN_ROWS = """
      FROM memory_app_runsearch r
      WHERE r.search_vector @@ %s::tsquery AND r.kind = '{kind}' {contexts}
      LIMIT %s)
+"""
+# The walks: the contexts most recently active first, each one's rows newest first on the side
+# table's primary key, WALK_ROWS rows in all; the ones that match, CANDIDATES at most.
+_CONTEXTS_WALKED = """
+    SELECT c.id FROM memory_app_context c WHERE TRUE {contexts}
+    ORDER BY c.last_activity_at DESC, c.id DESC LIMIT %s
+"""
+_MESSAGES_WALK = """
+    (SELECT 'message', s.context_id, m.run_id, m.step_id, m.id,
+            ts_rank_cd(s.search_vector, %s::tsquery)
+     FROM (SELECT w.* FROM ({walked}) c CROSS JOIN LATERAL (
+              SELECT s.context_id, s.seq, s.search_vector FROM memory_app_messagesearch s
+              WHERE s.context_id = c.id ORDER BY s.seq DESC LIMIT %s) w LIMIT %s) s
+     JOIN memory_app_message m ON m.context_id = s.context_id AND m.seq = s.seq
+     WHERE s.search_vector @@ %s::tsquery
+     LIMIT %s)
+"""
+_RUN_ROWS_WALK = """
+    (SELECT r.kind, r.context_id, r.run_id, r.step_id, r.ref_id,
+            ts_rank_cd(r.search_vector, %s::tsquery)
+     FROM (SELECT w.* FROM ({walked}) c CROSS JOIN LATERAL (
+              SELECT r.kind, r.context_id, r.run_id, r.step_id, r.ref_id, r.search_vector
+              FROM memory_app_runsearch r WHERE r.context_id = c.id AND r.kind = '{kind}'
+              ORDER BY r.ref_id DESC LIMIT %s) w LIMIT %s) r
+     WHERE r.search_vector @@ %s::tsquery
+     LIMIT %s)
+"""
+# The planner's estimate of the rows matching, against the table's rows: one row per side table.
+_SHARES = """
+    SELECT c.relname, c.reltuples FROM pg_class c
+    WHERE c.oid IN ('memory_app_messagesearch'::regclass, 'memory_app_runsearch'::regclass)
+"""
+_ESTIMATES = """
+    EXPLAIN (FORMAT JSON) SELECT 1 FROM memory_app_messagesearch WHERE search_vector @@ %s::tsquery
+    UNION ALL SELECT 1 FROM memory_app_runsearch WHERE search_vector @@ %s::tsquery
 """
 # Of the steps the candidates belong to, the pruned ones (each looked up by its key: a join in
 # the candidates' query let the planner read every match of a frequent word to hash it).
@@ -193,7 +243,8 @@ def _tsquery(q: str) -> str:
 
 
 def _context_filter(filters: SearchFilters, contexts: QuerySet[Context] | None) -> tuple[str, list]:
-    """The SQL condition on `context_id` that keeps the reader's contexts matching the keys."""
+    """The SQL condition on a context id `{column}` that keeps the reader's contexts matching
+    the keys."""
     chosen = contexts
     if filters.keys or filters.keys_contain:
         chosen = Context.objects.all() if chosen is None else chosen
@@ -204,7 +255,9 @@ def _context_filter(filters: SearchFilters, contexts: QuerySet[Context] | None) 
     if chosen is None:
         return "", []
     sql, params = chosen.values("pk").query.sql_with_params()
-    return f"AND {{alias}}.context_id IN ({sql})", list(params)
+    # An array computed once: as `IN (subquery)` the planner joined each context to the matches
+    # and read the GIN index again for every context.
+    return f"AND {{column}} = ANY(ARRAY({sql}))", list(params)
 
 
 def search_all(
@@ -225,21 +278,15 @@ def search_all(
     if not tsquery:
         return SearchPage([], None, [])
     condition, context_params = _context_filter(filters, contexts)
-    parts, params = [], []
-    for kind in filters.searched_kinds:
-        if kind == "message":
-            parts.append(_MESSAGES.format(contexts=condition.format(alias="s")))
-        else:
-            parts.append(_RUN_ROWS.format(kind=kind, contexts=condition.format(alias="r")))
-        # Each part: the rank's query, the match's query, the context filter, the bound.
-        params += [tsquery, tsquery, *context_params, CANDIDATES]
-    sql = " UNION ALL ".join(parts)
     with transaction.atomic(), connection.cursor() as db:
-        # Bitmap scans of the GIN indexes only: with a LIMIT the planner otherwise walks a
-        # table hoping to meet enough matches early, and reads all of it for a rare word.
-        db.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_indexscan = off")
-        db.execute(sql, params)
-        rows = db.fetchall()
+        walked = _walked_kinds(db, tsquery, filters.searched_kinds)
+        rows = _walk(db, tsquery, walked, condition, context_params) if walked else []
+        # A walk that met fewer than CANDIDATES matches is read through the index after all.
+        found = {kind: sum(row[0] == kind for row in rows) for kind in walked}
+        indexed = [k for k in filters.searched_kinds if found.get(k, 0) < CANDIDATES]
+        rows = [row for row in rows if row[0] not in indexed]
+        if indexed:
+            rows += _indexed(db, tsquery, indexed, condition, context_params)
         steps = {(row[1], row[3]) for row in rows if row[0] != "message"}
         pruned: set[tuple[int, int]] = set()
         if steps:
@@ -256,6 +303,63 @@ def search_all(
     page = _describe(page, tsquery)
     more = offset + limit < len(rows)
     return SearchPage(page, _encode_cursor(offset + limit) if more else None, capped, offset)
+
+
+def _walked_kinds(db, tsquery: str, kinds: list[str]) -> list[str]:
+    """The kinds whose matches the planner's statistics put at WALK_SHARE of their side table's
+    rows or more (none on Citus, whose coordinator has no statistics of the shards' rows)."""
+    if scale_out.is_distributed(db, "memory_app_messagesearch"):
+        return []
+    db.execute(_SHARES)
+    sizes = dict(db.fetchall())
+    if min(sizes.values(), default=0) <= 0:
+        return []
+    db.execute(_ESTIMATES, [tsquery, tsquery])
+    plan = db.fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    estimates = [p["Plan Rows"] for p in plan[0]["Plan"].get("Plans", [])]
+    if len(estimates) != 2:
+        return []
+    share = {
+        "message": estimates[0] / sizes["memory_app_messagesearch"],
+        "run": estimates[1] / sizes["memory_app_runsearch"],
+    }
+    return [k for k in kinds if share["message" if k == "message" else "run"] >= WALK_SHARE]
+
+
+def _walk(db, tsquery: str, kinds: list[str], condition: str, context_params: list) -> list:
+    """The first CANDIDATES matches of each kind in a walk of its newest rows (module doc)."""
+    walked = _CONTEXTS_WALKED.format(contexts=condition.format(column="c.id"))
+    parts, params = [], []
+    for kind in kinds:
+        template = _MESSAGES_WALK if kind == "message" else _RUN_ROWS_WALK
+        parts.append(template.format(walked=walked, kind=kind))
+        # Each part: the rank's query, the contexts, the rows of one context and in all, the
+        # match's query, the bound.
+        params += [tsquery, *context_params, WALK_ROWS, WALK_ROWS, WALK_ROWS, tsquery, CANDIDATES]
+    # The walks read the side tables' primary keys in order: index scans, never a whole table.
+    db.execute("SET LOCAL enable_seqscan = off")
+    db.execute(" UNION ALL ".join(parts), params)
+    return db.fetchall()
+
+
+def _indexed(db, tsquery: str, kinds: list[str], condition: str, context_params: list) -> list:
+    """The first CANDIDATES matches of each kind its GIN index gives."""
+    parts, params = [], []
+    for kind in kinds:
+        if kind == "message":
+            parts.append(_MESSAGES.format(contexts=condition.format(column="s.context_id")))
+        else:
+            parts.append(
+                _RUN_ROWS.format(kind=kind, contexts=condition.format(column="r.context_id"))
+            )
+        # Each part: the rank's query, the match's query, the context filter, the bound.
+        params += [tsquery, tsquery, *context_params, CANDIDATES]
+    # Bitmap scans of the GIN indexes only: with a LIMIT the planner otherwise walks a table
+    # hoping to meet enough matches early, and reads all of it for a rare word.
+    db.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_indexscan = off")
+    db.execute(" UNION ALL ".join(parts), params)
+    return db.fetchall()
 
 
 def _headlines(sql: str, pairs: list[tuple[int, int]], tsquery: str) -> dict[int, tuple[str, str]]:

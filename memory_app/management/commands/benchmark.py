@@ -29,6 +29,7 @@ from memory_app.bench import (
     dashboard,
     database,
     export,
+    fleet,
     http_path,
     ingest,
     keyword_scale,
@@ -36,6 +37,7 @@ from memory_app.bench import (
     peers,
     quality,
     recall,
+    sections,
     selectors,
     startup,
     storage,
@@ -64,6 +66,8 @@ AREAS = {
     # Only with --peers (or --only peers): needs the `peers` extra.
     "peers": peers.run,
 }
+# Written by areas that run alone (--only citus, --only fleet), kept by every other run.
+KEPT_SECTIONS = [citus_rows.SECTION, fleet.SECTION]
 
 
 class Command(BaseCommand):
@@ -156,7 +160,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--rebuild",
             action="store_true",
-            help="with --scale: drop and rebuild its database even if it holds no finished dataset "
+            help="with --scale or --only fleet: drop and rebuild its database even if it holds no "
+            "finished dataset "
             "(by default --scale reuses a finished one and refuses to drop an unfinished one: "
             "a build may be under way in another process)",
         )
@@ -172,7 +177,10 @@ class Command(BaseCommand):
             "--only",
             default="",
             help="comma-separated areas to measure: " + ", ".join(AREAS) + " (default all); or "
-            "citus alone: the single node against a Citus cluster (writes only its section)",
+            "citus alone: the single node against a Citus cluster (writes only its section); or "
+            "fleet alone: the runs table and search everything at 100,000 runs, 1,000,000 steps "
+            "and 1,000,000 messages (database agentmemory_bench_fleet unless --db-name; built "
+            "once, then reused; writes only its section)",
         )
         parser.add_argument(
             "--citus-tree",
@@ -203,6 +211,10 @@ class Command(BaseCommand):
             if opts["only"].strip() != "citus":
                 raise CommandError("--only citus runs alone (it builds its own two stores)")
             return self._citus(opts)
+        if "fleet" in {a.strip() for a in opts["only"].split(",")}:
+            if opts["only"].strip() != "fleet":
+                raise CommandError("--only fleet runs alone (it builds its own database)")
+            return self._fleet(opts)
         quick, scale = opts["quick"], opts["scale"]
         if quick and scale:
             raise CommandError("--quick and --scale exclude each other")
@@ -260,9 +272,8 @@ class Command(BaseCommand):
         if output:
             path = Path(output)
             path.parent.mkdir(parents=True, exist_ok=True)
-            # The citus area's section comes from its own run (--only citus): kept as it is.
-            kept = citus_rows.kept_section(path)
-            path.write_text(citus_rows.with_section(text, kept) if kept else text)
+            # The citus and fleet areas' sections come from their own runs: kept as they are.
+            path.write_text(sections.keep_sections(path, text, KEPT_SECTIONS))
             self.log(f"\nwritten to {path}")
 
     def _citus(self, opts) -> None:
@@ -323,8 +334,38 @@ class Command(BaseCommand):
                     shutil.rmtree(data_dir, ignore_errors=True)
         self.log("\n" + "\n".join(lines))
         if output:
-            citus_rows.write_section(Path(output), lines)
+            sections.write_section(Path(output), citus_rows.SECTION, lines)
             self.log(f"\nwritten to {output} (its section {citus_rows.SECTION!r})")
+
+    def _fleet(self, opts) -> None:
+        """The runs table and search everything at their targets' size (bench/fleet.py)."""
+        quick = opts["quick"]
+        sizes = fleet.FleetSizes.quick() if quick else fleet.FleetSizes()
+        db_name = opts["db_name"] or ("agentmemory_bench_fleet" + ("_quick" if quick else ""))
+        samples = opts["samples"] or (5 if quick else 20)
+        output = opts["output"] or (
+            None if quick else str(Path(settings.BASE_DIR) / "docs" / "benchmarks.md")
+        )
+        try:
+            rows, lines = fleet.run(
+                db_name=db_name,
+                sizes=sizes,
+                rebuild=opts["rebuild"] or quick,
+                samples=samples,
+                quick=quick,
+                command=_command_line(),
+                log=self.log,
+            )
+        except fleet.FleetError as exc:
+            raise CommandError(str(exc)) from exc
+        finally:
+            connection.close()
+            if opts["drop"] or (quick and not opts["keep"]):
+                database.drop_database(db_name)
+        self.log("\n" + plain_table([r.row for r in rows]))
+        if output:
+            sections.write_section(Path(output), fleet.SECTION, lines)
+            self.log(f"\nwritten to {output} (its section {fleet.SECTION!r})")
 
     def _quality(self, opts) -> None:
         path = Path(opts["dataset"] or Path(settings.BASE_DIR) / "var" / "bench" / "locomo10.json")

@@ -1,0 +1,49 @@
+"""Sections of the Markdown report that an area writes alone (`--only citus`, `--only fleet`):
+put in place of their earlier text, and carried over as they are when a full run writes the
+rest of the file anew."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Before this heading when the file has no such section yet.
+ANCHOR = "\n## Where the time goes"
+
+
+def write_section(path: Path, title: str, lines: list[str]) -> None:
+    """Put the section (its first line is `title`) into `path` in place of the one there (else
+    before the profiles, else at the end), leaving the rest of the file as it is."""
+    old = path.read_text() if path.exists() else ""
+    path.write_text(with_section(old, title, "\n".join(lines).rstrip() + "\n"))
+
+
+def with_section(text: str, title: str, block: str) -> str:
+    start = text.find(title + "\n")
+    if start >= 0:
+        end = text.find("\n## ", start + len(title))
+        return text[:start] + block + ("\n" + text[end + 1 :] if end >= 0 else "")
+    anchor = text.find(ANCHOR)
+    if anchor >= 0:
+        return text[: anchor + 1] + block + "\n" + text[anchor + 1 :]
+    return (text.rstrip() + "\n\n" if text.strip() else "") + block
+
+
+def kept_section(old_path: Path, title: str) -> str | None:
+    """The section of `old_path` headed `title`, which a full run's rewrite carries over."""
+    if not old_path.exists():
+        return None
+    text = old_path.read_text()
+    start = text.find(title + "\n")
+    if start < 0:
+        return None
+    end = text.find("\n## ", start + len(title))
+    return text[start : end + 1 if end >= 0 else len(text)].rstrip() + "\n"
+
+
+def keep_sections(old_path: Path, text: str, titles: list[str]) -> str:
+    """`text` (a full run's report) with the sections of `old_path` headed `titles`."""
+    for title in titles:
+        kept = kept_section(old_path, title)
+        if kept:
+            text = with_section(text, title, kept)
+    return text
