@@ -20,10 +20,29 @@ from collections.abc import Callable, Sequence
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from memory_app.bench import database
 from memory_app.models import FTS_CONFIG
 
 KEYS = {"benchmark": "locomo-keyword-scale"}
 QUESTIONS = 200
+
+
+def prepare(db_name: str, conversations, messages: int, log: Callable[[str], None]):
+    """Switch to the benchmark database `db_name` and answer its context of `messages` LoCoMo
+    turns: built once (its database made anew when it holds another size), then reused."""
+    exists = database.database_exists(db_name)
+    database.switch_to(db_name)
+    if not exists:
+        database.recreate_database(db_name)
+    database.migrate()
+    if built_size() != messages:
+        if exists:
+            connection.close()
+            database.recreate_database(db_name)
+            database.migrate()
+        log(f"building one context of {messages:,} messages in {db_name}")
+        build([(t[1], t[2]) for c in conversations for t in c.turns], messages, log)
+    return scale_context()
 
 
 def scale_context():

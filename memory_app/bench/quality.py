@@ -54,6 +54,17 @@ def fetch_dataset(path: Path, url: str = LOCOMO_URL) -> Path:
     return path
 
 
+def read_locomo(path: Path) -> list[Conversation]:
+    """The conversations of LoCoMo's release file, or of a folder of its per-conversation files
+    (the multimodal release's layout)."""
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    raw = []
+    for file in files:
+        loaded = json.loads(file.read_text())
+        raw += loaded if isinstance(loaded, list) else [{"sample_id": file.stem, **loaded}]
+    return parse_locomo(raw)
+
+
 def parse_locomo(raw: Sequence[dict]) -> list[Conversation]:
     """LoCoMo's samples (each `{"sample_id", "conversation": {...}, "qa": [...]}`; the
     multimodal release's files hold the conversation's keys at the top level) as conversations."""

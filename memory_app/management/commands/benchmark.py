@@ -372,12 +372,7 @@ class Command(BaseCommand):
         if not opts["dataset"]:
             self.log(f"dataset: {path} (fetched from {quality.LOCOMO_URL} if absent)")
             quality.fetch_dataset(path)
-        files = sorted(path.glob("*.json")) if path.is_dir() else [path]
-        raw = []
-        for file in files:
-            loaded = json.loads(file.read_text())
-            raw += loaded if isinstance(loaded, list) else [{"sample_id": file.stem, **loaded}]
-        conversations = quality.parse_locomo(raw)
+        conversations = quality.read_locomo(path)
         if opts["keyword_messages"]:
             return self._keyword_scale(conversations, opts["keyword_messages"], opts["db_name"])
         settings.AGENTMEMORY_EMBEDDING_PROVIDER = "local"
@@ -403,24 +398,11 @@ class Command(BaseCommand):
 
     def _keyword_scale(self, conversations, messages: int, db_name: str | None) -> None:
         db_name = db_name or "agentmemory_bench_keyword"
+        settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
         try:
-            exists = database.database_exists(db_name)
-            database.switch_to(db_name)
-            if not exists:
-                database.recreate_database(db_name)
+            context = keyword_scale.prepare(db_name, conversations, messages, self.log)
         except (database.BenchDatabaseError, psycopg.Error) as exc:
             raise CommandError(f"cannot prepare the benchmark database {db_name!r}: {exc}") from exc
-        database.migrate()
-        settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
-        if keyword_scale.built_size() != messages:
-            if exists:
-                connection.close()
-                database.recreate_database(db_name)
-                database.migrate()
-            self.log(f"building one context of {messages:,} messages in {db_name}")
-            turns = [(t[1], t[2]) for c in conversations for t in c.turns]
-            keyword_scale.build(turns, messages, self.log)
-        context = keyword_scale.scale_context()
         questions = [q for c in conversations for q, _ in c.questions]
         step = max(len(questions) // keyword_scale.QUESTIONS, 1)
         result = keyword_scale.run(context, questions[::step][: keyword_scale.QUESTIONS], self.log)
