@@ -28,7 +28,8 @@ from django.conf import settings
 from django.db import transaction
 
 from memory_app import backlog, db
-from memory_app.models import ApiKey, Context, SpanQueue, TraceSpan
+from memory_app.models import ApiKey, Context, SpanQueue
+from memory_app.queries.trace_spans import SPAN_FIELDS, kept_spans
 from memory_app.services import trace_bulk, traces
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def _enqueue(*, key: ApiKey, rows: list[dict[str, Any]]) -> dict[str, Any]:
                 row = kept.get((context.pk, r["trace_id"], r["span_id"]))
                 if row is None:
                     fresh.append(r)
-                elif any(getattr(row, k) != r[k] for k in traces.SPAN_FIELDS):
+                elif any(row[k] != r[k] for k in SPAN_FIELDS):
                     differing.append(r["span_id"])
             rejected += differing
             if fresh:
@@ -90,18 +91,10 @@ def _enqueue(*, key: ApiKey, rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _kept(placed: list[tuple[Context, list[dict[str, Any]]]]) -> dict[tuple, TraceSpan]:
+def _kept(placed: list[tuple[Context, list[dict[str, Any]]]]) -> dict[tuple, dict[str, Any]]:
     """The spans of the export already kept, by context, trace and span id: one statement for
     every context (a span re-sent is answered from them, and not queued again)."""
-    rows = [r for _, group in placed for r in group]
-    if not rows:
-        return {}
-    found = TraceSpan.objects.filter(
-        context_id__in=[c.pk for c, _ in placed],
-        trace_id__in={r["trace_id"] for r in rows},
-        span_id__in={r["span_id"] for r in rows},
-    )
-    return {(s.context_id, s.trace_id, s.span_id): s for s in found}
+    return kept_spans([c.pk for c, _ in placed], [r for _, group in placed for r in group])
 
 
 def spans_map_batch(*, max_spans: int = MAP_SPANS, wait: bool = False) -> int | None:

@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from memory_app.db import copy_models
 from memory_app.interop import otlp
 from memory_app.interop.key_order import jsonb_order
 from memory_app.interop.otlp_steps import run_agent_name, run_outcome, run_task, system_prompt
 from memory_app.models import Context, Run, TraceSpan
+from memory_app.queries.trace_spans import SPAN_FIELDS
 from memory_app.services import traces
 from memory_app.services.runs import NewRun, runs_create_bulk
 
@@ -53,14 +55,14 @@ def traces_map_bulk(*, context: Context, rows: list[dict[str, Any]]) -> dict[str
     run_of = {
         spec.metadata["otel_trace_id"]: run.pk for spec, run in zip(new_runs, created, strict=True)
     }
-    TraceSpan.objects.bulk_create(
+    copy_models(
         [
             TraceSpan(
                 context=context,
                 run_id=run_of.get(r["trace_id"]),
                 trace_id=r["trace_id"],
                 span_id=r["span_id"],
-                **{k: r[k] for k in traces.SPAN_FIELDS},
+                **{k: r[k] for k in SPAN_FIELDS},
             )
             for r in fresh_rows
         ]

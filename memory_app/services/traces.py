@@ -30,6 +30,7 @@ from typing import Any
 from django.db import transaction
 
 from memory_app import auth
+from memory_app.db import copy_models
 from memory_app.errors import Invalid, KeysNotAllowed
 from memory_app.interop import otlp
 from memory_app.interop.otlp_steps import (
@@ -52,6 +53,7 @@ from memory_app.models import (
     TraceSpan,
     keys_digest,
 )
+from memory_app.queries.trace_spans import SPAN_FIELDS, kept_spans
 from memory_app.services.contexts import contexts_get_or_create
 from memory_app.services.runs import (
     run_create,
@@ -568,9 +570,6 @@ def trace_steps_purge(*, run: Run, client_ids: list[str]) -> int:
     return sum(1 for a, b in zip(before, spans, strict=True) if a != b)
 
 
-SPAN_FIELDS = ("parent_span_id", "name", "role", "start_ns", "end_ns", "data")
-
-
 def trace_spans_record(
     *, context: Context, spans: list[dict[str, Any]]
 ) -> tuple[list[TraceSpan], list[str]]:
@@ -590,7 +589,7 @@ def trace_spans_record(
             )
             for s in fresh
         ]
-        TraceSpan.objects.bulk_create(new)
+        copy_models(new)
     return new, differing
 
 
@@ -601,20 +600,12 @@ def trace_spans_unkept(
     ids = {(s["trace_id"], s["span_id"]) for s in spans}
     if len(ids) != len(spans):
         raise Invalid("a span id repeats within the request")
-    # One statement for the context; the pairs are matched here.
-    stored = {
-        (row.trace_id, row.span_id): row
-        for row in TraceSpan.objects.filter(
-            context=context,
-            trace_id__in={s["trace_id"] for s in spans},
-            span_id__in={s["span_id"] for s in spans},
-        )
-    }
+    stored = kept_spans([context.pk], spans)
     fresh, differing = [], []
     for s in spans:
-        row = stored.get((s["trace_id"], s["span_id"]))
+        row = stored.get((context.pk, s["trace_id"], s["span_id"]))
         if row is None:
             fresh.append(s)
-        elif any(getattr(row, k) != s[k] for k in SPAN_FIELDS):
+        elif any(row[k] != s[k] for k in SPAN_FIELDS):
             differing.append(s["span_id"])
     return fresh, differing
