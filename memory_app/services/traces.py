@@ -48,12 +48,11 @@ from memory_app.models import (
     Context,
     Run,
     RunStatus,
-    SpanQueue,
     Step,
     TraceSpan,
     keys_digest,
 )
-from memory_app.queries.trace_spans import SPAN_FIELDS, kept_spans
+from memory_app.queries.trace_spans import SPAN_FIELDS, kept_spans, trace_contexts
 from memory_app.services.contexts import contexts_get_or_create
 from memory_app.services.runs import (
     run_create,
@@ -142,19 +141,7 @@ def traces_place(*, key: ApiKey, rows: list[dict[str, Any]]) -> list[tuple[Conte
     by_trace: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         by_trace[row["trace_id"]].append(row)
-    visible = auth.visible_contexts(key)
-    known = dict(
-        TraceSpan.objects.filter(trace_id__in=list(by_trace), context__in=visible)
-        .values_list("trace_id", "context__keys")
-        .distinct()
-    )
-    queued = (
-        SpanQueue.objects.filter(trace_ids__overlap=list(by_trace), context__in=visible)
-        .order_by("pk")
-        .values_list("trace_ids", "context__keys")
-    )
-    for trace_ids, keys in queued:
-        known.update(dict.fromkeys(set(trace_ids) & by_trace.keys() - known.keys(), keys))
+    known = trace_contexts(list(by_trace), key.context_keys or {})
     groups: dict[str, tuple[dict, list[dict]]] = {}
     for trace_id, trace_rows in by_trace.items():
         keys = known.get(trace_id) or otlp.context_keys([r | r["data"] for r in trace_rows])
