@@ -144,7 +144,7 @@ def traces_place(*, key: ApiKey, rows: list[dict[str, Any]]) -> list[tuple[Conte
     known = trace_contexts(list(by_trace), key.context_keys or {})
     groups: dict[str, tuple[dict, list[dict]]] = {}
     for trace_id, trace_rows in by_trace.items():
-        keys = known.get(trace_id) or otlp.context_keys([r | r["data"] for r in trace_rows])
+        keys = known.get(trace_id) or otlp.context_keys([r["data"] for r in trace_rows])
         groups.setdefault(keys_digest(keys), (keys, []))[1].extend(trace_rows)
     for keys, _ in groups.values():
         if not auth.keys_allowed(key, keys):
