@@ -278,6 +278,9 @@ def copy_models(objs: list) -> None:
 
 
 def _copy_kind(field) -> str:
+    if not field.has_default() and field.has_db_default():
+        # The instance holds an expression the database would evaluate, not a value to copy.
+        raise TypeError(f"{field} has a database default only: COPY cannot write it")
     if isinstance(field, JSONField):
         return "json"
     if isinstance(field, DateTimeField):
