@@ -463,7 +463,7 @@ def runs_create_bulk(*, context: Context, new: list[NewRun]) -> list[Run]:
     now = timezone.now()
     for spec in new:
         run = Run(
-            context=context,
+            context_id=context.pk,
             client_id=spec.client_id,
             framework=spec.framework or "",
             metadata=spec.metadata,
@@ -498,7 +498,7 @@ def runs_create_bulk(*, context: Context, new: list[NewRun]) -> list[Run]:
     copy_models([s for run_steps in steps for s, _ in run_steps])
     copy_models(
         [
-            ToolCall(step=s, context_id=context.pk, position=i, **c)
+            ToolCall(step_id=s.pk, context_id=context.pk, position=i, **c)
             for run_steps in steps
             for s, step_calls in run_steps
             for i, c in enumerate(step_calls, start=1)
