@@ -10,6 +10,7 @@ is brought up to date from everything kept for it, one trace at a time, as `trac
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Any
 
@@ -57,7 +58,7 @@ def traces_map_bulk(
     run_of = {
         spec.metadata["otel_trace_id"]: run.pk for spec, run in zip(new_runs, created, strict=True)
     }
-    _keep_spans(context, queued)
+    _keep_spans(context, queued, run_of)
     runs = []
     for trace_id in order:
         if trace_id in run_of:
@@ -75,34 +76,31 @@ def traces_map_bulk(
     }
 
 
-# The spans of the queued exports kept in one statement, each with its trace's run if it has
-# one: the queue's JSON read by PostgreSQL, no row built in Python. A span already kept, or
-# queued twice, is kept once (the first received: the rows go in arrival order).
+# The spans of the queued exports kept in one statement, each with its trace's run when the
+# batch made it (the others' spans are linked as their trace is brought up to date): the queue's
+# JSON read by PostgreSQL, no row built in Python. A span already kept, or queued twice, is kept
+# once (the first received: the rows go in arrival order). The runs come as one JSON object of
+# trace id to run id, not a join, so on Citus the statement stays on the context's shard.
 _KEEP_SPANS = """
 INSERT INTO {spans} (context_id, run_id, trace_id, span_id, parent_span_id, name, role,
                      start_ns, end_ns, data, received_at)
-SELECT q.context_id, r.id, s.value->>'trace_id', s.value->>'span_id',
-       s.value->>'parent_span_id', s.value->>'name', s.value->>'role',
-       (s.value->>'start_ns')::bigint, (s.value->>'end_ns')::bigint, s.value->'data', now()
+SELECT q.context_id, (%s::jsonb ->> (s.value->>'trace_id'))::bigint,
+       s.value->>'trace_id', s.value->>'span_id', s.value->>'parent_span_id',
+       s.value->>'name', s.value->>'role', (s.value->>'start_ns')::bigint,
+       (s.value->>'end_ns')::bigint, s.value->'data', now()
 FROM {queue} q
 CROSS JOIN LATERAL jsonb_array_elements(q.payload::jsonb) WITH ORDINALITY AS s(value, n)
-LEFT JOIN {runs} r
-    ON r.context_id = q.context_id AND r.client_id = 'otel:' || (s.value->>'trace_id')
 WHERE q.context_id = %s AND q.id = ANY(%s)
 ORDER BY q.id, s.n
 ON CONFLICT (context_id, trace_id, span_id) DO NOTHING
 """
 
 
-def _keep_spans(context: Context, queued: list[int]) -> None:
+def _keep_spans(context: Context, queued: list[int], run_of: dict[str, int]) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
-            _KEEP_SPANS.format(
-                spans=TraceSpan._meta.db_table,
-                queue=SpanQueue._meta.db_table,
-                runs=Run._meta.db_table,
-            ),
-            [context.pk, queued],
+            _KEEP_SPANS.format(spans=TraceSpan._meta.db_table, queue=SpanQueue._meta.db_table),
+            [json.dumps(run_of), context.pk, queued],
         )
 
 
