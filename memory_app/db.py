@@ -16,6 +16,8 @@ from typing import Any
 import orjson
 import psycopg
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
+from django.db.models import DateTimeField, JSONField
+from django.utils import timezone
 
 from memory_app.models import Context
 
@@ -225,3 +227,62 @@ def synced() -> Iterator[None]:
         return
     with connection.wrap_database_errors, raw.pipeline():
         yield
+
+
+def copy_models(objs: list) -> None:
+    """Insert new model instances of one model with one COPY, as `bulk_create` would: ids drawn
+    from the table's sequence first and set on the objects, `auto_now_add` times set, every
+    concrete field written. `bulk_create` sends each column as an array parameter whose text
+    psycopg escapes element by element with a regular expression (a third of the OTLP mapper's
+    time); COPY's text is written here (`copy_line`), JSON through `json_text`."""
+    if not objs:
+        return
+    model = type(objs[0])
+    table = model._meta.db_table
+    fields = model._meta.concrete_fields
+    now = None
+    for field in fields:
+        if getattr(field, "auto_now_add", False) or getattr(field, "auto_now", False):
+            now = now or timezone.now()
+            for obj in objs:
+                setattr(obj, field.attname, now)
+    kinds = [_copy_kind(f) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
+            [table, len(objs)],
+        )
+        for obj, (pk,) in zip(objs, cursor.fetchall(), strict=True):
+            obj.pk = pk
+            obj._state.adding = False
+        columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+        lines = []
+        for obj in objs:
+            values = []
+            for field, kind in zip(fields, kinds, strict=True):
+                value = getattr(obj, field.attname)
+                if value is None:
+                    values.append(None)
+                elif kind == "json":
+                    values.append(json_text(value))
+                elif kind == "time":
+                    values.append(value.isoformat())
+                else:
+                    values.append(value)
+            lines.append(copy_line(tuple(values)))
+        with (
+            copy_errors_as_django(),
+            cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy,  # noqa: S608
+        ):
+            copy.write("".join(lines))
+
+
+def _copy_kind(field) -> str:
+    if not field.has_default() and field.has_db_default():
+        # The instance holds an expression the database would evaluate, not a value to copy.
+        raise TypeError(f"{field} has a database default only: COPY cannot write it")
+    if isinstance(field, JSONField):
+        return "json"
+    if isinstance(field, DateTimeField):
+        return "time"
+    return "plain"

@@ -203,3 +203,47 @@ def test_the_indexer_thread_maps_an_export_once_it_commits(settings, tool_run):
     assert not SpanQueue.objects.exists()
     assert Run.objects.get().status == "success"
     assert span_queue.spans_map_batch() is None
+
+
+def _bench_export(stamp: str, traces: int) -> bytes:
+    """The benchmark's export of `traces` smolagents-shaped runs over its eight sessions, in
+    the contexts of one fixed name whatever the stamp (the stamp makes the trace ids)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    from memory_app.bench.otlp import _exports
+
+    (body,) = _exports(stamp, traces)
+    request = ExportTraceServiceRequest.FromString(body)
+    for resource_spans in request.resource_spans:
+        for kv in resource_spans.resource.attributes:
+            if kv.key == "agentmemory.context.bench":
+                kv.value.string_value = "statements"
+    return request.SerializeToString()
+
+
+@pytest.mark.django_db
+def test_acknowledging_and_mapping_cost_the_same_statements_whatever_the_spans(writer):
+    """Nothing is read or written span by span: an export of 512 spans is acknowledged, and a
+    context's batch mapped, in the statements one of 128 spans takes (the contexts exist)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def post(body: bytes):
+        response = writer.client.generic(
+            "POST", "/v1/traces", body, content_type=PROTO, **writer._headers()
+        )
+        assert response.status_code == 200, response.content
+
+    post(_bench_export("warm", 8))  # makes the eight contexts
+    map_queued()
+    counts = []
+    for stamp, traces in (("small", 8), ("large", 32)):
+        with CaptureQueriesContext(connection) as acknowledged:
+            post(_bench_export(stamp, traces))
+        with CaptureQueriesContext(connection) as mapping:
+            assert map_queued() == traces * 16
+        counts.append((len(acknowledged), len(mapping)))
+    assert counts[0] == counts[1], counts
+    assert Run.objects.filter(status="success").count() == 8 + 8 + 32

@@ -14,6 +14,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from memory_app import pricing
+from memory_app.db import copy_models
 from memory_app.errors import Conflict, Invalid, differences
 from memory_app.models import (
     Context,
@@ -452,17 +453,17 @@ class NewRun:
 
 
 # Why long: one pass that writes what five per-run calls (create, append, renumber, describe,
-# finish) would, for many runs in four statements, so the counters are computed here as they are.
+# finish) would, for many runs in a few statements, so the counters are computed here as they are.
 def runs_create_bulk(*, context: Context, new: list[NewRun]) -> list[Run]:
     """Create runs whose client ids are not taken, each with its steps, tool calls and outcome,
     in the caller's transaction: the rows `run_create`, `steps_append`, `steps_order_by_start`,
-    `run_update` and `run_finish` write, in one INSERT per table (OpenTelemetry traces mapped in
+    `run_update` and `run_finish` write, in one COPY per table (OpenTelemetry traces mapped in
     bulk, many runs at a time)."""
     runs, steps = [], []
     now = timezone.now()
     for spec in new:
         run = Run(
-            context=context,
+            context_id=context.pk,
             client_id=spec.client_id,
             framework=spec.framework or "",
             metadata=spec.metadata,
@@ -490,14 +491,14 @@ def runs_create_bulk(*, context: Context, new: list[NewRun]) -> list[Run]:
             _finish_new(run, [s for s, _ in run_steps], spec.finish, now)
         runs.append(run)
         steps.append(run_steps)
-    Run.objects.bulk_create(runs)
+    copy_models(runs)
     for run, run_steps in zip(runs, steps, strict=True):
         for step, _ in run_steps:
             step.run_id = run.pk
-    Step.objects.bulk_create([s for run_steps in steps for s, _ in run_steps])
-    ToolCall.objects.bulk_create(
+    copy_models([s for run_steps in steps for s, _ in run_steps])
+    copy_models(
         [
-            ToolCall(step=s, context_id=context.pk, position=i, **c)
+            ToolCall(step_id=s.pk, context_id=context.pk, position=i, **c)
             for run_steps in steps
             for s, step_calls in run_steps
             for i, c in enumerate(step_calls, start=1)

@@ -25,10 +25,12 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 
 from memory_app import backlog, db
-from memory_app.models import ApiKey, Context, SpanQueue, TraceSpan
+from memory_app.db import json_text
+from memory_app.models import ApiKey, Context, SpanQueue
+from memory_app.queries.trace_spans import SPAN_FIELDS, kept_spans
 from memory_app.services import trace_bulk, traces
 
 log = logging.getLogger(__name__)
@@ -67,41 +69,40 @@ def _enqueue(*, key: ApiKey, rows: list[dict[str, Any]]) -> dict[str, Any]:
                 row = kept.get((context.pk, r["trace_id"], r["span_id"]))
                 if row is None:
                     fresh.append(r)
-                elif any(getattr(row, k) != r[k] for k in traces.SPAN_FIELDS):
+                elif any(row[k] != r[k] for k in SPAN_FIELDS):
                     differing.append(r["span_id"])
             rejected += differing
             if fresh:
-                queued.append(
-                    SpanQueue(
-                        context=context,
-                        trace_ids=sorted({r["trace_id"] for r in fresh}),
-                        span_count=len(fresh),
-                        payload=json.dumps(fresh, ensure_ascii=False),
-                    )
-                )
-        SpanQueue.objects.bulk_create(queued)
+                trace_ids = sorted({r["trace_id"] for r in fresh})
+                queued.append((context.pk, trace_ids, len(fresh), json_text(fresh)))
         if queued:
+            _insert(queued)
             transaction.on_commit(backlog.wake_indexer)
     return {
         "spans": len(rows),
-        "queued": sum(q.span_count for q in queued),
+        "queued": sum(count for _, _, count, _ in queued),
         "rejected": len(rejected),
         "rejected_ids": rejected,
     }
 
 
-def _kept(placed: list[tuple[Context, list[dict[str, Any]]]]) -> dict[tuple, TraceSpan]:
+def _insert(queued: list[tuple[int, list[str], int, str]]) -> None:
+    """The exports' queue rows (context, trace ids, span count, payload) in one round trip, the
+    payload bound as a parameter: inlined in the statement's text (Django's cursor), half a
+    megabyte of JSON was escaped by the client and parsed back by the server."""
+    with db.binding_cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO {SpanQueue._meta.db_table}"  # noqa: S608 - the model's table
+            " (context_id, trace_ids, span_count, payload, received_at, error)"
+            " VALUES (%s, %b, %s, %s, now(), '')",
+            queued,
+        )
+
+
+def _kept(placed: list[tuple[Context, list[dict[str, Any]]]]) -> dict[tuple, dict[str, Any]]:
     """The spans of the export already kept, by context, trace and span id: one statement for
     every context (a span re-sent is answered from them, and not queued again)."""
-    rows = [r for _, group in placed for r in group]
-    if not rows:
-        return {}
-    found = TraceSpan.objects.filter(
-        context_id__in=[c.pk for c, _ in placed],
-        trace_id__in={r["trace_id"] for r in rows},
-        span_id__in={r["span_id"] for r in rows},
-    )
-    return {(s.context_id, s.trace_id, s.span_id): s for s in found}
+    return kept_spans([c.pk for c, _ in placed], [r for _, group in placed for r in group])
 
 
 def spans_map_batch(*, max_spans: int = MAP_SPANS, wait: bool = False) -> int | None:
@@ -160,16 +161,29 @@ def _map_context(context_id: int, *, max_spans: int, wait: bool) -> int | None:
             size += count
         if not taken:
             return None
-        payloads = SpanQueue.objects.filter(context_id=context_id, pk__in=taken)
         rows, seen = [], set()
-        for payload in payloads.order_by("pk").values_list("payload", flat=True):
+        for payload in _payloads(context_id, taken):
             for row in json.loads(payload):
                 if (row["trace_id"], row["span_id"]) not in seen:
                     seen.add((row["trace_id"], row["span_id"]))
                     rows.append(row)
-        trace_bulk.traces_map_bulk(context=context, rows=rows)
-        payloads.delete()
+        trace_bulk.traces_map_bulk(context=context, rows=rows, queued=taken)
+        SpanQueue.objects.filter(context_id=context_id, pk__in=taken).delete()
     return len(rows)
+
+
+def _payloads(context_id: int, ids: list[int]) -> list[str]:
+    """The exports' spans in arrival order, as `jsonb` text: object keys in the order the kept
+    spans read back in (`TraceSpan.data` is `jsonb`), so a trace mapped from the queue maps as
+    one read back from what is kept; PostgreSQL orders them, not a Python walk of every
+    value."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT payload::jsonb::text FROM {SpanQueue._meta.db_table}"  # noqa: S608
+            " WHERE context_id = %s AND id = ANY(%s) ORDER BY id",
+            [context_id, ids],
+        )
+        return [payload for (payload,) in cursor.fetchall()]
 
 
 def _set_aside(context_id: int, exc: Exception) -> None:

@@ -10,21 +10,26 @@ is brought up to date from everything kept for it, one trace at a time, as `trac
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Any
 
+from django.db import connection
+
 from memory_app.interop import otlp
-from memory_app.interop.key_order import jsonb_order
 from memory_app.interop.otlp_steps import run_agent_name, run_outcome, run_task, system_prompt
-from memory_app.models import Context, Run, TraceSpan
+from memory_app.models import Context, Run, SpanQueue, TraceSpan
 from memory_app.services import traces
 from memory_app.services.runs import NewRun, runs_create_bulk
 
 
-def traces_map_bulk(*, context: Context, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """As `traces.traces_map` of one context, whose lock the caller holds: the rows
-    (`traces.span_rows`, `traces.log_rows`) kept, every trace that gained rows brought up to
-    date. Answers `{"new_spans", "rejected", "rejected_ids", "runs"}`."""
+def traces_map_bulk(
+    *, context: Context, rows: list[dict[str, Any]], queued: list[int]
+) -> dict[str, Any]:
+    """As `traces.traces_map` of one context, whose lock the caller holds: the rows of the
+    `queued` exports (`traces.span_rows`, `traces.log_rows`; each span once, first received
+    first, object keys in `jsonb`'s order as `span_queue` reads them) kept, every trace that
+    gained rows brought up to date. Answers `{"new_spans", "rejected", "rejected_ids", "runs"}`."""
     fresh_rows, differing = traces.trace_spans_unkept(context=context, spans=rows)
     trace_ids = sorted({r["trace_id"] for r in fresh_rows})
     # Traces the context has seen before: mapped from what is kept, one by one.
@@ -53,18 +58,7 @@ def traces_map_bulk(*, context: Context, rows: list[dict[str, Any]]) -> dict[str
     run_of = {
         spec.metadata["otel_trace_id"]: run.pk for spec, run in zip(new_runs, created, strict=True)
     }
-    TraceSpan.objects.bulk_create(
-        [
-            TraceSpan(
-                context=context,
-                run_id=run_of.get(r["trace_id"]),
-                trace_id=r["trace_id"],
-                span_id=r["span_id"],
-                **{k: r[k] for k in traces.SPAN_FIELDS},
-            )
-            for r in fresh_rows
-        ]
-    )
+    _keep_spans(context, queued, run_of)
     runs = []
     for trace_id in order:
         if trace_id in run_of:
@@ -82,14 +76,32 @@ def traces_map_bulk(*, context: Context, rows: list[dict[str, Any]]) -> dict[str
     }
 
 
-def _as_kept(value: Any) -> Any:
-    """A value as it reads back from a `jsonb` column (keys in jsonb's order), so a trace mapped
-    from the batch maps exactly as one read back from its kept spans."""
-    if isinstance(value, dict):
-        return {k: _as_kept(value[k]) for k in jsonb_order(list(value))}
-    if isinstance(value, list):
-        return [_as_kept(v) for v in value]
-    return value
+# The spans of the queued exports kept in one statement, each with its trace's run when the
+# batch made it (the others' spans are linked as their trace is brought up to date): the queue's
+# JSON read by PostgreSQL, no row built in Python. A span already kept, or queued twice, is kept
+# once (the first received: the rows go in arrival order). The runs come as one JSON object of
+# trace id to run id, not a join, so on Citus the statement stays on the context's shard.
+_KEEP_SPANS = """
+INSERT INTO {spans} (context_id, run_id, trace_id, span_id, parent_span_id, name, role,
+                     start_ns, end_ns, data, received_at)
+SELECT q.context_id, (%s::jsonb ->> (s.value->>'trace_id'))::bigint,
+       s.value->>'trace_id', s.value->>'span_id', s.value->>'parent_span_id',
+       s.value->>'name', s.value->>'role', (s.value->>'start_ns')::bigint,
+       (s.value->>'end_ns')::bigint, s.value->'data', now()
+FROM {queue} q
+CROSS JOIN LATERAL jsonb_array_elements(q.payload::jsonb) WITH ORDINALITY AS s(value, n)
+WHERE q.context_id = %s AND q.id = ANY(%s)
+ORDER BY q.id, s.n
+ON CONFLICT (context_id, trace_id, span_id) DO NOTHING
+"""
+
+
+def _keep_spans(context: Context, queued: list[int], run_of: dict[str, int]) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _KEEP_SPANS.format(spans=TraceSpan._meta.db_table, queue=SpanQueue._meta.db_table),
+            [json.dumps(run_of), context.pk, queued],
+        )
 
 
 def _new_run(trace_id: str, rows: list[dict[str, Any]]) -> NewRun | None:
@@ -105,7 +117,7 @@ def _new_run(trace_id: str, rows: list[dict[str, Any]]) -> NewRun | None:
             "start_ns": r["start_ns"],
             "end_ns": r["end_ns"],
             **traces._EMPTY,
-            **_as_kept(r["data"]),
+            **r["data"],
         }
         for r in sorted(rows, key=lambda r: r["start_ns"])
     ]

@@ -30,6 +30,7 @@ from typing import Any
 from django.db import transaction
 
 from memory_app import auth
+from memory_app.db import copy_models
 from memory_app.errors import Invalid, KeysNotAllowed
 from memory_app.interop import otlp
 from memory_app.interop.otlp_steps import (
@@ -47,11 +48,11 @@ from memory_app.models import (
     Context,
     Run,
     RunStatus,
-    SpanQueue,
     Step,
     TraceSpan,
     keys_digest,
 )
+from memory_app.queries.trace_spans import SPAN_FIELDS, kept_spans, trace_contexts
 from memory_app.services.contexts import contexts_get_or_create
 from memory_app.services.runs import (
     run_create,
@@ -140,22 +141,10 @@ def traces_place(*, key: ApiKey, rows: list[dict[str, Any]]) -> list[tuple[Conte
     by_trace: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         by_trace[row["trace_id"]].append(row)
-    visible = auth.visible_contexts(key)
-    known = dict(
-        TraceSpan.objects.filter(trace_id__in=list(by_trace), context__in=visible)
-        .values_list("trace_id", "context__keys")
-        .distinct()
-    )
-    queued = (
-        SpanQueue.objects.filter(trace_ids__overlap=list(by_trace), context__in=visible)
-        .order_by("pk")
-        .values_list("trace_ids", "context__keys")
-    )
-    for trace_ids, keys in queued:
-        known.update(dict.fromkeys(set(trace_ids) & by_trace.keys() - known.keys(), keys))
+    known = trace_contexts(list(by_trace), key.context_keys or {})
     groups: dict[str, tuple[dict, list[dict]]] = {}
     for trace_id, trace_rows in by_trace.items():
-        keys = known.get(trace_id) or otlp.context_keys([r | r["data"] for r in trace_rows])
+        keys = known.get(trace_id) or otlp.context_keys([r["data"] for r in trace_rows])
         groups.setdefault(keys_digest(keys), (keys, []))[1].extend(trace_rows)
     for keys, _ in groups.values():
         if not auth.keys_allowed(key, keys):
@@ -568,9 +557,6 @@ def trace_steps_purge(*, run: Run, client_ids: list[str]) -> int:
     return sum(1 for a, b in zip(before, spans, strict=True) if a != b)
 
 
-SPAN_FIELDS = ("parent_span_id", "name", "role", "start_ns", "end_ns", "data")
-
-
 def trace_spans_record(
     *, context: Context, spans: list[dict[str, Any]]
 ) -> tuple[list[TraceSpan], list[str]]:
@@ -590,7 +576,7 @@ def trace_spans_record(
             )
             for s in fresh
         ]
-        TraceSpan.objects.bulk_create(new)
+        copy_models(new)
     return new, differing
 
 
@@ -601,20 +587,12 @@ def trace_spans_unkept(
     ids = {(s["trace_id"], s["span_id"]) for s in spans}
     if len(ids) != len(spans):
         raise Invalid("a span id repeats within the request")
-    # One statement for the context; the pairs are matched here.
-    stored = {
-        (row.trace_id, row.span_id): row
-        for row in TraceSpan.objects.filter(
-            context=context,
-            trace_id__in={s["trace_id"] for s in spans},
-            span_id__in={s["span_id"] for s in spans},
-        )
-    }
+    stored = kept_spans([context.pk], spans)
     fresh, differing = [], []
     for s in spans:
-        row = stored.get((s["trace_id"], s["span_id"]))
+        row = stored.get((context.pk, s["trace_id"], s["span_id"]))
         if row is None:
             fresh.append(s)
-        elif any(getattr(row, k) != s[k] for k in SPAN_FIELDS):
+        elif any(row[k] != s[k] for k in SPAN_FIELDS):
             differing.append(s["span_id"])
     return fresh, differing
