@@ -27,7 +27,6 @@ from memory_app.embeddings import indexer, providers, worker
 from memory_app.models import (
     Context,
     Embedding,
-    MemoryEmbedding,
     Message,
     Run,
     SpanQueue,
@@ -220,8 +219,14 @@ def test_the_embed_worker_and_the_hnsw_indexer_claim_one_context_per_lock(
     assert result.embedded == 10
     assert_routable(statements, at_least=4)
 
-    Embedding.objects.update(indexed=False)
-    MemoryEmbedding.objects.update(indexed=False)  # with the memories: claimed apart
+    # Every vector back to waiting for its graph (the memories': claimed apart).
+    with connection.cursor() as cursor:
+        for table, columns in indexer.SHARED_COLUMNS.items():
+            cursor.execute(
+                f"WITH moved AS (DELETE FROM {table} RETURNING {columns})"  # noqa: S608
+                f" INSERT INTO {indexer.WAITING_TABLES[table]} ({columns})"
+                f" SELECT {columns} FROM moved"
+            )
     statements.clear()
     assert indexer.index_batch(batch_size=100) == 10
     assert_routable(statements, at_least=4)
