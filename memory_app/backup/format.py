@@ -43,9 +43,10 @@ STEP_FIELDS = _plain_fields(Step)
 TOOL_CALL_FIELDS = _plain_fields(ToolCall)
 MESSAGE_FIELDS = _plain_fields(Message)
 MEMORY_FIELDS = _plain_fields(MemoryRecord)
+# `indexed` describes this database's HNSW graph, not the vector: imported rows go into it.
 # A memory vector (`MemoryEmbedding`) and a vector waiting for its graph have the same plain
-# columns: one line format for all (imported rows go into the graph).
-EMBEDDING_FIELDS = _plain_fields(Embedding, skip=("vector",))
+# columns: one line format for all.
+EMBEDDING_FIELDS = _plain_fields(Embedding, skip=("vector", "indexed"))
 
 
 def dump_fields(obj: models.Model, fields: list[models.Field]) -> dict[str, Any]:

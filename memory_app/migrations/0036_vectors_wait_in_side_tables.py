@@ -9,8 +9,9 @@ the indexer moves the rows into the vector tables (insert there, delete here, on
 the vector tables' rows are written once, and the side tables' space is reused.
 
 Rows waiting today move into the side tables here. `indexed` stays in the vector tables, true
-for every row, unknown to Django: each model's HNSW index names it in its predicate, and
-rebuilding them all is not this migration's to do. The partial indexes of the waiting rows go.
+for every row: each model's HNSW index names it in its predicate, and rebuilding them all is not
+this migration's to do (a store's indexes carry over as they are). The partial indexes of the
+waiting rows go.
 
 Born ready for Citus (docs/scale-out.md): the message side table's primary key is
 `(id, context_id)`, its unique constraint and its foreign key into the messages carry the
@@ -98,8 +99,16 @@ STATE = [
     migrations.CreateModel(name="MemoryEmbeddingWaiting", fields=_waiting_fields()),
     migrations.RemoveIndex(model_name="embedding", name="embedding_unindexed"),
     migrations.RemoveIndex(model_name="memoryembedding", name="memoryembedding_unindexed"),
-    migrations.RemoveField(model_name="embedding", name="indexed"),
-    migrations.RemoveField(model_name="memoryembedding", name="indexed"),
+    migrations.AlterField(
+        model_name="embedding",
+        name="indexed",
+        field=models.BooleanField(db_default=True, default=True, editable=False),
+    ),
+    migrations.AlterField(
+        model_name="memoryembedding",
+        name="indexed",
+        field=models.BooleanField(db_default=True, default=True, editable=False),
+    ),
     migrations.AddField(
         model_name="embeddingwaiting",
         name="context",

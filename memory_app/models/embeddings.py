@@ -53,8 +53,6 @@ class Embedding(ContextRow):
     `EmbeddingWaiting` (COPY speed, no graph insertion) until the indexer
     (`memory_app.embeddings.indexer.index_pending`) moves it here; searches scan the waiting
     rows exactly meanwhile, so none is ever unsearchable, and each row here is written once.
-    (The table keeps a column `indexed`, always true and unknown to Django: each model's HNSW
-    index names it in its predicate, migration 0036.)
 
     In the database the primary key is `(id, context_id)` and the message's foreign key
     `(message_id, context_id)` (migration 0031); Django follows `id` and `message_id`.
@@ -74,6 +72,10 @@ class Embedding(ContextRow):
     model = models.CharField(max_length=200)
     dimensions = models.IntegerField(null=True, blank=True)
     vector = VectorField(null=True, blank=True)
+    # True for every row (those waiting for the graph are in `EmbeddingWaiting`): each model's
+    # HNSW index names it in its predicate (migration 0011), so it stays rather than rebuild
+    # them all (migration 0036). The database default fills it in on every insert.
+    indexed = models.BooleanField(default=True, db_default=True, editable=False)
 
     class Meta:
         constraints = [
@@ -107,6 +109,8 @@ class MemoryEmbedding(models.Model):
     model = models.CharField(max_length=200)
     dimensions = models.IntegerField(null=True, blank=True)
     vector = VectorField(null=True, blank=True)
+    # True for every row, as `Embedding.indexed`.
+    indexed = models.BooleanField(default=True, db_default=True, editable=False)
 
     class Meta:
         constraints = [
