@@ -285,3 +285,32 @@ def test_every_vector_is_found_once_before_during_and_after_indexing(defer):
     )
     assert "vector scan: hnsw" in first.notes
     assert [h.message.pk for h in first.hits] == exact(context, vector(12), 5)
+
+
+@pytest.mark.django_db
+def test_an_item_s_vector_is_in_one_table_whatever_writes_it_next(defer, system_actor):
+    """A vector put over a waiting one replaces it, an edit makes a waiting vector pending like
+    any other, and a re-embed queues no second row beside a waiting one."""
+    from memory_app.embeddings.client_vectors import vector_put
+    from memory_app.services.messages import message_edit
+
+    context, _ = context_get_or_create(keys={"test": "defer-one-table"})
+    ids = append(context, 0, 10)
+    put, edited = Message.objects.get(pk=ids[0]), Message.objects.get(pk=ids[1])
+
+    vector_put(model=MODEL, vector=vector(50), message=put)
+    assert not EmbeddingWaiting.objects.filter(message=put).exists()
+    [row] = Embedding.objects.filter(message=put, model=MODEL)
+    assert list(row.vector) == pytest.approx(vector(50))
+
+    message_edit(message=edited, actor=system_actor, text="changed")
+    assert not EmbeddingWaiting.objects.filter(message=edited).exists()
+    [row] = Embedding.objects.filter(message=edited, model=MODEL)
+    assert row.vector is None  # pending: its text changed
+
+    assert queue.reembed_enqueue(model=MODEL, context_id=context.pk) == 0
+    assert queue.model_coverage(model=MODEL, context_id=context.pk) == (9, 10)
+    assert indexer.index_pending() == 8
+    hits, _ = semantic_ranking(context_id=context.pk, model=MODEL, vector=vector(50), limit=20)
+    assert sorted(pk for pk, _ in hits) == sorted(set(ids) - {edited.pk})
+    assert hits[0][0] == put.pk
