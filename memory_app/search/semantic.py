@@ -154,10 +154,35 @@ def nearest_vectors(
         walked = sum(1 for row in found if not row[2])
         if walked == limit:
             return hits[:limit], "hnsw" if len(found) == walked else "hnsw+pending"
-    # The walk built its own parts; the exact scan builds them only when it runs: the `limit`
-    # nearest of the vectors in the graph and of those waiting for it, merged by distance (each
-    # side a statement of its own table, as the walk's: on Citus each names its context's
-    # shard). OFFSET 0 keeps each subquery apart, so no ORDER BY is answered by the HNSW index.
+    # The walk built its own parts; the exact scan builds them only when it runs.
+    hits = _exact_nearest(
+        model=model,
+        vector=vector,
+        limit=limit,
+        item_column=item_column,
+        join_sql=join_sql,
+        where_sql=where_sql,
+        params=params,
+        table=table,
+    )
+    return hits, "hnsw+exact" if approximate else "exact"
+
+
+def _exact_nearest(
+    *,
+    model: str,
+    vector: Sequence[float],
+    limit: int,
+    item_column: str,
+    join_sql: str,
+    where_sql: str,
+    params: Sequence[Any],
+    table: str,
+) -> list[tuple[int, float]]:
+    """The exact scan of `nearest_vectors`: the `limit` nearest of the vectors in the graph and
+    of those waiting for it, merged by distance (each side a statement of its own table, as the
+    walk's: on Citus each names its context's shard)."""
+    # OFFSET 0 keeps each subquery apart, so no ORDER BY is answered by the HNSW index.
     dims = int(len(vector))
     query_cte, distance, rows = _query_parts(dims, table, join_sql, where_sql)
     _, _, waiting_rows = _query_parts(dims, indexer.WAITING_TABLES[table], join_sql, where_sql)
@@ -180,7 +205,7 @@ def nearest_vectors(
     with db.binding_cursor() as cursor:
         cursor.execute(sql, args)
         hits = [(row[0], float(row[1])) for row in cursor.fetchall()]
-    return hits, "hnsw+exact" if approximate else "exact"
+    return hits
 
 
 def _query_parts(dims: int, table: str, join_sql: str, where_sql: str) -> tuple[str, str, str]:
