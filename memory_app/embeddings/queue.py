@@ -113,12 +113,12 @@ def reembed_enqueue(*, model: str, context_id: int | None = None) -> int:
             f"""
             INSERT INTO memory_app_embedding (message_id, context_id, model)
             SELECT m.id, m.context_id, %s FROM memory_app_message m
-            WHERE m.text <> '' {context_filter} AND NOT EXISTS (
-                SELECT 1 FROM memory_app_embeddingwaiting w WHERE w.message_id = m.id
-                AND w.context_id = m.context_id AND w.model = %s)
+            LEFT JOIN memory_app_embeddingwaiting w ON w.message_id = m.id
+                AND w.context_id = m.context_id AND w.model = %s
+            WHERE m.text <> '' {context_filter} AND w.id IS NULL
             ON CONFLICT DO NOTHING
             """,  # noqa: S608 - the only interpolation is a constant filter
-            [*params, model],
+            [model, model, *params[1:]],
         )
         queued = cursor.rowcount
         context_filter = "AND r.context_id = %s" if context_id else ""
