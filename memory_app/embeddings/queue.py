@@ -8,6 +8,7 @@ from django.db import connection
 
 from memory_app.embeddings.providers import active_model_name
 from memory_app.models import (
+    Context,
     Embedding,
     EmbeddingRetry,
     EmbeddingWaiting,
@@ -106,21 +107,27 @@ def unindexed_count(*, model: str | None = None, context_id: int | None = None) 
 def reembed_enqueue(*, model: str, context_id: int | None = None) -> int:
     """Queue every live item (or one context's) for `model`, keeping the other models' rows: they
     keep serving searches until the new model's rows are complete. Returns rows queued."""
+    contexts = (
+        [context_id] if context_id else Context.objects.order_by("pk").values_list("pk", flat=True)
+    )
+    queued = 0
     with connection.cursor() as cursor:
-        context_filter = "AND m.context_id = %s" if context_id else ""
+        # One context a statement: on Citus the anti-join with the waiting vectors is then
+        # routed to one shard (Citus refuses it in an INSERT … SELECT across shards).
+        for of in contexts:
+            cursor.execute(
+                """
+                INSERT INTO memory_app_embedding (message_id, context_id, model)
+                SELECT m.id, m.context_id, %s FROM memory_app_message m
+                LEFT JOIN memory_app_embeddingwaiting w ON w.message_id = m.id
+                    AND w.context_id = m.context_id AND w.model = %s AND w.context_id = %s
+                WHERE m.context_id = %s AND m.text <> '' AND w.id IS NULL
+                ON CONFLICT DO NOTHING
+                """,
+                [model, model, of, of],
+            )
+            queued += cursor.rowcount
         params = [model] + ([context_id] if context_id else [])
-        cursor.execute(
-            f"""
-            INSERT INTO memory_app_embedding (message_id, context_id, model)
-            SELECT m.id, m.context_id, %s FROM memory_app_message m
-            LEFT JOIN memory_app_embeddingwaiting w ON w.message_id = m.id
-                AND w.context_id = m.context_id AND w.model = %s
-            WHERE m.text <> '' {context_filter} AND w.id IS NULL
-            ON CONFLICT DO NOTHING
-            """,  # noqa: S608 - the only interpolation is a constant filter
-            [model, model, *params[1:]],
-        )
-        queued = cursor.rowcount
         context_filter = "AND r.context_id = %s" if context_id else ""
         cursor.execute(
             f"""
