@@ -8,7 +8,6 @@ from django.db import connection
 
 from memory_app.embeddings.providers import active_model_name
 from memory_app.models import (
-    Context,
     Embedding,
     EmbeddingRetry,
     EmbeddingWaiting,
@@ -107,26 +106,24 @@ def unindexed_count(*, model: str | None = None, context_id: int | None = None) 
 def reembed_enqueue(*, model: str, context_id: int | None = None) -> int:
     """Queue every live item (or one context's) for `model`, keeping the other models' rows: they
     keep serving searches until the new model's rows are complete. Returns rows queued."""
-    contexts = (
-        [context_id] if context_id else Context.objects.order_by("pk").values_list("pk", flat=True)
-    )
-    queued = 0
+    # Items whose vector under `model` waits for its graph keep it: read first (the backlog, a
+    # plain read Citus fans out), then left out of the insert, which joins no other table.
+    waiting = EmbeddingWaiting.objects.filter(model=model)
+    if context_id:
+        waiting = waiting.filter(context_id=context_id)
+    skip = list(waiting.values_list("message_id", flat=True))
     with connection.cursor() as cursor:
-        # One context a statement: on Citus the anti-join with the waiting vectors is then
-        # routed to one shard (Citus refuses it in an INSERT … SELECT across shards).
-        for of in contexts:
-            cursor.execute(
-                """
-                INSERT INTO memory_app_embedding (message_id, context_id, model)
-                SELECT m.id, m.context_id, %s FROM memory_app_message m
-                LEFT JOIN memory_app_embeddingwaiting w ON w.message_id = m.id
-                    AND w.context_id = m.context_id AND w.model = %s AND w.context_id = %s
-                WHERE m.context_id = %s AND m.text <> '' AND w.id IS NULL
-                ON CONFLICT DO NOTHING
-                """,
-                [model, model, of, of],
-            )
-            queued += cursor.rowcount
+        context_filter = "AND m.context_id = %s" if context_id else ""
+        cursor.execute(
+            f"""
+            INSERT INTO memory_app_embedding (message_id, context_id, model)
+            SELECT m.id, m.context_id, %s FROM memory_app_message m
+            WHERE m.text <> '' {context_filter} AND NOT (m.id = ANY(%s))
+            ON CONFLICT DO NOTHING
+            """,  # noqa: S608 - the only interpolation is a constant filter
+            [model, *([context_id] if context_id else []), skip],
+        )
+        queued = cursor.rowcount
         params = [model] + ([context_id] if context_id else [])
         context_filter = "AND r.context_id = %s" if context_id else ""
         cursor.execute(
