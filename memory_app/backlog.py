@@ -91,7 +91,7 @@ class _Indexer:
     connections are per thread), closes it when the backlog is empty, then sleeps until woken
     again, so an idle process holds no extra connection. Under gunicorn each worker process gets
     its own thread (started lazily, after the fork). A failure is logged and retried after a
-    pause: the rows stay `indexed = false`, searchable, until a drain succeeds."""
+    pause: the rows stay in the waiting side tables, searchable, until a drain succeeds."""
 
     RETRY_SECONDS = 5.0
     # A context being written to is skipped (SKIP LOCKED): looked at again this much later.

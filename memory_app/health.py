@@ -25,8 +25,8 @@ def healthz(request):
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector'),"  # noqa: S608 - constants
-                " (SELECT count(*) FROM memory_app_embedding WHERE NOT indexed)"
-                " + (SELECT count(*) FROM memory_app_memoryembedding WHERE NOT indexed),"
+                " (SELECT count(*) FROM memory_app_embeddingwaiting)"
+                " + (SELECT count(*) FROM memory_app_memoryembeddingwaiting),"
                 f" ({fulltext.PENDING_SQL}),"
                 " (SELECT coalesce(sum(span_count), 0) FROM memory_app_spanqueue WHERE error = ''),"
                 # The wall clock, not the transaction's start.

@@ -11,6 +11,8 @@ from memory_app.models import (
     CheckpointBlob,
     CheckpointWrite,
     ContextKey,
+    EmbeddingWaiting,
+    MemoryEmbeddingWaiting,
     MemoryVersion,
     Message,
     MessageSearch,
@@ -62,13 +64,17 @@ def history():
 # LangGraph's checkpoints are serializer bytes (their runs are in the logbook); the run search's
 # vectors follow steps and tool calls (triggers, keyed by context, kind and row); queued OTLP
 # exports are the worker's to map (their backlog is in /healthz); the store's namespaces follow
-# what agents put, delete and ask for.
+# what agents put, delete and ask for; vectors waiting for their HNSW graph are the indexer's to
+# move (their backlog is in /healthz).
 NOT_IN_ADMIN = {
+    EmbeddingWaiting,
+    MemoryEmbeddingWaiting,
     RunSearch,
     SpanQueue,
     StoreNamespace,
     MessageSearch,
     ContextKey,
+    MemoryEmbeddingWaiting,
     MemoryVersion,
     Checkpoint,
     CheckpointBlob,

@@ -9,9 +9,9 @@ import psycopg
 import pytest
 from django.db import connection
 
-from memory_app import backlog
+from memory_app import backlog, scale_out
 from memory_app.embeddings import indexer, queue
-from memory_app.models import Embedding, Message
+from memory_app.models import Embedding, EmbeddingWaiting, Message
 from memory_app.queries.memories import _semantic_hits, memories_visible
 from memory_app.search.messages import search_messages
 from memory_app.search.semantic import semantic_ranking
@@ -40,9 +40,12 @@ def append(context, start: int, count: int) -> list[int]:
 
 
 def exact(context, query, k):
-    rows = Embedding.objects.filter(context=context, model=MODEL).values_list(
-        "message_id", "vector"
-    )
+    rows = [
+        *Embedding.objects.filter(context=context, model=MODEL).values_list("message_id", "vector"),
+        *EmbeddingWaiting.objects.filter(context=context, model=MODEL).values_list(
+            "message_id", "vector"
+        ),
+    ]
 
     def cosine(v):
         dot = sum(a * b for a, b in zip(v, query, strict=True))
@@ -70,12 +73,12 @@ def defer(settings):
 def test_a_deferred_batch_is_searchable_at_once_then_indexed(defer):
     context, _ = context_get_or_create(keys={"test": "defer-search"})
     indexed_ids = [pk for start in range(0, 140, 7) for pk in append(context, start, 7)]
-    assert not Embedding.objects.filter(message_id__in=indexed_ids, indexed=False).exists()
-    # A batch of exactly the threshold is deferred: stored, not in the graph.
+    assert not EmbeddingWaiting.objects.exists()
+    assert Embedding.objects.filter(message_id__in=indexed_ids).count() == len(indexed_ids)
+    # A batch of exactly the threshold is deferred: stored beside the graph, not in it.
     waiting = append(context, 140, 8)
-    assert set(Embedding.objects.filter(indexed=False).values_list("message_id", flat=True)) == set(
-        waiting
-    )
+    assert set(EmbeddingWaiting.objects.values_list("message_id", flat=True)) == set(waiting)
+    assert not Embedding.objects.filter(message_id__in=waiting).exists()
     assert queue.unindexed_count(model=MODEL, context_id=context.pk) == 8
     context.refresh_from_db()
     query = vector(144)  # nearest to the waiting rows
@@ -105,7 +108,8 @@ def test_a_deferred_batch_is_searchable_at_once_then_indexed(defer):
 def test_a_batch_below_the_threshold_goes_into_the_graph_at_once(defer):
     context, _ = context_get_or_create(keys={"test": "defer-small"})
     ids = append(context, 0, 7)
-    assert Embedding.objects.filter(message_id__in=ids, indexed=True).count() == 7
+    assert Embedding.objects.filter(message_id__in=ids).count() == 7
+    assert not EmbeddingWaiting.objects.exists()
     assert indexer.index_pending() == 0
 
 
@@ -117,6 +121,7 @@ def test_deleting_a_message_whose_vector_waits(defer):
     assert queue.unindexed_count(context_id=context.pk) == 9
     assert indexer.index_pending() == 9
     assert not Embedding.objects.filter(message_id=ids[0]).exists()
+    assert Embedding.objects.filter(message_id__in=ids[1:]).count() == 9
 
 
 @pytest.mark.django_db(transaction=True)
@@ -125,7 +130,7 @@ def test_two_indexers_never_take_the_same_rows(defer):
     try:
         append(context, 0, 20)
         locked = list(
-            Embedding.objects.filter(context=context, indexed=False)
+            EmbeddingWaiting.objects.filter(context=context)
             .order_by("id")
             .values_list("id", flat=True)[:5]
         )
@@ -136,14 +141,12 @@ def test_two_indexers_never_take_the_same_rows(defer):
             # The other indexer holds its batch (uncommitted): this one skips it, without waiting.
             # Named by its context, as the indexer's own claim is (on Citus a row lock names one).
             other.execute(
-                "SELECT id FROM memory_app_embedding WHERE context_id = %s AND id = ANY(%s)"
-                " FOR UPDATE SKIP LOCKED",
+                "SELECT id FROM memory_app_embeddingwaiting WHERE context_id = %s"
+                " AND id = ANY(%s) FOR UPDATE SKIP LOCKED",
                 [context.pk, locked],
             )
             assert indexer.index_pending() == 15
-            assert set(Embedding.objects.filter(indexed=False).values_list("id", flat=True)) == set(
-                locked
-            )
+            assert set(EmbeddingWaiting.objects.values_list("id", flat=True)) == set(locked)
         assert indexer.index_pending() == 5
     finally:
         context.delete()
@@ -157,7 +160,7 @@ def test_the_indexer_thread_drains_after_the_batch_commits(defer):
         append(context, 0, 30)
         assert backlog.indexer.wait_idle(60)
         assert queue.unindexed_count() == 0
-        assert Embedding.objects.filter(context=context, indexed=True).count() == 30
+        assert Embedding.objects.filter(context=context).count() == 30
     finally:
         context.delete()
 
@@ -202,3 +205,117 @@ def test_memories_recorded_with_a_deferred_batch_are_recalled_at_once(defer, sys
     hits = _semantic_hits(qs, vector(102), MODEL, 3)
     assert [rid for rid, _ in hits][0] == late[2].record.pk
     assert {rid for rid, _ in hits} <= {r.record.pk for r in late}
+
+
+def _written(table: str) -> tuple[int, int, int]:
+    """(inserted, updated, deleted) row versions of `table` in this test's transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_stat_get_xact_tuples_inserted(%s::regclass),"
+            " pg_stat_get_xact_tuples_updated(%s::regclass),"
+            " pg_stat_get_xact_tuples_deleted(%s::regclass)",
+            [table] * 3,
+        )
+        return cursor.fetchone()
+
+
+@pytest.mark.django_db
+def test_a_deferred_batch_writes_each_vector_row_once(defer, system_actor):
+    from memory_app.memories import Scope
+
+    context, _ = context_get_or_create(keys={"test": "defer-once"})
+    before = {table: _written(table) for table in indexer.VECTOR_TABLES}
+    ids = append(context, 0, 40)
+    memories_record(
+        scope=Scope(context=context),
+        items=[
+            {"content": f"fact {i}", "vector": vector(i), "vector_model": MODEL} for i in range(9)
+        ],
+        actor=system_actor,
+    )
+    assert queue.unindexed_count() == 49
+    assert indexer.index_pending(batch_size=7) == 49
+    with connection.cursor() as cursor:
+        # On Citus the message vectors' counters are the shards', on the workers.
+        sharded = scale_out.is_distributed(cursor, indexer.MESSAGE_VECTORS)
+    for table, count in ((indexer.MESSAGE_VECTORS, 40), (indexer.MEMORY_VECTORS, 9)):
+        if sharded and table == indexer.MESSAGE_VECTORS:
+            continue
+        inserted, updated, deleted = (
+            now - then for now, then in zip(_written(table), before[table], strict=True)
+        )
+        # One row version each, written by the indexer into the graph: none updated or replaced.
+        assert (inserted, updated, deleted) == (count, 0, 0), table
+        waiting = indexer.WAITING_TABLES[table]
+        assert _written(waiting)[0] == _written(waiting)[2] > 0  # in, then out again
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT message_id, xmin::text FROM memory_app_embedding WHERE message_id = ANY(%s)",
+            [ids],
+        )
+        xmins = dict(cursor.fetchall())
+    assert set(xmins) == set(ids)
+    # The indexer has nothing more to write: the rows stay the versions it wrote.
+    assert indexer.index_pending() == 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT message_id, xmin::text FROM memory_app_embedding WHERE message_id = ANY(%s)",
+            [ids],
+        )
+        assert dict(cursor.fetchall()) == xmins
+
+
+@pytest.mark.django_db
+def test_every_vector_is_found_once_before_during_and_after_indexing(defer):
+    context, _ = context_get_or_create(keys={"test": "defer-every"})
+    ids = append(context, 0, 30) + append(context, 30, 5)  # a deferred batch, then a small one
+    assert queue.unindexed_count(context_id=context.pk) == 30
+
+    def found(query):
+        hits, _ = semantic_ranking(context_id=context.pk, model=MODEL, vector=query, limit=len(ids))
+        return [pk for pk, _ in hits]
+
+    for stage in ("before", "during", "during", "after"):
+        for query in (vector(3), vector(33)):
+            hits = found(query)
+            assert sorted(hits) == sorted(ids), stage  # each vector once, none left out
+            assert hits == exact(context, query, len(ids)), stage
+        if stage != "after":
+            indexer.index_pending(batch_size=11, max_batches=1)
+    assert queue.unindexed_count() == 0
+    # With every vector in the graph, the walk alone finds the nearest.
+    context.refresh_from_db()
+    first = search_messages(
+        context=context, query="", k=5, mode="semantic", model=MODEL, query_vector=vector(12)
+    )
+    assert "vector scan: hnsw" in first.notes
+    assert [h.message.pk for h in first.hits] == exact(context, vector(12), 5)
+
+
+@pytest.mark.django_db
+def test_an_item_s_vector_is_in_one_table_whatever_writes_it_next(defer, system_actor):
+    """A vector put over a waiting one replaces it, an edit makes a waiting vector pending like
+    any other, and a re-embed queues no second row beside a waiting one."""
+    from memory_app.embeddings.client_vectors import vector_put
+    from memory_app.services.messages import message_edit
+
+    context, _ = context_get_or_create(keys={"test": "defer-one-table"})
+    ids = append(context, 0, 10)
+    put, edited = Message.objects.get(pk=ids[0]), Message.objects.get(pk=ids[1])
+
+    vector_put(model=MODEL, vector=vector(50), message=put)
+    assert not EmbeddingWaiting.objects.filter(message=put).exists()
+    [row] = Embedding.objects.filter(message=put, model=MODEL)
+    assert list(row.vector) == pytest.approx(vector(50))
+
+    message_edit(message=edited, actor=system_actor, text="changed")
+    assert not EmbeddingWaiting.objects.filter(message=edited).exists()
+    [row] = Embedding.objects.filter(message=edited, model=MODEL)
+    assert row.vector is None  # pending: its text changed
+
+    assert queue.reembed_enqueue(model=MODEL, context_id=context.pk) == 0
+    assert queue.model_coverage(model=MODEL, context_id=context.pk) == (9, 10)
+    assert indexer.index_pending() == 8
+    hits, _ = semantic_ranking(context_id=context.pk, model=MODEL, vector=vector(50), limit=20)
+    assert sorted(pk for pk, _ in hits) == sorted(set(ids) - {edited.pk})
+    assert hits[0][0] == put.pk

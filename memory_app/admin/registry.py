@@ -258,19 +258,19 @@ class RetentionPolicyAdmin(AuditedAdmin):
 
 
 class VectorAdmin(AuditedAdmin):
-    list_filter, exclude, show_full_result_count = ["model", "indexed"], ["vector"], False
+    list_filter, exclude, show_full_result_count = ["model"], ["vector"], False
 
 
 @admin.register(Embedding)
 class EmbeddingAdmin(CopiesItsContext, VectorAdmin):
     parent = "message"
-    list_display = ["id", "model", "dimensions", "message_id", "indexed"]
+    list_display = ["id", "model", "dimensions", "message_id"]
     raw_id_fields = ["message"]
 
 
 @admin.register(MemoryEmbedding)
 class MemoryEmbeddingAdmin(VectorAdmin):
-    list_display = ["id", "model", "dimensions", "memory_record_id", "indexed"]
+    list_display = ["id", "model", "dimensions", "memory_record_id"]
     raw_id_fields = ["memory_record"]
 
 

@@ -26,7 +26,9 @@ from memory_app.backup.lines import Summary
 from memory_app.models import (
     Context,
     Embedding,
+    EmbeddingWaiting,
     MemoryEmbedding,
+    MemoryEmbeddingWaiting,
     MemoryRecord,
     Message,
     Run,
@@ -150,35 +152,38 @@ def _memories_of(ctx: Context, confined_to: dict[str, Any] | None) -> models.Que
 def _embedding_records(
     ctx: Context, scoped: models.QuerySet, chunk_size: int
 ) -> Iterator[dict[str, Any]]:
-    rows = (
-        Embedding.objects.filter(context=ctx, message__context=ctx)
-        .select_related("message")
-        .order_by("pk")
-    )
-    for emb in rows.iterator(chunk_size=chunk_size):
-        yield {
-            "type": "embedding",
-            "item": "message",
-            "context": ctx.keys_digest,
-            "seq": emb.message.seq,
-            **dump_fields(emb, EMBEDDING_FIELDS),
-            "vector": _vector(emb.vector),
-        }
-    rows = (
-        MemoryEmbedding.objects.filter(memory_record__in=scoped)
-        .select_related("memory_record")
-        .order_by("pk")
-    )
-    for emb in rows.iterator(chunk_size=chunk_size):
-        mem = emb.memory_record
-        yield {
-            "type": "embedding",
-            "item": "memory",
-            "scope_digest": mem.scope_digest,
-            "content_hash": mem.content_hash,
-            **dump_fields(emb, EMBEDDING_FIELDS),
-            "vector": _vector(emb.vector),
-        }
+    # The vectors in their graphs, then those waiting for it: a restore puts each into its graph.
+    for table in (Embedding, EmbeddingWaiting):
+        rows = (
+            table.objects.filter(context=ctx, message__context=ctx)
+            .select_related("message")
+            .order_by("pk")
+        )
+        for emb in rows.iterator(chunk_size=chunk_size):
+            yield {
+                "type": "embedding",
+                "item": "message",
+                "context": ctx.keys_digest,
+                "seq": emb.message.seq,
+                **dump_fields(emb, EMBEDDING_FIELDS),
+                "vector": _vector(emb.vector),
+            }
+    for table in (MemoryEmbedding, MemoryEmbeddingWaiting):
+        rows = (
+            table.objects.filter(memory_record__in=scoped)
+            .select_related("memory_record")
+            .order_by("pk")
+        )
+        for emb in rows.iterator(chunk_size=chunk_size):
+            mem = emb.memory_record
+            yield {
+                "type": "embedding",
+                "item": "memory",
+                "scope_digest": mem.scope_digest,
+                "content_hash": mem.content_hash,
+                **dump_fields(emb, EMBEDDING_FIELDS),
+                "vector": _vector(emb.vector),
+            }
 
 
 def _vector(value) -> list[float] | None:

@@ -44,7 +44,8 @@ TOOL_CALL_FIELDS = _plain_fields(ToolCall)
 MESSAGE_FIELDS = _plain_fields(Message)
 MEMORY_FIELDS = _plain_fields(MemoryRecord)
 # `indexed` describes this database's HNSW graph, not the vector: imported rows go into it.
-# A memory vector (`MemoryEmbedding`) has the same plain columns: one line format for both.
+# A memory vector (`MemoryEmbedding`) and a vector waiting for its graph have the same plain
+# columns: one line format for all.
 EMBEDDING_FIELDS = _plain_fields(Embedding, skip=("vector", "indexed"))
 
 

@@ -37,7 +37,9 @@ from memory_app.models import (
     Context,
     ContextKey,
     Embedding,
+    EmbeddingWaiting,
     MemoryEmbedding,
+    MemoryEmbeddingWaiting,
     MemoryOrigin,
     MemoryRecord,
     Message,
@@ -420,18 +422,22 @@ class _Importer:
                 )
                 emb.context_id = ctx_pk
                 item = emb.message_id
-                exists = Embedding.objects.filter(
-                    context_id=ctx_pk, message_id=item, model=emb.model
-                ).exists()
+                exists = any(
+                    kind.objects.filter(
+                        context_id=ctx_pk, message_id=item, model=emb.model
+                    ).exists()
+                    for kind in (Embedding, EmbeddingWaiting)
+                )
             else:
                 # Only a memory a line of this file resolved to (inside the importer's
                 # confinement): a digest and hash of any other record attach nothing.
                 item = emb.memory_record_id = self.memories.get(
                     (rec["scope_digest"], rec["content_hash"]), (None, None)
                 )[0]
-                exists = MemoryEmbedding.objects.filter(
-                    memory_record_id=item, model=emb.model
-                ).exists()
+                exists = any(
+                    kind.objects.filter(memory_record_id=item, model=emb.model).exists()
+                    for kind in (MemoryEmbedding, MemoryEmbeddingWaiting)
+                )
             if exists or item is None:
                 self.result.count("embeddings", 0, 1)
                 continue

@@ -5,12 +5,13 @@ from __future__ import annotations
 from memory_app.bench.harness import Bench
 from memory_app.bench.measure import Amount, Row, Target
 
-# Every table a stored message occupies: the message, its full-text vector, its vectors and
-# (while its provider fails) its vectors' retries.
+# Every table a stored message occupies: the message, its full-text vector, its vectors (and
+# those waiting for their HNSW graph) and (while its provider fails) its vectors' retries.
 STORED_TABLES = (
     "memory_app_message",
     "memory_app_messagesearch",
     "memory_app_embedding",
+    "memory_app_embeddingwaiting",
     "memory_app_embeddingretry",
 )
 

@@ -11,6 +11,7 @@ import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
 
+from memory_app.embeddings import indexer
 from memory_app.embeddings.indexer import ensure_model_index
 from memory_app.embeddings.providers import active_model_name
 from memory_app.embeddings.registry import require_registered
@@ -18,8 +19,10 @@ from memory_app.errors import DimensionMismatch, Invalid
 from memory_app.models import (
     Embedding,
     EmbeddingRetry,
+    EmbeddingWaiting,
     MemoryEmbedding,
     MemoryEmbeddingRetry,
+    MemoryEmbeddingWaiting,
     MemoryRecord,
     Message,
 )
@@ -51,11 +54,16 @@ def vector_put(
         # By its context too: on Citus the statements go to the context's shard.
         of = {"context_id": message.context_id}
         rows, retries = Embedding.objects.filter(**of), EmbeddingRetry.objects.filter(**of)
+        waiting = EmbeddingWaiting.objects.filter(**of)
         item = {"message": message, **of}
     else:
         rows, retries = MemoryEmbedding.objects.all(), MemoryEmbeddingRetry.objects.all()
+        waiting = MemoryEmbeddingWaiting.objects.all()
         item = {"memory_record": memory_record}
     with transaction.atomic():
+        # A vector of the item still waiting for the graph is replaced too: an item's vector
+        # under a model is in one of the two tables only.
+        waiting.filter(**item, model=model).delete()
         row, _ = rows.select_for_update().get_or_create(**item, model=model)
         row.vector, row.dimensions = values, len(values)
         row.save()
@@ -134,8 +142,8 @@ VECTOR_COPY_COLUMNS = {
     Embedding._meta.db_table: ("message_id", "context_id"),
     MemoryEmbedding._meta.db_table: ("memory_record_id",),
 }
-_VECTOR_COLUMNS = ("model", "dimensions", "vector", "indexed")
-_VECTOR_TYPES = ["text", "int4", "vector", "bool"]
+_VECTOR_COLUMNS = ("model", "dimensions", "vector")
+_VECTOR_TYPES = ["text", "int4", "vector"]
 
 
 def vectors_copy(
@@ -147,10 +155,11 @@ def vectors_copy(
     the transaction that created the items; `ensure_vector_indexes` after it. True when the rows
     wait for the indexer: the caller wakes it once the transaction commits.
 
-    A batch of at least `AGENTMEMORY_INDEX_DEFER_MIN` vectors is written `indexed = false`: the
-    COPY then skips the HNSW graph (inserting each vector into it was most of the batch's cost)
-    and the indexer adds them once the transaction commits (`memory_app.backlog`). Searches scan
-    such rows exactly until then. Smaller batches go into the graph at once."""
+    A batch of at least `AGENTMEMORY_INDEX_DEFER_MIN` vectors is written into the waiting side
+    tables (`EmbeddingWaiting`, `MemoryEmbeddingWaiting`): the COPY then skips the HNSW graph
+    (inserting each vector into it was most of the batch's cost) and the indexer moves them into
+    the vector tables once the transaction commits (`memory_app.backlog`). Searches scan such
+    rows exactly until then. Smaller batches go into the graph at once."""
     if not rows:
         return False
     deferred = len(rows) >= settings.AGENTMEMORY_INDEX_DEFER_MIN
@@ -172,12 +181,13 @@ def vectors_copy(
             if not mine:
                 continue
             columns = ", ".join(item_columns + _VECTOR_COLUMNS)
+            into = indexer.WAITING_TABLES[table] if deferred else table
             with cursor.copy(
-                f"COPY {table} ({columns}) FROM STDIN WITH (FORMAT BINARY)"  # noqa: S608 - constants
+                f"COPY {into} ({columns}) FROM STDIN WITH (FORMAT BINARY)"  # noqa: S608 - constants
             ) as copy:
                 copy.set_types(["int8"] * len(item_columns) + _VECTOR_TYPES)
                 for item, v in mine:
-                    copy.write_row((*item, v.model, len(v.values), v.values, not deferred))
+                    copy.write_row((*item, v.model, len(v.values), v.values))
     return deferred
 
 

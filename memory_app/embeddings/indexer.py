@@ -1,6 +1,6 @@
 """Each model's HNSW index (a partial expression index over its rows, vectors at half precision):
 made when the model is first used, rebuilt on demand, and filled by deferred insertion of
-rows a large batch wrote with `indexed` false."""
+the rows a large batch wrote into the waiting side tables."""
 
 from __future__ import annotations
 
@@ -26,6 +26,16 @@ MESSAGE_VECTORS, MEMORY_VECTORS = "memory_app_embedding", "memory_app_memoryembe
 # Each table of vectors has its own index per model; the memory table's name is the message
 # table's with `memory` before it (migration 0031 made them so).
 VECTOR_TABLES = {MESSAGE_VECTORS: "", MEMORY_VECTORS: "memory"}
+# Each one's side table of the vectors that wait for the graph (migration 0036), and the
+# columns both have, the item's first.
+WAITING_TABLES = {
+    MESSAGE_VECTORS: "memory_app_embeddingwaiting",
+    MEMORY_VECTORS: "memory_app_memoryembeddingwaiting",
+}
+SHARED_COLUMNS = {
+    MESSAGE_VECTORS: "message_id, context_id, model, dimensions, vector",
+    MEMORY_VECTORS: "memory_record_id, model, dimensions, vector",
+}
 
 
 def index_name(model: str, dimensions: int, *, prefix: str = INDEX_PREFIX) -> str:
@@ -43,9 +53,10 @@ def index_sql(
     table: str = MESSAGE_VECTORS,
 ):
     """CREATE INDEX for a model's partial HNSW index (cosine, on `vector::halfvec(D)`) of its
-    rows that are `indexed` (not waiting for the indexer), built with the configured m and
-    ef_construction; `name` other than the model's is for a rebuild. (The migrations that
-    changed the definition carry their own copies of the statement as it was.)"""
+    rows, built with the configured m and ef_construction (`indexed`, true for every row since
+    migration 0036, stays in the predicate: every index of the store has the same one); `name`
+    other than the model's is for a rebuild. (The migrations that changed the definition carry
+    their own copies of the statement as it was.)"""
     from psycopg import sql
 
     return sql.SQL(
@@ -258,35 +269,51 @@ def rebuild_model_index(index: BuiltIndex) -> BuiltIndex:
 
 # Waiting vectors, read without a lock (any number of contexts, on Citus any number of shards).
 WAITING_SQL = (
-    "SELECT id, context_id FROM memory_app_embedding WHERE NOT indexed AND id > %s"
-    " ORDER BY id LIMIT %s"
+    "SELECT id, context_id FROM memory_app_embeddingwaiting WHERE id > %s ORDER BY id LIMIT %s"
 )
 # One context's rows among those read: on Citus a row lock names its distribution value.
 CLAIM_CONTEXT_SQL = (
-    "UPDATE memory_app_embedding SET indexed = true WHERE context_id = %s AND id IN ("
-    " SELECT id FROM memory_app_embedding WHERE context_id = %s AND id = ANY(%s) AND NOT indexed"
-    " ORDER BY id FOR UPDATE SKIP LOCKED)"
+    "SELECT id FROM memory_app_embeddingwaiting WHERE context_id = %s AND id = ANY(%s)"
+    " ORDER BY id FOR UPDATE SKIP LOCKED"
 )
-# Memory vectors go with the memories, not with a shard: claimed in one statement.
-CLAIM_MEMORIES_SQL = (
-    "UPDATE memory_app_memoryembedding SET indexed = true WHERE id IN ("
-    " SELECT id FROM memory_app_memoryembedding WHERE NOT indexed"
-    " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
+# The claimed rows into the vector table (with their context: on Citus an INSERT ... SELECT
+# between co-located shards), then out of the waiting one. An item has its vector in one of
+# the two tables only; should a row for it be in the vector table all the same, that one stays.
+MOVE_CONTEXT_SQL = (
+    "INSERT INTO memory_app_embedding (message_id, context_id, model, dimensions, vector)"
+    " SELECT message_id, context_id, model, dimensions, vector FROM memory_app_embeddingwaiting"
+    " WHERE context_id = %s AND id = ANY(%s) ORDER BY id"
+    " ON CONFLICT (message_id, model, context_id) DO NOTHING"
 )
+DELETE_CONTEXT_SQL = (
+    "DELETE FROM memory_app_embeddingwaiting WHERE context_id = %s AND id = ANY(%s)"
+)
+# Memory vectors go with the memories, not with a shard: claimed and moved in one statement.
+MOVE_MEMORIES_SQL = """
+    WITH moved AS (
+        DELETE FROM memory_app_memoryembeddingwaiting WHERE id IN (
+            SELECT id FROM memory_app_memoryembeddingwaiting
+            ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED
+        ) RETURNING id, memory_record_id, model, dimensions, vector
+    )
+    INSERT INTO memory_app_memoryembedding (memory_record_id, model, dimensions, vector)
+    SELECT memory_record_id, model, dimensions, vector FROM moved ORDER BY id
+    ON CONFLICT (memory_record_id, model) DO NOTHING
+"""
 
 
 def index_batch(*, batch_size: int | None = None) -> int:
     """Insert up to `batch_size` waiting vectors into their HNSW graph, oldest first, in one
-    committed transaction; returns how many. Setting `indexed` makes PostgreSQL write a new row
-    version, which the partial index now takes: that is the graph insertion the batch's COPY
-    skipped.
+    committed transaction; returns how many. Each is moved from its side table into the
+    vector table (`memory_app_embeddingwaiting` into `memory_app_embedding`, the memories'
+    likewise): the insertion there is the graph insertion the batch's COPY skipped, and the
+    vector table's row is written once.
 
     Claimed in two steps, so indexers in several processes share the backlog and never take a
     row twice: the oldest waiting rows are read without a lock, then each context's share of
-    them is locked and set by one statement naming that context (FOR UPDATE SKIP LOCKED: rows
-    another indexer holds are passed over, and the lock re-reads each row, so one indexed
-    meanwhile is too). When every row read was taken, the next older ones are read, as the
-    single SKIP LOCKED scan did before."""
+    them is locked by one statement naming that context (FOR UPDATE SKIP LOCKED: rows another
+    indexer holds are passed over, and one moved meanwhile is gone) and moved. When every row
+    read was taken, the next older ones are read, as the single SKIP LOCKED scan did before."""
     size = batch_size or settings.AGENTMEMORY_INDEXER_BATCH
     done, after = 0, 0
     with transaction.atomic(), connection.cursor() as cursor:
@@ -295,15 +322,19 @@ def index_batch(*, batch_size: int | None = None) -> int:
             rows = cursor.fetchall()
             if not rows:
                 break
-            per_context: dict[int | None, list[int]] = {}
+            per_context: dict[int, list[int]] = {}
             for pk, context_id in rows:
                 per_context.setdefault(context_id, []).append(pk)
             for context_id, ids in per_context.items():
-                cursor.execute(CLAIM_CONTEXT_SQL, [context_id, context_id, ids])
-                done += cursor.rowcount
+                cursor.execute(CLAIM_CONTEXT_SQL, [context_id, ids])
+                claimed = [pk for (pk,) in cursor.fetchall()]
+                if claimed:
+                    cursor.execute(MOVE_CONTEXT_SQL, [context_id, claimed])
+                    cursor.execute(DELETE_CONTEXT_SQL, [context_id, claimed])
+                    done += len(claimed)
             after = rows[-1][0]
         if done < size:
-            cursor.execute(CLAIM_MEMORIES_SQL, [size - done])
+            cursor.execute(MOVE_MEMORIES_SQL, [size - done])
             done += cursor.rowcount
     return done
 

@@ -1,6 +1,6 @@
 """The queue of items waiting for vectors: pending rows (vector NULL) of `Embedding` (messages)
 and `MemoryEmbedding` (memory records) that the worker fills in, and the counts of what waits
-(for a provider, or for its HNSW graph)."""
+(for a provider, or, in `EmbeddingWaiting` and `MemoryEmbeddingWaiting`, for its HNSW graph)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from memory_app.embeddings.providers import active_model_name
 from memory_app.models import (
     Embedding,
     EmbeddingRetry,
+    EmbeddingWaiting,
     MemoryEmbedding,
     MemoryEmbeddingRetry,
+    MemoryEmbeddingWaiting,
     MemoryRecord,
     Message,
 )
@@ -44,12 +46,29 @@ def _stale(qs, retries) -> None:
 
 
 def requeue_message(message: Message) -> None:
-    """The text changed: every stored vector of this message is stale."""
-    _stale(Embedding.objects.filter(context_id=message.context_id, message=message), EmbeddingRetry)
+    """The text changed: every stored vector of this message is stale, those waiting for the
+    graph too (each becomes a pending row, as the others do)."""
+    of = {"context_id": message.context_id, "message": message}
+    waiting = EmbeddingWaiting.objects.filter(**of)
+    Embedding.objects.bulk_create(
+        [Embedding(**of, model=model) for model in waiting.values_list("model", flat=True)],
+        ignore_conflicts=True,
+    )
+    waiting.delete()
+    _stale(Embedding.objects.filter(**of), EmbeddingRetry)
     enqueue_messages([message])
 
 
 def requeue_memory_record(record: MemoryRecord) -> None:
+    waiting = MemoryEmbeddingWaiting.objects.filter(memory_record=record)
+    MemoryEmbedding.objects.bulk_create(
+        [
+            MemoryEmbedding(memory_record=record, model=model)
+            for model in waiting.values_list("model", flat=True)
+        ],
+        ignore_conflicts=True,
+    )
+    waiting.delete()
     _stale(MemoryEmbedding.objects.filter(memory_record=record), MemoryEmbeddingRetry)
     enqueue_memory_records([record])
 
@@ -58,13 +77,18 @@ def pending_count(*, model: str | None = None, context_id: int | None = None) ->
     return _count({"vector__isnull": True}, model=model, context_id=context_id)
 
 
-def _count(condition: dict, *, model: str | None, context_id: int | None) -> int:
+# The vectors of messages and of memories: those in their HNSW graphs and those waiting for them.
+_IN_GRAPH = ((Embedding, "context_id"), (MemoryEmbedding, "memory_record__context_id"))
+_WAITING = (
+    (EmbeddingWaiting, "context_id"),
+    (MemoryEmbeddingWaiting, "memory_record__context_id"),
+)
+
+
+def _count(condition: dict, *, model: str | None, context_id: int | None, tables=_IN_GRAPH) -> int:
     """Rows of both tables (one context's: its messages' and its memories' vectors)."""
     total = 0
-    for table, context_field in (
-        (Embedding, "context_id"),
-        (MemoryEmbedding, "memory_record__context_id"),
-    ):
+    for table, context_field in tables:
         qs = table.objects.filter(**condition)
         if model:
             qs = qs.filter(model=model)
@@ -76,40 +100,51 @@ def _count(condition: dict, *, model: str | None, context_id: int | None) -> int
 
 def unindexed_count(*, model: str | None = None, context_id: int | None = None) -> int:
     """Vectors stored but not yet in their model's HNSW graph (searches scan them exactly)."""
-    return _count({"indexed": False}, model=model, context_id=context_id)
+    return _count({}, model=model, context_id=context_id, tables=_WAITING)
 
 
 def reembed_enqueue(*, model: str, context_id: int | None = None) -> int:
     """Queue every live item (or one context's) for `model`, keeping the other models' rows: they
     keep serving searches until the new model's rows are complete. Returns rows queued."""
+    # Items whose vector under `model` waits for its graph keep it: read first (the backlog, a
+    # plain read Citus fans out), then left out of the insert, which joins no other table.
+    waiting = EmbeddingWaiting.objects.filter(model=model)
+    if context_id:
+        waiting = waiting.filter(context_id=context_id)
+    skip = list(waiting.values_list("message_id", flat=True))
     with connection.cursor() as cursor:
         context_filter = "AND m.context_id = %s" if context_id else ""
-        params = [model] + ([context_id] if context_id else [])
         cursor.execute(
             f"""
             INSERT INTO memory_app_embedding (message_id, context_id, model)
             SELECT m.id, m.context_id, %s FROM memory_app_message m
-            WHERE m.text <> '' {context_filter}
+            WHERE m.text <> '' {context_filter} AND NOT (m.id = ANY(%s))
             ON CONFLICT DO NOTHING
             """,  # noqa: S608 - the only interpolation is a constant filter
-            params,
+            [model, *([context_id] if context_id else []), skip],
         )
         queued = cursor.rowcount
+        params = [model] + ([context_id] if context_id else [])
         context_filter = "AND r.context_id = %s" if context_id else ""
         cursor.execute(
             f"""
             INSERT INTO memory_app_memoryembedding (memory_record_id, model)
             SELECT r.id, %s FROM memory_app_memoryrecord r
-            WHERE r.content <> '' {context_filter}
+            WHERE r.content <> '' {context_filter} AND NOT EXISTS (
+                SELECT 1 FROM memory_app_memoryembeddingwaiting w
+                WHERE w.memory_record_id = r.id AND w.model = %s)
             ON CONFLICT DO NOTHING
             """,  # noqa: S608
-            params,
+            [*params, model],
         )
         queued += cursor.rowcount
     return queued
 
 
 def model_coverage(*, model: str, context_id: int | None = None) -> tuple[int, int]:
-    """(embedded, total) rows of `model`, store-wide or for one context."""
-    total = _count({}, model=model, context_id=context_id)
+    """(embedded, total) rows of `model`, store-wide or for one context (a vector waiting for
+    its graph is embedded)."""
+    total = _count({}, model=model, context_id=context_id) + unindexed_count(
+        model=model, context_id=context_id
+    )
     return total - _count({"vector__isnull": True}, model=model, context_id=context_id), total

@@ -14,8 +14,10 @@ from memory_app.models.embeddings import (
     Embedding,
     EmbeddingModel,
     EmbeddingRetry,
+    EmbeddingWaiting,
     MemoryEmbedding,
     MemoryEmbeddingRetry,
+    MemoryEmbeddingWaiting,
 )
 from memory_app.models.memories import MemoryRecord, MemoryVersion, StoreNamespace
 from memory_app.models.messages import Message, MessageSearch
@@ -61,9 +63,11 @@ __all__ = [
     "Embedding",
     "EmbeddingModel",
     "EmbeddingRetry",
+    "EmbeddingWaiting",
     "Label",
     "MemoryEmbedding",
     "MemoryEmbeddingRetry",
+    "MemoryEmbeddingWaiting",
     "MemoryKind",
     "MemoryOrigin",
     "MemoryRecord",

@@ -49,10 +49,10 @@ class Embedding(ContextRow):
     a provider failure is kept beside it in `EmbeddingRetry` until it succeeds.
     The HNSW index for a model is a partial expression index created when the model is first
     used (`memory_app.embeddings.indexer.ensure_model_index`), because vector dimensions differ
-    by model. Only rows with `indexed` true are in that index: a large batch of client vectors is
-    written with `indexed` false (COPY speed, no graph insertion) and the indexer
-    (`memory_app.embeddings.indexer.index_pending`) adds them later; searches scan those rows
-    exactly meanwhile, so none is ever unsearchable.
+    by model. Every row here is in that index: a large batch of client vectors waits for it in
+    `EmbeddingWaiting` (COPY speed, no graph insertion) until the indexer
+    (`memory_app.embeddings.indexer.index_pending`) moves it here; searches scan the waiting
+    rows exactly meanwhile, so none is ever unsearchable, and each row here is written once.
 
     In the database the primary key is `(id, context_id)` and the message's foreign key
     `(message_id, context_id)` (migration 0031); Django follows `id` and `message_id`.
@@ -72,9 +72,10 @@ class Embedding(ContextRow):
     model = models.CharField(max_length=200)
     dimensions = models.IntegerField(null=True, blank=True)
     vector = VectorField(null=True, blank=True)
-    # False while the row waits for the indexer (deferred batch insertion into the HNSW graph).
-    # The database default covers the raw INSERTs (reembed_enqueue) as well.
-    indexed = models.BooleanField(default=True, db_default=True)
+    # True for every row (those waiting for the graph are in `EmbeddingWaiting`): each model's
+    # HNSW index names it in its predicate (migration 0011), so it stays rather than rebuild
+    # them all (migration 0036). The database default fills it in on every insert.
+    indexed = models.BooleanField(default=True, db_default=True, editable=False)
 
     class Meta:
         constraints = [
@@ -89,10 +90,6 @@ class Embedding(ContextRow):
                 name="embedding_pending_idx",
             ),
             models.Index(fields=["context", "model"], name="embedding_context_model_idx"),
-            # The indexer's backlog and the searches' exact scan of it: empty in the steady state.
-            models.Index(
-                fields=["model", "context"], condition=Q(indexed=False), name="embedding_unindexed"
-            ),
         ]
 
     def __str__(self) -> str:
@@ -103,7 +100,8 @@ class Embedding(ContextRow):
 class MemoryEmbedding(models.Model):
     """A memory record's vector under one model: the rows that go with the memories (a
     key-subset memory belongs to no context), apart from the messages' vectors. The same
-    columns, pending state, deferred indexing and per-model partial HNSW index as `Embedding`."""
+    columns, pending state, per-model partial HNSW index and waiting side table
+    (`MemoryEmbeddingWaiting`) as `Embedding`."""
 
     memory_record = models.ForeignKey(
         MemoryRecord, on_delete=models.CASCADE, related_name="embeddings", db_index=False
@@ -111,7 +109,8 @@ class MemoryEmbedding(models.Model):
     model = models.CharField(max_length=200)
     dimensions = models.IntegerField(null=True, blank=True)
     vector = VectorField(null=True, blank=True)
-    indexed = models.BooleanField(default=True, db_default=True)
+    # True for every row, as `Embedding.indexed`.
+    indexed = models.BooleanField(default=True, db_default=True, editable=False)
 
     class Meta:
         constraints = [
@@ -125,14 +124,67 @@ class MemoryEmbedding(models.Model):
                 condition=Q(vector__isnull=True),
                 name="memoryembedding_pending_idx",
             ),
-            models.Index(
-                fields=["model"], condition=Q(indexed=False), name="memoryembedding_unindexed"
-            ),
         ]
 
     def __str__(self) -> str:
         pending = "" if self.vector is not None else " (pending)"
         return f"memory {self.memory_record_id} under {self.model}{pending}"
+
+
+class EmbeddingWaiting(ContextRow):
+    """A message's vector from a large batch, waiting for its model's HNSW graph: the indexer
+    (`memory_app.embeddings.indexer.index_batch`) moves it into `Embedding` (insert there, delete
+    here, one transaction), so the vector table's rows are written once, whole, and this
+    table's space is reused batch after batch. Searches scan these rows exactly beside the
+    walk. An item's vector under a model is in one of the two tables, never both.
+
+    Rows of one context, like `Embedding`: in the database the primary key is `(id,
+    context_id)` and the message's foreign key `(message_id, context_id)`, cascading (migration
+    0036); Django follows `id` and `message_id`."""
+
+    message = models.ForeignKey(
+        Message, on_delete=models.CASCADE, related_name="+", db_index=False, db_constraint=False
+    )
+    context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="+", db_index=False)
+    model = models.CharField(max_length=200)
+    dimensions = models.IntegerField()
+    vector = VectorField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["message", "model", "context"], name="embeddingwaiting_message_model_unique"
+            ),
+        ]
+        indexes = [
+            # The searches' exact scan of a context's waiting rows.
+            models.Index(fields=["context", "model"], name="embeddingwaiting_context_model"),
+        ]
+
+    def __str__(self) -> str:
+        return f"message {self.message_id} under {self.model} (waiting for its index)"
+
+
+class MemoryEmbeddingWaiting(models.Model):
+    """A memory record's vector waiting for its model's HNSW graph, as `EmbeddingWaiting` is a
+    message's: moved into `MemoryEmbedding` by the indexer."""
+
+    memory_record = models.ForeignKey(
+        MemoryRecord, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    model = models.CharField(max_length=200)
+    dimensions = models.IntegerField()
+    vector = VectorField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["memory_record", "model"], name="memoryembeddingwaiting_memory_model"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"memory {self.memory_record_id} under {self.model} (waiting for its index)"
 
 
 class EmbeddingRetry(ContextRow):

@@ -31,9 +31,16 @@ _LIVE_OF_SCOPE = """
     AND (r.expires_at IS NULL OR r.pinned OR r.expires_at > statement_timestamp())
 """
 
+# The memories' vectors, those waiting for their HNSW graph too (an exact scan reads both).
+_MEMORY_VECTORS = """(
+    SELECT memory_record_id, model, dimensions, vector FROM memory_app_memoryembedding
+    UNION ALL
+    SELECT memory_record_id, model, dimensions, vector FROM memory_app_memoryembeddingwaiting
+)"""
+
 _BY_VECTOR = f"""
     SELECT r.id, max(1 - (e.vector <=> %s::vector)) AS similarity
-    FROM memory_app_memoryembedding e
+    FROM {_MEMORY_VECTORS} e
     JOIN memory_app_memoryrecord r ON r.id = e.memory_record_id
     WHERE e.model = %s AND e.dimensions = %s AND e.vector IS NOT NULL AND {_LIVE_OF_SCOPE}
     GROUP BY r.id ORDER BY similarity DESC, r.id LIMIT %s
@@ -42,8 +49,8 @@ _BY_VECTOR = f"""
 # The proposal's own stored vectors, under whichever models it has.
 _BY_STORED_VECTOR = f"""
     SELECT r.id, max(1 - (e.vector <=> p.vector)) AS similarity
-    FROM memory_app_memoryembedding p
-    JOIN memory_app_memoryembedding e ON e.model = p.model AND e.dimensions = p.dimensions
+    FROM {_MEMORY_VECTORS} p
+    JOIN {_MEMORY_VECTORS} e ON e.model = p.model AND e.dimensions = p.dimensions
     JOIN memory_app_memoryrecord r ON r.id = e.memory_record_id
     WHERE p.memory_record_id = %s AND p.vector IS NOT NULL AND e.vector IS NOT NULL
       AND {_LIVE_OF_SCOPE}

@@ -19,7 +19,13 @@ from django.db.models.expressions import RawSQL
 
 from memory_app.errors import Invalid
 from memory_app.memories import Scope, unexpired
-from memory_app.models import MemoryEmbedding, MemoryRecord, MemoryStatus, StoreNamespace
+from memory_app.models import (
+    MemoryEmbedding,
+    MemoryEmbeddingWaiting,
+    MemoryRecord,
+    MemoryStatus,
+    StoreNamespace,
+)
 from memory_app.namespace_items import (
     MAX_NAMESPACES_LIMIT,
     MAX_SEARCH_LIMIT,
@@ -104,7 +110,8 @@ def items_search(
         embedded = MemoryEmbedding.objects.filter(
             memory_record=OuterRef("pk"), model=model, vector__isnull=False
         )
-        scoreless = _in_order(qs.filter(~Exists(embedded)))[: limit - len(found)]
+        waiting = MemoryEmbeddingWaiting.objects.filter(memory_record=OuterRef("pk"), model=model)
+        scoreless = _in_order(qs.filter(~Exists(embedded), ~Exists(waiting)))[: limit - len(found)]
         found += [Found(r) for r in scoreless]
     return found
 

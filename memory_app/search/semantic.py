@@ -56,13 +56,15 @@ def semantic_ranking(
     threshold = settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD
     if context_size is None:
         with connection.cursor() as cursor:
-            # Counted up to the threshold only: the decision needs no more.
+            # Counted up to the threshold only: the decision needs no more. The vectors that
+            # wait for the graph count as well (a context of one deferred batch is not empty).
             cursor.execute(
-                "SELECT count(*) FROM (SELECT 1 FROM memory_app_embedding WHERE context_id = "
-                "%s AND model = %s LIMIT %s) s",
-                [context_id, model, max(threshold, limit)],
+                "SELECT count(*) FROM (SELECT 1 FROM memory_app_embedding WHERE context_id = %s"
+                " AND model = %s LIMIT %s) s UNION ALL SELECT count(*) FROM (SELECT 1 FROM"
+                " memory_app_embeddingwaiting WHERE context_id = %s AND model = %s LIMIT %s) w",
+                [context_id, model, max(threshold, limit)] * 2,
             )
-            context_size = cursor.fetchone()[0]
+            context_size = sum(count for (count,) in cursor.fetchall())
         if context_size == 0:
             return [], "exact"
     approximate = context_size >= threshold and len(vector) <= indexer.HNSW_MAX_DIMENSIONS
@@ -153,22 +155,62 @@ def nearest_vectors(
         if walked == limit:
             return hits[:limit], "hnsw" if len(found) == walked else "hnsw+pending"
     # The walk built its own parts; the exact scan builds them only when it runs.
-    query_cte, distance, rows = _query_parts(int(len(vector)), table, join_sql, where_sql)
-    # OFFSET 0 keeps the subquery apart, so the ORDER BY cannot be answered by the HNSW index.
-    sql = f"""
-        WITH {query_cte}
-        SELECT item_id, distance FROM (
-            SELECT e.{item_column} AS item_id, {distance} AS distance {rows} OFFSET 0
-        ) s ORDER BY distance, item_id LIMIT %s
-    """  # noqa: S608
-    with db.binding_cursor() as cursor:
-        cursor.execute(sql, [query_vector_param(vector), model, *params, limit])
-        hits = [(row[0], float(row[1])) for row in cursor.fetchall()]
+    hits = _exact_nearest(
+        model=model,
+        vector=vector,
+        limit=limit,
+        item_column=item_column,
+        join_sql=join_sql,
+        where_sql=where_sql,
+        params=params,
+        table=table,
+    )
     return hits, "hnsw+exact" if approximate else "exact"
 
 
+def _exact_nearest(
+    *,
+    model: str,
+    vector: Sequence[float],
+    limit: int,
+    item_column: str,
+    join_sql: str,
+    where_sql: str,
+    params: Sequence[Any],
+    table: str,
+) -> list[tuple[int, float]]:
+    """The exact scan of `nearest_vectors`: the `limit` nearest of the vectors in the graph and
+    of those waiting for it, merged by distance (each side a statement of its own table, as the
+    walk's: on Citus each names its context's shard)."""
+    # OFFSET 0 keeps each subquery apart, so no ORDER BY is answered by the HNSW index.
+    dims = int(len(vector))
+    query_cte, distance, rows = _query_parts(dims, table, join_sql, where_sql)
+    _, _, waiting_rows = _query_parts(dims, indexer.WAITING_TABLES[table], join_sql, where_sql)
+
+    def nearest(of: str) -> str:
+        return f"""
+            SELECT item_id, distance FROM (
+                SELECT e.{item_column} AS item_id, {distance} AS distance {of} OFFSET 0
+            ) s ORDER BY distance, item_id LIMIT %s
+        """  # noqa: S608
+
+    sql = f"""
+        WITH {query_cte}, stored AS MATERIALIZED ({nearest(rows)}),
+        waiting AS MATERIALIZED ({nearest(waiting_rows)})
+        SELECT item_id, distance FROM (
+            SELECT * FROM stored UNION ALL SELECT * FROM waiting
+        ) s ORDER BY distance, item_id LIMIT %s
+    """  # noqa: S608
+    args = [query_vector_param(vector), model, *params, limit, model, *params, limit, limit]
+    with db.binding_cursor() as cursor:
+        cursor.execute(sql, args)
+        hits = [(row[0], float(row[1])) for row in cursor.fetchall()]
+    return hits
+
+
 def _query_parts(dims: int, table: str, join_sql: str, where_sql: str) -> tuple[str, str, str]:
-    """The query vector's CTE, the full-precision distance and the rows' FROM/WHERE."""
+    """The query vector's CTE, the full-precision distance and the rows' FROM/WHERE (`table`:
+    a table of vectors, or its side table of those waiting for the graph)."""
     # The query vector is sent once (binary doubles) and referenced from each part; an
     # uncorrelated subquery is a parameter the index scan takes.
     query_cte = f"q AS MATERIALIZED (SELECT %b::float8[]::vector({dims}) AS v)"
@@ -196,20 +238,21 @@ def walk_statements(
     item id, distance, whether it waited for the indexer). The benchmark runs the same."""
     dims = int(len(vector))
     query_cte, distance, rows = _query_parts(dims, table, join_sql, where_sql)
+    _, _, waiting_rows = _query_parts(dims, indexer.WAITING_TABLES[table], join_sql, where_sql)
     # The walk orders by the index's expression (half precision); the rows it keeps are then
     # ranked by their full-precision distance.
     walk_distance = f"e.vector::halfvec({dims}) <=> (SELECT v::halfvec({dims}) FROM q)"  # noqa: S608
     # Relaxed order lets the walk return rows slightly out of distance order (better recall
     # per visited node); the materialized CTE sorts the `limit` rows it kept. The walk
-    # covers the rows in the graph (`e.indexed`, the index's predicate); rows of a deferred
-    # batch still waiting for the indexer are scanned exactly (through their small partial
-    # index) and merged by distance, so they are found at once.
+    # covers the vector table's rows (`e.indexed`, true for each, is in the index's
+    # predicate); rows of a deferred batch still waiting for the indexer, in the side table,
+    # are scanned exactly and merged by distance, so they are found at once.
     sql = f"""
         WITH {query_cte}, nearest AS MATERIALIZED (
             SELECT e.{item_column} AS item_id, {distance} AS distance {rows} AND e.indexed
             ORDER BY {walk_distance} LIMIT %s
         ), waiting AS MATERIALIZED (
-            SELECT e.{item_column} AS item_id, {distance} AS distance {rows} AND NOT e.indexed
+            SELECT e.{item_column} AS item_id, {distance} AS distance {waiting_rows}
             ORDER BY distance, item_id LIMIT %s
         )
         SELECT item_id, distance, false FROM nearest

@@ -36,9 +36,11 @@ from memory_app.models import (
     Context,
     Embedding,
     EmbeddingRetry,
+    EmbeddingWaiting,
     Label,
     MemoryEmbedding,
     MemoryEmbeddingRetry,
+    MemoryEmbeddingWaiting,
     MemoryRecord,
     MemoryVersion,
     Message,
@@ -148,7 +150,10 @@ def erase_preview(*, keys: dict[str, Any]) -> dict[str, int]:
         "memories": memories.count(),
         "memory_versions": MemoryVersion.objects.filter(memory__in=memories.values("pk")).count(),
         **{kind: model.objects.filter(in_ctx).count() for kind, model in CONTEXT_ROWS.items()},
-        "vectors": vectors.count() + memory_vectors.count(),
+        "vectors": vectors.count()
+        + memory_vectors.count()
+        + EmbeddingWaiting.objects.filter(in_ctx).count()
+        + MemoryEmbeddingWaiting.objects.filter(memory_record__in=memories.values("pk")).count(),
         "embedding_retries": EmbeddingRetry.objects.filter(
             embedding__in=vectors.values("pk")
         ).count()
@@ -184,7 +189,8 @@ def _erase_memory_vectors(memory_ids: list[int]) -> Counter:
         embedding_retries=MemoryEmbeddingRetry.objects.filter(
             embedding__in=vectors.values("pk")
         ).count(),
-        vectors=_deleted(vectors),
+        vectors=_deleted(vectors)
+        + _deleted(MemoryEmbeddingWaiting.objects.filter(memory_record_id__in=memory_ids)),
     )
 
 
@@ -207,7 +213,7 @@ def _erase_context(context_id: int, keys: dict[str, Any]) -> Counter:
             context_id=context_id, embedding__in=vectors.values("pk")
         ).count()
         got["full_text_rows"] += MessageSearch.objects.filter(**of).count()
-        got["vectors"] += _deleted(vectors)
+        got["vectors"] += _deleted(vectors) + _deleted(EmbeddingWaiting.objects.filter(**of))
         got["audit_events_redacted"] += _redact(
             Q(**of)
             | Q(target_type="context", target_ids__contains=[context_id])

@@ -610,6 +610,8 @@ def _gap(row) -> str:
     from memory_app.bench.measure import headline
 
     value, limit = headline(row.ours), row.target.limit
+    if row.target.of_ratio:
+        value = row.ratio if row.ratio is not None else value
     if row.target.op == "<=":
         return f"{value / limit:.2f}× the limit"
     return f"{value / limit:.0%} of the target"

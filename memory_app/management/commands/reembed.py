@@ -16,7 +16,13 @@ from django.core.management.base import BaseCommand, CommandError
 from memory_app.backlog import run_worker
 from memory_app.embeddings import providers, queue
 from memory_app.management.commands.embed_worker import provider_from_options
-from memory_app.models import Context, Embedding, MemoryEmbedding
+from memory_app.models import (
+    Context,
+    Embedding,
+    EmbeddingWaiting,
+    MemoryEmbedding,
+    MemoryEmbeddingWaiting,
+)
 
 
 class Command(BaseCommand):
@@ -47,7 +53,9 @@ class Command(BaseCommand):
             deleted = 0
             for table, context_field in (
                 (Embedding, "context_id"),
+                (EmbeddingWaiting, "context_id"),
                 (MemoryEmbedding, "memory_record__context_id"),
+                (MemoryEmbeddingWaiting, "memory_record__context_id"),
             ):
                 qs = table.objects.filter(model=opts["drop_old"])
                 if opts["context"]:
