@@ -155,7 +155,7 @@ def test_the_rebuild_keeps_every_row_and_fits_five_rows_a_page():
     # The memory record's key went with the memory vectors (0031).
     assert (before["foreign_keys"], after["foreign_keys"]) == (3, 2)
     # Same names, HNSW included, but the waiting rows' partial index: they wait in a side table
-    # since 0036.
+    # since 0037.
     assert set(after["indexes"]) == set(before["indexes"]) - {
         "embedding_memory_model_unique",
         "embedding_unindexed",

@@ -74,7 +74,7 @@ class Embedding(ContextRow):
     vector = VectorField(null=True, blank=True)
     # True for every row (those waiting for the graph are in `EmbeddingWaiting`): each model's
     # HNSW index names it in its predicate (migration 0011), so it stays rather than rebuild
-    # them all (migration 0036). The database default fills it in on every insert.
+    # them all (migration 0037). The database default fills it in on every insert.
     indexed = models.BooleanField(default=True, db_default=True, editable=False)
 
     class Meta:
@@ -140,7 +140,7 @@ class EmbeddingWaiting(ContextRow):
 
     Rows of one context, like `Embedding`: in the database the primary key is `(id,
     context_id)` and the message's foreign key `(message_id, context_id)`, cascading (migration
-    0036); Django follows `id` and `message_id`."""
+    0037); Django follows `id` and `message_id`."""
 
     message = models.ForeignKey(
         Message, on_delete=models.CASCADE, related_name="+", db_index=False, db_constraint=False

@@ -161,7 +161,7 @@ STATE = [
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("memory_app", "0035_run_search_table"),
+        ("memory_app", "0036_run_search_gin_per_kind"),
     ]
 
     operations = [
