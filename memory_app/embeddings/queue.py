@@ -120,10 +120,13 @@ def reembed_enqueue(*, model: str, context_id: int | None = None) -> int:
             SELECT m.id, m.context_id, %s FROM memory_app_message m
             WHERE m.text <> '' {context_filter} AND NOT (m.id = ANY(%s))
             ON CONFLICT DO NOTHING
+            RETURNING 1
             """,  # noqa: S608 - the only interpolation is a constant filter
             [model, *([context_id] if context_id else []), skip],
         )
-        queued = cursor.rowcount
+        # Counted from what the insert returns: Citus reports an INSERT … SELECT's row count
+        # as the rows selected, those ON CONFLICT passed over included.
+        queued = sum(1 for _ in cursor)
         params = [model] + ([context_id] if context_id else [])
         context_filter = "AND r.context_id = %s" if context_id else ""
         cursor.execute(
