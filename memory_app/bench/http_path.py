@@ -58,7 +58,9 @@ def run(b: Bench) -> None:
         _served(
             ["agentmemory_site.asgi:application", "memory_app.bench.minimal_http:app"], env
         ) as (ours_port, minimal_port),
-        psycopg.connect(**info, autocommit=True) as raw,
+        # Statements unprepared, as Django's connections send them: a prepared walk turns to
+        # its generic plan after a few runs, which sorts the whole context (≈ 190 ms at 50,000).
+        psycopg.connect(**info, autocommit=True, prepare_threshold=None) as raw,
     ):
         ours = _Http(ours_port, {"Authorization": f"Bearer {b.api_secret}"})
         minimal = _Http(minimal_port, {})
