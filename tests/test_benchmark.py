@@ -242,17 +242,17 @@ def test_a_dataset_built_before_the_spread_existed_is_not_reused_as_todays():
 
 
 def test_the_storage_row_counts_every_table_a_message_occupies():
-    """The message's own row, its full-text vector (MessageSearch), its embeddings and their
-    retries."""
+    """The message's own row, its full-text vector (MessageSearch), its embeddings, those still
+    waiting for their HNSW graph and their retries."""
     from django.apps import apps
 
     from memory_app.bench.storage import STORED_TABLES
-    from memory_app.models import Embedding, EmbeddingRetry, Message
+    from memory_app.models import Embedding, EmbeddingRetry, EmbeddingWaiting, Message
 
     holding = {
         m._meta.db_table
         for m in apps.get_app_config("memory_app").get_models()
-        if m in (Message, Embedding, EmbeddingRetry)
+        if m in (Message, Embedding, EmbeddingWaiting, EmbeddingRetry)
         or m._meta.db_table.startswith("memory_app_message")
     }
     assert holding == set(STORED_TABLES)
