@@ -14,13 +14,13 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import numpy as np
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from memory_app.bench import sections
 from memory_app.bench.citus import Pair, Side
 from memory_app.bench.dataset import Dataset, Generator
 from memory_app.bench.harness import API, MAX_TOKENS, SEARCH_K, WINDOW_K, BenchError
@@ -305,12 +305,7 @@ def section(
     s = data.sizes
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = [
-        SECTION,
-        "",
-        f"Written by `{command}` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
-        + (" (quick mode: checks the area runs; the figures mean nothing)" if quick else "")
-        + "; the rest of this file comes from the full run and is left as it is.",
-        "",
+        *sections.opening(SECTION, command, quick=quick),
         f"- Servers: single node {store['server']}; coordinator {store['cluster_server']}, "
         f"{store['citus']} (the workers run the same build).",
         f"- Cluster: {cluster}, {store['shards']} shards per distributed table "

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from urllib.parse import urlencode
 
 import psycopg
@@ -23,7 +22,7 @@ from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
-from memory_app.bench import database
+from memory_app.bench import database, sections
 from memory_app.bench.fleet_data import FleetSizes, build, finished
 from memory_app.bench.harness import API
 from memory_app.bench.measure import Latency, Row, Target, time_calls
@@ -189,12 +188,7 @@ def section(
 ) -> list[str]:
     s = sizes
     lines = [
-        SECTION,
-        "",
-        f"Written by `{command}` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
-        + (" (quick mode: checks the area runs; the figures mean nothing)" if quick else "")
-        + "; the rest of this file comes from the full run and is left as it is.",
-        "",
+        *sections.opening(SECTION, command, quick=quick),
         f"- Dataset (own database `{db_name}`, built by SQL: `memory_app/bench/fleet_data.py`): "
         f"{s['run']:,} runs with {s['step']:,} steps and {s['toolcall']:,} tool calls, "
         f"{s['message']:,} messages, over {s['context']:,} contexts; statuses, errors, models, "

@@ -4,10 +4,23 @@ rest of the file anew."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 # Before this heading when the file has no such section yet.
 ANCHOR = "\n## Where the time goes"
+
+
+def opening(title: str, command: str, *, quick: bool) -> list[str]:
+    """A section's title and the line saying which command wrote it and when."""
+    return [
+        title,
+        "",
+        f"Written by `{command}` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+        + (" (quick mode: checks the area runs; the figures mean nothing)" if quick else "")
+        + "; the rest of this file comes from the full run and is left as it is.",
+        "",
+    ]
 
 
 def write_section(path: Path, title: str, lines: list[str]) -> None:
