@@ -208,7 +208,7 @@ def test_memories_recorded_with_a_deferred_batch_are_recalled_at_once(defer, sys
 
 
 def _written(table: str) -> tuple[int, int, int]:
-    """(inserted, updated, deleted) row versions of `table` in this test's transaction."""
+    """(inserted, updated, deleted) row versions of `table` this backend wrote, not yet flushed."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_stat_get_xact_tuples_inserted(%s::regclass),"
@@ -219,12 +219,19 @@ def _written(table: str) -> tuple[int, int, int]:
         return cursor.fetchone()
 
 
+def _delta(table: str, before: dict) -> tuple[int, ...]:
+    return tuple(now - then for now, then in zip(_written(table), before[table], strict=True))
+
+
 @pytest.mark.django_db
 def test_a_deferred_batch_writes_each_vector_row_once(defer, system_actor):
     from memory_app.memories import Scope
 
     context, _ = context_get_or_create(keys={"test": "defer-once"})
-    before = {table: _written(table) for table in indexer.VECTOR_TABLES}
+    # The counters hold what earlier transactions of this connection wrote until the backend
+    # flushes its statistics, so each table is read before and after.
+    tables = [*indexer.VECTOR_TABLES, *(indexer.WAITING_TABLES[t] for t in indexer.VECTOR_TABLES)]
+    before = {table: _written(table) for table in tables}
     ids = append(context, 0, 40)
     memories_record(
         scope=Scope(context=context),
@@ -241,13 +248,10 @@ def test_a_deferred_batch_writes_each_vector_row_once(defer, system_actor):
     for table, count in ((indexer.MESSAGE_VECTORS, 40), (indexer.MEMORY_VECTORS, 9)):
         if sharded and table == indexer.MESSAGE_VECTORS:
             continue
-        inserted, updated, deleted = (
-            now - then for now, then in zip(_written(table), before[table], strict=True)
-        )
         # One row version each, written by the indexer into the graph: none updated or replaced.
-        assert (inserted, updated, deleted) == (count, 0, 0), table
-        waiting = indexer.WAITING_TABLES[table]
-        assert _written(waiting)[0] == _written(waiting)[2] > 0  # in, then out again
+        assert _delta(table, before) == (count, 0, 0), table
+        waiting_in, _, waiting_out = _delta(indexer.WAITING_TABLES[table], before)
+        assert waiting_in == waiting_out > 0  # in, then out again
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT message_id, xmin::text FROM memory_app_embedding WHERE message_id = ANY(%s)",
