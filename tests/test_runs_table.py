@@ -373,3 +373,67 @@ def test_a_time_with_an_offset_postgresql_cannot_hold_is_compared_in_utc(fleet, 
     assert out_of_range.status_code in (200, 422), out_of_range.content
     page = viewer.get(reverse("runs"), {"started_after": f"2000-05-09T16:14{offset}"})
     assert page.status_code == 200
+
+
+def _truth(filters: RunFilters) -> list[int]:
+    """The runs `filters` hold, newest first, worked out in Python from every row."""
+    from memory_app.models import Label, Score, Step
+
+    def run_scores(name, author=None):
+        scores = Score.objects.filter(name=name, step__isnull=True, message__isnull=True)
+        return scores.filter(author=author) if author else scores
+
+    keep = set(Run.objects.values_list("pk", flat=True))
+    if filters.score:
+        scored = run_scores(filters.score)
+        false = {s.run_id for s in scored if s.kind == "boolean" and not s.number}
+        keep &= false if filters.score_value == "false" else set()
+    if filters.label:
+        keep &= set(
+            Label.objects.filter(
+                name=filters.label, step__isnull=True, message__isnull=True
+            ).values_list("run_id", flat=True)
+        )
+    if filters.unscored_by:
+        author, name = filters.unscored_by
+        keep -= {s.run_id for s in run_scores(name, author)}
+    if filters.error:
+        text = filters.error.lower()
+        keep &= {
+            s.run_id
+            for s in Step.objects.filter(error_type__isnull=False)
+            if text in s.error_type.lower() or text in (s.error_message or "").lower()
+        }
+    runs = Run.objects.filter(pk__in=keep)
+    return [r.pk for r in sorted(runs, key=lambda r: (r.started_at or r.created_at, r.pk))][::-1]
+
+
+@pytest.mark.django_db
+def test_filters_on_other_rows_answer_the_same_runs_walked_or_read_first(monkeypatch):
+    """A page walks the next runs in its order and probes each, then reads the matching rows
+    first for the runs beyond the walk: whatever the walk's length, every page of every such
+    filter holds the runs the filter names, each once, in order."""
+    from memory_app.queries import runs_table as table
+
+    load_fleet(runs=240, steps_per_run=3, messages=0, contexts=6)
+    cases = [
+        RunFilters(score="correct", score_value="false"),
+        RunFilters(score="correct", score_value="maybe"),
+        RunFilters(error="TimeOut"),
+        RunFilters(error="no error says this"),
+        RunFilters(label="needs-review"),
+        RunFilters(unscored_by=("user:benchmark", "correct")),
+        RunFilters(error="timeout", unscored_by=("user:benchmark", "correct")),
+    ]
+    truths = [_truth(filters) for filters in cases]
+    assert all(truths[i] for i in (0, 2, 4, 5, 6)) and not truths[1] and not truths[3]
+    for walk, order in ((1, "started"), (7, "started"), (7, "oldest"), (10_000, "oldest")):
+        monkeypatch.setattr(table, "WALK", walk)
+        for filters, truth in zip(cases, truths, strict=True):
+            listed, cursor = [], None
+            for _ in range(100):
+                page = runs_table(filters=filters, order=order, cursor=cursor, limit=9)
+                listed += [r.pk for r in page.runs]
+                if not (cursor := page.next_cursor):
+                    break
+            assert listed == (truth if order == "started" else truth[::-1]), (walk, filters)

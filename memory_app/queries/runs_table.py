@@ -4,12 +4,17 @@ A page reads runs only (with their context's keys), never their steps: what it l
 by is kept on the run by the write path (`memory_app.services.runs`). Each order is an index on
 (value, id) (`RUN_STARTED`, `RUN_DURATION`, `RUN_COST` in `memory_app.models.runs`), and the
 cursor is the last row's (value, id), so page 2,000 costs what page 1 does and rows written
-meanwhile never shift a page. Only the error-text filter reads steps: the errors of the runs
-being considered, through the partial index of erroneous steps.
+meanwhile never shift a page.
 
-Scores and labels filter by their run's own rows (`memory_app.models.scores`), each an
-`EXISTS` on the run's context and id (`score_run_name_idx`, `label_name_run_idx`); the page's
-scores and labels are read for its runs alone (`memory_app.queries.scores`).
+Filters on other rows than the run's own (a score, a label, an error's text, "not yet scored by
+me") are answered in two ways, because no estimate tells a common value from a rare one (an
+error text's `ILIKE` is estimated at a few rows whatever it matches). A page first walks the next
+`WALK` runs in its order and probes each for those rows (one index lookup a run, the walk stopping
+at the page's last row); only when the walk finds too few does it read the matching rows first
+(`EXISTS` on the run's context and id: `score_run_name_idx`, `label_name_run_idx`,
+`step_run_errors_idx`) for the runs beyond it. A common value costs a short walk, a rare one a
+short read of its few rows. The page's scores and labels are read for its runs alone
+(`memory_app.queries.scores`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Substr
 
 from memory_app.models import (
@@ -43,6 +48,8 @@ from memory_app.queries.dashboard import (
 
 PAGE_SIZE = 50
 TASK_CHARS = 160
+# Runs a page probes in its order before it reads the rarer matches of other rows' filters first.
+WALK = 2000
 # Orders: (label, expression, newest/largest first).
 ORDERS: dict[str, tuple[str, Any, bool]] = {
     "started": ("newest first", RUN_STARTED, True),
@@ -140,6 +147,12 @@ class RunsTablePage:
 
 
 def _filtered(filters: RunFilters, contexts: QuerySet[Context] | None) -> QuerySet[Run]:
+    """Every run the filters hold."""
+    return _matched(_on_run(filters, contexts), _elsewhere(filters))
+
+
+def _on_run(filters: RunFilters, contexts: QuerySet[Context] | None) -> QuerySet[Run]:
+    """The filters on the run's own columns and its context."""
     qs = Run.objects.all()
     if contexts is not None:
         qs = qs.filter(context__in=contexts.values("pk"))
@@ -152,7 +165,7 @@ def _filtered(filters: RunFilters, contexts: QuerySet[Context] | None) -> QueryS
         qs = qs.filter(context__in=chosen.values("pk"))
     if filters.statuses:
         qs = qs.filter(status__in=filters.statuses)
-    if filters.has_error:
+    if filters.has_error or filters.error:
         qs = qs.filter(error_count__gt=0)
     if filters.model:
         qs = qs.filter(model_names__contains=[filters.model])
@@ -165,8 +178,15 @@ def _filtered(filters: RunFilters, contexts: QuerySet[Context] | None) -> QueryS
         qs = qs.filter(started__gte=filters.started_after)
     if filters.started_before is not None:
         qs = qs.filter(started__lt=filters.started_before)
+    return qs
+
+
+def _elsewhere(filters: RunFilters) -> list[tuple[QuerySet, bool]]:
+    """The filters on other rows: (those rows of the outer query's run, whether the run must have
+    one or must have none)."""
+    found: list[tuple[QuerySet, bool]] = []
     if filters.score:
-        qs = qs.filter(Exists(_run_scores(filters.score).filter(_score_value(filters))))
+        found.append((_run_scores(filters.score).filter(_score_value(filters)), True))
     if filters.label:
         labels = Label.objects.filter(
             context_id=OuterRef("context_id"),
@@ -175,16 +195,35 @@ def _filtered(filters: RunFilters, contexts: QuerySet[Context] | None) -> QueryS
             message__isnull=True,
             name=filters.label,
         )
-        qs = qs.filter(Exists(labels))
+        found.append((labels, True))
     if filters.unscored_by is not None:
         author, name = filters.unscored_by
-        qs = qs.exclude(Exists(_run_scores(name).filter(author=author)))
+        found.append((_run_scores(name).filter(author=author), False))
     if filters.error:
         text = filters.error
         errors = Step.objects.filter(
             context_id=OuterRef("context_id"), run_id=OuterRef("pk"), error_type__isnull=False
         ).filter(Q(error_type__icontains=text) | Q(error_message__icontains=text))
-        qs = qs.filter(error_count__gt=0).filter(Exists(errors))
+        found.append((errors, True))
+    return found
+
+
+def _matched(qs: QuerySet[Run], elsewhere: list[tuple[QuerySet, bool]]) -> QuerySet[Run]:
+    """`qs` with the other rows' filters as `EXISTS`, which the planner may turn into joins that
+    read the matching rows first."""
+    for rows, wanted in elsewhere:
+        qs = qs.filter(Exists(rows)) if wanted else qs.exclude(Exists(rows))
+    return qs
+
+
+def _probed(qs: QuerySet[Run], elsewhere: list[tuple[QuerySet, bool]]) -> QuerySet[Run]:
+    """`qs` with the other rows' filters as a count per run: a scalar subquery stays a lookup
+    run by run in the walk's order, where `EXISTS` may become a join over every matching row.
+    (An aggregate rather than `LIMIT 1`, which Citus cannot push down in a correlated
+    subquery.)"""
+    for n, (rows, wanted) in enumerate(elsewhere):
+        count = Subquery(rows.order_by().values("context_id").annotate(n=Count("pk")).values("n"))
+        qs = qs.alias(**{f"elsewhere_{n}": count}).filter(**{f"elsewhere_{n}__isnull": not wanted})
     return qs
 
 
@@ -241,7 +280,7 @@ def runs_table(
     if order not in ORDERS:
         raise BadQuery(f"sort must be one of {sorted(ORDERS)}")
     _, expression, desc = ORDERS[order]
-    qs = _filtered(filters, contexts).alias(sort_value=expression)
+    qs = _on_run(filters, contexts).alias(sort_value=expression)
     if cursor:
         value, pk = _decode_cursor(cursor, 2)
         try:
@@ -251,21 +290,29 @@ def runs_table(
             pk = int(pk)
         except (TypeError, ValueError) as exc:
             raise BadQuery("the page cursor is not valid; start again from the first page") from exc
-        # The bound on the value alone lets the index scan start at the cursor.
-        if desc:
-            qs = qs.filter(sort_value__lte=value).filter(
-                Q(sort_value__lt=value) | Q(sort_value=value, id__lt=pk)
-            )
-        else:
-            qs = qs.filter(sort_value__gte=value).filter(
-                Q(sort_value__gt=value) | Q(sort_value=value, id__gt=pk)
-            )
-    qs = qs.order_by(*(("-sort_value", "-id") if desc else ("sort_value", "id")))
-    rows = list(
-        qs.select_related("context")
-        .only(*ROW_FIELDS, *(("task",) if full_task else ()))
-        .annotate(task_head=Substr("task", 1, TASK_CHARS), sort_key=expression)[: limit + 1]
-    )
+        qs = _beyond(qs, value, pk, desc)
+    ordering = ("-sort_value", "-id") if desc else ("sort_value", "id")
+
+    def read(page_qs: QuerySet[Run], n: int) -> list[Run]:
+        return list(
+            page_qs.order_by(*ordering)
+            .select_related("context")
+            .only(*ROW_FIELDS, *(("task",) if full_task else ()))
+            .annotate(task_head=Substr("task", 1, TASK_CHARS), sort_key=expression)[:n]
+        )
+
+    elsewhere = _elsewhere(filters)
+    if not elsewhere:
+        rows = read(qs, limit + 1)
+    else:
+        # The walk's last run: the walk goes through it, the matching rows' read beyond it.
+        edge = qs.annotate(sort_key=expression).order_by(*ordering)
+        edge = edge.values_list("sort_key", "id")[WALK - 1 : WALK]
+        edge = next(iter(edge), None)
+        walked = _probed(qs, elsewhere)
+        rows = read(walked if edge is None else _through(walked, *edge, desc), limit + 1)
+        if edge is not None and len(rows) <= limit:
+            rows += read(_beyond(_matched(qs, elsewhere), *edge, desc), limit + 1 - len(rows))
     next_cursor = None
     if len(rows) > limit:
         rows = rows[:limit]
@@ -275,6 +322,29 @@ def runs_table(
             value.isoformat() if isinstance(value, datetime) else value, last.pk
         )
     return RunsTablePage(runs=rows, next_cursor=next_cursor)
+
+
+def _beyond(qs: QuerySet[Run], value: Any, pk: int, desc: bool) -> QuerySet[Run]:
+    """The runs after (value, id) in the order; the bound on the value alone lets the index
+    scan start there."""
+    if desc:
+        return qs.filter(sort_value__lte=value).filter(
+            Q(sort_value__lt=value) | Q(sort_value=value, id__lt=pk)
+        )
+    return qs.filter(sort_value__gte=value).filter(
+        Q(sort_value__gt=value) | Q(sort_value=value, id__gt=pk)
+    )
+
+
+def _through(qs: QuerySet[Run], value: Any, pk: int, desc: bool) -> QuerySet[Run]:
+    """The runs up to and including (value, id) in the order."""
+    if desc:
+        return qs.filter(sort_value__gte=value).filter(
+            Q(sort_value__gt=value) | Q(sort_value=value, id__gte=pk)
+        )
+    return qs.filter(sort_value__lte=value).filter(
+        Q(sort_value__lt=value) | Q(sort_value=value, id__lte=pk)
+    )
 
 
 def runs_needing_attention(*, limit: int = 10) -> dict[str, list[Run]]:
