@@ -248,7 +248,7 @@ def _insert_messages(
         )
         for offset, (m, count) in enumerate(zip(specs, counts, strict=True))
     ]
-    args: list[Any] = []
+    args: list[Any] = []  # in `_INSERT_COLUMNS`' order
     for r in rows:
         args += [
             r.context_id,
@@ -277,41 +277,6 @@ def _insert_messages(
             row._state.adding = False
             row._state.db = connection.alias
     return rows
-
-
-# `_insert_messages`' statement: every column but the id (the table's sequence draws it),
-# values typed where a literal alone is ambiguous. Tags as text[]: an explicit cast to the
-# column's varchar(200)[] would cut a longer tag, which the column's own assignment refuses.
-_INSERT_CASTS = {
-    "tags": "::text[]",
-    "content": "::json",
-    "metadata": "::json",
-    "key_order": "::jsonb",
-    "created_at": "::timestamptz",
-    "updated_at": "::timestamptz",
-}
-_INSERT_COLUMNS = (
-    "context_id",
-    "seq",
-    "client_id",
-    "role",
-    "name",
-    "text",
-    "content",
-    "tags",
-    "metadata",
-    "run_id",
-    "step_id",
-    "token_count",
-    "tokenizer",
-    "source_timestamp",
-    "created_at",
-    "updated_at",
-    "pruned_by",
-    "key_order",
-)
-_INSERT_SQL = f"INSERT INTO {Message._meta.db_table} ({', '.join(_INSERT_COLUMNS)}) VALUES"
-_INSERT_ROW = "(" + ", ".join(f"%s{_INSERT_CASTS.get(c, '')}" for c in _INSERT_COLUMNS) + ")"
 
 
 def _wake_indexer() -> None:
@@ -393,6 +358,22 @@ _COPY_COLUMNS = (
     "pruned_by",
     "key_order",
 )
+
+
+# `_insert_messages`' statement: every column but the id (the table's sequence draws it),
+# values typed where a literal alone is ambiguous. Tags as text[]: an explicit cast to the
+# column's varchar(200)[] would cut a longer tag, which the column's own assignment refuses.
+_INSERT_CASTS = {
+    "tags": "::text[]",
+    "content": "::json",
+    "metadata": "::json",
+    "key_order": "::jsonb",
+    "created_at": "::timestamptz",
+    "updated_at": "::timestamptz",
+}
+_INSERT_COLUMNS = tuple(c for c in _COPY_COLUMNS if c != "id")
+_INSERT_SQL = f"INSERT INTO {Message._meta.db_table} ({', '.join(_INSERT_COLUMNS)}) VALUES"
+_INSERT_ROW = "(" + ", ".join(f"%s{_INSERT_CASTS.get(c, '')}" for c in _INSERT_COLUMNS) + ")"
 
 
 # One COPY stream that counts, builds and sends rows chunk by chunk (the docstring says why);
