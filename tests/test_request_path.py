@@ -144,9 +144,12 @@ def test_a_small_append_stores_what_it_was_sent_through_its_own_insert():
         assert getattr(stored, name) == value, name
     assert list(stored.metadata) == ["zeta", "alpha", "big"]  # key order as written
     assert (stored.created_at, stored.updated_at) == (first.created_at, first.updated_at)
-    # A tag longer than its column is refused, as the column refuses it, and nothing is written.
+    # A tag longer than its column is refused, as the column refuses it; nothing is written.
     with pytest.raises(DataError), transaction.atomic():
         messages_append(context=context, items=[{"role": "user", "tags": ["t" * 201]}])
+    # A NaN (which no JSON text holds) fails the row as it did through the ORM, never null.
+    with pytest.raises(DataError), transaction.atomic():
+        messages_append(context=context, items=[{"role": "user", "metadata": {"x": float("nan")}}])
     assert Message.objects.filter(context=context).count() == 2
     context.refresh_from_db()
     assert (context.last_seq, context.message_count) == (2, 2)

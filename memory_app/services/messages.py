@@ -8,6 +8,7 @@ that differ when it is not."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -234,7 +235,8 @@ def _insert_messages(
 
     The statement is written here, not compiled by the ORM (`bulk_create` compiled it on every
     append, a quarter of a single append's time in Python): the columns `_copy_messages`
-    writes, JSON as its text (a `json` column keeps that text as written), ids read back."""
+    writes, JSON as the ORM wrote it (`json.dumps`, so a NaN still fails the row rather than
+    turning into null; a `json` column keeps the text as written), ids read back."""
     now = timezone.now()
     rows = [
         _new_message(
@@ -257,9 +259,9 @@ def _insert_messages(
             r.role,
             r.name,
             r.text,
-            None if r.content is None else json_text(r.content),
+            None if r.content is None else json.dumps(r.content),
             list(r.tags),
-            json_text(r.metadata),
+            json.dumps(r.metadata),
             r.run_id,
             r.step_id,
             r.token_count,
@@ -268,7 +270,7 @@ def _insert_messages(
             now,
             now,
             r.pruned_by,
-            None if r.key_order is None else json_text(r.key_order),
+            None if r.key_order is None else json.dumps(r.key_order),
         ]
     with connection.cursor() as cursor:
         cursor.execute(f"{_INSERT_SQL} {', '.join([_INSERT_ROW] * len(rows))} RETURNING id", args)
