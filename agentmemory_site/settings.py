@@ -164,6 +164,9 @@ if EMBEDDED_DATABASE:
     # Django's PostgreSQL backend that starts (or attaches to) the server on its first connection.
     DATABASES["default"]["ENGINE"] = "agentmemory_site.embedded_postgres"
     DATABASES["default"]["EMBEDDED_DATA_DIR"] = DATA_DIR
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Django's PostgreSQL backend with the site's pool check (agentmemory_site/db_pool.py).
+    DATABASES["default"]["ENGINE"] = "agentmemory_site.pooled_postgres"
 # How long a connection, or a request waiting for a pooled one, waits for the database before
 # the request answers 503 (README "Operations").
 DB_CONNECT_TIMEOUT = int(os.environ.get("AGENTMEMORY_DB_CONNECT_TIMEOUT", "5"))
@@ -173,8 +176,8 @@ DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = DB_CONNECT_T
 # reused, so a worker's threads share a psycopg pool instead (Django requires CONN_MAX_AGE 0).
 if env_bool("AGENTMEMORY_DB_POOL"):
     DATABASES["default"]["CONN_MAX_AGE"] = 0
-    # A request waits this long for a pooled connection; the embedded backend checks an idle
-    # one with a deadline (agentmemory_site/db_pool.py).
+    # A request waits this long for a pooled connection; the backend checks an idle one with a
+    # deadline, or not at all when it has just served a request (agentmemory_site/db_pool.py).
     DATABASES["default"]["OPTIONS"]["pool"] = {
         "min_size": 1,
         "max_size": int(os.environ.get("AGENTMEMORY_DB_POOL_SIZE", "10")),

@@ -17,6 +17,8 @@ import orjson
 import psycopg
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
 from django.db.models import DateTimeField, JSONField
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
 from memory_app.models import Context
@@ -163,13 +165,41 @@ def select_columns(model, alias: str) -> str:
 
 def from_row(model, values, using: str = "default"):
     """A model instance from the values `select_columns` read, converted as the ORM converts
-    them (JSON decoded, and so on), without compiling a query."""
-    fields = model._meta.concrete_fields
+    them (JSON decoded, and so on), without compiling a query.
+
+    Built as `Model.from_db` builds a row, but with its fields written straight into the
+    instance's `__dict__` (what `Model.__init__` leaves there for a row: nothing related is
+    cached yet) instead of a descriptor call per field, unless something listens to the
+    model's pre_init or post_init signals."""
+    attnames, converters = _row_shape(model)
     converted = [
-        f.from_db_value(v, None, connection) if v is not None and hasattr(f, "from_db_value") else v
-        for f, v in zip(fields, values, strict=True)
+        v if convert is None or v is None else convert(v, None, connection)
+        for convert, v in zip(converters, values, strict=True)
     ]
-    return model.from_db(using, [f.attname for f in fields], converted)
+    if pre_init.has_listeners(model) or post_init.has_listeners(model):
+        return model.from_db(using, attnames, converted)
+    obj = model.__new__(model)
+    state = obj._state = ModelState()
+    state.adding = False
+    state.db = using
+    obj.__dict__.update(zip(attnames, converted, strict=True))
+    return obj
+
+
+_row_shapes: dict[type, tuple[list[str], list]] = {}
+
+
+def _row_shape(model) -> tuple[list[str], list]:
+    """The model's concrete fields' attribute names and `from_db_value` converters (None where
+    a field has none), in `select_columns`' order."""
+    shape = _row_shapes.get(model)
+    if shape is None:
+        fields = model._meta.concrete_fields
+        shape = _row_shapes[model] = (
+            [f.attname for f in fields],
+            [getattr(f, "from_db_value", None) for f in fields],
+        )
+    return shape
 
 
 def binding_cursor():

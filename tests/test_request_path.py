@@ -3,17 +3,21 @@ round trips (a single append, a semantic search)."""
 
 from __future__ import annotations
 
+import select
 import threading
 
 import httpx
 import numpy as np
 import psycopg
 import pytest
-from django.db import connection
+from django.db import DataError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from agentmemory_site import db_pool
 from memory_app import auth
+from memory_app.models import Message
 from memory_app.search.semantic import semantic_ranking
+from memory_app.services.messages import messages_append
 from tests.api_helpers import make_key, new_context
 from tests.builders import make_context, register_models
 
@@ -117,6 +121,67 @@ def test_a_single_append_reads_key_and_context_in_one_statement():
     statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
     assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[0]
     assert not any(s.startswith('SELECT "memory_app_context"') for s in statements), statements
+
+
+@pytest.mark.django_db
+def test_a_small_append_stores_what_it_was_sent_through_its_own_insert():
+    context = make_context()
+    sent = {
+        "role": "assistant",
+        "name": "tool-user",
+        "text": "line\twith 'quotes' and \\ back",
+        "content": [{"type": "text", "text": "é", "z": 1, "a": [1.5, None]}],
+        "tags": ["x", "", 'q"uote'],
+        "metadata": {"zeta": 1, "alpha": {"b": 2, "a": 1}, "big": 2**70},
+        "source_timestamp": "2024-01-01 10:00:00",
+        "client_id": "c-1",
+    }
+    result = messages_append(context=context, items=[sent, {"role": "user", "text": "two"}])
+    first, second = result.messages
+    assert (first.seq, second.seq) == (1, 2) and first.pk and second.pk == first.pk + 1
+    stored = Message.objects.get(pk=first.pk)
+    for name, value in sent.items():
+        assert getattr(stored, name) == value, name
+    assert list(stored.metadata) == ["zeta", "alpha", "big"]  # key order as written
+    assert (stored.created_at, stored.updated_at) == (first.created_at, first.updated_at)
+    # A tag longer than its column is refused, as the column refuses it; nothing is written.
+    with pytest.raises(DataError), transaction.atomic():
+        messages_append(context=context, items=[{"role": "user", "tags": ["t" * 201]}])
+    # A NaN (which no JSON text holds) fails the row as it did through the ORM, never null.
+    with pytest.raises(DataError), transaction.atomic():
+        messages_append(context=context, items=[{"role": "user", "metadata": {"x": float("nan")}}])
+    assert Message.objects.filter(context=context).count() == 2
+    context.refresh_from_db()
+    assert (context.last_seq, context.message_count) == (2, 2)
+
+
+def test_a_pooled_connection_that_just_served_skips_the_check_unless_the_server_closed_it(
+    tmp_path,
+):
+    params = {k: v for k, v in connection.get_connection_params().items() if k != "context"}
+    with (
+        psycopg.connect(**params, autocommit=True) as conn,
+        psycopg.connect(**params, autocommit=True) as other,
+    ):
+        trace = tmp_path / "protocol.trace"
+        with trace.open("w") as out:
+            conn.pgconn.trace(out.fileno())
+            db_pool.mark_idle(conn)
+            db_pool.check_connection(conn)  # given back just now: nothing is sent
+            out.flush()
+            assert trace.read_text() == ""
+            # Given back longer ago: the empty query goes out and is answered.
+            conn._agentmemory_idle_since -= db_pool.RECENT_SECONDS + 1
+            db_pool.check_connection(conn)
+            conn.pgconn.untrace()
+        assert "Query" in trace.read_text()
+        # Closed by the server since it was given back: its socket turns readable, and the
+        # check sees the connection is gone.
+        db_pool.mark_idle(conn)
+        other.execute("SELECT pg_terminate_backend(%s)", [conn.info.backend_pid])
+        assert select.select([conn.pgconn.socket], [], [], 10)[0]
+        with pytest.raises(psycopg.OperationalError):
+            db_pool.check_connection(conn)
 
 
 @pytest.mark.django_db

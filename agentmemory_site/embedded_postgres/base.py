@@ -21,10 +21,10 @@ import threading
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from django.db.backends.postgresql import base, client
+from django.db.backends.postgresql import client
 
 from agentmemory_site import embedded_db
-from agentmemory_site.db_pool import check_connection
+from agentmemory_site.pooled_postgres import base
 
 # The socket directory of each data folder this process holds (started or attached): every
 # later connection, from any thread, goes straight to it.
@@ -97,15 +97,6 @@ class DatabaseWrapper(base.DatabaseWrapper):
         # Called before every new connection and when a pool is made: the one place to start.
         ensure_server(self.settings_dict)
         return super().get_connection_params()
-
-    @property
-    def pool(self):
-        pool = super().pool
-        if pool is not None and pool._check is not None:
-            # Django hands psycopg_pool its own check, which waits on a stalled server for as
-            # long as it stays stalled; this one gives up within a second.
-            pool._check = check_connection
-        return pool
 
     def get_new_connection(self, conn_params):
         try:

@@ -8,6 +8,7 @@ that differ when it is not."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -230,7 +231,13 @@ def _insert_messages(
     first_seq: int,
     tokenizer: str,
 ) -> list[Message]:
-    """A small batch's new messages, seqs from `first_seq` on, in one multi-row INSERT."""
+    """A small batch's new messages, seqs from `first_seq` on, in one multi-row INSERT.
+
+    The statement is written here, not compiled by the ORM (`bulk_create` compiled it on every
+    append, a quarter of a single append's time in Python): the columns `_copy_messages`
+    writes, JSON as the ORM wrote it (`json.dumps`, so a NaN still fails the row rather than
+    turning into null; a `json` column keeps the text as written), ids read back."""
+    now = timezone.now()
     rows = [
         _new_message(
             m,
@@ -238,10 +245,39 @@ def _insert_messages(
             seq=first_seq + offset,
             token_count=count,
             tokenizer=tokenizer,
+            created_at=now,
+            updated_at=now,
         )
         for offset, (m, count) in enumerate(zip(specs, counts, strict=True))
     ]
-    Message.objects.bulk_create(rows)
+    args: list[Any] = []  # in `_INSERT_COLUMNS`' order
+    for r in rows:
+        args += [
+            r.context_id,
+            r.seq,
+            r.client_id,
+            r.role,
+            r.name,
+            r.text,
+            None if r.content is None else json.dumps(r.content),
+            list(r.tags),
+            json.dumps(r.metadata),
+            r.run_id,
+            r.step_id,
+            r.token_count,
+            r.tokenizer,
+            r.source_timestamp,
+            now,
+            now,
+            r.pruned_by,
+            None if r.key_order is None else json.dumps(r.key_order),
+        ]
+    with connection.cursor() as cursor:
+        cursor.execute(f"{_INSERT_SQL} {', '.join([_INSERT_ROW] * len(rows))} RETURNING id", args)
+        for row, (pk,) in zip(rows, cursor.fetchall(), strict=True):
+            row.pk = pk
+            row._state.adding = False
+            row._state.db = connection.alias
     return rows
 
 
@@ -324,6 +360,22 @@ _COPY_COLUMNS = (
     "pruned_by",
     "key_order",
 )
+
+
+# `_insert_messages`' statement: every column but the id (the table's sequence draws it),
+# values typed where a literal alone is ambiguous. Tags as text[]: an explicit cast to the
+# column's varchar(200)[] would cut a longer tag, which the column's own assignment refuses.
+_INSERT_CASTS = {
+    "tags": "::text[]",
+    "content": "::json",
+    "metadata": "::json",
+    "key_order": "::jsonb",
+    "created_at": "::timestamptz",
+    "updated_at": "::timestamptz",
+}
+_INSERT_COLUMNS = tuple(c for c in _COPY_COLUMNS if c != "id")
+_INSERT_SQL = f"INSERT INTO {Message._meta.db_table} ({', '.join(_INSERT_COLUMNS)}) VALUES"
+_INSERT_ROW = "(" + ", ".join(f"%s{_INSERT_CASTS.get(c, '')}" for c in _INSERT_COLUMNS) + ")"
 
 
 # One COPY stream that counts, builds and sends rows chunk by chunk (the docstring says why);
