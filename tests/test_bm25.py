@@ -84,3 +84,27 @@ def test_locomo_samples_parse_into_turns_and_questions_with_evidence():
     assert conv.questions == [("Where was Bob?", frozenset({"D2:1"}))]
     rank = quality.bm25_ranker(conv)
     assert rank("where is kyoto")[0] == "D2:1"
+
+
+def test_a_term_s_plan_follows_its_weight_and_bounds_its_rows():
+    plan = bm25.plan_term
+    big = {"window": 2000, "n": 1_000_000, "last_seq": 1_000_000, "cap": 200, "limit": 10}
+    # Nothing of the term in the latest seqs: the planner chooses, for up to the cap.
+    assert plan(window_matches=0, budget=10_000, **big) == bm25.TermPlan(200, None)
+    # A context no longer than the window: every count exact, every match up to the cap read.
+    small = {**big, "n": 700, "last_seq": 700}
+    assert plan(window_matches=650, budget=10_000, **small) == bm25.TermPlan(200, None)
+    # One match in 2,000 (about 500 in the million): its matches through the GIN index cost
+    # less than walking back to them, so all are read.
+    assert plan(window_matches=4, budget=10_000, **big) == bm25.TermPlan(200, True)
+    # A common word (one message in ten): candidates in proportion to its weight, fewer than
+    # the cap, by walking back.
+    common = plan(window_matches=200, budget=100_000, **big)
+    assert not common.gin
+    ratio = bm25.idf(100_000, 1_000_000) / bm25.idf(200, 1_000_000)
+    assert common.need == round(200 * ratio) < 200
+    # A very common word keeps at least the limit; a tighter budget bounds the walk's rows.
+    assert plan(window_matches=1900, budget=100_000, **big) == bm25.TermPlan(10, False)
+    bounded = plan(window_matches=20, budget=2_000, **big)
+    assert bounded == bm25.TermPlan(20, False)
+    assert bounded.need * 1_000_000 / 10_000 <= 2_000
