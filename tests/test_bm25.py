@@ -108,3 +108,25 @@ def test_a_term_s_plan_follows_its_weight_and_bounds_its_rows():
     bounded = plan(window_matches=20, budget=2_000, **big)
     assert bounded == bm25.TermPlan(20, False)
     assert bounded.need * 1_000_000 / 10_000 <= 2_000
+
+
+def test_the_quality_report_gives_the_semantic_row_with_its_embedding_and_the_load():
+    means = (0.5, 0.6, 0.4)
+    result = {
+        "scores": {
+            name: means
+            for name in ("keyword", "semantic", "hybrid", "bm25 baseline", "dense baseline")
+        },
+        "latencies": [0.010 * i for i in range(1, 21)],
+        "embeddings": [0.005 * i for i in range(1, 21)],
+        "loads": [1.5, 2.25, 3.0],
+    }
+    lines = quality.report(result)
+    assert (
+        "Semantic query, its embedding included (20 questions): p50 110.0 ms, p95 200.0 ms"
+        " (target p95 ≤ 50 ms: missed)" in lines
+    )
+    assert (
+        "- the question's embedding alone: p50 55.0 ms, p95 100.0 ms;"
+        " load average 1.5–3.0 while timed" in lines
+    )
