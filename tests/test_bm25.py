@@ -94,15 +94,18 @@ def test_a_term_s_plan_follows_its_weight_and_bounds_its_rows():
     # A context no longer than the window: every count exact, every match up to the cap read.
     small = {**big, "n": 700, "last_seq": 700}
     assert plan(window_matches=650, budget=10_000, **small) == bm25.TermPlan(200, None)
-    # One match in 2,000 (about 500 in the million): its matches through the GIN index cost
-    # less than walking back to them, so all are read.
-    assert plan(window_matches=4, budget=10_000, **big) == bm25.TermPlan(200, True)
-    # A common word (one message in ten): candidates in proportion to its weight, fewer than
-    # the cap, by walking back.
+    # Four matches in the latest 2,000 of 100,000 messages (about 200): its matches through the
+    # GIN index cost less than walking back to them, so all are read, up to the cap.
+    hundred_k = {**big, "n": 100_000, "last_seq": 100_000}
+    assert plan(window_matches=4, budget=10_000, **hundred_k) == bm25.TermPlan(200, True)
+    # The same in a million (about 2,000): still through the index, but a word that common
+    # keeps candidates in proportion to its weight, ÷ the weight of a word one message holds.
+    weight = bm25.idf(2_000, 1_000_000) / bm25.idf(1, 1_000_000)
+    assert plan(window_matches=4, budget=10_000, **big) == bm25.TermPlan(round(200 * weight), True)
+    # A common word (one message in ten): fewer candidates still, by walking back.
     common = plan(window_matches=200, budget=100_000, **big)
-    assert not common.gin
-    ratio = bm25.idf(100_000, 1_000_000) / bm25.idf(200, 1_000_000)
-    assert common.need == round(200 * ratio) < 200
+    weight = bm25.idf(100_000, 1_000_000) / bm25.idf(1, 1_000_000)
+    assert common == bm25.TermPlan(round(200 * weight), False)
     # A very common word keeps at least the limit; a tighter budget bounds the walk's rows.
     assert plan(window_matches=1900, budget=100_000, **big) == bm25.TermPlan(10, False)
     bounded = plan(window_matches=20, budget=2_000, **big)

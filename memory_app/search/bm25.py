@@ -122,20 +122,20 @@ def plan_term(
     messages (seqs up to `last_seq`); `budget` bounds the rows a walk may cost.
 
     A term no message of the window holds is left to the planner, up to `cap` matches (a rare
-    word: the GIN index). Otherwise its candidates are in proportion to its weight, `cap` ×
-    idf(its estimated df) ÷ idf(cap) (a term at or below the cap keeps all of it, a very common
-    one, whose part of any score is small, few), walked back on the primary key for no more
-    than `budget` rows, and never fewer than the `limit` asked for. When reading every match
-    through the GIN index costs less than that walk, the term is read whole instead, up to
-    `cap` (every match of a rare term is scored, and its count is exact below the cap). In a
-    context no longer than the window every term's count is exact and every plan reads all of
-    its matches up to `cap`."""
+    word: the GIN index). A term estimated at or below the cap keeps all of it (every match of
+    a rare term is scored, and its count is exact); a more frequent one has candidates in
+    proportion to its weight, `cap` × idf(its estimated df) ÷ idf(1) (the weight of a word one
+    message holds), never fewer than the `limit` asked for: a very common word, whose part of
+    any score is small, has few. They are walked back on the primary key for no more than
+    `budget` rows, or, when reading every match through the GIN index costs less than that
+    walk, through the index. In a context no longer than the window every term's count is
+    exact and every plan reads all of its matches up to `cap`."""
     if window_matches == 0 or last_seq <= window:
         return TermPlan(cap, None)
     df = window_matches * max(n, 1) / window
     span = max(last_seq, 1)
-    weighted = cap * idf(df, n) / idf(min(cap, n), n) if df > cap else cap
-    need = max(limit, min(cap, round(weighted), int(budget * df / span)))
-    if GIN_MATCH_COST * df <= need * span / df:
-        return TermPlan(cap, True)
-    return TermPlan(need, False)
+    weighted = max(limit, round(cap * idf(df, n) / idf(1, n))) if df > cap else cap
+    walk = max(limit, min(weighted, int(budget * df / span)))
+    if GIN_MATCH_COST * df <= walk * span / df:
+        return TermPlan(min(cap, weighted), True)
+    return TermPlan(min(cap, walk), False)
