@@ -19,13 +19,14 @@ that a query's work stays bounded at a million messages in a context:
   than the whole context: no read beyond the candidates, and the same whether a message's
   vector is stored yet or parsed from its text).
 - df(t) counts the messages the query can match (its exclusions applied). It is exact when
-  fewer than the per-term cap of messages match t; otherwise it is estimated from how far back
-  the newest `cap` matches reach: cap × N / (last seq - oldest of them + 1), never below the
-  matches seen nor above N. A term that frequent has an IDF near its floor, where the
-  estimate's error barely moves the score.
-- A message is a candidate when it is among the newest `cap` matches of at least one term: every
-  match of a rare term is scored, and a message holding only frequent terms older than their
-  newest `cap` matches is missed (its score, made of low IDFs, would rank it low anyway).
+  fewer than the term's `need` messages match t (`plan_term`: the per-term cap, or fewer for a
+  frequent term in a large context); otherwise it is estimated from how far back the newest
+  `need` matches reach: need × N / (last seq - oldest of them + 1), never below the matches
+  seen nor above N. A term that frequent has an IDF near its floor, where the estimate's error
+  barely moves the score.
+- A message is a candidate when it is among the newest `need` matches of at least one term:
+  every match of a rare term is scored, and a message holding only frequent terms older than
+  their newest `need` matches is missed (its score, made of low IDFs, would rank it low anyway).
 """
 
 from __future__ import annotations

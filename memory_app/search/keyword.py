@@ -5,9 +5,10 @@ of its -exclusions (websearch syntax); `match="all"` asks for every word instead
 (websearch_to_tsquery as written). The matches are scored by BM25 with term frequencies read
 from the stored tsvectors and document frequencies counted per term with a cap (the formula and
 its approximations: `memory_app.search.bm25`). The work is bounded whatever the context's size:
-each term reads at most `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` of its newest matches, through
-the GIN index for rare terms and a walk back on the primary key for frequent ones (see
-`_term_candidates`), and the server scores them in the same statement (`RANK_SQL`).
+each term reads at most `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` of its newest matches, as many as
+its weight asks for (`bm25.plan_term`, from its matches among the latest seqs), through the GIN
+index or a walk back on the primary key bounded in rows (see `_term_candidates`), and the
+server scores them in the same statement (`RANK_SQL`).
 """
 
 from __future__ import annotations
@@ -106,14 +107,17 @@ def keyword_ranking(
     `match="all"` reads it as websearch_to_tsquery does (every word, phrases, exclusions, or).
     Either way the matches are ranked by BM25 over the context (see `memory_app.search.bm25`).
 
-    Each term's newest `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` matches are the candidates (and
-    its count, exact below that cap, estimated above it): every match of a rare term is scored.
-    `last_seq`, `search_seq` and `message_count` are the context's counters (read when not
-    given; an older `search_seq` is always safe). See `_term_candidates`.
+    Each term's newest matches are the candidates (and its count, exact below their number,
+    estimated above it): up to `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES`, every match of a rare
+    term, fewer of a frequent one in a large context (`bm25.plan_term`, from each term's matches
+    among the latest KEYWORD_RECENT_SEQS seqs, counted in one read of them). `last_seq`,
+    `search_seq` and `message_count` are the context's counters (read when not given; an older
+    `search_seq` is always safe). See `_term_candidates`.
 
-    One statement after the query's parse: every term's passes, the document frequencies, and
-    the scores are computed by the server, which sends back the top `limit` only (scoring a
-    thousand candidates in Python, and sending them, cost more than finding them).
+    Two statements after the query's parse: the terms' counts in the latest seqs, then one for
+    every term's passes, the document frequencies and the scores, computed by the server, which
+    sends back the top `limit` only (scoring a thousand candidates in Python, and sending them,
+    cost more than finding them).
     """
     parsed = parse_query(query)
     if not parsed.terms or (match == "all" and not parsed.strict):
