@@ -166,6 +166,8 @@ def dense_ranker(ids: Sequence[str], vectors: np.ndarray) -> Callable[[Sequence[
 def store(conversation: Conversation, log: Callable[[str], None]) -> tuple[object, dict[int, str]]:
     """The conversation as one context, every vector written; returns it and message id →
     dialogue id."""
+    from django.db import connection
+
     from memory_app.embeddings import providers, worker
     from memory_app.services.contexts import context_get_or_create
     from memory_app.services.messages import messages_append
@@ -183,6 +185,10 @@ def store(conversation: Conversation, log: Callable[[str], None]) -> tuple[objec
     provider = providers.get_provider()
     while worker.embed_batch(provider=provider, batch_size=256).claimed:
         pass
+    # As autovacuum would have by now: without statistics the planner joined each stored vector
+    # to the context's messages one by one (a semantic query's scan took 99 ms, not 1).
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE memory_app_message, memory_app_embedding, memory_app_messagesearch")
     context.refresh_from_db()
     return context, {m.pk: t[0] for m, t in zip(messages, conversation.turns, strict=True)}
 
