@@ -141,18 +141,10 @@ def keyword_ranking(
         params[f"q{i}"] = parsed.term_tsquery(term)
         params[f"l{i}"] = list(term.lexemes)
     counts = _window_counts(params, len(parsed.terms), last_seq=last_seq, search_seq=search_seq)
-    window = min(KEYWORD_RECENT_SEQS, max(last_seq, 1))
     found = []
-    for i, matches in enumerate(counts, start=1):
-        plan = bm25.plan_term(
-            window_matches=matches,
-            window=window,
-            n=message_count,
-            last_seq=last_seq,
-            cap=cap,
-            limit=limit,
-            budget=KEYWORD_TERM_ROWS,
-        )
+    for i, plan in enumerate(
+        _plans(counts, n=message_count, last_seq=last_seq, cap=cap, limit=limit), start=1
+    ):
         params[f"need{i}"] = plan.need
         sql = _term_candidates(f"q{i}", need=f"need{i}", gin=plan.gin, **bounds)
         found.append(f"SELECT {i} AS term, f.* FROM ({sql}) f")  # noqa: S608 - constant SQL
@@ -174,6 +166,23 @@ def keyword_ranking(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return [(mid, float(score)) for mid, score in cursor.fetchall()]
+
+
+def _plans(counts: list[int], *, n: int, last_seq: int, cap: int, limit: int):
+    """Each term's plan (`bm25.plan_term`) from its matches among the latest seqs."""
+    window = min(KEYWORD_RECENT_SEQS, max(last_seq, 1))
+    return [
+        bm25.plan_term(
+            window_matches=matches,
+            window=window,
+            n=n,
+            last_seq=last_seq,
+            cap=cap,
+            limit=limit,
+            budget=KEYWORD_TERM_ROWS,
+        )
+        for matches in counts
+    ]
 
 
 # BM25 (memory_app.search.bm25) over the candidates `found` (term, seq, length, vector): the
