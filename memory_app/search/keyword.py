@@ -187,12 +187,12 @@ def _plans(counts: list[int], *, n: int, last_seq: int, cap: int, limit: int):
 
 # BM25 (memory_app.search.bm25) over the candidates `found` (term, seq, length, vector): the
 # terms' matches (term 0: the strict query's, the candidates of `match="all"`). Each term's df
-# is its match count, exact below the cap, else the density of its newest `cap` matches over
-# the context; N the context's count, never below the messages found; avgdl the candidates'
-# mean length; a term's tf the fewest positions of its lexemes in a candidate holding them all
-# (a phrase: matching it). The query's lexemes are read from each candidate's vector in one
-# pass (`ts_filter` keeps only theirs). Ties newest first; only the best `limit` are joined to
-# their messages.
+# is its match count, exact below the term's `need` (its plan's), else the density of its
+# newest `need` matches over the context; N the context's count, never below the messages
+# found; avgdl the candidates' mean length; a term's tf the fewest positions of its lexemes in
+# a candidate holding them all (a phrase: matching it). The query's lexemes are read from each
+# candidate's vector in one pass (`ts_filter` keeps only theirs). Ties newest first; only the
+# best `limit` are joined to their messages.
 RANK_SQL = """
 WITH found AS MATERIALIZED ({found}),
 terms (term, q, lexemes, need) AS (VALUES {terms}),
