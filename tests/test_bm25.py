@@ -84,3 +84,52 @@ def test_locomo_samples_parse_into_turns_and_questions_with_evidence():
     assert conv.questions == [("Where was Bob?", frozenset({"D2:1"}))]
     rank = quality.bm25_ranker(conv)
     assert rank("where is kyoto")[0] == "D2:1"
+
+
+def test_a_term_s_plan_follows_its_weight_and_bounds_its_rows():
+    plan = bm25.plan_term
+    big = {"window": 2000, "n": 1_000_000, "last_seq": 1_000_000, "cap": 200, "limit": 10}
+    # Nothing of the term in the latest seqs: the planner chooses, for up to the cap.
+    assert plan(window_matches=0, budget=10_000, **big) == bm25.TermPlan(200, None)
+    # A context no longer than the window: every count exact, every match up to the cap read.
+    small = {**big, "n": 700, "last_seq": 700}
+    assert plan(window_matches=650, budget=10_000, **small) == bm25.TermPlan(200, None)
+    # Four matches in the latest 2,000 of 100,000 messages (about 200): its matches through the
+    # GIN index cost less than walking back to them, so all are read, up to the cap.
+    hundred_k = {**big, "n": 100_000, "last_seq": 100_000}
+    assert plan(window_matches=4, budget=10_000, **hundred_k) == bm25.TermPlan(200, True)
+    # The same in a million (about 2,000): still through the index, but a word that common
+    # keeps candidates in proportion to its weight, ÷ the weight of a word one message holds.
+    weight = bm25.idf(2_000, 1_000_000) / bm25.idf(1, 1_000_000)
+    assert plan(window_matches=4, budget=10_000, **big) == bm25.TermPlan(round(200 * weight), True)
+    # A common word (one message in ten): fewer candidates still, by walking back.
+    common = plan(window_matches=200, budget=100_000, **big)
+    weight = bm25.idf(100_000, 1_000_000) / bm25.idf(1, 1_000_000)
+    assert common == bm25.TermPlan(round(200 * weight), False)
+    # A very common word keeps at least the limit; a tighter budget bounds the walk's rows.
+    assert plan(window_matches=1900, budget=100_000, **big) == bm25.TermPlan(10, False)
+    bounded = plan(window_matches=20, budget=2_000, **big)
+    assert bounded == bm25.TermPlan(20, False)
+    assert bounded.need * 1_000_000 / 10_000 <= 2_000
+
+
+def test_the_quality_report_gives_the_semantic_row_with_its_embedding_and_the_load():
+    means = (0.5, 0.6, 0.4)
+    result = {
+        "scores": {
+            name: means
+            for name in ("keyword", "semantic", "hybrid", "bm25 baseline", "dense baseline")
+        },
+        "latencies": [0.010 * i for i in range(1, 21)],
+        "embeddings": [0.005 * i for i in range(1, 21)],
+        "loads": [1.5, 2.25, 3.0],
+    }
+    lines = quality.report(result)
+    assert (
+        "Semantic query, its embedding included (20 questions): p50 110.0 ms, p95 200.0 ms"
+        " (target p95 ≤ 50 ms: missed)" in lines
+    )
+    assert (
+        "- the question's embedding alone: p50 55.0 ms, p95 100.0 ms;"
+        " load average 1.5–3.0 while timed" in lines
+    )

@@ -384,6 +384,12 @@ def test_real_minilm_ranks_the_paris_weather_first(settings):
     assert one == encoded[0].tolist()
     stored = Embedding.objects.get(message__text="Sunny, 25C in Paris today").vector
     assert one == pytest.approx(list(stored), abs=1e-5)
+    # The transformer runs traced for a single text, with encode()'s vector to the bit whatever
+    # the text's length (down to one token, up to past the model's 256).
+    assert provider._encoder is not None
+    for text in ("Paris", "what is the weather in Paris", "Sunny in Paris " * 120):
+        [vector] = provider.embed([text])
+        assert vector == provider._st.encode([text], normalize_embeddings=True)[0].tolist()
     # The model runs on one intra-op thread (a query's forward pass is too small to share).
     import torch
 

@@ -115,8 +115,20 @@ def test_keyword_ranks_the_newest_matches_when_more_match_than_the_candidates(
     hits = keyword_ranking(
         context_id=context.pk, query="alpha", limit=10, last_seq=context.last_seq
     )
-    # The newest 20 matches, by term frequency (their lengths are equal), newest first.
-    newest = sorted(matching[-20:], key=lambda m: (-m.text.count("alpha"), -m.seq))
+    # "alpha" is in 5 of the newest 8 messages: a common word, whose candidates are fewer than
+    # the cap (its weight is low), read by walking back.
+    plan = bm25.plan_term(
+        window_matches=5,
+        window=8,
+        n=len(messages),
+        last_seq=context.last_seq,
+        cap=20,
+        limit=10,
+        budget=message_search.KEYWORD_TERM_ROWS,
+    )
+    assert plan == bm25.TermPlan(10, False)
+    # The newest matches, by term frequency (their lengths are equal), newest first.
+    newest = sorted(matching[-plan.need :], key=lambda m: (-m.text.count("alpha"), -m.seq))
     assert [h for h, _ in hits] == [m.pk for m in newest[:10]]
     assert messages[0].pk not in [h for h, _ in hits]
     # With room for every match the oldest (and best) one leads: small contexts rank exactly.
@@ -177,6 +189,35 @@ def test_term_parts_equal_rank_bm25_on_the_same_counts(settings):
     idf = math.log(1 + (3 - 2 + 0.5) / 2.5)
     expected = okapi.get_scores(["bravo", "charli"]) / okapi.idf["bravo"] * idf
     assert [hits[m.pk] for m in messages] == pytest.approx(list(expected))
+
+
+def test_a_term_rare_in_the_latest_seqs_is_read_whole_through_the_gin_index(settings, monkeypatch):
+    """Two "kyoto" among the latest 50 seqs of 300 messages: reading its few matches through
+    the GIN index costs less than walking back for them, so every match is read and the ranking
+    is BM25's over the whole context."""
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 100
+    monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 50)
+    context = make_context()
+    items = [
+        {"role": "user", "text": f"kyoto trip day {i}" if i % 30 == 0 else f"note {i}"}
+        for i in range(1, 301)
+    ]
+    messages_append(context=context, items=items)
+    fulltext.index_pending()
+    with connection.cursor() as cur:
+        cur.execute("SELECT gin_clean_pending_list('message_search_gin'::regclass)")
+    analyse("message", "messagesearch")
+    context.refresh_from_db()
+    plan = bm25.plan_term(
+        window_matches=2, window=50, n=300, last_seq=300, cap=100, limit=10, budget=10_000
+    )
+    assert plan.gin
+    hits = keyword_ranking(context_id=context.pk, query="kyoto", limit=10)
+    truth = bm25_truth(context, words=["kyoto"])
+    assert len(truth) == 10
+    assert [h for h, _ in hits] == [mid for mid, _ in truth]
+    assert [s for _, s in hits] == pytest.approx([s for _, s in truth])
 
 
 def test_a_rare_old_match_is_found_by_widening_the_window(settings, monkeypatch):
@@ -291,8 +332,12 @@ def test_keyword_reads_use_indexes_and_touch_only_the_candidates(
         assert sum(_touched(n) for n in scans) <= 1000, sql
 
 
-def test_composite_reads_use_indexes_and_do_not_walk_the_context(big_context, settings):
+def test_composite_reads_use_indexes_and_do_not_walk_the_context(
+    big_context, settings, monkeypatch
+):
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 100
+    # A tenth of the context, as in a big one (half of it is rightly read in sequence).
+    monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 400)
     spec = selectors.CompositeSpec(search_k=3, search_mode="keyword")
     selection = selectors.select(context=big_context, spec=spec)
     system = Message.objects.get(context=big_context, seq=1)

@@ -19,6 +19,7 @@ questions) and MRR (the reciprocal rank of the first evidence turn in the top 10
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import urllib.request
@@ -165,6 +166,8 @@ def dense_ranker(ids: Sequence[str], vectors: np.ndarray) -> Callable[[Sequence[
 def store(conversation: Conversation, log: Callable[[str], None]) -> tuple[object, dict[int, str]]:
     """The conversation as one context, every vector written; returns it and message id →
     dialogue id."""
+    from django.db import connection
+
     from memory_app.embeddings import providers, worker
     from memory_app.services.contexts import context_get_or_create
     from memory_app.services.messages import messages_append
@@ -182,6 +185,10 @@ def store(conversation: Conversation, log: Callable[[str], None]) -> tuple[objec
     provider = providers.get_provider()
     while worker.embed_batch(provider=provider, batch_size=256).claimed:
         pass
+    # As autovacuum would have by now: without statistics the planner joined each stored vector
+    # to the context's messages one by one (a semantic query's scan took 99 ms, not 1).
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE memory_app_message, memory_app_embedding, memory_app_messagesearch")
     context.refresh_from_db()
     return context, {m.pk: t[0] for m, t in zip(messages, conversation.turns, strict=True)}
 
@@ -203,6 +210,9 @@ def run(conversations: Iterable[Conversation], log: Callable[[str], None]) -> di
         raise RuntimeError("the quality benchmark needs the local embedding provider")
     scores = {name: Scores() for name in (*MODES, "bm25 baseline", "dense baseline")}
     latencies: list[float] = []
+    # The question's embedding alone, timed before its search, and the load average then.
+    embeddings: list[float] = []
+    loads: list[float] = []
     provider.embed(["warm-up"])  # the model is loaded before anything is timed
     for conversation in conversations:
         context, dia = store(conversation, log)
@@ -220,6 +230,11 @@ def run(conversations: Iterable[Conversation], log: Callable[[str], None]) -> di
             zip(conversation.questions, vectors, strict=True)
         ):
             timed = n < TIMED_PER_CONVERSATION
+            if timed:
+                t = time.perf_counter()
+                provider.embed([question])
+                embeddings.append(time.perf_counter() - t)
+                loads.append(os.getloadavg()[0])
             for mode in MODES:
                 given = (
                     {}
@@ -241,7 +256,17 @@ def run(conversations: Iterable[Conversation], log: Callable[[str], None]) -> di
             f"  {conversation.sample_id}: {len(conversation.turns)} turns, "
             f"{len(conversation.questions)} questions"
         )
-    return {"scores": {k: v.means() for k, v in scores.items()}, "latencies": latencies}
+    return {
+        "scores": {k: v.means() for k, v in scores.items()},
+        "latencies": latencies,
+        "embeddings": embeddings,
+        "loads": loads,
+    }
+
+
+def _p50_p95_ms(values: Sequence[float]) -> tuple[float, float]:
+    ordered = sorted(values)
+    return tuple(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 for q in (0.5, 0.95))
 
 
 def report(result: dict) -> list[str]:
@@ -250,11 +275,21 @@ def report(result: dict) -> list[str]:
     lines = ["| ranking | recall@5 | recall@10 | MRR@10 |", "|---|---|---|---|"]
     for name, (r5, r10, mrr) in s.items():
         lines.append(f"| {name} | {r5:.3f} | {r10:.3f} | {mrr:.3f} |")
-    lat = sorted(result["latencies"])
-    if lat:
-        p50, p95 = (lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 for q in (0.5, 0.95))
-        lines.append("")
-        lines.append(f"Semantic query, its embedding included: p50 {p50:.1f} ms, p95 {p95:.1f} ms")
+    if result["latencies"]:
+        p50, p95 = _p50_p95_ms(result["latencies"])
+        lines += [
+            "",
+            f"Semantic query, its embedding included ({len(result['latencies'])} questions):"
+            f" p50 {p50:.1f} ms, p95 {p95:.1f} ms (target p95 ≤ 50 ms:"
+            f" {'met' if p95 <= 50 else 'missed'})",
+        ]
+        if result.get("embeddings"):
+            e50, e95 = _p50_p95_ms(result["embeddings"])
+            loads = result["loads"]
+            lines.append(
+                f"- the question's embedding alone: p50 {e50:.1f} ms, p95 {e95:.1f} ms;"
+                f" load average {min(loads):.1f}–{max(loads):.1f} while timed"
+            )
     best = max(s["bm25 baseline"][1], s["dense baseline"][1])
     lines += [
         "",

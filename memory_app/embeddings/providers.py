@@ -7,6 +7,7 @@ import functools
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Sequence
 
 import httpx
@@ -45,6 +46,9 @@ class LocalProvider(EmbeddingProvider):
         self._path = path
         self._lock = threading.Lock()
         self._st = None
+        # The model's transformer traced by TorchScript for a single text, None where tracing
+        # failed or its output differed from the modules' (`_trace_encoder`).
+        self._encoder = None
         # Set once the model is loaded and has run a first forward pass (`warm_up`).
         self.ready = threading.Event()
 
@@ -87,6 +91,7 @@ class LocalProvider(EmbeddingProvider):
                     or self._st.get_sentence_embedding_dimension
                 )
                 self.dimensions = measure() or LOCAL_DIMENSIONS
+                self._encoder = self._trace_encoder(self._st)
         return self._st
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
@@ -102,16 +107,60 @@ class LocalProvider(EmbeddingProvider):
         return [v.tolist() for v in vectors]
 
     @staticmethod
-    def _embed_one(st, text: str) -> list[float]:
+    def _trace_encoder(st):
+        """The model's transformer (a BERT) traced and frozen by TorchScript, or None.
+
+        A search embeds one short text, where a third of the forward pass was the Python of
+        transformers' modules around torch's kernels; the traced graph runs the same kernels
+        without it. It is kept only when its output equals the modules' on texts of different
+        lengths (the trace records the operations, not the shapes of the example)."""
+        import torch
+
+        bert = getattr(st[0], "auto_model", None)
+        if bert is None:
+            return None
+        preprocess = getattr(st, "preprocess", None) or st.tokenize  # renamed in version 6
+        names = ("input_ids", "attention_mask", "token_type_ids")
+        try:
+            with torch.inference_mode(), warnings.catch_warnings():
+                # The tracer warns of every Python condition on a shape it records as taken.
+                warnings.simplefilter("ignore")
+                example = preprocess(["warm-up"])
+                traced = torch.jit.trace(
+                    bert, tuple(example[n] for n in names), strict=False, check_trace=False
+                )
+                traced = torch.jit.freeze(traced.eval())
+                for text in ("a", "what did she say about the trip to Kyoto " * 6):
+                    features = preprocess([text])
+                    expected = bert(**{n: features[n] for n in names}).last_hidden_state
+                    got = _last_hidden_state(traced(*(features[n] for n in names)))
+                    if not torch.equal(expected, got):
+                        return None
+        except Exception:  # noqa: BLE001 - an untraceable model runs through its modules
+            log.info("the local model could not be traced: it runs through its modules")
+            return None
+        return traced
+
+    def _embed_one(self, st, text: str) -> list[float]:
         """One text (a search's query) through the model's own modules, as `encode` runs them,
         without what `encode` does around them on every call: it walks every module to set eval
         mode and every parameter to find the device, and sorts the batch by length (together a
-        fifth of a query's embedding; the model is in eval mode on the CPU from its load on)."""
+        fifth of a query's embedding; the model is in eval mode on the CPU from its load on).
+        The transformer runs traced where it could be (`_trace_encoder`), then the pooling and
+        normalisation modules as they are."""
         import torch
 
         preprocess = getattr(st, "preprocess", None) or st.tokenize  # renamed in version 6
         with torch.inference_mode():
-            features = st(preprocess([text]))
+            features = preprocess([text])
+            if self._encoder is None:
+                features = st(features)
+            else:
+                names = ("input_ids", "attention_mask", "token_type_ids")
+                hidden = self._encoder(*(features[n] for n in names))
+                features["token_embeddings"] = _last_hidden_state(hidden)
+                for module in list(st)[1:]:
+                    features = module(features)
             vector = torch.nn.functional.normalize(features["sentence_embedding"], p=2, dim=1)
         return vector[0].tolist()
 
@@ -125,6 +174,13 @@ class LocalProvider(EmbeddingProvider):
         if self.ready.is_set():
             return "ready"
         return "loading" if self._lock.locked() or self._st is not None else "not loaded"
+
+
+def _last_hidden_state(output):
+    """A traced BERT's first output (its forward's dict comes back as a dict or a tuple)."""
+    if isinstance(output, dict):
+        return output["last_hidden_state"]
+    return output[0]
 
 
 class OpenAIProvider(EmbeddingProvider):

@@ -19,17 +19,19 @@ that a query's work stays bounded at a million messages in a context:
   than the whole context: no read beyond the candidates, and the same whether a message's
   vector is stored yet or parsed from its text).
 - df(t) counts the messages the query can match (its exclusions applied). It is exact when
-  fewer than the per-term cap of messages match t; otherwise it is estimated from how far back
-  the newest `cap` matches reach: cap × N / (last seq - oldest of them + 1), never below the
-  matches seen nor above N. A term that frequent has an IDF near its floor, where the
-  estimate's error barely moves the score.
-- A message is a candidate when it is among the newest `cap` matches of at least one term: every
-  match of a rare term is scored, and a message holding only frequent terms older than their
-  newest `cap` matches is missed (its score, made of low IDFs, would rank it low anyway).
+  fewer than the term's `need` messages match t (`plan_term`: the per-term cap, or fewer for a
+  frequent term in a large context); otherwise it is estimated from how far back the newest
+  `need` matches reach: need × N / (last seq - oldest of them + 1), never below the matches
+  seen nor above N. A term that frequent has an IDF near its floor, where the estimate's error
+  barely moves the score.
+- A message is a candidate when it is among the newest `need` matches of at least one term:
+  every match of a rare term is scored, and a message holding only frequent terms older than
+  their newest `need` matches is missed (its score, made of low IDFs, would rank it low anyway).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -90,3 +92,51 @@ class Term:
 def quote_lexeme(lexeme: str) -> str:
     """A lexeme as a tsquery operand."""
     return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def idf(df: float, n: float) -> float:
+    """Lucene's IDF of a term held by `df` of `n` messages."""
+    n = max(n, df, 1)
+    return math.log(1 + (n - df + 0.5) / (df + 0.5))
+
+
+# A match read through the GIN index (a heap fetch per match, in no useful order, then a sort by
+# seq) costs about as much as this many rows walked back on the primary key (the vector tested
+# in place): measured with EXPLAIN ANALYZE on a context of a million messages.
+GIN_MATCH_COST = 4
+
+
+@dataclass(frozen=True)
+class TermPlan:
+    """How one term's older candidates are read: its newest `need` matches, through the GIN
+    index (`gin`, every match read, then sorted by seq) or by walking back on the primary key;
+    `gin` None leaves the choice to the planner (nothing is known of the term's frequency)."""
+
+    need: int
+    gin: bool | None
+
+
+def plan_term(
+    *, window_matches: int, window: int, n: int, last_seq: int, cap: int, limit: int, budget: int
+) -> TermPlan:
+    """A term's plan from its matches among the newest `window` seqs of a context of `n` live
+    messages (seqs up to `last_seq`); `budget` bounds the rows a walk may cost.
+
+    A term no message of the window holds is left to the planner, up to `cap` matches (a rare
+    word: the GIN index). A term estimated at or below the cap keeps all of it (every match of
+    a rare term is scored, and its count is exact); a more frequent one has candidates in
+    proportion to its weight, `cap` × idf(its estimated df) ÷ idf(1) (the weight of a word one
+    message holds), never fewer than the `limit` asked for: a very common word, whose part of
+    any score is small, has few. They are walked back on the primary key for no more than
+    `budget` rows, or, when reading every match through the GIN index costs less than that
+    walk, through the index. In a context no longer than the window every term's count is
+    exact and every plan reads all of its matches up to `cap`."""
+    if window_matches == 0 or last_seq <= window:
+        return TermPlan(cap, None)
+    df = window_matches * max(n, 1) / window
+    span = max(last_seq, 1)
+    weighted = max(limit, round(cap * idf(df, n) / idf(1, n))) if df > cap else cap
+    walk = max(limit, min(weighted, int(budget * df / span)))
+    if GIN_MATCH_COST * df <= walk * span / df:
+        return TermPlan(min(cap, weighted), True)
+    return TermPlan(min(cap, walk), False)

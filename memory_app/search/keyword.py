@@ -5,9 +5,10 @@ of its -exclusions (websearch syntax); `match="all"` asks for every word instead
 (websearch_to_tsquery as written). The matches are scored by BM25 with term frequencies read
 from the stored tsvectors and document frequencies counted per term with a cap (the formula and
 its approximations: `memory_app.search.bm25`). The work is bounded whatever the context's size:
-each term reads at most `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` of its newest matches, through
-the GIN index for rare terms and a walk back on the primary key for frequent ones (see
-`_term_candidates`), and the server scores them in the same statement (`RANK_SQL`).
+each term reads at most `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` of its newest matches, as many as
+its weight asks for (`bm25.plan_term`, from its matches among the latest seqs), through the GIN
+index or a walk back on the primary key bounded in rows (see `_term_candidates`), and the
+server scores them in the same statement (`RANK_SQL`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from memory_app.search import bm25, fulltext
 # Keyword candidates are looked for in the latest KEYWORD_RECENT_SEQS seqs first, then in the
 # older ones through the GIN index (see _keyword_candidates).
 KEYWORD_RECENT_SEQS = 2_000
+# The rows one term's older pass may cost (`bm25.plan_term`): a few milliseconds of the server's.
+KEYWORD_TERM_ROWS = 10_000
 
 
 def _any_terms_tsquery(query: str) -> str:
@@ -104,14 +107,17 @@ def keyword_ranking(
     `match="all"` reads it as websearch_to_tsquery does (every word, phrases, exclusions, or).
     Either way the matches are ranked by BM25 over the context (see `memory_app.search.bm25`).
 
-    Each term's newest `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` matches are the candidates (and
-    its count, exact below that cap, estimated above it): every match of a rare term is scored.
-    `last_seq`, `search_seq` and `message_count` are the context's counters (read when not
-    given; an older `search_seq` is always safe). See `_term_candidates`.
+    Each term's newest matches are the candidates (and its count, exact below their number,
+    estimated above it): up to `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES`, every match of a rare
+    term, fewer of a frequent one in a large context (`bm25.plan_term`, from each term's matches
+    among the latest KEYWORD_RECENT_SEQS seqs, counted in one read of them). `last_seq`,
+    `search_seq` and `message_count` are the context's counters (read when not given; an older
+    `search_seq` is always safe). See `_term_candidates`.
 
-    One statement after the query's parse: every term's passes, the document frequencies, and
-    the scores are computed by the server, which sends back the top `limit` only (scoring a
-    thousand candidates in Python, and sending them, cost more than finding them).
+    Two statements after the query's parse: the terms' counts in the latest seqs, then one for
+    every term's passes, the document frequencies and the scores, computed by the server, which
+    sends back the top `limit` only (scoring a thousand candidates in Python, and sending them,
+    cost more than finding them).
     """
     parsed = parse_query(query)
     if not parsed.terms or (match == "all" and not parsed.strict):
@@ -126,23 +132,29 @@ def keyword_ranking(
         "context": context_id,
         "exclude": list(exclude_ids),
         "config": FTS_CONFIG,
-        "need": cap,
         "n": message_count,
-        "cap": cap,
         "last_seq": last_seq,
         "limit": limit,
         "lexemes": sorted({lexeme for term in parsed.terms for lexeme in term.lexemes}),
     }
-    found = []
     for i, term in enumerate(parsed.terms, start=1):
         params[f"q{i}"] = parsed.term_tsquery(term)
         params[f"l{i}"] = list(term.lexemes)
-        found.append(f"SELECT {i} AS term, f.* FROM ({_term_candidates(f'q{i}', **bounds)}) f")  # noqa: S608 - constant SQL
+    counts = _window_counts(params, len(parsed.terms), last_seq=last_seq, search_seq=search_seq)
+    found = []
+    for i, plan in enumerate(
+        _plans(counts, n=message_count, last_seq=last_seq, cap=cap, limit=limit), start=1
+    ):
+        params[f"need{i}"] = plan.need
+        sql = _term_candidates(f"q{i}", need=f"need{i}", gin=plan.gin, **bounds)
+        found.append(f"SELECT {i} AS term, f.* FROM ({sql}) f")  # noqa: S608 - constant SQL
     if match == "all":
-        params["q0"] = parsed.strict
-        found.append(f"SELECT 0 AS term, f.* FROM ({_term_candidates('q0', **bounds)}) f")  # noqa: S608
+        params["q0"], params["need0"] = parsed.strict, cap
+        sql = _term_candidates("q0", need="need0", gin=None, **bounds)
+        found.append(f"SELECT 0 AS term, f.* FROM ({sql}) f")  # noqa: S608
     terms = ", ".join(
-        f"({i}, %(q{i})s::tsquery, %(l{i})s::text[])" for i in range(1, len(parsed.terms) + 1)
+        f"({i}, %(q{i})s::tsquery, %(l{i})s::text[], %(need{i})s::int)"
+        for i in range(1, len(parsed.terms) + 1)
     )
     sql = RANK_SQL.format(
         found=" UNION ALL ".join(found),
@@ -156,17 +168,34 @@ def keyword_ranking(
         return [(mid, float(score)) for mid, score in cursor.fetchall()]
 
 
+def _plans(counts: list[int], *, n: int, last_seq: int, cap: int, limit: int):
+    """Each term's plan (`bm25.plan_term`) from its matches among the latest seqs."""
+    window = min(KEYWORD_RECENT_SEQS, max(last_seq, 1))
+    return [
+        bm25.plan_term(
+            window_matches=matches,
+            window=window,
+            n=n,
+            last_seq=last_seq,
+            cap=cap,
+            limit=limit,
+            budget=KEYWORD_TERM_ROWS,
+        )
+        for matches in counts
+    ]
+
+
 # BM25 (memory_app.search.bm25) over the candidates `found` (term, seq, length, vector): the
 # terms' matches (term 0: the strict query's, the candidates of `match="all"`). Each term's df
-# is its match count, exact below the cap, else the density of its newest `cap` matches over
-# the context; N the context's count, never below the messages found; avgdl the candidates'
-# mean length; a term's tf the fewest positions of its lexemes in a candidate holding them all
-# (a phrase: matching it). The query's lexemes are read from each candidate's vector in one
-# pass (`ts_filter` keeps only theirs). Ties newest first; only the best `limit` are joined to
-# their messages.
+# is its match count, exact below the term's `need` (its plan's), else the density of its
+# newest `need` matches over the context; N the context's count, never below the messages
+# found; avgdl the candidates' mean length; a term's tf the fewest positions of its lexemes in
+# a candidate holding them all (a phrase: matching it). The query's lexemes are read from each
+# candidate's vector in one pass (`ts_filter` keeps only theirs). Ties newest first; only the
+# best `limit` are joined to their messages.
 RANK_SQL = """
 WITH found AS MATERIALIZED ({found}),
-terms (term, q, lexemes) AS (VALUES {terms}),
+terms (term, q, lexemes, need) AS (VALUES {terms}),
 candidates AS (
     SELECT DISTINCT ON (seq) seq, length, vector FROM found
     WHERE {candidates}
@@ -176,14 +205,14 @@ n AS (
 ),
 df AS (
     SELECT t.term, t.q, t.lexemes, CASE
-        WHEN count(f.seq) < %(cap)s THEN count(f.seq)::float8
+        WHEN count(f.seq) < t.need THEN count(f.seq)::float8
         ELSE least(
             greatest(count(f.seq) * n.n
                      / greatest(%(last_seq)s - min(f.seq) + 1, count(f.seq)), count(f.seq)),
             greatest(n.n, count(f.seq)))
         END AS df
     FROM terms t CROSS JOIN n LEFT JOIN found f ON f.term = t.term
-    GROUP BY t.term, t.q, t.lexemes, n.n
+    GROUP BY t.term, t.q, t.lexemes, t.need, n.n
 ),
 idf AS (
     SELECT term, q, lexemes,
@@ -221,7 +250,7 @@ ORDER BY b.score DESC, b.seq DESC
 
 # The keyword passes of `_term_candidates` as SQL text: seq bounds are ints written into the
 # text, the rest are parameters (`q` names the term's tsquery parameter).
-def _parsed_pass(after: int, upto: int, q: str, excluding: bool) -> str:
+def _parsed_pass(after: int, upto: int, q: str, need: str, excluding: bool) -> str:
     """A keyword pass over messages the indexer has not reached: their text is parsed (its first
     part, as the indexer parses it)."""
     return f"""
@@ -232,7 +261,7 @@ def _parsed_pass(after: int, upto: int, q: str, excluding: bool) -> str:
           AND m.seq > {int(after)} AND m.seq <= {int(upto)}
           AND v.vector @@ %({q})s::tsquery
           {"AND NOT (m.id = ANY(%(exclude)s))" if excluding else ""}
-        ORDER BY m.seq DESC LIMIT %(need)s
+        ORDER BY m.seq DESC LIMIT %({need})s
     """  # noqa: S608 - constant SQL
 
 
@@ -242,7 +271,7 @@ _EXCLUDED_SEQS = """
 """
 
 
-def _stored_pass(after: int, upto: int, match: str, excluding: bool) -> str:
+def _stored_pass(after: int, upto: int, match: str, need: str, excluding: bool) -> str:
     """A keyword pass over stored vectors, `match` being the condition on s.search_vector.
     Excluded messages are left out by their seqs (looked up once, by id)."""
     return f"""
@@ -250,14 +279,37 @@ def _stored_pass(after: int, upto: int, match: str, excluding: bool) -> str:
         FROM {fulltext.TABLE} s
         WHERE s.context_id = %(context)s AND s.seq > {int(after)} AND s.seq <= {int(upto)}
           AND {match} {_EXCLUDED_SEQS if excluding else ""}
-        ORDER BY s.seq DESC LIMIT %(need)s
+        ORDER BY s.seq DESC LIMIT %({need})s
     """  # noqa: S608 - constant SQL
 
 
-def _term_candidates(q: str, *, last_seq: int, search_seq: int, excluding: bool) -> str:
-    """SQL of (seq, vector length, vector) of the newest `need` live matches of the tsquery
-    parameter `q`, newest seqs first, in passes whose cost follows the candidates, not the
-    context's size.
+def _indexed_pass(after: int, upto: int, q: str, need: str, excluding: bool) -> str:
+    """A keyword pass over stored vectors through the GIN index: every match's seq read and
+    sorted (`s.seq + 0` keeps the planner off the primary key's order), and only the newest
+    `need` of them fetched again with their vectors (a sort carrying every match's vector cost
+    more than the index read)."""
+    return f"""
+        SELECT newest.seq, length(v.search_vector) AS length, v.search_vector AS vector
+        FROM (
+            SELECT s.seq FROM {fulltext.TABLE} s
+            WHERE s.context_id = %(context)s AND s.seq > {int(after)} AND s.seq <= {int(upto)}
+              AND s.search_vector @@ %({q})s::tsquery {_EXCLUDED_SEQS if excluding else ""}
+            ORDER BY s.seq + 0 DESC LIMIT %({need})s
+        ) newest
+        CROSS JOIN LATERAL (
+            SELECT x.search_vector FROM {fulltext.TABLE} x
+            WHERE x.context_id = %(context)s AND x.seq = newest.seq LIMIT 1
+        ) v
+        ORDER BY newest.seq DESC
+    """  # noqa: S608 - constant SQL
+
+
+def _term_candidates(
+    q: str, *, need: str, gin: bool | None, last_seq: int, search_seq: int, excluding: bool
+) -> str:
+    """SQL of (seq, vector length, vector) of the newest live matches of the tsquery parameter
+    `q` (as many as the parameter `need`), newest seqs first, in passes whose cost follows the
+    candidates, not the context's size.
 
     Up to the context's `search_seq` the vectors are read from MessageSearch (live messages
     only, keyed by (context, seq)); after it, where the indexer has not been yet, each message's
@@ -272,27 +324,56 @@ def _term_candidates(q: str, *, last_seq: int, search_seq: int, excluding: bool)
        planner does not take the GIN index here: on a frequent word its posting list is far
        longer than the walk.
     3. Older messages past `search_seq` (a backlog deeper than the recent seqs).
-    4. The older vectors, newest first, where the planner takes the GIN index for rare words
-       (and walks on for words that are frequent further back, stopping at the candidates it
-       still needs).
+    4. The older vectors, newest first, by the path `gin` names (`bm25.plan_term` chooses it
+       from the term's matches in the latest seqs): every match read through the GIN index and
+       sorted by seq (`s.seq + 0` keeps the planner off the primary key's order), or a walk
+       back on the primary key (`ts_match_vq`, as in 2.). With `gin` None (no match of the
+       term in the latest seqs: nothing is known of it) the planner chooses from the word's
+       statistics.
     The passes are one UNION ALL under the limit: a pass runs only while the ones before it
-    found fewer than `need`. The tsquery is written into the statement as a constant, so the
-    planner chooses each term's plan from that word's statistics.
+    found fewer than `need`.
     """
     older = max(last_seq - KEYWORD_RECENT_SEQS, 0)
     searched_older = min(search_seq, older)
     # No upper bound on the newest pass: messages appended since `last_seq` was read.
     newest = 2**63 - 1
+    walk = f"ts_match_vq(s.search_vector, %({q})s::tsquery)"
     passes = [
-        _parsed_pass(max(search_seq, older), newest, q, excluding),
-        _stored_pass(
-            older, search_seq, f"ts_match_vq(s.search_vector, %({q})s::tsquery)", excluding
-        ),
+        _parsed_pass(max(search_seq, older), newest, q, need, excluding),
+        _stored_pass(older, search_seq, walk, need, excluding),
     ]
     if search_seq < older:
-        passes.append(_parsed_pass(searched_older, older, q, excluding))
+        passes.append(_parsed_pass(searched_older, older, q, need, excluding))
     if searched_older > 0:
-        passes.append(
-            _stored_pass(0, searched_older, f"s.search_vector @@ %({q})s::tsquery", excluding)
-        )
-    return " UNION ALL ".join(f"({p})" for p in passes) + " LIMIT %(need)s"
+        if gin:
+            passes.append(_indexed_pass(0, searched_older, q, need, excluding))
+        else:
+            match = walk if gin is False else f"s.search_vector @@ %({q})s::tsquery"
+            passes.append(_stored_pass(0, searched_older, match, need, excluding))
+    return " UNION ALL ".join(f"({p})" for p in passes) + f" LIMIT %({need})s"
+
+
+# Each term's matches among the latest KEYWORD_RECENT_SEQS seqs, in one read of their vectors
+# (parsed from the text past `search_seq`), for `bm25.plan_term`. The stored vectors are read
+# newest first under a limit, so that the planner walks the primary key, as a pass does.
+def _window_counts(params: dict, terms: int, *, last_seq: int, search_seq: int) -> list[int]:
+    older = max(last_seq - KEYWORD_RECENT_SEQS, 0)
+    counts = ", ".join(
+        f"count(*) FILTER (WHERE ts_match_vq(w.v, %(q{i})s::tsquery))" for i in range(1, terms + 1)
+    )
+    sql = f"""
+        SELECT {counts} FROM (
+            (SELECT s.search_vector AS v FROM {fulltext.TABLE} s
+             WHERE s.context_id = %(context)s AND s.seq > {int(older)}
+               AND s.seq <= {int(search_seq)}
+             ORDER BY s.seq DESC LIMIT {KEYWORD_RECENT_SEQS})
+            UNION ALL
+            SELECT memory_app_search_vector(%(config)s::regconfig, m.text)
+            FROM memory_app_message m
+            WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
+              AND m.seq > {int(max(search_seq, older))}
+        ) w
+    """  # noqa: S608 - constant SQL
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [int(c) for c in cursor.fetchone()]
