@@ -159,15 +159,27 @@ def scan_request(body: bytes, *, content_type: str) -> Scan:
 
 
 def _row(index: int, span, resource: dict, attributes: dict[str, Any]) -> dict[str, Any]:
-    if max(span.start_time_unix_nano, span.end_time_unix_nano) > otlp.INT64_MAX:
-        raise otlp.TraceFormatError("span times must be nanoseconds since the epoch below 2**63")
-    otlp._span_id(span.parent_span_id, 8, "parentSpanId", required=False)
+    """The span's row, its ids and times checked as `otlp._span` checks them (written out: this
+    runs for every span of every export)."""
+    trace_id, span_id, parent = span.trace_id, span.span_id, span.parent_span_id
+    if (
+        len(trace_id) != 16
+        or trace_id == _ZERO_TRACE
+        or len(span_id) != 8
+        or span_id == _ZERO_SPAN
+        or (parent and (len(parent) != 8 or parent == _ZERO_SPAN))
+        or max(span.start_time_unix_nano, span.end_time_unix_nano) > otlp.INT64_MAX
+    ):
+        otlp._span(span, resource=resource, scope="")  # raises, saying which
     return {
         "index": index,
-        "trace_id": otlp._span_id(span.trace_id, 16, "traceId"),
-        "span_id": otlp._span_id(span.span_id, 8, "spanId"),
+        "trace_id": trace_id.hex(),
+        "span_id": span_id.hex(),
         "data": {"resource": resource, "attributes": attributes},
     }
+
+
+_ZERO_TRACE, _ZERO_SPAN = bytes(16), bytes(8)
 
 
 def _placing(key_values) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from memory_app import backlog, db
 from memory_app.db import json_text
 from memory_app.interop import otlp, otlp_scan
 from memory_app.models import ApiKey, Context, SpanQueue
-from memory_app.queries.trace_spans import SPAN_FIELDS, kept_spans
+from memory_app.queries.trace_spans import SPAN_FIELDS
 from memory_app.services import trace_bulk, traces
 
 log = logging.getLogger(__name__)
@@ -51,24 +51,35 @@ def traces_receive(*, key: ApiKey, body: bytes, content_type: str) -> dict[str, 
         spans = otlp.decode_request(body, content_type=content_type)
         return traces.traces_ingest(key=key, spans=spans)
     scan = otlp_scan.scan_request(body, content_type=content_type)
-    queued, rejected = [], []
+    placed, kept = traces.traces_place(key=key, rows=scan.rows, create=False)
+    if placed is not None:
+        # Every context exists: the reads need no transaction, and the queue rows go in one
+        # round trip with their BEGIN and COMMIT.
+        return _queue_scan(scan, placed, kept)
     with transaction.atomic():
-        placed = traces.traces_place(key=key, rows=scan.rows)
-        kept = _kept(placed)
-        for context, group in placed:
-            fresh = []
-            for r in group:
-                row = kept.get((context.pk, r["trace_id"], r["span_id"]))
-                if row is None:
-                    fresh.append(r["index"])
-                    continue
-                (sent,) = traces.span_rows([scan.span(r["index"])])
-                if any(row[k] != sent[k] for k in SPAN_FIELDS):
-                    rejected.append(r["span_id"])
-            if fresh:
-                trace_ids = sorted({scan.rows[i]["trace_id"] for i in fresh})
-                queued.append((context.pk, trace_ids, len(fresh), "", scan.body_of(set(fresh))))
-        _insert(queued)
+        # A context is created with the rows that need it, or not at all.
+        placed, kept = traces.traces_place(key=key, rows=scan.rows)
+        return _queue_scan(scan, placed, kept)
+
+
+def _queue_scan(scan: otlp_scan.Scan, placed: list, kept: dict) -> dict[str, Any]:
+    """Queue each context's spans not kept yet (`traces.traces_place` placed them); a span kept
+    with other content is answered as rejected."""
+    queued, rejected = [], []
+    for context_id, group in placed:
+        fresh = []
+        for r in group:
+            row = kept.get((context_id, r["trace_id"], r["span_id"]))
+            if row is None:
+                fresh.append(r["index"])
+                continue
+            (sent,) = traces.span_rows([scan.span(r["index"])])
+            if any(row[k] != sent[k] for k in SPAN_FIELDS):
+                rejected.append(r["span_id"])
+        if fresh:
+            trace_ids = sorted({scan.rows[i]["trace_id"] for i in fresh})
+            queued.append((context_id, trace_ids, len(fresh), "", scan.body_of(set(fresh))))
+    _insert(queued)
     return {
         "spans": len(scan.rows),
         "queued": sum(q[2] for q in queued),
@@ -89,12 +100,11 @@ def logs_receive(*, key: ApiKey, records: list[dict[str, Any]]) -> dict[str, Any
 def _enqueue(*, key: ApiKey, rows: list[dict[str, Any]]) -> dict[str, Any]:
     queued, rejected = [], []
     with transaction.atomic():
-        placed = traces.traces_place(key=key, rows=rows)
-        kept = _kept(placed)
-        for context, group in placed:
+        placed, kept = traces.traces_place(key=key, rows=rows)
+        for context_id, group in placed:
             fresh, differing = [], []
             for r in group:
-                row = kept.get((context.pk, r["trace_id"], r["span_id"]))
+                row = kept.get((context_id, r["trace_id"], r["span_id"]))
                 if row is None:
                     fresh.append(r)
                 elif any(row[k] != r[k] for k in SPAN_FIELDS):
@@ -102,7 +112,7 @@ def _enqueue(*, key: ApiKey, rows: list[dict[str, Any]]) -> dict[str, Any]:
             rejected += differing
             if fresh:
                 trace_ids = sorted({r["trace_id"] for r in fresh})
-                queued.append((context.pk, trace_ids, len(fresh), json_text(fresh), None))
+                queued.append((context_id, trace_ids, len(fresh), json_text(fresh), None))
         _insert(queued)
     return {
         "spans": len(rows),
@@ -114,12 +124,13 @@ def _enqueue(*, key: ApiKey, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _insert(queued: list[tuple[int, list[str], int, str, bytes | None]]) -> None:
     """The exports' queue rows (context, trace ids, span count, payload, body) in one round trip,
-    in the caller's transaction, the indexer woken once it commits. Payload and body are bound as
-    parameters, the body in binary: inlined in the statement's text (Django's cursor), half a
-    megabyte of JSON was escaped by the client and parsed back by the server."""
+    in one transaction (the caller's, if it has one), the indexer woken once it commits. Payload
+    and body are bound as parameters, the body in binary: inlined in the statement's text
+    (Django's cursor), half a megabyte of JSON was escaped by the client and parsed back by the
+    server."""
     if not queued:
         return
-    with db.binding_cursor() as cursor:
+    with db.binding_cursor() as cursor, db.pipelined_transaction(cursor):
         cursor.executemany(
             f"INSERT INTO {SpanQueue._meta.db_table}"  # noqa: S608 - the model's table
             " (context_id, trace_ids, span_count, payload, body, received_at, error)"
@@ -127,12 +138,6 @@ def _insert(queued: list[tuple[int, list[str], int, str, bytes | None]]) -> None
             queued,
         )
     transaction.on_commit(backlog.wake_indexer)
-
-
-def _kept(placed: list[tuple[Context, list[dict[str, Any]]]]) -> dict[tuple, dict[str, Any]]:
-    """The spans of the export already kept, by context, trace and span id: one statement for
-    every context (a span re-sent is answered from them, and not queued again)."""
-    return kept_spans([c.pk for c, _ in placed], [r for _, group in placed for r in group])
 
 
 def spans_map_batch(*, max_spans: int = MAP_SPANS, wait: bool = False) -> int | None:
