@@ -13,6 +13,8 @@ import json
 import re
 from typing import Any
 
+import orjson
+
 from memory_app.interop.otlp import LANGCHAIN_SCOPE, LLM, NS, span_role
 
 _STEP_NAME = re.compile(r"^Step (\d+)$")
@@ -23,7 +25,13 @@ def _seconds(ns: int | None) -> float | None:
 
 
 def _json(value: Any) -> Any:
+    """A JSON text attribute read, else the value as it is. orjson first (several texts a span),
+    the standard library for what orjson refuses and it reads (NaN, integers past 64 bits)."""
     if isinstance(value, str):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            pass
         try:
             return json.loads(value)
         except ValueError:
@@ -34,10 +42,12 @@ def _json(value: Any) -> Any:
 def _indexed(attrs: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
     """OpenInference flattens lists: `<prefix>.<i>.<rest>` -> [{rest: value}, ...] by index."""
     items: dict[int, dict[str, Any]] = {}
+    prefix += "."
+    start = len(prefix)
     for name, value in attrs.items():
-        if not name.startswith(prefix + "."):
+        if not name.startswith(prefix):
             continue
-        index, _, rest = name[len(prefix) + 1 :].partition(".")
+        index, _, rest = name[start:].partition(".")
         if index.isdigit() and rest:
             items.setdefault(int(index), {})[rest] = value
     return [items[i] for i in sorted(items)]
