@@ -273,7 +273,15 @@ def _value(any_value) -> Any:
 
 
 def _attributes(key_values) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in key_values}
+    # Most values are strings: read without a call to `_value` (every attribute of every span).
+    out = {}
+    for kv in key_values:
+        value = kv.value
+        if value.WhichOneof("value") == "string_value":
+            out[kv.key] = value.string_value
+        else:
+            out[kv.key] = _value(value)
+    return out
 
 
 _ZEROS = {16: bytes(16), 8: bytes(8)}

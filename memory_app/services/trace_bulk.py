@@ -15,9 +15,8 @@ from collections import defaultdict
 from typing import Any
 
 import orjson
-from django.db import connection
 
-from memory_app.db import json_text
+from memory_app.db import binding_cursor, json_text
 from memory_app.interop import otlp
 from memory_app.interop.otlp_steps import run_agent_name, run_outcome, run_task, system_prompt
 from memory_app.models import Context, Run, TraceSpan
@@ -82,8 +81,9 @@ def _as_kept(rows: list[dict[str, Any]]) -> str:
     """The rows as JSON text in `jsonb`'s form, as kept spans read back (`TraceSpan.data` is
     `jsonb`: object keys in its order, numbers as it writes them), so a trace mapped from the
     queue maps as one read back from what is kept; PostgreSQL writes it, not a Python walk of
-    every value."""
-    with connection.cursor() as cursor:
+    every value. Bound apart from the statement: quoted into its text, megabytes of JSON were
+    escaped by the client and read back as a literal by the server."""
+    with binding_cursor() as cursor:
         cursor.execute("SELECT %s::jsonb::text", [json_text(rows)])
         return cursor.fetchone()[0]
 
@@ -114,7 +114,7 @@ ON CONFLICT (context_id, trace_id, span_id) DO NOTHING
 
 
 def _keep_spans(context: Context, text: str, run_of: dict[str, int]) -> None:
-    with connection.cursor() as cursor:
+    with binding_cursor() as cursor:
         cursor.execute(
             _KEEP_SPANS.format(spans=TraceSpan._meta.db_table),
             [context.pk, json.dumps(run_of), text],
