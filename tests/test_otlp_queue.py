@@ -370,3 +370,21 @@ def test_each_context_queues_its_own_spans_and_only_those_not_kept(writer, tool_
     (span,) = [s for r in queued.resource_spans for ss in r.scope_spans for s in ss.spans]
     assert span.span_id == by_end[0].context.span_id.to_bytes(8, "big")
     assert row.span_count == 1
+
+
+def test_a_system_prompt_is_found_however_its_role_is_written():
+    """The mapping skips model calls whose span cannot name a system message without building
+    their messages; a role written with a JSON escape is still read."""
+    from memory_app.interop.otlp_steps import system_prompt
+
+    def llm(start: int, attributes: dict) -> dict:
+        return {"start_ns": start, "attributes": attributes, "events": [], "logs": []}
+
+    user = llm(1, {"llm.input_messages.0.message.role": "user"})
+    plain = {"llm.input_messages.0.message.role": "system"}
+    plain["llm.input_messages.0.message.content"] = "Be brief."
+    text = '[{"role": "\\u0073ystem", "parts": [{"type": "text", "content": "Be brief."}]}]'
+    escaped = {"gen_ai.input.messages": text}
+    assert system_prompt([user, llm(2, plain)]) == "Be brief."
+    assert system_prompt([user, llm(2, escaped)]) == "Be brief."
+    assert system_prompt([user]) == ""

@@ -572,7 +572,22 @@ def run_outcome(root: dict[str, Any], llms: list[dict[str, Any]] = ()) -> dict[s
 def system_prompt(llms: list[dict[str, Any]]) -> str:
     """The system message of the first LLM call that has one (smolagents' system prompt)."""
     for llm in sorted(llms, key=lambda s: s["start_ns"]):
+        if not _may_name_system(llm):
+            continue
         for m in input_messages(llm) or []:
             if m["role"] == "system":
                 return "\n".join(c["text"] for c in m["content"])
     return ""
+
+
+def _may_name_system(span: dict[str, Any]) -> bool:
+    """Whether the span's input messages can hold a system message: only if the word is written
+    in the span (an attribute, a JSON text, a log event's name) or a JSON text in it escapes
+    characters (`\\u0073ystem` reads as the word). One C-level pass over the span, where
+    building its messages to look (every model call of a run with no system prompt) cost as
+    much as the steps' own."""
+    try:
+        text = orjson.dumps(span)
+    except (orjson.JSONEncodeError, TypeError):
+        return True
+    return b"system" in text or b"\\u" in text
