@@ -12,6 +12,9 @@ import pytest
 from django.core.management import call_command
 from django.db import transaction
 from django.test import Client
+from google.rpc.status_pb2 import Status
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from memory_app import backlog
 from memory_app.models import Context, Run, SpanQueue, Step, ToolCall, TraceSpan
@@ -247,3 +250,141 @@ def test_acknowledging_and_mapping_cost_the_same_statements_whatever_the_spans(w
         counts.append((len(acknowledged), len(mapping)))
     assert counts[0] == counts[1], counts
     assert Run.objects.filter(status="success").count() == 8 + 8 + 32
+
+
+def _request(spans) -> ExportTraceServiceRequest:
+    return ExportTraceServiceRequest.FromString(protobuf_body(spans))
+
+
+def _post_raw(client, request: ExportTraceServiceRequest):
+    return client.client.generic(
+        "POST", "/v1/traces", request.SerializeToString(), content_type=PROTO, **client._headers()
+    )
+
+
+def _nul_in(where: str, request: ExportTraceServiceRequest) -> None:
+    """Put a NUL character in one text the mapping keeps; the span also holds numbers whose
+    encoding has 0 bytes (0, 1.0), as most spans with token counts do."""
+    rs = request.resource_spans[0]
+    span = rs.scope_spans[0].spans[2]
+    span.attributes.add(key="retries", value=AnyValue(int_value=0))
+    span.attributes.add(key="temperature", value=AnyValue(double_value=1.0))
+    if where == "span name":
+        span.name = "bad\x00name"
+    elif where == "attribute value":
+        span.attributes.add(key="note", value=AnyValue(string_value="a\x00b"))
+    elif where == "attribute key":
+        span.attributes.add(key="no\x00te", value=AnyValue(string_value="ab"))
+    elif where == "nested value":
+        nested = AnyValue()
+        nested.kvlist_value.values.add(key="inner", value=AnyValue(string_value="x\x00"))
+        span.attributes.add(key="nested", value=nested)
+    elif where == "array value":
+        array = AnyValue()
+        array.array_value.values.add(string_value="\x00")
+        span.attributes.add(key="list", value=array)
+    elif where == "event":
+        span.events.add(name="exception", time_unix_nano=span.start_time_unix_nano).attributes.add(
+            key="exception.message", value=AnyValue(string_value="boom\x00")
+        )
+    elif where == "status message":
+        span.status.message = "failed\x00"
+    elif where == "resource":
+        rs.resource.attributes.add(key="host.name", value=AnyValue(string_value="h\x00"))
+    elif where == "scope name":
+        rs.scope_spans[0].scope.name = "scope\x00"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "where",
+    [
+        "span name",
+        "attribute value",
+        "attribute key",
+        "nested value",
+        "array value",
+        "event",
+        "status message",
+        "resource",
+        "scope name",
+    ],
+)
+def test_a_nul_anywhere_the_mapping_keeps_refuses_the_export_with_nothing_queued(
+    writer, tool_run, where
+):
+    _, spans = tool_run
+    request = _request(spans)
+    _nul_in(where, request)
+    response = _post_raw(writer, request)
+    assert response.status_code == 400, response.content
+    assert "NUL" in Status.FromString(response.content).message
+    assert not SpanQueue.objects.exists() and not Context.objects.exists()
+
+
+@pytest.mark.django_db
+def test_zero_bytes_outside_text_are_accepted_and_mapped_as_sent(writer, tool_run):
+    """Numbers, empty texts, ids and times hold 0 bytes on the wire: the export is read text by
+    text, accepted, and the values come back as sent."""
+    _, spans = tool_run
+    request = _request(spans)
+    span = request.resource_spans[0].scope_spans[0].spans[2]
+    span.attributes.add(key="retries", value=AnyValue(int_value=0))
+    span.attributes.add(key="temperature", value=AnyValue(double_value=1.0))
+    span.attributes.add(key="empty", value=AnyValue(string_value=""))
+    span.attributes.add(key="blob", value=AnyValue(bytes_value=b"\x00\x01"))
+    assert _post_raw(writer, request).status_code == 200
+    map_queued()
+    kept = TraceSpan.objects.get(span_id=span.span_id.hex()).data["attributes"]
+    assert (kept["retries"], kept["temperature"], kept["empty"]) == (0, 1.0, "")
+    assert kept["blob"] == "AAE="
+
+
+@pytest.mark.django_db
+def test_each_context_queues_its_own_spans_and_only_those_not_kept(writer, tool_run, code_run):
+    """An export holding two contexts' traces is queued as two rows, each the protobuf of its
+    context's spans; sent again with one span more, only that span is queued."""
+    _, tools = tool_run
+    _, code = code_run
+    request = _request(tools)
+    other = _request(code).resource_spans[0]
+    for kv in other.resource.attributes:
+        if kv.key == "agentmemory.context.user":
+            kv.value.string_value = "grace"
+    request.resource_spans.append(other)
+    by_end = sorted(tools, key=lambda s: s.end_time)
+    assert _post_raw(writer, request).status_code == 200
+    rows = {row.context.keys["user"]: row for row in SpanQueue.objects.select_related("context")}
+    assert set(rows) == {"ada", "grace"}
+    for user, spans in (("ada", tools), ("grace", code)):
+        queued = ExportTraceServiceRequest.FromString(bytes(rows[user].body))
+        ids = {s.span_id for r in queued.resource_spans for ss in r.scope_spans for s in ss.spans}
+        assert ids == {s.context.span_id.to_bytes(8, "big") for s in spans}
+        assert rows[user].span_count == len(spans)
+    map_queued()
+    SpanQueue.objects.all().delete()
+    TraceSpan.objects.filter(span_id=f"{by_end[0].context.span_id:016x}").delete()
+    assert _post_raw(writer, request).status_code == 200
+    (row,) = SpanQueue.objects.all()
+    queued = ExportTraceServiceRequest.FromString(bytes(row.body))
+    (span,) = [s for r in queued.resource_spans for ss in r.scope_spans for s in ss.spans]
+    assert span.span_id == by_end[0].context.span_id.to_bytes(8, "big")
+    assert row.span_count == 1
+
+
+def test_a_system_prompt_is_found_however_its_role_is_written():
+    """The mapping skips model calls whose span cannot name a system message without building
+    their messages; a role written with a JSON escape is still read."""
+    from memory_app.interop.otlp_steps import system_prompt
+
+    def llm(start: int, attributes: dict) -> dict:
+        return {"start_ns": start, "attributes": attributes, "events": [], "logs": []}
+
+    user = llm(1, {"llm.input_messages.0.message.role": "user"})
+    plain = {"llm.input_messages.0.message.role": "system"}
+    plain["llm.input_messages.0.message.content"] = "Be brief."
+    text = '[{"role": "\\u0073ystem", "parts": [{"type": "text", "content": "Be brief."}]}]'
+    escaped = {"gen_ai.input.messages": text}
+    assert system_prompt([user, llm(2, plain)]) == "Be brief."
+    assert system_prompt([user, llm(2, escaped)]) == "Be brief."
+    assert system_prompt([user]) == ""

@@ -310,16 +310,15 @@ def _export(request: HttpRequest, *, logs: bool) -> HttpResponse:
             415,
             f"Content-Type must be {otlp.PROTOBUF} or {otlp.JSON}, got {content_type or 'none'!r}",
         )
-    decode = otlp.decode_logs if logs else otlp.decode_request
-    try:
-        items = decode(_body(request), content_type=content_type)
-    except otlp.TraceFormatError as exc:
-        raise HttpError(400, str(exc)) from None
+    body = _body(request)
     try:
         if logs:
-            result = span_queue.logs_receive(key=key, records=items)
+            records = otlp.decode_logs(body, content_type=content_type)
+            result = span_queue.logs_receive(key=key, records=records)
         else:
-            result = span_queue.traces_receive(key=key, spans=items)
+            result = span_queue.traces_receive(key=key, body=body, content_type=content_type)
+    except otlp.TraceFormatError as exc:
+        raise HttpError(400, str(exc)) from None
     except errors.KeysNotAllowed as exc:
         raise HttpError(403, str(exc)) from None
     message = ""

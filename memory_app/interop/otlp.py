@@ -28,7 +28,6 @@ How a trace becomes a run (one trace = one run):
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import math
 from typing import Any
@@ -274,15 +273,26 @@ def _value(any_value) -> Any:
 
 
 def _attributes(key_values) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in key_values}
+    # Most values are strings: read without a call to `_value` (every attribute of every span).
+    out = {}
+    for kv in key_values:
+        value = kv.value
+        if value.WhichOneof("value") == "string_value":
+            out[kv.key] = value.string_value
+        else:
+            out[kv.key] = _value(value)
+    return out
+
+
+_ZEROS = {16: bytes(16), 8: bytes(8)}
 
 
 def _span_id(raw: bytes, size: int, what: str, *, required: bool = True) -> str:
     if not raw and not required:
         return ""
-    if len(raw) != size or not any(raw):
+    if len(raw) != size or raw == _ZEROS[size]:
         raise TraceFormatError(f"{what} must be {size} bytes and not all zero")
-    return binascii.hexlify(raw).decode()
+    return raw.hex()
 
 
 _STATUS = {Status.STATUS_CODE_OK: "ok", Status.STATUS_CODE_ERROR: "error"}

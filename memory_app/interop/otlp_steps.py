@@ -13,6 +13,8 @@ import json
 import re
 from typing import Any
 
+import orjson
+
 from memory_app.interop.otlp import LANGCHAIN_SCOPE, LLM, NS, span_role
 
 _STEP_NAME = re.compile(r"^Step (\d+)$")
@@ -23,7 +25,13 @@ def _seconds(ns: int | None) -> float | None:
 
 
 def _json(value: Any) -> Any:
+    """A JSON text attribute read, else the value as it is. orjson first (several texts a span),
+    the standard library for what orjson refuses and it reads (NaN, integers past 64 bits)."""
     if isinstance(value, str):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            pass
         try:
             return json.loads(value)
         except ValueError:
@@ -34,10 +42,12 @@ def _json(value: Any) -> Any:
 def _indexed(attrs: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
     """OpenInference flattens lists: `<prefix>.<i>.<rest>` -> [{rest: value}, ...] by index."""
     items: dict[int, dict[str, Any]] = {}
+    prefix += "."
+    start = len(prefix)
     for name, value in attrs.items():
-        if not name.startswith(prefix + "."):
+        if not name.startswith(prefix):
             continue
-        index, _, rest = name[len(prefix) + 1 :].partition(".")
+        index, _, rest = name[start:].partition(".")
         if index.isdigit() and rest:
             items.setdefault(int(index), {})[rest] = value
     return [items[i] for i in sorted(items)]
@@ -562,7 +572,22 @@ def run_outcome(root: dict[str, Any], llms: list[dict[str, Any]] = ()) -> dict[s
 def system_prompt(llms: list[dict[str, Any]]) -> str:
     """The system message of the first LLM call that has one (smolagents' system prompt)."""
     for llm in sorted(llms, key=lambda s: s["start_ns"]):
+        if not _may_name_system(llm):
+            continue
         for m in input_messages(llm) or []:
             if m["role"] == "system":
                 return "\n".join(c["text"] for c in m["content"])
     return ""
+
+
+def _may_name_system(span: dict[str, Any]) -> bool:
+    """Whether the span's input messages can hold a system message: only if the word is written
+    in the span (an attribute, a JSON text, a log event's name) or a JSON text in it escapes
+    characters (`\\u0073ystem` reads as the word). One C-level pass over the span, where
+    building its messages to look (every model call of a run with no system prompt) cost as
+    much as the steps' own."""
+    try:
+        text = orjson.dumps(span)
+    except (orjson.JSONEncodeError, TypeError):
+        return True
+    return b"system" in text or b"\\u" in text

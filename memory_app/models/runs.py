@@ -290,17 +290,20 @@ class SpanQueue(ContextRow):
     """One OTLP export's spans (or log events) of one context, acknowledged and waiting to be
     mapped into runs and steps (`memory_app.services.span_queue`).
 
-    The receiver decodes, authenticates and places an export in its contexts, then answers:
+    The receiver reads, authenticates and places an export in its contexts, then answers:
     mapping costs several statements a trace, which the worker spends in bulk, many exports of
-    one context at a time. Rows are deleted in the transaction that maps them. `payload` is the
-    spans as JSON text (in the order received, keys as sent), `trace_ids` what a reader needs to
-    tell that a run's spans are still queued.
+    one context at a time. Rows are deleted in the transaction that maps them. A trace export is
+    kept as received: `body` is the protobuf of the context's spans (the mapper decodes it); a
+    log export's records are `payload`, JSON text of the decoded records (in the order received,
+    keys as sent). `trace_ids` is what a reader needs to tell that a run's spans are still
+    queued.
     """
 
     context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="+")
     trace_ids = ArrayField(models.CharField(max_length=32))
     span_count = models.IntegerField()
-    payload = models.TextField()
+    payload = models.TextField(blank=True, default="")
+    body = models.BinaryField(null=True)
     received_at = models.DateTimeField(auto_now_add=True)
     # Why the mapping refused this export: kept aside, out of the backlog, for the operator.
     error = models.TextField(blank=True, default="")

@@ -5,6 +5,7 @@ same and raises `Conflict` naming the fields that differ when it is not."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from memory_app import pricing
-from memory_app.db import copy_models
+from memory_app.db import copy_models, model_factory
 from memory_app.errors import Conflict, Invalid, differences
 from memory_app.models import (
     Context,
@@ -461,8 +462,9 @@ def runs_create_bulk(*, context: Context, new: list[NewRun]) -> list[Run]:
     bulk, many runs at a time)."""
     runs, steps = [], []
     now = timezone.now()
+    new_run, new_step, new_call = _factories()
     for spec in new:
-        run = Run(
+        run = new_run(
             context_id=context.pk,
             client_id=spec.client_id,
             framework=spec.framework or "",
@@ -476,7 +478,7 @@ def runs_create_bulk(*, context: Context, new: list[NewRun]) -> list[Run]:
         )
         run_steps = []
         for position, (_, item) in enumerate(ordered, start=1):
-            step = Step(context_id=context.pk, client_id=item.get("client_id") or None)
+            step = new_step(context_id=context.pk, client_id=item.get("client_id") or None)
             for name, value in _step_data(item).items():
                 setattr(step, name, value)
             step.position = position
@@ -498,7 +500,7 @@ def runs_create_bulk(*, context: Context, new: list[NewRun]) -> list[Run]:
     copy_models([s for run_steps in steps for s, _ in run_steps])
     copy_models(
         [
-            ToolCall(step_id=s.pk, context_id=context.pk, position=i, **c)
+            new_call(step_id=s.pk, context_id=context.pk, position=i, **c)
             for run_steps in steps
             for s, step_calls in run_steps
             for i, c in enumerate(step_calls, start=1)
@@ -509,6 +511,13 @@ def runs_create_bulk(*, context: Context, new: list[NewRun]) -> list[Run]:
             run_count=F("run_count") + len(runs), last_activity_at=now
         )
     return runs
+
+
+@functools.cache
+def _factories():
+    """Builders of new runs, steps and tool calls for `runs_create_bulk` (`db.model_factory`),
+    made once the app's signal receivers are connected."""
+    return model_factory(Run), model_factory(Step), model_factory(ToolCall)
 
 
 def _finish_new(run: Run, steps: list[Step], finish: dict[str, Any], now) -> None:

@@ -1,18 +1,19 @@
 """OTLP exports acknowledged at once and mapped into runs and steps in bulk.
 
-The receiver (`POST /v1/traces`, `/v1/logs`) decodes and authenticates an export, places its
+The receiver (`POST /v1/traces`, `/v1/logs`) reads and authenticates an export, places its
 traces in their contexts (`traces.traces_place`: the same rules and refusals as the mapping) and
-writes one `SpanQueue` row per context in one statement, then answers. Spans kept before with
-other content are answered as rejected there and then; spans already kept as sent are not queued
-again.
+writes one `SpanQueue` row per context in one statement, then answers. A trace export is read no
+further than placing needs (`otlp_scan`: ids and context attributes) and queued as protobuf, the
+context's spans as received; the mapper decodes it. Spans kept before with other content are
+answered as rejected there and then; spans already kept as sent are not queued again.
 
 The mapping is a backlog drained by the per-process indexer thread (woken when an export
 commits) and by every turn of `manage.py embed_worker`, provider or not: `spans_map_batch` locks
 one context (SKIP LOCKED: another mapper or writer holding it is passed over), claims up to
-MAP_SPANS of its queued spans in arrival order, maps them with `trace_bulk.traces_map_bulk` (new
-traces written together, each trace brought up to date once for all the exports that hold spans
-of it) and deletes the rows, in one transaction. A span queued twice (an exporter's retry before
-the first copy was mapped) is kept once, first received first.
+MAP_SPANS of its queued spans in arrival order, decodes them, maps them with
+`trace_bulk.traces_map_bulk` (new traces written together, each trace brought up to date once for
+all the exports that hold spans of it) and deletes the rows, in one transaction. A span queued
+twice (an exporter's retry before the first copy was mapped) is kept once, first received first.
 
 AGENTMEMORY_OTLP_MAP_INLINE maps in the request instead (the synchronous path: the export is
 answered once its runs and steps are written).
@@ -29,8 +30,9 @@ from django.db import connection, transaction
 
 from memory_app import backlog, db
 from memory_app.db import json_text
+from memory_app.interop import otlp, otlp_scan
 from memory_app.models import ApiKey, Context, SpanQueue
-from memory_app.queries.trace_spans import SPAN_FIELDS, kept_spans
+from memory_app.queries.trace_spans import SPAN_FIELDS
 from memory_app.services import trace_bulk, traces
 
 log = logging.getLogger(__name__)
@@ -41,12 +43,49 @@ MAP_SPANS = 5000
 CLAIM_ROWS = 500
 
 
-def traces_receive(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]:
-    """Accept decoded spans: queued for mapping (or mapped now, see the module doc). Returns
-    `{"spans", "rejected", "rejected_ids", ...}` as `traces.traces_ingest` does."""
+def traces_receive(*, key: ApiKey, body: bytes, content_type: str) -> dict[str, Any]:
+    """Accept an OTLP trace export (the request body, decompressed): queued for mapping (or
+    mapped now, see the module doc). Returns `{"spans", "rejected", "rejected_ids", ...}` as
+    `traces.traces_ingest` does; a body that is no valid export is `otlp.TraceFormatError`."""
     if settings.AGENTMEMORY_OTLP_MAP_INLINE:
+        spans = otlp.decode_request(body, content_type=content_type)
         return traces.traces_ingest(key=key, spans=spans)
-    return _enqueue(key=key, rows=traces.span_rows(spans))
+    scan = otlp_scan.scan_request(body, content_type=content_type)
+    placed, kept = traces.traces_place(key=key, rows=scan.rows, create=False)
+    if placed is not None:
+        # Every context exists: the reads need no transaction, and the queue rows go in one
+        # round trip with their BEGIN and COMMIT.
+        return _queue_scan(scan, placed, kept)
+    with transaction.atomic():
+        # A context is created with the rows that need it, or not at all.
+        placed, kept = traces.traces_place(key=key, rows=scan.rows)
+        return _queue_scan(scan, placed, kept)
+
+
+def _queue_scan(scan: otlp_scan.Scan, placed: list, kept: dict) -> dict[str, Any]:
+    """Queue each context's spans not kept yet (`traces.traces_place` placed them); a span kept
+    with other content is answered as rejected."""
+    queued, rejected = [], []
+    for context_id, group in placed:
+        fresh = []
+        for r in group:
+            row = kept.get((context_id, r["trace_id"], r["span_id"]))
+            if row is None:
+                fresh.append(r["index"])
+                continue
+            (sent,) = traces.span_rows([scan.span(r["index"])])
+            if any(row[k] != sent[k] for k in SPAN_FIELDS):
+                rejected.append(r["span_id"])
+        if fresh:
+            trace_ids = sorted({scan.rows[i]["trace_id"] for i in fresh})
+            queued.append((context_id, trace_ids, len(fresh), "", scan.body_of(set(fresh))))
+    _insert(queued)
+    return {
+        "spans": len(scan.rows),
+        "queued": sum(q[2] for q in queued),
+        "rejected": len(rejected),
+        "rejected_ids": rejected,
+    }
 
 
 def logs_receive(*, key: ApiKey, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -61,12 +100,11 @@ def logs_receive(*, key: ApiKey, records: list[dict[str, Any]]) -> dict[str, Any
 def _enqueue(*, key: ApiKey, rows: list[dict[str, Any]]) -> dict[str, Any]:
     queued, rejected = [], []
     with transaction.atomic():
-        placed = traces.traces_place(key=key, rows=rows)
-        kept = _kept(placed)
-        for context, group in placed:
+        placed, kept = traces.traces_place(key=key, rows=rows)
+        for context_id, group in placed:
             fresh, differing = [], []
             for r in group:
-                row = kept.get((context.pk, r["trace_id"], r["span_id"]))
+                row = kept.get((context_id, r["trace_id"], r["span_id"]))
                 if row is None:
                     fresh.append(r)
                 elif any(row[k] != r[k] for k in SPAN_FIELDS):
@@ -74,35 +112,32 @@ def _enqueue(*, key: ApiKey, rows: list[dict[str, Any]]) -> dict[str, Any]:
             rejected += differing
             if fresh:
                 trace_ids = sorted({r["trace_id"] for r in fresh})
-                queued.append((context.pk, trace_ids, len(fresh), json_text(fresh)))
-        if queued:
-            _insert(queued)
-            transaction.on_commit(backlog.wake_indexer)
+                queued.append((context_id, trace_ids, len(fresh), json_text(fresh), None))
+        _insert(queued)
     return {
         "spans": len(rows),
-        "queued": sum(count for _, _, count, _ in queued),
+        "queued": sum(q[2] for q in queued),
         "rejected": len(rejected),
         "rejected_ids": rejected,
     }
 
 
-def _insert(queued: list[tuple[int, list[str], int, str]]) -> None:
-    """The exports' queue rows (context, trace ids, span count, payload) in one round trip, the
-    payload bound as a parameter: inlined in the statement's text (Django's cursor), half a
-    megabyte of JSON was escaped by the client and parsed back by the server."""
-    with db.binding_cursor() as cursor:
+def _insert(queued: list[tuple[int, list[str], int, str, bytes | None]]) -> None:
+    """The exports' queue rows (context, trace ids, span count, payload, body) in one round trip,
+    in one transaction (the caller's, if it has one), the indexer woken once it commits. Payload
+    and body are bound as parameters, the body in binary: inlined in the statement's text
+    (Django's cursor), half a megabyte of JSON was escaped by the client and parsed back by the
+    server."""
+    if not queued:
+        return
+    with db.binding_cursor() as cursor, db.pipelined_transaction(cursor):
         cursor.executemany(
             f"INSERT INTO {SpanQueue._meta.db_table}"  # noqa: S608 - the model's table
-            " (context_id, trace_ids, span_count, payload, received_at, error)"
-            " VALUES (%s, %b, %s, %s, now(), '')",
+            " (context_id, trace_ids, span_count, payload, body, received_at, error)"
+            " VALUES (%s, %b, %s, %s, %b, now(), '')",
             queued,
         )
-
-
-def _kept(placed: list[tuple[Context, list[dict[str, Any]]]]) -> dict[tuple, dict[str, Any]]:
-    """The spans of the export already kept, by context, trace and span id: one statement for
-    every context (a span re-sent is answered from them, and not queued again)."""
-    return kept_spans([c.pk for c, _ in placed], [r for _, group in placed for r in group])
+    transaction.on_commit(backlog.wake_indexer)
 
 
 def spans_map_batch(*, max_spans: int = MAP_SPANS, wait: bool = False) -> int | None:
@@ -162,28 +197,33 @@ def _map_context(context_id: int, *, max_spans: int, wait: bool) -> int | None:
         if not taken:
             return None
         rows, seen = [], set()
-        for payload in _payloads(context_id, taken):
-            for row in json.loads(payload):
+        for payload, body in _claimed(context_id, taken):
+            for row in _rows(payload, body):
                 if (row["trace_id"], row["span_id"]) not in seen:
                     seen.add((row["trace_id"], row["span_id"]))
                     rows.append(row)
-        trace_bulk.traces_map_bulk(context=context, rows=rows, queued=taken)
+        trace_bulk.traces_map_bulk(context=context, rows=rows)
         SpanQueue.objects.filter(context_id=context_id, pk__in=taken).delete()
     return len(rows)
 
 
-def _payloads(context_id: int, ids: list[int]) -> list[str]:
-    """The exports' spans in arrival order, as `jsonb` text: object keys in the order the kept
-    spans read back in (`TraceSpan.data` is `jsonb`), so a trace mapped from the queue maps as
-    one read back from what is kept; PostgreSQL orders them, not a Python walk of every
-    value."""
+def _claimed(context_id: int, ids: list[int]) -> list[tuple[str, bytes | None]]:
+    """The exports' payloads and bodies, in arrival order."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT payload::jsonb::text FROM {SpanQueue._meta.db_table}"  # noqa: S608
+            f"SELECT payload, body FROM {SpanQueue._meta.db_table}"  # noqa: S608
             " WHERE context_id = %s AND id = ANY(%s) ORDER BY id",
             [context_id, ids],
         )
-        return [payload for (payload,) in cursor.fetchall()]
+        return cursor.fetchall()
+
+
+def _rows(payload: str, body: bytes | None) -> list[dict[str, Any]]:
+    """A queued export's rows (`traces.span_rows`, `traces.log_rows`): a trace export's protobuf
+    decoded, a log export's JSON read."""
+    if body is None:
+        return json.loads(payload)
+    return traces.span_rows(otlp.decode_request(bytes(body), content_type=otlp.PROTOBUF))
 
 
 def _set_aside(context_id: int, exc: Exception) -> None:

@@ -14,22 +14,23 @@ import json
 from collections import defaultdict
 from typing import Any
 
-from django.db import connection
+import orjson
 
+from memory_app.db import binding_cursor, json_text
 from memory_app.interop import otlp
 from memory_app.interop.otlp_steps import run_agent_name, run_outcome, run_task, system_prompt
-from memory_app.models import Context, Run, SpanQueue, TraceSpan
+from memory_app.models import Context, Run, TraceSpan
 from memory_app.services import traces
 from memory_app.services.runs import NewRun, runs_create_bulk
 
 
-def traces_map_bulk(
-    *, context: Context, rows: list[dict[str, Any]], queued: list[int]
-) -> dict[str, Any]:
-    """As `traces.traces_map` of one context, whose lock the caller holds: the rows of the
-    `queued` exports (`traces.span_rows`, `traces.log_rows`; each span once, first received
-    first, object keys in `jsonb`'s order as `span_queue` reads them) kept, every trace that
-    gained rows brought up to date. Answers `{"new_spans", "rejected", "rejected_ids", "runs"}`."""
+def traces_map_bulk(*, context: Context, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """As `traces.traces_map` of one context, whose lock the caller holds: the rows of queued
+    exports (`traces.span_rows`, `traces.log_rows`; each span once, first received first) kept,
+    every trace that gained rows brought up to date. Answers `{"new_spans", "rejected",
+    "rejected_ids", "runs"}`."""
+    text = _as_kept(rows)
+    rows = _loads(text)
     fresh_rows, differing = traces.trace_spans_unkept(context=context, spans=rows)
     trace_ids = sorted({r["trace_id"] for r in fresh_rows})
     # Traces the context has seen before: mapped from what is kept, one by one.
@@ -58,7 +59,7 @@ def traces_map_bulk(
     run_of = {
         spec.metadata["otel_trace_id"]: run.pk for spec, run in zip(new_runs, created, strict=True)
     }
-    _keep_spans(context, queued, run_of)
+    _keep_spans(context, text, run_of)
     runs = []
     for trace_id in order:
         if trace_id in run_of:
@@ -76,31 +77,47 @@ def traces_map_bulk(
     }
 
 
-# The spans of the queued exports kept in one statement, each with its trace's run when the
-# batch made it (the others' spans are linked as their trace is brought up to date): the queue's
-# JSON read by PostgreSQL, no row built in Python. A span already kept, or queued twice, is kept
-# once (the first received: the rows go in arrival order). The runs come as one JSON object of
-# trace id to run id, not a join, so on Citus the statement stays on the context's shard.
+def _as_kept(rows: list[dict[str, Any]]) -> str:
+    """The rows as JSON text in `jsonb`'s form, as kept spans read back (`TraceSpan.data` is
+    `jsonb`: object keys in its order, numbers as it writes them), so a trace mapped from the
+    queue maps as one read back from what is kept; PostgreSQL writes it, not a Python walk of
+    every value. Bound apart from the statement: quoted into its text, megabytes of JSON were
+    escaped by the client and read back as a literal by the server."""
+    with binding_cursor() as cursor:
+        cursor.execute("SELECT %s::jsonb::text", [json_text(rows)])
+        return cursor.fetchone()[0]
+
+
+def _loads(text: str) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)  # integers past 64 bits, which orjson refuses
+
+
+# The rows kept in one statement, each with its trace's run when the batch made it (the others'
+# spans are linked as their trace is brought up to date): the JSON read by PostgreSQL, no row
+# built in Python. A span already kept is kept once (the first received: the rows go in arrival
+# order). The runs come as one JSON object of trace id to run id, and every row names the
+# context, so on Citus the statement goes to the context's shard.
 _KEEP_SPANS = """
 INSERT INTO {spans} (context_id, run_id, trace_id, span_id, parent_span_id, name, role,
                      start_ns, end_ns, data, received_at)
-SELECT q.context_id, (%s::jsonb ->> (s.value->>'trace_id'))::bigint,
+SELECT %s, (%s::jsonb ->> (s.value->>'trace_id'))::bigint,
        s.value->>'trace_id', s.value->>'span_id', s.value->>'parent_span_id',
        s.value->>'name', s.value->>'role', (s.value->>'start_ns')::bigint,
        (s.value->>'end_ns')::bigint, s.value->'data', now()
-FROM {queue} q
-CROSS JOIN LATERAL jsonb_array_elements(q.payload::jsonb) WITH ORDINALITY AS s(value, n)
-WHERE q.context_id = %s AND q.id = ANY(%s)
-ORDER BY q.id, s.n
+FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS s(value, n)
+ORDER BY s.n
 ON CONFLICT (context_id, trace_id, span_id) DO NOTHING
 """
 
 
-def _keep_spans(context: Context, queued: list[int], run_of: dict[str, int]) -> None:
-    with connection.cursor() as cursor:
+def _keep_spans(context: Context, text: str, run_of: dict[str, int]) -> None:
+    with binding_cursor() as cursor:
         cursor.execute(
-            _KEEP_SPANS.format(spans=TraceSpan._meta.db_table, queue=SpanQueue._meta.db_table),
-            [json.dumps(run_of), context.pk, queued],
+            _KEEP_SPANS.format(spans=TraceSpan._meta.db_table),
+            [context.pk, json.dumps(run_of), text],
         )
 
 

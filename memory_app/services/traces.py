@@ -52,8 +52,13 @@ from memory_app.models import (
     TraceSpan,
     keys_digest,
 )
-from memory_app.queries.trace_spans import SPAN_FIELDS, kept_spans, trace_contexts
-from memory_app.services.contexts import contexts_get_or_create
+from memory_app.queries.trace_spans import (
+    SPAN_FIELDS,
+    context_ids,
+    kept_spans,
+    trace_contexts,
+)
+from memory_app.services.contexts import context_get_or_create
 from memory_app.services.runs import (
     run_create,
     run_finish,
@@ -129,8 +134,12 @@ def _log_span(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def traces_place(*, key: ApiKey, rows: list[dict[str, Any]]) -> list[tuple[Context, list[dict]]]:
-    """The contexts the rows of an export go to, each with its rows, created when missing.
+def traces_place(
+    *, key: ApiKey, rows: list[dict[str, Any]], create: bool = True
+) -> tuple[list[tuple[int, list[dict]]] | None, dict[tuple, dict[str, Any]]]:
+    """The contexts (ids) the rows of an export go to, each with its rows, created when missing
+    (`create`; else None when one is missing); and the rows' spans already kept, by (context id,
+    trace id, span id), each a dict of `SPAN_FIELDS`.
 
     A trace stays in the context its first spans (or log events) went to, kept or still queued
     (later spans may lack a session id); a new trace goes where its spans' attributes say. A
@@ -141,7 +150,7 @@ def traces_place(*, key: ApiKey, rows: list[dict[str, Any]]) -> list[tuple[Conte
     by_trace: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         by_trace[row["trace_id"]].append(row)
-    known = trace_contexts(list(by_trace), key.context_keys or {})
+    known, kept = trace_contexts(rows, key.context_keys or {})
     groups: dict[str, tuple[dict, list[dict]]] = {}
     for trace_id, trace_rows in by_trace.items():
         keys = known.get(trace_id) or otlp.context_keys([r["data"] for r in trace_rows])
@@ -152,18 +161,24 @@ def traces_place(*, key: ApiKey, rows: list[dict[str, Any]]) -> list[tuple[Conte
                 f"spans name context keys {keys}; this API key may only use contexts whose keys "
                 f"contain {key.context_keys}"
             )
-    contexts = contexts_get_or_create(keys=[keys for keys, _ in groups.values()])
-    return list(zip(contexts, [group for _, group in groups.values()], strict=True))
+    found = context_ids(list(groups))
+    if not create and len(found) < len(groups):
+        return None, kept
+    placed = [
+        (found.get(digest) or context_get_or_create(keys=keys)[0].pk, group)
+        for digest, (keys, group) in groups.items()
+    ]
+    return placed, kept
 
 
 def _ingest(*, key: ApiKey, spans: list[dict[str, Any]]) -> dict[str, Any]:
     with transaction.atomic():
-        placed = traces_place(key=key, rows=spans)
+        placed, _ = traces_place(key=key, rows=spans)
         result = traces_map(placed)
     return {"spans": len(spans), **result}
 
 
-def traces_map(placed: list[tuple[Context, list[dict[str, Any]]]]) -> dict[str, Any]:
+def traces_map(placed: list[tuple[int, list[dict[str, Any]]]]) -> dict[str, Any]:
     """Keep the rows (`span_rows`, `log_rows`) in their contexts and bring every trace that gained
     rows up to date, in the caller's transaction. Answers `{"new_spans", "rejected",
     "rejected_ids", "runs"}`."""
@@ -173,11 +188,11 @@ def traces_map(placed: list[tuple[Context, list[dict[str, Any]]]]) -> dict[str, 
     locked = {
         c.pk: c
         for c in Context.objects.select_for_update()
-        .filter(pk__in=[c.pk for c, _ in placed])
+        .filter(pk__in=[context_id for context_id, _ in placed])
         .order_by("pk")
     }
-    for context, group in placed:
-        context = locked[context.pk]
+    for context_id, group in placed:
+        context = locked[context_id]
         new, differing = trace_spans_record(context=context, spans=group)
         new_count += len(new)
         rejected += differing
