@@ -255,12 +255,12 @@ def _insert_messages(
         args += [
             r.context_id,
             r.seq,
-            r.client_id,
-            r.role,
-            r.name,
+            _char(r.client_id),
+            _char(r.role),
+            _char(r.name),
             r.text,
             None if r.content is None else json.dumps(r.content),
-            list(r.tags),
+            [_char(t) for t in r.tags],
             json.dumps(r.metadata),
             r.run_id,
             r.step_id,
@@ -360,6 +360,13 @@ _COPY_COLUMNS = (
     "pruned_by",
     "key_order",
 )
+
+
+def _char(value: Any) -> str | None:
+    """A value for a text column as Django's CharField writes it (a domain caller may pass a
+    number or a TextChoices member; psycopg would send those typed, and a mixed list not at
+    all)."""
+    return value if value is None or type(value) is str else str(value)
 
 
 # `_insert_messages`' statement: every column but the id (the table's sequence draws it),
