@@ -324,9 +324,11 @@ AGENTMEMORY_SEARCH_EXACT_THRESHOLD = int(
 )
 # hnsw.ef_search: a fixed number, or (unset/0) grown with the model's vector count by the steps
 # "vectors:ef,..." (README "Embeddings and search").
-# Keyword search ranks the newest N matches of a context (all of them when fewer match).
+# Keyword search ranks a term's newest N matches (all of them when fewer match). At 100 LoCoMo's
+# recall@10 is 200's to the third decimal and a million-message context's query costs about
+# three quarters as much (memory_app/bench/notes.md, "Retrieval quality").
 AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = int(
-    os.environ.get("AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES", "200")
+    os.environ.get("AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES", "100")
 )
 AGENTMEMORY_HNSW_EF_SEARCH = int(os.environ.get("AGENTMEMORY_HNSW_EF_SEARCH", "0") or 0)
 AGENTMEMORY_HNSW_EF_SEARCH_STEPS = sorted(
