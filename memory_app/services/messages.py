@@ -258,18 +258,18 @@ def _insert_messages(
             _char(r.client_id),
             _char(r.role),
             _char(r.name),
-            r.text,
+            _char(r.text),
             None if r.content is None else json.dumps(r.content),
             [_char(t) for t in r.tags],
             json.dumps(r.metadata),
             r.run_id,
             r.step_id,
             r.token_count,
-            r.tokenizer,
-            r.source_timestamp,
+            _char(r.tokenizer),
+            _char(r.source_timestamp),
             now,
             now,
-            r.pruned_by,
+            _char(r.pruned_by),
             None if r.key_order is None else json.dumps(r.key_order),
         ]
     with connection.cursor() as cursor:
@@ -363,9 +363,9 @@ _COPY_COLUMNS = (
 
 
 def _char(value: Any) -> str | None:
-    """A value for a text column as Django's CharField writes it (a domain caller may pass a
-    number or a TextChoices member; psycopg would send those typed, and a mixed list not at
-    all)."""
+    """A value for a text column as Django's CharField and TextField write it (a domain caller
+    may pass a number, a dict or a TextChoices member; psycopg would send those typed or not at
+    all, and a mixed list not at all)."""
     return value if value is None or type(value) is str else str(value)
 
 
