@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import psycopg
 from django.core.management import call_command
-from django.db import connections
+from django.db import connection, connections
 from psycopg import sql
 
 
@@ -93,3 +93,15 @@ def conninfo() -> dict:
     """psycopg connection arguments for the database the default connection points at."""
     settings_dict = connections["default"].settings_dict
     return {**_admin_conninfo(settings_dict), "dbname": settings_dict["NAME"]}
+
+
+def stored_meta(table: str) -> str | None:
+    """The JSON a finished build left in its one-row `table` (as text), or None: no build
+    finished in this database."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s)", [table])
+        if cursor.fetchone()[0] is None:
+            return None
+        cursor.execute(sql.SQL("SELECT data::text FROM {} LIMIT 1").format(sql.Identifier(table)))
+        row = cursor.fetchone()
+    return row[0] if row else None

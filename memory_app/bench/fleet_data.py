@@ -22,6 +22,7 @@ import numpy as np
 from django.db import connection
 
 from memory_app import pricing
+from memory_app.bench import database
 from memory_app.bench.load import _copy_contexts, _secondary_indexes
 from memory_app.models import FTS_CONFIG
 from memory_app.queries.search_all import _TEXTS
@@ -264,11 +265,6 @@ def build(sizes: FleetSizes, log: Callable[[str], None]) -> dict[str, float]:
 
 def finished(sizes: FleetSizes) -> dict[str, float] | None:
     """The build's timings when the current database holds a finished dataset of `sizes`."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT to_regclass(%s)", [META_TABLE])
-        if cursor.fetchone()[0] is None:
-            return None
-        cursor.execute(f"SELECT data::text FROM {META_TABLE} LIMIT 1")  # noqa: S608
-        row = cursor.fetchone()
-    data = json.loads(row[0]) if row else {}
+    raw = database.stored_meta(META_TABLE)
+    data = json.loads(raw) if raw else {}
     return data.get("build_seconds") if data.get("sizes") == asdict(sizes) else None

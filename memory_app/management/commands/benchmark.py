@@ -8,7 +8,6 @@ See `memory_app/bench/`.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -462,16 +461,8 @@ class Command(BaseCommand):
         return data
 
     def _load_meta(self) -> Dataset | None:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT to_regclass(%s)", [META_TABLE])
-            if cursor.fetchone()[0] is None:
-                return None
-            cursor.execute(f"SELECT data FROM {META_TABLE} LIMIT 1")  # noqa: S608
-            row = cursor.fetchone()
-        if row is None:
-            return None
-        raw = row[0]
-        return Dataset.from_json(raw if isinstance(raw, str) else json.dumps(raw))
+        raw = database.stored_meta(META_TABLE)
+        return None if raw is None else Dataset.from_json(raw)
 
     # --- measurements -------------------------------------------------------------------------
 
