@@ -86,6 +86,27 @@ def test_locomo_samples_parse_into_turns_and_questions_with_evidence():
     assert rank("where is kyoto")[0] == "D2:1"
 
 
+def test_a_dataset_with_nothing_to_ask_is_refused_with_its_path(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(quality.DatasetError, match="no LoCoMo question"):
+        quality.read_locomo(empty)
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(quality.DatasetError, match="broken.json"):
+        quality.read_locomo(tmp_path / "broken.json")
+    (tmp_path / "odd.json").write_text('[{"conversation": {"session_1": [{"text": "hi"}]}}]')
+    with pytest.raises(quality.DatasetError, match="LoCoMo's format"):
+        quality.read_locomo(tmp_path / "odd.json")
+    with pytest.raises(quality.DatasetError, match="cannot read"):
+        quality.read_locomo(tmp_path / "absent.json")
+    (tmp_path / "one.json").write_text(
+        '{"conversation": {"session_1": [{"speaker": "A", "dia_id": "D1:1", "text": "hi"}]},'
+        ' "qa": [{"question": "Who said hi?", "evidence": ["D1:1"], "category": 1}]}'
+    )
+    [conv] = quality.read_locomo(tmp_path / "one.json")
+    assert conv.sample_id == "one" and conv.questions == [("Who said hi?", frozenset({"D1:1"}))]
+
+
 def test_a_term_s_plan_follows_its_weight_and_bounds_its_rows():
     plan = bm25.plan_term
     big = {"window": 2000, "n": 1_000_000, "last_seq": 1_000_000, "cap": 200, "limit": 10}

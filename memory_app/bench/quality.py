@@ -55,15 +55,33 @@ def fetch_dataset(path: Path, url: str = LOCOMO_URL) -> Path:
     return path
 
 
+class DatasetError(Exception):
+    """The dataset cannot be read, or holds no question with its evidence among the turns."""
+
+
 def read_locomo(path: Path) -> list[Conversation]:
     """The conversations of LoCoMo's release file, or of a folder of its per-conversation files
-    (the multimodal release's layout)."""
+    (the multimodal release's layout); DatasetError when there is nothing to ask."""
     files = sorted(path.glob("*.json")) if path.is_dir() else [path]
     raw = []
     for file in files:
-        loaded = json.loads(file.read_text())
+        try:
+            loaded = json.loads(file.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise DatasetError(f"cannot read {file}: {exc}") from exc
+        if not isinstance(loaded, list | dict):
+            raise DatasetError(f"{file} holds neither a LoCoMo sample nor a list of them")
         raw += loaded if isinstance(loaded, list) else [{"sample_id": file.stem, **loaded}]
-    return parse_locomo(raw)
+    try:
+        conversations = parse_locomo(raw)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise DatasetError(f"{path} is not in LoCoMo's format ({exc!r})") from exc
+    if not any(c.questions for c in conversations):
+        raise DatasetError(
+            f"{path} holds no LoCoMo question whose evidence is among its turns "
+            f"({len(files)} JSON file(s) read)"
+        )
+    return conversations
 
 
 def parse_locomo(raw: Sequence[dict]) -> list[Conversation]:

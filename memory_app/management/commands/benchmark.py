@@ -371,7 +371,10 @@ class Command(BaseCommand):
         if not opts["dataset"]:
             self.log(f"dataset: {path} (fetched from {quality.LOCOMO_URL} if absent)")
             quality.fetch_dataset(path)
-        conversations = quality.read_locomo(path)
+        try:
+            conversations = quality.read_locomo(path)
+        except quality.DatasetError as exc:
+            raise CommandError(str(exc)) from exc
         if opts["keyword_messages"]:
             return self._keyword_scale(conversations, opts["keyword_messages"], opts["db_name"])
         settings.AGENTMEMORY_EMBEDDING_PROVIDER = "local"
