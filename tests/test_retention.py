@@ -29,6 +29,7 @@ from memory_app.services import retention
 from memory_app.services.curation import PURGE_CONFIRMATION
 from memory_app.services.memories import memories_record, memory_purge
 from memory_app.services.memory_expiry import memory_set_legal_hold
+from memory_app.services.store import item_put
 from tests.api_helpers import make_key
 from tests.builders import make_context, make_run, make_user
 
@@ -168,6 +169,36 @@ def test_expired_memories_are_removed_by_the_command_and_the_worker_pinned_and_h
     }
     # Their content is gone from the audit trail too.
     assert not AuditEvent.objects.filter(after__icontains="plan 0").exists()
+
+
+def test_store_items_past_their_time_to_live_are_swept_after_expired_memories():
+    scope = Scope(keys={"user": "ada"})
+    put = lambda key, ttl=None: item_put(  # noqa: E731
+        scope=scope, namespace=["cache"], key=key, value={"k": key}, actor=ACTOR, ttl=ttl
+    )[0]
+    old, older, pinned = put("old", 5), put("older", 5), put("pinned", 5)
+    put("fresh", 60), put("forever")
+    MemoryRecord.objects.filter(pk=pinned.pk).update(pinned=True)
+    now = timezone.now()
+    for record, ago in ((old, 1), (older, 90), (pinned, 90)):
+        MemoryRecord.objects.filter(pk=record.pk).update(
+            item_expires_at=now - timedelta(seconds=ago)
+        )
+    memory = _record("Ada's plan for Monday")
+    _expire(memory)
+    assert retention.expired_count() == 3
+    # A batch takes memories past their date first, then items soonest expired first.
+    assert retention.memories_expire_batch(batch_size=2) == 2
+    assert not MemoryRecord.objects.filter(pk__in=[memory.pk, older.pk]).exists()
+    assert retention.memories_expire_batch(batch_size=2) == 1
+    assert retention.memories_expire_batch(batch_size=2) == 0
+    left = set(MemoryRecord.objects.values_list("item_key", flat=True))
+    assert left == {"fresh", "forever", "pinned"}
+    purges = AuditEvent.objects.filter(action="purge", target_type="memoryrecord")
+    assert sorted(e.target_ids[0] for e in purges) == sorted([memory.pk, older.pk, old.pk])
+    # Put again under the swept key: a new item.
+    again = put("old")
+    assert again.pk != old.pk and again.content == '{"k": "old"}'
 
 
 def test_a_legal_hold_is_set_by_dashboard_admins_only_and_blocks_purge(client):

@@ -151,6 +151,12 @@ class MemoryRecord(models.Model):
                 condition=Q(expires_at__isnull=False),
                 name="memory_expires_idx",
             ),
+            # The store's sweep: namespace items past their time to live, soonest first.
+            models.Index(
+                fields=["item_expires_at", "id"],
+                condition=Q(item_expires_at__isnull=False),
+                name="memory_item_expires_idx",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -2,10 +2,11 @@
 old, removed for good in bounded batches that each commit, so a pass that stops (a crash, a
 deploy) loses nothing and the next goes on where it was.
 
-Memory expiry skips pinned records and records under legal hold. A policy's batch takes one
-context's share of what it removes (locked one context at a time, as every purge does) and goes
-through the purge the dashboard uses (`memory_app.services.curation.selected_purge`): counters,
-full-text rows, trace spans and edit events follow. Each pass of a policy ends with one audited
+Memory expiry (a memory's expiry date, a namespace item's time to live) skips pinned records
+and records under legal hold. A policy's batch takes one context's share of what it removes
+(locked one context at a time, as every purge does) and goes through the purge the dashboard
+uses (`memory_app.services.curation.selected_purge`): counters, full-text rows, trace spans and
+edit events follow. Each pass of a policy ends with one audited
 summary of what it removed. `manage.py apply_retention` runs every pass to its end;
 `embed_worker` does one batch a turn.
 """
@@ -19,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -56,29 +57,45 @@ def check_batch_size(batch_size: int) -> int:
 # --- memory expiry ----------------------------------------------------------------------------
 
 
-def _expired() -> QuerySet[MemoryRecord]:
+# A memory's own expiry date, and a namespace item's time to live (LangGraph's store deletes an
+# item once its TTL has run out; here it reads as absent from then on and the sweep removes it).
+# Each date has its own partial index, so each is read soonest first on its own.
+EXPIRY_DATES = ("expires_at", "item_expires_at")
+
+
+def _expired(date: str) -> QuerySet[MemoryRecord]:
     return MemoryRecord.objects.filter(
-        expires_at__isnull=False, expires_at__lte=Now(), pinned=False, legal_hold=""
+        **{f"{date}__isnull": False, f"{date}__lte": Now()}, pinned=False, legal_hold=""
     )
 
 
 def expired_count() -> int:
-    return _expired().count()
+    return (
+        MemoryRecord.objects.filter(pinned=False, legal_hold="")
+        .filter(Q(expires_at__lte=Now()) | Q(item_expires_at__lte=Now()))
+        .count()
+    )
 
 
 def memories_expire_batch(*, batch_size: int = BATCH_SIZE) -> int:
-    """Remove up to `batch_size` memories past their expiry date, soonest expired first, each
-    as a purge (vectors, full-text and its versions in the audit trail go with it); answers how
-    many. Records another worker holds are left to it (SKIP LOCKED)."""
+    """Remove up to `batch_size` memories past their expiry date or namespace items past their
+    time to live, soonest expired first, each as a purge (vectors, full-text and its versions in
+    the audit trail go with it); answers how many. Records another worker holds are left to it
+    (SKIP LOCKED)."""
     check_batch_size(batch_size)
     removed = 0
     with transaction.atomic():
-        ids = list(
-            _expired()
-            .order_by("expires_at", "pk")
-            .select_for_update(skip_locked=True)
-            .values_list("pk", flat=True)[:batch_size]
-        )
+        ids: list[int] = []
+        for date in EXPIRY_DATES:
+            ids += (
+                _expired(date)
+                .exclude(pk__in=ids)
+                .order_by(date, "pk")
+                .select_for_update(skip_locked=True)
+                .values_list("pk", flat=True)[: batch_size - len(ids)]
+            )
+            if len(ids) >= batch_size:
+                break
         for record in MemoryRecord.objects.filter(pk__in=ids).order_by("pk"):
             try:
                 memory_purge(record=record, actor=EXPIRY, note="expired")
