@@ -467,3 +467,59 @@ def test_an_api_import_keeps_paired_surrogates_and_json_nested_up_to_the_limit()
     assert response.status_code == 200, response.content[:300]
     stored = Message.objects.get(seq=2)
     assert stored.text == "tea \U0001f375" and stored.metadata == json.loads(nested)
+
+
+def test_a_whole_backup_holds_key_subset_memories_under_no_context_and_their_store_namespaces(
+    tmp_path,
+):
+    """A LangGraph store's items (and any memory of a key subset) whose keys no context's keys
+    contain: a whole export, by the command or an unconfined key, holds them; an export of given
+    contexts and a confined key's export do not; a restore brings the items back with their
+    time to live and lists their namespaces again."""
+    from memory_app.audit import Actor
+    from memory_app.models import StoreNamespace
+    from memory_app.queries.store import item_get, namespaces_list
+    from memory_app.services.store import item_put
+    from tests.api_helpers import make_key
+
+    actor = Actor.system("backup-test")
+    bob, team = memories.Scope(keys={"user": "bob"}), memories.Scope(keys={"team": "blue"})
+    item_put(scope=bob, namespace=["prefs", "ui"], key="theme", value={"b": 1, "a": 2}, actor=actor)
+    item_put(scope=bob, namespace=["cache"], key="k", value={"v": 1}, actor=actor, ttl=30)
+    ctx, _ = context_get_or_create(keys={"user": "ada"})
+    _memory(ctx, "Ada drinks tea")
+    _memory(ctx, "The blue team meets on Mondays", scope=team.keys)
+
+    def exported(**options) -> str:
+        out = tmp_path / "backup.jsonl"
+        call_command("export_memory", output=str(out), **options)
+        return out.read_text()
+
+    def memory_contents(text: str) -> set[str]:
+        records = [json.loads(line) for line in text.splitlines()]
+        return {r["content"] for r in records if r["type"] == "memory"}
+
+    whole = exported()
+    assert memory_contents(whole) == {
+        "Ada drinks tea",
+        "The blue team meets on Mondays",
+        '{"b": 1, "a": 2}',
+        '{"v": 1}',
+    }
+    assert memory_contents(exported(keys='{"user": "bob"}')) == {'{"b": 1, "a": 2}', '{"v": 1}'}
+    assert memory_contents(exported(context_ids=[ctx.pk])) == {"Ada drinks tea"}
+    admin = make_key(scopes=["read", "admin"])
+    confined = make_key(scopes=["read", "admin"], context_keys={"user": "ada"})
+    streamed = lambda key: b"".join(key.get("/api/v1/export").streaming_content).decode()  # noqa: E731
+    assert len(memory_contents(streamed(admin))) == 4
+    assert memory_contents(streamed(confined)) == {"Ada drinks tea"}
+
+    _wipe()
+    StoreNamespace.objects.all().delete()
+    assert memory_contents(exported()) == set()
+    result = import_lines(whole.splitlines(keepends=True), actor=actor)
+    assert result.created["memories"] == 4
+    theme = item_get(scope=bob, namespace=["prefs", "ui"], key="theme")
+    assert theme.content == '{"b": 1, "a": 2}'
+    assert item_get(scope=bob, namespace=["cache"], key="k").item_ttl == 30
+    assert namespaces_list(scope=bob) == [["cache"], ["prefs", "ui"]]

@@ -73,12 +73,18 @@ def export(
             raise HttpError(422, f"match_keys: {exc}") from exc
     contexts = contexts_matching(context_ids=context_id, keys=subset)
     contexts = contexts.filter(pk__in=auth.visible_contexts(key).values("pk"))
+    # Without context ids, an unconfined key's export holds the key-subset memories under no
+    # exported context too; a confined key's holds what its contexts recall, nothing more.
+    subsets = None if context_id or key.context_keys else (subset or {})
     # A backup may be a moment behind the primary: it reads from the read replica when there is
     # one (the key was checked on the primary above).
     response = StreamingHttpResponse(
         replica_stream(
             export_lines(
-                contexts=contexts, embeddings=embeddings, confined_to=key.context_keys or None
+                contexts=contexts,
+                embeddings=embeddings,
+                confined_to=key.context_keys or None,
+                subsets=subsets,
             )
         ),
         content_type="application/x-ndjson",

@@ -59,13 +59,17 @@ def export_records(
     embeddings: bool = False,
     chunk_size: int = CHUNK,
     confined_to: dict[str, Any] | None = None,
+    subsets: dict[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield the backup's records, one at a time, reading the database in chunks.
 
     A context's memory records are its own and those of every key subset its keys contain (an
-    empty legacy subset too: a whole backup loses nothing). `confined_to`, a confined API key's
-    context keys, narrows them to what that key recalls (`memories_visible`, archived
-    ones included), so a tenant's export holds no record its key may not read."""
+    empty legacy subset too). `confined_to`, a confined API key's context keys, narrows them to
+    what that key recalls (`memories_visible`, archived ones included), so a tenant's export
+    holds no record its key may not read. `subsets` (a whole export: `{}`; one by keys: those
+    keys) adds, after the contexts, the key-subset memories whose keys contain it that no
+    exported context's keys contain (a LangGraph store's items under `{"user": "ada"}` when no
+    context has ada's keys): a whole backup loses nothing."""
     contexts = contexts if contexts is not None else Context.objects.order_by("pk")
     yield {"type": "header", "format": FORMAT, "version": VERSION, "embeddings": embeddings}
     exported_memories: set[int] = set()
@@ -85,6 +89,23 @@ def export_records(
             yield _memory_record(mem)
         if embeddings:
             yield from _embedding_records(ctx, scoped, chunk_size)
+    if subsets is not None:
+        yield from _subset_records(subsets, exported_memories, embeddings, chunk_size)
+
+
+def _subset_records(
+    subsets: dict[str, Any], exported: set[int], embeddings: bool, chunk_size: int
+) -> Iterator[dict[str, Any]]:
+    """The key-subset memories under `subsets` that no context's records held, then their
+    vectors."""
+    rest = MemoryRecord.objects.filter(context__isnull=True, scope_keys__contains=subsets)
+    for mem in rest.order_by("pk").iterator(chunk_size=chunk_size):
+        if mem.pk not in exported:
+            yield _memory_record(mem)
+    if embeddings:
+        for record in _memory_embedding_records(rest, chunk_size):
+            if record.pop("memory_id") not in exported:
+                yield record
 
 
 def _run_records(
@@ -168,6 +189,14 @@ def _embedding_records(
                 **dump_fields(emb, EMBEDDING_FIELDS),
                 "vector": _vector(emb.vector),
             }
+    for record in _memory_embedding_records(scoped, chunk_size):
+        del record["memory_id"]
+        yield record
+
+
+def _memory_embedding_records(scoped: models.QuerySet, chunk_size: int) -> Iterator[dict[str, Any]]:
+    """The vectors of the `scoped` memories, each with its memory's id (`memory_id`) for the
+    caller to drop before the line is written."""
     for table in (MemoryEmbedding, MemoryEmbeddingWaiting):
         rows = (
             table.objects.filter(memory_record__in=scoped)
@@ -183,6 +212,7 @@ def _embedding_records(
                 "content_hash": mem.content_hash,
                 **dump_fields(emb, EMBEDDING_FIELDS),
                 "vector": _vector(emb.vector),
+                "memory_id": mem.pk,
             }
 
 

@@ -45,6 +45,7 @@ from memory_app.models import (
     Message,
     Run,
     Step,
+    StoreNamespace,
     ToolCall,
     keys_digest,
 )
@@ -399,6 +400,17 @@ class _Importer:
         unique = {(m.scope_digest, m.content_hash): m for _, m in rows}
         self._insert(MemoryRecord, list(unique.values()), ["created_at", "updated_at"])
         versions_record(unique.values(), actor=self.actor, action="import")
+        # A restored store item's namespace is in use, as a put makes it (list_namespaces).
+        StoreNamespace.objects.bulk_create(
+            [
+                StoreNamespace(
+                    scope_digest=m.scope_digest, scope_keys=m.scope_keys, namespace=m.namespace
+                )
+                for m in unique.values()
+                if m.namespace is not None
+            ],
+            ignore_conflicts=True,
+        )
         for file_ref, mem in rows:
             self.memories[file_ref] = (
                 unique[(mem.scope_digest, mem.content_hash)].pk,

@@ -42,7 +42,11 @@ class Command(BaseCommand):
                 raise CommandError("--keys must be a JSON object")
         contexts = contexts_matching(context_ids=context_ids, keys=subset)
         # From the read replica when there is one, as the API's export reads.
-        lines = replica_stream(export_lines(contexts=contexts, embeddings=embeddings))
+        # Without context ids, key-subset memories under no exported context come along too.
+        subsets = None if context_ids else (subset or {})
+        lines = replica_stream(
+            export_lines(contexts=contexts, embeddings=embeddings, subsets=subsets)
+        )
         # Bytes, not text: a text stream would translate newlines on some platforms, and the
         # trailer's digest is over the bytes as written.
         data = (line.encode("utf-8") for line in lines)
