@@ -325,25 +325,22 @@ def runs_table(
 
 
 def _beyond(qs: QuerySet[Run], value: Any, pk: int, desc: bool) -> QuerySet[Run]:
-    """The runs after (value, id) in the order; the bound on the value alone lets the index
-    scan start there."""
-    if desc:
-        return qs.filter(sort_value__lte=value).filter(
-            Q(sort_value__lt=value) | Q(sort_value=value, id__lt=pk)
-        )
-    return qs.filter(sort_value__gte=value).filter(
-        Q(sort_value__gt=value) | Q(sort_value=value, id__gt=pk)
-    )
+    """The runs after (value, id) in the order."""
+    return _side(qs, value, pk, below=desc, inclusive=False)
 
 
 def _through(qs: QuerySet[Run], value: Any, pk: int, desc: bool) -> QuerySet[Run]:
     """The runs up to and including (value, id) in the order."""
-    if desc:
-        return qs.filter(sort_value__gte=value).filter(
-            Q(sort_value__gt=value) | Q(sort_value=value, id__gte=pk)
-        )
-    return qs.filter(sort_value__lte=value).filter(
-        Q(sort_value__lt=value) | Q(sort_value=value, id__lte=pk)
+    return _side(qs, value, pk, below=not desc, inclusive=True)
+
+
+def _side(qs: QuerySet[Run], value: Any, pk: int, *, below: bool, inclusive: bool):
+    """The runs whose (value, id) lies below (or above) this one, itself included or not; the
+    bound on the value alone lets the index scan start there."""
+    strict = "lt" if below else "gt"
+    tie = f"{strict}e" if inclusive else strict
+    return qs.filter(**{f"sort_value__{strict}e": value}).filter(
+        Q(**{f"sort_value__{strict}": value}) | Q(sort_value=value, **{f"id__{tie}": pk})
     )
 
 
