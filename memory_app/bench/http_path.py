@@ -32,6 +32,7 @@ import orjson
 import psycopg
 from django.conf import settings
 
+from memory_app import db
 from memory_app.bench.harness import API, SEARCH_K, Bench, BenchError, context_size
 from memory_app.bench.measure import Row, Target, time_pairs
 from memory_app.search import semantic
@@ -58,6 +59,8 @@ def run(b: Bench) -> None:
         # its generic plan after a few runs, which sorts the whole context (≈ 190 ms at 50,000).
         psycopg.connect(**info, autocommit=True, prepare_threshold=None) as raw,
     ):
+        # The query vector's parameter, packed as the search packs it (memory_app.db).
+        raw.adapters.register_dumper(db.Float8Array, db.Float8ArrayDumper)
         ours = _Http(ours_port, {"Authorization": f"Bearer {b.api_secret}"})
         minimal = _Http(minimal_port, {})
         _semantic_row(b, ours, raw)

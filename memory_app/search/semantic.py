@@ -33,9 +33,9 @@ def vector_literal(vector: Sequence[float]) -> str:
     return "[" + ",".join(repr(float(x)) for x in vector) + "]"
 
 
-def query_vector_param(vector: Sequence[float]) -> list[float]:
+def query_vector_param(vector: Sequence[float]) -> db.Float8Array:
     """The query vector as the statements' binary `float8[]` parameter (see db.binding_cursor)."""
-    return [float(x) for x in vector]
+    return db.Float8Array(vector)
 
 
 def semantic_ranking(
