@@ -210,10 +210,11 @@ class Float8Array:
     psycopg's list dumper packs a number at a time (≈ 0.1 ms for a 384-number query vector).
     Sent by `binding_cursor`'s cursors (`Float8ArrayDumper`)."""
 
-    __slots__ = ("data",)
+    __slots__ = ("data", "values")
     _ELEMENT = np.dtype([("size", ">i4"), ("value", ">f8")])
 
     def __init__(self, values: Sequence[float]):
+        self.values = values
         n = len(values)
         elements = np.empty(n, dtype=self._ELEMENT)
         elements["size"] = 8
@@ -233,6 +234,16 @@ class Float8ArrayDumper(Dumper):
         return obj.data
 
 
+class Float8ArrayTextDumper(Dumper):
+    """The same parameter for a cursor that writes its parameters into the statement (Django's
+    own, as a test re-running a captured statement uses)."""
+
+    oid = psycopg.postgres.types["float8"].array_oid
+
+    def dump(self, obj: Float8Array) -> bytes:
+        return ("{" + ",".join(repr(float(x)) for x in obj.values) + "}").encode()
+
+
 def binding_cursor():
     """A cursor of the default connection that sends its parameters apart from the statement
     (psycopg's server-side binding, `%b` for binary), where Django's own cursor merges them into
@@ -243,6 +254,7 @@ def binding_cursor():
     raw = connection.connection
     if not getattr(raw, "_agentmemory_float8_arrays", False):
         # On the connection, once: a cursor's own registration copies its adapters every time.
+        raw.adapters.register_dumper(Float8Array, Float8ArrayTextDumper)
         raw.adapters.register_dumper(Float8Array, Float8ArrayDumper)
         raw._agentmemory_float8_arrays = True
     cursor = psycopg.Cursor(raw)
