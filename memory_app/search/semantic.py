@@ -108,6 +108,8 @@ def message_filter(context_id: int, exclude_ids: Sequence[int] = ()) -> dict[str
     }
 
 
+# The walk (its statements, its Citus form, the rows it reads) and the exact scan it falls back
+# to share their arguments and the decision between them: they read best in one piece.
 def nearest_vectors(
     *,
     model: str,
