@@ -136,7 +136,8 @@ def apikey_verify_with_context(
     prefix = _parse(secret or "")
     if prefix is None:
         return None, None
-    with connection.cursor() as cursor:
+    # Parameters bound by the server (db.binding_cursor): no literal written into the text.
+    with db.binding_cursor() as cursor:
         # Confinement as `visible_contexts` applies it: every context contains `{}`. The
         # context is filtered inside its own subquery: on Citus, where the keys are a local
         # table and the contexts are sharded, that subquery reaches the context's shard only

@@ -165,6 +165,18 @@ def is_distributed(cursor, table: str) -> bool:
     return _distributed[table]
 
 
+def table_is_distributed(table: str) -> bool:
+    """`is_distributed` on the default connection, which opens a cursor only the first time
+    (a request's hot path asks on every call)."""
+    found = _distributed.get(table)
+    if found is None:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            found = is_distributed(cursor, table)
+    return found
+
+
 def index_rows_on_shards(cursor, table: str, index: str) -> int:
     """The planner's row estimate of `index` summed over the shards of distributed `table`: on
     the coordinator the index belongs to an empty shell. Each shard's copy is named after the

@@ -14,8 +14,8 @@ from django.db import DataError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from agentmemory_site import db_pool
-from memory_app import auth
-from memory_app.models import Message
+from memory_app import auth, scale_out
+from memory_app.models import Embedding, Message, MessageSearch
 from memory_app.search.semantic import semantic_ranking
 from memory_app.services.messages import messages_append
 from tests.api_helpers import make_key, new_context
@@ -102,13 +102,18 @@ def test_a_semantic_search_reads_key_and_context_once_and_the_walk_in_one_go(set
     assert response.status_code == 200
     assert "m7" in [item["message"]["text"] for item in response.json()["items"]]
     statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
-    # The key and its context in one statement; the walk's settings, the walk; the hits.
-    assert len(statements) == 4, statements
+    # The key and its context in one statement; the walk's settings; the walk, which reads the
+    # hits' rows too.
+    assert len(statements) == 3, statements
     assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[0]
     assert statements[1].startswith("SELECT set_config(")
-    assert "<=>" in statements[2]
+    assert "<=>" in statements[2] and "JOIN memory_app_message h" in statements[2]
     assert "$1::float8[]::vector(384)" in statements[2]  # a binary parameter, not a literal
-    assert statements[3].startswith("SELECT m.id")
+    # The hits answer as a read of them by id would (every field, the text as stored).
+    [hit] = [i for i in response.json()["items"] if i["message"]["text"] == "m7"]
+    assert (
+        hit["message"] == api.get(f"/api/v1/contexts/{cid}/messages/{hit['message']['id']}").json()
+    )
 
 
 @pytest.mark.django_db
@@ -258,3 +263,96 @@ def test_a_batch_answers_ids_and_seqs_unless_asked_for_the_whole_messages():
     assert (stored["id"], stored["text"], stored["role"]) == (first["id"], "a", "user")
     assert "token_count" in stored and full.json()["created"] == [False]
     assert api.post(batch + "?return=everything", body).status_code == 422
+
+
+SENT = {
+    "role": "assistant",
+    "name": "tool-user",
+    "text": "line\twith 'quotes' and \\ back",
+    "content": [{"type": "text", "text": "é", "z": 1, "a": [1.5, None]}],
+    "tags": ["x", "", 'q"uote'],
+    "metadata": {"zeta": 1, "alpha": {"b": 2, "a": 1}, "big": 2**70},
+    "source_timestamp": "2024-01-01 10:00:00",
+    "client_id": "c-1",
+}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_append_outside_a_transaction_is_one_statement_and_stores_what_it_was_sent():
+    context = make_context()
+    with CaptureQueriesContext(connection) as queries:
+        result = messages_append(context=context, items=[SENT, {"role": "user", "text": "two"}])
+    # The repeats' check (the items carry a client id), then the whole append in one statement
+    # (on one node; on Citus the pipelined path's statements stay, and what it stores is checked
+    # below either way).
+    statements = [q["sql"] for q in queries.captured_queries]
+    if not scale_out.table_is_distributed("memory_app_message"):
+        assert len(statements) == 2 and " ".join(statements[1].split()).startswith(
+            "WITH c AS ( UPDATE"
+        )
+    first, second = result.messages
+    assert (first.seq, second.seq) == (1, 2) and second.pk > first.pk
+    stored = Message.objects.get(pk=first.pk)
+    for name, value in SENT.items():
+        assert getattr(stored, name) == value, name
+    assert list(stored.metadata) == ["zeta", "alpha", "big"]  # key order as written
+    assert (stored.created_at, stored.updated_at) == (first.created_at, first.updated_at)
+    assert stored.token_count == first.token_count > 0
+    context.refresh_from_db()
+    assert (context.last_seq, context.search_seq, context.message_count) == (2, 2, 2)
+    assert context.token_count == first.token_count + second.token_count
+    # Its full-text rows are written with it: keyword search finds it by index at once.
+    assert (
+        MessageSearch.objects.filter(context_id=context.pk, search_vector__isnull=False).count()
+        == 2
+    )
+    # A repeat of the client id answers the stored message and writes nothing.
+    again = messages_append(context=context, items=[SENT])
+    assert again.created == [False] and again.messages[0].pk == first.pk
+    # A tag longer than its column and a NaN are refused as before; nothing is written.
+    with pytest.raises(DataError):
+        messages_append(context=context, items=[{"role": "user", "tags": ["t" * 201]}])
+    with pytest.raises(DataError):
+        messages_append(context=context, items=[{"role": "user", "metadata": {"x": float("nan")}}])
+    context.refresh_from_db()
+    assert (context.last_seq, context.message_count) == (2, 2)
+    assert Message.objects.filter(context=context).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_append_whose_full_text_row_fails_keeps_the_message_and_marks_the_row():
+    api = make_key()
+    cid = new_context(api)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "ALTER TABLE memory_app_messagesearch ADD CONSTRAINT poisoned_vector"
+            " CHECK (NOT search_vector @@ to_tsquery('english', 'nightshade'))"
+        )
+    try:
+        response = api.post(
+            f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": "a nightshade note"}
+        )
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE memory_app_messagesearch DROP CONSTRAINT poisoned_vector")
+    assert response.status_code == 201 and response.json()["seq"] == 1
+    assert Message.objects.get(pk=response.json()["id"]).text == "a nightshade note"
+    marked = MessageSearch.objects.get(context_id=cid, seq=1)
+    assert marked.search_vector is None and "poisoned_vector" in marked.error
+    ok = api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": "fine"})
+    assert ok.status_code == 201 and ok.json()["seq"] == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_append_queues_its_messages_for_the_configured_model(settings):
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "openai"
+    settings.AGENTMEMORY_EMBEDDING_MODEL = "queued-model"
+    context = make_context()
+    result = messages_append(
+        context=context, items=[{"role": "user", "text": "embed me"}, {"role": "user"}]
+    )
+    queued = Embedding.objects.filter(context_id=context.pk)
+    # A message without text has nothing to embed.
+    assert [(e.message_id, e.model, e.vector) for e in queued] == [
+        (result.messages[0].pk, "queued-model", None)
+    ]

@@ -5,7 +5,8 @@ app; one worker here) on the benchmark's database, and each row pairs one of its
 the same database work done without it, interleaved A B A B (A = ours over HTTP):
 
 - semantic search on the largest context ÷ the same SQL run raw (psycopg in this process, the
-  statements `memory_app.search.semantic` sends, then the hits' rows, as the API reads them);
+  statements `memory_app.search.semantic` sends, the hits' rows read by the walk's statement,
+  as the API reads them);
 - a single append ÷ a minimal HTTP handler doing the same INSERT (`bench/minimal_http.py`:
   the same statements in one transaction, no authentication, no validation, no middleware),
   served by the same server with the same worker class, over the same keep-alive connection
@@ -31,17 +32,13 @@ import orjson
 import psycopg
 from django.conf import settings
 
+from memory_app import db
 from memory_app.bench.harness import API, SEARCH_K, Bench, BenchError, context_size
 from memory_app.bench.measure import Row, Target, time_pairs
 from memory_app.search import semantic
 
 AREA = "request path"
 RATIO_TARGET = Target("<=", 2.0, "median per-pair ratio ≤ 2.0", of_ratio=True)
-MESSAGE_COLUMNS = (
-    "id, context_id, seq, client_id, role, name, text, content, tags, metadata, key_order, "
-    "run_id, step_id, token_count, tokenizer, source_timestamp, created_at, updated_at, "
-    "pruned_at, pruned_by"
-)
 
 
 def run(b: Bench) -> None:
@@ -62,6 +59,8 @@ def run(b: Bench) -> None:
         # its generic plan after a few runs, which sorts the whole context (≈ 190 ms at 50,000).
         psycopg.connect(**info, autocommit=True, prepare_threshold=None) as raw,
     ):
+        # The query vector's parameter, packed as the search packs it (memory_app.db).
+        raw.adapters.register_dumper(db.Float8Array, db.Float8ArrayDumper)
         ours = _Http(ours_port, {"Authorization": f"Bearer {b.api_secret}"})
         minimal = _Http(minimal_port, {})
         _semantic_row(b, ours, raw)
@@ -74,8 +73,8 @@ def run(b: Bench) -> None:
         "uvicorn workers, one worker) against the same SQL without it, pairs of calls "
         "interleaved A B A B; the ratio is the median of the per-pair ratios (the middle half "
         "and the extremes in the row). Semantic search: the statements the search sends, raw "
-        "through psycopg in the benchmark's process (the walk's settings, the walk, the hits' "
-        "rows). Single append: a minimal ASGI handler on the same server doing the append's "
+        "through psycopg in the benchmark's process (the walk's settings, the walk with the "
+        "hits' rows). Single append: a minimal ASGI handler on the same server doing the append's "
         "statements in one transaction (counters and seq, the message row, its full-text "
         "row), nothing else (memory_app/bench/minimal_http.py).",
     ]
@@ -130,8 +129,9 @@ def _semantic_row(b: Bench, ours: _Http, raw: psycopg.Connection) -> None:
             limit=SEARCH_K,
             share=size,
             **semantic.message_filter(cid),
+            rows_sql=semantic.MESSAGE_ROWS,
         )
-        return lambda: _raw_search(raw, cid, statements)
+        return lambda: _raw_search(raw, statements)
 
     a, d, paired = time_pairs([(http(v), direct(v)) for v in queries])
     label = f"semantic search k={SEARCH_K}, largest context ({size:,} msgs)"
@@ -139,9 +139,10 @@ def _semantic_row(b: Bench, ours: _Http, raw: psycopg.Connection) -> None:
     b.report.add(row, b.log)
 
 
-def _raw_search(raw: psycopg.Connection, cid: int, statements) -> None:
-    """The statements as the search sends them: BEGIN, the settings, the walk and COMMIT in one
-    round trip (a pipeline), then the hits' rows."""
+def _raw_search(raw: psycopg.Connection, statements) -> None:
+    """The statements as the search sends them: BEGIN, the settings, the walk (which reads the
+    hits' rows too) and COMMIT in one round trip (a pipeline); the rows kept as the search
+    keeps them (nearest first, ties by id)."""
     (settings_sql, settings_args), sql, args = statements
     with raw.pipeline():
         raw.execute("BEGIN")
@@ -149,12 +150,7 @@ def _raw_search(raw: psycopg.Connection, cid: int, statements) -> None:
         walk = raw.execute(sql, args)
         raw.execute("COMMIT")
     found = walk.fetchall()
-    ids = [row[0] for row in sorted(found, key=lambda row: (row[1], row[0]))[:SEARCH_K]]
-    raw.execute(
-        f"SELECT {MESSAGE_COLUMNS} FROM memory_app_message "  # noqa: S608 - constant columns
-        "WHERE context_id = %s AND id = ANY(%s)",
-        [cid, ids],
-    ).fetchall()
+    sorted(found, key=lambda row: (row[1], row[0]))[:SEARCH_K]
 
 
 def _append_row(b: Bench, ours: _Http, minimal: _Http) -> None:

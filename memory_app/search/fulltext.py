@@ -59,7 +59,9 @@ FAILED_SQL = (
 PASSING_FAULTS = {"08", "40", "53", "55", "57", "58"}
 
 
-def _row_fault(exc: DatabaseError) -> bool:
+def row_fault(exc: DatabaseError) -> bool:
+    """A fault of the row a statement wrote (its SQLSTATE's class not a connection's,
+    transaction's, resource's or the server's)."""
     state = getattr(exc.__cause__, "sqlstate", None)
     return bool(state) and state[:2] not in PASSING_FAULTS
 
@@ -83,7 +85,7 @@ def _write_range(cursor, context_id: int, after: int, upto: int) -> int:
                 cursor.execute(WRITE_SQL, [FTS_CONFIG, context_id, after, upto])
             return cursor.rowcount
     except DatabaseError as exc:
-        if not _row_fault(exc):
+        if not row_fault(exc):
             raise
     cursor.execute(
         "SELECT seq FROM memory_app_message WHERE context_id = %s AND seq > %s AND seq <= %s"
@@ -96,7 +98,7 @@ def _write_range(cursor, context_id: int, after: int, upto: int) -> int:
             with transaction.atomic(), db.synced():
                 cursor.execute(WRITE_SQL, [FTS_CONFIG, context_id, seq - 1, seq])
         except DatabaseError as exc:
-            if not _row_fault(exc):
+            if not row_fault(exc):
                 raise
             error = _error_text(exc)
             log.warning("full-text vector of context %s seq %s failed: %s", context_id, seq, error)

@@ -83,6 +83,7 @@ def search_messages(
     keyword: list[tuple[int, float]] = []
     semantic: list[tuple[int, float]] = []
     used_model = None
+    walked_rows: dict[int, tuple] = {}  # the messages the semantic walk read with it
     fetch = k if mode != "hybrid" else max(k * 3, 20)
     if mode in ("keyword", "hybrid") and query.strip():
         keyword = keyword_ranking(
@@ -112,13 +113,14 @@ def search_messages(
                 limit=fetch,
                 exclude_ids=exclude_ids,
                 context_size=context.message_count,
+                rows=walked_rows,
             )
             notes.append(f"vector scan: {path}")
 
     kw = {mid: (i, s) for i, (mid, s) in enumerate(keyword, start=1)}
     sem = {mid: (i, d) for i, (mid, d) in enumerate(semantic, start=1)}
     order = ranked_order(mode, keyword, semantic, kw=kw, sem=sem)[:k]
-    hits = _hits(order, context_id=context.pk, kw=kw, sem=sem)
+    hits = _hits(order, context_id=context.pk, kw=kw, sem=sem, read=walked_rows)
     if mode in ("keyword", "hybrid"):
         notes += fulltext.truncation_notes([h.message for h in hits])
     return SearchResult(hits=hits, mode=mode, model=used_model, notes=notes)
@@ -144,10 +146,16 @@ def _hits(
     context_id: int,
     kw: dict[int, tuple[int, float]],
     sem: dict[int, tuple[int, float]],
+    read: dict[int, tuple] | None = None,
 ) -> list[Hit]:
     """The ranked messages, each with where it stood in the keyword and the semantic ranking.
-    Read by id within their context: on a distributed store, one shard."""
-    messages = _messages_by_id(context_id, [mid for mid, _ in order])
+    Those already `read` (rows by id) are built from them; the others read by id within their
+    context: on a distributed store, one shard."""
+    read = read or {}
+    messages = _messages_by_id(context_id, [mid for mid, _ in order if mid not in read])
+    for mid, _ in order:
+        if mid in read:
+            messages[mid] = db.from_row(Message, read[mid])
     hits = []
     for rank, (mid, score) in enumerate(order, start=1):
         hits.append(

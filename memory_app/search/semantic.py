@@ -26,15 +26,16 @@ from django.db import connection, transaction
 from memory_app import db, errors, scale_out
 from memory_app.embeddings import client_vectors, indexer, providers
 from memory_app.errors import Invalid, ProviderDown, SemanticUnavailable
+from memory_app.models import Message
 
 
 def vector_literal(vector: Sequence[float]) -> str:
     return "[" + ",".join(repr(float(x)) for x in vector) + "]"
 
 
-def query_vector_param(vector: Sequence[float]) -> list[float]:
+def query_vector_param(vector: Sequence[float]) -> db.Float8Array:
     """The query vector as the statements' binary `float8[]` parameter (see db.binding_cursor)."""
-    return [float(x) for x in vector]
+    return db.Float8Array(vector)
 
 
 def semantic_ranking(
@@ -45,6 +46,7 @@ def semantic_ranking(
     limit: int,
     exclude_ids: Sequence[int] = (),
     context_size: int | None = None,
+    rows: dict[int, tuple] | None = None,
 ) -> tuple[list[tuple[int, float]], str]:
     """(message id, cosine distance) of the context's live messages nearest to `vector` under
     `model`, nearest first, ties by id; and which path answered ("exact", "hnsw", or
@@ -52,7 +54,9 @@ def semantic_ranking(
     indexer were merged in).
 
     `context_size` (the context's message count, an upper bound on its vectors) spares the
-    count of its vectors that otherwise decides between the exact scan and the index."""
+    count of its vectors that otherwise decides between the exact scan and the index. `rows`:
+    where the walk puts the messages it found (`MESSAGE_ROWS`' columns by id), read in its own
+    statement; messages it did not read (the exact scan's) are not there."""
     threshold = settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD
     if context_size is None:
         with connection.cursor() as cursor:
@@ -75,7 +79,17 @@ def semantic_ranking(
         **message_filter(context_id, exclude_ids),
         approximate=approximate,
         share=context_size,
+        rows=rows,
+        rows_sql=MESSAGE_ROWS if rows is not None else None,
     )
+
+
+# The columns of the messages a walk found, read in the walk's own statement (`walk_statements`'
+# `rows_sql`): the hits' rows without a round trip of their own.
+MESSAGE_ROWS = (
+    db.select_columns(Message, "h"),
+    "LEFT JOIN memory_app_message h ON h.context_id = %s AND h.id = f.item_id",
+)
 
 
 def message_filter(context_id: int, exclude_ids: Sequence[int] = ()) -> dict[str, Any]:
@@ -94,6 +108,8 @@ def message_filter(context_id: int, exclude_ids: Sequence[int] = ()) -> dict[str
     }
 
 
+# The walk (its statements, its Citus form, the rows it reads) and the exact scan it falls back
+# to share their arguments and the decision between them: they read best in one piece.
 def nearest_vectors(
     *,
     model: str,
@@ -106,6 +122,8 @@ def nearest_vectors(
     approximate: bool,
     share: int | None = None,
     table: str = indexer.MESSAGE_VECTORS,
+    rows: dict[int, tuple] | None = None,
+    rows_sql: tuple[str, str] | None = None,
 ) -> tuple[list[tuple[int, float]], str]:
     """(item id, cosine distance) of the `model` vectors (alias `e`) nearest to `vector` among
     those `where_sql` keeps, nearest first, ties by id; and the path that answered. `table`:
@@ -120,8 +138,14 @@ def nearest_vectors(
     are scanned exactly beside the walk and merged by distance ("hnsw+pending" when any was).
     Otherwise ("exact") every kept row is scanned and the `limit` nearest kept (a top-N sort in
     memory: only `limit` rows are held, nothing spills to disk), exact and, for a few thousand
-    rows, faster than the index."""
+    rows, faster than the index.
+
+    `rows` and `rows_sql`: the walk also reads each item it found (`walk_statements`) into
+    `rows` by id, in its own statement (not on Citus, where the walk's statement stays as it
+    is)."""
     if approximate:
+        sharded = scale_out.table_is_distributed(table)
+        read = rows is not None and rows_sql is not None and not sharded
         settings_sql, sql, args = walk_statements(
             model=model,
             vector=vector,
@@ -132,9 +156,8 @@ def nearest_vectors(
             params=params,
             share=share,
             table=table,
+            rows_sql=rows_sql if read else None,
         )
-        with connection.cursor() as probe:
-            sharded = scale_out.is_distributed(probe, table)
         if sharded:
             # Citus passes SET LOCAL on to the workers that walk the shards' graphs, not
             # set_config(): one SET LOCAL a setting (names and values are this module's own).
@@ -150,6 +173,8 @@ def nearest_vectors(
                     setter.execute(*settings_sql)
                     cursor.execute(sql, args)
                 found = cursor.fetchall()
+            if read:
+                rows.update((row[3], row[3:]) for row in found if row[3] is not None)
         hits = sorted(((row[0], float(row[1])) for row in found), key=lambda hit: (hit[1], hit[0]))
         walked = sum(1 for row in found if not row[2])
         if walked == limit:
@@ -233,9 +258,14 @@ def walk_statements(
     params: Sequence[Any],
     share: int | None,
     table: str = indexer.MESSAGE_VECTORS,
+    rows_sql: tuple[str, str] | None = None,
 ) -> tuple[str, str, list[Any]]:
     """The HNSW walk as sent: its settings (one statement), the walk's SQL and arguments (rows:
-    item id, distance, whether it waited for the indexer). The benchmark runs the same."""
+    item id, distance, whether it waited for the indexer). The benchmark runs the same.
+
+    `rows_sql` (columns of alias `h`, a join of `h` on the found item `f.item_id` whose one
+    parameter is the walk's first, the context): each found item's row after those three, read
+    by the same statement, so the hits need no round trip of their own."""
     dims = int(len(vector))
     query_cte, distance, rows = _query_parts(dims, table, join_sql, where_sql)
     _, _, waiting_rows = _query_parts(dims, indexer.WAITING_TABLES[table], join_sql, where_sql)
@@ -255,10 +285,14 @@ def walk_statements(
             SELECT e.{item_column} AS item_id, {distance} AS distance {waiting_rows}
             ORDER BY distance, item_id LIMIT %s
         )
-        SELECT item_id, distance, false FROM nearest
+        SELECT item_id, distance, false AS waited FROM nearest
         UNION ALL SELECT item_id, distance, true FROM waiting
     """  # noqa: S608
     args = [query_vector_param(vector), model, *params, limit, model, *params, limit]
+    if rows_sql is not None:
+        columns, join = rows_sql
+        sql = f"SELECT f.item_id, f.distance, f.waited, {columns} FROM ({sql}) f {join}"  # noqa: S608
+        args.append(params[0])
     settings_sql = hnsw_settings_sql(model=model, dims=dims, limit=limit, share=share, table=table)
     return settings_sql, sql, args
 

@@ -8,19 +8,16 @@ that differ when it is not."""
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import BooleanField, F
-from django.db.models.base import ModelState
 from django.db.models.expressions import RawSQL
-from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
-from memory_app import backlog, db, tokens
+from memory_app import backlog, db, scale_out, tokens
 from memory_app.audit import Actor, audit_record
 from memory_app.db import copy_errors_as_django, copy_line, gc_paused, json_text, lock_contexts
 from memory_app.embeddings import client_vectors, providers, queue
@@ -33,6 +30,7 @@ from memory_app.models import (
 )
 from memory_app.new_message import MESSAGE_FIELDS, NewMessage
 from memory_app.search import fulltext
+from memory_app.services import message_rows
 
 MAX_BATCH = 1000
 
@@ -113,6 +111,10 @@ def _append_once(*, context, items, vectors, client_ids, tokenizer) -> AppendRes
     # A small batch without vectors (a single append above all) sends BEGIN with the counters'
     # UPDATE and the full-text row with COMMIT (db.pipelined); COPY cannot run in a pipeline.
     pipelined = len(items) < COPY_THRESHOLD and all(v is None for v in vectors)
+    if pipelined and not connection.in_atomic_block and not _sharded():
+        done = _append_in_one_statement(context, items, client_ids, tokenizer)
+        if done is not None:
+            return done
     with db.pipelined() if pipelined else contextlib.nullcontext(), transaction.atomic():
         existing = _stored_by_client_id(context, client_ids)
         results, created_flags, new = _match_repeats(items, existing)
@@ -139,7 +141,7 @@ def _append_once(*, context, items, vectors, client_ids, tokenizer) -> AppendRes
                 )
                 _add_tokens(context, sum(r.token_count for r in new_rows))
             else:
-                new_rows = _insert_messages(context, specs, counts, first, tokenizer)
+                new_rows = message_rows.insert_messages(context, specs, counts, first, tokenizer)
             for n, row in zip(new, new_rows, strict=True):
                 results[n] = row
             if searched == last:
@@ -148,6 +150,42 @@ def _append_once(*, context, items, vectors, client_ids, tokenizer) -> AppendRes
                 transaction.on_commit(_wake_indexer)
             _after_messages_created(new_rows, [vectors[n] for n in new])
     return AppendResult(messages=results, created=created_flags)
+
+
+def _append_in_one_statement(context, items, client_ids, tokenizer) -> AppendResult | None:
+    """A small append outside a caller's transaction: the repeats' check (when the items carry
+    client ids), then everything else in one statement of its own (`message_rows.
+    append_statement`), two round trips at most where the pipelined path takes four. None when
+    the statement failed on a row's fault, which may be a full-text vector's: the caller then
+    appends through the pipelined path, which keeps the message and stores the vector's error
+    (a fault of the message itself fails there too, as it would have)."""
+    results, created_flags, new = _match_repeats(items, _stored_by_client_id(context, client_ids))
+    if not new:
+        return AppendResult(messages=results, created=created_flags)
+    specs = [items[n] for n in new]
+    counts = tokens.count_tokens(
+        [tokens.token_text(m.text, m.content) for m in specs], tokenizer=tokenizer
+    )
+    try:
+        rows, last, searched = message_rows.append_statement(
+            context, specs, counts, tokenizer, providers.active_model_name()
+        )
+    except DatabaseError as exc:
+        # A client id stored meanwhile: `_messages_append` looks again.
+        if "message_client_id_unique" not in str(exc) and fulltext.row_fault(exc):
+            return None
+        raise
+    for n, row in zip(new, rows, strict=True):
+        results[n] = row
+    if searched != last:
+        _wake_indexer()
+    return AppendResult(messages=results, created=created_flags)
+
+
+def _sharded() -> bool:
+    """On Citus every statement names one shard: the one-statement append, whose parts read
+    each other's rows, is left to the pipelined path there."""
+    return scale_out.table_is_distributed(Message._meta.db_table)
 
 
 def _stored_by_client_id(context: Context, client_ids: list[str]) -> dict[str, Message]:
@@ -224,113 +262,8 @@ def _add_tokens(context: Context, token_count: int) -> None:
         )
 
 
-def _insert_messages(
-    context: Context,
-    specs: list[NewMessage],
-    counts: list[int],
-    first_seq: int,
-    tokenizer: str,
-) -> list[Message]:
-    """A small batch's new messages, seqs from `first_seq` on, in one multi-row INSERT.
-
-    The statement is written here, not compiled by the ORM (`bulk_create` compiled it on every
-    append, a quarter of a single append's time in Python): the columns `_copy_messages`
-    writes, JSON as the ORM wrote it (`json.dumps`, so a NaN still fails the row rather than
-    turning into null; a `json` column keeps the text as written), ids read back."""
-    now = timezone.now()
-    rows = [
-        _new_message(
-            m,
-            context_id=context.pk,
-            seq=first_seq + offset,
-            token_count=count,
-            tokenizer=tokenizer,
-            created_at=now,
-            updated_at=now,
-        )
-        for offset, (m, count) in enumerate(zip(specs, counts, strict=True))
-    ]
-    args: list[Any] = []  # in `_INSERT_COLUMNS`' order
-    for r in rows:
-        args += [
-            r.context_id,
-            r.seq,
-            _char(r.client_id),
-            _char(r.role),
-            _char(r.name),
-            _char(r.text),
-            None if r.content is None else json.dumps(r.content),
-            [_char(t) for t in r.tags],
-            json.dumps(r.metadata),
-            r.run_id,
-            r.step_id,
-            r.token_count,
-            _char(r.tokenizer),
-            _char(r.source_timestamp),
-            now,
-            now,
-            _char(r.pruned_by),
-            None if r.key_order is None else json.dumps(r.key_order),
-        ]
-    with connection.cursor() as cursor:
-        cursor.execute(f"{_INSERT_SQL} {', '.join([_INSERT_ROW] * len(rows))} RETURNING id", args)
-        for row, (pk,) in zip(rows, cursor.fetchall(), strict=True):
-            row.pk = pk
-            row._state.adding = False
-            row._state.db = connection.alias
-    return rows
-
-
 def _wake_indexer() -> None:
     backlog.wake_indexer()
-
-
-_MESSAGE_COLUMNS = [(f.attname, f) for f in Message._meta.concrete_fields]
-_MESSAGE_ATTNAMES = frozenset(a for a, _ in _MESSAGE_COLUMNS)
-
-
-# The row's columns that come from the message as written (the write path adds the others).
-_WRITTEN = (*MESSAGE_FIELDS, "client_id", "key_order")
-
-
-def _new_message(message: NewMessage, **values: Any) -> Message:
-    """The row of `message` with the write path's `values` (seq, counts...), built positionally
-    as `Model.from_db` builds rows: Django's keyword path (a default and a descriptor per field)
-    is a visible share of a large batch."""
-    _check_message_fields(values)
-    for name in _WRITTEN:
-        values[name] = getattr(message, name)
-    return Message(*[values[a] if a in values else f.get_default() for a, f in _MESSAGE_COLUMNS])
-
-
-def _check_message_fields(values: dict[str, Any]) -> None:
-    if unknown := values.keys() - _MESSAGE_ATTNAMES:
-        raise TypeError(f"Message has no field {sorted(unknown)[0]!r}")
-
-
-def _message_factory():
-    """What `_new_message` builds, for a batch: when nothing listens to the model's pre_init /
-    post_init signals, the instance's `__dict__` is filled directly (what `Model.__init__`'s
-    per-field setattr leaves there for a new instance: no related object is cached yet), without
-    a Python call per field."""
-    if pre_init.has_listeners(Message) or post_init.has_listeners(Message):
-        return _new_message
-    new, state, defaults = Message.__new__, ModelState, _MESSAGE_COLUMNS
-
-    def build(message: NewMessage, **values: Any) -> Message:
-        _check_message_fields(values)
-        row = new(Message)
-        row._state = state()
-        fields = row.__dict__
-        fields.update(values)
-        for name in _WRITTEN:
-            fields[name] = getattr(message, name)
-        for attname, f in defaults:
-            if attname not in fields:
-                fields[attname] = f.get_default()
-        return row
-
-    return build
 
 
 # From this many rows on, COPY beats a multi-row INSERT: psycopg merges every parameter of an
@@ -339,50 +272,6 @@ COPY_THRESHOLD = 50
 # Rows counted and written per step of the COPY stream (≈ 35 KB of typical messages: about one
 # of psycopg's 32 KB sends).
 COPY_CHUNK = 100
-_COPY_COLUMNS = (
-    "id",
-    "context_id",
-    "seq",
-    "client_id",
-    "role",
-    "name",
-    "text",
-    "content",
-    "tags",
-    "metadata",
-    "run_id",
-    "step_id",
-    "token_count",
-    "tokenizer",
-    "source_timestamp",
-    "created_at",
-    "updated_at",
-    "pruned_by",
-    "key_order",
-)
-
-
-def _char(value: Any) -> str | None:
-    """A value for a text column as Django's CharField and TextField write it (a domain caller
-    may pass a number, a dict or a TextChoices member; psycopg would send those typed or not at
-    all, and a mixed list not at all)."""
-    return value if value is None or type(value) is str else str(value)
-
-
-# `_insert_messages`' statement: every column but the id (the table's sequence draws it),
-# values typed where a literal alone is ambiguous. Tags as text[]: an explicit cast to the
-# column's varchar(200)[] would cut a longer tag, which the column's own assignment refuses.
-_INSERT_CASTS = {
-    "tags": "::text[]",
-    "content": "::json",
-    "metadata": "::json",
-    "key_order": "::jsonb",
-    "created_at": "::timestamptz",
-    "updated_at": "::timestamptz",
-}
-_INSERT_COLUMNS = tuple(c for c in _COPY_COLUMNS if c != "id")
-_INSERT_SQL = f"INSERT INTO {Message._meta.db_table} ({', '.join(_INSERT_COLUMNS)}) VALUES"
-_INSERT_ROW = "(" + ", ".join(f"%s{_INSERT_CASTS.get(c, '')}" for c in _INSERT_COLUMNS) + ")"
 
 
 # One COPY stream that counts, builds and sends rows chunk by chunk (the docstring says why);
@@ -410,7 +299,7 @@ def _copy_messages(
     stamp = now.isoformat()
     encode = tokens.get_encoding(tokenizer).encode_ordinary
     token_text = tokens.token_text
-    build = _message_factory()
+    build = message_rows.message_factory()
     rows: list[Message] = []
     with connection.cursor() as cursor:
         cursor.execute(
@@ -418,7 +307,7 @@ def _copy_messages(
             [table, len(specs)],
         )
         ids = [pk for (pk,) in cursor.fetchall()]
-        columns = ", ".join(_COPY_COLUMNS)
+        columns = ", ".join(message_rows.COPY_COLUMNS)
         with (
             copy_errors_as_django(),
             cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy,
