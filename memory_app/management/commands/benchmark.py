@@ -34,6 +34,7 @@ from memory_app.bench import (
     keyword_scale,
     otlp,
     peers,
+    peers_http,
     quality,
     recall,
     sections,
@@ -64,6 +65,8 @@ AREAS = {
     "otlp": otlp.otlp,
     # Only with --peers (or --only peers): needs the `peers` extra.
     "peers": peers.run,
+    # Only with --only peers_http: the peers served in their venv (`make peers-venv`).
+    "peers_http": peers_http.run,
 }
 # Written by areas that run alone (--only citus, --only fleet), kept by every other run.
 KEPT_SECTIONS = [citus_rows.SECTION, fleet.SECTION]
@@ -493,6 +496,8 @@ class Command(BaseCommand):
         only = [a.strip() for a in only.split(",") if a.strip()]
         for name, fn in AREAS.items():
             if (only and name not in only) or (name == "peers" and not with_peers):
+                continue
+            if name == "peers_http" and not only:
                 continue
             self.log(f"measuring {name}")
             t = time.perf_counter()
