@@ -36,6 +36,8 @@ from memory_app.bench.http_path import _Http, _served
 from memory_app.bench.measure import Paired, Row, Target, time_pairs
 
 AREA = "peers (HTTP)"
+# The section `--only peers_http` writes into the report alone (kept by every other run).
+SECTION = "## Peers over HTTP"
 TARGET = Target("<=", 1.0, "median per-pair ratio ≤ 1.0", of_ratio=True)
 LANGCHAIN = "langchain-postgres chat history"
 LANGGRAPH = "LangGraph AsyncPostgresStore"
@@ -90,7 +92,8 @@ class Load:
 
 
 def run(b: Bench) -> None:
-    from memory_app.bench.database import conninfo
+    from memory_app.bench.database import conninfo, server_info
+    from memory_app.bench.measure import machine_lines
 
     python = venv_python()
     quick = b.quick
@@ -105,6 +108,7 @@ def run(b: Bench) -> None:
         "PEERS_HTTP_DIMS": str(b.data.sizes.dims),
     }
     loads = {small: Load.draw(b, small, 11), large: Load.draw(b, large, 12)}
+    start = _loadavg()
     with _served(
         ["agentmemory_site.asgi:application", PEER_APP], env, [sys.executable, str(python)]
     ) as (
@@ -121,7 +125,43 @@ def run(b: Bench) -> None:
         for n in (small, large):
             notes.append(_semantic(b, ours, peer, sides[n], loads[n]))
         _writes(b, ours, peer, loads[small], batch)
-    b.report.notes += ["", "## Peers over HTTP", "", _note(small, large, batch), *notes]
+    server = server_info(info["dbname"])
+    b.report.notes += [
+        "",
+        SECTION,
+        "",
+        *machine_lines(server["server"], server["pgvector"]),
+        "",
+        _note(small, large, batch),
+        f"- Load average (1/5/15 min) at the start: {start}; at the end: {_loadavg()} (each "
+        f"row's 1-minute load as it ended beside it; the {os.cpu_count()} cores are shared).",
+        *notes,
+    ]
+
+
+def section(report, *, command: str, quick: bool) -> list[str]:
+    """This area's section of the report, when it runs alone: its rows, then its notes (the
+    machine among them; their own heading left out: the section's title is it)."""
+    from memory_app.bench import sections
+
+    notes = report.notes[report.notes.index(SECTION) + 1 :] if SECTION in report.notes else []
+    skipped = [f"- not measured: {line}" for line in report.not_measured]
+    return [
+        *sections.opening(SECTION, command, quick=quick),
+        "| Measure | Ours | Peer | Ours ÷ peer (pair median) | Spread, load | Target | Result |",
+        "|---|---|---|---|---|---|---|",
+        *(
+            f"| {r.measure} | {r.ours} | {r.baseline} | {r.ratio:.3g}× | {r.note} | "
+            f"{r.target.text} | {r.status} |"
+            for r in report.rows
+        ),
+        *notes,
+        *([""] + skipped if skipped else []),
+    ]
+
+
+def _loadavg() -> str:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def _load(b: Bench, peer: _Http, load: Load, batch: int, *, with_lc: bool) -> Side:
@@ -178,7 +218,8 @@ def _analysed(info: dict) -> None:
 
 def _row(b: Bench, measure: str, peer: str, pairs, *, warmup: int = 3) -> Paired:
     a, p, paired = time_pairs(pairs, warmup=warmup)
-    b.report.add(Row(AREA, f"{measure} — vs {peer}", a, p, TARGET, str(paired), paired), b.log)
+    note = f"{paired}; load {os.getloadavg()[0]:.2f}"
+    b.report.add(Row(AREA, f"{measure} — vs {peer}", a, p, TARGET, note, paired), b.log)
     return paired
 
 

@@ -69,7 +69,7 @@ AREAS = {
     "peers_http": peers_http.run,
 }
 # Written by areas that run alone (--only citus, --only fleet), kept by every other run.
-KEPT_SECTIONS = [citus_rows.SECTION, fleet.SECTION]
+KEPT_SECTIONS = [citus_rows.SECTION, fleet.SECTION, peers_http.SECTION]
 
 
 class Command(BaseCommand):
@@ -271,7 +271,10 @@ class Command(BaseCommand):
         self.log(plain_table(report.rows))
         for line in report.not_measured:
             self.log(line)
-        if output:
+        if output and opts["only"].strip() == "peers_http":  # alone: its section, not the file
+            lines = peers_http.section(report, command=_command_line(), quick=quick)
+            sections.write_section(Path(output), peers_http.SECTION, lines)
+        elif output:
             path = Path(output)
             path.parent.mkdir(parents=True, exist_ok=True)
             # The citus and fleet areas' sections come from their own runs: kept as they are.
