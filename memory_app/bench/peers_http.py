@@ -13,7 +13,8 @@ the per-pair ratios, the spread beside it (issue target ≤ 1.0: ours as fast as
 faster; for batches the time per batch of 1,000). Both sides hold the same texts and vectors:
 reads on a context of 10,000 messages, semantic search on 10,000 and 50,000, writes into
 fresh contexts. Ours is loaded through the API's batches and the deferred indexer drained
-(`peers._drained`), the peers through their own routes; then both sides' tables are analysed.
+(`peers._drained`), the peers through their own routes; then both sides' tables are vacuumed
+and analysed.
 """
 
 from __future__ import annotations
@@ -200,20 +201,23 @@ def _load(b: Bench, peer: _Http, load: Load, batch: int, *, with_lc: bool) -> Si
 
 
 def _analysed(info: dict) -> None:
-    """Both sides' statistics brought up to date, as autovacuum would after the load: our
-    search sizes its walk by the HNSW index's row estimate, and the planner picks both sides'
-    plans by them."""
+    """Both sides' tables vacuumed and analysed, as autovacuum leaves them a minute after a
+    load: our search sizes its walk by the HNSW index's row estimate, the planner picks both
+    sides' plans by the statistics, and the side table our indexer has just emptied would
+    otherwise be scanned whole, dead rows and all, by every search (with a parallel worker,
+    by its stale estimate) until autovacuum reaches it."""
     with psycopg.connect(**info, autocommit=True) as conn:
         for table in (
             "memory_app_message",
             "memory_app_messagesearch",
             "memory_app_embedding",
+            "memory_app_embeddingwaiting",
             f"{SCHEMA}.store",
             f"{SCHEMA}.store_vectors",
             f"{SCHEMA}.lc_history",
             f"{SCHEMA}.lc_history_fts",
         ):
-            conn.execute(f"ANALYZE {table}")
+            conn.execute(f"VACUUM ANALYZE {table}")
 
 
 def _row(b: Bench, measure: str, peer: str, pairs, *, warmup: int = 3) -> Paired:
@@ -432,7 +436,8 @@ def _note(small: int, large: int, batch: int) -> str:
         "(`make peers-venv`), over one keep-alive HTTP connection per side from the same "
         "client on 127.0.0.1. Pairs of calls interleaved A B A B; the ratio is the median of "
         "the per-pair ratios (ours ÷ peer, the middle half and the extremes in the row); below "
-        "1 ours is faster. Both sides hold the same texts and vectors. Settings: the window is "
+        "1 ours is faster. Both sides hold the same texts and vectors, their tables vacuumed "
+        "and analysed after the load (as autovacuum leaves them). Settings: the window is "
         f"langchain's whole history read then its last k (it has no other read), LangGraph's "
         "`asearch` without a query (newest first); the token window counts each message's "
         "text with tiktoken's cl100k_base on every side (ours stored at write, the peers' at "
