@@ -120,8 +120,8 @@ def run(b: Bench) -> None:
         peer = _Http(peer_port, {})
         peer.post("/setup", b"{}")
         b.log(f"  loading {small:,} and {large:,} messages with vectors into each side")
-        sides = {n: _load(b, peer, load, batch, with_lc=n == small) for n, load in loads.items()}
-        _analysed(info)
+        sides = {n: _load(b, peer, load, batch) for n, load in loads.items()}
+        held = _analysed(info)
         notes = _reads(b, ours, peer, sides[small], loads[small])
         for n in (small, large):
             notes += _semantic(b, ours, peer, sides[n], loads[n])
@@ -134,6 +134,7 @@ def run(b: Bench) -> None:
         *machine_lines(server["server"], server["pgvector"]),
         "",
         _note(small, large, batch),
+        held,
         f"- Load average (1/5/15 min) at the start: {start}; at the end: {_loadavg()} (each "
         f"row's 1-minute load as it ended beside it; the {os.cpu_count()} cores are shared).",
         *notes,
@@ -165,12 +166,12 @@ def _loadavg() -> str:
     return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _load(b: Bench, peer: _Http, load: Load, batch: int, *, with_lc: bool) -> Side:
-    """The texts and vectors into ours (API batches, then the indexer drained) and into the
-    store (its batch route, vectors through `embed`); with `with_lc` also into both langchain
-    histories (text only: they hold no vectors). Ours is loaded once per database: a later run
-    finds the context full (the same seed draws the same texts) and reuses it, so the store
-    does not grow run after run; the peers' schema is made anew each run."""
+def _load(b: Bench, peer: _Http, load: Load, batch: int) -> Side:
+    """The texts and vectors into ours (API batches, then the indexer drained), into the store
+    (its batch route, vectors through `embed`) and into both langchain histories (text only:
+    they hold no vectors), so each side's tables and indexes hold every loaded message. Ours
+    is loaded once per database: a later run finds the context full (the same seed draws the
+    same texts) and reuses it; the peers' schema is made anew each run."""
     from memory_app.bench.peers import _drained
 
     n = len(load.texts)
@@ -193,14 +194,13 @@ def _load(b: Bench, peer: _Http, load: Load, batch: int, *, with_lc: bool) -> Si
                 orjson.dumps({"messages": ours_items}).decode(),
             )
         peer.post(f"/lg/{side.langgraph}/batch", orjson.dumps({"messages": vector_items}))
-        if with_lc:
-            for table in ("plain", "fts"):
-                peer.post(f"/lc/{table}/{side.langchain}/batch", orjson.dumps({"messages": items}))
+        for table in ("plain", "fts"):
+            peer.post(f"/lc/{table}/{side.langchain}/batch", orjson.dumps({"messages": items}))
     _drained()
     return side
 
 
-def _analysed(info: dict) -> None:
+def _analysed(info: dict) -> str:
     """Both sides' tables vacuumed and analysed, as autovacuum leaves them a minute after a
     load: our search sizes its walk by the HNSW index's row estimate, the planner picks both
     sides' plans by the statistics, and the side table our indexer has just emptied would
@@ -218,6 +218,20 @@ def _analysed(info: dict) -> None:
             f"{SCHEMA}.lc_history_fts",
         ):
             conn.execute(f"VACUUM ANALYZE {table}")
+        counts = [
+            conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # noqa: S608 - constant
+            for table in (
+                "memory_app_message",
+                "memory_app_embedding",
+                f"{SCHEMA}.store",
+                f"{SCHEMA}.lc_history",
+            )
+        ]
+    return (
+        "- Held when measured (both sides' tables and indexes cover all of it): ours {:,} "
+        "messages, {:,} of them with vectors (the base dataset's among them); LangGraph's "
+        "store {:,} items; each langchain table {:,} messages.".format(*counts)
+    )
 
 
 def _row(b: Bench, measure: str, peer: str, pairs, *, warmup: int = 3) -> Paired:
