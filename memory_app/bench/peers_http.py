@@ -110,19 +110,16 @@ def run(b: Bench) -> None:
     }
     loads = {small: Load.draw(b, small, 11), large: Load.draw(b, large, 12)}
     start = _loadavg()
-    with _served(
-        ["agentmemory_site.asgi:application", PEER_APP], env, [sys.executable, str(python)]
-    ) as (
-        ours_port,
-        peer_port,
-    ):
+    apps, pythons = ["agentmemory_site.asgi:application", PEER_APP], [sys.executable, str(python)]
+    with _served(apps, env, pythons) as (ours_port, peer_port):
         ours = _Http(ours_port, {"Authorization": f"Bearer {b.api_secret}"})
         peer = _Http(peer_port, {})
         peer.post("/setup", b"{}")
         b.log(f"  loading {small:,} and {large:,} messages with vectors into each side")
         sides = {n: _load(b, peer, load, batch) for n, load in loads.items()}
         held = _analysed(info)
-        notes = _reads(b, ours, peer, sides[small], loads[small])
+        _reads(b, ours, peer, sides[small], loads[small])
+        notes: list[str] = []
         for n in (small, large):
             notes += _semantic(b, ours, peer, sides[n], loads[n])
         _writes(b, ours, peer, loads[small], batch)
@@ -241,7 +238,7 @@ def _row(b: Bench, measure: str, peer: str, pairs, *, warmup: int = 3) -> Paired
     return paired
 
 
-def _reads(b: Bench, ours: _Http, peer: _Http, side: Side, load: Load) -> list[str]:
+def _reads(b: Bench, ours: _Http, peer: _Http, side: Side, load: Load) -> None:
     n = len(load.texts)
     select = f"{API}/contexts/{side.ours}/select"
     cases = [
@@ -285,7 +282,6 @@ def _reads(b: Bench, ours: _Http, peer: _Http, side: Side, load: Load) -> list[s
         for q in queries
     ]
     _row(b, f"keyword search k={SEARCH_K} in {n:,} messages", f"{LANGCHAIN} + full text", pairs)
-    return []
 
 
 def _semantic(b: Bench, ours: _Http, peer: _Http, side: Side, load: Load) -> list[str]:
