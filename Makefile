@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 TEST_STAMP := $(VENV)/.installed-test-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test test-citus install install-test lint format bench clean-venv
+.PHONY: run test test-citus install install-test lint format bench peers-venv clean-venv
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "Python 3.11 is needed ($(PYTHON) not found)"; exit 1; }
@@ -52,6 +52,22 @@ format: install-test
 
 bench: install
 	$(PY) manage.py benchmark
+
+# `manage.py benchmark --only peers_http` serves the peers from a venv of their own:
+# langchain-postgres pins the pgvector package below the one the product needs. The peers'
+# handlers run on the same server as ours (gunicorn, uvicorn worker, orjson, psycopg).
+PEERS_VENV ?= var/peers-venv
+PEERS_STAMP := $(PEERS_VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+$(PEERS_STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "Python 3.11 is needed ($(PYTHON) not found)"; exit 1; }
+	rm -rf $(PEERS_VENV)
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet $$($(PYTHON) scripts/peers_requirements.py)
+	@touch $@
+
+peers-venv: $(PEERS_STAMP)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -9,5 +9,7 @@ baseline doing the same work, and the Markdown report (`docs/benchmarks.md`).
 - `measure`   timing helpers, result rows, targets and the report;
 - `harness`   what every area shares: `Bench`, `BenchError`, the sizes read with;
 - the areas, one module each: `startup`, `selectors`, `recall`, `transcript`, `export`,
-  `dashboard`, `storage`, `ingest` (last: it writes) and `peers` (with `--peers`).
+  `dashboard`, `storage`, `ingest` (last: it writes), `peers` (with `--peers`) and
+  `peers_http` (with `--only peers_http`: the peers behind `peer_handlers`, served from the
+  venv `make peers-venv` builds).
 """

@@ -178,17 +178,17 @@ def _append_row(b: Bench, ours: _Http, minimal: _Http) -> None:
 
 
 @contextmanager
-def _served(apps: list[str], env: dict[str, str]):
+def _served(apps: list[str], env: dict[str, str], pythons: list[str] | None = None):
     """Each app under gunicorn with one uvicorn worker on a free port of 127.0.0.1, as `manage.py
-    serve` runs the site, started side by side; their ports. Stopped (by their own process
-    ids) on the way out."""
+    serve` runs the site, started side by side (each by its python of `pythons`, default this
+    one); their ports. Stopped (by their own process ids) on the way out."""
     procs, ports = [], []
     try:
-        for app in apps:
+        for app, python in zip(apps, pythons or [sys.executable] * len(apps), strict=True):
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", 0))
                 port = probe.getsockname()[1]
-            cmd = [sys.executable, "-m", "gunicorn", app]
+            cmd = [python, "-m", "gunicorn", app]
             cmd += ["--worker-class", "uvicorn_worker.UvicornWorker", "--workers", "1"]
             cmd += ["--config", "python:agentmemory_site.gunicorn_hooks"]
             cmd += ["--bind", f"127.0.0.1:{port}", "--log-level", "warning"]

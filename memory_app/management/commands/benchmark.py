@@ -34,6 +34,7 @@ from memory_app.bench import (
     keyword_scale,
     otlp,
     peers,
+    peers_http,
     quality,
     recall,
     sections,
@@ -64,9 +65,11 @@ AREAS = {
     "otlp": otlp.otlp,
     # Only with --peers (or --only peers): needs the `peers` extra.
     "peers": peers.run,
+    # Only with --only peers_http: the peers served in their venv (`make peers-venv`).
+    "peers_http": peers_http.run,
 }
 # Written by areas that run alone (--only citus, --only fleet), kept by every other run.
-KEPT_SECTIONS = [citus_rows.SECTION, fleet.SECTION]
+KEPT_SECTIONS = [citus_rows.SECTION, fleet.SECTION, peers_http.SECTION]
 
 
 class Command(BaseCommand):
@@ -268,7 +271,10 @@ class Command(BaseCommand):
         self.log(plain_table(report.rows))
         for line in report.not_measured:
             self.log(line)
-        if output:
+        if output and opts["only"].strip() == "peers_http":  # alone: its section, not the file
+            lines = peers_http.section(report, command=_command_line(), quick=quick)
+            sections.write_section(Path(output), peers_http.SECTION, lines)
+        elif output:
             path = Path(output)
             path.parent.mkdir(parents=True, exist_ok=True)
             # The citus and fleet areas' sections come from their own runs: kept as they are.
@@ -496,6 +502,8 @@ class Command(BaseCommand):
         only = [a.strip() for a in only.split(",") if a.strip()]
         for name, fn in AREAS.items():
             if (only and name not in only) or (name == "peers" and not with_peers):
+                continue
+            if name == "peers_http" and not only:
                 continue
             self.log(f"measuring {name}")
             t = time.perf_counter()
