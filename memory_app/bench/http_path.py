@@ -182,10 +182,11 @@ def _append_row(b: Bench, ours: _Http, minimal: _Http) -> None:
 
 
 @contextmanager
-def _served(apps: list[str], env: dict[str, str]):
-    """Each app under gunicorn with one uvicorn worker on a free port of 127.0.0.1, as `manage.py
-    serve` runs the site, started side by side; their ports. Stopped (by their own process
-    ids) on the way out."""
+def _served(apps: list[str], env: dict[str, str], *, workers: int = 1, preload: bool = False):
+    """Each app under gunicorn with `workers` uvicorn workers on a free port of 127.0.0.1, as
+    `manage.py serve` runs the site (`preload`: imported once before the workers fork, as serve
+    does), started side by side; their ports. Stopped (by their own process ids) on the way
+    out."""
     procs, ports = [], []
     try:
         for app in apps:
@@ -193,8 +194,9 @@ def _served(apps: list[str], env: dict[str, str]):
                 probe.bind(("127.0.0.1", 0))
                 port = probe.getsockname()[1]
             cmd = [sys.executable, "-m", "gunicorn", app]
-            cmd += ["--worker-class", "uvicorn_worker.UvicornWorker", "--workers", "1"]
+            cmd += ["--worker-class", "uvicorn_worker.UvicornWorker", "--workers", str(workers)]
             cmd += ["--config", "python:agentmemory_site.gunicorn_hooks"]
+            cmd += ["--preload"] if preload else []
             cmd += ["--bind", f"127.0.0.1:{port}", "--log-level", "warning"]
             cmd += ["--keep-alive", str(settings.AGENTMEMORY_KEEPALIVE_SECONDS)]
             procs.append(subprocess.Popen(cmd, env=env, cwd=settings.BASE_DIR))

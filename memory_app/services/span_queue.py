@@ -8,7 +8,8 @@ context's spans as received; the mapper decodes it. Spans kept before with other
 answered as rejected there and then; spans already kept as sent are not queued again.
 
 The mapping is a backlog drained by the per-process indexer thread (woken when an export
-commits) and by every turn of `manage.py embed_worker`, provider or not: `spans_map_batch` locks
+commits; not with AGENTMEMORY_OTLP_MAP_THREAD off) and by every turn of `manage.py embed_worker`,
+provider or not: `spans_map_batch` locks
 one context (SKIP LOCKED: another mapper or writer holding it is passed over), claims up to
 MAP_SPANS of its queued spans in arrival order, decodes them, maps them with
 `trace_bulk.traces_map_bulk` (new traces written together, each trace brought up to date once for
@@ -137,7 +138,8 @@ def _insert(queued: list[tuple[int, list[str], int, str, bytes | None]]) -> None
             " VALUES (%s, %b, %s, %s, %b, now(), '')",
             queued,
         )
-    transaction.on_commit(backlog.wake_indexer)
+    if settings.AGENTMEMORY_OTLP_MAP_THREAD:
+        transaction.on_commit(backlog.wake_indexer)
 
 
 def spans_map_batch(*, max_spans: int = MAP_SPANS, wait: bool = False) -> int | None:
@@ -177,8 +179,14 @@ def spans_map_batch(*, max_spans: int = MAP_SPANS, wait: bool = False) -> int | 
 def _map_context(context_id: int, *, max_spans: int, wait: bool) -> int | None:
     """Map the context's oldest queued exports; None when its lock or its rows are taken."""
     with transaction.atomic():
+        # FOR NO KEY UPDATE: it keeps out the context's other writers (their FOR UPDATE, or
+        # another mapper's) but not the receiver, whose queue rows' foreign key takes FOR KEY
+        # SHARE on the context; FOR UPDATE held every acknowledgement naming the context until
+        # the batch was mapped.
         context = (
-            Context.objects.select_for_update(skip_locked=not wait).filter(pk=context_id).first()
+            Context.objects.select_for_update(skip_locked=not wait, no_key=True)
+            .filter(pk=context_id)
+            .first()
         )
         if context is None:
             return None
@@ -239,6 +247,12 @@ def _set_aside(context_id: int, exc: Exception) -> None:
         SpanQueue.objects.filter(context_id=context_id, pk=oldest).update(
             error=f"{type(exc).__name__}: {exc}"[:1000] or "failed"
         )
+
+
+def spans_map_drain() -> int | None:
+    """One batch, for the indexer thread (as `spans_map_batch`); None, leaving the queue to
+    `embed_worker`, when AGENTMEMORY_OTLP_MAP_THREAD is off."""
+    return spans_map_batch() if settings.AGENTMEMORY_OTLP_MAP_THREAD else None
 
 
 def spans_map_chore() -> int:
