@@ -29,7 +29,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
-from memory_app import backlog, db
+from memory_app import backlog, db, pricing
 from memory_app.db import json_text
 from memory_app.interop import otlp, otlp_scan
 from memory_app.models import ApiKey, Context, SpanQueue
@@ -179,15 +179,7 @@ def spans_map_batch(*, max_spans: int = MAP_SPANS, wait: bool = False) -> int | 
 def _map_context(context_id: int, *, max_spans: int, wait: bool) -> int | None:
     """Map the context's oldest queued exports; None when its lock or its rows are taken."""
     with transaction.atomic():
-        # FOR NO KEY UPDATE: it keeps out the context's other writers (their FOR UPDATE, or
-        # another mapper's) but not the receiver, whose queue rows' foreign key takes FOR KEY
-        # SHARE on the context; FOR UPDATE held every acknowledgement naming the context until
-        # the batch was mapped.
-        context = (
-            Context.objects.select_for_update(skip_locked=not wait, no_key=True)
-            .filter(pk=context_id)
-            .first()
-        )
+        context = lock_context(context_id, wait=wait)
         if context is None:
             return None
         claimed = list(
@@ -210,9 +202,23 @@ def _map_context(context_id: int, *, max_spans: int, wait: bool) -> int | None:
                 if (row["trace_id"], row["span_id"]) not in seen:
                     seen.add((row["trace_id"], row["span_id"]))
                     rows.append(row)
-        trace_bulk.traces_map_bulk(context=context, rows=rows)
+        with pricing.prices_fixed():
+            trace_bulk.traces_map_bulk(context=context, rows=rows)
         SpanQueue.objects.filter(context_id=context_id, pk__in=taken).delete()
     return len(rows)
+
+
+def lock_context(context_id: int, *, wait: bool) -> Context | None:
+    """The context locked for its mapping, in the caller's transaction; None when another mapper
+    or writer holds it (`wait`: waited for). FOR NO KEY UPDATE: it keeps out the context's other
+    writers (their FOR UPDATE, another mapper's lock) but not the receiver, whose queue rows'
+    foreign key takes FOR KEY SHARE on the context; FOR UPDATE held every acknowledgement that
+    names the context until the batch was mapped."""
+    return (
+        Context.objects.select_for_update(skip_locked=not wait, no_key=True)
+        .filter(pk=context_id)
+        .first()
+    )
 
 
 def _claimed(context_id: int, ids: list[int]) -> list[tuple[str, bytes | None]]:
