@@ -208,6 +208,66 @@ def test_the_indexer_thread_maps_an_export_once_it_commits(settings, tool_run):
     assert span_queue.spans_map_batch() is None
 
 
+@pytest.mark.django_db(transaction=True)
+def test_with_the_mapping_thread_off_the_embed_worker_alone_maps(settings, tool_run):
+    """AGENTMEMORY_OTLP_MAP_THREAD off: the web processes' indexer threads leave the queue to
+    a mapper process of its own (`embed_worker`)."""
+    settings.AGENTMEMORY_INDEXER_THREAD = True
+    settings.AGENTMEMORY_OTLP_MAP_THREAD = False
+    writer = make_key(scopes=("write",))
+    _, spans = tool_run
+    export(writer, spans)
+    backlog.indexer.wake()  # as any other write wakes it
+    assert backlog.indexer.wait_idle(120)
+    assert SpanQueue.objects.get().span_count == len(spans)
+    assert span_queue.spans_map_drain() is None
+    call_command("embed_worker", "--once", "--idle-sleep", "0", stdout=io.StringIO())
+    assert not SpanQueue.objects.exists()
+    assert Run.objects.get().status == "success"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_export_is_acknowledged_while_its_context_is_being_mapped(tool_run, code_run):
+    """The mapper's lock on a context keeps out its writers, not the receiver: an export into
+    a context whose batch is being mapped is queued at once, not after the batch commits."""
+    import threading
+
+    from django.db import connection, connections
+
+    writer = make_key(scopes=("write",))
+    export(writer, tool_run[1])
+    map_queued()
+    context_id = Run.objects.get().context_id
+    locked, release = threading.Event(), threading.Event()
+
+    def mapping() -> None:
+        try:
+            with transaction.atomic():
+                assert span_queue.lock_context(context_id, wait=True) is not None
+                locked.set()
+                release.wait(60)
+        finally:
+            connections.close_all()
+
+    mapper = threading.Thread(target=mapping)
+    mapper.start()
+    try:
+        assert locked.wait(60)
+        with connection.cursor() as cursor:
+            # Waiting for the mapper would fail the export (a 503) instead of hanging the test.
+            cursor.execute("SET lock_timeout = '5s'")
+        try:
+            export(writer, code_run[1])
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET lock_timeout")
+        assert SpanQueue.objects.get().context_id == context_id
+    finally:
+        release.set()
+        mapper.join(60)
+    assert map_queued() == len(code_run[1])
+
+
 def _bench_export(stamp: str, traces: int) -> bytes:
     """The benchmark's export of `traces` smolagents-shaped runs over its eight sessions, in
     the contexts of one fixed name whatever the stamp (the stamp makes the trace ids)."""
