@@ -182,6 +182,12 @@ def _map_context(context_id: int, *, max_spans: int, wait: bool) -> int | None:
         context = lock_context(context_id, wait=wait)
         if context is None:
             return None
+        with connection.cursor() as cursor:
+            # The batch's commit does not wait for its WAL to reach the disk: were the server to
+            # crash first, the whole transaction is lost, the queue rows' deletion with the runs,
+            # and the exports are mapped again. The exports themselves were made durable when
+            # they were acknowledged.
+            cursor.execute("SET LOCAL synchronous_commit = off")
         claimed = list(
             SpanQueue.objects.filter(context_id=context_id, error="")
             .order_by("pk")
