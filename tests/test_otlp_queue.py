@@ -226,6 +226,27 @@ def test_with_the_mapping_thread_off_the_embed_worker_alone_maps(settings, tool_
     assert Run.objects.get().status == "success"
 
 
+@pytest.mark.django_db
+def test_an_embed_worker_turn_maps_batch_after_batch_while_spans_are_queued(
+    writer, tool_run, code_run
+):
+    """A mapper process chasing a stream of exports maps every queued context in one turn,
+    not one context's batch a turn with the turn's other work between them."""
+    for keys, (_, spans) in (
+        (KEYS, tool_run),
+        ({**KEYS, "agentmemory.context.user": "grace"}, code_run),
+    ):
+        request = _request(spans)
+        for kv in request.resource_spans[0].resource.attributes:
+            if kv.key in keys:
+                kv.value.string_value = keys[kv.key]
+        assert _post_raw(writer, request).status_code == 200
+    assert SpanQueue.objects.values("context_id").distinct().count() == 2
+    assert span_queue.spans_map_chore() == len(tool_run[1]) + len(code_run[1])
+    assert not SpanQueue.objects.exists()
+    assert Run.objects.filter(status="success").count() == 2
+
+
 @pytest.mark.django_db(transaction=True)
 def test_an_export_is_acknowledged_while_its_context_is_being_mapped(tool_run, code_run):
     """The mapper's lock on a context keeps out its writers, not the receiver: an export into

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from django.conf import settings
@@ -267,9 +268,21 @@ def spans_map_drain() -> int | None:
     return spans_map_batch() if settings.AGENTMEMORY_OTLP_MAP_THREAD else None
 
 
+# How long the embed worker's turn keeps mapping batches while spans are queued.
+CHORE_SECONDS = 2.0
+
+
 def spans_map_chore() -> int:
-    """One batch, for the embed worker's turn: the spans mapped."""
-    return spans_map_batch() or 0
+    """For the embed worker's turn: batches mapped one after another while spans are queued,
+    for up to CHORE_SECONDS (then the turn's other work has its go); the spans mapped. One
+    batch a turn left a mapper process chasing a stream of exports with the rest of the turn's
+    statements between every two batches."""
+    total, started = 0, time.monotonic()
+    while done := spans_map_batch():
+        total += done
+        if time.monotonic() - started >= CHORE_SECONDS:
+            break
+    return total
 
 
 def spans_map_pending() -> int:
