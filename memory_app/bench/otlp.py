@@ -6,7 +6,7 @@ In this process (Django's test client, the mapper called directly): the acknowle
 mapper draining the queue. As deployed: the site served as `manage.py serve` serves it
 (gunicorn, its default three uvicorn workers), the exports sent over HTTP one after another as
 an exporter sends them, timed from the first export to the last span mapped, the mapping done
-either by the web workers' indexer threads (the default) or by a mapper process of its own
+either by the web workers' indexer threads (the default) or by one or two mapper processes
 (`manage.py embed_worker` with AGENTMEMORY_OTLP_MAP_THREAD off in the web workers).
 
 The traces are smolagents-shaped (OpenInference): an agent span, steps each holding a model call
@@ -44,15 +44,13 @@ SESSIONS = 8  # contexts the traces spread over
 CONCURRENT = 40  # agents whose spans interleave in the exports
 PROTOBUF = "application/x-protobuf"
 WEB_WORKERS = 3  # `manage.py serve`'s default (AGENTMEMORY_WORKERS)
-# Who maps the queue in the served rows: the environment of the web workers, and whether a
-# mapper process runs beside them.
+# Who maps the queue in the served rows: the environment of the web workers, and how many
+# mapper processes run beside them.
+_OFF = {"AGENTMEMORY_OTLP_MAP_THREAD": "0"}
 SHAPES = (
-    ("the web workers' indexer threads (serve's default)", {}, False),
-    (
-        "a mapper process (embed_worker; AGENTMEMORY_OTLP_MAP_THREAD=0 in the web workers)",
-        {"AGENTMEMORY_OTLP_MAP_THREAD": "0"},
-        True,
-    ),
+    ("the web workers' indexer threads (serve's default)", {}, 0),
+    ("a mapper process (embed_worker; AGENTMEMORY_OTLP_MAP_THREAD=0 in the web workers)", _OFF, 1),
+    ("two mapper processes (embed_worker ×2, AGENTMEMORY_OTLP_MAP_THREAD=0)", _OFF, 2),
 )
 
 
@@ -89,7 +87,8 @@ def otlp(b: Bench) -> None:
         ),
         b.log,
     )
-    for number, shape in enumerate(SHAPES):
+    # Quick: serve's default shape alone (each shape starts a server of three workers).
+    for number, shape in enumerate(SHAPES[:1] if b.quick else SHAPES):
         served = f"{stamp}-served{number}"
         warm = _exports(served, EXPORT_SPANS * WEB_WORKERS // (1 + 3 * STEPS), seed="warm")
         _served_sustained(b, _exports(served, traces), warm, spans, shape)
@@ -149,13 +148,13 @@ def _served_sustained(b: Bench, exports: list[bytes], warm: list[bytes], spans: 
     left queued. The `warm` exports go first, each on a connection of its own at once (one
     to each worker, as likely as not), and are mapped before the clock starts: a worker's
     first request and first mapping pay for what the process loads once."""
-    who, web_env, mapper = shape
+    who, web_env, mappers = shape
     env = _served_env()
     site = ["agentmemory_site.asgi:application"]
     headers = {"Authorization": f"Bearer {b.api_secret}", "Content-Type": PROTOBUF}
     with (
         _served(site, {**env, **web_env}, workers=WEB_WORKERS, preload=True) as (port,),
-        _mapper(env if mapper else None),
+        _mappers(env, mappers),
     ):
         _warm_up(port, headers, warm)
         client = _Http(port, headers)
@@ -196,32 +195,42 @@ def _served_sustained(b: Bench, exports: list[bytes], warm: list[bytes], spans: 
 
 
 def _served_env() -> dict[str, str]:
-    """The environment of a served process: this run's database, no embedding provider."""
+    """The environment of a served process: this run's database, no embedding provider,
+    warnings logged and worse."""
     from memory_app.bench.database import conninfo
 
     info = conninfo()
     url = f"postgresql://{quote(info.get('user', ''))}:@/{info['dbname']}?host={info['host']}"
-    return {**os.environ, "DATABASE_URL": url, "AGENTMEMORY_EMBEDDING_PROVIDER": "none"}
+    return {
+        **os.environ,
+        "DATABASE_URL": url,
+        "AGENTMEMORY_EMBEDDING_PROVIDER": "none",
+        # The mappers log every batch at INFO: not in the benchmark's output.
+        "AGENTMEMORY_LOG_LEVEL": "WARNING",
+    }
 
 
 @contextmanager
-def _mapper(env: dict[str, str] | None):
-    """`manage.py embed_worker` running beside the served site (nothing when env is None),
-    looking for work every 50 ms when idle; stopped by its own process id on the way out."""
-    if env is None:
-        yield
-        return
+def _mappers(env: dict[str, str], count: int):
+    """`count` processes of `manage.py embed_worker` running beside the served site, each
+    looking for work every 50 ms when idle; stopped by their own process ids on the way out."""
     command = [sys.executable, "manage.py", "embed_worker", "--idle-sleep", "0.05"]
-    proc = subprocess.Popen(command, env=env, cwd=settings.BASE_DIR, stdout=subprocess.DEVNULL)
+    procs = []
     try:
+        for _ in range(count):
+            procs.append(
+                subprocess.Popen(command, env=env, cwd=settings.BASE_DIR, stdout=subprocess.DEVNULL)
+            )
         yield
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def _warm_up(port: int, headers: dict[str, str], exports: list[bytes]) -> None:
