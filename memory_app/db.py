@@ -282,14 +282,13 @@ def copy_models(objs: list) -> None:
             for obj in objs:
                 setattr(obj, field.attname, now)
     kinds = [_copy_kind(f) for f in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
-            [table, len(objs)],
-        )
-        for obj, (pk,) in zip(objs, cursor.fetchall(), strict=True):
+    if any(obj.pk is None for obj in objs):
+        (ids,) = draw_ids([(model, len(objs))])
+        for obj, pk in zip(objs, ids, strict=True):
             obj.pk = pk
-            obj._state.adding = False
+    for obj in objs:
+        obj._state.adding = False
+    with connection.cursor() as cursor:
         columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
         # Each value written as `copy_line` writes it, the row's line built in one pass (no
         # tuple of values in between: thousands of rows a mapped batch of spans).
@@ -309,6 +308,21 @@ def copy_models(objs: list) -> None:
             cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy,  # noqa: S608
         ):
             copy.write("".join(lines))
+
+
+def draw_ids(counts: list[tuple[Any, int]]) -> list[list[int]]:
+    """Ids for new rows of each (model, count), drawn from their tables' sequences in one
+    statement."""
+    drawn = ", ".join(
+        "ARRAY(SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s))"
+        for _ in counts
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {drawn}",  # noqa: S608 - placeholders only
+            [v for model, count in counts for v in (model._meta.db_table, count)],
+        )
+        return [list(ids) for ids in cursor.fetchone()]
 
 
 def _copy_value(value: Any) -> str:
