@@ -87,11 +87,13 @@ def otlp(b: Bench) -> None:
         ),
         b.log,
     )
-    # Quick: serve's default shape alone (each shape starts a server of three workers).
+    # Quick: serve's default shape alone, on one worker (a smoke test of the rows, which
+    # start a server each).
+    workers = 1 if b.quick else WEB_WORKERS
     for number, shape in enumerate(SHAPES[:1] if b.quick else SHAPES):
         served = f"{stamp}-served{number}"
-        warm = _exports(served, EXPORT_SPANS * WEB_WORKERS // (1 + 3 * STEPS), seed="warm")
-        _served_sustained(b, _exports(served, traces), warm, spans, shape)
+        warm = _exports(served, EXPORT_SPANS * workers // (1 + 3 * STEPS), seed="warm")
+        _served_sustained(b, _exports(served, traces), warm, spans, shape, workers)
 
 
 def _post(b: Bench, body: bytes) -> float:
@@ -142,7 +144,9 @@ def _queued_then_mapped(b: Bench, exports: list[bytes]) -> tuple[Latency, Rate]:
     return _latency(acks), Rate(mapped / elapsed, "spans/s")
 
 
-def _served_sustained(b: Bench, exports: list[bytes], warm: list[bytes], spans: int, shape) -> None:
+def _served_sustained(
+    b: Bench, exports: list[bytes], warm: list[bytes], spans: int, shape, workers: int
+) -> None:
     """The exports sent over HTTP to the served site, one after another on one connection,
     while the queue is mapped as `shape` says; timed from the first export until no span is
     left queued. The `warm` exports go first, each on a connection of its own at once (one
@@ -153,7 +157,7 @@ def _served_sustained(b: Bench, exports: list[bytes], warm: list[bytes], spans: 
     site = ["agentmemory_site.asgi:application"]
     headers = {"Authorization": f"Bearer {b.api_secret}", "Content-Type": PROTOBUF}
     with (
-        _served(site, {**env, **web_env}, workers=WEB_WORKERS, preload=True) as (port,),
+        _served(site, {**env, **web_env}, workers=workers, preload=True) as (port,),
         _mappers(env, mappers),
     ):
         _warm_up(port, headers, warm)
@@ -169,7 +173,8 @@ def _served_sustained(b: Bench, exports: list[bytes], warm: list[bytes], spans: 
         client.conn.close()
     _check_runs(exports)
     ack = _latency(acks)
-    served = f"served over HTTP ({WEB_WORKERS} uvicorn workers), mapped by {who}"
+    plural = "s" if workers > 1 else ""
+    served = f"served over HTTP ({workers} uvicorn worker{plural}), mapped by {who}"
     b.report.add(
         Row(
             "ingest (OTLP)",
