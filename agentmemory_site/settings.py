@@ -359,6 +359,10 @@ AGENTMEMORY_SPAN_RETENTION_DAYS = int(os.environ.get("AGENTMEMORY_SPAN_RETENTION
 # OTLP exports are answered once queued; the indexer thread and `embed_worker` map them into runs
 # and steps in bulk (memory_app/services/span_queue.py). On, an export is mapped in its request.
 AGENTMEMORY_OTLP_MAP_INLINE = env_bool("AGENTMEMORY_OTLP_MAP_INLINE", False)
+# Off, the web processes' indexer threads leave queued OTLP exports alone and only
+# `manage.py embed_worker` maps them: the mapping then runs in a process of its own, beside the
+# web workers, instead of sharing each web worker's interpreter with its requests.
+AGENTMEMORY_OTLP_MAP_THREAD = env_bool("AGENTMEMORY_OTLP_MAP_THREAD", True)
 
 # What the run logbook prices a step at when the agent reports no cost: USD per million input
 # and output tokens, by model name (a dated name such as gpt-4o-2024-08-06 takes the price of its

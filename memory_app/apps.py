@@ -18,4 +18,4 @@ class MemoryAppConfig(AppConfig):
 
         connection_created.connect(json_as_text, dispatch_uid="memory_app.json_as_text")
         # Queued OTLP exports are a backlog of the indexer thread too (it lives below services).
-        backlog.register_drain(span_queue.spans_map_batch)
+        backlog.register_drain(span_queue.spans_map_drain)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
 
 from django.conf import settings
@@ -49,10 +52,36 @@ def price_table() -> dict[str, tuple[float, float]]:
     )
 
 
+# Inside `prices_fixed`: each model's price as first looked up in the block.
+_fixed: ContextVar[dict[str, tuple[float, float] | None] | None] = ContextVar(
+    "agentmemory_prices_fixed", default=None
+)
+
+
+@contextmanager
+def prices_fixed() -> Iterator[None]:
+    """Within the block, a model's price is looked up once (a batch pricing thousands of steps:
+    each lookup reads the settings' table again, serialised for its cache key)."""
+    token = _fixed.set({})
+    try:
+        yield
+    finally:
+        _fixed.reset(token)
+
+
 def model_price(model: str) -> tuple[float, float] | None:
     """(input, output) USD per million tokens for `model`, or None when it has no price."""
     if not model:
         return None
+    fixed = _fixed.get()
+    if fixed is None:
+        return _model_price(model)
+    if model not in fixed:
+        fixed[model] = _model_price(model)
+    return fixed[model]
+
+
+def _model_price(model: str) -> tuple[float, float] | None:
     table = price_table()
     name = model.lower().rsplit("/", 1)[-1]
     best = None

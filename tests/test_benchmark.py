@@ -67,6 +67,9 @@ def test_quick_benchmark_exits_cleanly_and_writes_the_markdown_table(quick_run):
     for area in ("domain", "API", "HTTP"):
         assert f"| ingest ({area}) | batch of 100 messages with 384-d vectors" in text
     # The request path over real HTTP, each row a median of interleaved per-pair ratios.
+    # OTLP exports over real HTTP to the site served as `serve` serves it, until mapped.
+    assert "| ingest (OTLP) | exports until every span is mapped" in text
+    assert "served over HTTP (1 uvicorn worker), mapped by the web workers'" in text
     assert "| request path | semantic search k=10" in text
     assert "| request path | single append: HTTP ÷ a minimal HTTP handler" in text
     assert text.count("per-pair ratios") >= 2

@@ -208,6 +208,87 @@ def test_the_indexer_thread_maps_an_export_once_it_commits(settings, tool_run):
     assert span_queue.spans_map_batch() is None
 
 
+@pytest.mark.django_db(transaction=True)
+def test_with_the_mapping_thread_off_the_embed_worker_alone_maps(settings, tool_run):
+    """AGENTMEMORY_OTLP_MAP_THREAD off: the web processes' indexer threads leave the queue to
+    a mapper process of its own (`embed_worker`)."""
+    settings.AGENTMEMORY_INDEXER_THREAD = True
+    settings.AGENTMEMORY_OTLP_MAP_THREAD = False
+    writer = make_key(scopes=("write",))
+    _, spans = tool_run
+    export(writer, spans)
+    backlog.indexer.wake()  # as any other write wakes it
+    assert backlog.indexer.wait_idle(120)
+    assert SpanQueue.objects.get().span_count == len(spans)
+    assert span_queue.spans_map_drain() is None
+    call_command("embed_worker", "--once", "--idle-sleep", "0", stdout=io.StringIO())
+    assert not SpanQueue.objects.exists()
+    assert Run.objects.get().status == "success"
+
+
+@pytest.mark.django_db
+def test_an_embed_worker_turn_maps_batch_after_batch_while_spans_are_queued(
+    writer, tool_run, code_run
+):
+    """A mapper process chasing a stream of exports maps every queued context in one turn,
+    not one context's batch a turn with the turn's other work between them."""
+    for keys, (_, spans) in (
+        (KEYS, tool_run),
+        ({**KEYS, "agentmemory.context.user": "grace"}, code_run),
+    ):
+        request = _request(spans)
+        for kv in request.resource_spans[0].resource.attributes:
+            if kv.key in keys:
+                kv.value.string_value = keys[kv.key]
+        assert _post_raw(writer, request).status_code == 200
+    assert SpanQueue.objects.values("context_id").distinct().count() == 2
+    assert span_queue.spans_map_chore() == len(tool_run[1]) + len(code_run[1])
+    assert not SpanQueue.objects.exists()
+    assert Run.objects.filter(status="success").count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_export_is_acknowledged_while_its_context_is_being_mapped(tool_run, code_run):
+    """The mapper's lock on a context keeps out its writers, not the receiver: an export into
+    a context whose batch is being mapped is queued at once, not after the batch commits."""
+    import threading
+
+    from django.db import connection, connections
+
+    writer = make_key(scopes=("write",))
+    export(writer, tool_run[1])
+    map_queued()
+    context_id = Run.objects.get().context_id
+    locked, release = threading.Event(), threading.Event()
+
+    def mapping() -> None:
+        try:
+            with transaction.atomic():
+                assert span_queue.lock_context(context_id, wait=True) is not None
+                locked.set()
+                release.wait(60)
+        finally:
+            connections.close_all()
+
+    mapper = threading.Thread(target=mapping)
+    mapper.start()
+    try:
+        assert locked.wait(60)
+        with connection.cursor() as cursor:
+            # Waiting for the mapper would fail the export (a 503) instead of hanging the test.
+            cursor.execute("SET lock_timeout = '5s'")
+        try:
+            export(writer, code_run[1])
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET lock_timeout")
+        assert SpanQueue.objects.get().context_id == context_id
+    finally:
+        release.set()
+        mapper.join(60)
+    assert map_queued() == len(code_run[1])
+
+
 def _bench_export(stamp: str, traces: int) -> bytes:
     """The benchmark's export of `traces` smolagents-shaped runs over its eight sessions, in
     the contexts of one fixed name whatever the stamp (the stamp makes the trace ids)."""

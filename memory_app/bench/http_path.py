@@ -178,10 +178,18 @@ def _append_row(b: Bench, ours: _Http, minimal: _Http) -> None:
 
 
 @contextmanager
-def _served(apps: list[str], env: dict[str, str], pythons: list[str] | None = None):
-    """Each app under gunicorn with one uvicorn worker on a free port of 127.0.0.1, as `manage.py
-    serve` runs the site, started side by side (each by its python of `pythons`, default this
-    one); their ports. Stopped (by their own process ids) on the way out."""
+def _served(
+    apps: list[str],
+    env: dict[str, str],
+    pythons: list[str] | None = None,
+    *,
+    workers: int = 1,
+    preload: bool = False,
+):
+    """Each app under gunicorn with `workers` uvicorn workers on a free port of 127.0.0.1, as
+    `manage.py serve` runs the site (`preload`: imported once before the workers fork, as serve
+    does), started side by side (each by its python of `pythons`, default this one); their
+    ports. Stopped (by their own process ids) on the way out."""
     procs, ports = [], []
     try:
         for app, python in zip(apps, pythons or [sys.executable] * len(apps), strict=True):
@@ -189,8 +197,9 @@ def _served(apps: list[str], env: dict[str, str], pythons: list[str] | None = No
                 probe.bind(("127.0.0.1", 0))
                 port = probe.getsockname()[1]
             cmd = [python, "-m", "gunicorn", app]
-            cmd += ["--worker-class", "uvicorn_worker.UvicornWorker", "--workers", "1"]
+            cmd += ["--worker-class", "uvicorn_worker.UvicornWorker", "--workers", str(workers)]
             cmd += ["--config", "python:agentmemory_site.gunicorn_hooks"]
+            cmd += ["--preload"] if preload else []
             cmd += ["--bind", f"127.0.0.1:{port}", "--log-level", "warning"]
             cmd += ["--keep-alive", str(settings.AGENTMEMORY_KEEPALIVE_SECONDS)]
             procs.append(subprocess.Popen(cmd, env=env, cwd=settings.BASE_DIR))

@@ -2,6 +2,13 @@
 many spans a second become runs and steps, against mapping in the request
 (AGENTMEMORY_OTLP_MAP_INLINE, what the receiver did before it queued).
 
+In this process (Django's test client, the mapper called directly): the acknowledgement and one
+mapper draining the queue. As deployed: the site served as `manage.py serve` serves it
+(gunicorn, its default three uvicorn workers), the exports sent over HTTP one after another as
+an exporter sends them, timed from the first export to the last span mapped, the mapping done
+either by the web workers' indexer threads (the default) or by one or two mapper processes
+(`manage.py embed_worker` with AGENTMEMORY_OTLP_MAP_THREAD off in the web workers).
+
 The traces are smolagents-shaped (OpenInference): an agent span, steps each holding a model call
 and a tool call, sent as a BatchSpanProcessor sends them: up to 512 spans an export, children
 before parents, the spans of many agents running at once interleaved, several sessions (contexts)
@@ -11,16 +18,22 @@ of one service.
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from urllib.parse import quote
 
 from django.conf import settings
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from memory_app import backlog
 from memory_app.bench.harness import Bench, BenchError
+from memory_app.bench.http_path import _Http, _served
 from memory_app.bench.measure import Amount, Latency, Rate, Row, Target
 from memory_app.models import Run, SpanQueue, Step
 from memory_app.services.span_queue import spans_map_pending
@@ -30,6 +43,15 @@ STEPS = 5  # per run: 1 + 3 * STEPS spans a trace
 SESSIONS = 8  # contexts the traces spread over
 CONCURRENT = 40  # agents whose spans interleave in the exports
 PROTOBUF = "application/x-protobuf"
+WEB_WORKERS = 3  # `manage.py serve`'s default (AGENTMEMORY_WORKERS)
+# Who maps the queue in the served rows: the environment of the web workers, and how many
+# mapper processes run beside them.
+_OFF = {"AGENTMEMORY_OTLP_MAP_THREAD": "0"}
+SHAPES = (
+    ("the web workers' indexer threads (serve's default)", {}, 0),
+    ("a mapper process (embed_worker; AGENTMEMORY_OTLP_MAP_THREAD=0 in the web workers)", _OFF, 1),
+    ("two mapper processes (embed_worker ×2, AGENTMEMORY_OTLP_MAP_THREAD=0)", _OFF, 2),
+)
 
 
 def otlp(b: Bench) -> None:
@@ -65,8 +87,13 @@ def otlp(b: Bench) -> None:
         ),
         b.log,
     )
-    if threaded:
-        _sustained(b, _exports(f"{stamp}-sustained", traces), spans)
+    # Quick: serve's default shape alone, on one worker (a smoke test of the rows, which
+    # start a server each).
+    workers = 1 if b.quick else WEB_WORKERS
+    for number, shape in enumerate(SHAPES[:1] if b.quick else SHAPES):
+        served = f"{stamp}-served{number}"
+        warm = _exports(served, EXPORT_SPANS * workers // (1 + 3 * STEPS), seed="warm")
+        _served_sustained(b, _exports(served, traces), warm, spans, shape, workers)
 
 
 def _post(b: Bench, body: bytes) -> float:
@@ -117,27 +144,121 @@ def _queued_then_mapped(b: Bench, exports: list[bytes]) -> tuple[Latency, Rate]:
     return _latency(acks), Rate(mapped / elapsed, "spans/s")
 
 
-def _sustained(b: Bench, exports: list[bytes], spans: int) -> None:
-    """The indexer thread mapping while the exports arrive, timed until the last is mapped."""
-    t = time.perf_counter()
-    acks = [_post(b, body) for body in exports]
-    if not backlog.indexer.wait_idle(300) or SpanQueue.objects.exists():
-        raise BenchError("the indexer thread did not map the queued exports")
-    elapsed = time.perf_counter() - t
+def _served_sustained(
+    b: Bench, exports: list[bytes], warm: list[bytes], spans: int, shape, workers: int
+) -> None:
+    """The exports sent over HTTP to the served site, one after another on one connection,
+    while the queue is mapped as `shape` says; timed from the first export until no span is
+    left queued. The `warm` exports go first, each on a connection of its own at once (one
+    to each worker, as likely as not), and are mapped before the clock starts: a worker's
+    first request and first mapping pay for what the process loads once."""
+    who, web_env, mappers = shape
+    env = _served_env()
+    site = ["agentmemory_site.asgi:application"]
+    headers = {"Authorization": f"Bearer {b.api_secret}", "Content-Type": PROTOBUF}
+    with (
+        _served(site, {**env, **web_env}, workers=workers, preload=True) as (port,),
+        _mappers(env, mappers),
+    ):
+        _warm_up(port, headers, warm)
+        client = _Http(port, headers)
+        acks = []
+        t = time.perf_counter()
+        for body in exports:
+            sent = time.perf_counter()
+            client.post("/v1/traces", body)
+            acks.append((time.perf_counter() - sent) * 1000)
+        _wait_mapped()
+        elapsed = time.perf_counter() - t
+        client.conn.close()
     _check_runs(exports)
     ack = _latency(acks)
+    plural = "s" if workers > 1 else ""
+    served = f"served over HTTP ({workers} uvicorn worker{plural}), mapped by {who}"
     b.report.add(
         Row(
             "ingest (OTLP)",
-            f"exports until every span is mapped ({spans:,} spans)",
+            f"exports until every span is mapped ({spans:,} spans), {served}",
             Rate(spans / elapsed, "spans/s"),
             None,
             Target(">=", 2000, "≥ 2,000 spans/s"),
-            note=f"the indexer thread mapping beside the requests; ack p50 {ack.p50:.1f} ms, "
-            f"p95 {ack.p95:.1f} ms",
+            note=f"from the first export sent to the last span mapped; ack p50 {ack.p50:.1f} ms",
         ),
         b.log,
     )
+    b.report.add(
+        Row(
+            "ingest (OTLP)",
+            f"export acknowledged ({EXPORT_SPANS} spans), p95, {served}",
+            Amount(ack.p95, "ms"),
+            None,
+            Target("<=", 50, "p95 ≤ 50 ms"),
+            note=f"timed by the client, the mapping running meanwhile; p50 {ack.p50:.1f} ms",
+        ),
+        b.log,
+    )
+
+
+def _served_env() -> dict[str, str]:
+    """The environment of a served process: this run's database, no embedding provider,
+    warnings logged and worse."""
+    from memory_app.bench.database import conninfo
+
+    info = conninfo()
+    url = f"postgresql://{quote(info.get('user', ''))}:@/{info['dbname']}?host={info['host']}"
+    return {
+        **os.environ,
+        "DATABASE_URL": url,
+        "AGENTMEMORY_EMBEDDING_PROVIDER": "none",
+        # The mappers log every batch at INFO: not in the benchmark's output.
+        "AGENTMEMORY_LOG_LEVEL": "WARNING",
+    }
+
+
+@contextmanager
+def _mappers(env: dict[str, str], count: int):
+    """`count` processes of `manage.py embed_worker` running beside the served site, each
+    looking for work every 50 ms when idle; stopped by their own process ids on the way out."""
+    command = [sys.executable, "manage.py", "embed_worker", "--idle-sleep", "0.05"]
+    procs = []
+    try:
+        for _ in range(count):
+            procs.append(
+                subprocess.Popen(command, env=env, cwd=settings.BASE_DIR, stdout=subprocess.DEVNULL)
+            )
+        yield
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _warm_up(port: int, headers: dict[str, str], exports: list[bytes]) -> None:
+    def send(body: bytes) -> None:
+        client = _Http(port, headers)
+        client.post("/v1/traces", body)
+        client.conn.close()
+
+    with ThreadPoolExecutor(len(exports)) as pool:
+        list(pool.map(send, exports))
+    _wait_mapped()
+
+
+def _wait_mapped(timeout: float = 600) -> None:
+    """Until no export is left queued (the mapping runs in other processes: looked at every
+    10 ms)."""
+    deadline = time.monotonic() + timeout
+    while SpanQueue.objects.filter(error="").exists():
+        if time.monotonic() > deadline:
+            raise BenchError("the served site did not map the queued exports")
+        time.sleep(0.01)
+    if SpanQueue.objects.exists():
+        raise BenchError("the mapping set queued exports aside")
 
 
 def _queued_spans() -> int:
@@ -261,10 +382,11 @@ def _trace(rng: random.Random, number: int, start_ns: int) -> list[tuple[Span, i
     return [(s, s.end_time_unix_nano, session) for s in out]
 
 
-def _exports(stamp: str, traces: int) -> list[bytes]:
+def _exports(stamp: str, traces: int, *, seed: str = "") -> list[bytes]:
     """The traces' spans as an exporter sends them: CONCURRENT agents at a time, spans in the
-    order they end, EXPORT_SPANS an export, one resource per session."""
-    rng = random.Random(f"otlp-{stamp}")  # noqa: S311 - test data
+    order they end, EXPORT_SPANS an export, one resource per session; the sessions named by
+    `stamp`, the trace ids drawn from it and `seed`."""
+    rng = random.Random(f"otlp-{stamp}{seed}")  # noqa: S311 - test data
     spans = []
     for number in range(traces):
         spans += _trace(rng, number, 1_700_000_000 * 10**9 + (number // CONCURRENT) * 10**11)

@@ -372,8 +372,11 @@ def context_keys(spans: list[dict[str, Any]]) -> dict[str, Any]:
     the first span that has one.
     """
     keys: dict[str, Any] = {}
-    # Every span's resource first, then the spans' own attributes over them.
-    for attrs in [s["resource"] for s in spans] + [s["attributes"] for s in spans]:
+    # Every span's resource first, then the spans' own attributes over them. The spans of one
+    # resource share its dict: read once for a run of them (read again, it writes the same).
+    resources = [s["resource"] for s in spans]
+    resources = [r for i, r in enumerate(resources) if i == 0 or r is not resources[i - 1]]
+    for attrs in resources + [s["attributes"] for s in spans]:
         for name, value in attrs.items():
             if name.startswith(CONTEXT_PREFIX) and len(name) > len(CONTEXT_PREFIX):
                 keys[name[len(CONTEXT_PREFIX) :]] = value

@@ -24,10 +24,17 @@ def _seconds(ns: int | None) -> float | None:
     return ns / NS if ns else None
 
 
+# What a JSON text can begin with, after its leading whitespace (the standard library reads NaN
+# and Infinity too): a text that begins otherwise is prose, returned without a parse that fails.
+_JSON_STARTS = frozenset('{["-0123456789tfnNI')
+
+
 def _json(value: Any) -> Any:
     """A JSON text attribute read, else the value as it is. orjson first (several texts a span),
     the standard library for what orjson refuses and it reads (NaN, integers past 64 bits)."""
     if isinstance(value, str):
+        if value[:1] not in _JSON_STARTS and value.lstrip(" \t\n\r")[:1] not in _JSON_STARTS:
+            return value
         try:
             return orjson.loads(value)
         except orjson.JSONDecodeError:

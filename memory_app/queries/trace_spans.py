@@ -12,7 +12,7 @@ from typing import Any
 from django.db import connection
 
 from memory_app.db import binding_cursor
-from memory_app.models import Context, ContextKey, SpanQueue, TraceSpan
+from memory_app.models import Context, ContextKey, Run, SpanQueue, TraceSpan
 
 # What a span kept is compared on when it is sent again (its ids aside).
 SPAN_FIELDS = ("parent_span_id", "name", "role", "start_ns", "end_ns", "data")
@@ -57,14 +57,16 @@ def kept_spans(context_ids: list[int], rows: list[dict[str, Any]]) -> dict[tuple
 _PLACED = """
 SELECT s.trace_id, c.keys::text, 0 AS source, 0 AS queued, s.context_id, s.span_id,
        s.parent_span_id, s.name, s.role, s.start_ns, s.end_ns,
-       CASE WHEN s.span_id = ANY(%(spans)s::varchar(16)[]) THEN s.data::text END
+       CASE WHEN s.span_id = ANY(string_to_array(%(spans)s, ',')::varchar(16)[])
+            THEN s.data::text END
 FROM {spans} s JOIN {contexts} c ON c.id = s.context_id
-WHERE s.trace_id = ANY(%(ids)s){confined}
+WHERE s.trace_id = ANY(string_to_array(%(ids)s, ',')){confined}
 UNION ALL
 SELECT t.trace_id, c.keys::text, 1, q.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM {queue} q JOIN {contexts} c ON c.id = q.context_id
 CROSS JOIN LATERAL unnest(q.trace_ids) AS t(trace_id)
-WHERE q.trace_ids && %(ids)s::varchar(32)[] AND t.trace_id = ANY(%(ids)s){confined}
+WHERE q.trace_ids && string_to_array(%(ids)s, ',')::varchar(32)[]
+  AND t.trace_id = ANY(string_to_array(%(ids)s, ',')){confined}
 ORDER BY source, queued
 """
 
@@ -85,12 +87,13 @@ def trace_contexts(
         confined=" AND c.keys @> %(confinement)s::jsonb" if confinement else "",
     )
     params = {
-        "ids": list({r["trace_id"] for r in rows}),
-        "spans": list({r["span_id"] for r in rows}),
+        "ids": ",".join({r["trace_id"] for r in rows}),
+        "spans": ",".join({r["span_id"] for r in rows}),
         "confinement": json.dumps(confinement),
     }
     # Bound apart from the text: hundreds of ids quoted into it cost the client more than the
-    # statement costs the server.
+    # statement costs the server. Each list of ids is one text the server splits (hex ids hold
+    # no comma): sent as arrays, psycopg escaped every element of each, once per mention.
     with binding_cursor() as cursor:
         cursor.execute(sql, params)
         found = cursor.fetchall()
@@ -126,3 +129,30 @@ def context_ids(digests: list[str]) -> dict[str, int]:
         )
         found = {pk for (pk,) in cursor.fetchall()}
     return {digest: pk for digest, pk in targets.items() if pk in found}
+
+
+# Traces a context has seen: spans of theirs kept, or a run made for them (`otel:<trace id>`).
+_SEEN = """
+SELECT trace_id FROM {spans}
+WHERE context_id = %(context)s AND trace_id = ANY(string_to_array(%(ids)s, ','))
+UNION
+SELECT substr(client_id, 6) FROM {runs}
+WHERE context_id = %(context)s AND client_id = ANY(string_to_array(%(clients)s, ','))
+"""
+
+
+def traces_seen(context_id: int, trace_ids: list[str]) -> set[str]:
+    """Those of the trace ids the context has kept spans or a run of, in one statement (the
+    ORM's two, each compiling an `IN` list of every id, cost more than they read)."""
+    if not trace_ids:
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _SEEN.format(spans=TraceSpan._meta.db_table, runs=Run._meta.db_table),
+            {
+                "context": context_id,
+                "ids": ",".join(trace_ids),
+                "clients": ",".join(f"otel:{t}" for t in trace_ids),
+            },
+        )
+        return {trace_id for (trace_id,) in cursor.fetchall()}

@@ -15,7 +15,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from memory_app import pricing
-from memory_app.db import copy_models, model_factory
+from memory_app.db import copy_models, draw_ids, model_factory
 from memory_app.errors import Conflict, Invalid, differences
 from memory_app.models import (
     Context,
@@ -493,23 +493,35 @@ def runs_create_bulk(*, context: Context, new: list[NewRun]) -> list[Run]:
             _finish_new(run, [s for s, _ in run_steps], spec.finish, now)
         runs.append(run)
         steps.append(run_steps)
+    if not runs:
+        return runs
+    all_steps = [s for run_steps in steps for s, _ in run_steps]
+    calls = sum(len(c) for run_steps in steps for _, c in run_steps)
+    # The three tables' ids drawn in one round trip (copy_models keeps ids already set).
+    run_ids, step_ids, call_ids = draw_ids(
+        [(Run, len(runs)), (Step, len(all_steps)), (ToolCall, calls)]
+    )
+    for run, pk in zip(runs, run_ids, strict=True):
+        run.pk = pk
     copy_models(runs)
     for run, run_steps in zip(runs, steps, strict=True):
         for step, _ in run_steps:
             step.run_id = run.pk
-    copy_models([s for run_steps in steps for s, _ in run_steps])
-    copy_models(
-        [
-            new_call(step_id=s.pk, context_id=context.pk, position=i, **c)
-            for run_steps in steps
-            for s, step_calls in run_steps
-            for i, c in enumerate(step_calls, start=1)
-        ]
+    for step, pk in zip(all_steps, step_ids, strict=True):
+        step.pk = pk
+    copy_models(all_steps)
+    new_calls = [
+        new_call(step_id=s.pk, context_id=context.pk, position=i, **c)
+        for run_steps in steps
+        for s, step_calls in run_steps
+        for i, c in enumerate(step_calls, start=1)
+    ]
+    for call, pk in zip(new_calls, call_ids, strict=True):
+        call.pk = pk
+    copy_models(new_calls)
+    Context.objects.filter(pk=context.pk).update(
+        run_count=F("run_count") + len(runs), last_activity_at=now
     )
-    if runs:
-        Context.objects.filter(pk=context.pk).update(
-            run_count=F("run_count") + len(runs), last_activity_at=now
-        )
     return runs
 
 

@@ -8,7 +8,8 @@ context's spans as received; the mapper decodes it. Spans kept before with other
 answered as rejected there and then; spans already kept as sent are not queued again.
 
 The mapping is a backlog drained by the per-process indexer thread (woken when an export
-commits) and by every turn of `manage.py embed_worker`, provider or not: `spans_map_batch` locks
+commits; not with AGENTMEMORY_OTLP_MAP_THREAD off) and by every turn of `manage.py embed_worker`,
+provider or not: `spans_map_batch` locks
 one context (SKIP LOCKED: another mapper or writer holding it is passed over), claims up to
 MAP_SPANS of its queued spans in arrival order, decodes them, maps them with
 `trace_bulk.traces_map_bulk` (new traces written together, each trace brought up to date once for
@@ -23,12 +24,13 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 
-from memory_app import backlog, db
+from memory_app import backlog, db, pricing
 from memory_app.db import json_text
 from memory_app.interop import otlp, otlp_scan
 from memory_app.models import ApiKey, Context, SpanQueue
@@ -137,7 +139,8 @@ def _insert(queued: list[tuple[int, list[str], int, str, bytes | None]]) -> None
             " VALUES (%s, %b, %s, %s, %b, now(), '')",
             queued,
         )
-    transaction.on_commit(backlog.wake_indexer)
+    if settings.AGENTMEMORY_OTLP_MAP_THREAD:
+        transaction.on_commit(backlog.wake_indexer)
 
 
 def spans_map_batch(*, max_spans: int = MAP_SPANS, wait: bool = False) -> int | None:
@@ -177,11 +180,15 @@ def spans_map_batch(*, max_spans: int = MAP_SPANS, wait: bool = False) -> int | 
 def _map_context(context_id: int, *, max_spans: int, wait: bool) -> int | None:
     """Map the context's oldest queued exports; None when its lock or its rows are taken."""
     with transaction.atomic():
-        context = (
-            Context.objects.select_for_update(skip_locked=not wait).filter(pk=context_id).first()
-        )
+        context = lock_context(context_id, wait=wait)
         if context is None:
             return None
+        with connection.cursor() as cursor:
+            # The batch's commit does not wait for its WAL to reach the disk: were the server to
+            # crash first, the whole transaction is lost, the queue rows' deletion with the runs,
+            # and the exports are mapped again. The exports themselves were made durable when
+            # they were acknowledged.
+            cursor.execute("SET LOCAL synchronous_commit = off")
         claimed = list(
             SpanQueue.objects.filter(context_id=context_id, error="")
             .order_by("pk")
@@ -202,9 +209,23 @@ def _map_context(context_id: int, *, max_spans: int, wait: bool) -> int | None:
                 if (row["trace_id"], row["span_id"]) not in seen:
                     seen.add((row["trace_id"], row["span_id"]))
                     rows.append(row)
-        trace_bulk.traces_map_bulk(context=context, rows=rows)
+        with pricing.prices_fixed():
+            trace_bulk.traces_map_bulk(context=context, rows=rows)
         SpanQueue.objects.filter(context_id=context_id, pk__in=taken).delete()
     return len(rows)
+
+
+def lock_context(context_id: int, *, wait: bool) -> Context | None:
+    """The context locked for its mapping, in the caller's transaction; None when another mapper
+    or writer holds it (`wait`: waited for). FOR NO KEY UPDATE: it keeps out the context's other
+    writers (their FOR UPDATE, another mapper's lock) but not the receiver, whose queue rows'
+    foreign key takes FOR KEY SHARE on the context; FOR UPDATE held every acknowledgement that
+    names the context until the batch was mapped."""
+    return (
+        Context.objects.select_for_update(skip_locked=not wait, no_key=True)
+        .filter(pk=context_id)
+        .first()
+    )
 
 
 def _claimed(context_id: int, ids: list[int]) -> list[tuple[str, bytes | None]]:
@@ -241,9 +262,27 @@ def _set_aside(context_id: int, exc: Exception) -> None:
         )
 
 
+def spans_map_drain() -> int | None:
+    """One batch, for the indexer thread (as `spans_map_batch`); None, leaving the queue to
+    `embed_worker`, when AGENTMEMORY_OTLP_MAP_THREAD is off."""
+    return spans_map_batch() if settings.AGENTMEMORY_OTLP_MAP_THREAD else None
+
+
+# How long the embed worker's turn keeps mapping batches while spans are queued.
+CHORE_SECONDS = 2.0
+
+
 def spans_map_chore() -> int:
-    """One batch, for the embed worker's turn: the spans mapped."""
-    return spans_map_batch() or 0
+    """For the embed worker's turn: batches mapped one after another while spans are queued,
+    for up to CHORE_SECONDS (then the turn's other work has its go); the spans mapped. One
+    batch a turn left a mapper process chasing a stream of exports with the rest of the turn's
+    statements between every two batches."""
+    total, started = 0, time.monotonic()
+    while done := spans_map_batch():
+        total += done
+        if time.monotonic() - started >= CHORE_SECONDS:
+            break
+    return total
 
 
 def spans_map_pending() -> int:

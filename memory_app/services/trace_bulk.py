@@ -19,7 +19,8 @@ import orjson
 from memory_app.db import binding_cursor, json_text
 from memory_app.interop import otlp
 from memory_app.interop.otlp_steps import run_agent_name, run_outcome, run_task, system_prompt
-from memory_app.models import Context, Run, TraceSpan
+from memory_app.models import Context, TraceSpan
+from memory_app.queries.trace_spans import traces_seen
 from memory_app.services import traces
 from memory_app.services.runs import NewRun, runs_create_bulk
 
@@ -34,18 +35,7 @@ def traces_map_bulk(*, context: Context, rows: list[dict[str, Any]]) -> dict[str
     fresh_rows, differing = traces.trace_spans_unkept(context=context, spans=rows)
     trace_ids = sorted({r["trace_id"] for r in fresh_rows})
     # Traces the context has seen before: mapped from what is kept, one by one.
-    seen = set(
-        TraceSpan.objects.filter(context=context, trace_id__in=trace_ids)
-        .order_by()
-        .values_list("trace_id", flat=True)
-        .distinct()
-    )
-    seen |= {
-        client_id.removeprefix("otel:")
-        for client_id in Run.objects.filter(
-            context=context, client_id__in=[f"otel:{t}" for t in trace_ids]
-        ).values_list("client_id", flat=True)
-    }
+    seen = traces_seen(context.pk, trace_ids)
     by_trace: dict[str, list[dict]] = defaultdict(list)
     for row in fresh_rows:
         by_trace[row["trace_id"]].append(row)
