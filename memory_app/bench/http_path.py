@@ -208,14 +208,19 @@ def _served(
             _wait_serving(app, proc, port)
         yield ports
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(procs)
+
+
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """Ask each process to stop (SIGTERM, all at once), then kill any still running 20 s on."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _wait_serving(app: str, proc: subprocess.Popen, port: int) -> None:

@@ -33,7 +33,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from memory_app.bench.harness import Bench, BenchError
-from memory_app.bench.http_path import _Http, _served
+from memory_app.bench.http_path import _Http, _served, stop_processes
 from memory_app.bench.measure import Amount, Latency, Rate, Row, Target
 from memory_app.models import Run, SpanQueue, Step
 from memory_app.services.span_queue import spans_map_pending
@@ -228,14 +228,7 @@ def _mappers(env: dict[str, str], count: int):
             )
         yield
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(procs)
 
 
 def _warm_up(port: int, headers: dict[str, str], exports: list[bytes]) -> None:
