@@ -19,6 +19,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from memory_app import db
+from memory_app.embeddings import indexer as vector_indexer
 from memory_app.embeddings.indexer import index_batch, index_pending
 from memory_app.embeddings.providers import EmbeddingProvider
 from memory_app.embeddings.worker import BACKOFF_BASE_SECONDS, BatchResult, embed_batch
@@ -226,6 +227,14 @@ def expire_spans(*, batch_size: int = SPAN_EXPIRE_BATCH) -> int:
 
 # Why long: one turn of the worker is one sequence (claim, indexers, retention, chores) whose
 # outage handling and totals are shared; split, each part would re-implement the backoff.
+def _vacuumed_after(moved: int) -> int:
+    """The side tables vacuumed once the worker's turns have moved many of their rows and found
+    none left (`indexer.side_tables_vacuumed`); answers the rows moved since the last vacuum."""
+    if moved >= vector_indexer.VACUUM_AFTER and vector_indexer.side_tables_vacuumed():
+        return 0
+    return moved
+
+
 def run_worker(
     *,
     provider: EmbeddingProvider | None,
@@ -243,7 +252,7 @@ def run_worker(
     it changed. With no provider (none configured) only the chores and indexers run. Returns
     the totals."""
     totals = BatchResult()
-    batches = 0
+    batches = moved = 0  # moved: deferred vectors moved since the side tables' last vacuum
     outage = Outage("embed worker")
     while not (stop and stop.is_set()):
         if max_batches is not None and batches >= max_batches:
@@ -262,6 +271,7 @@ def run_worker(
         indexed, parsed, expired, chored = 0, None, 0, 0
         try:
             indexed = index_batch()
+            moved = moved + indexed if indexed else _vacuumed_after(moved)
             # And the messages waiting for their full-text vector, one context's batch a turn
             # (None: no context behind; 0 can still be progress, over a range of pruned messages).
             parsed = fulltext.index_batch()

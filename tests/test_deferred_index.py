@@ -323,3 +323,43 @@ def test_an_item_s_vector_is_in_one_table_whatever_writes_it_next(defer, system_
     hits, _ = semantic_ranking(context_id=context.pk, model=MODEL, vector=vector(50), limit=20)
     assert sorted(pk for pk, _ in hits) == sorted(set(ids) - {edited.pk})
     assert hits[0][0] == put.pk
+
+
+def _side_table_pages() -> int:
+    """The side table's pages (on Citus its shards', which the coordinator does not hold)."""
+    table = "memory_app_embeddingwaiting"
+    size = "citus_relation_size" if scale_out.table_is_distributed(table) else "pg_relation_size"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {size}(%s::regclass) / 8192", [table])
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drain_that_moved_many_rows_vacuums_the_side_table(defer, monkeypatch):
+    """Until a vacuum, a search of a context's waiting vectors visits every page the moved rows
+    left dead: a drain of many rows (the indexer thread's, `index_pending`) and the worker's turns
+    that find none left after many (`embed_worker`) vacuum the side tables, which gives the empty
+    pages back; a drain of few leaves it to autovacuum."""
+    context, _ = context_get_or_create(keys={"test": "defer-vacuum"})
+    try:
+        monkeypatch.setattr(indexer, "VACUUM_AFTER", 40)
+        append(context, 0, 30)
+        assert _side_table_pages() > 0
+        assert indexer.index_pending() == 30
+        assert _side_table_pages() > 0  # 30 < 40: left to autovacuum
+        append(context, 30, 50)
+        assert indexer.index_pending() == 50
+        assert _side_table_pages() == 0
+        # The worker's turns: one batch a turn, then a turn with none left after 40 or more.
+        append(context, 80, 45)
+        moved = 0
+        while done := indexer.index_batch(batch_size=20):
+            moved += done
+        assert moved == 45 and _side_table_pages() > 0
+        assert backlog._vacuumed_after(39) == 39  # fewer than 40 since the last: no vacuum
+        assert _side_table_pages() > 0
+        assert backlog._vacuumed_after(moved) == 0
+        assert _side_table_pages() == 0
+        assert Embedding.objects.filter(context=context).count() == 125
+    finally:
+        context.delete()
