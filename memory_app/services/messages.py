@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, router, transaction
 from django.db.models import BooleanField, F
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
@@ -189,14 +189,17 @@ def _sharded() -> bool:
 
 
 def _stored_by_client_id(context: Context, client_ids: list[str]) -> dict[str, Message]:
-    """The context's stored messages carrying one of these client ids, by client id."""
+    """The context's stored messages carrying one of these client ids, by client id, read on the
+    primary: the write that follows trusts the answer, and a read replica a moment behind would
+    not know a repeat the primary already holds (the one-statement append reads it before its
+    transaction, where the router would otherwise send it to the replica)."""
     if not client_ids:
         return {}
     # `= ANY(array)`: one parameter instead of an IN list of up to 1,000 that Django compiles and
     # psycopg merges into the text.
     return {
         m.client_id: m
-        for m in Message.objects.filter(
+        for m in Message.objects.using(router.db_for_write(Message)).filter(
             RawSQL("client_id = ANY(%s)", [client_ids], output_field=BooleanField()),  # noqa: S611 - constant SQL
             context=context,
         )
