@@ -128,24 +128,26 @@ def test_a_single_append_reads_key_and_context_in_one_statement():
     assert not any(s.startswith('SELECT "memory_app_context"') for s in statements), statements
 
 
+SENT = {
+    "role": "assistant",
+    "name": "tool-user",
+    "text": "line\twith 'quotes' and \\ back",
+    "content": [{"type": "text", "text": "é", "z": 1, "a": [1.5, None]}],
+    "tags": ["x", "", 'q"uote'],
+    "metadata": {"zeta": 1, "alpha": {"b": 2, "a": 1}, "big": 2**70},
+    "source_timestamp": "2024-01-01 10:00:00",
+    "client_id": "c-1",
+}
+
+
 @pytest.mark.django_db
 def test_a_small_append_stores_what_it_was_sent_through_its_own_insert():
     context = make_context()
-    sent = {
-        "role": "assistant",
-        "name": "tool-user",
-        "text": "line\twith 'quotes' and \\ back",
-        "content": [{"type": "text", "text": "é", "z": 1, "a": [1.5, None]}],
-        "tags": ["x", "", 'q"uote'],
-        "metadata": {"zeta": 1, "alpha": {"b": 2, "a": 1}, "big": 2**70},
-        "source_timestamp": "2024-01-01 10:00:00",
-        "client_id": "c-1",
-    }
-    result = messages_append(context=context, items=[sent, {"role": "user", "text": "two"}])
+    result = messages_append(context=context, items=[SENT, {"role": "user", "text": "two"}])
     first, second = result.messages
     assert (first.seq, second.seq) == (1, 2) and first.pk and second.pk == first.pk + 1
     stored = Message.objects.get(pk=first.pk)
-    for name, value in sent.items():
+    for name, value in SENT.items():
         assert getattr(stored, name) == value, name
     assert list(stored.metadata) == ["zeta", "alpha", "big"]  # key order as written
     assert (stored.created_at, stored.updated_at) == (first.created_at, first.updated_at)
@@ -263,18 +265,6 @@ def test_a_batch_answers_ids_and_seqs_unless_asked_for_the_whole_messages():
     assert (stored["id"], stored["text"], stored["role"]) == (first["id"], "a", "user")
     assert "token_count" in stored and full.json()["created"] == [False]
     assert api.post(batch + "?return=everything", body).status_code == 422
-
-
-SENT = {
-    "role": "assistant",
-    "name": "tool-user",
-    "text": "line\twith 'quotes' and \\ back",
-    "content": [{"type": "text", "text": "é", "z": 1, "a": [1.5, None]}],
-    "tags": ["x", "", 'q"uote'],
-    "metadata": {"zeta": 1, "alpha": {"b": 2, "a": 1}, "big": 2**70},
-    "source_timestamp": "2024-01-01 10:00:00",
-    "client_id": "c-1",
-}
 
 
 @pytest.mark.django_db(transaction=True)
