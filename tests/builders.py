@@ -5,7 +5,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from django.contrib.auth.models import Group, User
@@ -230,3 +234,22 @@ def plan_nodes(sql: str, settings: list[str] = ()) -> list[dict]:
         nodes.append(node)
         todo += node.get("Plans", [])
     return nodes
+
+
+def run_benchmark(
+    *args: str, db_suffix: str, output: Path, timeout: int, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, str]:
+    """`manage.py benchmark ARGS` in a process of its own from the project's root, on a
+    database named after the suite's (`<test db>_<db_suffix>`), its report written to `output`;
+    the finished process (output captured as text) and the database's name."""
+    db_name = f"{os.environ.get('AGENTMEMORY_TEST_DB_NAME', 'test_agentmemory')}_{db_suffix}"
+    command = [sys.executable, "manage.py", "benchmark", *args, "--db-name", db_name]
+    proc = subprocess.run(
+        [*command, "--output", str(output)],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return proc, db_name

@@ -3,8 +3,6 @@
 No speed target is asserted here (CI machines differ); the default-size run is `make bench`.
 """
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from django.db import connections
 
 from memory_app.bench import database
 from memory_app.bench.dataset import Sizes, context_sizes
+from tests.builders import run_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,24 +23,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "benchmarks.md"
-    db_name = f"{os.environ.get('AGENTMEMORY_TEST_DB_NAME', 'test_agentmemory')}_bench"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "manage.py",
-            "benchmark",
-            "--quick",
-            "--keep",
-            "--db-name",
-            db_name,
-            "--output",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc, db_name = run_benchmark("--quick", "--keep", db_suffix="bench", output=out, timeout=300)
     yield proc, out, db_name
     database.drop_database(db_name)
 
@@ -168,24 +150,8 @@ def _peers_installed() -> bool:
 )
 def test_quick_peers_run_prints_ours_over_each_peer(tmp_path):
     out = tmp_path / "peers.md"
-    db_name = f"{os.environ.get('AGENTMEMORY_TEST_DB_NAME', 'test_agentmemory')}_peers"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "manage.py",
-            "benchmark",
-            "--quick",
-            "--only",
-            "peers",
-            "--db-name",
-            db_name,
-            "--output",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    proc, _ = run_benchmark(
+        "--quick", "--only", "peers", db_suffix="peers", output=out, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [

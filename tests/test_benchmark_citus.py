@@ -7,13 +7,12 @@ one (AGENTMEMORY_CITUS_TREE, else var/citus-pg)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from memory_app.bench import citus_rows, sections
+from tests.builders import run_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 TREE = Path(os.environ.get("AGENTMEMORY_CITUS_TREE") or ROOT / "var" / "citus-pg")
@@ -46,29 +45,18 @@ def test_the_section_goes_in_alone_and_a_full_rewrite_keeps_it(tmp_path):
 def test_quick_citus_area_runs_end_to_end(tmp_path):
     out = tmp_path / "benchmarks.md"
     out.write_text(OTHER)
-    db_name = f"{os.environ.get('AGENTMEMORY_TEST_DB_NAME', 'test_agentmemory')}_citusbench"
     # The single node is the embedded server even where the suite itself runs on a cluster.
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DATABASE_REPLICA_URL")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "manage.py",
-            "benchmark",
-            "--only",
-            "citus",
-            "--quick",
-            "--citus-tree",
-            str(TREE),
-            "--db-name",
-            db_name,
-            "--output",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    proc, db_name = run_benchmark(
+        "--only",
+        "citus",
+        "--quick",
+        "--citus-tree",
+        str(TREE),
+        db_suffix="citusbench",
+        output=out,
         timeout=900,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     text = out.read_text()

@@ -4,8 +4,6 @@ build it, so there it is skipped with the reason (the figures come from the comm
 tests, as with `--peers`)."""
 
 import ast
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import pytest
 
 from memory_app.bench import peers_http
 from memory_app.bench.harness import BenchError
+from tests.builders import run_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,24 +66,8 @@ def test_the_peers_venv_installs_the_peers_extra_and_the_products_server_version
 def test_quick_peers_http_run_writes_its_section_with_a_paired_row_per_measure(tmp_path):
     out = tmp_path / "benchmarks.md"
     out.write_text("# Benchmarks\n\nEarlier text.\n\n## Where the time goes\n\nProfiles.\n")
-    db_name = f"{os.environ.get('AGENTMEMORY_TEST_DB_NAME', 'test_agentmemory')}_peers_http"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "manage.py",
-            "benchmark",
-            "--quick",
-            "--only",
-            "peers_http",
-            "--db-name",
-            db_name,
-            "--output",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    proc, _ = run_benchmark(
+        "--quick", "--only", "peers_http", db_suffix="peers_http", output=out, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = out.read_text()
