@@ -27,7 +27,7 @@ _MESSAGE_ATTNAMES = frozenset(a for a, _ in MESSAGE_COLUMNS)
 # The row's columns that come from the message as written (the write path adds the others).
 WRITTEN = (*MESSAGE_FIELDS, "client_id", "key_order")
 
-# What a new message row holds, in the order the COPY of a large batch and the INSERTs write it.
+# What a new message row holds, in the order the COPY of a large batch writes it.
 COPY_COLUMNS = (
     "id",
     "context_id",
@@ -98,22 +98,6 @@ def char(value: Any) -> str | None:
     return value if value is None or type(value) is str else str(value)
 
 
-# `insert_messages`' statement: every column but the id (the table's sequence draws it),
-# values typed where a literal alone is ambiguous. Tags as text[]: an explicit cast to the
-# column's varchar(200)[] would cut a longer tag, which the column's own assignment refuses.
-_INSERT_CASTS = {
-    "tags": "::text[]",
-    "content": "::json",
-    "metadata": "::json",
-    "key_order": "::jsonb",
-    "created_at": "::timestamptz",
-    "updated_at": "::timestamptz",
-}
-_INSERT_COLUMNS = tuple(c for c in COPY_COLUMNS if c != "id")
-_INSERT_SQL = f"INSERT INTO {Message._meta.db_table} ({', '.join(_INSERT_COLUMNS)}) VALUES"
-_INSERT_ROW = "(" + ", ".join(f"%s{_INSERT_CASTS.get(c, '')}" for c in _INSERT_COLUMNS) + ")"
-
-
 def _rows(context: Context, specs: list[NewMessage], counts, first_seq: int, tokenizer: str):
     now = timezone.now()
     return now, [
@@ -128,6 +112,36 @@ def _rows(context: Context, specs: list[NewMessage], counts, first_seq: int, tok
         )
         for offset, (m, count) in enumerate(zip(specs, counts, strict=True))
     ]
+
+
+# A new row's values as both statements send them, each typed (in `append_statement`'s VALUES
+# list its columns take the types of the casts; the table's own columns then check lengths on
+# assignment, as a plain INSERT does: tags as text[], where an explicit cast to the column's
+# varchar(200)[] would cut a longer tag, which the assignment refuses).
+_ROW_COLUMNS = (
+    ("client_id", "text"),
+    ("role", "text"),
+    ("name", "text"),
+    ("text", "text"),
+    ("content", "json"),
+    ("tags", "text[]"),
+    ("metadata", "json"),
+    ("run_id", "bigint"),
+    ("step_id", "bigint"),
+    ("token_count", "integer"),
+    ("tokenizer", "text"),
+    ("source_timestamp", "text"),
+    ("pruned_by", "text"),
+    ("key_order", "jsonb"),
+)
+_ROW_NAMES = ", ".join(name for name, _ in _ROW_COLUMNS)
+_TYPED_VALUES = ", ".join(f"%s::{kind}" for _, kind in _ROW_COLUMNS)
+# `insert_messages`' statement: every column but the id (the table's sequence draws it).
+_INSERT_SQL = (
+    f"INSERT INTO {Message._meta.db_table} (context_id, seq, {_ROW_NAMES}, created_at,"
+    " updated_at) VALUES"
+)
+_INSERT_ROW = f"(%s, %s, {_TYPED_VALUES}, %s::timestamptz, %s::timestamptz)"
 
 
 def _row_values(r: Message) -> list[Any]:
@@ -160,10 +174,9 @@ def insert_messages(
     """A small batch's new messages, seqs from `first_seq` on, in one multi-row INSERT (in the
     caller's transaction, which allocated the seqs)."""
     now, rows = _rows(context, specs, counts, first_seq, tokenizer)
-    args: list[Any] = []  # in `_INSERT_COLUMNS`' order
+    args: list[Any] = []  # in `_INSERT_ROW`'s order
     for r in rows:
-        v = _row_values(r)
-        args += [r.context_id, r.seq, *v[:12], now, now, *v[12:]]
+        args += [r.context_id, r.seq, *_row_values(r), now, now]
     with connection.cursor() as cursor:
         cursor.execute(f"{_INSERT_SQL} {', '.join([_INSERT_ROW] * len(rows))} RETURNING id", args)
         for row, (pk,) in zip(rows, cursor.fetchall(), strict=True):
@@ -173,26 +186,7 @@ def insert_messages(
     return rows
 
 
-# `append_statement`'s per-row values, typed in the VALUES list (its columns take the types of
-# the casts; the table's own columns then check lengths on assignment, as a plain INSERT does).
-_ROW_COLUMNS = (
-    ("client_id", "text"),
-    ("role", "text"),
-    ("name", "text"),
-    ("text", "text"),
-    ("content", "json"),
-    ("tags", "text[]"),
-    ("metadata", "json"),
-    ("run_id", "bigint"),
-    ("step_id", "bigint"),
-    ("token_count", "integer"),
-    ("tokenizer", "text"),
-    ("source_timestamp", "text"),
-    ("pruned_by", "text"),
-    ("key_order", "jsonb"),
-)
-_VALUES_ROW = "(%s::integer, " + ", ".join(f"%s::{kind}" for _, kind in _ROW_COLUMNS) + ")"
-_ROW_NAMES = ", ".join(name for name, _ in _ROW_COLUMNS)
+_VALUES_ROW = f"(%s::integer, {_TYPED_VALUES})"
 _APPEND_SQL = f"""
 WITH c AS (
     UPDATE {Context._meta.db_table} SET last_seq = last_seq + %s,
