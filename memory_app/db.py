@@ -314,10 +314,11 @@ def synced() -> Iterator[None]:
 
 def copy_models(objs: list) -> None:
     """Insert new model instances of one model with one COPY, as `bulk_create` would: ids drawn
-    from the table's sequence first and set on the objects, `auto_now_add` times set, every
-    concrete field written. `bulk_create` sends each column as an array parameter whose text
-    psycopg escapes element by element with a regular expression (a third of the OTLP mapper's
-    time); COPY's text is written here (`copy_line`), JSON through `json_text`."""
+    from the table's sequence first for the objects without one (`draw_ids` may have drawn a
+    batch's ids at once), `auto_now_add` times set, every concrete field written.
+    `bulk_create` sends each column as an array parameter whose text psycopg escapes element by
+    element with a regular expression (a third of the OTLP mapper's time); COPY's text is
+    written here (`copy_line`), JSON through `json_text`."""
     if not objs:
         return
     model = type(objs[0])
@@ -330,9 +331,9 @@ def copy_models(objs: list) -> None:
             for obj in objs:
                 setattr(obj, field.attname, now)
     kinds = [_copy_kind(f) for f in fields]
-    if any(obj.pk is None for obj in objs):
-        (ids,) = draw_ids([(model, len(objs))])
-        for obj, pk in zip(objs, ids, strict=True):
+    if missing := [obj for obj in objs if obj.pk is None]:
+        (ids,) = draw_ids([(model, len(missing))])
+        for obj, pk in zip(missing, ids, strict=True):
             obj.pk = pk
     for obj in objs:
         obj._state.adding = False
