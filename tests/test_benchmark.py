@@ -225,3 +225,16 @@ def test_the_storage_row_counts_every_table_a_message_occupies():
         or m._meta.db_table.startswith("memory_app_message")
     }
     assert holding == set(STORED_TABLES)
+
+
+def test_paired_timing_turns_the_order_every_other_pair():
+    from memory_app.bench.measure import time_pairs
+
+    calls: list[tuple[str, int]] = []
+    pairs = [
+        (lambda n=n: calls.append(("a", n)), lambda n=n: calls.append(("b", n))) for n in range(4)
+    ]
+    ours, theirs, paired = time_pairs(pairs, warmup=0)
+    # Neither side always runs second, on what the first left warm.
+    assert calls == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2), ("b", 3), ("a", 3)]
+    assert ours.n == theirs.n == paired.n == 4

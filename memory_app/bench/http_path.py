@@ -2,7 +2,7 @@
 
 The product is served as `manage.py serve` serves it (gunicorn, uvicorn workers, the site's ASGI
 app; one worker here) on the benchmark's database, and each row pairs one of its requests with
-the same database work done without it, interleaved A B A B (A = ours over HTTP):
+the same database work done without it, interleaved A B, B A, A B ... (A = ours over HTTP):
 
 - semantic search on the largest context ÷ the same SQL run raw (psycopg in this process, the
   statements `memory_app.search.semantic` sends, the hits' rows read by the walk's statement,
@@ -71,7 +71,7 @@ def run(b: Bench) -> None:
         "",
         "Over real HTTP on 127.0.0.1: the product as `manage.py serve` runs it (gunicorn with "
         "uvicorn workers, one worker) against the same SQL without it, pairs of calls "
-        "interleaved A B A B; the ratio is the median of the per-pair ratios (the middle half "
+        "interleaved A B, B A, A B ...; the ratio is the median of the per-pair ratios (the middle half "
         "and the extremes in the row). Semantic search: the statements the search sends, raw "
         "through psycopg in the benchmark's process (the walk's settings, the walk with the "
         "hits' rows). Single append: a minimal ASGI handler on the same server doing the append's "

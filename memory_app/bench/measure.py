@@ -144,8 +144,8 @@ MIN_SAMPLES = 3
 
 @dataclass(frozen=True)
 class Paired:
-    """Per-pair ratios of interleaved calls (A B A B ...): the median and the spread (the middle
-    half and the extremes), so a row that swings shows it."""
+    """Per-pair ratios of interleaved calls (A B, B A, A B ...): the median and the spread (the
+    middle half and the extremes), so a row that swings shows it."""
 
     median: float
     p25: float
@@ -164,14 +164,17 @@ class Paired:
 def time_pairs(
     pairs: list[tuple[Callable[[], object], Callable[[], object]]], *, warmup: int = 3
 ) -> tuple[Latency, Latency, Paired]:
-    """Each pair's two calls one right after the other (A B A B ...): the latencies of each
-    side and the per-pair ratios (A ÷ B), so a load that comes and goes weighs on both sides
-    of a ratio alike."""
+    """Each pair's two calls one right after the other, the order turned every other pair (A B,
+    B A, A B ...): the latencies of each side and the per-pair ratios (A ÷ B), so a load that
+    comes and goes weighs on both sides of a ratio alike, and neither side always runs second,
+    on what the first left warm (the same query's index pages and plan caches, a connection
+    just used)."""
     for a, b in pairs[:warmup]:
         a(), b()
     ours, theirs = [], []
-    for a, b in pairs:
-        for fn, into in ((a, ours), (b, theirs)):
+    for n, (a, b) in enumerate(pairs):
+        calls = ((a, ours), (b, theirs))
+        for fn, into in calls if n % 2 == 0 else calls[::-1]:
             t = time.perf_counter()
             fn()
             into.append((time.perf_counter() - t) * 1000)
