@@ -133,22 +133,38 @@ def apikey_verify_with_context(
     """The live key matching `secret` (None: unknown, malformed or revoked) and, when
     `context_id` is given, that context if the key may see it (as `context_for_key` finds it),
     in one query: a request to a context's route needs both before anything else."""
-    prefix = _parse(secret or "")
-    if prefix is None:
+    statement = key_context_statement(secret, context_id)
+    if statement is None:
         return None, None
     # Parameters bound by the server (db.binding_cursor): no literal written into the text.
     with db.binding_cursor() as cursor:
-        # Confinement as `visible_contexts` applies it: every context contains `{}`. The
-        # context is filtered inside its own subquery: on Citus, where the keys are a local
-        # table and the contexts are sharded, that subquery reaches the context's shard only
-        # (a filter left in the join's condition made it read every shard).
-        cursor.execute(
-            f"SELECT {_KEY_COLUMNS}, {_CONTEXT_COLUMNS} FROM memory_app_apikey k "  # noqa: S608
-            "LEFT JOIN (SELECT * FROM memory_app_context WHERE id = %s) c "
-            "ON c.keys @> k.context_keys WHERE k.prefix = %s",
-            [context_id, prefix],
-        )
+        cursor.execute(*statement)
         row = cursor.fetchone()
+    return key_context_from_row(secret, row)
+
+
+def key_context_statement(secret: str, context_id: int | None) -> tuple[str, list] | None:
+    """The statement `apikey_verify_with_context` reads the key and the context with (None for
+    a malformed key string): a caller may send it with other statements in one round trip and
+    hand its row to `key_context_from_row`."""
+    prefix = _parse(secret or "")
+    if prefix is None:
+        return None
+    # Confinement as `visible_contexts` applies it: every context contains `{}`. The context is
+    # filtered inside its own subquery: on Citus, where the keys are a local table and the
+    # contexts are sharded, that subquery reaches the context's shard only (a filter left in
+    # the join's condition made it read every shard).
+    sql = (
+        f"SELECT {_KEY_COLUMNS}, {_CONTEXT_COLUMNS} FROM memory_app_apikey k "  # noqa: S608
+        "LEFT JOIN (SELECT * FROM memory_app_context WHERE id = %s) c "
+        "ON c.keys @> k.context_keys WHERE k.prefix = %s"
+    )
+    return sql, [context_id, prefix]
+
+
+def key_context_from_row(secret: str, row: tuple | None) -> tuple[ApiKey | None, Context | None]:
+    """The key and context of `key_context_statement`'s row, as `apikey_verify_with_context`
+    answers them: (None, None) unless the row's key is live and its hash is `secret`'s."""
     if row is None:
         return None, None
     split = len(ApiKey._meta.concrete_fields)

@@ -12,6 +12,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -268,15 +269,66 @@ def binding_cursor():
     return connection.make_cursor(cursor)
 
 
+# The statement of the innermost `deferred_read` block not sent yet, with what checks its row.
+_DEFERRED: ContextVar[list | None] = ContextVar("deferred_read", default=None)
+
+
+@contextlib.contextmanager
+def deferred_read(statement: tuple[str, list], accept) -> Iterator[None]:
+    """`statement` (SQL and parameters) is read before anything the block reads is handed on:
+    in the round trip of the block's first `pipelined_transaction`, whose answers come back
+    only once `accept` has seen its row, or alone just before the block's first other
+    statement. `accept(row)` (the first row, None for none) raises to refuse what follows.
+    A request's key and context are read so with the search they guard."""
+    pending: list = [statement, accept]
+
+    def read_it_first(execute, sql, params, many, context):
+        _read_deferred(pending)
+        return execute(sql, params, many, context)
+
+    token = _DEFERRED.set(pending)
+    try:
+        with connection.execute_wrapper(read_it_first):
+            yield
+    finally:
+        _DEFERRED.reset(token)
+
+
+def _read_deferred(pending: list) -> None:
+    statement, accept = pending
+    if statement is None:
+        return
+    pending[0] = None  # taken: this read's own statement passes through the wrapper too
+    with binding_cursor() as cursor:
+        cursor.execute(*statement)
+        row = cursor.fetchone()
+    accept(row)
+
+
+def _take_deferred() -> tuple[tuple[str, list], Any] | None:
+    pending = _DEFERRED.get()
+    if pending is None or pending[0] is None:
+        return None
+    taken = (pending[0], pending[1])
+    pending[0] = None
+    return taken
+
+
 @contextlib.contextmanager
 def pipelined_transaction(cursor) -> Iterator[None]:
     """Statements sent in one round trip, in one transaction: `BEGIN`, what the block executes
     (results are read once it ends) and `COMMIT`, together. Inside an atomic block the block's
-    statements join that transaction (one round trip still). A failure rolls back."""
+    statements join that transaction (one round trip still). A failure rolls back. A pending
+    `deferred_read` goes first in the same round trip, and the block ends only once its
+    check has passed."""
     raw = connection.connection
     own = not connection.in_atomic_block
+    deferred = _take_deferred()
     try:
         with connection.wrap_database_errors, raw.pipeline():
+            if deferred is not None:
+                reader = binding_cursor()
+                reader.execute(*deferred[0])
             if own:
                 cursor.execute("BEGIN")
             yield
@@ -287,6 +339,10 @@ def pipelined_transaction(cursor) -> Iterator[None]:
             with connection.wrap_database_errors:
                 raw.rollback()
         raise
+    if deferred is not None:
+        with reader:
+            row = reader.fetchone()
+        deferred[1](row)
 
 
 @contextlib.contextmanager

@@ -96,15 +96,26 @@ def test_a_semantic_search_reads_key_and_context_once_and_the_walk_in_one_go(set
         "model": MODEL,
         "query_vector": _vector(7),
     }
-    api.post(f"/api/v1/contexts/{cid}/select", body)  # the store's size is cached from here
-    with CaptureQueriesContext(connection) as queries:
+    # The context's size is known from the first search on (the batch's key read saw it
+    # empty: an exact scan), the store's from the second.
+    for _ in range(2):
+        api.post(f"/api/v1/contexts/{cid}/select", body)
+    pipelined = []
+
+    def record(execute, sql, params, many, context):
+        pipelined.append(connection.connection.info.pipeline_status)
+        return execute(sql, params, many, context)
+
+    with CaptureQueriesContext(connection) as queries, connection.execute_wrapper(record):
         response = api.post(f"/api/v1/contexts/{cid}/select", body)
     assert response.status_code == 200
     assert "m7" in [item["message"]["text"] for item in response.json()["items"]]
     statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
     # The key and its context in one statement; the walk's settings; the walk, which reads the
-    # hits' rows too.
+    # hits' rows too: all three in one round trip (the key's statement goes first in the walk's
+    # pipeline).
     assert len(statements) == 3, statements
+    assert pipelined[-3:] == [psycopg.pq.PipelineStatus.ON] * 3, pipelined
     assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[0]
     assert statements[1].startswith("SELECT set_config(")
     assert "<=>" in statements[2] and "JOIN memory_app_message h" in statements[2]
@@ -114,6 +125,41 @@ def test_a_semantic_search_reads_key_and_context_once_and_the_walk_in_one_go(set
     assert (
         hit["message"] == api.get(f"/api/v1/contexts/{cid}/messages/{hit['message']['id']}").json()
     )
+
+
+@pytest.mark.django_db
+def test_a_search_reading_its_key_with_the_walk_answers_every_error_as_before(settings):
+    """The walk runs before the key's row is looked at: nothing it found goes out unless the
+    key passes, and each error answers as when the key is read first (401 before anything
+    else, then 403 and 404 before the search's own 422)."""
+    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 5
+    owner = make_key(context_keys={"user": "ada"})
+    cid = _store(owner)
+    path = f"/api/v1/contexts/{cid}/select"
+    body = {"selector": "search", "mode": "semantic", "k": 3, "model": MODEL}
+    good = {**body, "query_vector": _vector(7)}
+    wrong_dims = {**body, "query_vector": [0.5, 0.5]}
+    assert owner.post(path, good).status_code == 200  # the context's size is known from here
+    other = make_key(context_keys={"user": "bob"})
+    no_read = make_key(scopes=("write",))
+    revoked = make_key()
+    auth.apikey_revoke(key=revoked.key)
+    forged = type(owner)(owner.secret[:-4] + "abcd")
+    for client, sent, status in [
+        (forged, good, 401),
+        (forged, wrong_dims, 401),
+        (forged, {**good, "k": 0}, 401),  # a body ninja refuses: still the key's 401
+        (revoked, good, 401),
+        (no_read, good, 403),
+        (no_read, wrong_dims, 403),
+        (other, good, 404),
+        (other, wrong_dims, 404),
+        (owner, wrong_dims, 422),
+    ]:
+        response = client.post(path, sent)
+        assert response.status_code == status, (client.secret, sent, response.content)
+        assert "items" not in response.json()
+    assert "m7" in [i["message"]["text"] for i in owner.post(path, good).json()["items"]]
 
 
 @pytest.mark.django_db

@@ -39,7 +39,19 @@ class OfflineSwagger(Swagger):
     template_cdn = str(settings.NINJA_DIR / "templates" / "ninja" / "swagger.html")
 
 
-api = NinjaAPI(
+class AgentApi(NinjaAPI):
+    def on_exception(self, request: HttpRequest, exc):
+        # A key read late (`ApiKeyAuth(deferred=True)`) is checked before any error is
+        # answered: a bad key is a 401 whatever else is wrong with the request.
+        if common.has_pending_key(request):
+            try:
+                common.settle_key(request)
+            except Exception as key_exc:  # noqa: BLE001 - answered below as any error is
+                exc = key_exc
+        return super().on_exception(request, exc)
+
+
+api = AgentApi(
     title="agentmemory Agent API",
     version="1",
     description=(

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -20,6 +23,7 @@ from ninja.security import HttpBearer
 from pydantic import ConfigDict
 
 from memory_app import auth as keys
+from memory_app import db
 from memory_app.audit import Actor
 from memory_app.errors import NotFound
 from memory_app.json_values import finite_float, reject_constant
@@ -39,7 +43,16 @@ class Unauthorized(AuthenticationError):
 
 
 class ApiKeyAuth(HttpBearer):
-    """`Authorization: Bearer am_<prefix>_<secret>`; sets `request.auth` to the ApiKey."""
+    """`Authorization: Bearer am_<prefix>_<secret>`; sets `request.auth` to the ApiKey.
+
+    `deferred`: on a context's route, a well-formed key is read later, with the first of the
+    operation's own statements (`settle_key` and `key_read_with`), instead of in a round trip
+    of its own; `request.auth` is the ApiKey once it is settled. Every error answer settles it
+    first (api/app.py), so a bad key is still a 401 whatever else is wrong with the request."""
+
+    def __init__(self, *, deferred: bool = False):
+        super().__init__()
+        self.deferred = deferred
 
     def __call__(self, request: HttpRequest) -> ApiKey | None:
         value = request.headers.get(self.header)
@@ -50,16 +63,83 @@ class ApiKeyAuth(HttpBearer):
             raise Unauthorized("malformed Authorization header: expected 'Bearer <key>'")
         return self.authenticate(request, token.strip())
 
-    def authenticate(self, request: HttpRequest, token: str) -> ApiKey:
+    def authenticate(self, request: HttpRequest, token: str) -> ApiKey | bool:
         # A context's route reads the context with the key (one round trip); `context_for`
         # then answers from it.
         context_id = _route_context_id(request)
-        key, context = keys.apikey_verify_with_context(token, context_id)
-        if key is None:
-            raise Unauthorized("invalid or revoked API key", invalid_token=True)
-        if context_id is not None:
-            request._key_context = (context_id, context)  # type: ignore[attr-defined]
-        return key
+        if self.deferred and context_id is not None:
+            if keys.key_context_statement(token, context_id) is None:
+                raise Unauthorized("invalid or revoked API key", invalid_token=True)
+            request._pending_key = (token, context_id)  # type: ignore[attr-defined]
+            return True
+        return _verified(request, token, context_id, keys.apikey_verify_with_context)
+
+
+def _verified(request: HttpRequest, token: str, context_id: int | None, read) -> ApiKey:
+    key, context = read(token, context_id)
+    if key is None:
+        raise Unauthorized("invalid or revoked API key", invalid_token=True)
+    if context_id is not None:
+        request._key_context = (context_id, context)  # type: ignore[attr-defined]
+        if context is not None:
+            _remember_size(context_id, context.message_count)
+    return key
+
+
+def settle_key(request: HttpRequest, row: tuple | None | object = None, *, read: bool = True):
+    """Check a deferred key (`ApiKeyAuth(deferred=True)`): from `row`, the key statement's row
+    read with other statements, or (`read`) in a round trip now. 401 when the key is bad; then
+    `request.auth` is the key and `context_for` answers from the context read with it. Nothing
+    to do once settled."""
+    pending = request.__dict__.pop("_pending_key", None)
+    if pending is None:
+        return
+    token, context_id = pending
+    if read:
+        request.auth = _verified(request, token, context_id, keys.apikey_verify_with_context)
+    else:
+        request.auth = _verified(
+            request, token, context_id, lambda t, _c: keys.key_context_from_row(t, row)
+        )
+
+
+def has_pending_key(request: HttpRequest) -> bool:
+    return "_pending_key" in request.__dict__
+
+
+# The message counts of contexts this process has seen through a verified key, by id (a
+# bounded cache): a search reading the key with its own statements sizes its walk from it.
+_sizes: OrderedDict[int, int] = OrderedDict()
+SIZES_KEPT = 10_000
+
+
+def _remember_size(context_id: int, size: int) -> None:
+    _sizes[context_id] = size
+    _sizes.move_to_end(context_id)
+    if len(_sizes) > SIZES_KEPT:
+        _sizes.popitem(last=False)
+
+
+def known_size(context_id: int) -> int | None:
+    return _sizes.get(context_id)
+
+
+@contextmanager
+def key_read_with(request: HttpRequest) -> Iterator[None]:
+    """The block's first statements carry the request's deferred key read (`db.deferred_read`:
+    in the round trip of its first pipelined transaction, else just before its first
+    statement), and nothing the block read is handed on before the key passed; the key is
+    settled when the block ends, at the latest. A block that raises has the key settled
+    first: a bad key's 401 answers instead of the block's own error."""
+    token, context_id = request._pending_key  # type: ignore[attr-defined]
+    statement = keys.key_context_statement(token, context_id)
+    try:
+        with db.deferred_read(statement, lambda row: settle_key(request, row, read=False)):
+            yield
+    except BaseException:
+        settle_key(request)
+        raise
+    settle_key(request)
 
 
 def _route_context_id(request: HttpRequest) -> int | None:
@@ -76,6 +156,7 @@ api_key_auth = ApiKeyAuth()
 
 
 def request_key(request: HttpRequest) -> ApiKey:
+    settle_key(request)
     return request.auth  # type: ignore[attr-defined]
 
 
@@ -95,6 +176,7 @@ def not_found(what: str, ident: Any) -> HttpError:
 
 def context_for(request: HttpRequest, context_id: int, *, lock: bool = False) -> Context:
     """The context if the request's key may see it, else 404 (unknown and foreign look alike)."""
+    settle_key(request)
     found = getattr(request, "_key_context", None)
     if found is not None and found[0] == context_id and not lock:
         if found[1] is None:

@@ -8,20 +8,25 @@ the chosen messages oldest-first, each with its reason and token count, plus tot
 from __future__ import annotations
 
 from ninja import Router, Status
-from ninja.errors import HttpError
+from ninja.errors import AuthenticationError, HttpError
 
 from memory_app import errors
 from memory_app.api.common import (
     WRITE_ERRORS,
+    ApiKeyAuth,
     ContextId,
     MessageId,
     context_for,
+    has_pending_key,
     json_response,
+    key_read_with,
+    known_size,
     message_for,
     require_scope,
     responses,
 )
 from memory_app.embeddings import client_vectors
+from memory_app.models import Context
 from memory_app.schemas.selectors import (
     MessageVectorIn,
     MessageVectorOut,
@@ -31,24 +36,62 @@ from memory_app.schemas.selectors import (
 )
 
 router = Router(tags=["selectors"])
+# A semantic search reads the request's key in its walk's round trip (`_walk_reads_the_key`).
+router_auth = ApiKeyAuth(deferred=True)
 
 
 @router.post(
     "/contexts/{context_id}/select",
     response=responses({200: SelectOut}, (*WRITE_ERRORS, 503)),
     url_name="select",
+    auth=router_auth,
     summary="Select the messages for the next prompt",
 )
 def select(request, context_id: ContextId, body: SelectIn):
     """Run a selector on the context's live messages (pruned ones never appear). 422 for bad
     options, an unknown tokenizer, a vector of the wrong dimension, or semantic search with no
     embedding provider; 503 when the provider is configured but down."""
+    if _walk_reads_the_key(request, context_id, body):
+        return _select_with_the_key(request, context_id, body)
     require_scope(request, "read")
     context = context_for(request, context_id)
     try:
         return json_response(200, select_out(context, body))
     except errors.ProviderDown as exc:
         raise HttpError(503, str(exc)) from exc
+
+
+def _walk_reads_the_key(request, context_id: int, body: SelectIn) -> bool:
+    """A semantic search with the client's query vector on a context whose size this process
+    knows: the key and the context are read in the walk's round trip. The walk is sized from
+    the size last seen (its settings, and whether the context is large enough for the index:
+    the one before or after a few appends answers the same), and its answer is used only once
+    the key has passed."""
+    return (
+        body.selector == "search"
+        and body.mode == "semantic"
+        and body.query_vector is not None
+        and has_pending_key(request)
+        and known_size(context_id) is not None
+    )
+
+
+def _select_with_the_key(request, context_id: int, body: SelectIn):
+    # Only the id and the size are read from the context by a semantic search.
+    context = Context(id=context_id, message_count=known_size(context_id))
+    try:
+        with key_read_with(request):
+            out = select_out(context, body)
+    except AuthenticationError:
+        raise
+    except Exception:
+        # What the request would have met first, before the search's own errors: 403, 404.
+        require_scope(request, "read")
+        context_for(request, context_id)
+        raise
+    require_scope(request, "read")
+    context_for(request, context_id)
+    return json_response(200, out)
 
 
 @router.post(

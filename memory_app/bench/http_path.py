@@ -70,13 +70,13 @@ def run(b: Bench) -> None:
         "## Request path",
         "",
         "Over real HTTP on 127.0.0.1: the product as `manage.py serve` runs it (gunicorn with "
-        "uvicorn workers, one worker) against the same SQL without it, pairs of calls "
-        "interleaved A B, B A, A B ...; the ratio is the median of the per-pair ratios (the middle half "
-        "and the extremes in the row). Semantic search: the statements the search sends, raw "
-        "through psycopg in the benchmark's process (the walk's settings, the walk with the "
-        "hits' rows). Single append: a minimal ASGI handler on the same server doing the append's "
-        "statements in one transaction (counters and seq, the message row, its full-text "
-        "row), nothing else (memory_app/bench/minimal_http.py).",
+        "uvicorn workers, one worker) against the same SQL without it, pairs of calls interleaved "
+        "A B, B A, A B ...; the ratio is the median of the per-pair ratios (the middle half and "
+        "the extremes in the row). Semantic search: the statements the search sends, raw through "
+        "psycopg in the benchmark's process (the walk's settings, the walk with the hits' rows). "
+        "Single append: a minimal ASGI handler on the same server doing the append's statements in"
+        " one transaction (counters and seq, the message row, its full-text row), nothing else "
+        "(memory_app/bench/minimal_http.py).",
     ]
 
 

@@ -8,8 +8,8 @@ langchain-postgres's `PostgresChatMessageHistory` and LangGraph's `AsyncPostgres
 route a few lines around the library call. One keep-alive `http.client` connection per side;
 request bodies are encoded before the clock; a call ends when its whole answer is read.
 
-Each row pairs a call of ours (A) with the peer's (B), A B, B A, A B ..., and its ratio is the median of
-the per-pair ratios, the spread beside it (issue target ≤ 1.0: ours as fast as the peer or
+Each row pairs a call of ours (A) with the peer's (B), A B, B A, A B ..., and its ratio is the
+median of the per-pair ratios, the spread beside it (issue target ≤ 1.0: ours as fast as the peer or
 faster; for batches the time per batch of 1,000). Both sides hold the same texts and vectors:
 reads on a context of 10,000 messages, semantic search on 10,000 and 50,000, writes into
 fresh contexts. Ours is loaded through the API's batches and the deferred indexer drained
@@ -444,10 +444,11 @@ def _note(small: int, large: int, batch: int) -> str:
         "orjson in and out, the library call, nothing else; its connections opened once per "
         "worker) on the same server with the same worker class, in the peers' own venv "
         "(`make peers-venv`), over one keep-alive HTTP connection per side from the same "
-        "client on 127.0.0.1. Pairs of calls interleaved A B, B A, A B ...; the ratio is the median of "
-        "the per-pair ratios (ours ÷ peer, the middle half and the extremes in the row); below "
-        "1 ours is faster. Both sides hold the same texts and vectors, their tables vacuumed "
-        "and analysed after the load (as autovacuum leaves them). Settings: the window is "
+        "client on 127.0.0.1. Pairs of calls interleaved A B, B A, A B ...; the ratio is the "
+        "median of the per-pair ratios (ours ÷ peer, the middle half and the extremes in the "
+        "row); below 1 ours is faster. Both sides hold the same texts and vectors, their "
+        "tables vacuumed and analysed after the load (as autovacuum leaves them). Settings: the "
+        "window is "
         f"langchain's whole history read then its last k (it has no other read), LangGraph's "
         "`asearch` without a query (newest first); the token window counts each message's "
         "text with tiktoken's cl100k_base on every side (ours stored at write, the peers' at "
