@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -113,11 +114,15 @@ _sizes: OrderedDict[int, int] = OrderedDict()
 SIZES_KEPT = 10_000
 
 
+_sizes_lock = threading.Lock()  # the API's threads share it
+
+
 def _remember_size(context_id: int, size: int) -> None:
-    _sizes[context_id] = size
-    _sizes.move_to_end(context_id)
-    if len(_sizes) > SIZES_KEPT:
-        _sizes.popitem(last=False)
+    with _sizes_lock:
+        _sizes[context_id] = size
+        _sizes.move_to_end(context_id)
+        if len(_sizes) > SIZES_KEPT:
+            _sizes.popitem(last=False)
 
 
 def known_size(context_id: int) -> int | None:
