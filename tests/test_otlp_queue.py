@@ -510,6 +510,9 @@ def test_the_mapping_thread_and_its_server_process_yield_to_the_requests(setting
         try:
             connection.ensure_connection()
             server = connection.connection.info.backend_pid
+            seen["local"] = os.path.exists(f"/proc/{server}/comm")
+            if not seen["local"]:
+                return
             before = (os.getpriority(os.PRIO_PROCESS, 0), _nice(server))
             span_queue.spans_map_drain()
             after = (os.getpriority(os.PRIO_PROCESS, 0), _nice(server))
@@ -521,6 +524,8 @@ def test_the_mapping_thread_and_its_server_process_yield_to_the_requests(setting
     thread = threading.Thread(target=drain)
     thread.start()
     thread.join(30)
+    if not seen["local"]:
+        pytest.skip("the database server runs on another machine")
     assert seen["raised"] == (min(5, seen["room"][0]), min(5, seen["room"][1]))
     assert seen["raised"][0] > 0 and seen["raised"][1] > 0
     assert os.getpriority(os.PRIO_PROCESS, 0) == ours
