@@ -363,6 +363,9 @@ AGENTMEMORY_OTLP_MAP_INLINE = env_bool("AGENTMEMORY_OTLP_MAP_INLINE", False)
 # `manage.py embed_worker` maps them: the mapping then runs in a process of its own, beside the
 # web workers, instead of sharing each web worker's interpreter with its requests.
 AGENTMEMORY_OTLP_MAP_THREAD = env_bool("AGENTMEMORY_OTLP_MAP_THREAD", True)
+# The OTLP mapping (an indexer thread, a running embed_worker) and its PostgreSQL backend run
+# this much nicer than the requests (memory_app/db.py `background_priority`); 0 leaves them be.
+AGENTMEMORY_OTLP_MAP_NICE = int(os.environ.get("AGENTMEMORY_OTLP_MAP_NICE", "10"))
 
 # What the run logbook prices a step at when the agent reports no cost: USD per million input
 # and output tokens, by model name (a dated name such as gpt-4o-2024-08-06 takes the price of its

@@ -7,8 +7,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import os
 import re
 import struct
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -490,3 +492,41 @@ def model_factory(model):
         return row
 
     return build
+
+
+_background = threading.local()
+
+
+def background_priority(nice: int) -> None:
+    """Lower the calling thread, and the server process its connection talks to, by `nice`
+    (setpriority), so that what runs in the background (the OTLP mapping) takes the CPU the
+    requests leave instead of sharing it with them: two shared cores split between an export's
+    acknowledgement and a mapper in equal parts made the acknowledgement wait for the mapping.
+
+    On Linux a thread's nice value is its own (NPTL), so a web worker's indexer thread is lowered
+    and its request threads are not; elsewhere the call would lower the whole process and is not
+    made. The server process is lowered only when it is this machine's PostgreSQL (its pid is a
+    `postgres` process here) and the connection is this thread's alone (not a pooled one, which
+    would carry the lowered priority to the requests it serves next); a server run by another
+    user than this process's is left as it is (EPERM). Nothing is ever raised back (an
+    unprivileged process cannot), so each thread and each server process is lowered once."""
+    if nice <= 0 or sys.platform != "linux":
+        return
+    if not getattr(_background, "lowered", False):
+        _background.lowered = True
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
+    connection.ensure_connection()
+    if connection.settings_dict.get("OPTIONS", {}).get("pool"):
+        return
+    pid = connection.connection.info.backend_pid
+    if getattr(_background, "server", None) == pid:
+        return
+    _background.server = pid
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            if comm.read().strip() != "postgres":
+                return
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, pid) + nice))
+    except OSError:
+        return

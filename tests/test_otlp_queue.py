@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import sys
+import threading
+import zlib
 
 import pytest
 from django.core.management import call_command
@@ -424,7 +428,8 @@ def test_zero_bytes_outside_text_are_accepted_and_mapped_as_sent(writer, tool_ru
 @pytest.mark.django_db
 def test_each_context_queues_its_own_spans_and_only_those_not_kept(writer, tool_run, code_run):
     """An export holding two contexts' traces is queued as two rows, each the protobuf of its
-    context's spans; sent again with one span more, only that span is queued."""
+    context's spans (zlib-compressed); sent again with one span more, only that span is
+    queued."""
     _, tools = tool_run
     _, code = code_run
     request = _request(tools)
@@ -438,7 +443,7 @@ def test_each_context_queues_its_own_spans_and_only_those_not_kept(writer, tool_
     rows = {row.context.keys["user"]: row for row in SpanQueue.objects.select_related("context")}
     assert set(rows) == {"ada", "grace"}
     for user, spans in (("ada", tools), ("grace", code)):
-        queued = ExportTraceServiceRequest.FromString(bytes(rows[user].body))
+        queued = ExportTraceServiceRequest.FromString(zlib.decompress(rows[user].body))
         ids = {s.span_id for r in queued.resource_spans for ss in r.scope_spans for s in ss.spans}
         assert ids == {s.context.span_id.to_bytes(8, "big") for s in spans}
         assert rows[user].span_count == len(spans)
@@ -447,10 +452,24 @@ def test_each_context_queues_its_own_spans_and_only_those_not_kept(writer, tool_
     TraceSpan.objects.filter(span_id=f"{by_end[0].context.span_id:016x}").delete()
     assert _post_raw(writer, request).status_code == 200
     (row,) = SpanQueue.objects.all()
-    queued = ExportTraceServiceRequest.FromString(bytes(row.body))
+    queued = ExportTraceServiceRequest.FromString(zlib.decompress(row.body))
     (span,) = [s for r in queued.resource_spans for ss in r.scope_spans for s in ss.spans]
     assert span.span_id == by_end[0].context.span_id.to_bytes(8, "big")
     assert row.span_count == 1
+
+
+@pytest.mark.django_db
+def test_an_export_queued_uncompressed_before_an_upgrade_still_maps(writer, tool_run):
+    """A row a receiver of the version before queued (the protobuf as it came, not compressed)
+    maps into the run a compressed one makes."""
+    export(writer, tool_run[1])
+    row = SpanQueue.objects.get()
+    row.body = zlib.decompress(row.body)
+    row.save(update_fields=["body"])
+    assert map_queued() == len(tool_run[1])
+    (run,) = Run.objects.all()
+    assert (run.status, run.steps.count()) == ("success", Step.objects.count())
+    assert run.steps.count() > 1
 
 
 def test_a_system_prompt_is_found_however_its_role_is_written():
@@ -469,3 +488,44 @@ def test_a_system_prompt_is_found_however_its_role_is_written():
     assert system_prompt([user, llm(2, plain)]) == "Be brief."
     assert system_prompt([user, llm(2, escaped)]) == "Be brief."
     assert system_prompt([user]) == ""
+
+
+def _nice(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own nice value is Linux's")
+@pytest.mark.django_db(transaction=True)
+def test_the_mapping_thread_and_its_server_process_yield_to_the_requests(settings):
+    """The indexer thread maps at the background priority, and so does the PostgreSQL process
+    serving it; the process's other threads (the requests) keep theirs."""
+    from django.db import connection
+
+    settings.AGENTMEMORY_OTLP_MAP_NICE = 5
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    seen = {}
+
+    def drain():
+        try:
+            connection.ensure_connection()
+            server = connection.connection.info.backend_pid
+            seen["local"] = os.path.exists(f"/proc/{server}/comm")
+            if not seen["local"]:
+                return
+            before = (os.getpriority(os.PRIO_PROCESS, 0), _nice(server))
+            span_queue.spans_map_drain()
+            after = (os.getpriority(os.PRIO_PROCESS, 0), _nice(server))
+            seen["raised"] = (after[0] - before[0], after[1] - before[1])
+            seen["room"] = (19 - before[0], 19 - before[1])
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=drain)
+    thread.start()
+    thread.join(30)
+    if not seen["local"]:
+        pytest.skip("the database server runs on another machine")
+    assert seen["raised"] == (min(5, seen["room"][0]), min(5, seen["room"][1]))
+    assert seen["raised"][0] > 0 and seen["raised"][1] > 0
+    assert os.getpriority(os.PRIO_PROCESS, 0) == ours

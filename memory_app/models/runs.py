@@ -293,7 +293,8 @@ class SpanQueue(ContextRow):
     The receiver reads, authenticates and places an export in its contexts, then answers:
     mapping costs several statements a trace, which the worker spends in bulk, many exports of
     one context at a time. Rows are deleted in the transaction that maps them. A trace export is
-    kept as received: `body` is the protobuf of the context's spans (the mapper decodes it); a
+    kept as received: `body` is the protobuf of the context's spans, zlib-compressed (the mapper
+    decodes it); a
     log export's records are `payload`, JSON text of the decoded records (in the order received,
     keys as sent). `trace_ids` is what a reader needs to tell that a run's spans are still
     queued.

@@ -451,6 +451,8 @@ class NewRun:
     # started_at, finished_at and the outcome (status, final_answer, token totals); None while
     # the run goes on.
     finish: dict[str, Any] | None = None
+    # The run's id when drawn beforehand (rows written before it name it), else drawn here.
+    pk: int | None = None
 
 
 # Why long: one pass that writes what five per-run calls (create, append, renumber, describe,
@@ -472,6 +474,7 @@ def runs_create_bulk(*, context: Context, new: list[NewRun]) -> list[Run]:
             started_at=spec.started_at,
             model_names=_with_models([], [metadata_model(spec.metadata)]),
         )
+        run.pk = spec.pk
         ordered = sorted(
             enumerate(spec.items),
             key=lambda p: (p[1].get("start_time") is None, p[1].get("start_time") or 0.0, p[0]),
@@ -498,10 +501,11 @@ def runs_create_bulk(*, context: Context, new: list[NewRun]) -> list[Run]:
     all_steps = [s for run_steps in steps for s, _ in run_steps]
     calls = sum(len(c) for run_steps in steps for _, c in run_steps)
     # The three tables' ids drawn in one round trip (copy_models keeps ids already set).
+    unnumbered = [run for run in runs if run.pk is None]
     run_ids, step_ids, call_ids = draw_ids(
-        [(Run, len(runs)), (Step, len(all_steps)), (ToolCall, calls)]
+        [(Run, len(unnumbered)), (Step, len(all_steps)), (ToolCall, calls)]
     )
-    for run, pk in zip(runs, run_ids, strict=True):
+    for run, pk in zip(unnumbered, run_ids, strict=True):
         run.pk = pk
     copy_models(runs)
     for run, run_steps in zip(runs, steps, strict=True):

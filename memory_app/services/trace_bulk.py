@@ -16,10 +16,10 @@ from typing import Any
 
 import orjson
 
-from memory_app.db import binding_cursor, json_text
+from memory_app.db import binding_cursor, draw_ids, json_text
 from memory_app.interop import otlp
 from memory_app.interop.otlp_steps import run_agent_name, run_outcome, run_task, system_prompt
-from memory_app.models import Context, TraceSpan
+from memory_app.models import Context, Run, TraceSpan
 from memory_app.queries.trace_spans import traces_seen
 from memory_app.services import traces
 from memory_app.services.runs import NewRun, runs_create_bulk
@@ -28,28 +28,39 @@ from memory_app.services.runs import NewRun, runs_create_bulk
 def traces_map_bulk(*, context: Context, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """As `traces.traces_map` of one context, whose lock the caller holds: the rows of queued
     exports (`traces.span_rows`, `traces.log_rows`; each span once, first received first) kept,
-    every trace that gained rows brought up to date. Answers `{"new_spans", "rejected",
-    "rejected_ids", "runs"}`."""
-    text = _as_kept(rows)
-    rows = _loads(text)
-    fresh_rows, differing = traces.trace_spans_unkept(context=context, spans=rows)
-    trace_ids = sorted({r["trace_id"] for r in fresh_rows})
-    # Traces the context has seen before: mapped from what is kept, one by one.
-    seen = traces_seen(context.pk, trace_ids)
+    every trace that gained rows brought up to date. Answers `{"new_spans", "runs"}`.
+
+    The rows are kept first, in one statement that answers those it kept in `jsonb`'s form, so
+    PostgreSQL parses the batch's JSON once: the runs of the traces seen for the first time have
+    their ids drawn beforehand (their spans name them; the foreign key is checked at commit)."""
+    # Traces the context has seen before (asked before their new spans are kept): mapped from
+    # what is kept, one by one.
+    seen = traces_seen(context.pk, sorted({r["trace_id"] for r in rows}))
+    # A trace seen for the first time makes a run once one of its rows is a span (`_new_run`);
+    # the runs of a batch are made (their ids drawn) in the order their traces started.
+    starts: dict[str, int] = {}
+    spans = set()
+    for r in rows:
+        starts[r["trace_id"]] = min(r["start_ns"], starts.get(r["trace_id"], r["start_ns"]))
+        if r["role"] != otlp.LOG:
+            spans.add(r["trace_id"])
+    first = sorted((spans - seen), key=lambda t: (starts[t], t))
+    (drawn,) = draw_ids([(Run, len(first))])
+    run_of = dict(zip(first, drawn, strict=True))
+    fresh_rows = _keep_spans(context, rows, run_of)
     by_trace: dict[str, list[dict]] = defaultdict(list)
     for row in fresh_rows:
         by_trace[row["trace_id"]].append(row)
-    starts = {t: min(r["start_ns"] for r in by_trace[t]) for t in trace_ids}
-    # The runs of a batch are made in the order their traces started.
-    order = sorted(trace_ids, key=lambda t: (starts[t], t))
-    new_runs = [
-        spec for t in order if t not in seen and (spec := _new_run(t, by_trace[t])) is not None
-    ]
-    created = runs_create_bulk(context=context, new=new_runs)
-    run_of = {
-        spec.metadata["otel_trace_id"]: run.pk for spec, run in zip(new_runs, created, strict=True)
-    }
-    _keep_spans(context, text, run_of)
+    order = sorted(by_trace, key=lambda t: (starts[t], t))
+    new_runs = []
+    for trace_id in order:
+        if trace_id in run_of:
+            spec = _new_run(trace_id, by_trace[trace_id])
+            if spec is None:  # its spans name a run that must exist
+                raise RuntimeError(f"trace {trace_id} drew a run id and makes no run")
+            spec.pk = run_of[trace_id]
+            new_runs.append(spec)
+    runs_create_bulk(context=context, new=new_runs)
     runs = []
     for trace_id in order:
         if trace_id in run_of:
@@ -59,23 +70,7 @@ def traces_map_bulk(*, context: Context, rows: list[dict[str, Any]]) -> dict[str
         run = traces._bring_up_to_date(context=context, trace_id=trace_id, new_logs=logs)
         if run is not None:
             runs.append(run.pk)
-    return {
-        "new_spans": len(fresh_rows),
-        "rejected": len(differing),
-        "rejected_ids": differing,
-        "runs": runs,
-    }
-
-
-def _as_kept(rows: list[dict[str, Any]]) -> str:
-    """The rows as JSON text in `jsonb`'s form, as kept spans read back (`TraceSpan.data` is
-    `jsonb`: object keys in its order, numbers as it writes them), so a trace mapped from the
-    queue maps as one read back from what is kept; PostgreSQL writes it, not a Python walk of
-    every value. Bound apart from the statement: quoted into its text, megabytes of JSON were
-    escaped by the client and read back as a literal by the server."""
-    with binding_cursor() as cursor:
-        cursor.execute("SELECT %s::jsonb::text", [json_text(rows)])
-        return cursor.fetchone()[0]
+    return {"new_spans": len(fresh_rows), "runs": runs}
 
 
 def _loads(text: str) -> Any:
@@ -85,11 +80,13 @@ def _loads(text: str) -> Any:
         return json.loads(text)  # integers past 64 bits, which orjson refuses
 
 
-# The rows kept in one statement, each with its trace's run when the batch made it (the others'
+# The rows kept in one statement, each with its trace's run when the batch makes it (the others'
 # spans are linked as their trace is brought up to date): the JSON read by PostgreSQL, no row
 # built in Python. A span already kept is kept once (the first received: the rows go in arrival
 # order). The runs come as one JSON object of trace id to run id, and every row names the
-# context, so on Citus the statement goes to the context's shard.
+# context, so on Citus the statement goes to the context's shard. The rows kept come back with
+# their data in `jsonb`'s form (object keys in its order, numbers as it writes them), so a trace
+# mapped from the queue maps as one read back from what is kept.
 _KEEP_SPANS = """
 INSERT INTO {spans} (context_id, run_id, trace_id, span_id, parent_span_id, name, role,
                      start_ns, end_ns, data, received_at)
@@ -100,15 +97,27 @@ SELECT %s, (%s::jsonb ->> (s.value->>'trace_id'))::bigint,
 FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS s(value, n)
 ORDER BY s.n
 ON CONFLICT (context_id, trace_id, span_id) DO NOTHING
+RETURNING trace_id, span_id, data::text
 """
 
 
-def _keep_spans(context: Context, text: str, run_of: dict[str, int]) -> None:
+def _keep_spans(
+    context: Context, rows: list[dict[str, Any]], run_of: dict[str, int]
+) -> list[dict[str, Any]]:
+    """The rows not kept before, now kept, in arrival order, their data as kept. Bound apart
+    from the statement: quoted into its text, megabytes of JSON were escaped by the client and
+    read back as a literal by the server."""
     with binding_cursor() as cursor:
         cursor.execute(
             _KEEP_SPANS.format(spans=TraceSpan._meta.db_table),
-            [context.pk, json.dumps(run_of), text],
+            [context.pk, json.dumps(run_of), json_text(rows)],
         )
+        kept = {(trace_id, span_id): data for trace_id, span_id, data in cursor.fetchall()}
+    return [
+        {**r, "data": _loads(data)}
+        for r in rows
+        if (data := kept.get((r["trace_id"], r["span_id"]))) is not None
+    ]
 
 
 def _new_run(trace_id: str, rows: list[dict[str, Any]]) -> NewRun | None:

@@ -74,7 +74,9 @@ class Command(BaseCommand):
             max_batches=opts["max_batches"],
             idle_sleep=opts["idle_sleep"],
             stop=stop,
-            chores=[retention_batch, spans_map_chore],
+            # A worker that keeps running maps at the background priority; `--once` (a test, a
+            # cron job run by hand) leaves the calling process as it is.
+            chores=[retention_batch, spans_map_chore if opts["once"] else _spans_map_background],
         )
         self.stdout.write(
             f"done: {totals.embedded} embedded, {totals.failed} postponed,"
@@ -86,6 +88,10 @@ class Command(BaseCommand):
                 else ""
             )
         )
+
+
+def _spans_map_background() -> int:
+    return spans_map_chore(background=True)
 
 
 def provider_from_options(opts) -> providers.EmbeddingProvider:
