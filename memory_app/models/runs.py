@@ -294,10 +294,9 @@ class SpanQueue(ContextRow):
     mapping costs several statements a trace, which the worker spends in bulk, many exports of
     one context at a time. Rows are deleted in the transaction that maps them. A trace export is
     kept as received: `body` is the protobuf of the context's spans, zlib-compressed (the mapper
-    decodes it); a
-    log export's records are `payload`, JSON text of the decoded records (in the order received,
-    keys as sent). `trace_ids` is what a reader needs to tell that a run's spans are still
-    queued.
+    decodes it); a log export's records are `payload`, JSON text of the decoded records (in the
+    order received, keys as sent). `trace_ids` is what a reader needs to tell that a run's spans
+    are still queued.
     """
 
     context = models.ForeignKey(Context, on_delete=models.CASCADE, related_name="+")
