@@ -529,3 +529,39 @@ def test_the_mapping_thread_and_its_server_process_yield_to_the_requests(setting
     assert seen["raised"] == (min(5, seen["room"][0]), min(5, seen["room"][1]))
     assert seen["raised"][0] > 0 and seen["raised"][1] > 0
     assert os.getpriority(os.PRIO_PROCESS, 0) == ours
+
+
+@pytest.mark.slow
+def test_serve_maps_the_exports_in_its_own_process_and_not_in_the_web_workers(tmp_path, tool_run):
+    import httpx
+    import psutil
+
+    from tests.test_faults import Serve, _secret, _wait
+
+    server = Serve(tmp_path / "data")
+    try:
+        gunicorn = [
+            p
+            for p in psutil.Process(server.proc.pid).children(recursive=True)
+            if "gunicorn" in " ".join(p.cmdline())
+        ]
+        assert gunicorn, server.output
+        # The web workers leave the queue alone: serve's own process maps it.
+        assert {p.environ().get("AGENTMEMORY_OTLP_MAP_THREAD") for p in gunicorn} == {"false"}
+        headers = {"Authorization": f"Bearer {_secret(server)}", "Content-Type": PROTO}
+        answer = httpx.post(
+            f"{server.url}/v1/traces", content=protobuf_body(tool_run[1]), headers=headers
+        )
+        assert answer.status_code == 200, answer.text
+
+        def mapped() -> bool:
+            health = httpx.get(f"{server.url}/healthz").json()
+            runs = server.command(
+                "shell", "-c", "from memory_app.models import Run; print(Run.objects.count())"
+            )
+            return health["spans_queued"] == 0 and runs.split()[-1] == "1"
+
+        _wait(mapped, 60, "the export mapped by serve's process")
+    finally:
+        server.stop()
+    assert "OTLP mapping failed" not in server.output

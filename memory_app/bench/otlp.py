@@ -6,8 +6,9 @@ In this process (Django's test client, the mapper called directly): the acknowle
 mapper draining the queue. As deployed: the site served as `manage.py serve` serves it
 (gunicorn, its default three uvicorn workers), the exports sent over HTTP one after another as
 an exporter sends them, timed from the first export to the last span mapped, the mapping done
-either by the web workers' indexer threads (the default) or by one or two mapper processes
-(`manage.py embed_worker` with AGENTMEMORY_OTLP_MAP_THREAD off in the web workers).
+either by the web workers' indexer threads or by one or two mapper processes (`manage.py
+embed_worker` with AGENTMEMORY_OTLP_MAP_THREAD off in the web workers). `serve`'s default is
+the one mapper process's shape: it maps in a thread of its own process, beside gunicorn's.
 
 The traces are smolagents-shaped (OpenInference): an agent span, steps each holding a model call
 and a tool call, sent as a BatchSpanProcessor sends them: up to 512 spans an export, children
@@ -48,8 +49,8 @@ WEB_WORKERS = 3  # `manage.py serve`'s default (AGENTMEMORY_WORKERS)
 # mapper processes run beside them.
 _OFF = {"AGENTMEMORY_OTLP_MAP_THREAD": "0"}
 SHAPES = (
-    ("the web workers' indexer threads (serve's default)", {}, 0),
-    ("a mapper process (embed_worker; AGENTMEMORY_OTLP_MAP_THREAD=0 in the web workers)", _OFF, 1),
+    ("the web workers' indexer threads (AGENTMEMORY_OTLP_MAP_THREAD=1)", {}, 0),
+    ("a mapper process (serve's default shape; embed_worker, MAP_THREAD=0)", _OFF, 1),
     ("two mapper processes (embed_worker ×2, AGENTMEMORY_OTLP_MAP_THREAD=0)", _OFF, 2),
 )
 
@@ -87,8 +88,8 @@ def otlp(b: Bench) -> None:
         ),
         b.log,
     )
-    # Quick: serve's default shape alone, on one worker (a smoke test of the rows, which
-    # start a server each).
+    # Quick: the first shape alone, on one worker (a smoke test of the rows, which start a
+    # server each).
     workers = 1 if b.quick else WEB_WORKERS
     for number, shape in enumerate(SHAPES[:1] if b.quick else SHAPES):
         served = f"{stamp}-served{number}"

@@ -2,20 +2,23 @@
 
 This process holds the embedded database for the server's whole life: it migrates, creates an
 operator account when none exists, loads the demo data once, then runs gunicorn as a child and
-waits. Ctrl-C (SIGINT), SIGTERM and SIGHUP all stop gunicorn first, then this process exits
-normally and the embedded server stops PostgreSQL cleanly (the last process holding it stops it).
-A port already in use is reported before anything is announced.
+maps the OTLP exports its web workers queue while it waits (`SpanMapper`). Ctrl-C (SIGINT),
+SIGTERM and SIGHUP all stop gunicorn first, then this process exits normally and the embedded
+server stops PostgreSQL cleanly (the last process holding it stops it). A port already in use
+is reported before anything is announced.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import secrets
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,10 +28,14 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
 
 from agentmemory_site.gunicorn_hooks import skip_final_collection
 from memory_app import backlog
 from memory_app.models import Context
+from memory_app.services import span_queue
+
+log = logging.getLogger(__name__)
 
 
 def ensure_operator(*, username: str, password: str | None) -> tuple[str, str | None]:
@@ -103,6 +110,43 @@ def _hold_data_folder(data_dir: Path):
     lock.write(f"pid {os.getpid()}")
     lock.flush()
     return lock
+
+
+class SpanMapper:
+    """The OTLP mapping of everything the web workers queue, on a thread of this process: a
+    process of its own, as `embed_worker` is, so that the mapping neither shares a web
+    worker's interpreter lock with the acknowledgements nor, at its lower OS priority
+    (`span_queue.spans_map_chore(background=True)`), their CPU. Batches are mapped one after
+    another while spans are queued; an empty queue is looked at again after POLL_SECONDS (the
+    longest an export waits before its mapping starts). A database fault is waited out."""
+
+    POLL_SECONDS = 0.2
+    FAULT_SECONDS = 2.0
+
+    def __init__(self):
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="span-mapper", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                try:
+                    mapped = span_queue.spans_map_chore(background=True)
+                except Exception:  # a fault must not end the mapping for the server's life
+                    log.exception("OTLP mapping failed; retrying")
+                    connection.close()
+                    self._stopping.wait(self.FAULT_SECONDS)
+                    continue
+                if not mapped:
+                    self._stopping.wait(self.POLL_SECONDS)
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        """After gunicorn has stopped: the batch being mapped commits (or rolls back) first."""
+        self._stopping.set()
+        self._thread.join(timeout=30)
 
 
 class Command(BaseCommand):
@@ -187,7 +231,12 @@ class Command(BaseCommand):
             "--keep-alive",
             str(settings.AGENTMEMORY_KEEPALIVE_SECONDS),
         ]
-        proc = subprocess.Popen(cmd)
+        # The web workers leave the OTLP mapping to this process, which has nothing else to do
+        # while gunicorn serves (an operator's own AGENTMEMORY_OTLP_MAP_THREAD is kept as set).
+        maps_here = "AGENTMEMORY_OTLP_MAP_THREAD" not in os.environ
+        env = {**os.environ, "AGENTMEMORY_OTLP_MAP_THREAD": "false"} if maps_here else None
+        proc = subprocess.Popen(cmd, env=env)
+        mapper = SpanMapper() if maps_here else None
         try:
             if not wait_until_listening(proc, host, port):
                 raise CommandError(
@@ -209,6 +258,8 @@ class Command(BaseCommand):
         finally:
             if proc.poll() is None:
                 self._stop_gunicorn(proc, signal.SIGTERM)
+            if mapper is not None:
+                mapper.stop()
 
     @staticmethod
     def _stop_gunicorn(proc: subprocess.Popen, sig: int) -> None:
