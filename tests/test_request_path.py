@@ -129,9 +129,9 @@ def test_a_semantic_search_reads_key_and_context_once_and_the_walk_in_one_go(set
 
 @pytest.mark.django_db
 def test_a_search_reading_its_key_with_the_walk_answers_every_error_as_before(settings):
-    """The walk runs before the key's row is looked at: nothing it found goes out unless the
-    key passes, and each error answers as when the key is read first (401 before anything
-    else, then 403 and 404 before the search's own 422)."""
+    """For a key verified before, the walk runs before the key's row is looked at: nothing it
+    found goes out unless the key passes, and each error answers as when the key is read first
+    (401 before anything else, then 403 and 404 before the search's own 422)."""
     settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 5
     owner = make_key(context_keys={"user": "ada"})
     cid = _store(owner)
@@ -143,8 +143,14 @@ def test_a_search_reading_its_key_with_the_walk_answers_every_error_as_before(se
     other = make_key(context_keys={"user": "bob"})
     no_read = make_key(scopes=("write",))
     revoked = make_key()
+    # Each key answered once, read first: from then on read with the walk.
+    assert [c.post(path, good).status_code for c in (other, no_read, revoked)] == [404, 403, 200]
     auth.apikey_revoke(key=revoked.key)
     forged = type(owner)(owner.secret[:-4] + "abcd")
+    # A key string never verified is read before anything else: no walk for it.
+    with CaptureQueriesContext(connection) as queries:
+        assert forged.post(path, good).status_code == 401
+    assert not [q for q in queries.captured_queries if "<=>" in q["sql"]]
     for client, sent, status in [
         (forged, good, 401),
         (forged, wrong_dims, 401),

@@ -68,9 +68,9 @@ class ApiKeyAuth(HttpBearer):
         # A context's route reads the context with the key (one round trip); `context_for`
         # then answers from it.
         context_id = _route_context_id(request)
-        if self.deferred and context_id is not None:
-            if keys.key_context_statement(token, context_id) is None:
-                raise Unauthorized("invalid or revoked API key", invalid_token=True)
+        # Only a key this process has verified before is read late: work done ahead of the
+        # check is then never done for a key string nobody was given.
+        if self.deferred and context_id is not None and _secrets.get(keys.hash_secret(token)):
             request._pending_key = (token, context_id)  # type: ignore[attr-defined]
             return True
         return _verified(request, token, context_id, keys.apikey_verify_with_context)
@@ -80,10 +80,11 @@ def _verified(request: HttpRequest, token: str, context_id: int | None, read) ->
     key, context = read(token, context_id)
     if key is None:
         raise Unauthorized("invalid or revoked API key", invalid_token=True)
+    _secrets.remember(key.secret_hash, True)
     if context_id is not None:
         request._key_context = (context_id, context)  # type: ignore[attr-defined]
         if context is not None:
-            _remember_size(context_id, context.message_count)
+            _sizes.remember(context_id, context.message_count)
     return key
 
 
@@ -108,21 +109,30 @@ def has_pending_key(request: HttpRequest) -> bool:
     return "_pending_key" in request.__dict__
 
 
-# The message counts of contexts this process has seen through a verified key, by id (a
-# bounded cache): a search reading the key with its own statements sizes its walk from it.
-_sizes: OrderedDict[int, int] = OrderedDict()
-SIZES_KEPT = 10_000
+class _Recent:
+    """A bounded map of what this process saw last (the oldest forgotten first), shared by the
+    API's threads."""
+
+    def __init__(self, size: int):
+        self._items: OrderedDict = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def remember(self, key, value) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            if len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def get(self, key):
+        return self._items.get(key)
 
 
-_sizes_lock = threading.Lock()  # the API's threads share it
-
-
-def _remember_size(context_id: int, size: int) -> None:
-    with _sizes_lock:
-        _sizes[context_id] = size
-        _sizes.move_to_end(context_id)
-        if len(_sizes) > SIZES_KEPT:
-            _sizes.popitem(last=False)
+# The message counts of contexts seen through a verified key, by id: a search reading the key
+# with its own statements sizes its walk from it. And the hashes of the keys verified.
+_sizes = _Recent(10_000)
+_secrets = _Recent(10_000)
 
 
 def known_size(context_id: int) -> int | None:
