@@ -76,15 +76,22 @@ _MESSAGES = """
      FROM memory_app_messagesearch s
      JOIN memory_app_message m ON m.context_id = s.context_id AND m.seq = s.seq
      WHERE s.search_vector @@ %s::tsquery {contexts}
-     LIMIT %s)
+     {order} LIMIT %s)
 """
 _RUN_ROWS = """
     (SELECT r.kind, r.context_id, r.run_id, r.step_id, r.ref_id,
             ts_rank_cd(r.search_vector, %s::tsquery)
      FROM memory_app_runsearch r
      WHERE r.search_vector @@ %s::tsquery AND r.kind = '{kind}' {contexts}
-     LIMIT %s)
+     {order} LIMIT %s)
 """
+# On a cluster the first matches the index gives are whichever shards answer first: the same
+# search would keep other candidates each time (and its pages overlap or skip). There each
+# shard's are taken in a fixed order, newest first by context, and merged in it.
+_SHARD_ORDER = {
+    "message": "ORDER BY s.context_id, s.seq DESC",
+    "run": "ORDER BY r.context_id, r.ref_id DESC",
+}
 # The walks: the contexts most recently active first, each one's rows newest first on the side
 # table's primary key, WALK_ROWS rows in all; the ones that match, CANDIDATES at most.
 _CONTEXTS_WALKED = """
@@ -346,13 +353,16 @@ def _walk(db, tsquery: str, kinds: list[str], condition: str, context_params: li
 def _indexed(db, tsquery: str, kinds: list[str], condition: str, context_params: list) -> list:
     """The first CANDIDATES matches of each kind its GIN index gives."""
     parts, params = [], []
+    sharded = scale_out.is_distributed(db, "memory_app_messagesearch")
     for kind in kinds:
         if kind == "message":
-            parts.append(_MESSAGES.format(contexts=condition.format(column="s.context_id")))
+            order = _SHARD_ORDER["message"] if sharded else ""
+            contexts = condition.format(column="s.context_id")
+            parts.append(_MESSAGES.format(contexts=contexts, order=order))
         else:
-            parts.append(
-                _RUN_ROWS.format(kind=kind, contexts=condition.format(column="r.context_id"))
-            )
+            order = _SHARD_ORDER["run"] if sharded else ""
+            contexts = condition.format(column="r.context_id")
+            parts.append(_RUN_ROWS.format(kind=kind, contexts=contexts, order=order))
         # Each part: the rank's query, the match's query, the context filter, the bound.
         params += [tsquery, tsquery, *context_params, CANDIDATES]
     # Bitmap scans of the GIN indexes only: with a LIMIT the planner otherwise walks a table
