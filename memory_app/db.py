@@ -297,18 +297,18 @@ def deferred_read(statement: tuple[str, list], accept) -> Iterator[None]:
 
 
 def _read_deferred(pending: list) -> None:
-    statement, accept = pending
-    if statement is None:
+    # Taken first: this read's own statement passes through the wrapper too.
+    taken = _take(pending)
+    if taken is None:
         return
-    pending[0] = None  # taken: this read's own statement passes through the wrapper too
     with binding_cursor() as cursor:
-        cursor.execute(*statement)
+        cursor.execute(*taken[0])
         row = cursor.fetchone()
-    accept(row)
+    taken[1](row)
 
 
-def _take_deferred() -> tuple[tuple[str, list], Any] | None:
-    pending = _DEFERRED.get()
+def _take(pending: list | None) -> tuple[tuple[str, list], Any] | None:
+    """A `deferred_read`'s statement and check, once: None when there is none or it was sent."""
     if pending is None or pending[0] is None:
         return None
     taken = (pending[0], pending[1])
@@ -325,7 +325,7 @@ def pipelined_transaction(cursor) -> Iterator[None]:
     check has passed."""
     raw = connection.connection
     own = not connection.in_atomic_block
-    deferred = _take_deferred()
+    deferred = _take(_DEFERRED.get())
     try:
         with connection.wrap_database_errors, raw.pipeline():
             if deferred is not None:

@@ -88,21 +88,22 @@ def _verified(request: HttpRequest, token: str, context_id: int | None, read) ->
     return key
 
 
-def settle_key(request: HttpRequest, row: tuple | None | object = None, *, read: bool = True):
+_UNREAD = object()
+
+
+def settle_key(request: HttpRequest, row: tuple | None | object = _UNREAD):
     """Check a deferred key (`ApiKeyAuth(deferred=True)`): from `row`, the key statement's row
-    read with other statements, or (`read`) in a round trip now. 401 when the key is bad; then
+    read with other statements, else in a round trip now. 401 when the key is bad; then
     `request.auth` is the key and `context_for` answers from the context read with it. Nothing
     to do once settled."""
     pending = request.__dict__.pop("_pending_key", None)
     if pending is None:
         return
     token, context_id = pending
-    if read:
-        request.auth = _verified(request, token, context_id, keys.apikey_verify_with_context)
-    else:
-        request.auth = _verified(
-            request, token, context_id, lambda t, _c: keys.key_context_from_row(t, row)
-        )
+    read = keys.apikey_verify_with_context
+    if row is not _UNREAD:
+        read = lambda secret, _context_id: keys.key_context_from_row(secret, row)  # noqa: E731
+    request.auth = _verified(request, token, context_id, read)
 
 
 def has_pending_key(request: HttpRequest) -> bool:
@@ -149,7 +150,7 @@ def key_read_with(request: HttpRequest) -> Iterator[None]:
     token, context_id = request._pending_key  # type: ignore[attr-defined]
     statement = keys.key_context_statement(token, context_id)
     try:
-        with db.deferred_read(statement, lambda row: settle_key(request, row, read=False)):
+        with db.deferred_read(statement, lambda row: settle_key(request, row)):
             yield
     except BaseException:
         settle_key(request)

@@ -355,12 +355,12 @@ def _indexed(db, tsquery: str, kinds: list[str], condition: str, context_params:
     parts, params = [], []
     sharded = scale_out.is_distributed(db, "memory_app_messagesearch")
     for kind in kinds:
-        if kind == "message":
-            order = _SHARD_ORDER["message"] if sharded else ""
+        table = "message" if kind == "message" else "run"
+        order = _SHARD_ORDER[table] if sharded else ""
+        if table == "message":
             contexts = condition.format(column="s.context_id")
             parts.append(_MESSAGES.format(contexts=contexts, order=order))
         else:
-            order = _SHARD_ORDER["run"] if sharded else ""
             contexts = condition.format(column="r.context_id")
             parts.append(_RUN_ROWS.format(kind=kind, contexts=contexts, order=order))
         # Each part: the rank's query, the match's query, the context filter, the bound.
