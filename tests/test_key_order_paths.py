@@ -124,6 +124,57 @@ def _memories(api, value) -> list:
     return [(fetched["metadata"], value), (edited.json()["metadata"], value)]
 
 
+def _semantic_select_walk(api, value) -> list:
+    """A semantic search whose walk reads the hits' rows (and the key) in its own statement."""
+    import numpy as np
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext, override_settings
+
+    from tests.builders import register_models
+
+    register_models(**{"ordered-model": 8})
+    cid = new_context(api)
+    vectors = np.random.default_rng(7).normal(size=(12, 8)).tolist()
+    content = [
+        {"text": "x", "type": "text"},
+        {"name": "s", "input": value, "type": "tool_use", "id": "c1"},
+    ]
+    items = [
+        {
+            "role": "user",
+            "text": f"m{n}",
+            "metadata": value,
+            "content": content,
+            "vector": v,
+            "vector_model": "ordered-model",
+        }
+        for n, v in enumerate(vectors)
+    ]
+    stored = api.post(f"/api/v1/contexts/{cid}/messages/batch", {"messages": items})
+    assert stored.status_code == 201, stored.content
+    body = {
+        "selector": "search",
+        "mode": "semantic",
+        "k": 3,
+        "model": "ordered-model",
+        "query_vector": vectors[4],
+    }
+    with override_settings(AGENTMEMORY_SEARCH_EXACT_THRESHOLD=5):
+        for _ in range(2):  # the key verified and the context's size known from here
+            assert api.post(f"/api/v1/contexts/{cid}/select", body).status_code == 200
+        with CaptureQueriesContext(connection) as queries:
+            response = api.post(f"/api/v1/contexts/{cid}/select", body)
+    assert response.status_code == 200, response.content
+    assert any("JOIN memory_app_message h" in q["sql"] for q in queries.captured_queries)
+    hits = [item["message"] for item in response.json()["items"]]
+    assert hits and hits[0]["text"] == "m4"
+    return [
+        (h[field], written)
+        for h in hits
+        for field, written in [("metadata", value), ("content", content)]
+    ]
+
+
 def _export_then_import(api, value) -> list:
     admin = make_key(scopes=["read", "write", "admin"])
     _messages_one_by_one(api, value)
@@ -159,9 +210,48 @@ def _transcript(api, value) -> list:
     return [(repr(value) in transcript.content.decode(), True)]
 
 
-def _otlp(api, value, *, split: bool = False) -> list:
+def _any_value(value):
+    """A JSON value as an OTLP AnyValue: objects as key-value lists, in their order."""
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+    out = AnyValue()
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out.kvlist_value.values.add(key=k).value.CopyFrom(_any_value(v))
+    elif isinstance(value, list):
+        for v in value:
+            out.array_value.values.add().CopyFrom(_any_value(v))
+    elif isinstance(value, bool):
+        out.bool_value = value
+    elif isinstance(value, int):
+        out.int_value = value
+    elif isinstance(value, float):
+        out.double_value = value
+    elif isinstance(value, str):
+        out.string_value = value
+    return out  # None: an empty AnyValue
+
+
+def _structured_body(spans) -> bytes:
+    """The export with its JSON text attributes sent as structured values (the GenAI conventions'
+    `any` attributes: key-value lists, as an SDK that supports them, or the operation-details
+    log event of the latest conventions, sends them)."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    request = encode_spans(spans)
+    for resource in request.resource_spans:
+        for scope in resource.scope_spans:
+            for span in scope.spans:
+                for kv in span.attributes:
+                    if kv.key in ("gen_ai.tool.call.arguments", "gen_ai.output.messages"):
+                        kv.value.CopyFrom(_any_value(json.loads(kv.value.string_value)))
+    return request.SerializeToString()
+
+
+def _otlp(api, value, *, split: bool = False, structured: bool = False) -> list:
     """A GenAI-conventions trace whose tool call carries `value` as its arguments; `split`: each
-    span in a request of its own, so the run is built from spans stored by earlier requests."""
+    span in a request of its own, so the run is built from spans stored by earlier requests;
+    `structured`: the arguments and the model's output as OTLP key-value lists, not JSON text."""
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -204,7 +294,7 @@ def _otlp(api, value, *, split: bool = False) -> list:
         response = api.client.generic(
             "POST",
             "/api/v1/traces",
-            protobuf_body(batch),
+            _structured_body(batch) if structured else protobuf_body(batch),
             content_type="application/x-protobuf",
             **api._headers(),
         )
@@ -219,11 +309,14 @@ PATHS = {
     "rest-messages": _messages_one_by_one,
     "rest-messages-copy": _messages_through_copy,
     "runs-api": _runs_api,
+    "select-semantic-walk": _semantic_select_walk,
     "memories": _memories,
     "export-import": _export_then_import,
     "transcript": _transcript,
     "otlp": _otlp,
     "otlp-split": functools.partial(_otlp, split=True),
+    "otlp-structured": functools.partial(_otlp, structured=True),
+    "otlp-structured-split": functools.partial(_otlp, split=True, structured=True),
 }
 
 

@@ -266,7 +266,9 @@ class TraceSpan(ContextRow):
     role = models.CharField(max_length=10, help_text="agent, step, llm, tool or other")
     start_ns = models.BigIntegerField()
     end_ns = models.BigIntegerField()
-    data = models.JSONField(help_text="status, attributes, events, resource and scope as received")
+    # As received, key order included: the mapping reads structured attributes (OTLP key-value
+    # lists: a model's tool-call arguments, messages) from here into the run's steps.
+    data = OrderedJSONField(help_text="status, attributes, events, resource and scope as received")
     received_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

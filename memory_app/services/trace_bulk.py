@@ -30,7 +30,7 @@ def traces_map_bulk(*, context: Context, rows: list[dict[str, Any]]) -> dict[str
     exports (`traces.span_rows`, `traces.log_rows`; each span once, first received first) kept,
     every trace that gained rows brought up to date. Answers `{"new_spans", "runs"}`.
 
-    The rows are kept first, in one statement that answers those it kept in `jsonb`'s form, so
+    The rows are kept first, in one statement that answers those it kept as it kept them, so
     PostgreSQL parses the batch's JSON once: the runs of the traces seen for the first time have
     their ids drawn beforehand (their spans name them; the foreign key is checked at commit)."""
     # Traces the context has seen before (asked before their new spans are kept): mapped from
@@ -84,9 +84,10 @@ def _loads(text: str) -> Any:
 # spans are linked as their trace is brought up to date): the JSON read by PostgreSQL, no row
 # built in Python. A span already kept is kept once (the first received: the rows go in arrival
 # order). The runs come as one JSON object of trace id to run id, and every row names the
-# context, so on Citus the statement goes to the context's shard. The rows kept come back with
-# their data in `jsonb`'s form (object keys in its order, numbers as it writes them), so a trace
-# mapped from the queue maps as one read back from what is kept.
+# context, so on Citus the statement goes to the context's shard. The rows are read as `json`,
+# which keeps each span's data as its text (object keys in the order received; `jsonb` would
+# sort them), and come back as kept, so a trace mapped from the queue maps as one read back from
+# what is kept.
 _KEEP_SPANS = """
 INSERT INTO {spans} (context_id, run_id, trace_id, span_id, parent_span_id, name, role,
                      start_ns, end_ns, data, received_at)
@@ -94,7 +95,7 @@ SELECT %s, (%s::jsonb ->> (s.value->>'trace_id'))::bigint,
        s.value->>'trace_id', s.value->>'span_id', s.value->>'parent_span_id',
        s.value->>'name', s.value->>'role', (s.value->>'start_ns')::bigint,
        (s.value->>'end_ns')::bigint, s.value->'data', now()
-FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS s(value, n)
+FROM json_array_elements(%s::json) WITH ORDINALITY AS s(value, n)
 ORDER BY s.n
 ON CONFLICT (context_id, trace_id, span_id) DO NOTHING
 RETURNING trace_id, span_id, data::text
