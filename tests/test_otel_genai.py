@@ -127,9 +127,10 @@ class DescendingIds(RandomIdGenerator):
 
 
 @contextlib.contextmanager
-def instrumented(span_processor, log_processor, monkeypatch, **provider_options):
-    """openai-v2 with its defaults (v1.30 conventions: messages go to log events), content on."""
-    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+def instrumented(span_processor, log_processor, monkeypatch, content="true", **provider_options):
+    """openai-v2 with its defaults (v1.30 conventions: messages go to log events), content on
+    (`content`: where the latest conventions put it)."""
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", content)
     resource = Resource.create({"service.name": "weather-bot"})
     tracer_provider = TracerProvider(resource=resource, **provider_options)
     tracer_provider.add_span_processor(span_processor)
@@ -227,6 +228,7 @@ def test_an_agent_on_the_openai_client_is_one_run_with_its_messages(
         (c.call_id, c.name, c.arguments, c.output, c.success)
         for c in first.tool_calls.order_by("position")
     ] == [("call_w1", "get_weather", json.loads(ARGUMENTS), "Sunny in Paris", True)]
+    assert json.dumps(first.tool_calls.get().arguments) == ARGUMENTS  # the model's key order
     assert first.observations == "Sunny in Paris"
     assert [m["role"] for m in second.model_input_messages] == [
         "system",
@@ -270,11 +272,14 @@ def test_plain_model_calls_of_one_export_are_runs_in_start_order(
         assert run.status == "success" and run.total_tokens == 60
 
 
-def captured(fake_openai, monkeypatch, task: str = TASK) -> tuple[list, list]:
+def captured(fake_openai, monkeypatch, task: str = TASK, content="true") -> tuple[list, list]:
     """The spans and log records of one agent run, kept in memory."""
     span_exporter, log_exporter = InMemorySpanExporter(), InMemoryLogRecordExporter()
     with instrumented(
-        SimpleSpanProcessor(span_exporter), SimpleLogRecordProcessor(log_exporter), monkeypatch
+        SimpleSpanProcessor(span_exporter),
+        SimpleLogRecordProcessor(log_exporter),
+        monkeypatch,
+        content,
     ) as (tracer_provider, _):
         run_agent(fake_openai, tracer_provider.get_tracer("weather-bot"), task)
     return list(span_exporter.get_finished_spans()), list(log_exporter.get_finished_logs())
@@ -458,3 +463,61 @@ def test_purging_the_steps_erases_their_log_events(fake_openai, monkeypatch):
         post(writer, "/v1/logs", encode_logs(records).SerializeToString(), PROTO).status_code == 200
     )
     assert tables_holding(SECRET) == []
+
+
+@pytest.fixture
+def latest_conventions(monkeypatch):
+    """openai-v2 on the latest (experimental) GenAI conventions. OpenTelemetry reads the opt-in
+    (OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental) once per process, so it is set
+    on what it read, for this test alone."""
+    from opentelemetry.instrumentation._semconv import (
+        _OpenTelemetrySemanticConventionStability as Stability,
+    )
+    from opentelemetry.instrumentation._semconv import (
+        _OpenTelemetryStabilitySignalType as Signal,
+    )
+    from opentelemetry.instrumentation._semconv import _StabilityMode as Mode
+
+    Stability._initialize()
+    read = Stability._OTEL_SEMCONV_STABILITY_SIGNAL_MAPPING
+    monkeypatch.setattr(
+        Stability,
+        "_OTEL_SEMCONV_STABILITY_SIGNAL_MAPPING",
+        {**read, Signal.GEN_AI: Mode.GEN_AI_LATEST_EXPERIMENTAL},
+    )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("content", ["event_only", "span_only"])
+def test_the_latest_conventions_make_the_same_run_with_the_arguments_as_written(
+    fake_openai, monkeypatch, latest_conventions, content
+):
+    """Content in the operation-details event comes as structured attributes (OTLP key-value
+    lists, the tool call's arguments an object); on the spans, as JSON text. Either way: the
+    same run, the arguments in the order the model wrote them."""
+    spans, records = captured(fake_openai, monkeypatch, content=content)
+    assert [r.log_record.event_name for r in records] == (
+        ["gen_ai.client.inference.operation.details"] * 2 if content == "event_only" else []
+    )
+    writer = make_key(scopes=("write",))
+    if records:
+        assert (
+            post(writer, "/v1/logs", encode_logs(records).SerializeToString(), PROTO).status_code
+            == 200
+        )
+    assert post(writer, "/v1/traces", protobuf_body(spans), PROTO).status_code == 200
+    [run] = Run.objects.all()
+    assert (run.task, run.final_answer, run.system_prompt) == (TASK, ANSWER, "Be brief.")
+    _, first, second = run.steps.order_by("position")
+    assert first.model_input_messages[1] == {
+        "role": "user",
+        "content": [{"type": "text", "text": TASK}],
+    }
+    [call] = first.tool_calls.all()
+    assert (call.call_id, call.name, call.output) == ("call_w1", "get_weather", "Sunny in Paris")
+    assert json.dumps(call.arguments) == ARGUMENTS
+    asked = second.model_input_messages[2]["tool_calls"][0]["function"]["arguments"]
+    assert json.dumps(asked) == ARGUMENTS
+    # What the tool answered, as the model was shown it.
+    assert second.model_input_messages[3]["content"] == [{"type": "text", "text": "Sunny in Paris"}]
+    assert second.model_output == ANSWER

@@ -87,6 +87,17 @@ def _genai_text(message: dict[str, Any]) -> str | None:
     return "\n".join(texts) if texts else None
 
 
+def _genai_tool_responses(message: dict[str, Any]) -> str | None:
+    """What a tool message answered: its `tool_call_response` parts' responses, as text (a
+    structured response as its JSON)."""
+    texts = [
+        p["response"] if isinstance(p["response"], str) else json.dumps(p["response"])
+        for p in message.get("parts") or []
+        if isinstance(p, dict) and p.get("type") == "tool_call_response" and "response" in p
+    ]
+    return "\n".join(texts) if texts else None
+
+
 _DETAILS_EVENT = "gen_ai.client.inference.operation.details"
 _MESSAGE_EVENTS = {
     "gen_ai.system.message": "system",
@@ -180,7 +191,10 @@ def input_messages(span: dict[str, Any]) -> list[dict[str, Any]] | None:
                 for p in m.get("parts") or []
                 if isinstance(p, dict) and p.get("type") == "tool_call"
             ]
-            out.append(_message(m.get("role") or "user", _genai_text(m), _openai_tool_calls(calls)))
+            text = _genai_text(m)
+            if text is None:
+                text = _genai_tool_responses(m)
+            out.append(_message(m.get("role") or "user", text, _openai_tool_calls(calls)))
     if not out:
         for log in span.get("logs") or []:
             if log["name"] in _MESSAGE_EVENTS:
