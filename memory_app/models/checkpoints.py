@@ -15,6 +15,7 @@ from __future__ import annotations
 from django.db import models
 
 from memory_app.models.contexts import Context
+from memory_app.models.shared import OrderedJSONField
 
 
 class Checkpoint(models.Model):
@@ -70,7 +71,8 @@ class CheckpointWrite(models.Model):
     channel = models.CharField(max_length=500)
     value_type = models.CharField(max_length=100)
     value_data = models.BinaryField()
-    summary = models.JSONField(null=True, blank=True)
+    # The super-step's step is made from it: tool-call arguments in the order the model wrote.
+    summary = OrderedJSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
