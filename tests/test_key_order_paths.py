@@ -175,6 +175,25 @@ def _semantic_select_walk(api, value) -> list:
     ]
 
 
+def _edit_then_undo(api, value) -> list:
+    """An operator edits a message's text, then undoes the edit: the metadata the undo puts back
+    is the one the audit event kept."""
+    from memory_app.audit import Actor
+    from memory_app.models import AuditEvent
+    from memory_app.services.curation import audit_undo
+    from memory_app.services.messages import message_edit
+
+    cid = new_context(api)
+    body = {"role": "user", "text": "find cats", "metadata": value}
+    created = api.post(f"/api/v1/contexts/{cid}/messages", body).json()
+    curator = Actor.system("curator")
+    message_edit(message=Message.objects.get(pk=created["id"]), actor=curator, text="find dogs")
+    audit_undo(event=AuditEvent.objects.get(action="edit"), actor=curator)
+    got = api.get(f"/api/v1/messages/{created['id']}").json()
+    assert got["text"] == "find cats"
+    return [(got["metadata"], value)]
+
+
 def _export_then_import(api, value) -> list:
     admin = make_key(scopes=["read", "write", "admin"])
     _messages_one_by_one(api, value)
@@ -312,6 +331,7 @@ PATHS = {
     "select-semantic-walk": _semantic_select_walk,
     "memories": _memories,
     "export-import": _export_then_import,
+    "edit-then-undo": _edit_then_undo,
     "transcript": _transcript,
     "otlp": _otlp,
     "otlp-split": functools.partial(_otlp, split=True),

@@ -9,7 +9,7 @@ from django.db import models
 from django.db.models import Q
 
 from memory_app.models.contexts import Context
-from memory_app.models.shared import MemoryReview, choices_check
+from memory_app.models.shared import MemoryReview, OrderedJSONField, choices_check
 
 
 class ApiKey(models.Model):
@@ -77,8 +77,9 @@ class AuditEvent(models.Model):
         related_name="audit_events",
         db_constraint=False,
     )
-    before = models.JSONField(null=True, blank=True)
-    after = models.JSONField(null=True, blank=True)
+    # As written, key order included: undoing an edit writes `before` back.
+    before = OrderedJSONField(null=True, blank=True)
+    after = OrderedJSONField(null=True, blank=True)
     note = models.TextField(blank=True, default="")
     undone_by = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
