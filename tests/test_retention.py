@@ -22,6 +22,7 @@ from memory_app.models import (
     Message,
     RetentionPolicy,
     Run,
+    SpanQueue,
     TraceSpan,
 )
 from memory_app.queries.memories import memories_listed, memories_retrieve, memories_search
@@ -342,6 +343,14 @@ def test_run_and_span_policies_and_the_worker():
         data={"name": "loose"},
     )  # fmt: skip
     _age(TraceSpan, "received_at", 40, span_id="f" * 16)
+    # OTLP exports the mapping set aside (never mapped), one old and one recent, and one
+    # waiting to be mapped.
+    for trace, error in (("c", "KeyError"), ("d", "KeyError"), ("e", "")):
+        SpanQueue.objects.create(
+            context=ctx, trace_ids=[trace * 32], span_count=1, body=b"raw", error=error
+        )
+    _age(SpanQueue, "received_at", 40, trace_ids__contains=["c" * 32])
+    _age(SpanQueue, "received_at", 40, trace_ids__contains=["e" * 32])
     runs = retention.policy_save(
         actor=ACTOR,
         fields={"name": "r", "scope_keys": {"user": "ada"}, "kind": "runs", "max_age_days": 10},
@@ -350,10 +359,12 @@ def test_run_and_span_policies_and_the_worker():
         actor=ACTOR,
         fields={"name": "s", "scope_keys": {"tenant": "acme"}, "kind": "spans", "max_age_days": 30},
     )
-    # The worker's turns: the old run (with its spans), then the old loose span.
+    # The worker's turns: the old run (with its spans), then the old loose span and the old
+    # export set aside; the export still queued is the mapping's.
     assert retention.retention_batch() == 1
-    assert retention.retention_batch() == 1
+    assert retention.retention_batch() == 2
     assert retention.retention_batch() == 0
+    assert sorted(q.trace_ids[0][0] for q in SpanQueue.objects.all()) == ["d", "e"]
     assert list(Run.objects.filter(context=ctx).values_list("pk", flat=True)) == [new_run.pk]
     ctx.refresh_from_db()
     assert ctx.run_count == 1
@@ -362,7 +373,7 @@ def test_run_and_span_policies_and_the_worker():
     summaries = AuditEvent.objects.filter(action="retention_applied")
     assert sorted((e.target_ids[0], e.after["removed"]) for e in summaries) == [
         (runs.pk, 1),
-        (spans.pk, 1),
+        (spans.pk, 2),
     ]
 
 
