@@ -172,6 +172,28 @@ def test_expired_memories_are_removed_by_the_command_and_the_worker_pinned_and_h
     assert not AuditEvent.objects.filter(after__icontains="plan 0").exists()
 
 
+def test_the_embed_worker_applies_expiry_and_policies_turn_by_turn(settings):
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    gone = _record("Ada had a plan for Monday")
+    _expire(gone)
+    ctx = make_context(keys={"tenant": "acme"}, messages=3)
+    _age(Message, "created_at", 40, context=ctx, seq__lte=2)
+    policy = retention.policy_save(
+        actor=ACTOR,
+        fields={
+            "name": "m",
+            "scope_keys": {"tenant": "acme"},
+            "kind": "messages",
+            "max_age_days": 30,
+        },
+    )
+    call_command("embed_worker", "--once", "--idle-sleep", "0", stdout=StringIO())
+    assert not MemoryRecord.objects.filter(pk=gone.pk).exists()
+    assert list(Message.objects.filter(context=ctx).values_list("seq", flat=True)) == [3]
+    summary = AuditEvent.objects.get(action="retention_applied", target_ids=[policy.pk])
+    assert summary.after["removed"] == 2
+
+
 def test_store_items_past_their_time_to_live_are_swept_after_expired_memories():
     scope = Scope(keys={"user": "ada"})
     put = lambda key, ttl=None: item_put(  # noqa: E731
