@@ -157,6 +157,32 @@ def test_the_inbox_shows_near_duplicates_and_conflicts_by_shared_words(reviewed)
     assert by_id[unrelated].duplicates == [] and by_id[unrelated].conflicts == []
 
 
+def test_the_inbox_shows_near_duplicates_and_conflicts_by_vector_similarity(reviewed, settings):
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    register_models(**{"review-3": 3})
+    api, cid, curator = reviewed
+
+    def at(degrees: float) -> dict:
+        radians = math.radians(degrees)
+        return {"vector": [math.cos(radians), math.sin(radians), 0.0], "vector_model": "review-3"}
+
+    # No two texts share a word: only their vectors relate them.
+    same = _live(cid, "Ada drinks tea daily", **at(0))
+    near = _live(cid, "Her favourite beverage: coffee", **at(50))
+    _live(cid, "The build needs Python 3.11", **at(90))
+    pk = _record(api, cid, "She loves green infusions", **at(20))["memory"]["id"]
+    [proposal] = memories_inbox()
+    assert proposal.record.pk == pk
+    assert [(s.record.pk, s.measure) for s in proposal.duplicates] == [(same.pk, "semantic")]
+    assert proposal.duplicates[0].similarity == pytest.approx(math.cos(math.radians(20)), abs=1e-4)
+    assert [s.record.pk for s in proposal.conflicts] == [near.pk]
+    # The thresholds are the operator's.
+    settings.AGENTMEMORY_MEMORY_DUPLICATE_SIMILARITY = 0.99
+    settings.AGENTMEMORY_MEMORY_CONFLICT_SIMILARITY = 0.9
+    [proposal] = memories_inbox()
+    assert proposal.duplicates == [] and [s.record.pk for s in proposal.conflicts] == [same.pk]
+
+
 def test_merging_a_proposal_unites_keywords_and_marks_it_merged(reviewed):
     api, cid, curator = reviewed
     live = _live(cid, "Ada lives in Paris, France", keywords=["home"])
