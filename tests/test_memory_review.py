@@ -118,6 +118,38 @@ def test_a_reviewed_key_changes_its_proposals_only(reviewed):
     assert edited.status_code == 200 and edited.json()["status"] == "proposed"
 
 
+def test_a_reviewed_keys_import_proposes_and_holds_nothing(db, settings):
+    """A backup a key imports cannot make its memories live past its review, nor put them
+    under legal hold (a dashboard admin's act): they land as the key's own records would."""
+    settings.AGENTMEMORY_MEMORY_REVIEW_SCOPES = [{"tenant": "acme"}]
+    source = make_key(scopes=["read", "write", "admin"])
+    cid = new_context(source, {"tenant": "acme", "user": "ada"})
+    live = _live(cid, "Ada lives in Paris")
+    MemoryRecord.objects.filter(pk=live.pk).update(legal_hold="case 7")
+    body = b"".join(source.get("/api/v1/export").streaming_content)
+    MemoryRecord.objects.all().delete()
+    Context.objects.all().delete()
+
+    importer = make_key(scopes=["read", "write", "admin"])
+    response = importer.client.generic(
+        "POST", "/api/v1/import", body, content_type="application/x-ndjson", **importer._headers()
+    )
+    assert response.status_code == 200, response.content
+    imported = MemoryRecord.objects.get(content="Ada lives in Paris")
+    assert (imported.status, imported.legal_hold) == ("proposed", "")
+    assert _recalled(importer, imported.context_id, "Paris") == []
+    # An operator's import restores the file as it was.
+    MemoryRecord.objects.all().delete()
+    Context.objects.all().delete()
+    from memory_app.backup.restore import import_lines
+
+    import_lines(
+        iter(body.splitlines(keepends=True)), actor=Actor.for_user(make_user(role="admin"))
+    )
+    restored = MemoryRecord.objects.get(content="Ada lives in Paris")
+    assert (restored.status, restored.legal_hold) == ("live", "case 7")
+
+
 def test_a_review_scope_proposes_whatever_the_key(db, settings):
     settings.AGENTMEMORY_MEMORY_REVIEW_SCOPES = [{"tenant": "acme"}]
     api = make_key()

@@ -104,7 +104,7 @@ class Recorded:
         return iter((self.record, self.created))
 
 
-def _status_for(scope: Scope, actor: Actor) -> str:
+def status_for(scope: Scope, actor: Actor) -> str:
     """What an agent records is proposed when its key's policy says so, or when the scope lies in
     a key subset under review (`AGENTMEMORY_MEMORY_REVIEW_SCOPES`); an operator's is live."""
     key = actor.api_key
@@ -163,7 +163,7 @@ def memories_record(
     source_step_id. Content already in the scope returns the stored record (created False), and
     so does content nearly identical to a live record of the scope (`near_copy` its similarity,
     `AGENTMEMORY_MEMORY_NEAR_COPY_SIMILARITY`). An agent's records are live, or proposed for
-    review by its key's policy (`_status_for`)."""
+    review by its key's policy (`status_for`)."""
     return _record(scope=scope, items=items, actor=actor, thinking=thinking, action="record")
 
 
@@ -226,7 +226,7 @@ def _record(
         [(i.get("vector"), i.get("vector_model"), i.get("where")) for i in items], label="items"
     )
     results: list[Recorded] = []
-    status = _status_for(scope, actor)
+    status = status_for(scope, actor)
     near_vectors = _near_copy_vectors(items, vectors)
     with transaction.atomic():
         for item, (near_vector, near_model) in zip(items, near_vectors, strict=True):
