@@ -194,6 +194,33 @@ def test_the_embed_worker_applies_expiry_and_policies_turn_by_turn(settings):
     assert summary.after["removed"] == 2
 
 
+def test_what_expiry_and_a_policy_remove_leaves_no_admin_log_line_naming_it():
+    from django.contrib.admin.models import CHANGE, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
+    gone = _record("Ada had a plan for Sunday")
+    kept = _record("Ada has a plan for Saturday")
+    _expire(gone)
+    ctx = make_context(keys={"tenant": "acme"}, messages=2)
+    _age(Message, "created_at", 40, context=ctx, seq=1)
+    old, new = Message.objects.filter(context=ctx).order_by("seq")
+    admin = make_user(role="admin")
+    # The Django admin's log names a row by its text.
+    for row in (gone, kept, old, new):
+        LogEntry.objects.create(
+            user=admin, content_type=ContentType.objects.get_for_model(row),
+            object_id=str(row.pk), object_repr=str(row), action_flag=CHANGE,
+        )  # fmt: skip
+    retention.policy_save(
+        actor=ACTOR,
+        fields={"name": "m", "scope_keys": {}, "kind": "messages", "max_age_days": 30},
+    )
+    call_command("apply_retention", stdout=StringIO())
+    assert sorted(LogEntry.objects.values_list("object_repr", flat=True)) == sorted(
+        [str(kept), str(new)]
+    )
+
+
 def test_store_items_past_their_time_to_live_are_swept_after_expired_memories():
     scope = Scope(keys={"user": "ada"})
     put = lambda key, ttl=None: item_put(  # noqa: E731

@@ -20,12 +20,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from django.contrib.admin.models import LogEntry
-from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
 from django.db.models import Q, Sum
 
-from memory_app.audit import Actor, audit_record
+from memory_app.audit import Actor, admin_log_forget, audit_record
 from memory_app.db import lock_contexts
 from memory_app.errors import Invalid
 from memory_app.models import (
@@ -185,16 +183,6 @@ def _redact(targets: Q) -> int:
     return AuditEvent.objects.filter(targets).update(before=ERASED, after=ERASED, note="erased")
 
 
-def _forget_admin_log(model, ids: list[int]) -> int:
-    if not ids:
-        return 0
-    kind = ContentType.objects.get_for_model(model)
-    deleted, _ = LogEntry.objects.filter(
-        content_type=kind, object_id__in=[str(i) for i in ids]
-    ).delete()
-    return deleted
-
-
 def _erase_memory_vectors(memory_ids: list[int]) -> Counter:
     """The vectors of these memories and their retries (which go by their cascade), counted."""
     vectors = MemoryEmbedding.objects.filter(memory_record_id__in=memory_ids)
@@ -270,8 +258,8 @@ def _erase_context(context_id: int, keys: dict[str, Any]) -> Counter:
         queued.delete()
         got["runs"] += _deleted(Run.objects.filter(**of))
         for model, pks in ids.items():
-            got["admin_log_entries"] += _forget_admin_log(model, pks)
-        got["admin_log_entries"] += _forget_admin_log(Context, [context_id])
+            got["admin_log_entries"] += admin_log_forget(model, pks)
+        got["admin_log_entries"] += admin_log_forget(Context, [context_id])
         Context.objects.filter(pk=context_id).delete()
         got["contexts"] += 1
     return got
@@ -290,7 +278,7 @@ def _erase_subset_memories(keys: dict[str, Any]) -> Counter:
         got["audit_events_redacted"] += _redact(
             Q(target_type="memoryrecord", target_ids__overlap=ids)
         )
-        got["admin_log_entries"] += _forget_admin_log(MemoryRecord, ids)
+        got["admin_log_entries"] += admin_log_forget(MemoryRecord, ids)
         got["memory_versions"] += MemoryVersion.objects.filter(memory_id__in=ids).count()
         got["memories"] += _deleted(MemoryRecord.objects.filter(pk__in=ids))
     return got
@@ -322,7 +310,7 @@ def erase(*, keys: dict[str, Any], confirmation: str, actor: Actor) -> dict[str,
             total["audit_events_redacted"] += _redact(
                 Q(target_type="apikey", target_ids__overlap=key_ids)
             )
-        total["admin_log_entries"] += _forget_admin_log(ApiKey, key_ids)
+        total["admin_log_entries"] += admin_log_forget(ApiKey, key_ids)
         total["api_keys"] += _deleted(ApiKey.objects.filter(pk__in=key_ids))
         receipt = {kind: total.get(kind, 0) for kind in KINDS}
         # The subset by its digest only: its values are what is being forgotten.

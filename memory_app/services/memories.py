@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from memory_app import backlog
-from memory_app.audit import Actor, audit_record
+from memory_app.audit import Actor, admin_log_forget, audit_record
 from memory_app.embeddings import client_vectors, providers, queue
 from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.memories import (
@@ -483,8 +483,9 @@ def memories_merge(*, keep_id: int, ids: Sequence[int], actor: Actor) -> MemoryR
 
 def memory_purge(*, record: MemoryRecord, actor: Actor, note: str = "") -> AuditEvent:
     """Delete a record for good with every copy of its content: its vectors (and their retries),
-    its full-text vector (a column of its row), and its versions in the audit trail (each event
-    keeps who did what and when, the record's content becomes `{"purged": true}`). Audited as a
+    its full-text vector (a column of its row), its versions in the audit trail (each event
+    keeps who did what and when, the record's content becomes `{"purged": true}`) and the Django
+    admin's log lines naming it. Audited as a
     purge, without the content. Callers ask for the typed confirmation first."""
     with transaction.atomic():
         record = MemoryRecord.objects.select_for_update().filter(pk=record.pk).first()
@@ -495,6 +496,7 @@ def memory_purge(*, record: MemoryRecord, actor: Actor, note: str = "") -> Audit
         pk, context_id = record.pk, record.context_id
         # Its embeddings go with it (their retries by the database's cascade).
         MemoryRecord.objects.filter(pk=pk).delete()
+        admin_log_forget(MemoryRecord, [pk])
         events = AuditEvent.objects.select_for_update().filter(
             target_type="memoryrecord", target_ids__contains=[pk]
         )
