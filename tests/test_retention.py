@@ -246,6 +246,11 @@ def test_store_items_past_their_time_to_live_are_swept_after_expired_memories():
     assert left == {"fresh", "forever", "pinned"}
     purges = AuditEvent.objects.filter(action="purge", target_type="memoryrecord")
     assert sorted(e.target_ids[0] for e in purges) == sorted([memory.pk, older.pk, old.pk])
+    # A swept item's value is nowhere now (its versions, its audit payloads); a kept one's is.
+    from tests.test_erasure import columns_holding
+
+    assert columns_holding('"k": "older"') == []
+    assert "memory_app_memoryrecord.content" in columns_holding('"k": "fresh"')
     # Put again under the swept key: a new item.
     again = put("old")
     assert again.pk != old.pk and again.content == '{"k": "old"}'
