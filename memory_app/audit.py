@@ -1,9 +1,13 @@
-"""Who does a write (`Actor`) and the audit trail every write leaves (`audit_record`)."""
+"""Who does a write (`Actor`), the audit trail every write leaves (`audit_record`), and the
+Django admin's log lines of rows deleted for good (`admin_log_forget`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from django.contrib.admin.models import LogEntry
+from django.contrib.contenttypes.models import ContentType
 
 from memory_app.models import ApiKey, AuditEvent
 
@@ -52,3 +56,15 @@ def audit_record(
         after=after,
         note=note,
     )
+
+
+def admin_log_forget(model, ids) -> int:
+    """Delete the Django admin's log lines about these rows of `model`: a line names its row by
+    the row's text (a message's, a memory's), so a row deleted for good takes them along.
+    Answers how many went."""
+    ids = [str(i) for i in ids]
+    if not ids:
+        return 0
+    kind = ContentType.objects.get_for_model(model)
+    deleted, _ = LogEntry.objects.filter(content_type=kind, object_id__in=ids).delete()
+    return deleted

@@ -88,6 +88,29 @@ def test_key_subset_memories_are_recalled_from_another_context_of_that_user(clie
     )
 
 
+def test_a_reviewed_keys_proposals_are_not_recalled_until_a_curator_approves_them(live_server):
+    from agentscope.message import Msg
+
+    from memory_app.audit import Actor
+    from memory_app.services.memory_review import proposals_approve
+    from tests.builders import make_user
+
+    issued = auth.apikey_create(name="reviewed", scopes=("read", "write"))
+    issued.key.memory_review = "proposed"
+    issued.key.save(update_fields=["memory_review"])
+    with MemoryClient(live_server.url, issued.secret, retries=0) as mc:
+        ctx = mc.context(keys={"user": "ada", "chat": "reviewed"})
+        ltm = ServerLongTermMemory(mc, ctx["id"])
+        recorded = text_of(run(ltm.record_to_memory(thinking="", content=["Ada drinks green tea"])))
+        assert "1 new" in recorded and "1 waiting for review" in recorded
+        assert text_of(run(ltm.retrieve_from_memory(keywords=["tea"]))) == ""
+        assert run(ltm.retrieve(Msg("user", "green tea", "user"))) == ""
+        [proposal] = MemoryRecord.objects.filter(context_id=ctx["id"])
+        proposals_approve([proposal.pk], actor=Actor.for_user(make_user(role="curator")))
+        assert text_of(run(ltm.retrieve_from_memory(keywords=["tea"]))) == "Ada drinks green tea"
+        assert run(ltm.retrieve(Msg("user", "green tea", "user"))) == "Ada drinks green tea"
+
+
 def test_tool_errors_come_back_as_text_with_the_server_detail(client):
     ctx = client.context(keys={"user": "ada"})
     ltm = ServerLongTermMemory(client, ctx["id"])

@@ -1,12 +1,15 @@
 """Erasure by key subset: every row and derived copy of the subset's contexts and memories goes
-(messages, full-text rows, runs, steps, tool calls, trace spans, memories, vectors, retries, audit
-payloads, admin log lines, keys confined inside it), a walk over every text and JSON column of
-every table then finds none of it, and another subset's data stays whole. A legal hold refuses
+(messages, full-text rows, runs, steps, tool calls, trace spans, OTLP exports still queued,
+memories, vectors, retries, audit payloads, admin log lines, keys confined inside it), a walk
+over every text, JSON and byte column of every table (compressed bytes read decompressed) then
+finds none of it, and another subset's data stays whole. A legal hold refuses
 the erasure; only admins erase, with a typed confirmation; the receipt counts each kind."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import zlib
 from io import StringIO
 
 import pytest
@@ -15,23 +18,29 @@ from django.contrib.contenttypes.models import ContentType
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from memory_app.audit import Actor
 from memory_app.memories import Scope
 from memory_app.models import (
     AuditEvent,
     Context,
+    ContextKey,
     Embedding,
     EmbeddingModel,
     EmbeddingRetry,
+    Label,
     MemoryRecord,
     Message,
     MessageSearch,
     Run,
+    SpanQueue,
     Step,
     ToolCall,
     TraceSpan,
 )
+from memory_app.services.apikeys import apikey_issue
 from memory_app.services.checkpoints import checkpoint_put
 from memory_app.services.erasure import ERASE_CONFIRMATION, erase
 from memory_app.services.memories import memories_record, memory_edit
@@ -72,21 +81,84 @@ def columns_holding(word: str) -> list[str]:
             )
             if cursor.fetchone()[0]:
                 found.append(f"{table}.{column}")
-        # Bytes too (LangGraph's serialized checkpoints), searched as bytes.
+        # Bytes too (LangGraph's serialized checkpoints, the OTLP exports queued as protobuf),
+        # searched as they are and, when they are a zlib or gzip stream, decompressed.
         cursor.execute(
             "SELECT c.table_name, c.column_name FROM information_schema.columns c"
             " WHERE c.table_schema = current_schema() AND c.data_type = 'bytea' ORDER BY 1, 2"
         )
         for table, column in cursor.fetchall():
+            quoted = connection.ops.quote_name(column)
             cursor.execute(
-                f"SELECT EXISTS (SELECT 1 FROM {connection.ops.quote_name(table)}"  # noqa: S608
-                " WHERE position(convert_to(%s, 'UTF8') in"
-                f" {connection.ops.quote_name(column)}) > 0)",
-                [word],
+                f"SELECT {quoted} FROM {connection.ops.quote_name(table)}"  # noqa: S608
+                f" WHERE {quoted} IS NOT NULL"
             )
-            if cursor.fetchone()[0]:
+            if any(word.encode() in _readable(bytes(raw)) for (raw,) in cursor.fetchall()):
                 found.append(f"{table}.{column}")
     return found
+
+
+def _readable(raw: bytes) -> bytes:
+    """The bytes, followed by what they decompress to when they are a zlib or gzip stream."""
+    try:
+        return raw + zlib.decompress(raw, 32 + zlib.MAX_WBITS)
+    except zlib.error:
+        return raw
+
+
+def _ids(word: str, n: int) -> tuple[bytes, bytes]:
+    digest = hashlib.sha256(f"{word}{n}".encode()).digest()
+    return digest[:16], digest[16:24]
+
+
+def queue_otlp(api, word: str, n: int) -> None:
+    """A trace export and a log export about the user `word`'s chat `n`, acknowledged and
+    queued for mapping (the trace's protobuf compressed, the log records as JSON)."""
+    trace_id, span_id = _ids(word, n)
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    for name, value in (("user", word), ("chat", str(n))):
+        resource_spans.resource.attributes.add(
+            key=f"agentmemory.context.{name}", value=AnyValue(string_value=value)
+        )
+    span = resource_spans.scope_spans.add().spans.add(
+        trace_id=trace_id, span_id=span_id, name="agent run",
+        start_time_unix_nano=1, end_time_unix_nano=2,
+    )  # fmt: skip
+    span.attributes.add(key="output.value", value=AnyValue(string_value=f"it was {word}"))
+    traces = api.client.generic(
+        "POST", "/v1/traces", request.SerializeToString(),
+        content_type="application/x-protobuf", **api._headers(),
+    )  # fmt: skip
+    assert traces.status_code == 200, traces.content
+    logs = {
+        "resourceLogs": [
+            {
+                "resource": {
+                    "attributes": [
+                        {"key": "agentmemory.context.user", "value": {"stringValue": word}},
+                        {"key": "agentmemory.context.chat", "value": {"stringValue": str(n)}},
+                    ]
+                },
+                "scopeLogs": [
+                    {
+                        "logRecords": [
+                            {
+                                "timeUnixNano": "3",
+                                "traceId": trace_id.hex(),
+                                "spanId": span_id.hex(),
+                                "body": {"stringValue": f"{word} said hello"},
+                            }
+                        ]
+                    }
+                ],
+            }
+        ]
+    }
+    sent = api.client.generic(
+        "POST", "/v1/logs", json.dumps(logs), content_type="application/json", **api._headers()
+    )
+    assert sent.status_code == 200, sent.content
 
 
 def populate(word: str) -> dict[str, int]:
@@ -94,6 +166,7 @@ def populate(word: str) -> dict[str, int]:
     user = word
     if not EmbeddingModel.objects.filter(name="inline-3").exists():
         register_models(**{"inline-3": 3})
+    exporter = make_key(scopes=("write",))
     ids: dict[str, int] = {}
     for n in (1, 2):
         ctx = make_context(keys={"user": user, "chat": str(n)}, title=f"{word} chat {n}")
@@ -140,6 +213,8 @@ def populate(word: str) -> dict[str, int]:
             metadata_typed=("json", json.dumps({"w": word}).encode()),
             blobs=[("messages", "1", "json", json.dumps([word]).encode())],
         )
+        # An exporter's spans and log records not mapped yet.
+        queue_otlp(exporter, word, n)
     [shared] = memories_record(
         scope=Scope(keys={"user": user}),
         items=[{"content": f"{user} always says {word}", "vector": [0.3, 0.2, 0.1],
@@ -164,28 +239,50 @@ def populate(word: str) -> dict[str, int]:
         next_attempt_at=timezone.now(),
         last_error=f"bad {word}",
     )
-    # The Django admin's log of a change to one of them.
-    LogEntry.objects.create(
-        user=make_user(role="admin"),
-        content_type=ContentType.objects.get_for_model(Message),
-        object_id=str(message.pk),
-        object_repr=f"#1 user: my secret is {word}",
-        action_flag=CHANGE,
+    # The Django admin's log of changes to some of them (its line names the row by its text).
+    admin = make_user(role="admin")
+    for row in (message, Label.objects.get(context=ctx)):
+        LogEntry.objects.create(
+            user=admin,
+            content_type=ContentType.objects.get_for_model(row),
+            object_id=str(row.pk),
+            object_repr=str(row),
+            action_flag=CHANGE,
+        )
+    # A key confined to this user alone, issued by an admin (its creation audited).
+    apikey_issue(
+        name=f"{word} key",
+        scopes=["read"],
+        context_keys={"user": user},
+        actor=Actor.for_user(admin),
     )
-    # A key confined to this user alone.
-    make_key(scopes=("read",), context_keys={"user": user}, name=f"{word} key")
     return ids
 
 
 def test_erasing_a_user_leaves_nothing_of_them_in_any_table_and_others_whole():
     ada, bob = populate(ADA), populate(BOB)
-    assert len(columns_holding(ADA)) >= 15, columns_holding(ADA)
+    # The walk reaches every place the text went, derived copies and queued exports included.
+    held = columns_holding(ADA)
+    for column in (
+        "memory_app_messagesearch.search_vector",
+        "memory_app_runsearch.search_vector",
+        "memory_app_tracespan.data",
+        "memory_app_spanqueue.body",
+        "memory_app_spanqueue.payload",
+        "memory_app_memoryrecord.search_vector",
+        "memory_app_checkpointblob.blob_data",
+        "memory_app_auditevent.after",
+        "django_admin_log.object_repr",
+    ):
+        assert column in held, (column, held)
+    assert SpanQueue.objects.filter(context_id__in=[ada["context1"], ada["context2"]]).count() == 4
+    assert ContextKey.objects.filter(target_id__in=[ada["context1"], ada["context2"]]).count() == 2
     bob_before = columns_holding(BOB)
     bob_counts = {
         model.__name__: model.objects.filter(
             context_id__in=[bob["context1"], bob["context2"]]
         ).count()
-        for model in (Message, Run, Step, ToolCall, TraceSpan, MemoryRecord, Embedding)
+        for model in (Message, Run, Step, ToolCall, TraceSpan, SpanQueue, MemoryRecord, Embedding)
     }
 
     done = erase(keys={"user": ADA}, confirmation=ERASE_CONFIRMATION, actor=ACTOR)
@@ -197,13 +294,18 @@ def test_erasing_a_user_leaves_nothing_of_them_in_any_table_and_others_whole():
     # Each chat's agent run, and the LangGraph invocation its checkpoint began.
     assert receipt["runs"] == 4 and receipt["steps"] == 6 and receipt["tool_calls"] == 4
     assert receipt["trace_spans"] == 2 and receipt["memories"] == 4  # the store item too
+    assert receipt["queued_spans"] == 4  # a span and a log record in each chat
+    # The output and the observations of each chat's three steps.
+    assert receipt["run_full_text_rows"] == 2 * 4
     assert receipt["memory_versions"] >= 6  # each record's, and the edits'
     assert (receipt["scores"], receipt["labels"], receipt["comments"]) == (2, 2, 2)
     assert (receipt["checkpoints"], receipt["checkpoint_blobs"]) == (2, 2)
     assert receipt["vectors"] == 4 and receipt["embedding_retries"] == 1
-    assert receipt["api_keys"] == 1 and receipt["admin_log_entries"] == 1
+    assert receipt["api_keys"] == 1 and receipt["admin_log_entries"] == 2
     assert receipt["audit_events_redacted"] >= 5
     assert not Context.objects.filter(pk__in=[ada["context1"], ada["context2"]]).exists()
+    # Their keys' digests too (a digest of known keys would tell they were here).
+    assert not ContextKey.objects.filter(target_id__in=[ada["context1"], ada["context2"]]).exists()
     assert not MemoryRecord.objects.filter(pk=ada["shared"]).exists()
     # The receipt is kept in the audit trail, the subset named by its digest only.
     event = AuditEvent.objects.get(pk=done["audit_event_id"])
@@ -212,7 +314,7 @@ def test_erasing_a_user_leaves_nothing_of_them_in_any_table_and_others_whole():
 
     # Bob's data is untouched, row for row.
     assert columns_holding(BOB) == bob_before
-    for model in (Message, Run, Step, ToolCall, TraceSpan, MemoryRecord, Embedding):
+    for model in (Message, Run, Step, ToolCall, TraceSpan, SpanQueue, MemoryRecord, Embedding):
         count = model.objects.filter(context_id__in=[bob["context1"], bob["context2"]]).count()
         assert count == bob_counts[model.__name__], model
     assert MemoryRecord.objects.filter(pk=bob["shared"]).exists()
@@ -257,7 +359,13 @@ def test_the_erasure_api_is_for_admins_inside_their_confinement_with_a_typed_con
     assert Context.objects.filter(keys__contains={"user": ADA}).count() == 2
     done = admin.post("/api/v1/erasure", body)
     assert done.status_code == 200 and done.json()["erased"] is True
-    assert done.json()["receipt"]["contexts"] == 2
+    # The count said what went (the audit's and the admin log's are known only as they go).
+    counted = {k: v for k, v in preview.json()["receipt"].items() if v}
+    assert counted == {
+        k: v
+        for k, v in done.json()["receipt"].items()
+        if v and k not in ("audit_events_redacted", "admin_log_entries")
+    }
     assert columns_holding(ADA) == []
 
 

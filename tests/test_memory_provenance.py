@@ -177,6 +177,42 @@ def test_the_memory_page_shows_the_source_one_click_from_the_step_and_the_step_l
     )
 
 
+def test_the_memory_page_links_a_message_source_and_a_run_source_and_names_each_origin(
+    agent, tmp_path
+):
+    api, context, run, _ = agent
+    message = append(api, context.pk, text="I like tea")
+    from_message = _record(api, context_id=context.pk, source_message_id=message["id"])
+    from_run = _record(api, context_id=context.pk, content="Ada reads", source_run_id=run.pk)
+    curator = make_user(role="curator", username="cura")
+    [by_user] = memories_record(
+        scope=Scope(context=context),
+        items=[{"content": "Ada sails"}],
+        actor=Actor.for_user(curator),
+    )
+    viewer = Client()
+    viewer.force_login(curator)
+
+    def source_of(pk: int) -> str:
+        page = viewer.get(reverse("memories") + f"?id={pk}").content.decode()
+        start = page.index(f'data-memory-source="{pk}"')
+        return page[start : page.index("</p>", start)]
+
+    seq = Message.objects.get(pk=message["id"]).seq
+    shown = source_of(from_message.json()["items"][0]["memory"]["id"])
+    assert f'href="{reverse("context", args=[context.pk])}?pruned=1&seq={seq}#m-{seq}"' in shown
+    assert "API key" in shown and "scribe" in shown
+    shown = source_of(from_run.json()["items"][0]["memory"]["id"])
+    assert f'href="{reverse("run", args=[run.pk])}"' in shown and "message #" not in shown
+    shown = source_of(by_user.record.pk)
+    assert "no recorded source" in shown and "cura in the dashboard" in shown
+    lines = list(export_lines(contexts=Context.objects.filter(pk=context.pk)))
+    MemoryRecord.objects.all().delete()
+    import_lines(iter(lines), actor=Actor.for_user(curator))
+    imported = MemoryRecord.objects.get(content="Ada sails")
+    assert "an import by user:cura" in source_of(imported.pk)
+
+
 def test_the_migration_backfills_provenance_from_the_audit_trail(agent):
     api, context, run, _ = agent
     step = _step(run, 2)

@@ -118,6 +118,38 @@ def test_a_reviewed_key_changes_its_proposals_only(reviewed):
     assert edited.status_code == 200 and edited.json()["status"] == "proposed"
 
 
+def test_a_reviewed_keys_import_proposes_and_holds_nothing(db, settings):
+    """A backup a key imports cannot make its memories live past its review, nor put them
+    under legal hold (a dashboard admin's act): they land as the key's own records would."""
+    settings.AGENTMEMORY_MEMORY_REVIEW_SCOPES = [{"tenant": "acme"}]
+    source = make_key(scopes=["read", "write", "admin"])
+    cid = new_context(source, {"tenant": "acme", "user": "ada"})
+    live = _live(cid, "Ada lives in Paris")
+    MemoryRecord.objects.filter(pk=live.pk).update(legal_hold="case 7")
+    body = b"".join(source.get("/api/v1/export").streaming_content)
+    MemoryRecord.objects.all().delete()
+    Context.objects.all().delete()
+
+    importer = make_key(scopes=["read", "write", "admin"])
+    response = importer.client.generic(
+        "POST", "/api/v1/import", body, content_type="application/x-ndjson", **importer._headers()
+    )
+    assert response.status_code == 200, response.content
+    imported = MemoryRecord.objects.get(content="Ada lives in Paris")
+    assert (imported.status, imported.legal_hold) == ("proposed", "")
+    assert _recalled(importer, imported.context_id, "Paris") == []
+    # An operator's import restores the file as it was.
+    MemoryRecord.objects.all().delete()
+    Context.objects.all().delete()
+    from memory_app.backup.restore import import_lines
+
+    import_lines(
+        iter(body.splitlines(keepends=True)), actor=Actor.for_user(make_user(role="admin"))
+    )
+    restored = MemoryRecord.objects.get(content="Ada lives in Paris")
+    assert (restored.status, restored.legal_hold) == ("live", "case 7")
+
+
 def test_a_review_scope_proposes_whatever_the_key(db, settings):
     settings.AGENTMEMORY_MEMORY_REVIEW_SCOPES = [{"tenant": "acme"}]
     api = make_key()
@@ -155,6 +187,32 @@ def test_the_inbox_shows_near_duplicates_and_conflicts_by_shared_words(reviewed)
     assert [s.record.pk for s in by_id[conflict].conflicts] == [live.pk]
     assert by_id[conflict].duplicates == []
     assert by_id[unrelated].duplicates == [] and by_id[unrelated].conflicts == []
+
+
+def test_the_inbox_shows_near_duplicates_and_conflicts_by_vector_similarity(reviewed, settings):
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    register_models(**{"review-3": 3})
+    api, cid, curator = reviewed
+
+    def at(degrees: float) -> dict:
+        radians = math.radians(degrees)
+        return {"vector": [math.cos(radians), math.sin(radians), 0.0], "vector_model": "review-3"}
+
+    # No two texts share a word: only their vectors relate them.
+    same = _live(cid, "Ada drinks tea daily", **at(0))
+    near = _live(cid, "Her favourite beverage: coffee", **at(50))
+    _live(cid, "The build needs Python 3.11", **at(90))
+    pk = _record(api, cid, "She loves green infusions", **at(20))["memory"]["id"]
+    [proposal] = memories_inbox()
+    assert proposal.record.pk == pk
+    assert [(s.record.pk, s.measure) for s in proposal.duplicates] == [(same.pk, "semantic")]
+    assert proposal.duplicates[0].similarity == pytest.approx(math.cos(math.radians(20)), abs=1e-4)
+    assert [s.record.pk for s in proposal.conflicts] == [near.pk]
+    # The thresholds are the operator's.
+    settings.AGENTMEMORY_MEMORY_DUPLICATE_SIMILARITY = 0.99
+    settings.AGENTMEMORY_MEMORY_CONFLICT_SIMILARITY = 0.9
+    [proposal] = memories_inbox()
+    assert proposal.duplicates == [] and [s.record.pk for s in proposal.conflicts] == [same.pk]
 
 
 def test_merging_a_proposal_unites_keywords_and_marks_it_merged(reviewed):

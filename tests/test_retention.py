@@ -22,6 +22,7 @@ from memory_app.models import (
     Message,
     RetentionPolicy,
     Run,
+    SpanQueue,
     TraceSpan,
 )
 from memory_app.queries.memories import memories_listed, memories_retrieve, memories_search
@@ -171,6 +172,55 @@ def test_expired_memories_are_removed_by_the_command_and_the_worker_pinned_and_h
     assert not AuditEvent.objects.filter(after__icontains="plan 0").exists()
 
 
+def test_the_embed_worker_applies_expiry_and_policies_turn_by_turn(settings):
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    gone = _record("Ada had a plan for Monday")
+    _expire(gone)
+    ctx = make_context(keys={"tenant": "acme"}, messages=3)
+    _age(Message, "created_at", 40, context=ctx, seq__lte=2)
+    policy = retention.policy_save(
+        actor=ACTOR,
+        fields={
+            "name": "m",
+            "scope_keys": {"tenant": "acme"},
+            "kind": "messages",
+            "max_age_days": 30,
+        },
+    )
+    call_command("embed_worker", "--once", "--idle-sleep", "0", stdout=StringIO())
+    assert not MemoryRecord.objects.filter(pk=gone.pk).exists()
+    assert list(Message.objects.filter(context=ctx).values_list("seq", flat=True)) == [3]
+    summary = AuditEvent.objects.get(action="retention_applied", target_ids=[policy.pk])
+    assert summary.after["removed"] == 2
+
+
+def test_what_expiry_and_a_policy_remove_leaves_no_admin_log_line_naming_it():
+    from django.contrib.admin.models import CHANGE, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
+    gone = _record("Ada had a plan for Sunday")
+    kept = _record("Ada has a plan for Saturday")
+    _expire(gone)
+    ctx = make_context(keys={"tenant": "acme"}, messages=2)
+    _age(Message, "created_at", 40, context=ctx, seq=1)
+    old, new = Message.objects.filter(context=ctx).order_by("seq")
+    admin = make_user(role="admin")
+    # The Django admin's log names a row by its text.
+    for row in (gone, kept, old, new):
+        LogEntry.objects.create(
+            user=admin, content_type=ContentType.objects.get_for_model(row),
+            object_id=str(row.pk), object_repr=str(row), action_flag=CHANGE,
+        )  # fmt: skip
+    retention.policy_save(
+        actor=ACTOR,
+        fields={"name": "m", "scope_keys": {}, "kind": "messages", "max_age_days": 30},
+    )
+    call_command("apply_retention", stdout=StringIO())
+    assert sorted(LogEntry.objects.values_list("object_repr", flat=True)) == sorted(
+        [str(kept), str(new)]
+    )
+
+
 def test_store_items_past_their_time_to_live_are_swept_after_expired_memories():
     scope = Scope(keys={"user": "ada"})
     put = lambda key, ttl=None: item_put(  # noqa: E731
@@ -196,6 +246,11 @@ def test_store_items_past_their_time_to_live_are_swept_after_expired_memories():
     assert left == {"fresh", "forever", "pinned"}
     purges = AuditEvent.objects.filter(action="purge", target_type="memoryrecord")
     assert sorted(e.target_ids[0] for e in purges) == sorted([memory.pk, older.pk, old.pk])
+    # A swept item's value is nowhere now (its versions, its audit payloads); a kept one's is.
+    from tests.test_erasure import columns_holding
+
+    assert columns_holding('"k": "older"') == []
+    assert "memory_app_memoryrecord.content" in columns_holding('"k": "fresh"')
     # Put again under the swept key: a new item.
     again = put("old")
     assert again.pk != old.pk and again.content == '{"k": "old"}'
@@ -342,6 +397,14 @@ def test_run_and_span_policies_and_the_worker():
         data={"name": "loose"},
     )  # fmt: skip
     _age(TraceSpan, "received_at", 40, span_id="f" * 16)
+    # OTLP exports the mapping set aside (never mapped), one old and one recent, and one
+    # waiting to be mapped.
+    for trace, error in (("c", "KeyError"), ("d", "KeyError"), ("e", "")):
+        SpanQueue.objects.create(
+            context=ctx, trace_ids=[trace * 32], span_count=1, body=b"raw", error=error
+        )
+    _age(SpanQueue, "received_at", 40, trace_ids__contains=["c" * 32])
+    _age(SpanQueue, "received_at", 40, trace_ids__contains=["e" * 32])
     runs = retention.policy_save(
         actor=ACTOR,
         fields={"name": "r", "scope_keys": {"user": "ada"}, "kind": "runs", "max_age_days": 10},
@@ -350,10 +413,12 @@ def test_run_and_span_policies_and_the_worker():
         actor=ACTOR,
         fields={"name": "s", "scope_keys": {"tenant": "acme"}, "kind": "spans", "max_age_days": 30},
     )
-    # The worker's turns: the old run (with its spans), then the old loose span.
+    # The worker's turns: the old run (with its spans), then the old loose span and the old
+    # export set aside; the export still queued is the mapping's.
     assert retention.retention_batch() == 1
-    assert retention.retention_batch() == 1
+    assert retention.retention_batch() == 2
     assert retention.retention_batch() == 0
+    assert sorted(q.trace_ids[0][0] for q in SpanQueue.objects.all()) == ["d", "e"]
     assert list(Run.objects.filter(context=ctx).values_list("pk", flat=True)) == [new_run.pk]
     ctx.refresh_from_db()
     assert ctx.run_count == 1
@@ -362,7 +427,7 @@ def test_run_and_span_policies_and_the_worker():
     summaries = AuditEvent.objects.filter(action="retention_applied")
     assert sorted((e.target_ids[0], e.after["removed"]) for e in summaries) == [
         (runs.pk, 1),
-        (spans.pk, 1),
+        (spans.pk, 2),
     ]
 
 

@@ -61,8 +61,9 @@ class ErasureOut(Schema):
 )
 def erase(request, body: ErasureIn) -> Any:
     """Irreversible, 'admin' scope: every context whose keys contain `keys` goes with its
-    messages, full-text rows, runs, steps, tool calls, trace spans, memories, vectors and
-    retries; the key subset's own memories too; audit payloads about them are redacted. The
+    messages, full-text rows, runs, steps, tool calls, trace spans, OTLP exports still queued,
+    memories, vectors and retries; the key subset's own memories and the API keys confined
+    inside it too; audit payloads about them are redacted. The
     receipt counts each kind. 409 when a memory in the subset is under legal hold."""
     key = require_scope(request, "admin")
     keys = erasure.clean_keys(body.keys)

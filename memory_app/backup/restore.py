@@ -42,6 +42,7 @@ from memory_app.models import (
     MemoryEmbeddingWaiting,
     MemoryOrigin,
     MemoryRecord,
+    MemoryStatus,
     Message,
     Run,
     Step,
@@ -51,6 +52,7 @@ from memory_app.models import (
 )
 from memory_app.queries.lists import context_id_of_digest
 from memory_app.search import fulltext
+from memory_app.services.memories import status_for
 from memory_app.services.memory_history import versions_record
 from memory_app.services.runs import runs_recount
 
@@ -341,6 +343,16 @@ class _Importer:
             return memories.Scope(context=context)
         return memories.Scope(keys=rec.get("scope_keys") or {})
 
+    def _review_of_key(self, mem: MemoryRecord, scope: memories.Scope) -> None:
+        """A key's import lands as the key's own records would: what the file says is live is
+        proposed when its review says so, and a legal hold is a dashboard admin's act, never a
+        key's. An operator's import restores the file as it was."""
+        if self.actor.api_key is None:
+            return
+        if mem.status == MemoryStatus.LIVE:
+            mem.status = status_for(scope, self.actor)
+        mem.legal_hold = ""
+
     def _import_memory(self, records):
         rows = []
         for rec in records:
@@ -363,6 +375,7 @@ class _Importer:
             user = self.actor.user
             mem.source_user = user if user is not None and user.is_authenticated else None
             mem.source_run_id = None
+            self._review_of_key(mem, scope)
             file_ref = (
                 rec.get("scope_digest", mem.scope_digest),
                 rec.get("content_hash", mem.content_hash),

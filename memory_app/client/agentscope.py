@@ -196,9 +196,13 @@ class ServerLongTermMemory:
         items = answer["items"]
         new = sum(1 for item in items if item["created"])
         ids = [item["memory"]["id"] for item in items]
+        # A reviewed key's records are proposals: the agent is told they are not recalled yet.
+        waiting = sum(1 for item in items if item["memory"].get("status") == "proposed")
         return _tool_response(
             f"Successfully recorded content to memory: {new} new, "
-            f"{len(items) - new} already known (ids {ids})"
+            f"{len(items) - new} already known"
+            + (f", {waiting} waiting for review" if waiting else "")
+            + f" (ids {ids})"
         )
 
     async def retrieve_from_memory(self, keywords: list[str], limit: int = 5, **kw) -> Any:

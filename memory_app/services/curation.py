@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import Count, F, Q, QuerySet, Sum
 from django.utils import timezone
 
-from memory_app.audit import Actor, audit_record
+from memory_app.audit import Actor, admin_log_forget, audit_record
 from memory_app.db import lock_contexts
 from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.models import (
@@ -374,6 +374,7 @@ def _purge_runs(run_ids: list[int], *, actor: Actor, note: str) -> list[AuditEve
             continue
         TraceSpan.objects.filter(context_id=context_id, run_id__in=ids).delete()
         Run.objects.filter(context_id=context_id, pk__in=ids).delete()
+        admin_log_forget(Run, ids)
         Context.objects.filter(pk=context_id).update(run_count=F("run_count") - len(ids))
         _scrub_edits(target_type="run", ids=ids)
         events.append(
@@ -437,6 +438,7 @@ def _purge(
             agg[0] += 1
             agg[1] += count
         Message.objects.filter(pk__in=ids).delete()
+        admin_log_forget(Message, ids)
         for context_id, (n, tokens) in per_context.items():
             Context.objects.filter(pk=context_id).update(
                 message_count=F("message_count") - n, token_count=F("token_count") - tokens
@@ -475,6 +477,7 @@ def _purge(
         _scrub_edits(target_type="step", ids=step_ids)
         _clear_run_copies(step_ids)
         Step.objects.filter(pk__in=step_ids).delete()
+        admin_log_forget(Step, step_ids)
         # The run's counters, models and cost lose what the purged steps brought.
         runs_recount(run_ids=sorted({run_id for run_id, _ in per_run}))
         for (run_id, context_id), ids in per_run.items():

@@ -1,11 +1,13 @@
 """Erasure by key subset ("forget everything about user ada"): every context whose keys contain
 the subset, with all it holds and every derived copy (messages and their full-text rows, runs,
-steps, tool calls, trace spans, memories and their vectors and retries), the memories of key
-subsets inside it and the store namespaces their agents used, the audit trail's payloads about
-any of them (redacted: the events stay, so the trail still says who did what and when), the
-Django admin's log lines naming them, and the API keys confined inside the subset (they reach
-nothing else). Answers a receipt of counts per kind; the erasure's own audit event names the
-subset by its digest, never by its values.
+steps, tool calls and the full-text rows of what they wrote, trace spans and the OTLP exports
+still queued for mapping, memories and their vectors and retries), the memories of key subsets
+inside it and the store namespaces their agents used, the audit trail's payloads about any of
+them (redacted: the events stay, so the trail still says who did what and when), the Django
+admin's log lines naming them, and the API keys confined inside the subset (they reach nothing
+else) with their audit payloads (a key's creation names its confinement). Answers a receipt of
+counts per kind; the erasure's own audit event names the subset by its digest, never by its
+values.
 
 A record under legal hold anywhere in the subset refuses the whole erasure (409) before anything
 is deleted. Each context goes in its own transaction, its row locked first (one context at a
@@ -18,12 +20,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from django.contrib.admin.models import LogEntry
-from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, Sum
 
-from memory_app.audit import Actor, audit_record
+from memory_app.audit import Actor, admin_log_forget, audit_record
 from memory_app.db import lock_contexts
 from memory_app.errors import Invalid
 from memory_app.models import (
@@ -46,7 +46,9 @@ from memory_app.models import (
     Message,
     MessageSearch,
     Run,
+    RunSearch,
     Score,
+    SpanQueue,
     Step,
     StoreNamespace,
     ToolCall,
@@ -62,10 +64,12 @@ KINDS = (
     "contexts",
     "messages",
     "full_text_rows",
+    "run_full_text_rows",
     "runs",
     "steps",
     "tool_calls",
     "trace_spans",
+    "queued_spans",
     "memories",
     "memory_versions",
     "store_namespaces",
@@ -143,10 +147,12 @@ def erase_preview(*, keys: dict[str, Any]) -> dict[str, int]:
         "contexts": len(ids),
         "messages": Message.objects.filter(in_ctx).count(),
         "full_text_rows": MessageSearch.objects.filter(context_id__in=ids).count(),
+        "run_full_text_rows": RunSearch.objects.filter(context_id__in=ids).count(),
         "runs": Run.objects.filter(in_ctx).count(),
         "steps": Step.objects.filter(in_ctx).count(),
         "tool_calls": ToolCall.objects.filter(in_ctx).count(),
         "trace_spans": TraceSpan.objects.filter(in_ctx).count(),
+        "queued_spans": _queued_spans(SpanQueue.objects.filter(in_ctx)),
         "memories": memories.count(),
         "memory_versions": MemoryVersion.objects.filter(memory__in=memories.values("pk")).count(),
         **{kind: model.objects.filter(in_ctx).count() for kind, model in CONTEXT_ROWS.items()},
@@ -163,6 +169,11 @@ def erase_preview(*, keys: dict[str, Any]) -> dict[str, int]:
     }
 
 
+def _queued_spans(queued) -> int:
+    """The spans (and log records) the OTLP exports of `queued` hold."""
+    return queued.aggregate(n=Sum("span_count"))["n"] or 0
+
+
 def _deleted(qs) -> int:
     """The rows of `qs` itself a delete removed (not what its cascades took along)."""
     return qs.delete()[1].get(qs.model._meta.label, 0)
@@ -170,16 +181,6 @@ def _deleted(qs) -> int:
 
 def _redact(targets: Q) -> int:
     return AuditEvent.objects.filter(targets).update(before=ERASED, after=ERASED, note="erased")
-
-
-def _forget_admin_log(model, ids: list[int]) -> int:
-    if not ids:
-        return 0
-    kind = ContentType.objects.get_for_model(model)
-    deleted, _ = LogEntry.objects.filter(
-        content_type=kind, object_id__in=[str(i) for i in ids]
-    ).delete()
-    return deleted
 
 
 def _erase_memory_vectors(memory_ids: list[int]) -> Counter:
@@ -203,9 +204,21 @@ def _erase_context(context_id: int, keys: dict[str, Any]) -> Counter:
             return got  # erased meanwhile
         _check_holds(keys, [context_id])
         of = {"context_id": context_id}
+        # Rows the Django admin may have logged (a log line's text is the row's __str__: a
+        # score's value, a label's name, a message's text).
         ids = {
             model: list(model.objects.filter(**of).values_list("pk", flat=True))
-            for model in (Message, Run, Step, ToolCall, MemoryRecord)
+            for model in (
+                Message,
+                Run,
+                Step,
+                ToolCall,
+                MemoryRecord,
+                TraceSpan,
+                Score,
+                Label,
+                Comment,
+            )
         }
         got.update(_erase_memory_vectors(ids[MemoryRecord]))
         vectors = Embedding.objects.filter(**of)
@@ -213,6 +226,9 @@ def _erase_context(context_id: int, keys: dict[str, Any]) -> Counter:
             context_id=context_id, embedding__in=vectors.values("pk")
         ).count()
         got["full_text_rows"] += MessageSearch.objects.filter(**of).count()
+        # What the steps and tool calls wrote, indexed for the search across contexts: the
+        # database's triggers take these rows along with them.
+        got["run_full_text_rows"] += RunSearch.objects.filter(**of).count()
         got["vectors"] += _deleted(vectors) + _deleted(EmbeddingWaiting.objects.filter(**of))
         got["audit_events_redacted"] += _redact(
             Q(**of)
@@ -236,10 +252,14 @@ def _erase_context(context_id: int, keys: dict[str, Any]) -> Counter:
         got["tool_calls"] += _deleted(ToolCall.objects.filter(**of))
         got["steps"] += _deleted(Step.objects.filter(**of))
         got["trace_spans"] += _deleted(TraceSpan.objects.filter(**of))
+        # OTLP exports not mapped yet (or set aside): the raw protobuf of the context's spans.
+        queued = SpanQueue.objects.filter(**of)
+        got["queued_spans"] += _queued_spans(queued)
+        queued.delete()
         got["runs"] += _deleted(Run.objects.filter(**of))
         for model, pks in ids.items():
-            got["admin_log_entries"] += _forget_admin_log(model, pks)
-        got["admin_log_entries"] += _forget_admin_log(Context, [context_id])
+            got["admin_log_entries"] += admin_log_forget(model, pks)
+        got["admin_log_entries"] += admin_log_forget(Context, [context_id])
         Context.objects.filter(pk=context_id).delete()
         got["contexts"] += 1
     return got
@@ -258,7 +278,7 @@ def _erase_subset_memories(keys: dict[str, Any]) -> Counter:
         got["audit_events_redacted"] += _redact(
             Q(target_type="memoryrecord", target_ids__overlap=ids)
         )
-        got["admin_log_entries"] += _forget_admin_log(MemoryRecord, ids)
+        got["admin_log_entries"] += admin_log_forget(MemoryRecord, ids)
         got["memory_versions"] += MemoryVersion.objects.filter(memory_id__in=ids).count()
         got["memories"] += _deleted(MemoryRecord.objects.filter(pk__in=ids))
     return got
@@ -285,7 +305,12 @@ def erase(*, keys: dict[str, Any], confirmation: str, actor: Actor) -> dict[str,
         key_ids = list(
             ApiKey.objects.filter(context_keys__contains=keys).values_list("pk", flat=True)
         )
-        total["admin_log_entries"] += _forget_admin_log(ApiKey, key_ids)
+        # A key's creation and changes name its confinement (the subset's values) and its name.
+        if key_ids:
+            total["audit_events_redacted"] += _redact(
+                Q(target_type="apikey", target_ids__overlap=key_ids)
+            )
+        total["admin_log_entries"] += admin_log_forget(ApiKey, key_ids)
         total["api_keys"] += _deleted(ApiKey.objects.filter(pk__in=key_ids))
         receipt = {kind: total.get(kind, 0) for kind in KINDS}
         # The subset by its digest only: its values are what is being forgotten.

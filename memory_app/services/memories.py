@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from memory_app import backlog
-from memory_app.audit import Actor, audit_record
+from memory_app.audit import Actor, admin_log_forget, audit_record
 from memory_app.embeddings import client_vectors, providers, queue
 from memory_app.errors import Conflict, Invalid, NotFound
 from memory_app.memories import (
@@ -104,7 +104,7 @@ class Recorded:
         return iter((self.record, self.created))
 
 
-def _status_for(scope: Scope, actor: Actor) -> str:
+def status_for(scope: Scope, actor: Actor) -> str:
     """What an agent records is proposed when its key's policy says so, or when the scope lies in
     a key subset under review (`AGENTMEMORY_MEMORY_REVIEW_SCOPES`); an operator's is live."""
     key = actor.api_key
@@ -163,7 +163,7 @@ def memories_record(
     source_step_id. Content already in the scope returns the stored record (created False), and
     so does content nearly identical to a live record of the scope (`near_copy` its similarity,
     `AGENTMEMORY_MEMORY_NEAR_COPY_SIMILARITY`). An agent's records are live, or proposed for
-    review by its key's policy (`_status_for`)."""
+    review by its key's policy (`status_for`)."""
     return _record(scope=scope, items=items, actor=actor, thinking=thinking, action="record")
 
 
@@ -226,7 +226,7 @@ def _record(
         [(i.get("vector"), i.get("vector_model"), i.get("where")) for i in items], label="items"
     )
     results: list[Recorded] = []
-    status = _status_for(scope, actor)
+    status = status_for(scope, actor)
     near_vectors = _near_copy_vectors(items, vectors)
     with transaction.atomic():
         for item, (near_vector, near_model) in zip(items, near_vectors, strict=True):
@@ -483,8 +483,9 @@ def memories_merge(*, keep_id: int, ids: Sequence[int], actor: Actor) -> MemoryR
 
 def memory_purge(*, record: MemoryRecord, actor: Actor, note: str = "") -> AuditEvent:
     """Delete a record for good with every copy of its content: its vectors (and their retries),
-    its full-text vector (a column of its row), and its versions in the audit trail (each event
-    keeps who did what and when, the record's content becomes `{"purged": true}`). Audited as a
+    its full-text vector (a column of its row), its versions in the audit trail (each event
+    keeps who did what and when, the record's content becomes `{"purged": true}`) and the Django
+    admin's log lines naming it. Audited as a
     purge, without the content. Callers ask for the typed confirmation first."""
     with transaction.atomic():
         record = MemoryRecord.objects.select_for_update().filter(pk=record.pk).first()
@@ -495,6 +496,7 @@ def memory_purge(*, record: MemoryRecord, actor: Actor, note: str = "") -> Audit
         pk, context_id = record.pk, record.context_id
         # Its embeddings go with it (their retries by the database's cascade).
         MemoryRecord.objects.filter(pk=pk).delete()
+        admin_log_forget(MemoryRecord, [pk])
         events = AuditEvent.objects.select_for_update().filter(
             target_type="memoryrecord", target_ids__contains=[pk]
         )

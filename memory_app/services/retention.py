@@ -33,6 +33,7 @@ from memory_app.models import (
     RetentionKind,
     RetentionPolicy,
     Run,
+    SpanQueue,
     TraceSpan,
 )
 from memory_app.services.curation import PURGE_CONFIRMATION, selected_purge
@@ -230,7 +231,9 @@ def _runs_of(policy: RetentionPolicy, context_id: int, batch_size: int) -> int:
 
 def _spans_of(policy: RetentionPolicy, context_id: int, batch_size: int) -> int:
     """Spans as `backlog.expire_spans_batch` expires them: a span marking a purged step keeps
-    its marker (and is not counted again), the steps made from the others stay."""
+    its marker (and is not counted again), the steps made from the others stay. OTLP exports the
+    mapping set aside (kept with their error, never mapped) go once as old: each holds spans as
+    received."""
     rows = list(
         TraceSpan.objects.filter(context_id=context_id, received_at__lt=_cutoff(policy))
         .exclude(data__has_key="purged")
@@ -243,7 +246,15 @@ def _spans_of(policy: RetentionPolicy, context_id: int, batch_size: int) -> int:
     TraceSpan.objects.filter(context_id=context_id, pk__in=marked).update(
         data={"purged": True, "purged_task": True}
     )
-    return len(rows)
+    set_aside = list(
+        SpanQueue.objects.filter(context_id=context_id, received_at__lt=_cutoff(policy))
+        .exclude(error="")
+        .order_by("received_at", "pk")
+        .select_for_update(skip_locked=True)
+        .values_list("pk", flat=True)[: batch_size - len(rows)]
+    )
+    SpanQueue.objects.filter(context_id=context_id, pk__in=set_aside).delete()
+    return len(rows) + len(set_aside)
 
 
 BATCHES: dict[str, Callable[[RetentionPolicy, int, int], int]] = {

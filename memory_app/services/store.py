@@ -18,7 +18,7 @@ from memory_app.embeddings import queue
 from memory_app.memories import Scope, item_hash
 from memory_app.models import MemoryKind, MemoryRecord, MemoryStatus, StoreNamespace
 from memory_app.namespace_items import clean_key, clean_namespace, clean_ttl, content_of
-from memory_app.services.memories import _status_for, memory_set_archived, snapshot
+from memory_app.services.memories import memory_set_archived, snapshot, status_for
 from memory_app.services.memory_history import check_may_change, versions_record
 
 
@@ -92,7 +92,7 @@ def item_put(
                         content_hash=item_hash(namespace, key),
                         kind=MemoryKind.FACT,
                         recorded_by=actor.label,
-                        status=_status_for(scope, actor),
+                        status=status_for(scope, actor),
                         item_ttl=ttl,
                         item_expires_at=_expires(ttl),
                     )
@@ -128,7 +128,7 @@ def _overwrite(
     if again:
         # Deleted (or expired) and put again: a new item, placed last in its namespace.
         record.archived_at = None
-        record.status = _status_for(scope, actor)
+        record.status = status_for(scope, actor)
         record.created_at = timezone.now()
         record.recorded_by = actor.label
         fields += ["archived_at", "status", "created_at", "recorded_by"]

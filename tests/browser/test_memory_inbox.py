@@ -1,6 +1,7 @@
-"""The memory review inbox in headless Chromium, driven by its keys: move with j, merge a
+"""The memory review inbox in headless Chromium, driven by its keys: move with j and k, merge a
 proposal into its near-duplicate with m, approve with a, reject with r, select with x and
-approve in bulk; agent-written content stays text."""
+approve in bulk, open the editor with e to edit then approve; agent-written content stays
+text."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def inbox():
             "Ada hates tea",
             "Ada plays chess",
             "Ada reads poetry",
+            "Ada paints",
         )
     ]
     return live.record.pk, ids
@@ -49,16 +51,20 @@ def _status(pk: int) -> str:
 
 def test_approve_merge_and_reject_with_keys(browser_page, inbox):
     page = browser_page
-    live, [jazz, paris, tea, chess, poetry] = inbox
+    live, [jazz, paris, tea, chess, poetry, paints] = inbox
     login(page, "cura", TEST_PASSWORD, next_path="/memories/inbox/")
     cards = page.locator("#inbox article.proposal")
-    expect(cards).to_have_count(5)
+    expect(cards).to_have_count(6)
     expect(page.locator(f"#prop-{jazz} .msg-body")).to_have_text(
         "<img src=x onerror=alert(1)> Ada likes jazz"
     )
     expect(page.locator(f"#prop-{paris} .duplicates")).to_contain_text(f"memory {live}")
     screenshot(page, "memory-inbox")
     # The oldest proposal has the focus; j moves to the next, m merges it into its duplicate.
+    expect(page.locator(f"#prop-{jazz}")).to_be_focused()
+    page.keyboard.press("j")
+    expect(page.locator(f"#prop-{paris}")).to_be_focused()
+    page.keyboard.press("k")
     expect(page.locator(f"#prop-{jazz}")).to_be_focused()
     page.keyboard.press("j")
     expect(page.locator(f"#prop-{paris}")).to_be_focused()
@@ -85,7 +91,25 @@ def test_approve_merge_and_reject_with_keys(browser_page, inbox):
         page.click("#inbox-bulk button[value=approve]")
     expect(page.locator(".notice")).to_have_text("Approved 2 memories.")
     assert (_status(chess), _status(poetry)) == ("live", "live")
+    # e opens the focused proposal's editor; saving edits it, then approves it.
+    expect(page.locator(f"#prop-{paints}")).to_be_focused()
+    page.keyboard.press("e")
+    editor = page.locator(f"#prop-{paints} textarea[name=content]")
+    expect(editor).to_be_focused()
+    editor.fill("Ada paints in watercolour")
+    with page.expect_navigation():
+        page.locator(f"#prop-{paints}").get_by_role("button", name="Save and approve").click()
+    expect(page.locator(".notice")).to_have_text("Edited and approved 1 memory.")
+    paints_now = MemoryRecord.objects.get(pk=paints)
+    assert (paints_now.status, paints_now.content) == ("live", "Ada paints in watercolour")
     expect(page.locator("#inbox")).to_contain_text("Nothing waits for review.")
     actions = list(AuditEvent.objects.order_by("id").values_list("action", flat=True))
-    assert actions[-4:] == ["memory_merge", "memory_approve", "memory_reject", "memory_approve"]
+    assert actions[-6:] == [
+        "memory_merge",
+        "memory_approve",
+        "memory_reject",
+        "memory_approve",
+        "edit",
+        "memory_approve",
+    ]
     page.watch.assert_clean()
