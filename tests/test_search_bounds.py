@@ -350,3 +350,36 @@ def test_composite_reads_use_indexes_and_do_not_walk_the_context(
         if "'system'" in sql:
             # The system message is 4,000 messages back: one index entry, not a walk back to it.
             assert sum(_touched(n) for n in scans) <= 2, sql
+
+
+def test_a_context_smaller_than_another_reads_only_its_window(big_context, settings, monkeypatch):
+    """The planner's statistics on seqs span every context: past the end of a context smaller
+    than another, `seq > n` looks like thousands of rows, and the unindexed tail (messages past
+    the indexer's mark, none here) was read through a scan of the whole context."""
+    settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 100
+    monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 400)
+    small = make_context()
+    items = [
+        {"role": "user", "text": f"note {i} alpha" if i % 3 else f"note {i}"} for i in range(3000)
+    ]
+    for start in range(0, len(items), 1000):
+        messages_append(context=small, items=items[start : start + 1000])
+    fulltext.index_pending()
+    analyse("message", "messagesearch")
+    small.refresh_from_db()
+    assert small.search_seq == small.last_seq == 3000
+    # As a store whose larger contexts run to a million seqs: nearly every seq is past 3,000.
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT pg_restore_attribute_stats('schemaname', 'public',"
+            " 'relname', 'memory_app_message', 'attname', 'seq', 'inherited', false,"
+            " 'histogram_bounds', %s::text)",
+            ["{" + ",".join(str(x) for x in [1, *range(10_000, 1_000_001, 10_000)]) + "}"],
+        )
+    reads = _reads_of(
+        lambda: search_messages(context=small, query="kyoto alpha", k=10, mode="keyword")
+    )
+    assert reads
+    for sql in reads:
+        scans = _message_scans(sql)
+        assert sum(_touched(n) for n in scans) <= 1000, sql

@@ -250,19 +250,41 @@ ORDER BY b.score DESC, b.seq DESC
 
 # The keyword passes of `_term_candidates` as SQL text: seq bounds are ints written into the
 # text, the rest are parameters (`q` names the term's tsquery parameter).
-def _parsed_pass(after: int, upto: int, q: str, need: str, excluding: bool) -> str:
+def _parsed_pass(after: int, upto: int | None, q: str, need: str, excluding: bool) -> str:
     """A keyword pass over messages the indexer has not reached: their text is parsed (its first
-    part, as the indexer parses it)."""
+    part, as the indexer parses it). `upto` None: every message past `after` (`_TAIL`)."""
+    rows = (
+        _TAIL.format(after=int(after))
+        if upto is None
+        else f"""memory_app_message m WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
+              AND m.seq > {int(after)} AND m.seq <= {int(upto)}"""
+    )
     return f"""
         SELECT m.seq, length(v.vector) AS length, v.vector
-        FROM memory_app_message m,
+        FROM (SELECT m.id, m.seq, m.text FROM {rows}) m,
              LATERAL (SELECT memory_app_search_vector(%(config)s::regconfig, m.text) AS vector) v
-        WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
-          AND m.seq > {int(after)} AND m.seq <= {int(upto)}
-          AND v.vector @@ %({q})s::tsquery
+        WHERE v.vector @@ %({q})s::tsquery
           {"AND NOT (m.id = ANY(%(exclude)s))" if excluding else ""}
         ORDER BY m.seq DESC LIMIT %({need})s
     """  # noqa: S608 - constant SQL
+
+
+# The live messages past seq `after`, up to the context's newest seq as the statement finds it
+# (so messages appended since the request read its counters are found too), each read by its
+# key. The planner cannot know where one context's seqs end (its statistics span every
+# context), so a bare `seq > after` past the end is estimated at thousands of rows and read
+# through a scan of the whole context; the series walks only the seqs up to the newest (none,
+# usually: small appends write their vectors at once). `LIMIT 1` keeps each probe a lookup on
+# (context, seq).
+_TAIL = """
+    generate_series({after} + 1,
+                    (SELECT max(n.seq) FROM memory_app_message n
+                     WHERE n.context_id = %(context)s)) g (seq)
+    CROSS JOIN LATERAL (
+        SELECT x.id, x.seq, x.text FROM memory_app_message x
+        WHERE x.context_id = %(context)s AND x.seq = g.seq AND x.pruned_at IS NULL LIMIT 1
+    ) m
+"""
 
 
 _EXCLUDED_SEQS = """
@@ -335,11 +357,10 @@ def _term_candidates(
     """
     older = max(last_seq - KEYWORD_RECENT_SEQS, 0)
     searched_older = min(search_seq, older)
-    # No upper bound on the newest pass: messages appended since `last_seq` was read.
-    newest = 2**63 - 1
     walk = f"ts_match_vq(s.search_vector, %({q})s::tsquery)"
     passes = [
-        _parsed_pass(max(search_seq, older), newest, q, need, excluding),
+        # No upper bound on the newest pass: messages appended since `last_seq` was read.
+        _parsed_pass(max(search_seq, older), None, q, need, excluding),
         _stored_pass(older, search_seq, walk, need, excluding),
     ]
     if search_seq < older:
@@ -369,9 +390,7 @@ def _window_counts(params: dict, terms: int, *, last_seq: int, search_seq: int) 
              ORDER BY s.seq DESC LIMIT {KEYWORD_RECENT_SEQS})
             UNION ALL
             SELECT memory_app_search_vector(%(config)s::regconfig, m.text)
-            FROM memory_app_message m
-            WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
-              AND m.seq > {int(max(search_seq, older))}
+            FROM {_TAIL.format(after=int(max(search_seq, older)))}
         ) w
     """  # noqa: S608 - constant SQL
     with connection.cursor() as cursor:
