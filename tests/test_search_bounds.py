@@ -101,6 +101,7 @@ def test_keyword_ranks_the_newest_matches_when_more_match_than_the_candidates(
 ):
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 20
     monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 8)
+    monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", 0)  # ranked as a large one
     context = make_context()
     # The oldest message is the best match (four times "alpha"); 60 newer ones hold it once or
     # twice, every third not at all.
@@ -140,10 +141,13 @@ def test_keyword_ranks_the_newest_matches_when_more_match_than_the_candidates(
     assert [s for _, s in hits] == pytest.approx([s for _, s in expected])
 
 
-def test_a_frequent_term_s_document_frequency_is_estimated_from_its_newest_matches(settings):
+def test_a_frequent_term_s_document_frequency_is_estimated_from_its_newest_matches(
+    settings, monkeypatch
+):
     """Above the cap a term's df is its newest matches' density over the context: 5 matches
     reaching back over seqs 84..100 of 100 messages make about 29.4 (every fourth holds it)."""
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 5
+    monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", 0)  # ranked as a large one
     context = make_context()
     items = [
         {"role": "user", "text": f"alpha {i}" if i % 4 == 0 else f"filler {i}"}
@@ -321,6 +325,7 @@ def test_keyword_reads_use_indexes_and_touch_only_the_candidates(
 ):
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 100
     monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 400)
+    monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", 0)
     reads = _reads_of(lambda: search_messages(context=big_context, query=query, k=10, mode=mode))
     assert reads
     for sql in reads:
@@ -338,6 +343,7 @@ def test_composite_reads_use_indexes_and_do_not_walk_the_context(
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 100
     # A tenth of the context, as in a big one (half of it is rightly read in sequence).
     monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 400)
+    monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", 0)
     spec = selectors.CompositeSpec(search_k=3, search_mode="keyword")
     selection = selectors.select(context=big_context, spec=spec)
     system = Message.objects.get(context=big_context, seq=1)
@@ -358,6 +364,7 @@ def test_a_context_smaller_than_another_reads_only_its_window(big_context, setti
     the indexer's mark, none here) was read through a scan of the whole context."""
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 100
     monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 400)
+    monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", 0)
     small = make_context()
     items = [
         {"role": "user", "text": f"note {i} alpha" if i % 3 else f"note {i}"} for i in range(3000)
@@ -383,3 +390,39 @@ def test_a_context_smaller_than_another_reads_only_its_window(big_context, setti
     for sql in reads:
         scans = _message_scans(sql)
         assert sum(_touched(n) for n in scans) <= 1000, sql
+
+
+def test_a_small_context_is_ranked_exactly_by_one_statement_after_the_parse(settings):
+    """In a context no larger than one term's pass may read, every match is scored with exact
+    counts, whatever the candidates' cap: the oldest message, the best match, leads."""
+    settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 5
+    context = make_context()
+    items = [{"role": "user", "text": "alpha alpha alpha alpha beta"}]
+    items += [{"role": "user", "text": f"alpha {i}" if i % 3 else f"beta {i}"} for i in range(300)]
+    messages = messages_append(context=context, items=items).messages
+    fulltext.index_pending()
+    # A batch after the indexer's mark (deferred: its vectors wait), parsed from its text.
+    messages += messages_append(
+        context=context, items=[{"role": "user", "text": "alpha beta gamma"}] * 70
+    ).messages
+    context.refresh_from_db()
+    with CaptureQueriesContext(connection) as queries:
+        hits = keyword_ranking(
+            context_id=context.pk,
+            query="alpha beta -gamma",
+            limit=10,
+            last_seq=context.last_seq,
+            search_seq=context.search_seq,
+            message_count=context.message_count,
+        )
+    truth = bm25_truth(context, **split("alpha beta -gamma"))[:10]
+    assert hits[0][0] == messages[0].pk
+    assert [h for h, _ in hits] == [mid for mid, _ in truth]
+    assert [s for _, s in hits] == pytest.approx([s for _, s in truth])
+    assert context.search_seq < context.last_seq
+    # The query's parse, then the ranking: no count of the latest seqs to plan passes from.
+    assert len(queries.captured_queries) == 2, [q["sql"] for q in queries.captured_queries]
+    assert [
+        h
+        for h, _ in keyword_ranking(context_id=context.pk, query="alpha beta", limit=2, match="all")
+    ] == [messages[0].pk, messages[-1].pk]

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection
 
-from memory_app.models import FTS_CONFIG, Context
+from memory_app import db
+from memory_app.models import FTS_CONFIG, Context, Message
 from memory_app.search import bm25, fulltext
 
 # Keyword candidates are looked for in the latest KEYWORD_RECENT_SEQS seqs first, then in the
@@ -27,6 +28,12 @@ from memory_app.search import bm25, fulltext
 KEYWORD_RECENT_SEQS = 2_000
 # The rows one term's older pass may cost (`bm25.plan_term`): a few milliseconds of the server's.
 KEYWORD_TERM_ROWS = 10_000
+# A context no larger than this is ranked exactly, in one statement: every match of every term
+# read through the GIN index and scored, no more rows than one term's pass may cost in a larger
+# context (see `_exact_found`).
+KEYWORD_EXACT_MESSAGES = KEYWORD_TERM_ROWS
+# A term's `need` when every match is read: its count is always exact.
+_EVERY_MATCH = 2**31 - 1
 
 
 def _any_terms_tsquery(query: str) -> str:
@@ -50,7 +57,14 @@ class KeywordQuery:
     strict: str
 
     def term_tsquery(self, term: bm25.Term) -> str:
-        return f"({term.tsquery}) & ({self.exclusion})" if self.exclusion else term.tsquery
+        return self._excluding(term.tsquery)
+
+    def any_tsquery(self) -> str:
+        """Any term, none of the exclusions: what a message must match to be scored."""
+        return self._excluding(" | ".join(f"({term.tsquery})" for term in self.terms))
+
+    def _excluding(self, tsquery: str) -> str:
+        return f"({tsquery}) & ({self.exclusion})" if self.exclusion else tsquery
 
 
 _QUOTED = r"'((?:[^']|'')*)'"
@@ -100,6 +114,7 @@ def keyword_ranking(
     last_seq: int | None = None,
     search_seq: int | None = None,
     message_count: int | None = None,
+    rows: dict[int, tuple] | None = None,
 ) -> list[tuple[int, float]]:
     """(message id, BM25 score) of live messages matching `query`, best first, ties newest first.
 
@@ -117,7 +132,8 @@ def keyword_ranking(
     Two statements after the query's parse: the terms' counts in the latest seqs, then one for
     every term's passes, the document frequencies and the scores, computed by the server, which
     sends back the top `limit` only (scoring a thousand candidates in Python, and sending them,
-    cost more than finding them).
+    cost more than finding them). With `rows` (a dict), that statement also reads the top
+    messages' columns (`db.select_columns`) into it by id: the hits need no read of their own.
     """
     parsed = parse_query(query)
     if not parsed.terms or (match == "all" and not parsed.strict):
@@ -140,18 +156,15 @@ def keyword_ranking(
     for i, term in enumerate(parsed.terms, start=1):
         params[f"q{i}"] = parsed.term_tsquery(term)
         params[f"l{i}"] = list(term.lexemes)
-    counts = _window_counts(params, len(parsed.terms), last_seq=last_seq, search_seq=search_seq)
-    found = []
-    for i, plan in enumerate(
-        _plans(counts, n=message_count, last_seq=last_seq, cap=cap, limit=limit), start=1
-    ):
-        params[f"need{i}"] = plan.need
-        sql = _term_candidates(f"q{i}", need=f"need{i}", gin=plan.gin, **bounds)
-        found.append(f"SELECT {i} AS term, f.* FROM ({sql}) f")  # noqa: S608 - constant SQL
     if match == "all":
         params["q0"], params["need0"] = parsed.strict, cap
-        sql = _term_candidates("q0", need="need0", gin=None, **bounds)
-        found.append(f"SELECT 0 AS term, f.* FROM ({sql}) f")  # noqa: S608
+    if message_count <= KEYWORD_EXACT_MESSAGES and last_seq - search_seq <= KEYWORD_EXACT_MESSAGES:
+        params["any"] = parsed.any_tsquery()
+        for i in range(1, len(parsed.terms) + 1):
+            params[f"need{i}"] = _EVERY_MATCH
+        found = [_exact_found(len(parsed.terms), strict=match == "all", **bounds)]
+    else:
+        found = _passes(params, parsed, cap=cap, limit=limit, match=match, **bounds)
     terms = ", ".join(
         f"({i}, %(q{i})s::tsquery, %(l{i})s::text[], %(need{i})s::int)"
         for i in range(1, len(parsed.terms) + 1)
@@ -162,10 +175,61 @@ def keyword_ranking(
         candidates="term = 0" if match == "all" else "term > 0",
         k1=bm25.K1,
         b=bm25.B,
+        columns=_MESSAGE_COLUMNS if rows is not None else "",
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return [(mid, float(score)) for mid, score in cursor.fetchall()]
+        found = cursor.fetchall()
+    if rows is not None:
+        rows.update((row[0], row[2:]) for row in found)
+    return [(row[0], float(row[1])) for row in found]
+
+
+_MESSAGE_COLUMNS = ", " + db.select_columns(Message, "m")
+
+
+def _passes(
+    params: dict, parsed: KeywordQuery, *, cap: int, limit: int, match: str, **bounds
+) -> list[str]:
+    """SQL of each term's candidates in a large context (`_term_candidates`), planned from the
+    terms' matches among the latest seqs (one statement: `_window_counts`)."""
+    last_seq, search_seq = bounds["last_seq"], bounds["search_seq"]
+    counts = _window_counts(params, len(parsed.terms), last_seq=last_seq, search_seq=search_seq)
+    found = []
+    plans = _plans(counts, n=params["n"], last_seq=last_seq, cap=cap, limit=limit)
+    for i, plan in enumerate(plans, start=1):
+        params[f"need{i}"] = plan.need
+        sql = _term_candidates(f"q{i}", need=f"need{i}", gin=plan.gin, **bounds)
+        found.append(f"SELECT {i} AS term, f.* FROM ({sql}) f")  # noqa: S608 - constant SQL
+    if match == "all":
+        sql = _term_candidates("q0", need="need0", gin=None, **bounds)
+        found.append(f"SELECT 0 AS term, f.* FROM ({sql}) f")  # noqa: S608
+    return found
+
+
+def _exact_found(terms: int, *, strict: bool, search_seq: int, excluding: bool, **_) -> str:
+    """SQL of (term, seq, vector length, vector) of every match of each term (term 0: of the
+    strict query) in a small context: the stored vectors matching any term, through the GIN
+    index, and the messages past `search_seq` parsed, each match then paired with the terms it
+    holds. Every count is exact and every match a candidate: BM25 as its formula reads."""
+    each = ", ".join(f"({i}, %(q{i})s::tsquery)" for i in range(0 if strict else 1, terms + 1))
+    return f"""
+        SELECT t.term, a.seq, a.length, a.vector
+        FROM (
+            SELECT s.seq, length(s.search_vector) AS length, s.search_vector AS vector
+            FROM {fulltext.TABLE} s
+            WHERE s.context_id = %(context)s AND s.seq <= {int(search_seq)}
+              AND s.search_vector @@ %(any)s::tsquery {_EXCLUDED_SEQS if excluding else ""}
+            UNION ALL
+            SELECT m.seq, length(v.vector), v.vector
+            FROM (SELECT m.id, m.seq, m.text FROM {_TAIL.format(after=int(search_seq))}) m,
+                 LATERAL (SELECT memory_app_search_vector(%(config)s::regconfig, m.text)
+                          AS vector) v
+            WHERE v.vector @@ %(any)s::tsquery
+              {"AND NOT (m.id = ANY(%(exclude)s))" if excluding else ""}
+        ) a
+        JOIN (VALUES {each}) t (term, q) ON ts_match_vq(a.vector, t.q)
+    """  # noqa: S608 - constant SQL
 
 
 def _plans(counts: list[int], *, n: int, last_seq: int, cap: int, limit: int):
@@ -192,7 +256,7 @@ def _plans(counts: list[int], *, n: int, last_seq: int, cap: int, limit: int):
 # found; avgdl the candidates' mean length; a term's tf the fewest positions of its lexemes in
 # a candidate holding them all (a phrase: matching it). The query's lexemes are read from each
 # candidate's vector in one pass (`ts_filter` keeps only theirs). Ties newest first; only the
-# best `limit` are joined to their messages.
+# best `limit` are joined to their messages (and `columns`, the messages' own, read there).
 RANK_SQL = """
 WITH found AS MATERIALIZED ({found}),
 terms (term, q, lexemes, need) AS (VALUES {terms}),
@@ -242,7 +306,7 @@ scored AS (
     GROUP BY t.seq
 ),
 best AS (SELECT seq, score FROM scored ORDER BY score DESC, seq DESC LIMIT %(limit)s)
-SELECT m.id, b.score FROM best b
+SELECT m.id, b.score{columns} FROM best b
 JOIN memory_app_message m ON m.context_id = %(context)s AND m.seq = b.seq
 ORDER BY b.score DESC, b.seq DESC
 """
