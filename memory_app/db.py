@@ -252,12 +252,17 @@ class Float8ArrayTextDumper(Dumper):
         return ("{" + ",".join(repr(float(x)) for x in obj.values) + "}").encode()
 
 
-def binding_cursor():
+def binding_cursor(*, prepared: bool = False):
     """A cursor of the default connection that sends its parameters apart from the statement
     (psycopg's server-side binding, `%b` for binary), where Django's own cursor merges them into
     the text: a 384-number query vector goes as 3 KB of doubles instead of a literal written
     with a `repr` per number and parsed back by the server. Wrapped as Django wraps its cursors
-    (database errors as Django's, statements logged under DEBUG and in tests)."""
+    (database errors as Django's, statements logged under DEBUG and in tests).
+
+    `prepared`: its statements are prepared on the connection the first time it sends them
+    and executed by name after that (Django leaves psycopg's own preparing off), so a
+    statement whose text never changes is parsed and analysed once per connection, and the
+    server may keep one plan for it instead of planning it anew each time."""
     connection.ensure_connection()
     raw = connection.connection
     if not getattr(raw, "_agentmemory_float8_arrays", False):
@@ -265,10 +270,17 @@ def binding_cursor():
         raw.adapters.register_dumper(Float8Array, Float8ArrayTextDumper)
         raw.adapters.register_dumper(Float8Array, Float8ArrayDumper)
         raw._agentmemory_float8_arrays = True
-    cursor = psycopg.Cursor(raw)
+    cursor = _PreparingCursor(raw) if prepared else psycopg.Cursor(raw)
     if connection.queries_logged:
         return connection.make_debug_cursor(cursor)
     return connection.make_cursor(cursor)
+
+
+class _PreparingCursor(psycopg.Cursor):
+    """Prepares every statement it executes (`binding_cursor(prepared=True)`)."""
+
+    def execute(self, query, params=None, *, prepare=None, binary=None):
+        return super().execute(query, params, prepare=True, binary=binary)
 
 
 # The statement of the innermost `deferred_read` block not sent yet, with what checks its row.

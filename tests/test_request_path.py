@@ -415,8 +415,15 @@ def test_a_keyword_search_reads_its_hits_with_the_ranking():
     items = response.json()["items"]
     # In the prompt's order (oldest first), as a selector answers.
     assert [i["message"]["text"] for i in items] == texts[:3]
-    statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
-    assert not any("m.id = ANY(" in s for s in statements), statements
+    statements = [
+        q["sql"]
+        for q in queries.captured_queries
+        if "SAVEPOINT" not in q["sql"] and "memory_app_search_chars" not in q["sql"]
+    ]
+    # The key and its context; the query parsed, ranked and its hits read, in one statement.
+    assert len(statements) == 2, statements
+    assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[0]
+    assert "websearch_to_tsquery" in statements[1] and "JOIN memory_app_message m" in statements[1]
     # The hits answer as a read of them by id would (every field, the text as stored).
     for item in items:
         message = item["message"]

@@ -32,8 +32,6 @@ KEYWORD_TERM_ROWS = 10_000
 # read through the GIN index and scored, no more rows than one term's pass may cost in a larger
 # context (see `_exact_found`).
 KEYWORD_EXACT_MESSAGES = KEYWORD_TERM_ROWS
-# A term's `need` when every match is read: its count is always exact.
-_EVERY_MATCH = 2**31 - 1
 
 
 def _any_terms_tsquery(query: str) -> str:
@@ -57,14 +55,7 @@ class KeywordQuery:
     strict: str
 
     def term_tsquery(self, term: bm25.Term) -> str:
-        return self._excluding(term.tsquery)
-
-    def any_tsquery(self) -> str:
-        """Any term, none of the exclusions: what a message must match to be scored."""
-        return self._excluding(" | ".join(f"({term.tsquery})" for term in self.terms))
-
-    def _excluding(self, tsquery: str) -> str:
-        return f"({tsquery}) & ({self.exclusion})" if self.exclusion else tsquery
+        return f"({term.tsquery}) & ({self.exclusion})" if self.exclusion else term.tsquery
 
 
 _QUOTED = r"'((?:[^']|'')*)'"
@@ -135,101 +126,173 @@ def keyword_ranking(
     cost more than finding them). With `rows` (a dict), that statement also reads the top
     messages' columns (`db.select_columns`) into it by id: the hits need no read of their own.
     """
-    parsed = parse_query(query)
-    if not parsed.terms or (match == "all" and not parsed.strict):
-        return []
     if last_seq is None or search_seq is None or message_count is None:
         last_seq, search_seq, message_count = Context.objects.filter(pk=context_id).values_list(
             "last_seq", "search_seq", "message_count"
         ).first() or (0, 0, 0)
-    cap = max(settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES, limit)
-    bounds = {"last_seq": last_seq, "search_seq": search_seq, "excluding": bool(exclude_ids)}
     params: dict = {
         "context": context_id,
         "exclude": list(exclude_ids),
         "config": FTS_CONFIG,
         "n": message_count,
         "last_seq": last_seq,
+        "search_seq": search_seq,
         "limit": limit,
-        "lexemes": sorted({lexeme for term in parsed.terms for lexeme in term.lexemes}),
     }
-    for i, term in enumerate(parsed.terms, start=1):
-        params[f"q{i}"] = parsed.term_tsquery(term)
-        params[f"l{i}"] = list(term.lexemes)
-    if match == "all":
-        params["q0"], params["need0"] = parsed.strict, cap
+    columns = _MESSAGE_COLUMNS if rows is not None else ""
     if message_count <= KEYWORD_EXACT_MESSAGES and last_seq - search_seq <= KEYWORD_EXACT_MESSAGES:
-        params["any"] = parsed.any_tsquery()
-        for i in range(1, len(parsed.terms) + 1):
-            params[f"need{i}"] = _EVERY_MATCH
-        found = [_exact_found(len(parsed.terms), strict=match == "all", **bounds)]
+        split = bm25.split_websearch(query)
+        if not split.words and not split.phrases:
+            return []
+        params.update(
+            words=" ".join(split.words),
+            neg=split.exclusion_text,
+            query=query,
+            phrases=list(split.phrases),
+            strict=match == "all",
+        )
+        sql = _exact_sql(excluding=bool(exclude_ids), columns=columns)
+        with db.binding_cursor(prepared=True) as cursor:
+            cursor.execute(sql, params)
+            found = cursor.fetchall()
     else:
-        found = _passes(params, parsed, cap=cap, limit=limit, match=match, **bounds)
-    terms = ", ".join(
-        f"({i}, %(q{i})s::tsquery, %(l{i})s::text[], %(need{i})s::int)"
-        for i in range(1, len(parsed.terms) + 1)
-    )
-    sql = RANK_SQL.format(
-        found=" UNION ALL ".join(found),
-        terms=terms,
-        candidates="term = 0" if match == "all" else "term > 0",
-        k1=bm25.K1,
-        b=bm25.B,
-        columns=_MESSAGE_COLUMNS if rows is not None else "",
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        found = cursor.fetchall()
+        parsed = parse_query(query)
+        if not parsed.terms or (match == "all" and not parsed.strict):
+            return []
+        sql = _ranking_sql(
+            params, parsed, match=match, columns=columns, excluding=bool(exclude_ids)
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            found = cursor.fetchall()
     if rows is not None:
         rows.update((row[0], row[2:]) for row in found)
     return [(row[0], float(row[1])) for row in found]
 
 
-_MESSAGE_COLUMNS = ", " + db.select_columns(Message, "m")
-
-
-def _passes(
-    params: dict, parsed: KeywordQuery, *, cap: int, limit: int, match: str, **bounds
-) -> list[str]:
-    """SQL of each term's candidates in a large context (`_term_candidates`), planned from the
-    terms' matches among the latest seqs (one statement: `_window_counts`)."""
-    last_seq, search_seq = bounds["last_seq"], bounds["search_seq"]
+def _ranking_sql(
+    params: dict, parsed: KeywordQuery, *, match: str, columns: str, excluding: bool
+) -> str:
+    """RANK_SQL over each term's candidates in a large context (`_term_candidates`), planned
+    from the terms' matches among the latest seqs (one statement first: `_window_counts`)."""
+    cap = max(settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES, params["limit"])
+    last_seq, search_seq = params["last_seq"], params["search_seq"]
+    bounds = {"last_seq": last_seq, "search_seq": search_seq, "excluding": excluding}
+    params["lexemes"] = sorted({lexeme for term in parsed.terms for lexeme in term.lexemes})
+    for i, term in enumerate(parsed.terms, start=1):
+        params[f"q{i}"] = parsed.term_tsquery(term)
+        params[f"l{i}"] = list(term.lexemes)
     counts = _window_counts(params, len(parsed.terms), last_seq=last_seq, search_seq=search_seq)
     found = []
-    plans = _plans(counts, n=params["n"], last_seq=last_seq, cap=cap, limit=limit)
+    plans = _plans(counts, n=params["n"], last_seq=last_seq, cap=cap, limit=params["limit"])
     for i, plan in enumerate(plans, start=1):
         params[f"need{i}"] = plan.need
         sql = _term_candidates(f"q{i}", need=f"need{i}", gin=plan.gin, **bounds)
         found.append(f"SELECT {i} AS term, f.* FROM ({sql}) f")  # noqa: S608 - constant SQL
     if match == "all":
+        params["q0"], params["need0"] = parsed.strict, cap
         sql = _term_candidates("q0", need="need0", gin=None, **bounds)
         found.append(f"SELECT 0 AS term, f.* FROM ({sql}) f")  # noqa: S608
-    return found
+    terms = ", ".join(
+        f"({i}, %(q{i})s::tsquery, %(l{i})s::text[], %(need{i})s::int)"
+        for i in range(1, len(parsed.terms) + 1)
+    )
+    return RANK_SQL.format(
+        inputs=f"found AS MATERIALIZED ({' UNION ALL '.join(found)}),"
+        f" terms (term, q, lexemes, need) AS (VALUES {terms})",
+        lexemes="%(lexemes)s::text[]",
+        candidates="term = 0" if match == "all" else "term > 0",
+        k1=bm25.K1,
+        b=bm25.B,
+        columns=columns,
+    )
 
 
-def _exact_found(terms: int, *, strict: bool, search_seq: int, excluding: bool, **_) -> str:
-    """SQL of (term, seq, vector length, vector) of every match of each term (term 0: of the
-    strict query) in a small context: the stored vectors matching any term, through the GIN
-    index, and the messages past `search_seq` parsed, each match then paired with the terms it
-    holds. Every count is exact and every match a candidate: BM25 as its formula reads."""
-    each = ", ".join(f"({i}, %(q{i})s::tsquery)" for i in range(0 if strict else 1, terms + 1))
-    return f"""
-        SELECT t.term, a.seq, a.length, a.vector
-        FROM (
-            SELECT s.seq, length(s.search_vector) AS length, s.search_vector AS vector
-            FROM {fulltext.TABLE} s
-            WHERE s.context_id = %(context)s AND s.seq <= {int(search_seq)}
-              AND s.search_vector @@ %(any)s::tsquery {_EXCLUDED_SEQS if excluding else ""}
-            UNION ALL
-            SELECT m.seq, length(v.vector), v.vector
-            FROM (SELECT m.id, m.seq, m.text FROM {_TAIL.format(after=int(search_seq))}) m,
-                 LATERAL (SELECT memory_app_search_vector(%(config)s::regconfig, m.text)
-                          AS vector) v
-            WHERE v.vector @@ %(any)s::tsquery
-              {"AND NOT (m.id = ANY(%(exclude)s))" if excluding else ""}
-        ) a
-        JOIN (VALUES {each}) t (term, q) ON ts_match_vq(a.vector, t.q)
-    """  # noqa: S608 - constant SQL
+_MESSAGE_COLUMNS = ", " + db.select_columns(Message, "m")
+
+
+# The inputs of RANK_SQL for a small context, the query parsed in the statement itself: its
+# terms are the stemmed words (in their order) and the phrases (a phrase equal to a word's
+# term counted once), each matched with none of the exclusions; term 0 the strict query (with
+# `strict`, `match="all"`). Every match of any term is read: the stored vectors through the
+# GIN index, the messages past `search_seq` parsed from their text (`_TAIL`), each then paired
+# with the terms it holds. Every count is exact (`need` never reached) and every match a
+# candidate: BM25 as its formula reads; a query of stop words only reads nothing (a test on
+# `matching` alone, checked once). The text depends only on `excluding` and the columns read,
+# so the statement is prepared once per connection and its plan reused.
+_EXACT_INPUTS = r"""
+parsed AS MATERIALIZED (
+    SELECT (SELECT q FROM websearch_to_tsquery(%(config)s::regconfig, %(neg)s) q
+            WHERE numnode(q) > 0) AS exclusion,
+           (SELECT q FROM websearch_to_tsquery(%(config)s::regconfig, %(query)s) q
+            WHERE numnode(q) > 0) AS strict
+),
+named AS MATERIALIZED (
+    SELECT min(x.o) AS o, x.q, x.lexemes FROM (
+        SELECT w.o, ('''' || replace(replace(w.x, '\', '\\'), '''', '''''') || '''')::tsquery AS q,
+               ARRAY[w.x] AS lexemes
+        FROM unnest(tsvector_to_array(to_tsvector(%(config)s::regconfig, %(words)s)))
+             WITH ORDINALITY w (x, o)
+        UNION ALL
+        SELECT 2147483647::bigint + p.o, q,
+               ARRAY(SELECT replace(r[1], '''''', '''')
+                     FROM regexp_matches(q::text, '''((?:[^'']|'''')*)''', 'g') r)
+        FROM unnest(%(phrases)s::text[]) WITH ORDINALITY p (t, o),
+             phraseto_tsquery(%(config)s::regconfig, p.t) q
+        WHERE numnode(q) > 0
+    ) x
+    GROUP BY x.q::text, x.q, x.lexemes
+),
+terms (term, q, lexemes, need) AS MATERIALIZED (
+    SELECT row_number() OVER (ORDER BY n.o)::int,
+           CASE WHEN p.exclusion IS NULL THEN n.q ELSE n.q && p.exclusion END,
+           n.lexemes, 2147483647
+    FROM named n CROSS JOIN parsed p
+),
+matching AS MATERIALIZED (
+    SELECT string_agg(DISTINCT '(' || t.q::text || ')', ' | ')::tsquery AS q,
+           array_agg(DISTINCT l.lexeme) AS lexemes
+    FROM terms t CROSS JOIN unnest(t.lexemes) l (lexeme)
+),
+found AS MATERIALIZED (
+    SELECT t.term, a.seq, a.length, a.vector
+    FROM (
+        SELECT s.seq, length(s.search_vector) AS length, s.search_vector AS vector
+        FROM {table} s
+        WHERE (SELECT q FROM matching) IS NOT NULL
+          AND s.context_id = %(context)s AND s.seq <= %(search_seq)s
+          AND s.search_vector @@ (SELECT q FROM matching) {excluded_seqs}
+        UNION ALL
+        SELECT m.seq, length(v.vector), v.vector
+        FROM (SELECT m.id, m.seq, m.text FROM {tail}) m,
+             LATERAL (SELECT memory_app_search_vector(%(config)s::regconfig, m.text)
+                      AS vector) v
+        WHERE (SELECT q FROM matching) IS NOT NULL
+          AND v.vector @@ (SELECT q FROM matching) {excluded_ids}
+    ) a
+    JOIN (
+        SELECT term, q FROM terms
+        UNION ALL SELECT 0, p.strict FROM parsed p WHERE %(strict)s AND p.strict IS NOT NULL
+    ) t ON ts_match_vq(a.vector, t.q)
+)"""
+
+
+def _exact_sql(*, excluding: bool, columns: str) -> str:
+    """RANK_SQL with `_EXACT_INPUTS`: a small context ranked in one statement."""
+    inputs = _EXACT_INPUTS.format(
+        table=fulltext.TABLE,
+        tail=_TAIL.format(after="%(search_seq)s"),
+        excluded_seqs=_EXCLUDED_SEQS if excluding else "",
+        excluded_ids="AND NOT (m.id = ANY(%(exclude)s))" if excluding else "",
+    )
+    return RANK_SQL.format(
+        inputs=inputs,
+        lexemes="(SELECT lexemes FROM matching)",
+        candidates="CASE WHEN %(strict)s THEN term = 0 ELSE term > 0 END",
+        k1=bm25.K1,
+        b=bm25.B,
+        columns=columns,
+    )
 
 
 def _plans(counts: list[int], *, n: int, last_seq: int, cap: int, limit: int):
@@ -250,16 +313,16 @@ def _plans(counts: list[int], *, n: int, last_seq: int, cap: int, limit: int):
 
 
 # BM25 (memory_app.search.bm25) over the candidates `found` (term, seq, length, vector): the
-# terms' matches (term 0: the strict query's, the candidates of `match="all"`). Each term's df
-# is its match count, exact below the term's `need` (its plan's), else the density of its
+# terms' matches (term 0: the strict query's, the candidates of `match="all"`); `inputs` defines
+# `found` and `terms` (term, tsquery, lexemes, need), `lexemes` is every term's lexemes. Each
+# term's df is its match count, exact below the term's `need` (its plan's), else the density of its
 # newest `need` matches over the context; N the context's count, never below the messages
 # found; avgdl the candidates' mean length; a term's tf the fewest positions of its lexemes in
 # a candidate holding them all (a phrase: matching it). The query's lexemes are read from each
 # candidate's vector in one pass (`ts_filter` keeps only theirs). Ties newest first; only the
 # best `limit` are joined to their messages (and `columns`, the messages' own, read there).
 RANK_SQL = """
-WITH found AS MATERIALIZED ({found}),
-terms (term, q, lexemes, need) AS (VALUES {terms}),
+WITH {inputs},
 candidates AS (
     SELECT DISTINCT ON (seq) seq, length, vector FROM found
     WHERE {candidates}
@@ -291,7 +354,7 @@ lexemes AS (
 tfs AS (
     SELECT c.seq, c.length, l.term, l.idf, min(coalesce(array_length(u.positions, 1), 1)) AS tf
     FROM candidates c
-    CROSS JOIN unnest(ts_filter(setweight(c.vector, 'A', %(lexemes)s::text[]), '{{a}}')) u
+    CROSS JOIN unnest(ts_filter(setweight(c.vector, 'A', {lexemes}), '{{a}}')) u
     JOIN lexemes l ON l.lexeme = u.lexeme
     GROUP BY c.seq, c.length, l.term, l.idf
     HAVING count(*) = max(l.parts) AND bool_and(l.parts = 1 OR c.vector @@ l.q)
