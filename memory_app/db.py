@@ -270,6 +270,10 @@ def binding_cursor(*, prepared: bool = False):
         raw.adapters.register_dumper(Float8Array, Float8ArrayTextDumper)
         raw.adapters.register_dumper(Float8Array, Float8ArrayDumper)
         raw._agentmemory_float8_arrays = True
+    if prepared and raw.prepare_threshold is None:
+        # Django turns psycopg's preparing off (None), which refuses even an explicit request;
+        # a threshold never reached keeps it off for every other statement.
+        raw.prepare_threshold = 2**31 - 1
     cursor = _PreparingCursor(raw) if prepared else psycopg.Cursor(raw)
     if connection.queries_logged:
         return connection.make_debug_cursor(cursor)
