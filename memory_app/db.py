@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 import psycopg
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models import DateTimeField, JSONField
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
@@ -276,8 +277,19 @@ def binding_cursor(*, prepared: bool = False):
         raw.prepare_threshold = 2**31 - 1
     cursor = _PreparingCursor(raw) if prepared else psycopg.Cursor(raw)
     if connection.queries_logged:
+        if prepared:
+            return _PreparedDebugCursor(cursor, connection)
         return connection.make_debug_cursor(cursor)
     return connection.make_cursor(cursor)
+
+
+class _PreparedDebugCursor(CursorDebugWrapper):
+    """Logs a prepared statement by its own text: executed by name, it has no other (Django
+    would log None)."""
+
+    def execute(self, sql, params=None):
+        with self.debug_sql(sql, params):
+            return CursorWrapper.execute(self, sql, params)
 
 
 class _PreparingCursor(psycopg.Cursor):
