@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 import psycopg
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models import DateTimeField, JSONField
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
@@ -252,12 +253,17 @@ class Float8ArrayTextDumper(Dumper):
         return ("{" + ",".join(repr(float(x)) for x in obj.values) + "}").encode()
 
 
-def binding_cursor():
+def binding_cursor(*, prepared: bool = False):
     """A cursor of the default connection that sends its parameters apart from the statement
     (psycopg's server-side binding, `%b` for binary), where Django's own cursor merges them into
     the text: a 384-number query vector goes as 3 KB of doubles instead of a literal written
     with a `repr` per number and parsed back by the server. Wrapped as Django wraps its cursors
-    (database errors as Django's, statements logged under DEBUG and in tests)."""
+    (database errors as Django's, statements logged under DEBUG and in tests).
+
+    `prepared`: its statements are prepared on the connection the first time it sends them
+    and executed by name after that (Django leaves psycopg's own preparing off), so a
+    statement whose text never changes is parsed and analysed once per connection, and the
+    server may keep one plan for it instead of planning it anew each time."""
     connection.ensure_connection()
     raw = connection.connection
     if not getattr(raw, "_agentmemory_float8_arrays", False):
@@ -265,10 +271,32 @@ def binding_cursor():
         raw.adapters.register_dumper(Float8Array, Float8ArrayTextDumper)
         raw.adapters.register_dumper(Float8Array, Float8ArrayDumper)
         raw._agentmemory_float8_arrays = True
-    cursor = psycopg.Cursor(raw)
+    if prepared and raw.prepare_threshold is None:
+        # Django turns psycopg's preparing off (None), which refuses even an explicit request;
+        # a threshold never reached keeps it off for every other statement.
+        raw.prepare_threshold = 2**31 - 1
+    cursor = _PreparingCursor(raw) if prepared else psycopg.Cursor(raw)
     if connection.queries_logged:
+        if prepared:
+            return _PreparedDebugCursor(cursor, connection)
         return connection.make_debug_cursor(cursor)
     return connection.make_cursor(cursor)
+
+
+class _PreparedDebugCursor(CursorDebugWrapper):
+    """Logs a prepared statement by its own text: executed by name, it has no other (Django
+    would log None)."""
+
+    def execute(self, sql, params=None):
+        with self.debug_sql(sql, params):
+            return CursorWrapper.execute(self, sql, params)
+
+
+class _PreparingCursor(psycopg.Cursor):
+    """Prepares every statement it executes (`binding_cursor(prepared=True)`)."""
+
+    def execute(self, query, params=None, *, prepare=None, binary=None):
+        return super().execute(query, params, prepare=True, binary=binary)
 
 
 # The statement of the innermost `deferred_read` block not sent yet, with what checks its row.

@@ -398,3 +398,33 @@ def test_an_append_queues_its_messages_for_the_configured_model(settings):
     assert [(e.message_id, e.model, e.vector) for e in queued] == [
         (result.messages[0].pk, "queued-model", None)
     ]
+
+
+@pytest.mark.django_db
+def test_a_keyword_search_reads_its_hits_with_the_ranking():
+    api = make_key()
+    cid = new_context(api)
+    texts = ["otters hold hands", "the river otter", "a quiet river", "nothing here"]
+    for text in texts:
+        response = api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": text})
+        assert response.status_code == 201
+    body = {"selector": "search", "query": "river otters", "mode": "keyword", "k": 3}
+    with CaptureQueriesContext(connection) as queries:
+        response = api.post(f"/api/v1/contexts/{cid}/select", body)
+    assert response.status_code == 200
+    items = response.json()["items"]
+    # In the prompt's order (oldest first), as a selector answers.
+    assert [i["message"]["text"] for i in items] == texts[:3]
+    statements = [
+        q["sql"]
+        for q in queries.captured_queries
+        if "SAVEPOINT" not in q["sql"] and "memory_app_search_chars" not in q["sql"]
+    ]
+    # The key and its context; the query parsed, ranked and its hits read, in one statement.
+    assert len(statements) == 2, statements
+    assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[0]
+    assert "websearch_to_tsquery" in statements[1] and "JOIN memory_app_message m" in statements[1]
+    # The hits answer as a read of them by id would (every field, the text as stored).
+    for item in items:
+        message = item["message"]
+        assert message == api.get(f"/api/v1/contexts/{cid}/messages/{message['id']}").json()

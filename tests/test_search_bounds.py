@@ -101,6 +101,7 @@ def test_keyword_ranks_the_newest_matches_when_more_match_than_the_candidates(
 ):
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 20
     monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 8)
+    monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", 0)  # ranked as a large one
     context = make_context()
     # The oldest message is the best match (four times "alpha"); 60 newer ones hold it once or
     # twice, every third not at all.
@@ -140,10 +141,13 @@ def test_keyword_ranks_the_newest_matches_when_more_match_than_the_candidates(
     assert [s for _, s in hits] == pytest.approx([s for _, s in expected])
 
 
-def test_a_frequent_term_s_document_frequency_is_estimated_from_its_newest_matches(settings):
+def test_a_frequent_term_s_document_frequency_is_estimated_from_its_newest_matches(
+    settings, monkeypatch
+):
     """Above the cap a term's df is its newest matches' density over the context: 5 matches
     reaching back over seqs 84..100 of 100 messages make about 29.4 (every fourth holds it)."""
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 5
+    monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", 0)  # ranked as a large one
     context = make_context()
     items = [
         {"role": "user", "text": f"alpha {i}" if i % 4 == 0 else f"filler {i}"}
@@ -234,10 +238,13 @@ def test_a_rare_old_match_is_found_by_widening_the_window(settings, monkeypatch)
 
 def test_a_query_of_stop_words_only_matches_nothing_without_reading(kyoto):
     context, _ = kyoto
-    with CaptureQueriesContext(connection) as queries:
-        assert keyword_ranking(context_id=context.pk, query="in the of", limit=5) == []
-        assert keyword_ranking(context_id=context.pk, query="- ! ,", limit=5, match="any") == []
-    assert not any("memory_app_message" in q["sql"] for q in queries.captured_queries)
+    for query in ("in the of", "- ! ,", '"the of" -in'):
+        reads = _reads_of(lambda q=query: keyword_ranking(context_id=context.pk, query=q, limit=5))
+        for statement in reads:
+            assert sum(_touched(n) for n in _message_scans(*statement)) == 0, statement
+    # Nothing to match at all: no statement.
+    assert _reads_of(lambda: keyword_ranking(context_id=context.pk, query="-x", limit=5)) == []
+    assert keyword_ranking(context_id=context.pk, query="in the of", limit=5) == []
 
 
 # --- plans on a context of a few thousand rows ------------------------------------------------
@@ -249,11 +256,11 @@ def _plan_nodes(plan: dict):
         yield from _plan_nodes(child)
 
 
-def _message_scans(sql: str) -> list[dict]:
+def _message_scans(sql: str, params=None) -> list[dict]:
     """The nodes of EXPLAIN ANALYZE reading memory_app_message, or the full-text vectors beside
-    it (memory_app_messagesearch), for `sql` (a captured query)."""
+    it (memory_app_messagesearch), for `sql` and its `params` (a statement as executed)."""
     with connection.cursor() as cur:
-        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
         plan = cur.fetchone()[0]
     plan = plan[0]["Plan"] if isinstance(plan, list) else json.loads(plan)[0]["Plan"]
     tables = ("memory_app_message", "memory_app_messagesearch")
@@ -307,10 +314,17 @@ def big_context(settings):
     return context
 
 
-def _reads_of(fn) -> list[str]:
-    with CaptureQueriesContext(connection) as queries:
+def _reads_of(fn) -> list[tuple[str, object]]:
+    """The statements `fn` executed that read messages, each (sql, params) as executed."""
+    executed = []
+
+    def record(execute, sql, params, many, context):
+        executed.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
         fn()
-    return [q["sql"] for q in queries.captured_queries if "memory_app_message" in q["sql"]]
+    return [(sql, params) for sql, params in executed if "memory_app_message" in sql]
 
 
 @pytest.mark.parametrize(
@@ -321,10 +335,11 @@ def test_keyword_reads_use_indexes_and_touch_only_the_candidates(
 ):
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 100
     monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 400)
+    monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", 0)
     reads = _reads_of(lambda: search_messages(context=big_context, query=query, k=10, mode=mode))
     assert reads
-    for sql in reads:
-        scans = _message_scans(sql)
+    for sql, params in reads:
+        scans = _message_scans(sql, params)
         assert scans and not [n for n in scans if n["Node Type"] == "Seq Scan"], sql
         # Ranking every match read 1,333 rows for "alpha", 4,000 for "note". Now: at most a
         # window's rows (the first window of 400 seqs holds 133 "alpha"), or the few matches
@@ -338,15 +353,87 @@ def test_composite_reads_use_indexes_and_do_not_walk_the_context(
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 100
     # A tenth of the context, as in a big one (half of it is rightly read in sequence).
     monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 400)
+    monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", 0)
     spec = selectors.CompositeSpec(search_k=3, search_mode="keyword")
     selection = selectors.select(context=big_context, spec=spec)
     system = Message.objects.get(context=big_context, seq=1)
     assert selection.items[0].message.pk == system.pk
     assert selection.items[-1].message.text.startswith("any note about")
     reads = _reads_of(lambda: selectors.select(context=big_context, spec=spec))
-    for sql in reads:
-        scans = _message_scans(sql)
+    for sql, params in reads:
+        scans = _message_scans(sql, params)
         assert not [n for n in scans if n["Node Type"] == "Seq Scan"], sql
-        if "'system'" in sql:
+        if "system" in [*(params or ())]:
             # The system message is 4,000 messages back: one index entry, not a walk back to it.
             assert sum(_touched(n) for n in scans) <= 2, sql
+
+
+def test_a_context_smaller_than_another_reads_only_its_window(big_context, settings, monkeypatch):
+    """The planner's statistics on seqs span every context: past the end of a context smaller
+    than another, `seq > n` looks like thousands of rows, and the unindexed tail (messages past
+    the indexer's mark, none here) was read through a scan of the whole context."""
+    settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 100
+    monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 400)
+    monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", 0)
+    small = make_context()
+    items = [
+        {"role": "user", "text": f"note {i} alpha" if i % 3 else f"note {i}"} for i in range(3000)
+    ]
+    for start in range(0, len(items), 1000):
+        messages_append(context=small, items=items[start : start + 1000])
+    fulltext.index_pending()
+    analyse("message", "messagesearch")
+    small.refresh_from_db()
+    assert small.search_seq == small.last_seq == 3000
+    # As a store whose larger contexts run to a million seqs: nearly every seq is past 3,000.
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT pg_restore_attribute_stats('schemaname', 'public',"
+            " 'relname', 'memory_app_message', 'attname', 'seq', 'inherited', false,"
+            " 'histogram_bounds', %s::text)",
+            ["{" + ",".join(str(x) for x in [1, *range(10_000, 1_000_001, 10_000)]) + "}"],
+        )
+    reads = _reads_of(
+        lambda: search_messages(context=small, query="kyoto alpha", k=10, mode="keyword")
+    )
+    assert reads
+    for sql, params in reads:
+        scans = _message_scans(sql, params)
+        assert sum(_touched(n) for n in scans) <= 1000, sql
+
+
+def test_a_small_context_is_parsed_and_ranked_exactly_in_one_statement(settings):
+    """In a context no larger than one term's pass may read, every match is scored with exact
+    counts, whatever the candidates' cap: the oldest message, the best match, leads."""
+    settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 5
+    context = make_context()
+    items = [{"role": "user", "text": "alpha alpha alpha alpha beta"}]
+    items += [{"role": "user", "text": f"alpha {i}" if i % 3 else f"beta {i}"} for i in range(300)]
+    messages = messages_append(context=context, items=items).messages
+    fulltext.index_pending()
+    # A batch after the indexer's mark (deferred: its vectors wait), parsed from its text.
+    messages += messages_append(
+        context=context, items=[{"role": "user", "text": "alpha beta gamma"}] * 70
+    ).messages
+    context.refresh_from_db()
+    with CaptureQueriesContext(connection) as queries:
+        hits = keyword_ranking(
+            context_id=context.pk,
+            query="alpha beta -gamma",
+            limit=10,
+            last_seq=context.last_seq,
+            search_seq=context.search_seq,
+            message_count=context.message_count,
+        )
+    truth = bm25_truth(context, **split("alpha beta -gamma"))[:10]
+    assert hits[0][0] == messages[0].pk
+    assert [h for h, _ in hits] == [mid for mid, _ in truth]
+    assert [s for _, s in hits] == pytest.approx([s for _, s in truth])
+    assert context.search_seq < context.last_seq
+    # The query parsed and ranked in one statement: no count of the latest seqs to plan passes
+    # from, no passes per term.
+    assert len(queries.captured_queries) == 1, [q["sql"] for q in queries.captured_queries]
+    assert [
+        h
+        for h, _ in keyword_ranking(context_id=context.pk, query="alpha beta", limit=2, match="all")
+    ] == [messages[0].pk, messages[-1].pk]

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection
 
-from memory_app.models import FTS_CONFIG, Context
+from memory_app import db
+from memory_app.models import FTS_CONFIG, Context, Message
 from memory_app.search import bm25, fulltext
 
 # Keyword candidates are looked for in the latest KEYWORD_RECENT_SEQS seqs first, then in the
@@ -27,6 +28,10 @@ from memory_app.search import bm25, fulltext
 KEYWORD_RECENT_SEQS = 2_000
 # The rows one term's older pass may cost (`bm25.plan_term`): a few milliseconds of the server's.
 KEYWORD_TERM_ROWS = 10_000
+# A context no larger than this is ranked exactly, in one statement: every match of every term
+# read through the GIN index and scored, no more rows than one term's pass may cost in a larger
+# context (see `_exact_found`).
+KEYWORD_EXACT_MESSAGES = KEYWORD_TERM_ROWS
 
 
 def _any_terms_tsquery(query: str) -> str:
@@ -100,6 +105,7 @@ def keyword_ranking(
     last_seq: int | None = None,
     search_seq: int | None = None,
     message_count: int | None = None,
+    rows: dict[int, tuple] | None = None,
 ) -> list[tuple[int, float]]:
     """(message id, BM25 score) of live messages matching `query`, best first, ties newest first.
 
@@ -117,34 +123,69 @@ def keyword_ranking(
     Two statements after the query's parse: the terms' counts in the latest seqs, then one for
     every term's passes, the document frequencies and the scores, computed by the server, which
     sends back the top `limit` only (scoring a thousand candidates in Python, and sending them,
-    cost more than finding them).
+    cost more than finding them). With `rows` (a dict), that statement also reads the top
+    messages' columns (`db.select_columns`) into it by id: the hits need no read of their own.
     """
-    parsed = parse_query(query)
-    if not parsed.terms or (match == "all" and not parsed.strict):
-        return []
     if last_seq is None or search_seq is None or message_count is None:
         last_seq, search_seq, message_count = Context.objects.filter(pk=context_id).values_list(
             "last_seq", "search_seq", "message_count"
         ).first() or (0, 0, 0)
-    cap = max(settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES, limit)
-    bounds = {"last_seq": last_seq, "search_seq": search_seq, "excluding": bool(exclude_ids)}
     params: dict = {
         "context": context_id,
         "exclude": list(exclude_ids),
         "config": FTS_CONFIG,
         "n": message_count,
         "last_seq": last_seq,
+        "search_seq": search_seq,
         "limit": limit,
-        "lexemes": sorted({lexeme for term in parsed.terms for lexeme in term.lexemes}),
     }
+    columns = _MESSAGE_COLUMNS if rows is not None else ""
+    if message_count <= KEYWORD_EXACT_MESSAGES and last_seq - search_seq <= KEYWORD_EXACT_MESSAGES:
+        split = bm25.split_websearch(query)
+        if not split.words and not split.phrases:
+            return []
+        params.update(
+            words=" ".join(split.words),
+            neg=split.exclusion_text,
+            query=query,
+            phrases=list(split.phrases),
+            strict=match == "all",
+        )
+        sql = _exact_sql(excluding=bool(exclude_ids), columns=columns)
+        with db.binding_cursor(prepared=True) as cursor:
+            cursor.execute(sql, params)
+            found = cursor.fetchall()
+    else:
+        parsed = parse_query(query)
+        if not parsed.terms or (match == "all" and not parsed.strict):
+            return []
+        sql = _ranking_sql(
+            params, parsed, match=match, columns=columns, excluding=bool(exclude_ids)
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            found = cursor.fetchall()
+    if rows is not None:
+        rows.update((row[0], row[2:]) for row in found)
+    return [(row[0], float(row[1])) for row in found]
+
+
+def _ranking_sql(
+    params: dict, parsed: KeywordQuery, *, match: str, columns: str, excluding: bool
+) -> str:
+    """RANK_SQL over each term's candidates in a large context (`_term_candidates`), planned
+    from the terms' matches among the latest seqs (one statement first: `_window_counts`)."""
+    cap = max(settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES, params["limit"])
+    last_seq, search_seq = params["last_seq"], params["search_seq"]
+    bounds = {"last_seq": last_seq, "search_seq": search_seq, "excluding": excluding}
+    params["lexemes"] = sorted({lexeme for term in parsed.terms for lexeme in term.lexemes})
     for i, term in enumerate(parsed.terms, start=1):
         params[f"q{i}"] = parsed.term_tsquery(term)
         params[f"l{i}"] = list(term.lexemes)
     counts = _window_counts(params, len(parsed.terms), last_seq=last_seq, search_seq=search_seq)
     found = []
-    for i, plan in enumerate(
-        _plans(counts, n=message_count, last_seq=last_seq, cap=cap, limit=limit), start=1
-    ):
+    plans = _plans(counts, n=params["n"], last_seq=last_seq, cap=cap, limit=params["limit"])
+    for i, plan in enumerate(plans, start=1):
         params[f"need{i}"] = plan.need
         sql = _term_candidates(f"q{i}", need=f"need{i}", gin=plan.gin, **bounds)
         found.append(f"SELECT {i} AS term, f.* FROM ({sql}) f")  # noqa: S608 - constant SQL
@@ -156,16 +197,102 @@ def keyword_ranking(
         f"({i}, %(q{i})s::tsquery, %(l{i})s::text[], %(need{i})s::int)"
         for i in range(1, len(parsed.terms) + 1)
     )
-    sql = RANK_SQL.format(
-        found=" UNION ALL ".join(found),
-        terms=terms,
+    return RANK_SQL.format(
+        inputs=f"found AS MATERIALIZED ({' UNION ALL '.join(found)}),"
+        f" terms (term, q, lexemes, need) AS (VALUES {terms})",
+        lexemes="%(lexemes)s::text[]",
         candidates="term = 0" if match == "all" else "term > 0",
         k1=bm25.K1,
         b=bm25.B,
+        columns=columns,
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [(mid, float(score)) for mid, score in cursor.fetchall()]
+
+
+_MESSAGE_COLUMNS = ", " + db.select_columns(Message, "m")
+
+
+# The inputs of RANK_SQL for a small context, the query parsed in the statement itself: its
+# terms are the stemmed words (in their order) and the phrases (a phrase equal to a word's
+# term counted once), each matched with none of the exclusions; term 0 the strict query (with
+# `strict`, `match="all"`). Every match of any term is read: the stored vectors through the
+# GIN index, the messages past `search_seq` parsed from their text (`_TAIL`), each then paired
+# with the terms it holds. Every count is exact (`need` never reached) and every match a
+# candidate: BM25 as its formula reads; a query of stop words only reads nothing (a test on
+# `matching` alone, checked once). The text depends only on `excluding` and the columns read,
+# so the statement is prepared once per connection and its plan reused.
+_EXACT_INPUTS = r"""
+parsed AS MATERIALIZED (
+    SELECT (SELECT q FROM websearch_to_tsquery(%(config)s::regconfig, %(neg)s) q
+            WHERE numnode(q) > 0) AS exclusion,
+           (SELECT q FROM websearch_to_tsquery(%(config)s::regconfig, %(query)s) q
+            WHERE numnode(q) > 0) AS strict
+),
+named AS MATERIALIZED (
+    SELECT min(x.o) AS o, x.q, x.lexemes FROM (
+        SELECT w.o, ('''' || replace(replace(w.x, '\', '\\'), '''', '''''') || '''')::tsquery AS q,
+               ARRAY[w.x] AS lexemes
+        FROM unnest(tsvector_to_array(to_tsvector(%(config)s::regconfig, %(words)s)))
+             WITH ORDINALITY w (x, o)
+        UNION ALL
+        SELECT 2147483647::bigint + p.o, q,
+               ARRAY(SELECT replace(r[1], '''''', '''')
+                     FROM regexp_matches(q::text, '''((?:[^'']|'''')*)''', 'g') r)
+        FROM unnest(%(phrases)s::text[]) WITH ORDINALITY p (t, o),
+             phraseto_tsquery(%(config)s::regconfig, p.t) q
+        WHERE numnode(q) > 0
+    ) x
+    GROUP BY x.q::text, x.q, x.lexemes
+),
+terms (term, q, lexemes, need) AS MATERIALIZED (
+    SELECT row_number() OVER (ORDER BY n.o)::int,
+           CASE WHEN p.exclusion IS NULL THEN n.q ELSE n.q && p.exclusion END,
+           n.lexemes, 2147483647
+    FROM named n CROSS JOIN parsed p
+),
+matching AS MATERIALIZED (
+    SELECT string_agg(DISTINCT '(' || t.q::text || ')', ' | ')::tsquery AS q,
+           array_agg(DISTINCT l.lexeme) AS lexemes
+    FROM terms t CROSS JOIN unnest(t.lexemes) l (lexeme)
+),
+found AS MATERIALIZED (
+    SELECT t.term, a.seq, a.length, a.vector
+    FROM (
+        SELECT s.seq, length(s.search_vector) AS length, s.search_vector AS vector
+        FROM {table} s
+        WHERE (SELECT q FROM matching) IS NOT NULL
+          AND s.context_id = %(context)s AND s.seq <= %(search_seq)s
+          AND s.search_vector @@ (SELECT q FROM matching) {excluded_seqs}
+        UNION ALL
+        SELECT m.seq, length(v.vector), v.vector
+        FROM (SELECT m.id, m.seq, m.text FROM {tail}) m,
+             LATERAL (SELECT memory_app_search_vector(%(config)s::regconfig, m.text)
+                      AS vector) v
+        WHERE (SELECT q FROM matching) IS NOT NULL
+          AND v.vector @@ (SELECT q FROM matching) {excluded_ids}
+    ) a
+    JOIN (
+        SELECT term, q FROM terms
+        UNION ALL SELECT 0, p.strict FROM parsed p WHERE %(strict)s AND p.strict IS NOT NULL
+    ) t ON ts_match_vq(a.vector, t.q)
+)"""
+
+
+def _exact_sql(*, excluding: bool, columns: str) -> str:
+    """RANK_SQL with `_EXACT_INPUTS`: a small context ranked in one statement."""
+    inputs = _EXACT_INPUTS.format(
+        table=fulltext.TABLE,
+        tail=_TAIL.format(after="%(search_seq)s"),
+        excluded_seqs=_EXCLUDED_SEQS if excluding else "",
+        excluded_ids="AND NOT (m.id = ANY(%(exclude)s))" if excluding else "",
+    )
+    return RANK_SQL.format(
+        inputs=inputs,
+        lexemes="(SELECT lexemes FROM matching)",
+        candidates="CASE WHEN %(strict)s THEN term = 0 ELSE term > 0 END",
+        k1=bm25.K1,
+        b=bm25.B,
+        columns=columns,
+    )
 
 
 def _plans(counts: list[int], *, n: int, last_seq: int, cap: int, limit: int):
@@ -186,16 +313,16 @@ def _plans(counts: list[int], *, n: int, last_seq: int, cap: int, limit: int):
 
 
 # BM25 (memory_app.search.bm25) over the candidates `found` (term, seq, length, vector): the
-# terms' matches (term 0: the strict query's, the candidates of `match="all"`). Each term's df
-# is its match count, exact below the term's `need` (its plan's), else the density of its
+# terms' matches (term 0: the strict query's, the candidates of `match="all"`); `inputs` defines
+# `found` and `terms` (term, tsquery, lexemes, need), `lexemes` is every term's lexemes. Each
+# term's df is its match count, exact below the term's `need` (its plan's), else the density of its
 # newest `need` matches over the context; N the context's count, never below the messages
 # found; avgdl the candidates' mean length; a term's tf the fewest positions of its lexemes in
 # a candidate holding them all (a phrase: matching it). The query's lexemes are read from each
 # candidate's vector in one pass (`ts_filter` keeps only theirs). Ties newest first; only the
-# best `limit` are joined to their messages.
+# best `limit` are joined to their messages (and `columns`, the messages' own, read there).
 RANK_SQL = """
-WITH found AS MATERIALIZED ({found}),
-terms (term, q, lexemes, need) AS (VALUES {terms}),
+WITH {inputs},
 candidates AS (
     SELECT DISTINCT ON (seq) seq, length, vector FROM found
     WHERE {candidates}
@@ -227,7 +354,7 @@ lexemes AS (
 tfs AS (
     SELECT c.seq, c.length, l.term, l.idf, min(coalesce(array_length(u.positions, 1), 1)) AS tf
     FROM candidates c
-    CROSS JOIN unnest(ts_filter(setweight(c.vector, 'A', %(lexemes)s::text[]), '{{a}}')) u
+    CROSS JOIN unnest(ts_filter(setweight(c.vector, 'A', {lexemes}), '{{a}}')) u
     JOIN lexemes l ON l.lexeme = u.lexeme
     GROUP BY c.seq, c.length, l.term, l.idf
     HAVING count(*) = max(l.parts) AND bool_and(l.parts = 1 OR c.vector @@ l.q)
@@ -242,7 +369,7 @@ scored AS (
     GROUP BY t.seq
 ),
 best AS (SELECT seq, score FROM scored ORDER BY score DESC, seq DESC LIMIT %(limit)s)
-SELECT m.id, b.score FROM best b
+SELECT m.id, b.score{columns} FROM best b
 JOIN memory_app_message m ON m.context_id = %(context)s AND m.seq = b.seq
 ORDER BY b.score DESC, b.seq DESC
 """
@@ -250,19 +377,41 @@ ORDER BY b.score DESC, b.seq DESC
 
 # The keyword passes of `_term_candidates` as SQL text: seq bounds are ints written into the
 # text, the rest are parameters (`q` names the term's tsquery parameter).
-def _parsed_pass(after: int, upto: int, q: str, need: str, excluding: bool) -> str:
+def _parsed_pass(after: int, upto: int | None, q: str, need: str, excluding: bool) -> str:
     """A keyword pass over messages the indexer has not reached: their text is parsed (its first
-    part, as the indexer parses it)."""
+    part, as the indexer parses it). `upto` None: every message past `after` (`_TAIL`)."""
+    rows = (
+        _TAIL.format(after=int(after))
+        if upto is None
+        else f"""memory_app_message m WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
+              AND m.seq > {int(after)} AND m.seq <= {int(upto)}"""
+    )
     return f"""
         SELECT m.seq, length(v.vector) AS length, v.vector
-        FROM memory_app_message m,
+        FROM (SELECT m.id, m.seq, m.text FROM {rows}) m,
              LATERAL (SELECT memory_app_search_vector(%(config)s::regconfig, m.text) AS vector) v
-        WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
-          AND m.seq > {int(after)} AND m.seq <= {int(upto)}
-          AND v.vector @@ %({q})s::tsquery
+        WHERE v.vector @@ %({q})s::tsquery
           {"AND NOT (m.id = ANY(%(exclude)s))" if excluding else ""}
         ORDER BY m.seq DESC LIMIT %({need})s
     """  # noqa: S608 - constant SQL
+
+
+# The live messages past seq `after`, up to the context's newest seq as the statement finds it
+# (so messages appended since the request read its counters are found too), each read by its
+# key. The planner cannot know where one context's seqs end (its statistics span every
+# context), so a bare `seq > after` past the end is estimated at thousands of rows and read
+# through a scan of the whole context; the series walks only the seqs up to the newest (none,
+# usually: small appends write their vectors at once). `LIMIT 1` keeps each probe a lookup on
+# (context, seq).
+_TAIL = """
+    generate_series({after} + 1,
+                    (SELECT max(n.seq) FROM memory_app_message n
+                     WHERE n.context_id = %(context)s)) g (seq)
+    CROSS JOIN LATERAL (
+        SELECT x.id, x.seq, x.text FROM memory_app_message x
+        WHERE x.context_id = %(context)s AND x.seq = g.seq AND x.pruned_at IS NULL LIMIT 1
+    ) m
+"""
 
 
 _EXCLUDED_SEQS = """
@@ -335,11 +484,10 @@ def _term_candidates(
     """
     older = max(last_seq - KEYWORD_RECENT_SEQS, 0)
     searched_older = min(search_seq, older)
-    # No upper bound on the newest pass: messages appended since `last_seq` was read.
-    newest = 2**63 - 1
     walk = f"ts_match_vq(s.search_vector, %({q})s::tsquery)"
     passes = [
-        _parsed_pass(max(search_seq, older), newest, q, need, excluding),
+        # No upper bound on the newest pass: messages appended since `last_seq` was read.
+        _parsed_pass(max(search_seq, older), None, q, need, excluding),
         _stored_pass(older, search_seq, walk, need, excluding),
     ]
     if search_seq < older:
@@ -369,9 +517,7 @@ def _window_counts(params: dict, terms: int, *, last_seq: int, search_seq: int) 
              ORDER BY s.seq DESC LIMIT {KEYWORD_RECENT_SEQS})
             UNION ALL
             SELECT memory_app_search_vector(%(config)s::regconfig, m.text)
-            FROM memory_app_message m
-            WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
-              AND m.seq > {int(max(search_seq, older))}
+            FROM {_TAIL.format(after=int(max(search_seq, older)))}
         ) w
     """  # noqa: S608 - constant SQL
     with connection.cursor() as cursor:

@@ -83,7 +83,7 @@ def search_messages(
     keyword: list[tuple[int, float]] = []
     semantic: list[tuple[int, float]] = []
     used_model = None
-    walked_rows: dict[int, tuple] = {}  # the messages the semantic walk read with it
+    walked_rows: dict[int, tuple] = {}  # the messages each ranking read with it
     fetch = k if mode != "hybrid" else max(k * 3, 20)
     if mode in ("keyword", "hybrid") and query.strip():
         keyword = keyword_ranking(
@@ -95,6 +95,7 @@ def search_messages(
             last_seq=context.last_seq,
             search_seq=context.search_seq,
             message_count=context.message_count,
+            rows=walked_rows,
         )
     if mode in ("semantic", "hybrid"):
         try:
