@@ -5,8 +5,10 @@ of its -exclusions (websearch syntax); `match="all"` asks for every word instead
 (websearch_to_tsquery as written). The matches are scored by BM25 with term frequencies read
 from the stored tsvectors and document frequencies counted per term with a cap (the formula and
 its approximations: `memory_app.search.bm25`). The work is bounded whatever the context's size:
-each term reads at most `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` of its newest matches, as many as
-its weight asks for (`bm25.plan_term`, from its matches among the latest seqs), through the GIN
+a context of up to KEYWORD_EXACT_MESSAGES messages has every match scored with exact counts, in
+one prepared statement that also parses the query (`_EXACT_INPUTS`); in a larger one each term
+reads at most `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` of its newest matches, as many as its
+weight asks for (`bm25.plan_term`, from its matches among the latest seqs), through the GIN
 index or a walk back on the primary key bounded in rows (see `_term_candidates`), and the
 server scores them in the same statement (`RANK_SQL`).
 """
@@ -120,11 +122,13 @@ def keyword_ranking(
     `search_seq` and `message_count` are the context's counters (read when not given; an older
     `search_seq` is always safe). See `_term_candidates`.
 
-    Two statements after the query's parse: the terms' counts in the latest seqs, then one for
-    every term's passes, the document frequencies and the scores, computed by the server, which
-    sends back the top `limit` only (scoring a thousand candidates in Python, and sending them,
-    cost more than finding them). With `rows` (a dict), that statement also reads the top
-    messages' columns (`db.select_columns`) into it by id: the hits need no read of their own.
+    In a context of up to KEYWORD_EXACT_MESSAGES messages, one statement parses the query and
+    scores every match. In a larger one, two after the query's parse: the terms' counts in the
+    latest seqs, then one for every term's passes, the document frequencies and the scores.
+    Either way the server sends back the top `limit` only (scoring a thousand candidates in
+    Python, and sending them, cost more than finding them). With `rows` (a dict), the last
+    statement also reads the top messages' columns (`db.select_columns`) into it by id: the
+    hits need no read of their own.
     """
     if last_seq is None or search_seq is None or message_count is None:
         last_seq, search_seq, message_count = Context.objects.filter(pk=context_id).values_list(
