@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The suites that reach the database through the product's own paths (API, MCP, OTLP, workers,
-# curation, search), run against a Citus coordinator with two workers: the cluster is started
-# from the build scripts/build_citus.sh made, migrated and distributed as an operator would
-# (`manage.py migrate`, `manage.py distribute`), and stopped at the end.
+# The suites that reach the database through the product's own paths (API and its request path,
+# MCP, OTLP and its span queue, workers, curation, search, purge, a context's history page), run
+# against a Citus coordinator with two workers: the cluster is started from the build
+# scripts/build_citus.sh made, migrated and distributed as an operator would (`manage.py
+# migrate`, `manage.py distribute`), and stopped at the end.
 #
 #   scripts/test_citus.sh [CITUS_TREE] [pytest arguments...]
 set -euo pipefail
@@ -33,4 +34,6 @@ AGENTMEMORY_TEST_DB_NAME=$database AGENTMEMORY_CITUS_TREE="$tree" "$python" -m p
     tests/test_memory_review.py tests/test_search.py tests/test_selectors.py \
     tests/test_client_live.py tests/test_memory_history.py tests/test_retention.py \
     tests/test_erasure.py tests/test_scores.py tests/test_langgraph_store.py \
-    tests/test_langgraph_checkpoint.py tests/test_citus_cluster.py tests/test_global_search.py "$@"
+    tests/test_langgraph_checkpoint.py tests/test_citus_cluster.py tests/test_global_search.py \
+    tests/test_request_path.py tests/test_otlp_queue.py tests/test_purge_total.py \
+    tests/test_fulltext.py tests/test_batch_vectors.py tests/test_context_history.py "$@"

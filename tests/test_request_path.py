@@ -103,7 +103,8 @@ def test_a_semantic_search_reads_key_and_context_once_and_the_walk_in_one_go(set
     pipelined = []
 
     def record(execute, sql, params, many, context):
-        pipelined.append(connection.connection.info.pipeline_status)
+        if "SAVEPOINT" not in sql:
+            pipelined.append(connection.connection.info.pipeline_status)
         return execute(sql, params, many, context)
 
     with CaptureQueriesContext(connection) as queries, connection.execute_wrapper(record):
@@ -112,14 +113,25 @@ def test_a_semantic_search_reads_key_and_context_once_and_the_walk_in_one_go(set
     assert "m7" in [item["message"]["text"] for item in response.json()["items"]]
     statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
     # The key and its context in one statement; the walk's settings; the walk, which reads the
-    # hits' rows too: all three in one round trip (the key's statement goes first in the walk's
-    # pipeline).
-    assert len(statements) == 3, statements
-    assert pipelined[-3:] == [psycopg.pq.PipelineStatus.ON] * 3, pipelined
-    assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[0]
-    assert statements[1].startswith("SELECT set_config(")
-    assert "<=>" in statements[2] and "JOIN memory_app_message h" in statements[2]
-    assert "$1::float8[]::vector(384)" in statements[2]  # a binary parameter, not a literal
+    # hits' rows too: all in one round trip (the key's statement goes first in the walk's
+    # pipeline). On Citus the settings are SET LOCAL statements (what it passes on to the
+    # workers), and the hits' rows are read after the walk, by their context.
+    key, *settings_sql, walk = statements[: statements.index(_walk(statements)) + 1]
+    sharded = scale_out.table_is_distributed("memory_app_embedding")
+    after = statements[len(settings_sql) + 2 :]
+    assert len(statements) == len(settings_sql) + 2 + sharded, statements
+    sent = len(settings_sql) + 2
+    assert pipelined[:sent] == [psycopg.pq.PipelineStatus.ON] * sent, pipelined
+    assert "memory_app_apikey" in key and "memory_app_context" in key
+    if sharded:
+        assert settings_sql and all(s.startswith("SET LOCAL ") for s in settings_sql)
+        assert "hnsw.iterative_scan" in " ".join(settings_sql)
+        [hits] = after
+        assert "memory_app_message" in hits and "context_id = " in hits.replace('"', "")
+    else:
+        assert [s[:18] for s in settings_sql] == ["SELECT set_config("]
+        assert "JOIN memory_app_message h" in walk
+    assert "$1::float8[]::vector(384)" in walk  # a binary parameter, not a literal
     # The hits answer as a read of them by id would (every field, the text as stored).
     [hit] = [i for i in response.json()["items"] if i["message"]["text"] == "m7"]
     assert (
@@ -274,8 +286,13 @@ def test_the_walk_goes_out_with_its_transaction_in_one_round_trip(settings):
         )
     assert path == "hnsw" and hits[0][0] and len(hits) == 5
     on = psycopg.pq.PipelineStatus.ON
-    # (A first search reads the store's size before: cached afterwards.)
-    assert seen[-4:] == [("BEGIN", on), ("SELECT", on), ("WITH", on), ("COMMIT", on)], seen
+    # (A first search reads the store's size before: cached afterwards.) On Citus the settings
+    # are SET LOCAL statements, one a setting.
+    begin = len(seen) - 1 - [kind for kind, _ in seen][::-1].index("BEGIN")
+    settings_sent = [kind for kind, _ in seen[begin + 1 : -2]]
+    assert settings_sent and settings_sent in (["SELECT"], ["SET"] * len(settings_sent)), seen
+    sent = [("BEGIN", on), *[(kind, on) for kind in settings_sent], ("WITH", on)]
+    assert seen[begin:] == [*sent, ("COMMIT", on)], seen
     assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     # A failing walk rolls its transaction back: the connection is usable at once.
     with pytest.raises(Exception), connection.execute_wrapper(_fail_walk):
@@ -284,6 +301,10 @@ def test_the_walk_goes_out_with_its_transaction_in_one_round_trip(settings):
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_setting('enable_sort')")
         assert cursor.fetchone()[0] == "on"  # SET LOCAL's values ended with the transaction
+
+
+def _walk(statements: list[str]) -> str:
+    return next(s for s in statements if "<=>" in s)
 
 
 def _fail_walk(execute, sql, params, many, context):

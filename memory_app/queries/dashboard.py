@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.postgres.search import SearchQuery
-from django.db.models import F, Q, QuerySet
+from django.db.models import F, FilteredRelation, Q, QuerySet
 
 from memory_app.models import (
     FTS_CONFIG,
@@ -171,7 +171,11 @@ class HistoryWindow:
 def messages_for_history() -> QuerySet[Message]:
     """Messages as the history shows them: with the position of the step they belong to (for
     the link to it)."""
-    return Message.objects.annotate(step_position=F("step__position"))
+    # The step is joined by its id and its context (the message's): on Citus a join by id
+    # alone is refused beside a routed filter ("complex joins"), and with the context both
+    # tables are read on the message's shard.
+    same_context = FilteredRelation("step", condition=Q(step__context_id=F("context_id")))
+    return Message.objects.annotate(step_here=same_context, step_position=F("step_here__position"))
 
 
 def _history_qs(context: Context, filters: HistoryFilters) -> QuerySet[Message]:

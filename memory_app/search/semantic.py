@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 
 from memory_app import db, errors, scale_out
 from memory_app.embeddings import client_vectors, indexer, providers
@@ -160,12 +160,15 @@ def nearest_vectors(
         )
         if sharded:
             # Citus passes SET LOCAL on to the workers that walk the shards' graphs, not
-            # set_config(): one SET LOCAL a setting (names and values are this module's own).
+            # set_config(): one SET LOCAL a setting (names and values are this module's own),
+            # sent with the walk (and a request's deferred key read) in one round trip, as the
+            # one statement of set_config() calls is on one node.
             _, pairs = settings_sql
-            with transaction.atomic(), db.binding_cursor() as cursor:
-                for name, value in zip(pairs[::2], pairs[1::2], strict=True):
-                    cursor.execute(f"SET LOCAL {name} = '{value}'")
-                cursor.execute(sql, args)
+            with db.binding_cursor() as setter, db.binding_cursor() as cursor:
+                with db.pipelined_transaction(setter):
+                    for name, value in zip(pairs[::2], pairs[1::2], strict=True):
+                        setter.execute(f"SET LOCAL {name} = '{value}'")
+                    cursor.execute(sql, args)
                 found = cursor.fetchall()
         else:
             with db.binding_cursor() as setter, db.binding_cursor() as cursor:

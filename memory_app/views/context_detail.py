@@ -112,7 +112,7 @@ def message_prune(request, context_id: int, message_id: int):
         )
     except NotFound as exc:
         raise Http404(str(exc)) from exc
-    message = messages_for_history().get(pk=message_id)
+    message = messages_for_history().get(pk=message_id, context=context_obj)
     with_message_counts([context_obj])
     if not wants_fragment(request):
         return redirect(reverse("context", args=[context_obj.pk]) + f"?pruned=1&seq={message.seq}")
