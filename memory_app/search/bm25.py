@@ -89,11 +89,6 @@ class Term:
     lexemes: tuple[str, ...]
 
 
-def quote_lexeme(lexeme: str) -> str:
-    """A lexeme as a tsquery operand."""
-    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
-
-
 def idf(df: float, n: float) -> float:
     """Lucene's IDF of a term held by `df` of `n` messages."""
     n = max(n, df, 1)

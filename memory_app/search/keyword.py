@@ -60,41 +60,67 @@ class KeywordQuery:
         return f"({term.tsquery}) & ({self.exclusion})" if self.exclusion else term.tsquery
 
 
-_QUOTED = r"'((?:[^']|'')*)'"
+# A query as the server reads it, for both ways of ranking (CTEs of its parameters config,
+# words, neg, query and phrases, from `query_parts`): `parsed` holds the exclusions and the
+# strict reading, `named` the terms (tsquery, lexemes) in the query's order: its stemmed words,
+# then its phrases, a phrase equal to a word's term counted once.
+_QUERY_TERMS = r"""
+parsed AS MATERIALIZED (
+    SELECT (SELECT q FROM websearch_to_tsquery(%(config)s::regconfig, %(neg)s) q
+            WHERE numnode(q) > 0) AS exclusion,
+           (SELECT q FROM websearch_to_tsquery(%(config)s::regconfig, %(query)s) q
+            WHERE numnode(q) > 0) AS strict
+),
+named AS MATERIALIZED (
+    SELECT min(x.o) AS o, x.q, x.lexemes FROM (
+        SELECT w.o, ('''' || replace(replace(w.x, '\', '\\'), '''', '''''') || '''')::tsquery AS q,
+               ARRAY[w.x] AS lexemes
+        FROM unnest(tsvector_to_array(to_tsvector(%(config)s::regconfig, %(words)s)))
+             WITH ORDINALITY w (x, o)
+        UNION ALL
+        SELECT 2147483647::bigint + p.o, q,
+               ARRAY(SELECT replace(r[1], '''''', '''')
+                     FROM regexp_matches(q::text, '''((?:[^'']|'''')*)''', 'g') r)
+        FROM unnest(%(phrases)s::text[]) WITH ORDINALITY p (t, o),
+             phraseto_tsquery(%(config)s::regconfig, p.t) q
+        WHERE numnode(q) > 0
+    ) x
+    GROUP BY x.q::text, x.q, x.lexemes
+)"""
+
+
+def query_parts(query: str) -> dict[str, object] | None:
+    """The parameters of `_QUERY_TERMS` for `query`; None when it has nothing to match (no word,
+    no phrase)."""
+    split = bm25.split_websearch(query)
+    if not split.words and not split.phrases:
+        return None
+    return {
+        "config": FTS_CONFIG,
+        "words": " ".join(split.words),
+        "neg": split.exclusion_text,
+        "query": query,
+        "phrases": list(split.phrases),
+    }
 
 
 def parse_query(query: str) -> KeywordQuery:
     """The query's terms (its stemmed words, and its phrases), exclusions and strict reading, in
     one round trip; no terms when it holds only stop words or punctuation."""
-    import re
-
-    split = bm25.split_websearch(query)
+    parts = query_parts(query)
+    if parts is None:
+        return KeywordQuery((), "", "")
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT tsvector_to_array(to_tsvector(%(c)s::regconfig, %(words)s)),"
-            " (SELECT q::text FROM websearch_to_tsquery(%(c)s::regconfig, %(neg)s) q"
-            "  WHERE numnode(q) > 0),"
-            " (SELECT q::text FROM websearch_to_tsquery(%(c)s::regconfig, %(query)s) q"
-            "  WHERE numnode(q) > 0),"
-            " ARRAY(SELECT q::text FROM unnest(%(phrases)s::text[]) WITH ORDINALITY p(t, i),"
-            "  phraseto_tsquery(%(c)s::regconfig, p.t) q WHERE numnode(q) > 0 ORDER BY p.i)",
-            {
-                "c": FTS_CONFIG,
-                "words": " ".join(split.words),
-                "neg": split.exclusion_text,
-                "query": query,
-                "phrases": list(split.phrases),
-            },
+            f"WITH {_QUERY_TERMS} SELECT (SELECT exclusion::text FROM parsed),"  # noqa: S608
+            " (SELECT strict::text FROM parsed),"
+            " ARRAY(SELECT q::text FROM named ORDER BY o), ARRAY(SELECT lexemes FROM named"
+            " ORDER BY o)",
+            parts,
         )
-        lexemes, exclusion, strict, phrases = cursor.fetchone()
-    terms: dict[str, bm25.Term] = {}
-    for lexeme in lexemes or []:
-        quoted = bm25.quote_lexeme(lexeme)
-        terms[quoted] = bm25.Term(quoted, (lexeme,))
-    for phrase in phrases or []:
-        found = tuple(x.replace("''", "'") for x in re.findall(_QUOTED, phrase))
-        terms.setdefault(phrase, bm25.Term(phrase, found))
-    return KeywordQuery(tuple(terms.values()), exclusion or "", strict or "")
+        exclusion, strict, queries, lexemes = cursor.fetchone()
+    terms = tuple(bm25.Term(q, tuple(lx)) for q, lx in zip(queries, lexemes, strict=True))
+    return KeywordQuery(terms, exclusion or "", strict or "")
 
 
 def keyword_ranking(
@@ -145,16 +171,10 @@ def keyword_ranking(
     }
     columns = _MESSAGE_COLUMNS if rows is not None else ""
     if message_count <= KEYWORD_EXACT_MESSAGES and last_seq - search_seq <= KEYWORD_EXACT_MESSAGES:
-        split = bm25.split_websearch(query)
-        if not split.words and not split.phrases:
+        parts = query_parts(query)
+        if parts is None:
             return []
-        params.update(
-            words=" ".join(split.words),
-            neg=split.exclusion_text,
-            query=query,
-            phrases=list(split.phrases),
-            strict=match == "all",
-        )
+        params.update(parts, strict=match == "all")
         sql = _exact_sql(excluding=bool(exclude_ids), columns=columns)
         with db.binding_cursor(prepared=True) as cursor:
             cursor.execute(sql, params)
@@ -215,38 +235,15 @@ def _ranking_sql(
 _MESSAGE_COLUMNS = ", " + db.select_columns(Message, "m")
 
 
-# The inputs of RANK_SQL for a small context, the query parsed in the statement itself: its
-# terms are the stemmed words (in their order) and the phrases (a phrase equal to a word's
-# term counted once), each matched with none of the exclusions; term 0 the strict query (with
-# `strict`, `match="all"`). Every match of any term is read: the stored vectors through the
-# GIN index, the messages past `search_seq` parsed from their text (`_TAIL`), each then paired
-# with the terms it holds. Every count is exact (`need` never reached) and every match a
+# The inputs of RANK_SQL for a small context after `_QUERY_TERMS` (the query parsed in the
+# statement itself): its terms, each matched with none of the exclusions; term 0 the strict
+# query (with `strict`, `match="all"`). Every match of any term is read: the stored vectors
+# through the GIN index, the messages past `search_seq` parsed from their text (`_TAIL`), each
+# then paired with the terms it holds. Every count is exact (`need` never reached) and every match a
 # candidate: BM25 as its formula reads; a query of stop words only reads nothing (a test on
 # `matching` alone, checked once). The text depends only on `excluding` and the columns read,
 # so the statement is prepared once per connection and its plan reused.
 _EXACT_INPUTS = r"""
-parsed AS MATERIALIZED (
-    SELECT (SELECT q FROM websearch_to_tsquery(%(config)s::regconfig, %(neg)s) q
-            WHERE numnode(q) > 0) AS exclusion,
-           (SELECT q FROM websearch_to_tsquery(%(config)s::regconfig, %(query)s) q
-            WHERE numnode(q) > 0) AS strict
-),
-named AS MATERIALIZED (
-    SELECT min(x.o) AS o, x.q, x.lexemes FROM (
-        SELECT w.o, ('''' || replace(replace(w.x, '\', '\\'), '''', '''''') || '''')::tsquery AS q,
-               ARRAY[w.x] AS lexemes
-        FROM unnest(tsvector_to_array(to_tsvector(%(config)s::regconfig, %(words)s)))
-             WITH ORDINALITY w (x, o)
-        UNION ALL
-        SELECT 2147483647::bigint + p.o, q,
-               ARRAY(SELECT replace(r[1], '''''', '''')
-                     FROM regexp_matches(q::text, '''((?:[^'']|'''')*)''', 'g') r)
-        FROM unnest(%(phrases)s::text[]) WITH ORDINALITY p (t, o),
-             phraseto_tsquery(%(config)s::regconfig, p.t) q
-        WHERE numnode(q) > 0
-    ) x
-    GROUP BY x.q::text, x.q, x.lexemes
-),
 terms (term, q, lexemes, need) AS MATERIALIZED (
     SELECT row_number() OVER (ORDER BY n.o)::int,
            CASE WHEN p.exclusion IS NULL THEN n.q ELSE n.q && p.exclusion END,
@@ -283,11 +280,15 @@ found AS MATERIALIZED (
 
 def _exact_sql(*, excluding: bool, columns: str) -> str:
     """RANK_SQL with `_EXACT_INPUTS`: a small context ranked in one statement."""
-    inputs = _EXACT_INPUTS.format(
-        table=fulltext.TABLE,
-        tail=_TAIL.format(after="%(search_seq)s"),
-        excluded_seqs=_EXCLUDED_SEQS if excluding else "",
-        excluded_ids="AND NOT (m.id = ANY(%(exclude)s))" if excluding else "",
+    inputs = (
+        _QUERY_TERMS
+        + ","
+        + _EXACT_INPUTS.format(
+            table=fulltext.TABLE,
+            tail=_TAIL.format(after="%(search_seq)s"),
+            excluded_seqs=_EXCLUDED_SEQS if excluding else "",
+            excluded_ids="AND NOT (m.id = ANY(%(exclude)s))" if excluding else "",
+        )
     )
     return RANK_SQL.format(
         inputs=inputs,
