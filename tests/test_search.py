@@ -15,6 +15,7 @@ from django.test import override_settings
 from memory_app import db, errors, scale_out
 from memory_app.embeddings import indexer
 from memory_app.models import Context, Embedding, EmbeddingModel, Message, keys_digest
+from memory_app.search.bm25 import split_websearch
 from memory_app.search.keyword import keyword_ranking
 from memory_app.search.messages import search_messages
 from memory_app.search.semantic import (
@@ -26,7 +27,7 @@ from memory_app.search.semantic import (
 )
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.curation import messages_set_pruned
-from tests.bm25_truth import bm25_truth, split
+from tests.bm25_truth import bm25_truth
 
 # Every test here, and so the module fixture, runs on the test database (pytest-django sets it
 # up only for sessions holding a django_db test).
@@ -152,7 +153,17 @@ def brute_force_semantic(context, query):
 def brute_force_keyword(context, query, match="any"):
     """Every message of the context, ranked in Python by BM25 over all of them."""
     strict = query if match == "all" else None
-    return [mid for mid, _ in bm25_truth(context, **split(query), strict=strict)]
+    parts = split_websearch(query)
+    return [
+        mid
+        for mid, _ in bm25_truth(
+            context,
+            words=parts.words,
+            phrases=parts.phrases,
+            excluded=parts.excluded,
+            strict=strict,
+        )
+    ]
 
 
 def test_the_models_hnsw_index_is_present(store):
@@ -336,7 +347,18 @@ def test_small_context_exact_scan_keeps_only_k_rows_in_memory(store, settings):
 
 
 @pytest.mark.parametrize("k", [1, 3, 10, 50])
-@pytest.mark.parametrize("query", ["alpha", "beta", "alpha beta", "alpha -beta", "alpha gamma"])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "alpha",
+        "beta",
+        "alpha beta",
+        "alpha -beta",
+        "alpha gamma",
+        '"alpha beta"',
+        'beta "alpha beta"',
+    ],
+)
 @pytest.mark.parametrize("match", ["any", "all"])
 def test_keyword_search_in_the_small_context_equals_brute_force(store, k, query, match):
     small = store["small"]

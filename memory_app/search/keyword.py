@@ -6,7 +6,7 @@ of its -exclusions (websearch syntax); `match="all"` asks for every word instead
 from the stored tsvectors and document frequencies counted per term with a cap (the formula and
 its approximations: `memory_app.search.bm25`). The work is bounded whatever the context's size:
 a context of up to KEYWORD_EXACT_MESSAGES messages has every match scored with exact counts, in
-one prepared statement that also parses the query (`_EXACT_INPUTS`); in a larger one each term
+one prepared statement that also parses the query (`_EXACT_SQL`); in a larger one each term
 reads at most `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` of its newest matches, as many as its
 weight asks for (`bm25.plan_term`, from its matches among the latest seqs), through the GIN
 index or a walk back on the primary key bounded in rows (see `_term_candidates`), and the
@@ -235,28 +235,33 @@ def _ranking_sql(
 _MESSAGE_COLUMNS = ", " + db.select_columns(Message, "m")
 
 
-# The inputs of RANK_SQL for a small context after `_QUERY_TERMS` (the query parsed in the
-# statement itself): its terms, each matched with none of the exclusions; term 0 the strict
-# query (with `strict`, `match="all"`). Every match of any term is read: the stored vectors
-# through the GIN index, the messages past `search_seq` parsed from their text (`_TAIL`), each
-# then paired with the terms it holds. Every count is exact (`need` never reached) and every match a
-# candidate: BM25 as its formula reads; a query of stop words only reads nothing (a test on
-# `matching` alone, checked once). The text depends only on `excluding` and the columns read,
-# so the statement is prepared once per connection and its plan reused.
-_EXACT_INPUTS = r"""
-terms (term, q, lexemes, need) AS MATERIALIZED (
-    SELECT row_number() OVER (ORDER BY n.o)::int,
-           CASE WHEN p.exclusion IS NULL THEN n.q ELSE n.q && p.exclusion END,
-           n.lexemes, 2147483647
-    FROM named n CROSS JOIN parsed p
+# A small context ranked in one statement after `_QUERY_TERMS` (the query parsed in the
+# statement itself), every count exact: BM25 as its formula reads. Every message matching any
+# term, and none of the exclusions, is a hit: the stored vectors read through the GIN index,
+# the messages past `search_seq` parsed from their text (`_TAIL`). Each hit is unnested once,
+# kept to the query's lexemes (`ts_filter`), and each term it holds is read from there with its
+# tf (a phrase: all its lexemes, and matching it): a term's df is the number of hits holding it,
+# so no hit is matched against each term again. With `strict` (`match="all"`) only the hits
+# matching the whole query as websearch_to_tsquery reads it are scored, the df still counting
+# every hit. A query of stop words only reads nothing (a test on `matching` alone, checked
+# once). The text depends only on `excluding` and the columns read, so the statement is
+# prepared once per connection and its plan reused.
+_EXACT_SQL = r"""
+WITH {query_terms},
+terms (term, q, lexemes) AS MATERIALIZED (
+    SELECT row_number() OVER (ORDER BY n.o)::int, n.q, n.lexemes FROM named n
 ),
 matching AS MATERIALIZED (
-    SELECT string_agg(DISTINCT '(' || t.q::text || ')', ' | ')::tsquery AS q,
-           array_agg(DISTINCT l.lexeme) AS lexemes
-    FROM terms t CROSS JOIN unnest(t.lexemes) l (lexeme)
+    SELECT CASE WHEN p.exclusion IS NULL THEN m.q ELSE m.q && p.exclusion END AS q, m.lexemes
+    FROM (SELECT string_agg(DISTINCT '(' || t.q::text || ')', ' | ')::tsquery AS q,
+                 array_agg(DISTINCT l.lexeme) AS lexemes
+          FROM terms t CROSS JOIN unnest(t.lexemes) l (lexeme)) m
+    CROSS JOIN parsed p
 ),
-found AS MATERIALIZED (
-    SELECT t.term, a.seq, a.length, a.vector
+hits AS MATERIALIZED (
+    SELECT a.seq, a.length, a.vector,
+           coalesce(NOT %(strict)s OR ts_match_vq(a.vector, (SELECT strict FROM parsed)), false)
+           AS chosen
     FROM (
         SELECT s.seq, length(s.search_vector) AS length, s.search_vector AS vector
         FROM {table} s
@@ -271,29 +276,48 @@ found AS MATERIALIZED (
         WHERE (SELECT q FROM matching) IS NOT NULL
           AND v.vector @@ (SELECT q FROM matching) {excluded_ids}
     ) a
-    JOIN (
-        SELECT term, q FROM terms
-        UNION ALL SELECT 0, p.strict FROM parsed p WHERE %(strict)s AND p.strict IS NOT NULL
-    ) t ON ts_match_vq(a.vector, t.q)
-)"""
+),
+held AS MATERIALIZED (
+    SELECT h.seq, h.length, h.chosen, l.term, min(coalesce(array_length(u.positions, 1), 1)) AS tf
+    FROM hits h
+    CROSS JOIN unnest(ts_filter(setweight(h.vector, 'A', (SELECT lexemes FROM matching)),
+                                '{{a}}')) u
+    JOIN (SELECT t.term, t.q, x.lexeme, cardinality(t.lexemes) AS parts
+          FROM terms t CROSS JOIN unnest(t.lexemes) x (lexeme)) l ON l.lexeme = u.lexeme
+    GROUP BY h.seq, h.length, h.chosen, l.term
+    HAVING count(*) = max(l.parts) AND bool_and(l.parts = 1 OR h.vector @@ l.q)
+),
+n AS (SELECT greatest(%(n)s, (SELECT count(*) FROM hits), 1)::float8 AS n),
+idf AS (
+    SELECT h.term, ln(1 + (greatest(n.n, count(*)) - count(*) + 0.5) / (count(*) + 0.5)) AS idf
+    FROM held h CROSS JOIN n GROUP BY h.term, n.n
+),
+avgdl AS (SELECT avg(length)::float8 AS avgdl FROM hits WHERE chosen),
+scored AS (
+    SELECT h.seq, sum(
+        i.idf * h.tf * ({k1} + 1)
+        / (h.tf + {k1} * (1 - {b} + {b} * CASE WHEN a.avgdl > 0 THEN h.length / a.avgdl
+                                                ELSE 1 END))
+    ) AS score
+    FROM held h JOIN idf i ON i.term = h.term CROSS JOIN avgdl a
+    WHERE h.chosen
+    GROUP BY h.seq
+),
+best AS (SELECT seq, score FROM scored ORDER BY score DESC, seq DESC LIMIT %(limit)s)
+SELECT m.id, b.score{columns} FROM best b
+JOIN memory_app_message m ON m.context_id = %(context)s AND m.seq = b.seq
+ORDER BY b.score DESC, b.seq DESC
+"""
 
 
 def _exact_sql(*, excluding: bool, columns: str) -> str:
-    """RANK_SQL with `_EXACT_INPUTS`: a small context ranked in one statement."""
-    inputs = (
-        _QUERY_TERMS
-        + ","
-        + _EXACT_INPUTS.format(
-            table=fulltext.TABLE,
-            tail=_TAIL.format(after="%(search_seq)s"),
-            excluded_seqs=_EXCLUDED_SEQS if excluding else "",
-            excluded_ids="AND NOT (m.id = ANY(%(exclude)s))" if excluding else "",
-        )
-    )
-    return RANK_SQL.format(
-        inputs=inputs,
-        lexemes="(SELECT lexemes FROM matching)",
-        candidates="CASE WHEN %(strict)s THEN term = 0 ELSE term > 0 END",
+    """`_EXACT_SQL`: a small context ranked in one statement."""
+    return _EXACT_SQL.format(
+        query_terms=_QUERY_TERMS,
+        table=fulltext.TABLE,
+        tail=_TAIL.format(after="%(search_seq)s"),
+        excluded_seqs=_EXCLUDED_SEQS if excluding else "",
+        excluded_ids="AND NOT (m.id = ANY(%(exclude)s))" if excluding else "",
         k1=bm25.K1,
         b=bm25.B,
         columns=columns,
