@@ -422,15 +422,22 @@ def test_an_append_queues_its_messages_for_the_configured_model(settings):
 
 
 @pytest.mark.django_db
-def test_a_keyword_search_reads_its_hits_with_the_ranking():
-    api = make_key()
-    cid = new_context(api)
+def test_a_keyword_search_reads_its_key_and_its_hits_with_the_ranking():
+    api = make_key(context_keys={"user": "ada"})
+    cid = new_context(api, keys={"user": "ada", "thread": "t"})
     texts = ["otters hold hands", "the river otter", "a quiet river", "nothing here"]
     for text in texts:
         response = api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": text})
         assert response.status_code == 201
     body = {"selector": "search", "query": "river otters", "mode": "keyword", "k": 3}
-    with CaptureQueriesContext(connection) as queries:
+    pipelined = []
+
+    def record(execute, sql, params, many, context):
+        if "SAVEPOINT" not in sql and "memory_app_search_chars" not in sql:
+            pipelined.append(connection.connection.info.pipeline_status)
+        return execute(sql, params, many, context)
+
+    with CaptureQueriesContext(connection) as queries, connection.execute_wrapper(record):
         response = api.post(f"/api/v1/contexts/{cid}/select", body)
     assert response.status_code == 200
     items = response.json()["items"]
@@ -441,11 +448,25 @@ def test_a_keyword_search_reads_its_hits_with_the_ranking():
         for q in queries.captured_queries
         if "SAVEPOINT" not in q["sql"] and "memory_app_search_chars" not in q["sql"]
     ]
-    # The key and its context; the query parsed, ranked and its hits read, in one statement.
+    # The key and its context (a key verified before, on a context whose size is known); the
+    # query parsed, ranked and its hits read, in one statement: both in one round trip.
     assert len(statements) == 2, statements
     assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[0]
     assert "websearch_to_tsquery" in statements[1] and "JOIN memory_app_message m" in statements[1]
+    assert pipelined == [psycopg.pq.PipelineStatus.ON] * 2, pipelined
     # The hits answer as a read of them by id would (every field, the text as stored).
     for item in items:
         message = item["message"]
         assert message == api.get(f"/api/v1/contexts/{cid}/messages/{message['id']}").json()
+    # The ranking's rows go out only once the key has passed, with the errors as before.
+    other = make_key(context_keys={"user": "bob"})
+    no_read = make_key(scopes=("write",))
+    path = f"/api/v1/contexts/{cid}/select"
+    assert [c.post(path, body).status_code for c in (other, no_read)] == [404, 403]
+    revoked = make_key()
+    assert revoked.post(path, body).status_code == 200
+    auth.apikey_revoke(key=revoked.key)
+    for client, status in [(other, 404), (no_read, 403), (revoked, 401)]:
+        response = client.post(path, body)
+        assert response.status_code == status, (client.secret, response.content)
+        assert "items" not in response.json()

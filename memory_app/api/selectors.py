@@ -34,9 +34,10 @@ from memory_app.schemas.selectors import (
     SelectOut,
     select_out,
 )
+from memory_app.search.keyword import KEYWORD_EXACT_MESSAGES
 
 router = Router(tags=["selectors"])
-# A semantic search reads the request's key in its walk's round trip (`_walk_reads_the_key`).
+# A search reads the request's key in its ranking's round trip (`_walk_reads_the_key`).
 router_auth = ApiKeyAuth(deferred=True)
 
 
@@ -62,23 +63,28 @@ def select(request, context_id: ContextId, body: SelectIn):
 
 
 def _walk_reads_the_key(request, context_id: int, body: SelectIn) -> bool:
-    """A semantic search with the client's query vector on a context whose size this process
-    knows: the key and the context are read in the walk's round trip. The walk is sized from
-    the size last seen (its settings, and whether the context is large enough for the index:
-    the one before or after a few appends answers the same), and its answer is used only once
-    the key has passed."""
-    return (
-        body.selector == "search"
-        and body.mode == "semantic"
-        and body.query_vector is not None
-        and has_pending_key(request)
-        and known_size(context_id) is not None
-    )
+    """A search whose ranking is one round trip, on a context whose size this process knows:
+    the key and the context are read in that round trip. A semantic search with the client's
+    query vector is sized from the size last seen (its walk's settings, and whether the context
+    is large enough for the index: the one before or after a few appends answers the same); a
+    keyword search ranks a small context in one statement that reads the counters itself. The
+    ranking is used only once the key has passed."""
+    if body.selector != "search" or not has_pending_key(request):
+        return False
+    size = known_size(context_id)
+    if size is None:
+        return False
+    if body.mode == "semantic":
+        return body.query_vector is not None
+    return body.mode == "keyword" and size <= KEYWORD_EXACT_MESSAGES
 
 
 def _select_with_the_key(request, context_id: int, body: SelectIn):
-    # Only the id and the size are read from the context by a semantic search.
-    context = Context(id=context_id, message_count=known_size(context_id))
+    # Only the id and the size are read from the context by these searches (the counters the
+    # keyword statement needs are read by it).
+    context = Context(
+        id=context_id, message_count=known_size(context_id), last_seq=None, search_seq=None
+    )
     try:
         with key_read_with(request):
             out = select_out(context, body)

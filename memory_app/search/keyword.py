@@ -146,7 +146,9 @@ def keyword_ranking(
     term, fewer of a frequent one in a large context (`bm25.plan_term`, from each term's matches
     among the latest KEYWORD_RECENT_SEQS seqs, counted in one read of them). `last_seq`,
     `search_seq` and `message_count` are the context's counters (read when not given; an older
-    `search_seq` is always safe). See `_term_candidates`.
+    `search_seq` is always safe). See `_term_candidates`. A small context needs only its size
+    (as last seen will do): its statement reads the counters itself, in a pipeline that a
+    request's deferred key read (`db.deferred_read`) joins.
 
     In a context of up to KEYWORD_EXACT_MESSAGES messages, one statement parses the query and
     scores every match. In a larger one, two after the query's parse: the terms' counts in the
@@ -156,10 +158,15 @@ def keyword_ranking(
     statement also reads the top messages' columns (`db.select_columns`) into it by id: the
     hits need no read of their own.
     """
-    if last_seq is None or search_seq is None or message_count is None:
+    if None in (last_seq, search_seq, message_count) and (
+        message_count is None or message_count > KEYWORD_EXACT_MESSAGES
+    ):
         last_seq, search_seq, message_count = Context.objects.filter(pk=context_id).values_list(
             "last_seq", "search_seq", "message_count"
         ).first() or (0, 0, 0)
+    # The messages the indexer has not reached, when known (the exact statement reads the mark).
+    tail = 0 if None in (last_seq, search_seq) else last_seq - search_seq
+    exact = message_count <= KEYWORD_EXACT_MESSAGES and tail <= KEYWORD_EXACT_MESSAGES
     params: dict = {
         "context": context_id,
         "exclude": list(exclude_ids),
@@ -170,14 +177,16 @@ def keyword_ranking(
         "limit": limit,
     }
     columns = _MESSAGE_COLUMNS if rows is not None else ""
-    if message_count <= KEYWORD_EXACT_MESSAGES and last_seq - search_seq <= KEYWORD_EXACT_MESSAGES:
+    if exact:
         parts = query_parts(query)
         if parts is None:
             return []
         params.update(parts, strict=match == "all")
         sql = _exact_sql(excluding=bool(exclude_ids), columns=columns)
-        with db.binding_cursor(prepared=True) as cursor:
-            cursor.execute(sql, params)
+        # In a pipeline, so that a request's deferred key read shares its round trip.
+        with db.binding_cursor() as begin, db.binding_cursor(prepared=True) as cursor:
+            with db.pipelined_transaction(begin):
+                cursor.execute(sql, params)
             found = cursor.fetchall()
     else:
         parsed = parse_query(query)
@@ -236,7 +245,9 @@ _MESSAGE_COLUMNS = ", " + db.select_columns(Message, "m")
 
 
 # A small context ranked in one statement after `_QUERY_TERMS` (the query parsed in the
-# statement itself), every count exact: BM25 as its formula reads. Every message matching any
+# statement itself), every count exact: BM25 as its formula reads. The context's counters
+# (its size, the indexer's mark) are read by the statement too, so it needs none from the
+# request and sees them as of its own snapshot. Every message matching any
 # term, and none of the exclusions, is a hit: the stored vectors read through the GIN index,
 # the messages past `search_seq` parsed from their text (`_TAIL`). Each hit is unnested once,
 # kept to the query's lexemes (`ts_filter`), and each term it holds is read from there with its
@@ -248,6 +259,9 @@ _MESSAGE_COLUMNS = ", " + db.select_columns(Message, "m")
 # prepared once per connection and its plan reused.
 _EXACT_SQL = r"""
 WITH {query_terms},
+counters AS MATERIALIZED (
+    SELECT c.message_count, c.search_seq FROM memory_app_context c WHERE c.id = %(context)s
+),
 terms (term, q, lexemes) AS MATERIALIZED (
     SELECT row_number() OVER (ORDER BY n.o)::int, n.q, n.lexemes FROM named n
 ),
@@ -266,7 +280,7 @@ hits AS MATERIALIZED (
         SELECT s.seq, length(s.search_vector) AS length, s.search_vector AS vector
         FROM {table} s
         WHERE (SELECT q FROM matching) IS NOT NULL
-          AND s.context_id = %(context)s AND s.seq <= %(search_seq)s
+          AND s.context_id = %(context)s AND s.seq <= (SELECT search_seq FROM counters)
           AND s.search_vector @@ (SELECT q FROM matching) {excluded_seqs}
         UNION ALL
         SELECT m.seq, length(v.vector), v.vector
@@ -287,7 +301,10 @@ held AS MATERIALIZED (
     GROUP BY h.seq, h.length, h.chosen, l.term
     HAVING count(*) = max(l.parts) AND bool_and(l.parts = 1 OR h.vector @@ l.q)
 ),
-n AS (SELECT greatest(%(n)s, (SELECT count(*) FROM hits), 1)::float8 AS n),
+n AS (
+    SELECT greatest((SELECT message_count FROM counters), (SELECT count(*) FROM hits), 1)::float8
+    AS n
+),
 idf AS (
     SELECT h.term, ln(1 + (greatest(n.n, count(*)) - count(*) + 0.5) / (count(*) + 0.5)) AS idf
     FROM held h CROSS JOIN n GROUP BY h.term, n.n
@@ -315,7 +332,7 @@ def _exact_sql(*, excluding: bool, columns: str) -> str:
     return _EXACT_SQL.format(
         query_terms=_QUERY_TERMS,
         table=fulltext.TABLE,
-        tail=_TAIL.format(after="%(search_seq)s"),
+        tail=_TAIL.format(after="(SELECT search_seq FROM counters)"),
         excluded_seqs=_EXCLUDED_SEQS if excluding else "",
         excluded_ids="AND NOT (m.id = ANY(%(exclude)s))" if excluding else "",
         k1=bm25.K1,
