@@ -235,8 +235,7 @@ def _ranking_sql(
         f" terms (term, q, lexemes, need) AS (VALUES {terms})",
         lexemes="%(lexemes)s::text[]",
         candidates="term = 0" if match == "all" else "term > 0",
-        k1=bm25.K1,
-        b=bm25.B,
+        term_score=_term_score(tf="t.tf", idf="t.idf", length="t.length"),
         columns=columns,
     )
 
@@ -311,11 +310,7 @@ idf AS (
 ),
 avgdl AS (SELECT avg(length)::float8 AS avgdl FROM hits WHERE chosen),
 scored AS (
-    SELECT h.seq, sum(
-        i.idf * h.tf * ({k1} + 1)
-        / (h.tf + {k1} * (1 - {b} + {b} * CASE WHEN a.avgdl > 0 THEN h.length / a.avgdl
-                                                ELSE 1 END))
-    ) AS score
+    SELECT h.seq, sum({term_score}) AS score
     FROM held h JOIN idf i ON i.term = h.term CROSS JOIN avgdl a
     WHERE h.chosen
     GROUP BY h.seq
@@ -335,10 +330,17 @@ def _exact_sql(*, excluding: bool, columns: str) -> str:
         tail=_TAIL.format(after="(SELECT search_seq FROM counters)"),
         excluded_seqs=_EXCLUDED_SEQS if excluding else "",
         excluded_ids="AND NOT (m.id = ANY(%(exclude)s))" if excluding else "",
-        k1=bm25.K1,
-        b=bm25.B,
+        term_score=_term_score(tf="h.tf", idf="i.idf", length="h.length"),
         columns=columns,
     )
+
+
+def _term_score(*, tf: str, idf: str, length: str) -> str:
+    """SQL of one term's BM25 part in a message (`bm25`'s formula), from the columns naming
+    its tf, the term's idf and the message's length; `a.avgdl` is the mean length."""
+    k1, b = bm25.K1, bm25.B
+    norm = f"(1 - {b} + {b} * CASE WHEN a.avgdl > 0 THEN {length} / a.avgdl ELSE 1 END)"
+    return f"{idf} * {tf} * ({k1} + 1) / ({tf} + {k1} * {norm})"
 
 
 def _plans(counts: list[int], *, n: int, last_seq: int, cap: int, limit: int):
@@ -406,11 +408,7 @@ tfs AS (
     HAVING count(*) = max(l.parts) AND bool_and(l.parts = 1 OR c.vector @@ l.q)
 ),
 scored AS (
-    SELECT t.seq, sum(
-        t.idf * t.tf * ({k1} + 1)
-        / (t.tf + {k1} * (1 - {b} + {b} * CASE WHEN a.avgdl > 0 THEN t.length / a.avgdl
-                                                ELSE 1 END))
-    ) AS score
+    SELECT t.seq, sum({term_score}) AS score
     FROM tfs t CROSS JOIN avgdl a
     GROUP BY t.seq
 ),
