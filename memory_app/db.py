@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 import orjson
 import psycopg
-from django.db import IntegrityError, InterfaceError, OperationalError, connection
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connection,
+    connections,
+)
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models import DateTimeField, JSONField
 from django.db.models.base import ModelState
@@ -342,6 +349,27 @@ def _take(pending: list | None) -> tuple[tuple[str, list], Any] | None:
     taken = (pending[0], pending[1])
     pending[0] = None
     return taken
+
+
+def read_rows(sql: str, params, *, using: str = DEFAULT_DB_ALIAS, prepared: bool = False):
+    """The rows of one read on the connection `using` (bound by the server on the default
+    one, `binding_cursor`). A pending `deferred_read` goes first, in the same round trip (a
+    pipeline), and the rows are handed back only once its check has passed."""
+    if using != DEFAULT_DB_ALIAS:
+        with connections[using].cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+    deferred = _take(_DEFERRED.get())
+    with binding_cursor(prepared=prepared) as cursor:
+        if deferred is None:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+        with binding_cursor() as reader:
+            with connection.wrap_database_errors, connection.connection.pipeline():
+                reader.execute(*deferred[0])
+                cursor.execute(sql, params)
+            deferred[1](reader.fetchone())
+        return cursor.fetchall()
 
 
 @contextlib.contextmanager

@@ -22,9 +22,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+from django.db import router
 from django.db.models import Q
 
-from memory_app import tokens
+from memory_app import db, tokens
 from memory_app.errors import Invalid
 from memory_app.models import Context, Message
 from memory_app.search.messages import search_messages
@@ -181,6 +182,21 @@ def _live(context: Context):
     return Message.objects.filter(context=context, pruned_at__isnull=True)
 
 
+_NEWEST_SQL = (
+    f"SELECT {db.select_columns(Message, 'm')} FROM memory_app_message m"  # noqa: S608 - constant
+    " WHERE m.context_id = %s AND m.pruned_at IS NULL ORDER BY m.seq DESC LIMIT %s"
+)
+
+
+def _newest(context_id: int, k: int) -> list[Message]:
+    """The last `k` live messages, oldest first: one read, no query compiled (the window is an
+    agent's most frequent read), on the database the router names for reads; a request's
+    deferred key read goes with it (`db.read_rows`)."""
+    using = router.db_for_read(Message)
+    rows = db.read_rows(_NEWEST_SQL, [context_id, k], using=using)
+    return [db.from_row(Message, row, using) for row in reversed(rows)]
+
+
 def _not_status() -> Q:
     return ~Q(role__in=STATUS_ROLES) & ~Q(tags__contains=["status-message"])
 
@@ -248,8 +264,7 @@ def select_window(*, context: Context, spec: WindowSpec) -> Selection:
     _check_k(spec.k)
     counter = _TokenCounter(None)
     if spec.semantics == "plain":
-        newest = list(_live(context).order_by("-seq")[: spec.k])
-        newest.reverse()
+        newest = _newest(context.pk, spec.k)
         n = len(newest)
         items = [
             Selected(m, f"window: {n - i} of the last {spec.k} messages", counter(m))

@@ -422,14 +422,28 @@ def test_an_append_queues_its_messages_for_the_configured_model(settings):
 
 
 @pytest.mark.django_db
-def test_a_keyword_search_reads_its_key_and_its_hits_with_the_ranking():
+@pytest.mark.parametrize(
+    "body, expected, read",
+    [
+        (
+            {"selector": "search", "query": "river otters", "mode": "keyword", "k": 3},
+            [0, 1, 2],
+            ("websearch_to_tsquery", "JOIN memory_app_message m"),
+        ),
+        ({"selector": "window", "k": 2}, [2, 3], ("ORDER BY m.seq DESC LIMIT",)),
+    ],
+    ids=["keyword", "window"],
+)
+def test_a_selection_in_one_read_reads_its_key_with_it(body, expected, read):
+    """A keyword search on a small context (ranked, its hits read, in one statement) and the
+    window (one statement) take a key verified before, and its context, in the same round
+    trip; nothing goes out before the key has passed, and errors answer as before."""
     api = make_key(context_keys={"user": "ada"})
     cid = new_context(api, keys={"user": "ada", "thread": "t"})
     texts = ["otters hold hands", "the river otter", "a quiet river", "nothing here"]
     for text in texts:
         response = api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": text})
         assert response.status_code == 201
-    body = {"selector": "search", "query": "river otters", "mode": "keyword", "k": 3}
     pipelined = []
 
     def record(execute, sql, params, many, context):
@@ -442,17 +456,16 @@ def test_a_keyword_search_reads_its_key_and_its_hits_with_the_ranking():
     assert response.status_code == 200
     items = response.json()["items"]
     # In the prompt's order (oldest first), as a selector answers.
-    assert [i["message"]["text"] for i in items] == texts[:3]
+    assert [i["message"]["text"] for i in items] == [texts[i] for i in expected]
     statements = [
         q["sql"]
         for q in queries.captured_queries
         if "SAVEPOINT" not in q["sql"] and "memory_app_search_chars" not in q["sql"]
     ]
-    # The key and its context (a key verified before, on a context whose size is known); the
-    # query parsed, ranked and its hits read, in one statement: both in one round trip.
+    # The key and its context, then the selection's one read: both in one round trip.
     assert len(statements) == 2, statements
     assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[0]
-    assert "websearch_to_tsquery" in statements[1] and "JOIN memory_app_message m" in statements[1]
+    assert all(part in statements[1] for part in read), statements[1]
     assert pipelined == [psycopg.pq.PipelineStatus.ON] * 2, pipelined
     # The hits answer as a read of them by id would (every field, the text as stored).
     for item in items:

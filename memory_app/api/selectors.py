@@ -37,7 +37,7 @@ from memory_app.schemas.selectors import (
 from memory_app.search.keyword import KEYWORD_EXACT_MESSAGES
 
 router = Router(tags=["selectors"])
-# A search reads the request's key in its ranking's round trip (`_walk_reads_the_key`).
+# A selection that is one read takes the request's key with it (`_key_read_with_the_selection`).
 router_auth = ApiKeyAuth(deferred=True)
 
 
@@ -52,7 +52,7 @@ def select(request, context_id: ContextId, body: SelectIn):
     """Run a selector on the context's live messages (pruned ones never appear). 422 for bad
     options, an unknown tokenizer, a vector of the wrong dimension, or semantic search with no
     embedding provider; 503 when the provider is configured but down."""
-    if _walk_reads_the_key(request, context_id, body):
+    if _key_read_with_the_selection(request, context_id, body):
         return _select_with_the_key(request, context_id, body)
     require_scope(request, "read")
     context = context_for(request, context_id)
@@ -62,17 +62,22 @@ def select(request, context_id: ContextId, body: SelectIn):
         raise HttpError(503, str(exc)) from exc
 
 
-def _walk_reads_the_key(request, context_id: int, body: SelectIn) -> bool:
-    """A search whose ranking is one round trip, on a context whose size this process knows:
-    the key and the context are read in that round trip. A semantic search with the client's
-    query vector is sized from the size last seen (its walk's settings, and whether the context
-    is large enough for the index: the one before or after a few appends answers the same); a
-    keyword search ranks a small context in one statement that reads the counters itself. The
-    ranking is used only once the key has passed."""
-    if body.selector != "search" or not has_pending_key(request):
+def _key_read_with_the_selection(request, context_id: int, body: SelectIn) -> bool:
+    """A selection that is one read, on a context whose size this process knows: the key and
+    the context are read in that read's round trip. The window's last k is one statement; a
+    semantic search with the client's query vector is sized from the size last seen (its
+    walk's settings, and whether the context is large enough for the index: the one before or
+    after a few appends answers the same); a keyword search ranks a small context in one
+    statement that reads the counters itself. The answer is used only once the key has
+    passed."""
+    if not has_pending_key(request):
         return False
     size = known_size(context_id)
     if size is None:
+        return False
+    if body.selector == "window":
+        return body.semantics == "plain"
+    if body.selector != "search":
         return False
     if body.mode == "semantic":
         return body.query_vector is not None
@@ -80,7 +85,7 @@ def _walk_reads_the_key(request, context_id: int, body: SelectIn) -> bool:
 
 
 def _select_with_the_key(request, context_id: int, body: SelectIn):
-    # Only the id and the size are read from the context by these searches (the counters the
+    # Only the id and the size are read from the context by these selections (the counters the
     # keyword statement needs are read by it).
     context = Context(
         id=context_id, message_count=known_size(context_id), last_seq=None, search_seq=None

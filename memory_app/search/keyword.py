@@ -147,8 +147,8 @@ def keyword_ranking(
     among the latest KEYWORD_RECENT_SEQS seqs, counted in one read of them). `last_seq`,
     `search_seq` and `message_count` are the context's counters (read when not given; an older
     `search_seq` is always safe). See `_term_candidates`. A small context needs only its size
-    (as last seen will do): its statement reads the counters itself, in a pipeline that a
-    request's deferred key read (`db.deferred_read`) joins.
+    (as last seen will do): its statement reads the counters itself, and a request's deferred
+    key read (`db.deferred_read`) goes with it in one round trip (`db.read_rows`).
 
     In a context of up to KEYWORD_EXACT_MESSAGES messages, one statement parses the query and
     scores every match. In a larger one, two after the query's parse: the terms' counts in the
@@ -183,11 +183,8 @@ def keyword_ranking(
             return []
         params.update(parts, strict=match == "all")
         sql = _exact_sql(excluding=bool(exclude_ids), columns=columns)
-        # In a pipeline, so that a request's deferred key read shares its round trip.
-        with db.binding_cursor() as begin, db.binding_cursor(prepared=True) as cursor:
-            with db.pipelined_transaction(begin):
-                cursor.execute(sql, params)
-            found = cursor.fetchall()
+        # A request's deferred key read shares its round trip.
+        found = db.read_rows(sql, params, prepared=True)
     else:
         parsed = parse_query(query)
         if not parsed.terms or (match == "all" and not parsed.strict):
