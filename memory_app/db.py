@@ -313,10 +313,10 @@ _DEFERRED: ContextVar[list | None] = ContextVar("deferred_read", default=None)
 @contextlib.contextmanager
 def deferred_read(statement: tuple[str, list], accept) -> Iterator[None]:
     """`statement` (SQL and parameters) is read before anything the block reads is handed on:
-    in the round trip of the block's first `pipelined_transaction`, whose answers come back
-    only once `accept` has seen its row, or alone just before the block's first other
-    statement. `accept(row)` (the first row, None for none) raises to refuse what follows.
-    A request's key and context are read so with the search they guard."""
+    in the round trip of the block's first `pipelined_transaction` or `read_rows`, whose
+    answers come back only once `accept` has seen its row, or alone just before the block's
+    first other statement. `accept(row)` (the first row, None for none) raises to refuse what
+    follows. A request's key and context are read so with the selection they guard."""
     pending: list = [statement, accept]
 
     def read_it_first(execute, sql, params, many, context):
@@ -352,10 +352,12 @@ def _take(pending: list | None) -> tuple[tuple[str, list], Any] | None:
 
 
 def read_rows(sql: str, params, *, using: str = DEFAULT_DB_ALIAS, prepared: bool = False):
-    """The rows of one read on the connection `using` (bound by the server on the default
-    one, `binding_cursor`). A pending `deferred_read` goes first, in the same round trip (a
-    pipeline), and the rows are handed back only once its check has passed."""
+    """The rows of one read on the connection `using`. A pending `deferred_read` goes first:
+    on the default connection in the same round trip (a pipeline; the read bound by the server,
+    `binding_cursor`, and `prepared` as there), on another just before; either way the rows
+    are handed back only once its check has passed."""
     if using != DEFAULT_DB_ALIAS:
+        _read_deferred(_DEFERRED.get())
         with connections[using].cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchall()

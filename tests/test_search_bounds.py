@@ -236,6 +236,43 @@ def test_a_rare_old_match_is_found_by_widening_the_window(settings, monkeypatch)
     assert [h.message.pk for h in result.hits] == [first.pk]
 
 
+def test_a_context_grown_past_the_size_known_is_ranked_the_bounded_way(kyoto, monkeypatch):
+    """A request sizes the keyword search from the context's size as it last saw it; when the
+    context has since outgrown the exact ranking, its statement reads nothing and says so, and
+    the search ranks the bounded way, from the counters read then."""
+    context, _ = kyoto
+    monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", len(KYOTO) - 1)
+    bounded = keyword_ranking(context_id=context.pk, query="weather in Kyoto", limit=5)
+    with CaptureQueriesContext(connection) as queries:
+        stale = keyword_ranking(
+            context_id=context.pk, query="weather in Kyoto", limit=5, message_count=2
+        )
+    assert stale == bounded and len(stale) == 3
+    statements = [q["sql"] for q in queries.captured_queries]
+    exact = [s for s in statements if "AS fits" in s]
+    assert len(exact) == 1 and statements.index(exact[0]) == 0, statements
+    # Its hits read nothing: the exact statement's plan touched no message or vector row.
+    params = dict(
+        message_search.query_parts("weather in Kyoto"),
+        context=context.pk,
+        exclude=[],
+        limit=5,
+        strict=False,
+        exact=len(KYOTO) - 1,
+    )
+    scans = _message_scans(exact[0], params)
+    assert sum(_touched(n) for n in scans) == 0, [
+        (n["Node Type"], n.get("Relation Name"), _touched(n)) for n in scans
+    ]
+    # Still small: the same statement ranks it.
+    monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", len(KYOTO))
+    with CaptureQueriesContext(connection) as queries:
+        small = keyword_ranking(
+            context_id=context.pk, query="weather in Kyoto", limit=5, message_count=2
+        )
+    assert small == bounded and len(queries.captured_queries) == 1
+
+
 def test_a_query_of_stop_words_only_matches_nothing_without_reading(kyoto):
     context, _ = kyoto
     for query in ("in the of", "- ! ,", '"the of" -in'):

@@ -68,11 +68,15 @@ class ApiKeyAuth(HttpBearer):
         # A context's route reads the context with the key (one round trip); `context_for`
         # then answers from it.
         context_id = _route_context_id(request)
-        # Only a key this process has verified before is read late: work done ahead of the
-        # check is then never done for a key string nobody was given.
-        if self.deferred and context_id is not None and _secrets.get(keys.hash_secret(token)):
-            request._pending_key = (token, context_id)  # type: ignore[attr-defined]
-            return True
+        # Only a key this process has verified before on this very context is read late: work
+        # done ahead of the check is never done for a key string nobody was given, nor on a
+        # context the key was not allowed to see (another tenant's: its timing would tell).
+        if self.deferred and context_id is not None:
+            size = _sizes.get((keys.hash_secret(token), context_id))
+            if size is not None:
+                request._pending_key = (token, context_id)  # type: ignore[attr-defined]
+                request._known_size = size  # type: ignore[attr-defined]
+                return True
         return _verified(request, token, context_id, keys.apikey_verify_with_context)
 
 
@@ -80,11 +84,10 @@ def _verified(request: HttpRequest, token: str, context_id: int | None, read) ->
     key, context = read(token, context_id)
     if key is None:
         raise Unauthorized("invalid or revoked API key", invalid_token=True)
-    _secrets.remember(key.secret_hash, True)
     if context_id is not None:
         request._key_context = (context_id, context)  # type: ignore[attr-defined]
         if context is not None:
-            _sizes.remember(context_id, context.message_count)
+            _sizes.remember((key.secret_hash, context_id), context.message_count)
     return key
 
 
@@ -130,21 +133,23 @@ class _Recent:
         return self._items.get(key)
 
 
-# The message counts of contexts seen through a verified key, by id: a search reading the key
-# with its own statements sizes its walk from it. And the hashes of the keys verified.
+# The message counts of contexts as last seen through a verified key, by (the key's hash, the
+# context's id): a key may have its key read with a selection's own read on the contexts it
+# was allowed to see (`ApiKeyAuth(deferred=True)`), and a search sizes its walk from it.
 _sizes = _Recent(10_000)
-_secrets = _Recent(10_000)
 
 
-def known_size(context_id: int) -> int | None:
-    return _sizes.get(context_id)
+def known_size(request: HttpRequest) -> int | None:
+    """The size of the route's context as last seen through the request's key, when its key is
+    read late; None otherwise."""
+    return request.__dict__.get("_known_size") if has_pending_key(request) else None
 
 
 @contextmanager
 def key_read_with(request: HttpRequest) -> Iterator[None]:
     """The block's first statements carry the request's deferred key read (`db.deferred_read`:
-    in the round trip of its first pipelined transaction, else just before its first
-    statement), and nothing the block read is handed on before the key passed; the key is
+    in the round trip of its first pipelined transaction or `db.read_rows`, else just before
+    its first statement), and nothing the block read is handed on before the key passed; the key is
     settled when the block ends, at the latest. A block that raises has the key settled
     first: a bad key's 401 answers instead of the block's own error."""
     token, context_id = request._pending_key  # type: ignore[attr-defined]

@@ -17,7 +17,6 @@ from memory_app.api.common import (
     ContextId,
     MessageId,
     context_for,
-    has_pending_key,
     json_response,
     key_read_with,
     known_size,
@@ -63,16 +62,14 @@ def select(request, context_id: ContextId, body: SelectIn):
 
 
 def _key_read_with_the_selection(request, context_id: int, body: SelectIn) -> bool:
-    """A selection that is one read, on a context whose size this process knows: the key and
-    the context are read in that read's round trip. The window's last k is one statement; a
-    semantic search with the client's query vector is sized from the size last seen (its
-    walk's settings, and whether the context is large enough for the index: the one before or
-    after a few appends answers the same); a keyword search ranks a small context in one
-    statement that reads the counters itself. The answer is used only once the key has
-    passed."""
-    if not has_pending_key(request):
-        return False
-    size = known_size(context_id)
+    """A selection that is one read, by a key this process has verified on this context before
+    (`known_size`): the key and the context are read in that read's round trip. The window's
+    last k is one statement; a semantic search with the client's query vector is sized from the
+    size last seen (its walk's settings, and whether the context is large enough for the index:
+    the one before or after a few appends answers the same); a keyword search ranks a small
+    context in one statement that reads the counters itself (and sends none back when the
+    context has outgrown it). The answer is used only once the key has passed."""
+    size = known_size(request)
     if size is None:
         return False
     if body.selector == "window":
@@ -88,7 +85,7 @@ def _select_with_the_key(request, context_id: int, body: SelectIn):
     # Only the id and the size are read from the context by these selections (the counters the
     # keyword statement needs are read by it).
     context = Context(
-        id=context_id, message_count=known_size(context_id), last_seq=None, search_seq=None
+        id=context_id, message_count=known_size(request), last_seq=None, search_seq=None
     )
     try:
         with key_read_with(request):

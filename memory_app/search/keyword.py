@@ -158,37 +158,29 @@ def keyword_ranking(
     statement also reads the top messages' columns (`db.select_columns`) into it by id: the
     hits need no read of their own.
     """
-    if None in (last_seq, search_seq, message_count) and (
-        message_count is None or message_count > KEYWORD_EXACT_MESSAGES
-    ):
-        last_seq, search_seq, message_count = Context.objects.filter(pk=context_id).values_list(
-            "last_seq", "search_seq", "message_count"
-        ).first() or (0, 0, 0)
-    # The messages the indexer has not reached, when known (the exact statement reads the mark).
-    tail = 0 if None in (last_seq, search_seq) else last_seq - search_seq
-    exact = message_count <= KEYWORD_EXACT_MESSAGES and tail <= KEYWORD_EXACT_MESSAGES
-    params: dict = {
-        "context": context_id,
-        "exclude": list(exclude_ids),
-        "config": FTS_CONFIG,
-        "n": message_count,
-        "last_seq": last_seq,
-        "search_seq": search_seq,
-        "limit": limit,
-    }
     columns = _MESSAGE_COLUMNS if rows is not None else ""
-    if exact:
+    params: dict = {"context": context_id, "exclude": list(exclude_ids), "limit": limit}
+    if message_count is None:
+        last_seq, search_seq, message_count = _counters(context_id)
+    # A small context as far as the caller knows: ranked exactly, unless the statement finds it
+    # has outgrown that (the counters it reads are the context's own).
+    found = None
+    known = None not in (last_seq, search_seq)
+    if message_count <= KEYWORD_EXACT_MESSAGES and (
+        not known or last_seq - search_seq <= KEYWORD_EXACT_MESSAGES
+    ):
         parts = query_parts(query)
         if parts is None:
             return []
-        params.update(parts, strict=match == "all")
-        sql = _exact_sql(excluding=bool(exclude_ids), columns=columns)
-        # A request's deferred key read shares its round trip.
-        found = db.read_rows(sql, params, prepared=True)
-    else:
+        found = _exact_found(params | parts, match=match, columns=columns)
+        known = known and found is not None
+    if found is None:
+        if not known:
+            last_seq, search_seq, message_count = _counters(context_id)
         parsed = parse_query(query)
         if not parsed.terms or (match == "all" and not parsed.strict):
             return []
+        params.update(config=FTS_CONFIG, n=message_count, last_seq=last_seq, search_seq=search_seq)
         sql = _ranking_sql(
             params, parsed, match=match, columns=columns, excluding=bool(exclude_ids)
         )
@@ -198,6 +190,26 @@ def keyword_ranking(
     if rows is not None:
         rows.update((row[0], row[2:]) for row in found)
     return [(row[0], float(row[1])) for row in found]
+
+
+def _counters(context_id: int) -> tuple[int, int, int]:
+    """The context's last_seq, search_seq and message_count (zeros for no context)."""
+    return Context.objects.filter(pk=context_id).values_list(
+        "last_seq", "search_seq", "message_count"
+    ).first() or (0, 0, 0)
+
+
+def _exact_found(params: dict, *, match: str, columns: str) -> list[tuple] | None:
+    """The rows of `_EXACT_SQL` (id, score, `columns`), best first; None when the context
+    turned out larger than KEYWORD_EXACT_MESSAGES (or its indexer that far behind): nothing
+    was read then. A request's deferred key read shares the round trip (`db.read_rows`)."""
+    sql = _exact_sql(excluding=bool(params["exclude"]), columns=columns)
+    answer = db.read_rows(
+        sql, params | {"strict": match == "all", "exact": KEYWORD_EXACT_MESSAGES}, prepared=True
+    )
+    if answer and not answer[0][0]:
+        return None
+    return [row[1:] for row in answer if row[1] is not None]
 
 
 def _ranking_sql(
@@ -240,23 +252,27 @@ def _ranking_sql(
 _MESSAGE_COLUMNS = ", " + db.select_columns(Message, "m")
 
 
-# A small context ranked in one statement after `_QUERY_TERMS` (the query parsed in the
-# statement itself), every count exact: BM25 as its formula reads. The context's counters
-# (its size, the indexer's mark) are read by the statement too, so it needs none from the
-# request and sees them as of its own snapshot. Every message matching any
-# term, and none of the exclusions, is a hit: the stored vectors read through the GIN index,
-# the messages past `search_seq` parsed from their text (`_TAIL`). Each hit is unnested once,
-# kept to the query's lexemes (`ts_filter`), and each term it holds is read from there with its
-# tf (a phrase: all its lexemes, and matching it): a term's df is the number of hits holding it,
-# so no hit is matched against each term again. With `strict` (`match="all"`) only the hits
-# matching the whole query as websearch_to_tsquery reads it are scored, the df still counting
-# every hit. A query of stop words only reads nothing (a test on `matching` alone, checked
-# once). The text depends only on `excluding` and the columns read, so the statement is
-# prepared once per connection and its plan reused.
+# A small context ranked in one statement after `_QUERY_TERMS` (the query parsed in the statement
+# itself), every count exact: BM25 as its formula reads. The context's counters (its size, the
+# indexer's mark) are read by the statement too, so it needs none from the request and sees them
+# as of its own snapshot; when they show the context outgrew the exact ranking (the request knew
+# an older size), nothing is read and the one row says so (`fits`). Every message matching any
+# term, and none of the exclusions, is a hit: the stored vectors read through the GIN index, the
+# messages past `search_seq` parsed from their text (`_TAIL`). Each hit is unnested once, kept to
+# the query's lexemes (`ts_filter`), and each term it holds is read from there with its tf (a
+# phrase: all its lexemes, and matching it): a term's df is the number of hits holding it, so no
+# hit is matched against each term again. With `strict` (`match="all"`) only the hits matching the
+# whole query as websearch_to_tsquery reads it are scored, the df still counting every hit. A
+# query of stop words only reads nothing (a test on `matching` alone, checked once). The text
+# depends only on `excluding` and the columns read, so the statement is prepared once per
+# connection: parsed and analysed once (PostgreSQL still plans it for each call's values, its
+# generic plan being estimated dearer).
 _EXACT_SQL = r"""
 WITH {query_terms},
 counters AS MATERIALIZED (
-    SELECT c.message_count, c.search_seq FROM memory_app_context c WHERE c.id = %(context)s
+    SELECT c.message_count, c.search_seq,
+           c.message_count <= %(exact)s AND c.last_seq - c.search_seq <= %(exact)s AS fits
+    FROM memory_app_context c WHERE c.id = %(context)s
 ),
 terms (term, q, lexemes) AS MATERIALIZED (
     SELECT row_number() OVER (ORDER BY n.o)::int, n.q, n.lexemes FROM named n
@@ -275,7 +291,7 @@ hits AS MATERIALIZED (
     FROM (
         SELECT s.seq, length(s.search_vector) AS length, s.search_vector AS vector
         FROM {table} s
-        WHERE (SELECT q FROM matching) IS NOT NULL
+        WHERE (SELECT q FROM matching) IS NOT NULL AND (SELECT fits FROM counters)
           AND s.context_id = %(context)s AND s.seq <= (SELECT search_seq FROM counters)
           AND s.search_vector @@ (SELECT q FROM matching) {excluded_seqs}
         UNION ALL
@@ -283,7 +299,7 @@ hits AS MATERIALIZED (
         FROM (SELECT m.id, m.seq, m.text FROM {tail}) m,
              LATERAL (SELECT memory_app_search_vector(%(config)s::regconfig, m.text)
                       AS vector) v
-        WHERE (SELECT q FROM matching) IS NOT NULL
+        WHERE (SELECT q FROM matching) IS NOT NULL AND (SELECT fits FROM counters)
           AND v.vector @@ (SELECT q FROM matching) {excluded_ids}
     ) a
 ),
@@ -313,8 +329,12 @@ scored AS (
     GROUP BY h.seq
 ),
 best AS (SELECT seq, score FROM scored ORDER BY score DESC, seq DESC LIMIT %(limit)s)
-SELECT m.id, b.score{columns} FROM best b
-JOIN memory_app_message m ON m.context_id = %(context)s AND m.seq = b.seq
+SELECT c.fits, m.id, b.score{columns} FROM counters c
+LEFT JOIN best b ON true
+LEFT JOIN LATERAL (
+    SELECT * FROM memory_app_message x
+    WHERE b.seq IS NOT NULL AND x.context_id = %(context)s AND x.seq = b.seq LIMIT 1
+) m ON true
 ORDER BY b.score DESC, b.seq DESC
 """
 
