@@ -134,8 +134,8 @@ class _Recent:
 
 
 # The message counts of contexts as last seen through a verified key, by (the key's hash, the
-# context's id): a key may have its key read with a selection's own read on the contexts it
-# was allowed to see (`ApiKeyAuth(deferred=True)`), and a search sizes its walk from it.
+# context's id): a key is read with a selection's own read only on the contexts it was allowed
+# to see (`ApiKeyAuth(deferred=True)`), and a search sizes its walk from the count.
 _sizes = _Recent(10_000)
 
 

@@ -51,7 +51,7 @@ def select(request, context_id: ContextId, body: SelectIn):
     """Run a selector on the context's live messages (pruned ones never appear). 422 for bad
     options, an unknown tokenizer, a vector of the wrong dimension, or semantic search with no
     embedding provider; 503 when the provider is configured but down."""
-    if _key_read_with_the_selection(request, context_id, body):
+    if _key_read_with_the_selection(request, body):
         return _select_with_the_key(request, context_id, body)
     require_scope(request, "read")
     context = context_for(request, context_id)
@@ -61,7 +61,7 @@ def select(request, context_id: ContextId, body: SelectIn):
         raise HttpError(503, str(exc)) from exc
 
 
-def _key_read_with_the_selection(request, context_id: int, body: SelectIn) -> bool:
+def _key_read_with_the_selection(request, body: SelectIn) -> bool:
     """A selection that is one read, by a key this process has verified on this context before
     (`known_size`): the key and the context are read in that read's round trip. The window's
     last k is one statement; a semantic search with the client's query vector is sized from the

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from django.db import connections, router
+from django.db import router
 
 from memory_app import db
 from memory_app.embeddings import providers
@@ -182,11 +182,10 @@ def _messages_by_id(context_id: int, ids: list[int]) -> dict[int, Message]:
     if not ids:
         return {}
     using = router.db_for_read(Message)
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            f"SELECT {_MESSAGE_COLUMNS} FROM memory_app_message m"  # noqa: S608 - constant
-            " WHERE m.context_id = %s AND m.id = ANY(%s)",
-            [context_id, ids],
-        )
-        rows = cursor.fetchall()
+    rows = db.read_rows(
+        f"SELECT {_MESSAGE_COLUMNS} FROM memory_app_message m"  # noqa: S608 - constant
+        " WHERE m.context_id = %s AND m.id = ANY(%s)",
+        [context_id, ids],
+        using=using,
+    )
     return {row[0]: db.from_row(Message, row, using) for row in rows}
