@@ -26,7 +26,7 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from memory_app import db
+from memory_app import db, scale_out
 from memory_app.errors import Forbidden, NotFound
 from memory_app.models import ApiKey, Context, Message, Run, Step
 
@@ -132,39 +132,47 @@ def apikey_verify_with_context(
 ) -> tuple[ApiKey | None, Context | None]:
     """The live key matching `secret` (None: unknown, malformed or revoked) and, when
     `context_id` is given, that context if the key may see it (as `context_for_key` finds it),
-    in one query: a request to a context's route needs both before anything else."""
-    statement = key_context_statement(secret, context_id)
-    if statement is None:
+    in one round trip: a request to a context's route needs both before anything else."""
+    statements = key_context_statements(secret, context_id)
+    if statements is None:
         return None, None
-    # Parameters bound by the server (db.binding_cursor): no literal written into the text.
-    with db.binding_cursor() as cursor:
-        cursor.execute(*statement)
-        row = cursor.fetchone()
-    return key_context_from_row(secret, row)
+    return key_context_from_rows(secret, db.first_rows(statements))
 
 
-def key_context_statement(secret: str, context_id: int | None) -> tuple[str, list] | None:
-    """The statement `apikey_verify_with_context` reads the key and the context with (None for
-    a malformed key string): a caller may send it with other statements in one round trip and
-    hand its row to `key_context_from_row`."""
+def key_context_statements(secret: str, context_id: int | None) -> list[tuple[str, list]] | None:
+    """The statements `apikey_verify_with_context` reads the key and the context with (None for
+    a malformed key string): a caller may send them with other statements in one round trip and
+    hand their first rows to `key_context_from_rows`."""
     prefix = _parse(secret or "")
     if prefix is None:
         return None
-    # Confinement as `visible_contexts` applies it: every context contains `{}`. The context is
-    # filtered inside its own subquery: on Citus, where the keys are a local table and the
-    # contexts are sharded, that subquery reaches the context's shard only (a filter left in
-    # the join's condition made it read every shard).
+    key = (f"SELECT {_KEY_COLUMNS} FROM memory_app_apikey k WHERE k.prefix = %s", [prefix])  # noqa: S608
+    if context_id is None:
+        return [key]
+    context = (f"SELECT {_CONTEXT_COLUMNS} FROM memory_app_context c WHERE c.id = %s", [context_id])  # noqa: S608
+    if scale_out.table_is_distributed(Context._meta.db_table):
+        # On Citus the keys are a local table and the contexts sharded: a statement joining
+        # them is planned in steps (each side gathered as an intermediate result, the join run
+        # through the coordinator's connection to itself), about 2 ms more than the key's read
+        # on the coordinator and the context's read routed to its shard, sent one after the
+        # other; the key's confinement is then checked apart (`key_context_from_rows`).
+        return [key, context]
+    # Confinement as `visible_contexts` applies it: every context contains `{}`.
     sql = (
         f"SELECT {_KEY_COLUMNS}, {_CONTEXT_COLUMNS} FROM memory_app_apikey k "  # noqa: S608
         "LEFT JOIN (SELECT * FROM memory_app_context WHERE id = %s) c "
         "ON c.keys @> k.context_keys WHERE k.prefix = %s"
     )
-    return sql, [context_id, prefix]
+    return [(sql, [context_id, prefix])]
 
 
-def key_context_from_row(secret: str, row: tuple | None) -> tuple[ApiKey | None, Context | None]:
-    """The key and context of `key_context_statement`'s row, as `apikey_verify_with_context`
-    answers them: (None, None) unless the row's key is live and its hash is `secret`'s."""
+def key_context_from_rows(
+    secret: str, rows: list[tuple | None]
+) -> tuple[ApiKey | None, Context | None]:
+    """The key and context of `key_context_statements`' first rows, as
+    `apikey_verify_with_context` answers them: (None, None) unless the key's row is live and its
+    hash is `secret`'s."""
+    row = rows[0]
     if row is None:
         return None, None
     split = len(ApiKey._meta.concrete_fields)
@@ -172,7 +180,10 @@ def key_context_from_row(secret: str, row: tuple | None) -> tuple[ApiKey | None,
     if key.revoked_at is not None or not hmac.compare_digest(key.secret_hash, hash_secret(secret)):
         return None, None
     _touch(key)
-    context = db.from_row(Context, row[split:]) if row[split] is not None else None
+    found = rows[1] if len(rows) > 1 else row[split:]
+    context = db.from_row(Context, found) if found and found[0] is not None else None
+    if len(rows) > 1 and context is not None and not keys_allowed(key, context.keys):
+        context = None  # outside the key's confinement: as if absent
     return key, context
 
 

@@ -306,18 +306,42 @@ class _PreparingCursor(psycopg.Cursor):
         return super().execute(query, params, prepare=True, binary=binary)
 
 
-# The statement of the innermost `deferred_read` block not sent yet, with what checks its row.
+def first_rows(statements: list[tuple[str, list]]) -> list[tuple | None]:
+    """The first row (None for none) of each statement, read on the default connection bound by
+    the server (`binding_cursor`); several go in one round trip (a pipeline)."""
+    if len(statements) == 1:
+        with binding_cursor() as cursor:
+            cursor.execute(*statements[0])
+            return [cursor.fetchone()]
+    readers = [binding_cursor() for _ in statements]
+    with connection.wrap_database_errors, connection.connection.pipeline():
+        for reader, statement in zip(readers, statements, strict=True):
+            reader.execute(*statement)
+    return _first_of(readers)
+
+
+def _first_of(readers: list) -> list[tuple | None]:
+    rows = []
+    for reader in readers:
+        with reader:
+            rows.append(reader.fetchone())
+    return rows
+
+
+# The statements of the innermost `deferred_read` block not sent yet, with what checks their
+# rows.
 _DEFERRED: ContextVar[list | None] = ContextVar("deferred_read", default=None)
 
 
 @contextlib.contextmanager
-def deferred_read(statement: tuple[str, list], accept) -> Iterator[None]:
-    """`statement` (SQL and parameters) is read before anything the block reads is handed on:
-    in the round trip of the block's first `pipelined_transaction` or `read_rows`, whose
-    answers come back only once `accept` has seen its row, or alone just before the block's
-    first other statement. `accept(row)` (the first row, None for none) raises to refuse what
-    follows. A request's key and context are read so with the selection they guard."""
-    pending: list = [statement, accept]
+def deferred_read(statements: list[tuple[str, list]], accept) -> Iterator[None]:
+    """`statements` (SQL and parameters each) are read before anything the block reads is handed
+    on: in the round trip of the block's first `pipelined_transaction` or `read_rows`, whose
+    answers come back only once `accept` has seen their rows, or alone just before the block's
+    first other statement. `accept(rows)` (each statement's first row, None for none) raises to
+    refuse what follows. A request's key and context are read so with the selection they
+    guard."""
+    pending: list = [statements, accept]
 
     def read_it_first(execute, sql, params, many, context):
         _read_deferred(pending)
@@ -332,23 +356,30 @@ def deferred_read(statement: tuple[str, list], accept) -> Iterator[None]:
 
 
 def _read_deferred(pending: list) -> None:
-    # Taken first: this read's own statement passes through the wrapper too.
+    # Taken first: this read's own statements pass through the wrapper too.
     taken = _take(pending)
     if taken is None:
         return
-    with binding_cursor() as cursor:
-        cursor.execute(*taken[0])
-        row = cursor.fetchone()
-    taken[1](row)
+    taken[1](first_rows(taken[0]))
 
 
-def _take(pending: list | None) -> tuple[tuple[str, list], Any] | None:
-    """A `deferred_read`'s statement and check, once: None when there is none or it was sent."""
+def _take(pending: list | None) -> tuple[list[tuple[str, list]], Any] | None:
+    """A `deferred_read`'s statements and check, once: None when there are none or they were
+    sent."""
     if pending is None or pending[0] is None:
         return None
     taken = (pending[0], pending[1])
     pending[0] = None
     return taken
+
+
+def _send_deferred(deferred) -> list:
+    """A deferred read's statements sent inside the caller's pipeline: their cursors, whose
+    first rows `_first_of` reads once the pipeline has ended."""
+    readers = [binding_cursor() for _ in deferred[0]]
+    for reader, statement in zip(readers, deferred[0], strict=True):
+        reader.execute(*statement)
+    return readers
 
 
 def read_rows(sql: str, params, *, using: str = DEFAULT_DB_ALIAS, prepared: bool = False):
@@ -366,11 +397,10 @@ def read_rows(sql: str, params, *, using: str = DEFAULT_DB_ALIAS, prepared: bool
         if deferred is None:
             cursor.execute(sql, params)
             return cursor.fetchall()
-        with binding_cursor() as reader:
-            with connection.wrap_database_errors, connection.connection.pipeline():
-                reader.execute(*deferred[0])
-                cursor.execute(sql, params)
-            deferred[1](reader.fetchone())
+        with connection.wrap_database_errors, connection.connection.pipeline():
+            readers = _send_deferred(deferred)
+            cursor.execute(sql, params)
+        deferred[1](_first_of(readers))
         return cursor.fetchall()
 
 
@@ -387,8 +417,7 @@ def pipelined_transaction(cursor) -> Iterator[None]:
     try:
         with connection.wrap_database_errors, raw.pipeline():
             if deferred is not None:
-                reader = binding_cursor()
-                reader.execute(*deferred[0])
+                readers = _send_deferred(deferred)
             if own:
                 cursor.execute("BEGIN")
             yield
@@ -400,9 +429,7 @@ def pipelined_transaction(cursor) -> Iterator[None]:
                 raw.rollback()
         raise
     if deferred is not None:
-        with reader:
-            row = reader.fetchone()
-        deferred[1](row)
+        deferred[1](_first_of(readers))
 
 
 @contextlib.contextmanager

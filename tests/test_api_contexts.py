@@ -106,3 +106,22 @@ def test_pruned_messages_are_left_out_of_the_context_counts(api):
     ]
     again = api.post("/api/v1/contexts", {"keys": {"user": "ada", "chat": "counts"}}).json()
     assert (again["message_count"], again["token_count"]) == (3, sum(tokens) - tokens[1])
+
+
+def test_a_context_without_messages_is_counted_without_reading_its_messages(
+    api, django_assert_num_queries
+):
+    """A context holding no message has nothing pruned: its counts come from its own row (a new
+    context's answer reads no message), while one holding messages still has them summed."""
+    from memory_app.queries.lists import with_live_counts
+
+    empty = Context.objects.get(pk=new_context(api, {"user": "ada", "chat": "empty"}))
+    full = Context.objects.get(pk=new_context(api, {"user": "ada", "chat": "full"}))
+    api.post(f"/api/v1/contexts/{full.pk}/messages", {"role": "user", "text": "hi"})
+    full.refresh_from_db()
+    with django_assert_num_queries(0):
+        with_live_counts([empty])
+    assert (empty.live_count, empty.live_tokens, empty.pruned_count) == (0, 0, 0)
+    with django_assert_num_queries(1):
+        with_live_counts([empty, full])
+    assert (full.live_count, full.pruned_count) == (1, 0)

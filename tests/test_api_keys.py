@@ -129,3 +129,38 @@ def test_the_command_says_why_an_empty_confinement_is_refused():
     with pytest.raises(CommandError, match='"tenant".*empty'):
         call_command("apikey", "create", "x", "--context-keys", '{"tenant": ""}', stdout=StringIO())
     assert not ApiKey.objects.exists() and not AuditEvent.objects.exists()
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["one statement", "key and context apart"])
+def test_a_key_reads_its_context_within_its_confinement(monkeypatch, sharded):
+    """The key and the context it may see, read together on one node (a join) or as two
+    statements as on a cluster (the confinement then checked apart): the same answers, a
+    revoked key none."""
+    from memory_app import scale_out
+    from tests.builders import make_context
+
+    distributed = scale_out.table_is_distributed
+    monkeypatch.setattr(
+        scale_out,
+        "table_is_distributed",
+        lambda table: sharded if table == "memory_app_context" else distributed(table),
+    )
+    inside = make_context(keys={"tenant": "acme", "user": "u1"})
+    outside = make_context(keys={"tenant": "other", "user": "u1"})
+    confined = auth.apikey_create(name="c", scopes=["read"], context_keys={"tenant": "acme"})
+    free = auth.apikey_create(name="f", scopes=["read"], context_keys=None)
+    assert len(auth.key_context_statements(confined.secret, inside.id)) == (2 if sharded else 1)
+
+    def seen(issued, context_id):
+        key, context = auth.apikey_verify_with_context(issued.secret, context_id)
+        return (key.pk if key else None), (context.pk if context else None)
+
+    assert seen(confined, inside.id) == (confined.key.pk, inside.id)
+    assert seen(confined, outside.id) == (confined.key.pk, None)
+    assert seen(free, outside.id) == (free.key.pk, outside.id)
+    assert seen(free, 10**12) == (free.key.pk, None)
+    assert seen(free, None) == (free.key.pk, None)
+    wrong = free.secret[:-1] + ("a" if free.secret[-1] != "a" else "b")
+    assert auth.apikey_verify_with_context(wrong, inside.id) == (None, None)
+    auth.apikey_revoke(key=free.key)
+    assert auth.apikey_verify_with_context(free.secret, inside.id) == (None, None)

@@ -14,7 +14,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
 
-from memory_app import scale_out
+from memory_app import auth, scale_out
 from memory_app.embeddings import client_vectors
 from memory_app.management.commands.distribute import distribute_table
 from memory_app.memories import Scope
@@ -57,6 +57,24 @@ def test_a_contexts_window_goes_to_one_shard():
     assert "Task Count: 1" in plan, plan
     plan = _explain("SELECT count(*) FROM memory_app_message", [])
     assert "Task Count: 1\n" not in plan + "\n", plan  # the whole table fans out
+
+
+def test_a_requests_key_and_context_are_read_without_a_multi_step_plan():
+    """On a cluster the key (a local table) and its context (sharded) are two statements, the
+    key's planned on the coordinator and the context's routed to its shard: a statement joining
+    them was planned in steps (intermediate results, a connection of the coordinator to
+    itself). A confined key still sees only the contexts inside its confinement."""
+    inside = make_context(keys={"tenant": "acme", "chat": "1"})
+    outside = make_context(keys={"tenant": "other", "chat": "1"})
+    issued = auth.apikey_create(name="t", scopes=["read"], context_keys={"tenant": "acme"})
+    statements = auth.key_context_statements(issued.secret, inside.id)
+    assert len(statements) == 2
+    key_plan, context_plan = (_explain(sql, params) for sql, params in statements)
+    assert "Task Count" not in key_plan and "Subplan" not in key_plan, key_plan
+    assert "Task Count: 1" in context_plan and "Subplan" not in context_plan, context_plan
+    assert auth.apikey_verify_with_context(issued.secret, inside.id)[1].id == inside.id
+    key, context = auth.apikey_verify_with_context(issued.secret, outside.id)
+    assert key.pk == issued.key.pk and context is None
 
 
 def test_set_local_hnsw_reaches_the_worker():

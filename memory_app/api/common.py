@@ -94,9 +94,9 @@ def _verified(request: HttpRequest, token: str, context_id: int | None, read) ->
 _UNREAD = object()
 
 
-def settle_key(request: HttpRequest, row: tuple | None | object = _UNREAD):
-    """Check a deferred key (`ApiKeyAuth(deferred=True)`): from `row`, the key statement's row
-    read with other statements, else in a round trip now. 401 when the key is bad; then
+def settle_key(request: HttpRequest, rows: list | object = _UNREAD):
+    """Check a deferred key (`ApiKeyAuth(deferred=True)`): from `rows`, the key statements'
+    first rows read with other statements, else in a round trip now. 401 when the key is bad; then
     `request.auth` is the key and `context_for` answers from the context read with it. Nothing
     to do once settled."""
     pending = request.__dict__.pop("_pending_key", None)
@@ -104,8 +104,8 @@ def settle_key(request: HttpRequest, row: tuple | None | object = _UNREAD):
         return
     token, context_id = pending
     read = keys.apikey_verify_with_context
-    if row is not _UNREAD:
-        read = lambda secret, _context_id: keys.key_context_from_row(secret, row)  # noqa: E731
+    if rows is not _UNREAD:
+        read = lambda secret, _context_id: keys.key_context_from_rows(secret, rows)  # noqa: E731
     request.auth = _verified(request, token, context_id, read)
 
 
@@ -153,9 +153,9 @@ def key_read_with(request: HttpRequest) -> Iterator[None]:
     settled when the block ends, at the latest. A block that raises has the key settled
     first: a bad key's 401 answers instead of the block's own error."""
     token, context_id = request._pending_key  # type: ignore[attr-defined]
-    statement = keys.key_context_statement(token, context_id)
+    statements = keys.key_context_statements(token, context_id)
     try:
-        with db.deferred_read(statement, lambda row: settle_key(request, row)):
+        with db.deferred_read(statements, lambda rows: settle_key(request, rows)):
             yield
     except BaseException:
         settle_key(request)

@@ -67,10 +67,12 @@ def with_live_counts(contexts: list[Context]) -> list[Context]:
     count every stored message; pruned rows are summed on their own partial index, one query for
     all the contexts, as cheap as the number of pruned messages."""
     pruned = {}
-    if contexts:
+    # A context holding no message has nothing pruned (a new one above all): not asked.
+    holding = [c for c in contexts if c.message_count]
+    if holding:
         pruned = {
             row["context"]: row
-            for row in Message.objects.filter(context__in=contexts, pruned_at__isnull=False)
+            for row in Message.objects.filter(context__in=holding, pruned_at__isnull=False)
             .values("context")
             .annotate(n=Count("id"), tokens=Sum("token_count"))
             .order_by()

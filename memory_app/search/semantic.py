@@ -141,11 +141,11 @@ def nearest_vectors(
     rows, faster than the index.
 
     `rows` and `rows_sql`: the walk also reads each item it found (`walk_statements`) into
-    `rows` by id, in its own statement (not on Citus, where the walk's statement stays as it
-    is)."""
+    `rows` by id, in its own statement (on Citus too: the rows are joined on the context and
+    id, so the statement stays on the context's shard)."""
     if approximate:
         sharded = scale_out.table_is_distributed(table)
-        read = rows is not None and rows_sql is not None and not sharded
+        read = rows is not None and rows_sql is not None
         settings_sql, sql, args = walk_statements(
             model=model,
             vector=vector,
@@ -176,8 +176,8 @@ def nearest_vectors(
                     setter.execute(*settings_sql)
                     cursor.execute(sql, args)
                 found = cursor.fetchall()
-            if read:
-                rows.update((row[3], row[3:]) for row in found if row[3] is not None)
+        if read:
+            rows.update((row[3], row[3:]) for row in found if row[3] is not None)
         hits = sorted(((row[0], float(row[1])) for row in found), key=lambda hit: (hit[1], hit[0]))
         walked = sum(1 for row in found if not row[2])
         if walked == limit:
