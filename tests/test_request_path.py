@@ -24,6 +24,20 @@ from tests.builders import make_context, register_models
 MODEL = "path-model"
 
 
+@pytest.fixture(params=["as the store is", "seqs taken by the trigger"])
+def append_path(request, monkeypatch):
+    """A small append as this store runs it (on one node one statement; on Citus the INSERT
+    whose rows take their seqs from the table's trigger), and the latter on any store."""
+    from memory_app.services import messages
+
+    trigger = request.param != "as the store is" or scale_out.table_is_distributed(
+        "memory_app_message"
+    )
+    if trigger:
+        monkeypatch.setattr(messages, "_sharded", lambda: True)
+    return "trigger" if trigger else "one statement"
+
+
 def _vector(seed: int) -> list[float]:
     v = np.random.default_rng(seed).normal(size=384)
     return (v / np.linalg.norm(v)).tolist()
@@ -114,23 +128,23 @@ def test_a_semantic_search_reads_key_and_context_once_and_the_walk_in_one_go(set
     statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
     # The key and its context in one statement; the walk's settings; the walk, which reads the
     # hits' rows too: all in one round trip (the key's statement goes first in the walk's
-    # pipeline). On Citus the settings are SET LOCAL statements (what it passes on to the
-    # workers), and the hits' rows are read after the walk, by their context.
-    key, *settings_sql, walk = statements[: statements.index(_walk(statements)) + 1]
+    # pipeline). On Citus the key and the context are two statements (a join of the two is
+    # planned in steps there) and the settings SET LOCAL statements (what it passes on to the
+    # workers).
     sharded = scale_out.table_is_distributed("memory_app_embedding")
-    after = statements[len(settings_sql) + 2 :]
-    assert len(statements) == len(settings_sql) + 2 + sharded, statements
-    sent = len(settings_sql) + 2
-    assert pipelined[:sent] == [psycopg.pq.PipelineStatus.ON] * sent, pipelined
-    assert "memory_app_apikey" in key and "memory_app_context" in key
+    walked = statements.index(_walk(statements))
+    reads = 2 if sharded else 1
+    key_sql, settings_sql, walk = statements[:reads], statements[reads:walked], statements[walked]
+    assert len(statements) == walked + 1, statements
+    assert pipelined[: walked + 1] == [psycopg.pq.PipelineStatus.ON] * (walked + 1), pipelined
     if sharded:
+        assert "memory_app_apikey" in key_sql[0] and "memory_app_context" in key_sql[1]
         assert settings_sql and all(s.startswith("SET LOCAL ") for s in settings_sql)
         assert "hnsw.iterative_scan" in " ".join(settings_sql)
-        [hits] = after
-        assert "memory_app_message" in hits and "context_id = " in hits.replace('"', "")
     else:
+        assert "memory_app_apikey" in key_sql[0] and "memory_app_context" in key_sql[0]
         assert [s[:18] for s in settings_sql] == ["SELECT set_config("]
-        assert "JOIN memory_app_message h" in walk
+    assert "JOIN memory_app_message h" in walk
     assert "$1::float8[]::vector(384)" in walk  # a binary parameter, not a literal
     # The hits answer as a read of them by id would (every field, the text as stored).
     [hit] = [i for i in response.json()["items"] if i["message"]["text"] == "m7"]
@@ -188,8 +202,17 @@ def test_a_single_append_reads_key_and_context_in_one_statement():
     with CaptureQueriesContext(connection) as queries:
         response = api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": "hi"})
     assert response.status_code == 201 and response.json()["seq"] == 1
-    statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
-    assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[0]
+    # The process asks once whether the store is distributed (`scale_out`): not the request's.
+    statements = [
+        q["sql"]
+        for q in queries.captured_queries
+        if "SAVEPOINT" not in q["sql"] and "pg_dist_partition" not in q["sql"]
+    ]
+    if scale_out.table_is_distributed("memory_app_context"):
+        # Two statements sent together on Citus (a join of the two is planned in steps there).
+        assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[1]
+    else:
+        assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[0]
     assert not any(s.startswith('SELECT "memory_app_context"') for s in statements), statements
 
 
@@ -342,18 +365,21 @@ def test_a_batch_answers_ids_and_seqs_unless_asked_for_the_whole_messages():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_append_outside_a_transaction_is_one_statement_and_stores_what_it_was_sent():
+def test_an_append_outside_a_transaction_is_one_statement_and_stores_what_it_was_sent(
+    append_path,
+):
     context = make_context()
     with CaptureQueriesContext(connection) as queries:
         result = messages_append(context=context, items=[SENT, {"role": "user", "text": "two"}])
-    # The repeats' check (the items carry a client id), then the whole append in one statement
-    # (on one node; on Citus the pipelined path's statements stay, and what it stores is checked
-    # below either way).
-    statements = [q["sql"] for q in queries.captured_queries]
-    if not scale_out.table_is_distributed("memory_app_message"):
-        assert len(statements) == 2 and " ".join(statements[1].split()).startswith(
-            "WITH c AS ( UPDATE"
-        )
+    # The repeats' check (the items carry a client id), then the whole append in one statement:
+    # the counters, messages and full-text rows in one CTE, or one INSERT whose trigger does it.
+    statements = [" ".join(q["sql"].split()) for q in queries.captured_queries]
+    assert len(statements) == 2, statements
+    if append_path == "trigger":
+        assert statements[1].startswith("INSERT INTO memory_app_message (context_id, seq,")
+        assert "VALUES ($1, NULL," in statements[1] or "VALUES (%s, NULL," in statements[1]
+    else:
+        assert statements[1].startswith("WITH c AS ( UPDATE")
     first, second = result.messages
     assert (first.seq, second.seq) == (1, 2) and second.pk > first.pk
     stored = Message.objects.get(pk=first.pk)
@@ -384,7 +410,7 @@ def test_an_append_outside_a_transaction_is_one_statement_and_stores_what_it_was
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_append_whose_full_text_row_fails_keeps_the_message_and_marks_the_row():
+def test_an_append_whose_full_text_row_fails_keeps_the_message_and_marks_the_row(append_path):
     api = make_key()
     cid = new_context(api)
     with connection.cursor() as cursor:
@@ -408,7 +434,7 @@ def test_an_append_whose_full_text_row_fails_keeps_the_message_and_marks_the_row
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_append_queues_its_messages_for_the_configured_model(settings):
+def test_an_append_queues_its_messages_for_the_configured_model(settings, append_path):
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "openai"
     settings.AGENTMEMORY_EMBEDDING_MODEL = "queued-model"
     context = make_context()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
@@ -255,3 +255,40 @@ def append_statement(
         row._state.adding = False
         row._state.db = connection.alias
     return rows, found[0][2], found[0][3]
+
+
+# `append_taking_seqs`' statement: a null seq, which the table's trigger fills (migration 0043).
+_TAKING_ROW = f"(%s, NULL, {_TYPED_VALUES}, %s::timestamptz, %s::timestamptz)"
+
+
+def append_taking_seqs(
+    context: Context, specs: list[NewMessage], counts: list[int], tokenizer: str
+) -> list[Message]:
+    """Append `specs` (their token counts `counts`) to `context` by one INSERT of rows without
+    seqs, its own transaction: the table's trigger (migration 0043) updates the context's
+    counters row by row, in the order of `specs` (its row lock keeps seqs gap-free), sets each
+    seq, and writes the full-text rows when the context's are caught up. On Citus that is one
+    statement routed to the context's shard, where `append_statement` is planned in steps and
+    the pipelined path is a hop per statement. The rows (ids and seqs set).
+
+    All of it fails together, as `append_statement` does (then the caller appends through the
+    path that keeps a message whose vector cannot be written); a context gone meanwhile is
+    NotFound. It writes no embedding queue rows: the caller's path does when a model is set."""
+    now, rows = _rows(context, specs, counts, 1, tokenizer)
+    args: list[Any] = []
+    for r in rows:
+        args += [context.pk, *_row_values(r), now, now]
+    sql = f"{_INSERT_SQL} {', '.join([_TAKING_ROW] * len(rows))} RETURNING id, seq"
+    try:
+        with db.binding_cursor() as cursor:
+            cursor.execute(sql, args)
+            found = cursor.fetchall()
+    except DatabaseError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == "P0002":
+            raise NotFound(f"context {context.pk} not found") from exc
+        raise
+    for row, (pk, seq) in zip(rows, found, strict=True):
+        row.pk, row.seq = pk, seq
+        row._state.adding = False
+        row._state.db = connection.alias
+    return rows

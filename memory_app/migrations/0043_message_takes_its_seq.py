@@ -1,0 +1,62 @@
+"""A message inserted without a seq takes the next one of its context (a BEFORE INSERT trigger).
+
+On Citus every statement of an append is a hop from the coordinator to the context's worker,
+and the append's parts cannot go as one statement: the one-statement append's CTE (the
+counters' UPDATE, the INSERT reading its seqs, the full-text row reading the INSERT) is planned
+in steps there. With this trigger the whole append is one INSERT routed to one shard: for each
+row inserted with a null seq, the trigger updates the context's counters (its row lock keeps
+seqs gap-free, as the UPDATE of the other paths does), sets the row's seq, and writes its
+full-text row when the context's vectors are caught up, all on the worker that holds both.
+
+Every other path writes its seqs itself: for them the trigger's condition is false and nothing
+runs. A full-text vector that cannot be written fails the INSERT (the caller then appends
+through the path that keeps the message and stores the vector's error); a context that does
+not exist fails it with SQLSTATE P0002.
+
+Frozen: the SQL is written out here (the full-text config is `memory_app.models.FTS_CONFIG`
+when this was written).
+"""
+
+from django.db import migrations
+
+FTS_CONFIG = "english"
+
+FUNCTION_SQL = f"""
+CREATE FUNCTION memory_app_message_take_seq() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    taken bigint;
+    searched bigint;
+BEGIN
+    UPDATE memory_app_context SET last_seq = last_seq + 1,
+        search_seq = CASE WHEN search_seq = last_seq THEN last_seq + 1 ELSE search_seq END,
+        message_count = message_count + 1, token_count = token_count + NEW.token_count,
+        last_activity_at = NEW.created_at
+    WHERE id = NEW.context_id RETURNING last_seq, search_seq INTO taken, searched;
+    IF taken IS NULL THEN
+        RAISE EXCEPTION 'context % not found', NEW.context_id USING ERRCODE = 'P0002';
+    END IF;
+    NEW.seq := taken;
+    IF searched = taken THEN
+        INSERT INTO memory_app_messagesearch (context_id, seq, search_vector)
+            VALUES (NEW.context_id, taken, memory_app_search_vector('{FTS_CONFIG}', NEW.text))
+            ON CONFLICT (context_id, seq)
+            DO UPDATE SET search_vector = EXCLUDED.search_vector, error = NULL;
+    END IF;
+    RETURN NEW;
+END $$
+"""
+# A statement of its own: on a distributed store Citus passes each DDL statement on to the
+# workers as one command.
+TRIGGER_SQL = """
+CREATE TRIGGER message_take_seq BEFORE INSERT ON memory_app_message
+    FOR EACH ROW WHEN (NEW.seq IS NULL) EXECUTE FUNCTION memory_app_message_take_seq();
+"""
+
+
+class Migration(migrations.Migration):
+    dependencies = [("memory_app", "0042_audit_snapshots_json")]
+
+    operations = [
+        migrations.RunSQL(FUNCTION_SQL, "DROP FUNCTION IF EXISTS memory_app_message_take_seq()"),
+        migrations.RunSQL(TRIGGER_SQL, "DROP TRIGGER IF EXISTS message_take_seq ON memory_app_message"),
+    ]
