@@ -313,11 +313,18 @@ def first_rows(statements: list[tuple[str, list]]) -> list[tuple | None]:
         with binding_cursor() as cursor:
             cursor.execute(*statements[0])
             return [cursor.fetchone()]
-    readers = [binding_cursor() for _ in statements]
     with connection.wrap_database_errors, connection.connection.pipeline():
-        for reader, statement in zip(readers, statements, strict=True):
-            reader.execute(*statement)
+        readers = _send(statements)
     return _first_of(readers)
+
+
+def _send(statements: list[tuple[str, list]]) -> list:
+    """`statements` sent (inside a pipeline, their answers not read yet): their cursors, whose
+    first rows `_first_of` reads once the pipeline has ended."""
+    readers = [binding_cursor() for _ in statements]
+    for reader, statement in zip(readers, statements, strict=True):
+        reader.execute(*statement)
+    return readers
 
 
 def _first_of(readers: list) -> list[tuple | None]:
@@ -373,15 +380,6 @@ def _take(pending: list | None) -> tuple[list[tuple[str, list]], Any] | None:
     return taken
 
 
-def _send_deferred(deferred) -> list:
-    """A deferred read's statements sent inside the caller's pipeline: their cursors, whose
-    first rows `_first_of` reads once the pipeline has ended."""
-    readers = [binding_cursor() for _ in deferred[0]]
-    for reader, statement in zip(readers, deferred[0], strict=True):
-        reader.execute(*statement)
-    return readers
-
-
 def read_rows(sql: str, params, *, using: str = DEFAULT_DB_ALIAS, prepared: bool = False):
     """The rows of one read on the connection `using`. A pending `deferred_read` goes first:
     on the default connection in the same round trip (a pipeline; the read bound by the server,
@@ -398,7 +396,7 @@ def read_rows(sql: str, params, *, using: str = DEFAULT_DB_ALIAS, prepared: bool
             cursor.execute(sql, params)
             return cursor.fetchall()
         with connection.wrap_database_errors, connection.connection.pipeline():
-            readers = _send_deferred(deferred)
+            readers = _send(deferred[0])
             cursor.execute(sql, params)
         deferred[1](_first_of(readers))
         return cursor.fetchall()
@@ -417,7 +415,7 @@ def pipelined_transaction(cursor) -> Iterator[None]:
     try:
         with connection.wrap_database_errors, raw.pipeline():
             if deferred is not None:
-                readers = _send_deferred(deferred)
+                readers = _send(deferred[0])
             if own:
                 cursor.execute("BEGIN")
             yield
