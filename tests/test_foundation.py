@@ -399,16 +399,7 @@ def test_a_large_batch_is_stored_field_for_field_and_searchable():
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("trigger", [False, True], ids=["as the store is", "seqs by trigger"])
-def test_concurrent_appends_of_the_same_client_id_store_one_message_and_leave_no_gap(
-    monkeypatch, trigger
-):
-    """Whichever way a small append writes (one statement on one node; on Citus, and here when
-    asked, the INSERT whose rows take their seqs from the table's trigger)."""
-    if trigger:
-        from memory_app.services import messages
-
-        monkeypatch.setattr(messages, "_sharded", lambda: True)
+def test_concurrent_appends_of_the_same_client_id_store_one_message_and_leave_no_gap():
     context, _ = context_get_or_create(keys={"u": "same-id-race"})
     rounds = 15
     errors: list[BaseException] = []

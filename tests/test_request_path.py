@@ -24,20 +24,6 @@ from tests.builders import make_context, register_models
 MODEL = "path-model"
 
 
-@pytest.fixture(params=["as the store is", "seqs taken by the trigger"])
-def append_path(request, monkeypatch):
-    """A small append as this store runs it (on one node one statement; on Citus the INSERT
-    whose rows take their seqs from the table's trigger), and the latter on any store."""
-    from memory_app.services import messages
-
-    trigger = request.param != "as the store is" or scale_out.table_is_distributed(
-        "memory_app_message"
-    )
-    if trigger:
-        monkeypatch.setattr(messages, "_sharded", lambda: True)
-    return "trigger" if trigger else "one statement"
-
-
 def _vector(seed: int) -> list[float]:
     v = np.random.default_rng(seed).normal(size=384)
     return (v / np.linalg.norm(v)).tolist()
@@ -365,21 +351,17 @@ def test_a_batch_answers_ids_and_seqs_unless_asked_for_the_whole_messages():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_append_outside_a_transaction_is_one_statement_and_stores_what_it_was_sent(
-    append_path,
-):
+def test_an_append_outside_a_transaction_is_one_statement_and_stores_what_it_was_sent():
     context = make_context()
     with CaptureQueriesContext(connection) as queries:
         result = messages_append(context=context, items=[SENT, {"role": "user", "text": "two"}])
     # The repeats' check (the items carry a client id), then the whole append in one statement:
-    # the counters, messages and full-text rows in one CTE, or one INSERT whose trigger does it.
+    # an INSERT whose rows take their seqs from the table's trigger, which updates the counters
+    # and writes the full-text rows.
     statements = [" ".join(q["sql"].split()) for q in queries.captured_queries]
     assert len(statements) == 2, statements
-    if append_path == "trigger":
-        assert statements[1].startswith("INSERT INTO memory_app_message (context_id, seq,")
-        assert "VALUES ($1, NULL," in statements[1] or "VALUES (%s, NULL," in statements[1]
-    else:
-        assert statements[1].startswith("WITH c AS ( UPDATE")
+    assert statements[1].startswith("INSERT INTO memory_app_message (context_id, seq,")
+    assert "VALUES ($1, NULL," in statements[1] or "VALUES (%s, NULL," in statements[1]
     first, second = result.messages
     assert (first.seq, second.seq) == (1, 2) and second.pk > first.pk
     stored = Message.objects.get(pk=first.pk)
@@ -410,7 +392,7 @@ def test_an_append_outside_a_transaction_is_one_statement_and_stores_what_it_was
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_append_whose_full_text_row_fails_keeps_the_message_and_marks_the_row(append_path):
+def test_an_append_whose_full_text_row_fails_keeps_the_message_and_marks_the_row():
     api = make_key()
     cid = new_context(api)
     with connection.cursor() as cursor:
@@ -434,7 +416,7 @@ def test_an_append_whose_full_text_row_fails_keeps_the_message_and_marks_the_row
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_append_queues_its_messages_for_the_configured_model(settings, append_path):
+def test_an_append_queues_its_messages_for_the_configured_model(settings):
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "openai"
     settings.AGENTMEMORY_EMBEDDING_MODEL = "queued-model"
     context = make_context()
@@ -489,11 +471,17 @@ def test_a_selection_in_one_read_reads_its_key_with_it(body, expected, read):
         for q in queries.captured_queries
         if "SAVEPOINT" not in q["sql"] and "memory_app_search_chars" not in q["sql"]
     ]
-    # The key and its context, then the selection's one read: both in one round trip.
-    assert len(statements) == 2, statements
-    assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[0]
-    assert all(part in statements[1] for part in read), statements[1]
-    assert pipelined == [psycopg.pq.PipelineStatus.ON] * 2, pipelined
+    # The key and its context, then the selection's one read: all in one round trip. On Citus
+    # the key and the context are two statements, and this confined key's confinement is asked
+    # after them.
+    sharded = scale_out.table_is_distributed("memory_app_context")
+    reads = 2 if sharded else 1
+    assert len(statements) == reads + 1 + sharded, statements
+    assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[reads - 1]
+    assert all(part in statements[reads] for part in read), statements[reads]
+    assert pipelined[: reads + 1] == [psycopg.pq.PipelineStatus.ON] * (reads + 1), pipelined
+    if sharded:
+        assert "::jsonb @> " in statements[-1], statements[-1]
     # The hits answer as a read of them by id would (every field, the text as stored).
     for item in items:
         message = item["message"]

@@ -1,6 +1,7 @@
 """A small append's rows (`services.messages`): built from `NewMessage`s and written by one
-multi-row INSERT, or, outside a caller's transaction, together with the context's counters,
-the full-text rows and the embedding queue's rows in one statement (`append_statement`).
+multi-row INSERT, or, outside a caller's transaction, by one INSERT whose rows take their seqs
+from the table's trigger, which updates the context's counters and writes the full-text rows
+too, the embedding queue's rows with it (`append_taking_seqs`).
 
 Both statements are written here, not compiled by the ORM (`bulk_create` compiled its INSERT
 on every append, a quarter of a single append's time in Python): the columns the COPY of a
@@ -19,7 +20,7 @@ from django.utils import timezone
 
 from memory_app import db
 from memory_app.errors import NotFound
-from memory_app.models import FTS_CONFIG, Context, Message
+from memory_app.models import Context, Message
 from memory_app.new_message import MESSAGE_FIELDS, NewMessage
 
 MESSAGE_COLUMNS = [(f.attname, f) for f in Message._meta.concrete_fields]
@@ -114,10 +115,9 @@ def _rows(context: Context, specs: list[NewMessage], counts, first_seq: int, tok
     ]
 
 
-# A new row's values as both statements send them, each typed (in `append_statement`'s VALUES
-# list its columns take the types of the casts; the table's own columns then check lengths on
-# assignment, as a plain INSERT does: tags as text[], where an explicit cast to the column's
-# varchar(200)[] would cut a longer tag, which the assignment refuses).
+# A new row's values as both statements send them, each typed (the table's own columns check
+# lengths on assignment, as a plain INSERT does: tags as text[], where an explicit cast to the
+# column's varchar(200)[] would cut a longer tag, which the assignment refuses).
 _ROW_COLUMNS = (
     ("client_id", "text"),
     ("role", "text"),
@@ -186,99 +186,48 @@ def insert_messages(
     return rows
 
 
-_VALUES_ROW = f"(%s::integer, {_TYPED_VALUES})"
-_APPEND_SQL = f"""
-WITH c AS (
-    UPDATE {Context._meta.db_table} SET last_seq = last_seq + %s,
-        search_seq = CASE WHEN search_seq = last_seq THEN last_seq + %s ELSE search_seq END,
-        message_count = message_count + %s, token_count = token_count + %s,
-        last_activity_at = %s
-    WHERE id = %s RETURNING last_seq, search_seq
-), m AS (
-    INSERT INTO {Message._meta.db_table} (context_id, seq, {_ROW_NAMES}, created_at, updated_at)
-    SELECT %s, c.last_seq - %s + v.k, {", ".join(f"v.{n}" for n, _ in _ROW_COLUMNS)}, %s, %s
-    FROM c, (VALUES {{rows}}) AS v (k, {_ROW_NAMES}) ORDER BY v.k
-    RETURNING id, seq, text
-), f AS (
-    INSERT INTO memory_app_messagesearch (context_id, seq, search_vector)
-    SELECT %s, m.seq, memory_app_search_vector(%s::regconfig, m.text) FROM m, c
-    WHERE c.search_seq = c.last_seq
-    ON CONFLICT (context_id, seq) DO UPDATE SET search_vector = EXCLUDED.search_vector, error = NULL
-){{queue}}
-SELECT m.id, m.seq, c.last_seq, c.search_seq FROM m, c ORDER BY m.seq
-"""  # noqa: S608 - the table names and columns are constants
+# `append_taking_seqs`' rows: a null seq, which the table's trigger fills (migration 0043).
+_TAKING_ROW = f"(%s, NULL, {_TYPED_VALUES}, %s::timestamptz, %s::timestamptz)"
 # The embedding queue's rows (`embeddings.queue.enqueue_messages`): a message with text, for
 # the configured model, waiting for its vector.
-_QUEUE_SQL = """, e AS (
+_QUEUED = """WITH m AS ({insert}, text)
+, e AS (
     INSERT INTO memory_app_embedding (message_id, context_id, model, dimensions, vector, indexed)
     SELECT m.id, %s, %s, NULL, NULL, true FROM m WHERE m.text <> '' ON CONFLICT DO NOTHING
-)"""
+)
+SELECT m.id, m.seq FROM m"""  # noqa: S608 - the table names and columns are constants
 
 
-# One statement that does a whole small append (the docstring says why); the rows' values and
-# the statement's parts are laid out in one place so their order is seen to match.
-def append_statement(
+def append_taking_seqs(
     context: Context,
     specs: list[NewMessage],
     counts: list[int],
     tokenizer: str,
     queue_model: str | None,
-) -> tuple[list[Message], int, int]:
+) -> list[Message]:
     """Append `specs` (their token counts `counts`) to `context` in one statement, one round
-    trip, its own transaction: the context's counters and seqs (the UPDATE takes the row lock,
-    so seqs stay gap-free under concurrent writers), the message rows, their full-text rows
-    when the context's are caught up (as `fulltext.index_messages` writes them), and the
-    embedding queue's rows for `queue_model`. The rows (ids set), the new last_seq and
-    search_seq.
+    trip, its own transaction: an INSERT of rows without seqs, whose trigger (migration 0043)
+    updates the context's counters row by row in the order of `specs` (its row lock keeps seqs
+    gap-free under concurrent writers), sets each seq and writes the full-text rows when the
+    context's are caught up; with the embedding queue's rows for `queue_model`. The rows (ids
+    and seqs set).
+
+    On one node a data-modifying CTE doing the counters, the messages and their full-text rows
+    each reading the one before was planned anew every time; on Citus it was planned in steps,
+    where this INSERT goes to the context's shard whole (with queue rows, their INSERT ...
+    SELECT is a step of its own there).
 
     All of it fails together: a full-text vector that cannot be written fails the message too,
     so the caller then appends through the path that keeps the message and stores the vector's
-    error (`services.messages`). Not on Citus: there each statement names one shard."""
-    n = len(specs)
-    now, rows = _rows(context, specs, counts, 1, tokenizer)
-    args: list[Any] = [n, n, n, sum(counts), now, context.pk, context.pk, n, now, now]
-    for k, r in enumerate(rows, start=1):
-        args += [k, *_row_values(r)]
-    args += [context.pk, FTS_CONFIG]
-    queue = ""
-    if queue_model is not None:
-        queue = _QUEUE_SQL
-        args += [context.pk, queue_model]
-    sql = _APPEND_SQL.format(rows=", ".join([_VALUES_ROW] * n), queue=queue)
-    with db.binding_cursor() as cursor:
-        cursor.execute(sql, args)
-        found = cursor.fetchall()
-    if not found:
-        raise NotFound(f"context {context.pk} not found")
-    for row, (pk, seq, _, _) in zip(rows, found, strict=True):
-        row.pk, row.seq = pk, seq
-        row._state.adding = False
-        row._state.db = connection.alias
-    return rows, found[0][2], found[0][3]
-
-
-# `append_taking_seqs`' statement: a null seq, which the table's trigger fills (migration 0043).
-_TAKING_ROW = f"(%s, NULL, {_TYPED_VALUES}, %s::timestamptz, %s::timestamptz)"
-
-
-def append_taking_seqs(
-    context: Context, specs: list[NewMessage], counts: list[int], tokenizer: str
-) -> list[Message]:
-    """Append `specs` (their token counts `counts`) to `context` by one INSERT of rows without
-    seqs, its own transaction: the table's trigger (migration 0043) updates the context's
-    counters row by row, in the order of `specs` (its row lock keeps seqs gap-free), sets each
-    seq, and writes the full-text rows when the context's are caught up. On Citus that is one
-    statement routed to the context's shard, where `append_statement` is planned in steps and
-    the pipelined path is a hop per statement. The rows (ids and seqs set).
-
-    All of it fails together, as `append_statement` does (then the caller appends through the
-    path that keeps a message whose vector cannot be written); a context gone meanwhile is
-    NotFound. It writes no embedding queue rows: the caller's path does when a model is set."""
+    error (`services.messages`); a context gone meanwhile is NotFound."""
     now, rows = _rows(context, specs, counts, 1, tokenizer)
     args: list[Any] = []
     for r in rows:
         args += [context.pk, *_row_values(r), now, now]
     sql = f"{_INSERT_SQL} {', '.join([_TAKING_ROW] * len(rows))} RETURNING id, seq"
+    if queue_model is not None:
+        sql = _QUEUED.format(insert=sql)
+        args += [context.pk, queue_model]
     try:
         with db.binding_cursor() as cursor:
             cursor.execute(sql, args)
@@ -287,7 +236,8 @@ def append_taking_seqs(
         if getattr(exc.__cause__, "sqlstate", None) == "P0002":
             raise NotFound(f"context {context.pk} not found") from exc
         raise
-    for row, (pk, seq) in zip(rows, found, strict=True):
+    # The trigger takes the seqs in the order of the VALUES list: by seq, the rows of `specs`.
+    for row, (pk, seq) in zip(rows, sorted(found, key=lambda f: f[1]), strict=True):
         row.pk, row.seq = pk, seq
         row._state.adding = False
         row._state.db = connection.alias

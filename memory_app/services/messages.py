@@ -17,7 +17,7 @@ from django.db.models import BooleanField, F
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from memory_app import backlog, db, scale_out, tokens
+from memory_app import backlog, db, tokens
 from memory_app.audit import Actor, audit_record
 from memory_app.db import copy_errors_as_django, copy_line, gc_paused, json_text, lock_contexts
 from memory_app.embeddings import client_vectors, providers, queue
@@ -154,18 +154,11 @@ def _append_once(*, context, items, vectors, client_ids, tokenizer) -> AppendRes
 
 def _append_in_one_statement(context, items, client_ids, tokenizer) -> AppendResult | None:
     """A small append outside a caller's transaction: the repeats' check (when the items carry
-    client ids), then everything else in one statement of its own, two round trips at most
-    where the pipelined path takes four: `message_rows.append_statement` on one node; on Citus,
-    when no model's queue rows are to be written, the INSERT whose rows take their seqs from
-    the table's trigger (`message_rows.append_taking_seqs`: routed to one shard, where the
-    former is planned in steps), else nothing (None). None too when the statement failed on a
-    row's fault, which may be a full-text vector's: the caller then appends through the
-    pipelined path, which keeps the message and stores the vector's error (a fault of the
-    message itself fails there too, as it would have)."""
-    queue_model = providers.active_model_name()
-    sharded = _sharded()
-    if sharded and queue_model is not None:
-        return None
+    client ids), then everything else in one statement of its own (`message_rows.
+    append_taking_seqs`), two round trips at most where the pipelined path takes four. None when
+    the statement failed on a row's fault, which may be a full-text vector's: the caller then
+    appends through the pipelined path, which keeps the message and stores the vector's error
+    (a fault of the message itself fails there too, as it would have)."""
     results, created_flags, new = _match_repeats(items, _stored_by_client_id(context, client_ids))
     if not new:
         return AppendResult(messages=results, created=created_flags)
@@ -174,17 +167,9 @@ def _append_in_one_statement(context, items, client_ids, tokenizer) -> AppendRes
         [tokens.token_text(m.text, m.content) for m in specs], tokenizer=tokenizer
     )
     try:
-        if sharded:
-            rows = message_rows.append_taking_seqs(context, specs, counts, tokenizer)
-            # The trigger wrote the full-text rows if the context's were caught up; as read with
-            # the request they were not, or a writer since left them behind and woke the
-            # indexer itself.
-            behind = context.search_seq != context.last_seq
-        else:
-            rows, last, searched = message_rows.append_statement(
-                context, specs, counts, tokenizer, queue_model
-            )
-            behind = searched != last
+        rows = message_rows.append_taking_seqs(
+            context, specs, counts, tokenizer, providers.active_model_name()
+        )
     except DatabaseError as exc:
         # A client id stored meanwhile: `_messages_append` looks again.
         if "message_client_id_unique" not in str(exc) and fulltext.row_fault(exc):
@@ -192,16 +177,11 @@ def _append_in_one_statement(context, items, client_ids, tokenizer) -> AppendRes
         raise
     for n, row in zip(new, rows, strict=True):
         results[n] = row
-    if behind:
+    # The trigger wrote the full-text rows if the context's were caught up; as the caller read
+    # the context they were not, or a writer since left them behind and woke the indexer.
+    if context.search_seq != context.last_seq:
         _wake_indexer()
     return AppendResult(messages=results, created=created_flags)
-
-
-def _sharded() -> bool:
-    """On Citus every statement names one shard: the one-statement append, whose parts read
-    each other's rows, is planned in steps there, so a small append goes by the INSERT whose
-    rows take their seqs from the table's trigger."""
-    return scale_out.table_is_distributed(Message._meta.db_table)
 
 
 def _stored_by_client_id(context: Context, client_ids: list[str]) -> dict[str, Message]:
