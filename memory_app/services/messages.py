@@ -305,11 +305,7 @@ def _copy_messages(
     build = message_rows.message_factory()
     rows: list[Message] = []
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
-            [table, len(specs)],
-        )
-        ids = [pk for (pk,) in cursor.fetchall()]
+        (ids,) = db.draw_ids([(Message, len(specs))])
         columns = ", ".join(message_rows.COPY_COLUMNS)
         with (
             copy_errors_as_django(),
