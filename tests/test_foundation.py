@@ -345,6 +345,8 @@ def test_a_large_batch_builds_its_rows_and_lines_as_the_generic_writers_do():
     specs = [
         NewMessage(role="user", text="plain"),
         NewMessage(role="user", text=""),
+        NewMessage(client_id="id-1", role="user", name="ada", text="all plain"),
+        NewMessage(client_id="id-2", role="user", text="plain", source_timestamp="a\nb"),
         NewMessage(role=MessageRole.ASSISTANT, name="a\tb", text="x\ny\rz\\w\tv"),
         NewMessage(
             client_id="c\\1",
