@@ -175,7 +175,7 @@ def copy_builder(*, context_id: int, tokenizer: str, now: datetime.datetime):
             **defaults,
         }
         # The message's strings as they are when none holds a character COPY escapes: four
-        # `in` scans of them together (each a memchr) instead of a regular expression each.
+        # `in` scans of them together (each a memchr) instead of `copy_text`'s for each.
         if (
             type(role) is str
             and type(name) is str
