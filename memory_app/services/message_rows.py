@@ -135,8 +135,8 @@ def copy_builder(*, context_id: int, tokenizer: str, now: datetime.datetime):
     null, cell, array = db.COPY_NULL, db.copy_cell, db.copy_array
     json_text = db.json_text
     stamp = cell(now.isoformat())
-    context_cell, tokenizer_cell, pruned = cell(context_id), cell(tokenizer), defaults["pruned_by"]
-    pruned_cell = cell(pruned)
+    context_cell, tokenizer_cell = cell(context_id), cell(tokenizer)
+    pruned_cell = cell(defaults["pruned_by"])
 
     def build(message: NewMessage, pk: int, seq: int, count: int) -> tuple[Message, str]:
         role, name, text, content = message.role, message.name, message.text, message.content
