@@ -112,6 +112,9 @@ _LITERAL_WRITTEN = (
 _DEFAULTED = tuple(a for a, _ in MESSAGE_COLUMNS if a not in {*_VALUES, *WRITTEN})
 
 
+# One closure per batch, read best in one piece: the row's dict and its line come from the same
+# locals in one call per row (split into helpers, each would cost a call and its arguments per
+# row, the very cost it removes).
 def copy_builder(*, context_id: int, tokenizer: str, now: datetime.datetime):
     """A large batch's rows, each with its line of the COPY (`COPY_COLUMNS`' order): `build(
     message, pk, seq, token_count)` gives the row `message_factory` builds and the line
