@@ -332,6 +332,95 @@ def test_editing_a_message_with_nul_characters_is_refused_and_changes_nothing(sy
     assert (message.text, message.tags, message.metadata) == ("clean", [], {})
 
 
+def test_a_large_batch_builds_its_rows_and_lines_as_the_generic_writers_do():
+    """`copy_builder`'s row and line for each message equal `message_factory`'s row and
+    `db.copy_line` of its values, whatever needs escaping or is not a plain str."""
+    from django.db.models.signals import post_init
+    from django.utils import timezone
+
+    from memory_app.models import MessageRole
+    from memory_app.new_message import NewMessage
+    from memory_app.services import message_rows
+
+    specs = [
+        NewMessage(role="user", text="plain"),
+        NewMessage(role="user", text=""),
+        NewMessage(client_id="id-1", role="user", name="ada", text="all plain"),
+        NewMessage(client_id="id-2", role="user", text="plain", source_timestamp="a\nb"),
+        NewMessage(role=MessageRole.ASSISTANT, name="a\tb", text="x\ny\rz\\w\tv"),
+        NewMessage(
+            client_id="c\\1",
+            role="tool",
+            text="t",
+            content=[{"type": "tool_use", "id": "1", "name": "f", "input": {"q": 'a"b\n'}}],
+            tags=["a", 'q"uote', "back\\slash", "tab\t"],
+            metadata={"z": 1, "a": [1.5, None, "\u00e9\n"], "big": 2**70},
+            run_id=3,
+            step_id=4,
+            source_timestamp="2026-01-01\t00:00",
+            key_order={"content": [["type"]]},
+        ),
+        NewMessage(role="user", text="\u00e9 \U0001f600", tags=("t",), metadata={"": {}}),
+    ]
+    now = timezone.now()
+    stamp = now.isoformat()
+    build = message_rows.copy_builder(context_id=7, tokenizer="cl100k_base", now=now)
+    generic = message_rows.message_factory()
+
+    def listener(**kwargs):
+        pass
+
+    # With a listener on the model, the rows are built by Model.__init__: the same lines.
+    post_init.connect(listener, sender=Message)
+    try:
+        by_init = message_rows.copy_builder(context_id=7, tokenizer="cl100k_base", now=now)
+        lines_by_init = [by_init(m, 100 + k, 1 + k, 10 * k)[1] for k, m in enumerate(specs)]
+    finally:
+        post_init.disconnect(listener, sender=Message)
+    for k, m in enumerate(specs):
+        pk, seq, count = 100 + k, 1 + k, 10 * k
+        row, line = build(m, pk, seq, count)
+        assert line == lines_by_init[k]
+        r = generic(
+            m,
+            id=pk,
+            context_id=7,
+            seq=seq,
+            tokenizer="cl100k_base",
+            token_count=count,
+            created_at=now,
+            updated_at=now,
+        )
+        assert list(row.__dict__) == list(r.__dict__)
+        assert {a: v for a, v in row.__dict__.items() if a != "_state"} == {
+            a: v for a, v in r.__dict__.items() if a != "_state"
+        }
+        assert (row._state.adding, row._state.db) == (r._state.adding, r._state.db)
+        assert line == db.copy_line(
+            (
+                pk,
+                7,
+                seq,
+                r.client_id,
+                r.role,
+                r.name,
+                r.text,
+                None if r.content is None else db.json_text(r.content),
+                list(r.tags),
+                db.json_text(r.metadata),
+                r.run_id,
+                r.step_id,
+                count,
+                "cl100k_base",
+                r.source_timestamp,
+                stamp,
+                stamp,
+                r.pruned_by,
+                None if r.key_order is None else db.json_text(r.key_order),
+            )
+        )
+
+
 @pytest.mark.django_db
 def test_a_large_batch_is_stored_field_for_field_and_searchable():
     """Batches from COPY_THRESHOLD rows on take the COPY path: same rows as the INSERT path."""

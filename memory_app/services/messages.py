@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from memory_app import backlog, db, tokens
 from memory_app.audit import Actor, audit_record
-from memory_app.db import copy_errors_as_django, copy_line, gc_paused, json_text, lock_contexts
+from memory_app.db import copy_errors_as_django, gc_paused, lock_contexts
 from memory_app.embeddings import client_vectors, providers, queue
 from memory_app.errors import Conflict, Invalid, NotFound, differences
 from memory_app.models import (
@@ -294,18 +294,14 @@ def _copy_messages(
     each stay in the CPU's caches for a run of rows (interleaving them row by row cost more
     CPU than it overlapped)."""
     table = Message._meta.db_table
-    now = timezone.now()
-    stamp = now.isoformat()
     encode = tokens.get_encoding(tokenizer).encode_ordinary
     token_text = tokens.token_text
-    build = message_rows.message_factory()
+    build = message_rows.copy_builder(
+        context_id=context_id, tokenizer=tokenizer, now=timezone.now()
+    )
     rows: list[Message] = []
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
-            [table, len(specs)],
-        )
-        ids = [pk for (pk,) in cursor.fetchall()]
+        (ids,) = db.draw_ids([(Message, len(specs))])
         columns = ", ".join(message_rows.COPY_COLUMNS)
         with (
             copy_errors_as_django(),
@@ -316,43 +312,9 @@ def _copy_messages(
                 counts = [len(encode(token_text(m.text, m.content))) for m in chunk]
                 lines = []
                 for offset, (m, count) in enumerate(zip(chunk, counts, strict=True), start=lo):
-                    pk, seq = ids[offset], first_seq + offset
-                    r = build(
-                        m,
-                        id=pk,
-                        context_id=context_id,
-                        seq=seq,
-                        tokenizer=tokenizer,
-                        token_count=count,
-                        created_at=now,
-                        updated_at=now,
-                    )
-                    rows.append(r)
-                    lines.append(
-                        copy_line(
-                            (
-                                pk,
-                                context_id,
-                                seq,
-                                r.client_id,
-                                r.role,
-                                r.name,
-                                r.text,
-                                None if r.content is None else json_text(r.content),
-                                list(r.tags),
-                                json_text(r.metadata),
-                                r.run_id,
-                                r.step_id,
-                                count,
-                                tokenizer,
-                                r.source_timestamp,
-                                stamp,
-                                stamp,
-                                r.pruned_by,
-                                None if r.key_order is None else json_text(r.key_order),
-                            )
-                        )
-                    )
+                    row, line = build(m, ids[offset], first_seq + offset, count)
+                    rows.append(row)
+                    lines.append(line)
                 copy.write("".join(lines))
     return rows
 
