@@ -26,7 +26,7 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from memory_app import db, scale_out
+from memory_app import db, pipelines, scale_out
 from memory_app.errors import Forbidden, NotFound
 from memory_app.models import ApiKey, Context, Message, Run, Step
 
@@ -136,7 +136,7 @@ def apikey_verify_with_context(
     statements = key_context_statements(secret, context_id)
     if statements is None:
         return None, None
-    return key_context_from_rows(secret, db.first_rows(statements))
+    return key_context_from_rows(secret, pipelines.first_rows(statements))
 
 
 def key_context_statements(secret: str, context_id: int | None) -> list[tuple[str, list]] | None:

@@ -13,19 +13,16 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
 import orjson
 import psycopg
 from django.db import (
-    DEFAULT_DB_ALIAS,
     IntegrityError,
     InterfaceError,
     OperationalError,
     connection,
-    connections,
 )
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models import DateTimeField, JSONField
@@ -309,153 +306,6 @@ class _PreparingCursor(psycopg.Cursor):
 
     def execute(self, query, params=None, *, prepare=None, binary=None):
         return super().execute(query, params, prepare=True, binary=binary)
-
-
-def first_rows(statements: list[tuple[str, list]]) -> list[tuple | None]:
-    """The first row (None for none) of each statement, read on the default connection bound by
-    the server (`binding_cursor`); several go in one round trip (a pipeline)."""
-    if len(statements) == 1:
-        with binding_cursor() as cursor:
-            cursor.execute(*statements[0])
-            return [cursor.fetchone()]
-    with connection.wrap_database_errors, connection.connection.pipeline():
-        readers = _send(statements)
-    return _first_of(readers)
-
-
-def _send(statements: list[tuple[str, list]]) -> list:
-    """`statements` sent (inside a pipeline, their answers not read yet): their cursors, whose
-    first rows `_first_of` reads once the pipeline has ended."""
-    readers = [binding_cursor() for _ in statements]
-    for reader, statement in zip(readers, statements, strict=True):
-        reader.execute(*statement)
-    return readers
-
-
-def _first_of(readers: list) -> list[tuple | None]:
-    rows = []
-    for reader in readers:
-        with reader:
-            rows.append(reader.fetchone())
-    return rows
-
-
-# The statements of the innermost `deferred_read` block not sent yet, with what checks their
-# rows.
-_DEFERRED: ContextVar[list | None] = ContextVar("deferred_read", default=None)
-
-
-@contextlib.contextmanager
-def deferred_read(statements: list[tuple[str, list]], accept) -> Iterator[None]:
-    """`statements` (SQL and parameters each) are read before anything the block reads is handed
-    on: in the round trip of the block's first `pipelined_transaction` or `read_rows`, whose
-    answers come back only once `accept` has seen their rows, or alone just before the block's
-    first other statement. `accept(rows)` (each statement's first row, None for none) raises to
-    refuse what follows. A request's key and context are read so with the selection they
-    guard."""
-    pending: list = [statements, accept]
-
-    def read_it_first(execute, sql, params, many, context):
-        _read_deferred(pending)
-        return execute(sql, params, many, context)
-
-    token = _DEFERRED.set(pending)
-    try:
-        with connection.execute_wrapper(read_it_first):
-            yield
-    finally:
-        _DEFERRED.reset(token)
-
-
-def _read_deferred(pending: list) -> None:
-    # Taken first: this read's own statements pass through the wrapper too.
-    taken = _take(pending)
-    if taken is None:
-        return
-    taken[1](first_rows(taken[0]))
-
-
-def _take(pending: list | None) -> tuple[list[tuple[str, list]], Any] | None:
-    """A `deferred_read`'s statements and check, once: None when there are none or they were
-    sent."""
-    if pending is None or pending[0] is None:
-        return None
-    taken = (pending[0], pending[1])
-    pending[0] = None
-    return taken
-
-
-def read_rows(sql: str, params, *, using: str = DEFAULT_DB_ALIAS, prepared: bool = False):
-    """The rows of one read on the connection `using`. A pending `deferred_read` goes first:
-    on the default connection in the same round trip (a pipeline; the read bound by the server,
-    `binding_cursor`, and `prepared` as there), on another just before; either way the rows
-    are handed back only once its check has passed."""
-    if using != DEFAULT_DB_ALIAS:
-        _read_deferred(_DEFERRED.get())
-        with connections[using].cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall()
-    deferred = _take(_DEFERRED.get())
-    with binding_cursor(prepared=prepared) as cursor:
-        if deferred is None:
-            cursor.execute(sql, params)
-            return cursor.fetchall()
-        with connection.wrap_database_errors, connection.connection.pipeline():
-            readers = _send(deferred[0])
-            cursor.execute(sql, params)
-        deferred[1](_first_of(readers))
-        return cursor.fetchall()
-
-
-@contextlib.contextmanager
-def pipelined_transaction(cursor) -> Iterator[None]:
-    """Statements sent in one round trip, in one transaction: `BEGIN`, what the block executes
-    (results are read once it ends) and `COMMIT`, together. Inside an atomic block the block's
-    statements join that transaction (one round trip still). A failure rolls back. A pending
-    `deferred_read` goes first in the same round trip, and the block ends only once its
-    check has passed."""
-    raw = connection.connection
-    own = not connection.in_atomic_block
-    deferred = _take(_DEFERRED.get())
-    try:
-        with connection.wrap_database_errors, raw.pipeline():
-            if deferred is not None:
-                readers = _send(deferred[0])
-            if own:
-                cursor.execute("BEGIN")
-            yield
-            if own:
-                cursor.execute("COMMIT")
-    except BaseException:
-        if own and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            with connection.wrap_database_errors:
-                raw.rollback()
-        raise
-    if deferred is not None:
-        deferred[1](_first_of(readers))
-
-
-@contextlib.contextmanager
-def pipelined() -> Iterator[None]:
-    """The block's statements go out as they come and their answers are read only where the
-    code needs one (psycopg's pipeline mode): a statement whose result is not read (BEGIN, a
-    savepoint, an INSERT without RETURNING) shares the next one's round trip. Errors surface
-    where the answers are read (`synced` marks a place that must see its own). No COPY inside."""
-    connection.ensure_connection()
-    with connection.wrap_database_errors, connection.connection.pipeline():
-        yield
-
-
-@contextlib.contextmanager
-def synced() -> Iterator[None]:
-    """Inside `pipelined`: the block's statements answered (or failed) when it ends, so a
-    `try` around it sees its errors. Outside a pipeline it does nothing."""
-    raw = connection.connection
-    if raw is None or raw.info.pipeline_status == psycopg.pq.PipelineStatus.OFF:
-        yield
-        return
-    with connection.wrap_database_errors, raw.pipeline():
-        yield
 
 
 def copy_models(objs: list) -> None:

@@ -25,7 +25,7 @@ from typing import Literal
 from django.db import router
 from django.db.models import Q
 
-from memory_app import db, tokens
+from memory_app import db, pipelines, tokens
 from memory_app.errors import Invalid
 from memory_app.models import Context, Message
 from memory_app.search.messages import search_messages
@@ -191,9 +191,9 @@ _NEWEST_SQL = (
 def _newest(context_id: int, k: int) -> list[Message]:
     """The last `k` live messages, oldest first: one read, no query compiled (the window is an
     agent's most frequent read), on the database the router names for reads; a request's
-    deferred key read goes with it (`db.read_rows`)."""
+    deferred key read goes with it (`pipelines.read_rows`)."""
     using = router.db_for_read(Message)
-    rows = db.read_rows(_NEWEST_SQL, [context_id, k], using=using)
+    rows = pipelines.read_rows(_NEWEST_SQL, [context_id, k], using=using)
     return [db.from_row(Message, row, using) for row in reversed(rows)]
 
 

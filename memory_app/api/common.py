@@ -24,7 +24,7 @@ from ninja.security import HttpBearer
 from pydantic import ConfigDict
 
 from memory_app import auth as keys
-from memory_app import db
+from memory_app import pipelines
 from memory_app.audit import Actor
 from memory_app.errors import NotFound
 from memory_app.json_values import finite_float, reject_constant
@@ -147,15 +147,16 @@ def known_size(request: HttpRequest) -> int | None:
 
 @contextmanager
 def key_read_with(request: HttpRequest) -> Iterator[None]:
-    """The block's first statements carry the request's deferred key read (`db.deferred_read`:
-    in the round trip of its first pipelined transaction or `db.read_rows`, else just before
-    its first statement), and nothing the block read is handed on before the key passed; the key is
-    settled when the block ends, at the latest. A block that raises has the key settled
-    first: a bad key's 401 answers instead of the block's own error."""
+    """The block's first statements carry the request's deferred key read
+    (`pipelines.deferred_read`: in the round trip of its first pipelined transaction or
+    `pipelines.read_rows`, else just before its first statement), and nothing the block read is
+    handed on before the key passed; the key is settled when the block ends, at the latest. A
+    block that raises has the key settled first: a bad key's 401 answers instead of the block's
+    own error."""
     token, context_id = request._pending_key  # type: ignore[attr-defined]
     statements = keys.key_context_statements(token, context_id)
     try:
-        with db.deferred_read(statements, lambda rows: settle_key(request, rows)):
+        with pipelines.deferred_read(statements, lambda rows: settle_key(request, rows)):
             yield
     except BaseException:
         settle_key(request)

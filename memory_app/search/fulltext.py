@@ -29,7 +29,7 @@ from django.contrib.postgres.search import SearchConfig, SearchVectorField
 from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Func
 
-from memory_app import db
+from memory_app import pipelines
 from memory_app.models import FTS_CONFIG
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def _write_range(cursor, context_id: int, after: int, upto: int) -> int:
     savepoint each) and the ones that fail are stored without a vector, with their error."""
     try:
         with transaction.atomic():
-            with db.synced():
+            with pipelines.synced():
                 cursor.execute(WRITE_SQL, [FTS_CONFIG, context_id, after, upto])
             return cursor.rowcount
     except DatabaseError as exc:
@@ -95,7 +95,7 @@ def _write_range(cursor, context_id: int, after: int, upto: int) -> int:
     seqs = [seq for (seq,) in cursor.fetchall()]
     for seq in seqs:
         try:
-            with transaction.atomic(), db.synced():
+            with transaction.atomic(), pipelines.synced():
                 cursor.execute(WRITE_SQL, [FTS_CONFIG, context_id, seq - 1, seq])
         except DatabaseError as exc:
             if not row_fault(exc):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection
 
-from memory_app import db
+from memory_app import db, pipelines
 from memory_app.models import FTS_CONFIG, Context, Message
 from memory_app.search import bm25, fulltext
 
@@ -148,7 +148,7 @@ def keyword_ranking(
     `search_seq` and `message_count` are the context's counters (read when not given; an older
     `search_seq` is always safe). See `_term_candidates`. A small context needs only its size
     (as last seen will do): its statement reads the counters itself, and a request's deferred
-    key read (`db.deferred_read`) goes with it in one round trip (`db.read_rows`).
+    key read (`pipelines.deferred_read`) goes with it in one round trip (`pipelines.read_rows`).
 
     In a context of up to KEYWORD_EXACT_MESSAGES messages, one statement parses the query and
     scores every match. In a larger one, two after the query's parse: the terms' counts in the
@@ -202,9 +202,9 @@ def _counters(context_id: int) -> tuple[int, int, int]:
 def _exact_found(params: dict, *, match: str, columns: str) -> list[tuple] | None:
     """The rows of `_EXACT_SQL` (id, score, `columns`), best first; None when the context
     turned out larger than KEYWORD_EXACT_MESSAGES (or its indexer that far behind): nothing
-    was read then. A request's deferred key read shares the round trip (`db.read_rows`)."""
+    was read then. A request's deferred key read shares the round trip (`pipelines.read_rows`)."""
     sql = _exact_sql(excluding=bool(params["exclude"]), columns=columns)
-    answer = db.read_rows(
+    answer = pipelines.read_rows(
         sql, params | {"strict": match == "all", "exact": KEYWORD_EXACT_MESSAGES}, prepared=True
     )
     if answer and not answer[0][0]:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from django.db import router
 
-from memory_app import db
+from memory_app import db, pipelines
 from memory_app.embeddings import providers
 from memory_app.errors import Invalid, ProviderDown, SemanticUnavailable
 from memory_app.models import Context, Message
@@ -182,7 +182,7 @@ def _messages_by_id(context_id: int, ids: list[int]) -> dict[int, Message]:
     if not ids:
         return {}
     using = router.db_for_read(Message)
-    rows = db.read_rows(
+    rows = pipelines.read_rows(
         f"SELECT {_MESSAGE_COLUMNS} FROM memory_app_message m"  # noqa: S608 - constant
         " WHERE m.context_id = %s AND m.id = ANY(%s)",
         [context_id, ids],

@@ -23,7 +23,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from memory_app import db, errors, scale_out
+from memory_app import db, errors, pipelines, scale_out
 from memory_app.embeddings import client_vectors, indexer, providers
 from memory_app.errors import Invalid, ProviderDown, SemanticUnavailable
 from memory_app.models import Message
@@ -165,14 +165,14 @@ def nearest_vectors(
             # one statement of set_config() calls is on one node.
             _, pairs = settings_sql
             with db.binding_cursor() as setter, db.binding_cursor() as cursor:
-                with db.pipelined_transaction(setter):
+                with pipelines.pipelined_transaction(setter):
                     for name, value in zip(pairs[::2], pairs[1::2], strict=True):
                         setter.execute(f"SET LOCAL {name} = '{value}'")
                     cursor.execute(sql, args)
                 found = cursor.fetchall()
         else:
             with db.binding_cursor() as setter, db.binding_cursor() as cursor:
-                with db.pipelined_transaction(setter):
+                with pipelines.pipelined_transaction(setter):
                     setter.execute(*settings_sql)
                     cursor.execute(sql, args)
                 found = cursor.fetchall()
@@ -375,8 +375,8 @@ def hnsw_settings_sql(
     *, model: str, dims: int, limit: int, share: int | None, table: str = indexer.MESSAGE_VECTORS
 ) -> tuple[str, list[str]]:
     """The settings of one HNSW query as one statement and its parameters: `set_config(...,
-    true)` is SET LOCAL, so they end with the transaction (db.pipelined_transaction sends them
-    with the walk, in one round trip)."""
+    true)` is SET LOCAL, so they end with the transaction (`pipelines.pipelined_transaction`
+    sends them with the walk, in one round trip)."""
     store = store_size(model, dims, table)
     ef = ef_search_for(store, limit, share)
     # To find `limit` rows of a filter keeping `share` of `store` rows, the walk visits about

@@ -17,7 +17,7 @@ from django.db.models import BooleanField, F
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from memory_app import backlog, db, tokens
+from memory_app import backlog, db, pipelines, tokens
 from memory_app.audit import Actor, audit_record
 from memory_app.db import copy_errors_as_django, gc_paused, lock_contexts
 from memory_app.embeddings import client_vectors, providers, queue
@@ -109,13 +109,13 @@ def _messages_append(
 
 def _append_once(*, context, items, vectors, client_ids, tokenizer) -> AppendResult:
     # A small batch without vectors (a single append above all) sends BEGIN with the counters'
-    # UPDATE and the full-text row with COMMIT (db.pipelined); COPY cannot run in a pipeline.
+    # UPDATE and the full-text row with COMMIT (pipelines.pipelined); COPY cannot run in a pipeline.
     pipelined = len(items) < COPY_THRESHOLD and all(v is None for v in vectors)
     if pipelined and not connection.in_atomic_block:
         done = _append_in_one_statement(context, items, client_ids, tokenizer)
         if done is not None:
             return done
-    with db.pipelined() if pipelined else contextlib.nullcontext(), transaction.atomic():
+    with pipelines.pipelined() if pipelined else contextlib.nullcontext(), transaction.atomic():
         existing = _stored_by_client_id(context, client_ids)
         results, created_flags, new = _match_repeats(items, existing)
         if new:

@@ -32,7 +32,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
-from memory_app import backlog, db, pricing
+from memory_app import backlog, db, pipelines, pricing
 from memory_app.db import json_text
 from memory_app.interop import otlp, otlp_scan
 from memory_app.models import ApiKey, Context, SpanQueue
@@ -139,7 +139,7 @@ def _insert(queued: list[tuple[int, list[str], int, str, bytes | None]]) -> None
     server."""
     if not queued:
         return
-    with db.binding_cursor() as cursor, db.pipelined_transaction(cursor):
+    with db.binding_cursor() as cursor, pipelines.pipelined_transaction(cursor):
         cursor.executemany(
             f"INSERT INTO {SpanQueue._meta.db_table}"  # noqa: S608 - the model's table
             " (context_id, trace_ids, span_count, payload, body, received_at, error)"
