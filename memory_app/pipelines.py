@@ -26,6 +26,7 @@ def first_rows(statements: list[tuple[str, list]]) -> list[tuple | None]:
         with binding_cursor() as cursor:
             cursor.execute(*statements[0])
             return [cursor.fetchone()]
+    connection.ensure_connection()  # a thread's first statements open its connection
     with connection.wrap_database_errors, connection.connection.pipeline():
         readers = _send(statements)
     return _first_of(readers)

@@ -164,3 +164,16 @@ def test_a_key_reads_its_context_within_its_confinement(monkeypatch, sharded):
     assert auth.apikey_verify_with_context(wrong, inside.id) == (None, None)
     auth.apikey_revoke(key=free.key)
     assert auth.apikey_verify_with_context(free.secret, inside.id) == (None, None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_statements_read_together_open_the_threads_connection_first():
+    """A thread's first request may read its key and context as two statements (on Citus)
+    before anything opened its connection."""
+    from django.db import connection
+
+    from memory_app import pipelines
+
+    connection.close()
+    rows = pipelines.first_rows([("SELECT 1", []), ("SELECT 2 WHERE false", [])])
+    assert rows == [(1,), None]
