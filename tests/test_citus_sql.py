@@ -419,6 +419,7 @@ def test_no_trigger_on_context_rows_is_statement_level_or_spans_contexts():
     assert {name for _, name, _, _ in triggers} >= {
         "message_search_update",
         "message_search_delete",
+        "message_take_seq",
     }
     statement_level = [
         f"{table}.{name}"

@@ -15,8 +15,10 @@ from django.test.utils import CaptureQueriesContext
 
 from agentmemory_site import db_pool
 from memory_app import auth, scale_out
-from memory_app.models import Embedding, Message, MessageSearch
+from memory_app.errors import NotFound
+from memory_app.models import Context, Embedding, Message, MessageSearch
 from memory_app.search.semantic import semantic_ranking
+from memory_app.services import messages
 from memory_app.services.messages import messages_append
 from tests.api_helpers import make_key, new_context
 from tests.builders import make_context, register_models
@@ -389,6 +391,50 @@ def test_an_append_outside_a_transaction_is_one_statement_and_stores_what_it_was
     context.refresh_from_db()
     assert (context.last_seq, context.message_count) == (2, 2)
     assert Message.objects.filter(context=context).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_append_of_more_messages_counts_them_once_and_one_behind_on_full_text_waits():
+    """More than a few messages go by the statement that updates the counters once (on one
+    node; the pipelined path on Citus); a context whose full-text rows are behind gets none from
+    an append (the indexer writes them), and its counters move all the same."""
+    context = make_context()
+    texts = [f"message {i} about otters" for i in range(messages.ONE_STATEMENT_MAX + 2)]
+    with CaptureQueriesContext(connection) as queries:
+        result = messages_append(
+            context=context, items=[{"role": "user", "text": t} for t in texts]
+        )
+    # (The process asks once whether the store is distributed: not the append's.)
+    statements = [
+        " ".join(q["sql"].split())
+        for q in queries.captured_queries
+        if "pg_dist_partition" not in q["sql"]
+    ]
+    if not scale_out.table_is_distributed("memory_app_message"):
+        assert len(statements) == 1 and statements[0].startswith("WITH c AS ( UPDATE"), statements
+    assert [m.seq for m in result.messages] == list(range(1, len(texts) + 1))
+    assert [m.text for m in Message.objects.filter(context=context).order_by("seq")] == texts
+    context.refresh_from_db()
+    assert (context.last_seq, context.search_seq, context.message_count) == (6, 6, 6)
+    # Behind on full text (as a large batch leaves it until the indexer runs): an append of one
+    # message, by the trigger, writes no full-text row and leaves the indexer's mark.
+    Context.objects.filter(pk=context.pk).update(search_seq=3)
+    MessageSearch.objects.filter(context_id=context.pk, seq__gt=3).delete()
+    context.refresh_from_db()
+    [one] = messages_append(context=context, items=[{"role": "user", "text": "late"}]).messages
+    assert one.seq == 7
+    context.refresh_from_db()
+    assert (context.last_seq, context.search_seq, context.message_count) == (7, 3, 7)
+    assert not MessageSearch.objects.filter(context_id=context.pk, seq__gt=3).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_append_to_a_context_gone_meanwhile_is_not_found_and_writes_nothing():
+    context = make_context()
+    Context.objects.filter(pk=context.pk).delete()
+    with pytest.raises(NotFound):
+        messages_append(context=context, items=[{"role": "user", "text": "into nothing"}])
+    assert not Message.objects.filter(context_id=context.pk).exists()
 
 
 @pytest.mark.django_db(transaction=True)

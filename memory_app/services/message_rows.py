@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from memory_app import db
 from memory_app.errors import NotFound
-from memory_app.models import Context, Message
+from memory_app.models import FTS_CONFIG, Context, Message
 from memory_app.new_message import MESSAGE_FIELDS, NewMessage
 
 MESSAGE_COLUMNS = [(f.attname, f) for f in Message._meta.concrete_fields]
@@ -405,3 +405,76 @@ def append_taking_seqs(
         row._state.adding = False
         row._state.db = connection.alias
     return rows
+
+
+# The rows of `append_statement`'s VALUES list: their columns take the types of the casts.
+_VALUES_ROW = f"(%s::integer, {_TYPED_VALUES})"
+_APPEND_SQL = f"""
+WITH c AS (
+    UPDATE {Context._meta.db_table} SET last_seq = last_seq + %s,
+        search_seq = CASE WHEN search_seq = last_seq THEN last_seq + %s ELSE search_seq END,
+        message_count = message_count + %s, token_count = token_count + %s,
+        last_activity_at = %s
+    WHERE id = %s RETURNING last_seq, search_seq
+), m AS (
+    INSERT INTO {Message._meta.db_table} (context_id, seq, {_ROW_NAMES}, created_at, updated_at)
+    SELECT %s, c.last_seq - %s + v.k, {", ".join(f"v.{n}" for n, _ in _ROW_COLUMNS)}, %s, %s
+    FROM c, (VALUES {{rows}}) AS v (k, {_ROW_NAMES}) ORDER BY v.k
+    RETURNING id, seq, text
+), f AS (
+    INSERT INTO memory_app_messagesearch (context_id, seq, search_vector)
+    SELECT %s, m.seq, memory_app_search_vector(%s::regconfig, m.text) FROM m, c
+    WHERE c.search_seq = c.last_seq
+    ON CONFLICT (context_id, seq) DO UPDATE SET search_vector = EXCLUDED.search_vector, error = NULL
+){{queue}}
+SELECT m.id, m.seq, c.last_seq, c.search_seq FROM m, c ORDER BY m.seq
+"""  # noqa: S608 - the table names and columns are constants
+# The embedding queue's rows (`embeddings.queue.enqueue_messages`): a message with text, for
+# the configured model, waiting for its vector.
+_QUEUE_SQL = """, e AS (
+    INSERT INTO memory_app_embedding (message_id, context_id, model, dimensions, vector, indexed)
+    SELECT m.id, %s, %s, NULL, NULL, true FROM m WHERE m.text <> '' ON CONFLICT DO NOTHING
+)"""
+
+
+# One statement that does a whole small append (the docstring says why); the rows' values and
+# the statement's parts are laid out in one place so their order is seen to match.
+def append_statement(
+    context: Context,
+    specs: list[NewMessage],
+    counts: list[int],
+    tokenizer: str,
+    queue_model: str | None,
+) -> tuple[list[Message], int, int]:
+    """Append `specs` (their token counts `counts`) to `context` in one statement, one round
+    trip, its own transaction: the context's counters and seqs (the UPDATE takes the row lock,
+    so seqs stay gap-free under concurrent writers), the message rows, their full-text rows
+    when the context's are caught up (as `fulltext.index_messages` writes them), and the
+    embedding queue's rows for `queue_model`. The rows (ids set), the new last_seq and
+    search_seq. For more messages than `append_taking_seqs` takes: the counters are updated
+    once, where the trigger updates them once a message.
+
+    All of it fails together: a full-text vector that cannot be written fails the message too,
+    so the caller then appends through the path that keeps the message and stores the vector's
+    error (`services.messages`). Not on Citus: there each statement names one shard."""
+    n = len(specs)
+    now, rows = _rows(context, specs, counts, 1, tokenizer)
+    args: list[Any] = [n, n, n, sum(counts), now, context.pk, context.pk, n, now, now]
+    for k, r in enumerate(rows, start=1):
+        args += [k, *_row_values(r)]
+    args += [context.pk, FTS_CONFIG]
+    queue = ""
+    if queue_model is not None:
+        queue = _QUEUE_SQL
+        args += [context.pk, queue_model]
+    sql = _APPEND_SQL.format(rows=", ".join([_VALUES_ROW] * n), queue=queue)
+    with db.binding_cursor() as cursor:
+        cursor.execute(sql, args)
+        found = cursor.fetchall()
+    if not found:
+        raise NotFound(f"context {context.pk} not found")
+    for row, (pk, seq, _, _) in zip(rows, found, strict=True):
+        row.pk, row.seq = pk, seq
+        row._state.adding = False
+        row._state.db = connection.alias
+    return rows, found[0][2], found[0][3]
