@@ -3,8 +3,8 @@ reads in one round trip, a transaction's BEGIN, statements and COMMIT in one, an
 deferred into the round trip of the first statements that follow it (a request's key read with
 the selection it guards).
 
-Each statement is bound by the server (`db.binding_cursor`); answers are read only where the
-code needs one."""
+The reads' statements are bound by the server (`db.binding_cursor`); answers are read only
+where the code needs one."""
 
 from __future__ import annotations
 

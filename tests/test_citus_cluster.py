@@ -62,7 +62,7 @@ def test_a_contexts_window_goes_to_one_shard():
 def test_a_requests_key_and_context_are_read_without_a_multi_step_plan():
     """On a cluster the key (a local table) and its context (sharded) are two statements, the
     key's planned on the coordinator and the context's routed to its shard: a statement joining
-    them was planned in steps (intermediate results, a connection of the coordinator to
+    them is planned in steps (intermediate results, a connection of the coordinator to
     itself). A confined key still sees only the contexts inside its confinement."""
     inside = make_context(keys={"tenant": "acme", "chat": "1"})
     outside = make_context(keys={"tenant": "other", "chat": "1"})

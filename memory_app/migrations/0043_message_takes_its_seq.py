@@ -1,12 +1,13 @@
 """A message inserted without a seq takes the next one of its context (a BEFORE INSERT trigger).
 
-A small append is one INSERT of rows without seqs: for each row the trigger updates the
-context's counters (its row lock keeps seqs gap-free, as the UPDATE of the other paths does),
-sets the row's seq, and writes its full-text row when the context's vectors are caught up. It
-replaces a data-modifying CTE (the counters' UPDATE, the INSERT reading its seqs, the full-text
-row reading the INSERT) that PostgreSQL planned anew on every append and Citus planned in steps,
-each a hop from the coordinator to the context's worker; the INSERT goes to that worker whole,
-where the trigger's statements find the context's shards beside the message's.
+An append of a few messages is one INSERT of rows without seqs: for each row the trigger
+updates the context's counters (its row lock keeps seqs gap-free, as the UPDATE of the other
+paths does), sets the row's seq, and writes its full-text row when the context's vectors are
+caught up. A data-modifying CTE doing the same (the counters' UPDATE, the INSERT reading its
+seqs, the full-text row reading the INSERT) is planned anew on every append by PostgreSQL and
+in steps by Citus, each a hop from the coordinator to the context's worker; the INSERT goes to
+that worker whole, where the trigger's statements find the context's shards beside the
+message's.
 
 Every other path writes its seqs itself: for them the trigger's condition is false and nothing
 runs. A full-text vector that cannot be written fails the INSERT (the caller then appends

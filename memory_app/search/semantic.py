@@ -141,7 +141,7 @@ def nearest_vectors(
     rows, faster than the index.
 
     `rows` and `rows_sql`: the walk also reads each item it found (`walk_statements`) into
-    `rows` by id, in its own statement (on Citus too: the rows are joined on the context and
+    `rows` by id, in the walk's statement (on Citus too: the rows are joined on the context and
     id, so the statement stays on the context's shard)."""
     if approximate:
         sharded = scale_out.table_is_distributed(table)

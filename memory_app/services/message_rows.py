@@ -126,7 +126,7 @@ def copy_builder(*, context_id: int, tokenizer: str, now: datetime.datetime):
     batch shares (the context, the tokenizer, the timestamps, the defaults) is written once,
     and the common values (strings without a character to escape, no content, no tags, empty
     metadata) take no call: `copy_line`'s loop over nineteen values and the generic builder
-    were a third of a 1,000-message batch's Python time."""
+    cost a third of a 1,000-message batch's Python time."""
     defaults = {a: f.get_default() for a, f in MESSAGE_COLUMNS if a in _DEFAULTED}
     if (
         message_factory() is new_message
@@ -375,10 +375,11 @@ def append_taking_seqs(
     context's are caught up; with the embedding queue's rows for `queue_model`. The rows (ids
     and seqs set).
 
-    On one node a data-modifying CTE doing the counters, the messages and their full-text rows
-    each reading the one before was planned anew every time; on Citus it was planned in steps,
-    where this INSERT goes to the context's shard whole (with queue rows, their INSERT ...
-    SELECT is a step of its own there).
+    A data-modifying CTE doing the counters, the messages and their full-text rows, each
+    reading the one before (`append_statement`), is planned anew every time on one node and in
+    steps on Citus, where this INSERT goes to the context's shard whole (with queue rows, their
+    INSERT ... SELECT is a step of its own there). The trigger writes a version of the context's
+    row per message, so more than a few messages go by the CTE (`services.messages`).
 
     All of it fails together: a full-text vector that cannot be written fails the message too,
     so the caller then appends through the path that keeps the message and stores the vector's
