@@ -149,13 +149,20 @@ def key_context_statements(secret: str, context_id: int | None) -> list[tuple[st
     key = (f"SELECT {_KEY_COLUMNS} FROM memory_app_apikey k WHERE k.prefix = %s", [prefix])  # noqa: S608
     if context_id is None:
         return [key]
-    context = (f"SELECT {_CONTEXT_COLUMNS} FROM memory_app_context c WHERE c.id = %s", [context_id])  # noqa: S608
     if scale_out.table_is_distributed(Context._meta.db_table):
         # On Citus the keys are a local table and the contexts sharded: a statement joining
         # them is planned in steps (each side gathered as an intermediate result, the join run
         # through the coordinator's connection to itself), about 2 ms more than the key's read
         # on the coordinator and the context's read routed to its shard, sent one after the
-        # other; the key's confinement is then checked apart (`key_context_from_rows`).
+        # other. The context's read filters by the key's confinement as this process last
+        # verified it, and says which it used (`key_context_from_rows` checks it is the key's):
+        # a context outside it reads as no context, the same work.
+        confinement = _confinements.get(prefix, "{}")
+        context = (
+            f"SELECT {_CONTEXT_COLUMNS}, %s::text FROM memory_app_context c "  # noqa: S608
+            "WHERE c.id = %s AND c.keys @> %s::jsonb",
+            [confinement, context_id, confinement],
+        )
         return [key, context]
     # Confinement as `visible_contexts` applies it: every context contains `{}`.
     sql = (
@@ -180,14 +187,29 @@ def key_context_from_rows(
     if key.revoked_at is not None or not hmac.compare_digest(key.secret_hash, hash_secret(secret)):
         return None, None
     _touch(key)
-    found = rows[1] if len(rows) > 1 else row[split:]
-    context = db.from_row(Context, found) if found and found[0] is not None else None
-    # Read apart (on Citus), the confinement is asked whether the context exists or not: a
-    # confined key's request to another tenant's context takes as long as to no context.
-    if len(rows) > 1 and key.context_keys:
-        if not keys_allowed(key, {} if context is None else context.keys):
-            context = None  # outside the key's confinement: as if absent
+    if len(rows) == 1:
+        found = row[split:]
+        return key, (db.from_row(Context, found) if found and found[0] is not None else None)
+    # Read apart (on Citus): the context's row came filtered by the confinement named in its
+    # last column. Another than the key's (not verified in this process yet) is checked here.
+    confinement = _confinement_text(key)
+    _confinements[key.prefix] = confinement
+    found = rows[1]
+    if found is None:
+        return key, None
+    context = db.from_row(Context, found[:-1])
+    if found[-1] != confinement and not keys_allowed(key, context.keys):
+        context = None  # outside the key's confinement: as if absent
     return key, context
+
+
+# Each key's confinement as this process last verified it, by prefix (the text a context's read
+# filters by on Citus: `key_context_statements`).
+_confinements: dict[str, str] = {}
+
+
+def _confinement_text(key: ApiKey) -> str:
+    return json.dumps(key.context_keys or {}, sort_keys=True)
 
 
 _KEY_COLUMNS = db.select_columns(ApiKey, "k")

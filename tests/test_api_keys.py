@@ -132,7 +132,9 @@ def test_the_command_says_why_an_empty_confinement_is_refused():
 
 
 @pytest.mark.parametrize("sharded", [False, True], ids=["one statement", "key and context apart"])
-def test_a_key_reads_its_context_within_its_confinement(monkeypatch, sharded):
+def test_a_key_reads_its_context_within_its_confinement(
+    monkeypatch, django_assert_num_queries, sharded
+):
     """The key and the context it may see, read together on one node (a join) or as two
     statements as on a cluster (the confinement then checked apart): the same answers, a
     revoked key none."""
@@ -156,6 +158,13 @@ def test_a_key_reads_its_context_within_its_confinement(monkeypatch, sharded):
         return (key.pk if key else None), (context.pk if context else None)
 
     assert seen(confined, inside.id) == (confined.key.pk, inside.id)
+    if sharded:
+        # Verified once, the key's confinement filters its context's read: a context outside
+        # it reads as none (no row comes back, nothing more is asked).
+        statements = auth.key_context_statements(confined.secret, outside.id)
+        assert '{"tenant": "acme"}' in statements[1][1]
+        with django_assert_num_queries(2):
+            assert seen(confined, outside.id) == (confined.key.pk, None)
     assert seen(confined, outside.id) == (confined.key.pk, None)
     assert seen(free, outside.id) == (free.key.pk, outside.id)
     assert seen(free, 10**12) == (free.key.pk, None)
