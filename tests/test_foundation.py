@@ -396,29 +396,7 @@ def test_a_large_batch_builds_its_rows_and_lines_as_the_generic_writers_do():
             a: v for a, v in r.__dict__.items() if a != "_state"
         }
         assert (row._state.adding, row._state.db) == (r._state.adding, r._state.db)
-        assert line == db.copy_line(
-            (
-                pk,
-                7,
-                seq,
-                r.client_id,
-                r.role,
-                r.name,
-                r.text,
-                None if r.content is None else db.json_text(r.content),
-                list(r.tags),
-                db.json_text(r.metadata),
-                r.run_id,
-                r.step_id,
-                count,
-                "cl100k_base",
-                r.source_timestamp,
-                stamp,
-                stamp,
-                r.pruned_by,
-                None if r.key_order is None else db.json_text(r.key_order),
-            )
-        )
+        assert line == db.copy_line(message_rows.copy_values(r, stamp))
 
 
 @pytest.mark.django_db

@@ -228,31 +228,35 @@ def _generic_copy_builder(*, context_id: int, tokenizer: str, now: datetime.date
             created_at=now,
             updated_at=now,
         )
-        return r, db.copy_line(
-            (
-                pk,
-                context_id,
-                seq,
-                r.client_id,
-                r.role,
-                r.name,
-                r.text,
-                None if r.content is None else db.json_text(r.content),
-                list(r.tags),
-                db.json_text(r.metadata),
-                r.run_id,
-                r.step_id,
-                count,
-                tokenizer,
-                r.source_timestamp,
-                stamp,
-                stamp,
-                r.pruned_by,
-                None if r.key_order is None else db.json_text(r.key_order),
-            )
-        )
+        return r, db.copy_line(copy_values(r, stamp))
 
     return build
+
+
+def copy_values(r: Message, stamp: str) -> tuple:
+    """A new row's values in `COPY_COLUMNS`' order, as `db.copy_line` takes them (`stamp`: its
+    timestamps' text)."""
+    return (
+        r.pk,
+        r.context_id,
+        r.seq,
+        r.client_id,
+        r.role,
+        r.name,
+        r.text,
+        None if r.content is None else db.json_text(r.content),
+        list(r.tags),
+        db.json_text(r.metadata),
+        r.run_id,
+        r.step_id,
+        r.token_count,
+        r.tokenizer,
+        r.source_timestamp,
+        stamp,
+        stamp,
+        r.pruned_by,
+        None if r.key_order is None else db.json_text(r.key_order),
+    )
 
 
 def char(value: Any) -> str | None:
@@ -307,6 +311,13 @@ _INSERT_SQL = (
 _INSERT_ROW = f"(%s, %s, {_TYPED_VALUES}, %s::timestamptz, %s::timestamptz)"
 
 
+def _stored(row: Message, pk: int, seq: int) -> None:
+    """`row` as saved: its id and seq as the statement wrote them."""
+    row.pk, row.seq = pk, seq
+    row._state.adding = False
+    row._state.db = connection.alias
+
+
 def _row_values(r: Message) -> list[Any]:
     """A row's values in `_ROW_COLUMNS`' order."""
     return [
@@ -343,9 +354,7 @@ def insert_messages(
     with connection.cursor() as cursor:
         cursor.execute(f"{_INSERT_SQL} {', '.join([_INSERT_ROW] * len(rows))} RETURNING id", args)
         for row, (pk,) in zip(rows, cursor.fetchall(), strict=True):
-            row.pk = pk
-            row._state.adding = False
-            row._state.db = connection.alias
+            _stored(row, pk, row.seq)
     return rows
 
 
@@ -402,9 +411,7 @@ def append_taking_seqs(
         raise
     # The trigger takes the seqs in the order of the VALUES list: by seq, the rows of `specs`.
     for row, (pk, seq) in zip(rows, sorted(found, key=lambda f: f[1]), strict=True):
-        row.pk, row.seq = pk, seq
-        row._state.adding = False
-        row._state.db = connection.alias
+        _stored(row, pk, seq)
     return rows
 
 
@@ -475,7 +482,5 @@ def append_statement(
     if not found:
         raise NotFound(f"context {context.pk} not found")
     for row, (pk, seq, _, _) in zip(rows, found, strict=True):
-        row.pk, row.seq = pk, seq
-        row._state.adding = False
-        row._state.db = connection.alias
+        _stored(row, pk, seq)
     return rows, found[0][2], found[0][3]
