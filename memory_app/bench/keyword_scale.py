@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
 
+from memory_app import db
 from memory_app.bench import database
 from memory_app.models import FTS_CONFIG
 
@@ -111,8 +111,9 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 def _explained(sql: str, params) -> tuple[float, int]:
-    """(server execution ms, shared buffers hit + read) of one captured statement."""
-    with connection.cursor() as cursor:
+    """(server execution ms, shared buffers hit + read) of one captured statement, its
+    parameters bound by the server as the search binds them."""
+    with db.binding_cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)
         plan = cursor.fetchone()[0]
     plan = json.loads(plan) if isinstance(plan, str) else plan
@@ -135,12 +136,18 @@ def run(context, questions: Sequence[str], log: Callable[[str], None]) -> dict:
         times.append((time.perf_counter() - t) * 1000)
     server_ms, buffers, statements = [], [], []
     for question in questions:
-        with CaptureQueriesContext(connection) as captured:
+        captured = []
+
+        def capture(execute, sql, params, many, context, captured=captured):
+            captured.append((sql, params))
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(capture):
             search_messages(context=context, query=question, k=10, mode="keyword")
         total_ms = total_buffers = 0
-        statements.append(len(captured.captured_queries))
-        for query in captured.captured_queries:
-            ms, blocks = _explained(query["sql"], None)
+        statements.append(len(captured))
+        for sql, params in captured:
+            ms, blocks = _explained(sql, params)
             total_ms += ms
             total_buffers += blocks
         server_ms.append(total_ms)

@@ -104,21 +104,20 @@ def query_parts(query: str) -> dict[str, object] | None:
     }
 
 
+_PARSE_SQL = (
+    f"WITH {_QUERY_TERMS} SELECT (SELECT exclusion::text FROM parsed),"  # noqa: S608
+    " (SELECT strict::text FROM parsed),"
+    " ARRAY(SELECT q::text FROM named ORDER BY o), ARRAY(SELECT lexemes FROM named ORDER BY o)"
+)
+
+
 def parse_query(query: str) -> KeywordQuery:
     """The query's terms (its stemmed words, and its phrases), exclusions and strict reading, in
     one round trip; no terms when it holds only stop words or punctuation."""
     parts = query_parts(query)
     if parts is None:
         return KeywordQuery((), "", "")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH {_QUERY_TERMS} SELECT (SELECT exclusion::text FROM parsed),"  # noqa: S608
-            " (SELECT strict::text FROM parsed),"
-            " ARRAY(SELECT q::text FROM named ORDER BY o), ARRAY(SELECT lexemes FROM named"
-            " ORDER BY o)",
-            parts,
-        )
-        exclusion, strict, queries, lexemes = cursor.fetchone()
+    ((exclusion, strict, queries, lexemes),) = pipelines.read_rows(_PARSE_SQL, parts, prepared=True)
     terms = tuple(bm25.Term(q, tuple(lx)) for q, lx in zip(queries, lexemes, strict=True))
     return KeywordQuery(terms, exclusion or "", strict or "")
 
@@ -152,7 +151,8 @@ def keyword_ranking(
 
     In a context of up to KEYWORD_EXACT_MESSAGES messages, one statement parses the query and
     scores every match. In a larger one, two after the query's parse: the terms' counts in the
-    latest seqs, then one for every term's passes, the document frequencies and the scores.
+    latest seqs, then one for every term's passes, the document frequencies and the scores;
+    each prepared on the connection by its shape.
     Either way the server sends back the top `limit` only (scoring a thousand candidates in
     Python, and sending them, cost more than finding them). With `rows` (a dict), the last
     statement also reads the top messages' columns (`db.select_columns`) into it by id: the
@@ -184,9 +184,7 @@ def keyword_ranking(
         sql = _ranking_sql(
             params, parsed, match=match, columns=columns, excluding=bool(exclude_ids)
         )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            found = cursor.fetchall()
+        found = pipelines.read_rows(sql, params, prepared=True)
     if rows is not None:
         rows.update((row[0], row[2:]) for row in found)
     return [(row[0], float(row[1])) for row in found]
@@ -224,7 +222,8 @@ def _ranking_sql(
     for i, term in enumerate(parsed.terms, start=1):
         params[f"q{i}"] = parsed.term_tsquery(term)
         params[f"l{i}"] = list(term.lexemes)
-    counts = _window_counts(params, len(parsed.terms), last_seq=last_seq, search_seq=search_seq)
+    params.update(_seq_bounds(last_seq, search_seq))
+    counts = _window_counts(params, len(parsed.terms))
     found = []
     plans = _plans(counts, n=params["n"], last_seq=last_seq, cap=cap, limit=params["limit"])
     for i, plan in enumerate(plans, start=1):
@@ -436,16 +435,16 @@ ORDER BY b.score DESC, b.seq DESC
 """
 
 
-# The keyword passes of `_term_candidates` as SQL text: seq bounds are ints written into the
-# text, the rest are parameters (`q` names the term's tsquery parameter).
-def _parsed_pass(after: int, upto: int | None, q: str, need: str, excluding: bool) -> str:
+# The keyword passes of `_term_candidates` as SQL text: `after` and `upto` are the SQL of their
+# seq bounds (parameters, or 0), `q` and `need` name the term's parameters.
+def _parsed_pass(after: str, upto: str | None, q: str, need: str, excluding: bool) -> str:
     """A keyword pass over messages the indexer has not reached: their text is parsed (its first
     part, as the indexer parses it). `upto` None: every message past `after` (`_TAIL`)."""
     rows = (
-        _TAIL.format(after=int(after))
+        _TAIL.format(after=after)
         if upto is None
         else f"""memory_app_message m WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
-              AND m.seq > {int(after)} AND m.seq <= {int(upto)}"""
+              AND m.seq > {after} AND m.seq <= {upto}"""
     )
     return f"""
         SELECT m.seq, length(v.vector) AS length, v.vector
@@ -481,19 +480,19 @@ _EXCLUDED_SEQS = """
 """
 
 
-def _stored_pass(after: int, upto: int, match: str, need: str, excluding: bool) -> str:
+def _stored_pass(after: str, upto: str, match: str, need: str, excluding: bool) -> str:
     """A keyword pass over stored vectors, `match` being the condition on s.search_vector.
     Excluded messages are left out by their seqs (looked up once, by id)."""
     return f"""
         SELECT s.seq, length(s.search_vector) AS length, s.search_vector AS vector
         FROM {fulltext.TABLE} s
-        WHERE s.context_id = %(context)s AND s.seq > {int(after)} AND s.seq <= {int(upto)}
+        WHERE s.context_id = %(context)s AND s.seq > {after} AND s.seq <= {upto}
           AND {match} {_EXCLUDED_SEQS if excluding else ""}
         ORDER BY s.seq DESC LIMIT %({need})s
     """  # noqa: S608 - constant SQL
 
 
-def _indexed_pass(after: int, upto: int, q: str, need: str, excluding: bool) -> str:
+def _indexed_pass(after: str, upto: str, q: str, need: str, excluding: bool) -> str:
     """A keyword pass over stored vectors through the GIN index: every match's seq read and
     sorted (`s.seq + 0` keeps the planner off the primary key's order), and only the newest
     `need` of them fetched again with their vectors (a sort carrying every match's vector cost
@@ -502,7 +501,7 @@ def _indexed_pass(after: int, upto: int, q: str, need: str, excluding: bool) -> 
         SELECT newest.seq, length(v.search_vector) AS length, v.search_vector AS vector
         FROM (
             SELECT s.seq FROM {fulltext.TABLE} s
-            WHERE s.context_id = %(context)s AND s.seq > {int(after)} AND s.seq <= {int(upto)}
+            WHERE s.context_id = %(context)s AND s.seq > {after} AND s.seq <= {upto}
               AND s.search_vector @@ %({q})s::tsquery {_EXCLUDED_SEQS if excluding else ""}
             ORDER BY s.seq + 0 DESC LIMIT %({need})s
         ) newest
@@ -543,44 +542,55 @@ def _term_candidates(
     The passes are one UNION ALL under the limit: a pass runs only while the ones before it
     found fewer than `need`.
     """
-    older = max(last_seq - KEYWORD_RECENT_SEQS, 0)
-    searched_older = min(search_seq, older)
+    bounds = _seq_bounds(last_seq, search_seq)
     walk = f"ts_match_vq(s.search_vector, %({q})s::tsquery)"
     passes = [
         # No upper bound on the newest pass: messages appended since `last_seq` was read.
-        _parsed_pass(max(search_seq, older), None, q, need, excluding),
-        _stored_pass(older, search_seq, walk, need, excluding),
+        _parsed_pass("%(newest_after)s", None, q, need, excluding),
+        _stored_pass("%(older)s", "%(search_seq)s", walk, need, excluding),
     ]
-    if search_seq < older:
-        passes.append(_parsed_pass(searched_older, older, q, need, excluding))
-    if searched_older > 0:
+    if search_seq < bounds["older"]:
+        passes.append(_parsed_pass("%(searched_older)s", "%(older)s", q, need, excluding))
+    if bounds["searched_older"] > 0:
         if gin:
-            passes.append(_indexed_pass(0, searched_older, q, need, excluding))
+            passes.append(_indexed_pass("0", "%(searched_older)s", q, need, excluding))
         else:
             match = walk if gin is False else f"s.search_vector @@ %({q})s::tsquery"
-            passes.append(_stored_pass(0, searched_older, match, need, excluding))
+            passes.append(_stored_pass("0", "%(searched_older)s", match, need, excluding))
     return " UNION ALL ".join(f"({p})" for p in passes) + f" LIMIT %({need})s"
 
 
 # Each term's matches among the latest KEYWORD_RECENT_SEQS seqs, in one read of their vectors
 # (parsed from the text past `search_seq`), for `bm25.plan_term`. The stored vectors are read
 # newest first under a limit, so that the planner walks the primary key, as a pass does.
-def _window_counts(params: dict, terms: int, *, last_seq: int, search_seq: int) -> list[int]:
-    older = max(last_seq - KEYWORD_RECENT_SEQS, 0)
+def _window_counts(params: dict, terms: int) -> list[int]:
     counts = ", ".join(
         f"count(*) FILTER (WHERE ts_match_vq(w.v, %(q{i})s::tsquery))" for i in range(1, terms + 1)
     )
     sql = f"""
         SELECT {counts} FROM (
             (SELECT s.search_vector AS v FROM {fulltext.TABLE} s
-             WHERE s.context_id = %(context)s AND s.seq > {int(older)}
-               AND s.seq <= {int(search_seq)}
+             WHERE s.context_id = %(context)s AND s.seq > %(older)s
+               AND s.seq <= %(search_seq)s
              ORDER BY s.seq DESC LIMIT {KEYWORD_RECENT_SEQS})
             UNION ALL
             SELECT memory_app_search_vector(%(config)s::regconfig, m.text)
-            FROM {_TAIL.format(after=int(max(search_seq, older)))}
+            FROM {_TAIL.format(after="%(newest_after)s")}
         ) w
     """  # noqa: S608 - constant SQL
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [int(c) for c in cursor.fetchone()]
+    return [int(c) for c in pipelines.read_rows(sql, params, prepared=True)[0]]
+
+
+def _seq_bounds(last_seq: int, search_seq: int) -> dict[str, int]:
+    """The seqs where the passes of `_term_candidates` (and `_window_counts`) meet: the latest
+    KEYWORD_RECENT_SEQS seqs begin past `older`; the indexer's vectors stop at `search_seq`,
+    so the older ones stop at `searched_older`; the text is parsed past `newest_after`. They
+    are parameters, so that the statements' text depends only on their shape: each shape is
+    prepared once per connection, parsed and analysed once (PostgreSQL still plans it for each
+    call's values, as it does the small context's statement)."""
+    older = max(last_seq - KEYWORD_RECENT_SEQS, 0)
+    return {
+        "older": older,
+        "searched_older": min(search_seq, older),
+        "newest_after": max(search_seq, older),
+    }
