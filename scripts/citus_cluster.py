@@ -8,7 +8,8 @@ embedded package's copy that scripts/build_citus.sh built Citus into): no Docker
 `start` creates each node's data folder on first use (initdb, `shared_preload_libraries =
 'citus'`), starts the nodes on free local ports, creates the database with the citus and vector
 extensions on every node and registers the workers with the coordinator; it prints the
-coordinator's DATABASE_URL. The ports are kept in DATA/ports so `url` and `stop` find them.
+coordinator's DATABASE_URL. The ports are kept in DATA/ports so `url` and `stop` find them, and
+a later `start` of the same DATA starts the same cluster again, its data kept.
 """
 
 from __future__ import annotations
@@ -108,9 +109,11 @@ def start(
     for name in nodes:
         port = ports[name]
         query = f"SELECT 1 FROM pg_database WHERE datname = '{database}'"  # noqa: S608 - checked
-        exists = psql(tree, port, "postgres", query)
-        if not exists.strip():
-            psql(tree, port, "postgres", f'CREATE DATABASE "{database}"')
+        if psql(tree, port, "postgres", query).strip():
+            # Started before: once the workers are registered Citus refuses DDL on them, even
+            # an extension's `IF NOT EXISTS` for one it holds.
+            continue
+        psql(tree, port, "postgres", f'CREATE DATABASE "{database}"')
         psql(tree, port, database, "CREATE EXTENSION IF NOT EXISTS citus")
         psql(tree, port, database, "CREATE EXTENSION IF NOT EXISTS vector")
     coordinator = ports["coordinator"]

@@ -13,6 +13,8 @@ import psycopg
 import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
+from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.recorder import MigrationRecorder
 
 from memory_app import auth, scale_out
 from memory_app.embeddings import client_vectors
@@ -334,3 +336,46 @@ MEMORY_TABLES = (
     "memory_app_memoryembeddingretry",
     "memory_app_memoryversion",
 )
+
+
+def _shards_taking_seqs() -> int:
+    """How many shards of the messages carry the trigger that takes a new message's seq (on a
+    shard it is named after the shard; its function is the one the migration made)."""
+    command = (
+        "SELECT count(*) FROM pg_trigger WHERE tgrelid = '%s'::regclass"
+        " AND tgfoid = 'memory_app_message_take_seq'::regproc"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(sum(result::int), 0)"
+            " FROM run_command_on_shards('memory_app_message', %s)",
+            [command],
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_later_migration_applies_to_the_distributed_store():
+    """An operator upgrading a store already distributed runs `manage.py migrate` as before:
+    the latest migration taken back and applied again on the cluster, each of its DDL
+    statements passed on to every shard, and an append, which takes its seq from a trigger
+    made by a migration (0043), still works and finds that trigger on every shard."""
+    loader = MigrationLoader(connection)
+    [latest] = [node for node in loader.graph.leaf_nodes() if node[0] == "memory_app"]
+    [before] = [n for n in loader.graph.node_map[latest].parents if n.key[0] == "memory_app"]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM citus_shards WHERE table_name = %s::regclass",
+            ["memory_app_message"],
+        )
+        shards = cursor.fetchone()[0]
+    assert _shards_taking_seqs() == shards
+    call_command("migrate", *before.key, verbosity=0)
+    assert latest not in MigrationRecorder(connection).applied_migrations()
+    call_command("migrate", "memory_app", verbosity=0)
+    assert latest in MigrationRecorder(connection).applied_migrations()
+    assert _shards_taking_seqs() == shards
+    client = make_key()
+    context_id = new_context(client, {"user": "ada", "chat": "migrated"})
+    first, second = append(client, context_id, text="one"), append(client, context_id, text="two")
+    assert (first["seq"], second["seq"]) == (1, 2)

@@ -23,7 +23,7 @@ from django.db import migrations
 FTS_CONFIG = "english"
 
 FUNCTION_SQL = f"""
-CREATE FUNCTION memory_app_message_take_seq() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION memory_app_message_take_seq() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     taken bigint;
     searched bigint;
@@ -55,6 +55,13 @@ CREATE TRIGGER message_take_seq BEFORE INSERT ON memory_app_message
 
 
 class Migration(migrations.Migration):
+    # Each statement in a transaction of its own. On Citus a function's DDL goes to every node
+    # over one connection each, which Citus refuses in a transaction that already ran DDL on
+    # the shards in parallel: taking this migration back (the trigger dropped from every shard,
+    # then the function) failed as one transaction. Run again after a failure, it starts over
+    # (the function is replaced, the drops find nothing).
+    atomic = False
+
     dependencies = [("memory_app", "0042_audit_snapshots_json")]
 
     operations = [
