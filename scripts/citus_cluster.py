@@ -109,13 +109,14 @@ def start(
     for name in nodes:
         port = ports[name]
         query = f"SELECT 1 FROM pg_database WHERE datname = '{database}'"  # noqa: S608 - checked
-        if psql(tree, port, "postgres", query).strip():
-            # Started before: once the workers are registered Citus refuses DDL on them, even
-            # an extension's `IF NOT EXISTS` for one it holds.
-            continue
-        psql(tree, port, "postgres", f'CREATE DATABASE "{database}"')
-        psql(tree, port, database, "CREATE EXTENSION IF NOT EXISTS citus")
-        psql(tree, port, database, "CREATE EXTENSION IF NOT EXISTS vector")
+        if not psql(tree, port, "postgres", query).strip():
+            psql(tree, port, "postgres", f'CREATE DATABASE "{database}"')
+        # Only the missing ones: once the workers are registered Citus refuses DDL on them,
+        # even an extension's `IF NOT EXISTS` for one they hold (a cluster started again).
+        held = psql(tree, port, database, "SELECT extname FROM pg_extension").split()
+        for extension in ("citus", "vector"):
+            if extension not in held:
+                psql(tree, port, database, f"CREATE EXTENSION {extension}")
     coordinator = ports["coordinator"]
     psql(tree, coordinator, database, f"SELECT citus_set_coordinator_host('{HOST}', {coordinator})")
     for name in nodes[1:]:  # citus_add_node answers the node already there

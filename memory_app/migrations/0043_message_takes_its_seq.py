@@ -49,7 +49,7 @@ END $$
 # A statement of its own: on a distributed store Citus passes each DDL statement on to the
 # workers as one command.
 TRIGGER_SQL = """
-CREATE TRIGGER message_take_seq BEFORE INSERT ON memory_app_message
+CREATE OR REPLACE TRIGGER message_take_seq BEFORE INSERT ON memory_app_message
     FOR EACH ROW WHEN (NEW.seq IS NULL) EXECUTE FUNCTION memory_app_message_take_seq();
 """
 
@@ -58,8 +58,8 @@ class Migration(migrations.Migration):
     # Each statement in a transaction of its own. On Citus a function's DDL goes to every node
     # over one connection each, which Citus refuses in a transaction that already ran DDL on
     # the shards in parallel: taking this migration back (the trigger dropped from every shard,
-    # then the function) failed as one transaction. Run again after a failure, it starts over
-    # (the function is replaced, the drops find nothing).
+    # then the function) failed as one transaction. Run again after a failure, either way, it
+    # starts over: the function and the trigger are replaced, the drops find nothing.
     atomic = False
 
     dependencies = [("memory_app", "0042_audit_snapshots_json")]

@@ -151,8 +151,10 @@ def keyword_ranking(
 
     In a context of up to KEYWORD_EXACT_MESSAGES messages, one statement parses the query and
     scores every match. In a larger one, two after the query's parse: the terms' counts in the
-    latest seqs, then one for every term's passes, the document frequencies and the scores;
-    each prepared on the connection by its shape.
+    latest seqs, then one for every term's passes, the document frequencies and the scores.
+    The parse's text never changes: it is prepared on the connection. The other two are
+    planned for each call's values (their shapes vary, and a generic plan could not see the
+    tsqueries the passes were chosen for); their parameters are bound by the server.
     Either way the server sends back the top `limit` only (scoring a thousand candidates in
     Python, and sending them, cost more than finding them). With `rows` (a dict), the last
     statement also reads the top messages' columns (`db.select_columns`) into it by id: the
@@ -184,7 +186,7 @@ def keyword_ranking(
         sql = _ranking_sql(
             params, parsed, match=match, columns=columns, excluding=bool(exclude_ids)
         )
-        found = pipelines.read_rows(sql, params, prepared=True)
+        found = pipelines.read_rows(sql, params)
     if rows is not None:
         rows.update((row[0], row[2:]) for row in found)
     return [(row[0], float(row[1])) for row in found]
@@ -578,16 +580,15 @@ def _window_counts(params: dict, terms: int) -> list[int]:
             FROM {_TAIL.format(after="%(newest_after)s")}
         ) w
     """  # noqa: S608 - constant SQL
-    return [int(c) for c in pipelines.read_rows(sql, params, prepared=True)[0]]
+    return [int(c) for c in pipelines.read_rows(sql, params)[0]]
 
 
 def _seq_bounds(last_seq: int, search_seq: int) -> dict[str, int]:
     """The seqs where the passes of `_term_candidates` (and `_window_counts`) meet: the latest
     KEYWORD_RECENT_SEQS seqs begin past `older`; the indexer's vectors stop at `search_seq`,
     so the older ones stop at `searched_older`; the text is parsed past `newest_after`. They
-    are parameters, so that the statements' text depends only on their shape: each shape is
-    prepared once per connection, parsed and analysed once (PostgreSQL still plans it for each
-    call's values, as it does the small context's statement)."""
+    are parameters bound by the server, like the tsqueries and lexemes, rather than literals
+    the client writes into the text."""
     older = max(last_seq - KEYWORD_RECENT_SEQS, 0)
     return {
         "older": older,
