@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+import psycopg
 import pytest
 
 from tests.test_serve import _free_port, _postgres_running
@@ -314,10 +315,20 @@ def test_stalled_and_killed_postgres_answer_503_then_heal_with_no_acknowledged_w
     assert not _postgres_running(serve.data_dir)
 
 
+def _database(serve: Serve) -> psycopg.Connection:
+    """A connection of our own to the embedded server `serve` runs (its socket and port are in
+    its postmaster.pid)."""
+    lines = (serve.data_dir / "pgdata" / "postmaster.pid").read_text().splitlines()
+    return psycopg.connect(host=lines[4], port=int(lines[3]), user="postgres", dbname="agentmemory")
+
+
 def test_an_exhausted_pool_answers_503_and_loses_no_acknowledged_batch(tmp_path):
     """More concurrent 1,000-message batches than pooled connections: a request that waits
     longer than the pool timeout for one answers 503 (retried with the same client ids, as the
-    Python client does), never 500, and every acknowledged batch is stored."""
+    Python client does), never 500, and every acknowledged batch is stored. The first batch to
+    get the one pooled connection holds it, waiting for the context's row, which the test
+    keeps locked until a request has been answered 503: the pool is exhausted however fast the
+    machine writes a batch."""
     serve = Serve(
         tmp_path / "data",
         AGENTMEMORY_WORKERS="1",
@@ -331,6 +342,8 @@ def test_an_exhausted_pool_answers_503_and_loses_no_acknowledged_batch(tmp_path)
             f"{serve.url}/api/v1/contexts", json={"keys": {"test": "pool"}}, headers=headers
         ).json()
         url = f"{serve.url}/api/v1/contexts/{context['id']}/messages/batch"
+        holder = _database(serve)
+        holder.execute("SELECT 1 FROM memory_app_context WHERE id = %s FOR UPDATE", [context["id"]])
         answers: list[tuple[int, str | None, float]] = []
         acknowledged: set[str] = set()
 
@@ -354,6 +367,11 @@ def test_an_exhausted_pool_answers_503_and_loses_no_acknowledged_batch(tmp_path)
         threads = [threading.Thread(target=write, args=(i,)) for i in range(12)]
         for thread in threads:
             thread.start()
+        try:
+            _wait(lambda: any(status == 503 for status, _, _ in answers), 60, "a 503")
+        finally:
+            holder.rollback()
+            holder.close()
         for thread in threads:
             thread.join(timeout=600)
         statuses = {status for status, _, _ in answers}
