@@ -1,8 +1,9 @@
 """On a real Citus cluster (scripts/test_citus.sh: a coordinator and two workers built from the
 Citus source, migrated and distributed by `manage.py distribute`): the layout is as planned, a
 context's queries go to one shard, the search's `SET LOCAL hnsw.*` reaches the worker that
-walks, and an index's size is read from the shards. Skipped where no Citus build is named
-(AGENTMEMORY_CITUS_TREE), as in CI without one."""
+walks, an index's size is read from the shards, and the latest migration goes back and forth
+on the distributed store. Skipped where no Citus build is named (AGENTMEMORY_CITUS_TREE), as in
+CI without one."""
 
 from __future__ import annotations
 
