@@ -97,8 +97,19 @@ class Serve:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def _postmaster_lines(self) -> list[str]:
+        # PostgreSQL's postmaster.pid: its pid, data folder, start time, port, socket folder...
+        return (self.data_dir / "pgdata" / "postmaster.pid").read_text().splitlines()
+
+    def database(self) -> psycopg.Connection:
+        """A connection of the test's own to the embedded server this `serve` runs."""
+        lines = self._postmaster_lines()
+        return psycopg.connect(
+            host=lines[4], port=int(lines[3]), user="postgres", dbname="agentmemory"
+        )
+
     def postmaster(self) -> psutil.Process:
-        pid = int((self.data_dir / "pgdata" / "postmaster.pid").read_text().split()[0])
+        pid = int(self._postmaster_lines()[0])
         return psutil.Process(pid)
 
     def command(self, *args: str) -> str:
@@ -315,13 +326,6 @@ def test_stalled_and_killed_postgres_answer_503_then_heal_with_no_acknowledged_w
     assert not _postgres_running(serve.data_dir)
 
 
-def _database(serve: Serve) -> psycopg.Connection:
-    """A connection of our own to the embedded server `serve` runs (its socket and port are in
-    its postmaster.pid)."""
-    lines = (serve.data_dir / "pgdata" / "postmaster.pid").read_text().splitlines()
-    return psycopg.connect(host=lines[4], port=int(lines[3]), user="postgres", dbname="agentmemory")
-
-
 def test_an_exhausted_pool_answers_503_and_loses_no_acknowledged_batch(tmp_path):
     """More concurrent 1,000-message batches than pooled connections: a request that waits
     longer than the pool timeout for one answers 503 (retried with the same client ids, as the
@@ -342,7 +346,7 @@ def test_an_exhausted_pool_answers_503_and_loses_no_acknowledged_batch(tmp_path)
             f"{serve.url}/api/v1/contexts", json={"keys": {"test": "pool"}}, headers=headers
         ).json()
         url = f"{serve.url}/api/v1/contexts/{context['id']}/messages/batch"
-        holder = _database(serve)
+        holder = serve.database()
         holder.execute("SELECT 1 FROM memory_app_context WHERE id = %s FOR UPDATE", [context["id"]])
         answers: list[tuple[int, str | None, float]] = []
         acknowledged: set[str] = set()

@@ -462,17 +462,18 @@ def test_an_append_whose_full_text_row_fails_keeps_the_message_and_marks_the_row
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_append_queues_its_messages_for_the_configured_model(settings):
+@pytest.mark.parametrize("texts", [1, messages.ONE_STATEMENT_MAX + 2], ids=["trigger", "statement"])
+def test_an_append_queues_its_messages_for_the_configured_model(settings, texts):
+    """Through the trigger's INSERT (a few messages) and the one-statement CTE (more) alike."""
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "openai"
     settings.AGENTMEMORY_EMBEDDING_MODEL = "queued-model"
     context = make_context()
-    result = messages_append(
-        context=context, items=[{"role": "user", "text": "embed me"}, {"role": "user"}]
-    )
-    queued = Embedding.objects.filter(context_id=context.pk)
+    items = [{"role": "user", "text": f"embed me {i}"} for i in range(texts)]
+    result = messages_append(context=context, items=[*items, {"role": "user"}])
+    queued = Embedding.objects.filter(context_id=context.pk).order_by("message_id")
     # A message without text has nothing to embed.
     assert [(e.message_id, e.model, e.vector) for e in queued] == [
-        (result.messages[0].pk, "queued-model", None)
+        (m.pk, "queued-model", None) for m in result.messages[:texts]
     ]
 
 

@@ -218,23 +218,25 @@ def _ranking_sql(
     """RANK_SQL over each term's candidates in a large context (`_term_candidates`), planned
     from the terms' matches among the latest seqs (one statement first: `_window_counts`)."""
     cap = max(settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES, params["limit"])
-    last_seq, search_seq = params["last_seq"], params["search_seq"]
-    bounds = {"last_seq": last_seq, "search_seq": search_seq, "excluding": excluding}
+    last_seq = params["last_seq"]
+    bounds = _seq_bounds(last_seq, params["search_seq"])
     params["lexemes"] = sorted({lexeme for term in parsed.terms for lexeme in term.lexemes})
     for i, term in enumerate(parsed.terms, start=1):
         params[f"q{i}"] = parsed.term_tsquery(term)
         params[f"l{i}"] = list(term.lexemes)
-    params.update(_seq_bounds(last_seq, search_seq))
+    params.update(bounds)
     counts = _window_counts(params, len(parsed.terms))
     found = []
     plans = _plans(counts, n=params["n"], last_seq=last_seq, cap=cap, limit=params["limit"])
     for i, plan in enumerate(plans, start=1):
         params[f"need{i}"] = plan.need
-        sql = _term_candidates(f"q{i}", need=f"need{i}", gin=plan.gin, **bounds)
+        sql = _term_candidates(
+            f"q{i}", need=f"need{i}", gin=plan.gin, bounds=bounds, excluding=excluding
+        )
         found.append(f"SELECT {i} AS term, f.* FROM ({sql}) f")  # noqa: S608 - constant SQL
     if match == "all":
         params["q0"], params["need0"] = parsed.strict, cap
-        sql = _term_candidates("q0", need="need0", gin=None, **bounds)
+        sql = _term_candidates("q0", need="need0", gin=None, bounds=bounds, excluding=excluding)
         found.append(f"SELECT 0 AS term, f.* FROM ({sql}) f")  # noqa: S608
     terms = ", ".join(
         f"({i}, %(q{i})s::tsquery, %(l{i})s::text[], %(need{i})s::int)"
@@ -516,11 +518,11 @@ def _indexed_pass(after: str, upto: str, q: str, need: str, excluding: bool) -> 
 
 
 def _term_candidates(
-    q: str, *, need: str, gin: bool | None, last_seq: int, search_seq: int, excluding: bool
+    q: str, *, need: str, gin: bool | None, bounds: dict[str, int], excluding: bool
 ) -> str:
     """SQL of (seq, vector length, vector) of the newest live matches of the tsquery parameter
     `q` (as many as the parameter `need`), newest seqs first, in passes whose cost follows the
-    candidates, not the context's size.
+    candidates, not the context's size; `bounds` are the seqs where they meet (`_seq_bounds`).
 
     Up to the context's `search_seq` the vectors are read from MessageSearch (live messages
     only, keyed by (context, seq)); after it, where the indexer has not been yet, each message's
@@ -544,14 +546,13 @@ def _term_candidates(
     The passes are one UNION ALL under the limit: a pass runs only while the ones before it
     found fewer than `need`.
     """
-    bounds = _seq_bounds(last_seq, search_seq)
     walk = f"ts_match_vq(s.search_vector, %({q})s::tsquery)"
     passes = [
         # No upper bound on the newest pass: messages appended since `last_seq` was read.
         _parsed_pass("%(newest_after)s", None, q, need, excluding),
         _stored_pass("%(older)s", "%(search_seq)s", walk, need, excluding),
     ]
-    if search_seq < bounds["older"]:
+    if bounds["search_seq"] < bounds["older"]:
         passes.append(_parsed_pass("%(searched_older)s", "%(older)s", q, need, excluding))
     if bounds["searched_older"] > 0:
         if gin:
@@ -587,10 +588,11 @@ def _seq_bounds(last_seq: int, search_seq: int) -> dict[str, int]:
     """The seqs where the passes of `_term_candidates` (and `_window_counts`) meet: the latest
     KEYWORD_RECENT_SEQS seqs begin past `older`; the indexer's vectors stop at `search_seq`,
     so the older ones stop at `searched_older`; the text is parsed past `newest_after`. They
-    are parameters bound by the server, like the tsqueries and lexemes, rather than literals
-    the client writes into the text."""
+    shape the passes and are the statements' parameters, bound by the server like the tsqueries
+    and lexemes rather than written into the text."""
     older = max(last_seq - KEYWORD_RECENT_SEQS, 0)
     return {
+        "search_seq": search_seq,
         "older": older,
         "searched_older": min(search_seq, older),
         "newest_after": max(search_seq, older),

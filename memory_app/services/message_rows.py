@@ -360,14 +360,13 @@ def insert_messages(
 
 # `append_taking_seqs`' rows: a null seq, which the table's trigger fills (migration 0043).
 _TAKING_ROW = f"(%s, NULL, {_TYPED_VALUES}, %s::timestamptz, %s::timestamptz)"
-# The embedding queue's rows (`embeddings.queue.enqueue_messages`): a message with text, for
-# the configured model, waiting for its vector.
-_QUEUED = """WITH m AS ({insert}, text)
-, e AS (
+# The embedding queue's rows (`embeddings.queue.enqueue_messages`), a CTE after `m` (the new
+# messages' id and text): a message with text, for the configured model, waiting for its vector.
+_QUEUE_SQL = """, e AS (
     INSERT INTO memory_app_embedding (message_id, context_id, model, dimensions, vector, indexed)
     SELECT m.id, %s, %s, NULL, NULL, true FROM m WHERE m.text <> '' ON CONFLICT DO NOTHING
-)
-SELECT m.id, m.seq FROM m"""  # noqa: S608 - the table names and columns are constants
+)"""
+_QUEUED = "WITH m AS ({insert}, text)" + _QUEUE_SQL + " SELECT m.id, m.seq FROM m"  # noqa: S608 - constants
 
 
 def append_taking_seqs(
@@ -437,12 +436,6 @@ WITH c AS (
 ){{queue}}
 SELECT m.id, m.seq, c.last_seq, c.search_seq FROM m, c ORDER BY m.seq
 """  # noqa: S608 - the table names and columns are constants
-# The embedding queue's rows (`embeddings.queue.enqueue_messages`): a message with text, for
-# the configured model, waiting for its vector.
-_QUEUE_SQL = """, e AS (
-    INSERT INTO memory_app_embedding (message_id, context_id, model, dimensions, vector, indexed)
-    SELECT m.id, %s, %s, NULL, NULL, true FROM m WHERE m.text <> '' ON CONFLICT DO NOTHING
-)"""
 
 
 # One statement that does a whole small append (the docstring says why); the rows' values and
