@@ -128,15 +128,45 @@ def apikey_verify(secret: str) -> ApiKey | None:
 
 
 def apikey_verify_with_context(
-    secret: str, context_id: int | None
+    secret: str, context_id: int | None, *, id_suffices: bool = False
 ) -> tuple[ApiKey | None, Context | None]:
     """The live key matching `secret` (None: unknown, malformed or revoked) and, when
     `context_id` is given, that context if the key may see it (as `context_for_key` finds it),
-    in one round trip: a request to a context's route needs both before anything else."""
+    in one round trip: a request to a context's route needs both before anything else.
+
+    `id_suffices`: the caller needs only the context's id, its own statement failing when the
+    context does not exist (an append). On a distributed store, where the context's read is a
+    hop to its worker, a key this process last verified as unconfined, which may see every
+    context, is then read alone, and the context answered is a reference by id
+    (`context_reference`)."""
+    if id_suffices and context_id is not None and _unconfined_on_shards(secret):
+        key, _ = apikey_verify_with_context(secret, None)
+        if key is None:
+            return None, None
+        if not key.context_keys:
+            return key, context_reference(context_id)
+        _confinements[key.prefix] = _confinement_text(key)  # confined since: read it as usual
     statements = key_context_statements(secret, context_id)
     if statements is None:
         return None, None
     return key_context_from_rows(secret, pipelines.first_rows(statements))
+
+
+def _unconfined_on_shards(secret: str) -> bool:
+    """Whether the contexts are distributed and this process last verified `secret`'s key as
+    unconfined."""
+    prefix = _parse(secret or "")
+    return (
+        prefix is not None
+        and _confinements.get(prefix) == _UNCONFINED
+        and scale_out.table_is_distributed(Context._meta.db_table)
+    )
+
+
+def context_reference(context_id: int) -> Context:
+    """A context named by its id alone, nothing read: what an append needs of it (its other
+    fields are the model's defaults, not the stored values)."""
+    return Context(pk=context_id)
 
 
 def key_context_statements(secret: str, context_id: int | None) -> list[tuple[str, list]] | None:
@@ -210,6 +240,9 @@ _confinements: dict[str, str] = {}
 
 def _confinement_text(key: ApiKey) -> str:
     return json.dumps(key.context_keys or {}, sort_keys=True)
+
+
+_UNCONFINED = json.dumps({})
 
 
 _KEY_COLUMNS = db.select_columns(ApiKey, "k")

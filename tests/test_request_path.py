@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 from agentmemory_site import db_pool
 from memory_app import auth, scale_out
+from memory_app.api import common
 from memory_app.errors import NotFound
 from memory_app.models import Context, Embedding, Message, MessageSearch
 from memory_app.search.semantic import semantic_ranking
@@ -202,6 +203,64 @@ def test_a_single_append_reads_key_and_context_in_one_statement():
     else:
         assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[0]
     assert not any(s.startswith('SELECT "memory_app_context"') for s in statements), statements
+
+
+def _context_reads(queries) -> list[str]:
+    return [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].startswith("SELECT") and "memory_app_context" in q["sql"]
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_append_to_contexts_on_shards_reads_an_unconfined_key_alone(monkeypatch):
+    """On a distributed store the context's read is a hop to its worker: an append, whose
+    statement finds the context itself, reads an unconfined key alone once the process knows
+    it. (Its two statements run on one node too: the contexts are taken as distributed.)"""
+    if not scale_out.table_is_distributed("memory_app_context"):
+        monkeypatch.setitem(scale_out._distributed, "memory_app_context", True)
+    monkeypatch.setattr(auth, "_confinements", {})
+    api = make_key()
+    cid = new_context(api)
+    sizes = len(common._sizes._items)
+    with CaptureQueriesContext(connection) as first:
+        assert (
+            api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": "a"}).status_code
+            == 201
+        )
+    assert _context_reads(first)  # not known yet: read with the context
+    with CaptureQueriesContext(connection) as later:
+        one = api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": "b"})
+        batch = api.post(
+            f"/api/v1/contexts/{cid}/messages/batch",
+            {"messages": [{"role": "user", "text": "c"}, {"role": "user", "text": "d"}]},
+        )
+    assert (one.status_code, one.json()["seq"]) == (201, 2)
+    assert [m["seq"] for m in batch.json()["messages"]] == [3, 4]
+    assert _context_reads(later) == [], _context_reads(later)
+    # A reference has no message count: the selections' sizes are not told one.
+    assert len(common._sizes._items) == sizes + 1
+    # A context that does not exist is not found, and nothing is written.
+    for path, body in (
+        ("messages", {"role": "user", "text": "x"}),
+        ("messages/batch", {"messages": [{"role": "user", "text": f"x{i}"} for i in range(6)]}),
+    ):
+        response = api.post(f"/api/v1/contexts/999999/{path}", body)
+        assert response.status_code == 404 and "999999" in response.json()["detail"]
+    assert not Message.objects.filter(context_id=999999).exists()
+    # A key confined since is read with the context again: outside its confinement, not found.
+    other = new_context(api, {"user": "bob", "chat": "1"})
+    auth.ApiKey.objects.filter(pk=api.key.pk).update(context_keys={"user": "bob"})
+    assert (
+        api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": "no"}).status_code
+        == 404
+    )
+    assert (
+        api.post(f"/api/v1/contexts/{other}/messages", {"role": "user", "text": "yes"}).status_code
+        == 201
+    )
+    assert Message.objects.filter(context_id=cid).count() == 4
 
 
 SENT = {
@@ -394,7 +453,9 @@ def test_an_append_outside_a_transaction_is_one_statement_and_stores_what_it_was
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_append_of_more_messages_counts_them_once_and_one_behind_on_full_text_waits():
+def test_an_append_of_more_messages_counts_them_once_and_one_behind_on_full_text_waits(
+    monkeypatch,
+):
     """More than a few messages go by the statement that updates the counters once (on one
     node; the pipelined path on Citus); a context whose full-text rows are behind gets none from
     an append (the indexer writes them), and its counters move all the same."""
@@ -417,15 +478,22 @@ def test_an_append_of_more_messages_counts_them_once_and_one_behind_on_full_text
     context.refresh_from_db()
     assert (context.last_seq, context.search_seq, context.message_count) == (6, 6, 6)
     # Behind on full text (as a large batch leaves it until the indexer runs): an append of one
-    # message, by the trigger, writes no full-text row and leaves the indexer's mark.
+    # message, by the trigger, writes no full-text row and wakes the indexer, which the trigger
+    # tells (the caller's copy of the context, read before, says caught up).
+    woken = []
+    monkeypatch.setattr(messages, "_wake_indexer", lambda: woken.append(True))
     Context.objects.filter(pk=context.pk).update(search_seq=3)
     MessageSearch.objects.filter(context_id=context.pk, seq__gt=3).delete()
-    context.refresh_from_db()
     [one] = messages_append(context=context, items=[{"role": "user", "text": "late"}]).messages
-    assert one.seq == 7
+    assert one.seq == 7 and woken == [True]
     context.refresh_from_db()
     assert (context.last_seq, context.search_seq, context.message_count) == (7, 3, 7)
     assert not MessageSearch.objects.filter(context_id=context.pk, seq__gt=3).exists()
+    # Caught up again, an append writes its own row and wakes nothing.
+    Context.objects.filter(pk=context.pk).update(search_seq=7)
+    messages_append(context=context, items=[{"role": "user", "text": "on time"}])
+    assert woken == [True]
+    assert MessageSearch.objects.filter(context_id=context.pk, seq=8).exists()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -464,7 +532,8 @@ def test_an_append_whose_full_text_row_fails_keeps_the_message_and_marks_the_row
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("texts", [1, messages.ONE_STATEMENT_MAX + 2], ids=["trigger", "statement"])
 def test_an_append_queues_its_messages_for_the_configured_model(settings, texts):
-    """Through the trigger's INSERT (a few messages) and the one-statement CTE (more) alike."""
+    """Through the trigger's INSERT (a few messages: the rows queue themselves for the model
+    the statement's transaction names) and the one-statement CTE (more) alike."""
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "openai"
     settings.AGENTMEMORY_EMBEDDING_MODEL = "queued-model"
     context = make_context()
@@ -475,6 +544,14 @@ def test_an_append_queues_its_messages_for_the_configured_model(settings, texts)
     assert [(e.message_id, e.model, e.vector) for e in queued] == [
         (m.pk, "queued-model", None) for m in result.messages[:texts]
     ]
+    # The model is named for that transaction only: with none configured, the same
+    # connection's next append queues nothing.
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    [later] = messages_append(
+        context=context, items=[{"role": "user", "text": "no model"}]
+    ).messages
+    assert later.pk and not Embedding.objects.filter(message_id=later.pk).exists()
+    assert queued.count() == texts
 
 
 @pytest.mark.django_db

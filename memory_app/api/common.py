@@ -49,11 +49,16 @@ class ApiKeyAuth(HttpBearer):
     `deferred`: on a context's route, a well-formed key is read later, with the first of the
     operation's own statements (`settle_key` and `key_read_with`), instead of in a round trip
     of its own; `request.auth` is the ApiKey once it is settled. Every error answer settles it
-    first (api/app.py), so a bad key is still a 401 whatever else is wrong with the request."""
+    first (api/app.py), so a bad key is still a 401 whatever else is wrong with the request.
 
-    def __init__(self, *, deferred: bool = False):
+    `id_suffices`: a context's route whose operation needs only the context's id (an append:
+    its statement fails on a missing context) may take a reference by id instead of the
+    context's row (`auth.apikey_verify_with_context`)."""
+
+    def __init__(self, *, deferred: bool = False, id_suffices: bool = False):
         super().__init__()
         self.deferred = deferred
+        self.id_suffices = id_suffices
 
     def __call__(self, request: HttpRequest) -> ApiKey | None:
         value = request.headers.get(self.header)
@@ -77,7 +82,13 @@ class ApiKeyAuth(HttpBearer):
                 request._pending_key = (token, context_id)  # type: ignore[attr-defined]
                 request._known_size = size  # type: ignore[attr-defined]
                 return True
+        if self.id_suffices:
+            return _verified(request, token, context_id, _verify_id_suffices)
         return _verified(request, token, context_id, keys.apikey_verify_with_context)
+
+
+def _verify_id_suffices(token: str, context_id: int | None):
+    return keys.apikey_verify_with_context(token, context_id, id_suffices=True)
 
 
 def _verified(request: HttpRequest, token: str, context_id: int | None, read) -> ApiKey:
@@ -86,7 +97,8 @@ def _verified(request: HttpRequest, token: str, context_id: int | None, read) ->
         raise Unauthorized("invalid or revoked API key", invalid_token=True)
     if context_id is not None:
         request._key_context = (context_id, context)  # type: ignore[attr-defined]
-        if context is not None:
+        # A reference (`auth.context_reference`) has no count of its own.
+        if context is not None and not context._state.adding:
             _sizes.remember((key.secret_hash, context_id), context.message_count)
     return key
 
@@ -175,6 +187,8 @@ def _route_context_id(request: HttpRequest) -> int | None:
 
 
 api_key_auth = ApiKeyAuth()
+# The appends' (`ApiKeyAuth(id_suffices=True)`).
+append_auth = ApiKeyAuth(id_suffices=True)
 
 
 def request_key(request: HttpRequest) -> ApiKey:
@@ -197,7 +211,8 @@ def not_found(what: str, ident: Any) -> HttpError:
 
 
 def context_for(request: HttpRequest, context_id: int, *, lock: bool = False) -> Context:
-    """The context if the request's key may see it, else 404 (unknown and foreign look alike)."""
+    """The context if the request's key may see it, else 404 (unknown and foreign look alike).
+    On a route authenticated with `append_auth` it may be a reference by id, nothing read."""
     settle_key(request)
     found = getattr(request, "_key_context", None)
     if found is not None and found[0] == context_id and not lock:

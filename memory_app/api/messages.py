@@ -12,6 +12,7 @@ from memory_app.api.common import (
     ContextId,
     MessageId,
     actor_for,
+    append_auth,
     context_for,
     json_response,
     message_for,
@@ -52,6 +53,7 @@ def _append(request, context_id: int, items: list[MessageIn]) -> messages_servic
 @router.post(
     "/contexts/{context_id}/messages",
     response=responses({200: MessageOut, 201: MessageOut}, WRITE_ERRORS),
+    auth=append_auth,
     summary="Append one message",
 )
 def message_append(request, context_id: ContextId, body: MessageIn):
@@ -64,6 +66,7 @@ def message_append(request, context_id: ContextId, body: MessageIn):
 @router.post(
     "/contexts/{context_id}/messages/batch",
     response=responses({200: MessageBatchOut, 201: MessageBatchOut}, WRITE_ERRORS),
+    auth=append_auth,
     summary="Append up to 1000 messages, all or nothing",
 )
 def message_append_batch(

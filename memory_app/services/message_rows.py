@@ -1,7 +1,7 @@
 """A small append's rows (`services.messages`): built from `NewMessage`s and written by one
 multi-row INSERT, or, outside a caller's transaction, by one INSERT whose rows take their seqs
-from the table's trigger, which updates the context's counters and writes the full-text rows
-too, the embedding queue's rows with it (`append_taking_seqs`).
+from the table's triggers, which update the context's counters and write the full-text rows
+and the embedding queue's rows too (`append_taking_seqs`).
 
 Both statements are written here, not compiled by the ORM (`bulk_create` compiled its INSERT
 on every append, a quarter of a single append's time in Python): the columns the COPY of a
@@ -18,8 +18,9 @@ from django.db import DatabaseError, connection
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
+from psycopg import sql as psycopg_sql
 
-from memory_app import db
+from memory_app import db, pipelines
 from memory_app.errors import NotFound
 from memory_app.models import FTS_CONFIG, Context, Message
 from memory_app.new_message import MESSAGE_FIELDS, NewMessage
@@ -359,6 +360,9 @@ def insert_messages(
 
 
 # `append_taking_seqs`' rows: a null seq, which the table's trigger fills (migration 0043).
+# The SQLSTATE of the trigger's notice for a row whose full-text vector it left to the indexer
+# (migration 0044).
+LEFT_TO_INDEXER = "AM001"
 _TAKING_ROW = f"(%s, NULL, {_TYPED_VALUES}, %s::timestamptz, %s::timestamptz)"
 # The embedding queue's rows (`embeddings.queue.enqueue_messages`), a CTE after `m` (the new
 # messages' id and text): a message with text, for the configured model, waiting for its vector.
@@ -366,7 +370,17 @@ _QUEUE_SQL = """, e AS (
     INSERT INTO memory_app_embedding (message_id, context_id, model, dimensions, vector, indexed)
     SELECT m.id, %s, %s, NULL, NULL, true FROM m WHERE m.text <> '' ON CONFLICT DO NOTHING
 )"""
-_QUEUED = "WITH m AS ({insert}, text)" + _QUEUE_SQL + " SELECT m.id, m.seq FROM m"  # noqa: S608 - constants
+
+
+def _queue_model_sql(model: str, conn) -> str:
+    """The SET LOCAL naming the model the rows of `append_taking_seqs` queue themselves for: a
+    statement (Citus passes SET LOCAL on to the worker with the INSERT, not set_config()), so
+    the model's name is written in it as a literal."""
+    return (
+        psycopg_sql.SQL("SET LOCAL agentmemory.queue_model = {}")
+        .format(psycopg_sql.Literal(model))
+        .as_string(conn)
+    )
 
 
 def append_taking_seqs(
@@ -375,19 +389,22 @@ def append_taking_seqs(
     counts: list[int],
     tokenizer: str,
     queue_model: str | None,
-) -> list[Message]:
+) -> tuple[list[Message], bool]:
     """Append `specs` (their token counts `counts`) to `context` in one statement, one round
     trip, its own transaction: an INSERT of rows without seqs, whose trigger (migration 0043)
     updates the context's counters row by row in the order of `specs` (its row lock keeps seqs
     gap-free under concurrent writers), sets each seq and writes the full-text rows when the
-    context's are caught up; with the embedding queue's rows for `queue_model`. The rows (ids
-    and seqs set).
+    context's are caught up; with `queue_model`, a second trigger writes each row's place in the
+    embedding queue (migration 0045; the model named by SET LOCAL in the same round trip). The
+    rows (ids and seqs set), and whether the trigger left a full-text vector to the indexer (its
+    notice, migration 0044): only `context`'s id is read, so its counters need not have been.
 
     A data-modifying CTE doing the counters, the messages and their full-text rows, each
     reading the one before (`append_statement`), is planned anew every time on one node and in
-    steps on Citus, where this INSERT goes to the context's shard whole (with queue rows, their
-    INSERT ... SELECT is a step of its own there). The trigger writes a version of the context's
-    row per message, so more than a few messages go by the CTE (`services.messages`).
+    steps on Citus, where this INSERT goes to the context's shard whole, its triggers' rows
+    written there too (a CTE writing the queue's rows from the INSERT's would be a step of its
+    own: the rows back to the coordinator and out again). The trigger writes a version of the
+    context's row per message, so more than a few messages go by the CTE (`services.messages`).
 
     All of it fails together: a full-text vector that cannot be written fails the message too,
     so the caller then appends through the path that keeps the message and stores the vector's
@@ -397,13 +414,28 @@ def append_taking_seqs(
     for r in rows:
         args += [context.pk, *_row_values(r), now, now]
     sql = f"{_INSERT_SQL} {', '.join([_TAKING_ROW] * len(rows))} RETURNING id, seq"
-    if queue_model is not None:
-        sql = _QUEUED.format(insert=sql)
-        args += [context.pk, queue_model]
+    left: list[bool] = []
+
+    def heard(notice) -> None:
+        if notice.sqlstate == LEFT_TO_INDEXER:
+            left.append(True)
+
     try:
-        with db.binding_cursor() as cursor:
-            cursor.execute(sql, args)
-            found = cursor.fetchall()
+        with db.binding_cursor() as setter, db.binding_cursor() as cursor:
+            # The notices arrive while the statement's results are read, on this connection.
+            cursor.connection.add_notice_handler(heard)
+            try:
+                if queue_model is None:
+                    cursor.execute(sql, args)
+                else:
+                    # The rows queue themselves (migration 0045) in the transaction that names
+                    # the model, sent with it in one round trip.
+                    with pipelines.pipelined_transaction(setter):
+                        setter.execute(_queue_model_sql(queue_model, setter.connection))
+                        cursor.execute(sql, args)
+                found = cursor.fetchall()
+            finally:
+                cursor.connection.remove_notice_handler(heard)
     except DatabaseError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == "P0002":
             raise NotFound(f"context {context.pk} not found") from exc
@@ -411,7 +443,7 @@ def append_taking_seqs(
     # The trigger takes the seqs in the order of the VALUES list: by seq, the rows of `specs`.
     for row, (pk, seq) in zip(rows, sorted(found, key=lambda f: f[1]), strict=True):
         _stored(row, pk, seq)
-    return rows
+    return rows, bool(left)
 
 
 # The rows of `append_statement`'s VALUES list: their columns take the types of the casts.

@@ -176,11 +176,11 @@ def _append_in_one_statement(context, items, client_ids, tokenizer) -> AppendRes
     queue_model = providers.active_model_name()
     try:
         if taking:
-            rows = message_rows.append_taking_seqs(context, specs, counts, tokenizer, queue_model)
-            # The trigger wrote the full-text rows if the context's were caught up; as the
-            # caller read the context they were not, or a writer since left them behind and
-            # woke the indexer (which also polls on its own).
-            behind = context.search_seq != context.last_seq
+            # The trigger wrote the full-text rows if the context's were caught up, and says
+            # when it left one to the indexer.
+            rows, behind = message_rows.append_taking_seqs(
+                context, specs, counts, tokenizer, queue_model
+            )
         else:
             rows, last, searched = message_rows.append_statement(
                 context, specs, counts, tokenizer, queue_model
@@ -258,7 +258,8 @@ def _allocate_seqs(
     One statement: concurrent appenders queue here, so seqs are gap-free and strictly
     increasing. A small batch to a context whose full-text vectors are caught up writes its own
     (`own_vectors`) and moves search_seq along; a large one leaves them to the indexer
-    (memory_app.search.fulltext)."""
+    (memory_app.search.fulltext). NotFound when the context is gone (or was never read: an
+    append may name its context by id alone)."""
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {Context._meta.db_table} SET last_seq = last_seq + %s, "  # noqa: S608 - constant
@@ -268,7 +269,10 @@ def _allocate_seqs(
             "last_activity_at = %s WHERE id = %s RETURNING last_seq, search_seq",
             [n, own_vectors, n, n, token_count, timezone.now(), context.pk],
         )
-        return cursor.fetchone()
+        counters = cursor.fetchone()
+    if counters is None:
+        raise NotFound(f"context {context.pk} not found")
+    return counters
 
 
 def _add_tokens(context: Context, token_count: int) -> None:
