@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from django.db import connection
 from django.test import Client
-from django.test.utils import CaptureQueriesContext
+from django.test.utils import CaptureQueriesContext, override_settings
 
 from memory_app.bench import sections
 from memory_app.bench.citus import Pair, Side
@@ -91,6 +91,15 @@ def operations(data: Dataset, calls: int) -> list[Op]:
         c = (i * 7919) % n_contexts + 1
         return {"tenant": f"t{c % 7}", "user": f"user{c}", "chat": str(c)}
 
+    def queued_append(side: Side, i: int):
+        # As a server with an embedding model configured appends: each message queued for its
+        # vector in the append's statement (the worker that embeds it is not running here).
+        with override_settings(
+            AGENTMEMORY_EMBEDDING_PROVIDER="openai", AGENTMEMORY_EMBEDDING_MODEL=data.model
+        ):
+            body = {"role": "user", "text": texts[i]}
+            return _post(side, f"{API}/contexts/{cid}/messages", body)
+
     def semantic(side: Side, i: int):
         vector = [float(x) for x in queries[i][1]]
         body = {"selector": "search", "query": "", "k": SEARCH_K, "mode": "semantic"}
@@ -128,13 +137,14 @@ def operations(data: Dataset, calls: int) -> list[Op]:
                 s, f"{API}/contexts", {"keys": {"bench": "citus", "n": f"{stamp}{i}"}}
             ),
         ),
-        # Last: it writes (the reads above see the loaded store).
+        # Last: they write (the reads above see the loaded store).
         Op(
             "single append",
             lambda s, i: _post(
                 s, f"{API}/contexts/{cid}/messages", {"role": "user", "text": texts[i]}
             ),
         ),
+        Op(f"single append queued for {data.model}", queued_append),
     ]
 
 
