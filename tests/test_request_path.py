@@ -530,10 +530,19 @@ def test_an_append_whose_full_text_row_fails_keeps_the_message_and_marks_the_row
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("texts", [1, messages.ONE_STATEMENT_MAX + 2], ids=["trigger", "statement"])
-def test_an_append_queues_its_messages_for_the_configured_model(settings, texts):
-    """Through the trigger's INSERT (a few messages: the rows queue themselves for the model
-    the statement's transaction names) and the one-statement CTE (more) alike."""
+@pytest.mark.parametrize(
+    "texts, sharded",
+    [(1, False), (1, True), (messages.ONE_STATEMENT_MAX + 2, False)],
+    ids=["trigger", "trigger-as-on-citus", "statement"],
+)
+def test_an_append_queues_its_messages_for_the_configured_model(
+    settings, monkeypatch, texts, sharded
+):
+    """Through the trigger's INSERT (a few messages; the queue's rows from a CTE after it on one
+    node, on Citus from a trigger, for the model its transaction names) and the one-statement
+    CTE (more) alike."""
+    if sharded:
+        monkeypatch.setitem(scale_out._distributed, "memory_app_message", True)
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "openai"
     settings.AGENTMEMORY_EMBEDDING_MODEL = "queued-model"
     context = make_context()

@@ -2,10 +2,11 @@
 trigger writes the embedding queue's row (as `embeddings.queue.enqueue_messages` does) when
 the transaction set `agentmemory.queue_model` (SET LOCAL) and the message has text.
 
-On Citus the append's INSERT goes to the context's worker whole, and SET LOCAL goes with it
-(`citus.propagate_set_commands = local`, set by `manage.py distribute`), so the queue's row is
-written there beside the message. Written as a data-modifying CTE after the INSERT instead, it
-is a step of its own: the new rows come back to the coordinator and go out again. Every other
+The append on a distributed store sets it (`message_rows.append_taking_seqs`): its INSERT goes
+to the context's worker whole, and SET LOCAL goes with it (`citus.propagate_set_commands =
+local`, set by `manage.py distribute`), so the queue's row is written there beside the message.
+Written as a data-modifying CTE after the INSERT, as one node's append writes it, it is a step
+of its own there: the new rows come back to the coordinator and go out again. Every other
 writer leaves the setting unset, and its rows queue nothing here (the WHEN clause: no event is
 even queued).
 

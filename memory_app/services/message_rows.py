@@ -20,7 +20,7 @@ from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 from psycopg import sql as psycopg_sql
 
-from memory_app import db, pipelines
+from memory_app import db, pipelines, scale_out
 from memory_app.errors import NotFound
 from memory_app.models import FTS_CONFIG, Context, Message
 from memory_app.new_message import MESSAGE_FIELDS, NewMessage
@@ -371,6 +371,8 @@ _QUEUE_SQL = """, e AS (
     SELECT m.id, %s, %s, NULL, NULL, true FROM m WHERE m.text <> '' ON CONFLICT DO NOTHING
 )"""
 
+_QUEUED = "WITH m AS ({insert}, text)" + _QUEUE_SQL + " SELECT m.id, m.seq FROM m"  # noqa: S608 - constants
+
 
 def _queue_model_sql(model: str, conn) -> str:
     """The SET LOCAL naming the model the rows of `append_taking_seqs` queue themselves for: a
@@ -394,8 +396,8 @@ def append_taking_seqs(
     trip, its own transaction: an INSERT of rows without seqs, whose trigger (migration 0043)
     updates the context's counters row by row in the order of `specs` (its row lock keeps seqs
     gap-free under concurrent writers), sets each seq and writes the full-text rows when the
-    context's are caught up; with `queue_model`, a second trigger writes each row's place in the
-    embedding queue (migration 0045; the model named by SET LOCAL in the same round trip). The
+    context's are caught up; with the embedding queue's rows for `queue_model` (on Citus written
+    by a second trigger, migration 0045, the model named by SET LOCAL in the same round trip). The
     rows (ids and seqs set), and whether the trigger left a full-text vector to the indexer (its
     notice, migration 0044): only `context`'s id is read, so its counters need not have been.
 
@@ -414,6 +416,12 @@ def append_taking_seqs(
     for r in rows:
         args += [context.pk, *_row_values(r), now, now]
     sql = f"{_INSERT_SQL} {', '.join([_TAKING_ROW] * len(rows))} RETURNING id, seq"
+    # On one node the queue's rows come from a CTE after the INSERT, in the statement itself
+    # (a transaction of its own costs more); on Citus the rows queue themselves (below).
+    if queue_model is not None and not scale_out.table_is_distributed(Message._meta.db_table):
+        sql = _QUEUED.format(insert=sql)
+        args += [context.pk, queue_model]
+        queue_model = None
     left: list[bool] = []
 
     def heard(notice) -> None:
@@ -421,16 +429,16 @@ def append_taking_seqs(
             left.append(True)
 
     try:
-        with db.binding_cursor() as setter, db.binding_cursor() as cursor:
+        with db.binding_cursor() as cursor:
             # The notices arrive while the statement's results are read, on this connection.
             cursor.connection.add_notice_handler(heard)
             try:
                 if queue_model is None:
                     cursor.execute(sql, args)
                 else:
-                    # The rows queue themselves (migration 0045) in the transaction that names
-                    # the model, sent with it in one round trip.
-                    with pipelines.pipelined_transaction(setter):
+                    # The rows queue themselves (migration 0045) on the worker, in the
+                    # transaction that names the model, sent with it in one round trip.
+                    with db.binding_cursor() as setter, pipelines.pipelined_transaction(setter):
                         setter.execute(_queue_model_sql(queue_model, setter.connection))
                         cursor.execute(sql, args)
                 found = cursor.fetchall()
