@@ -2,7 +2,9 @@
 0043 raises a notice (SQLSTATE AM001) for each row whose full-text vector it leaves to the
 indexer (the context's were behind), so the appender knows from its own statement whether to
 wake the indexer, without reading the context's counters first. On Citus the worker's notice
-reaches the client through the coordinator (`citus.worker_min_messages`, NOTICE by default).
+reaches the client through the coordinator (`citus.worker_min_messages`, NOTICE by default). A
+server whose `client_min_messages` is above NOTICE sends none: the indexer then takes the rows
+on its next round (a later batch's wake, or its own retries while work is pending).
 
 Frozen: the SQL is written out here (the full-text config is `memory_app.models.FTS_CONFIG`
 when this was written).
