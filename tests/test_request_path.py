@@ -217,19 +217,19 @@ def _context_reads(queries) -> list[str]:
 def test_an_append_to_contexts_on_shards_reads_an_unconfined_key_alone(monkeypatch):
     """On a distributed store the context's read is a hop to its worker: an append, whose
     statement finds the context itself, reads an unconfined key alone once the process knows
-    it. (Its two statements run on one node too: the contexts are taken as distributed.)"""
-    if not scale_out.table_is_distributed("memory_app_context"):
-        monkeypatch.setitem(scale_out._distributed, "memory_app_context", True)
+    it. (On one node the store is taken as distributed: the same statements run there.)"""
+    for table in ("memory_app_context", "memory_app_message"):
+        if not scale_out.table_is_distributed(table):
+            monkeypatch.setitem(scale_out._distributed, table, True)
     monkeypatch.setattr(auth, "_confinements", {})
     api = make_key()
     cid = new_context(api)
-    sizes = len(common._sizes._items)
     with CaptureQueriesContext(connection) as first:
-        assert (
-            api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": "a"}).status_code
-            == 201
-        )
+        response = api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": "a"})
+    assert response.status_code == 201
     assert _context_reads(first)  # not known yet: read with the context
+    size = (api.key.secret_hash, cid)
+    seen = common._sizes.get(size)
     with CaptureQueriesContext(connection) as later:
         one = api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": "b"})
         batch = api.post(
@@ -239,15 +239,16 @@ def test_an_append_to_contexts_on_shards_reads_an_unconfined_key_alone(monkeypat
     assert (one.status_code, one.json()["seq"]) == (201, 2)
     assert [m["seq"] for m in batch.json()["messages"]] == [3, 4]
     assert _context_reads(later) == [], _context_reads(later)
-    # A reference has no message count: the selections' sizes are not told one.
-    assert len(common._sizes._items) == sizes + 1
-    # A context that does not exist is not found, and nothing is written.
-    for path, body in (
-        ("messages", {"role": "user", "text": "x"}),
-        ("messages/batch", {"messages": [{"role": "user", "text": f"x{i}"} for i in range(6)]}),
-    ):
-        response = api.post(f"/api/v1/contexts/999999/{path}", body)
-        assert response.status_code == 404 and "999999" in response.json()["detail"]
+    # No count was read: the size last seen grows by what was stored, as a read would show.
+    assert common._sizes.get(size) == seen + 3
+    # A context that does not exist is not found, and nothing is written: one message (the
+    # trigger's INSERT), a few (the pipelined path), a large batch (COPY).
+    for path, n in (("messages", 1), ("messages/batch", 6), ("messages/batch", 60)):
+        items = [{"role": "user", "text": f"x{i}"} for i in range(n)]
+        response = api.post(
+            f"/api/v1/contexts/999999/{path}", items[0] if n == 1 else {"messages": items}
+        )
+        assert response.status_code == 404 and "999999" in response.json()["detail"], n
     assert not Message.objects.filter(context_id=999999).exists()
     # A key confined since is read with the context again: outside its confinement, not found.
     other = new_context(api, {"user": "bob", "chat": "1"})
@@ -261,6 +262,12 @@ def test_an_append_to_contexts_on_shards_reads_an_unconfined_key_alone(monkeypat
         == 201
     )
     assert Message.objects.filter(context_id=cid).count() == 4
+    # Revoked, it writes nowhere.
+    auth.apikey_revoke(key=auth.ApiKey.objects.get(pk=api.key.pk))
+    assert (
+        api.post(f"/api/v1/contexts/{other}/messages", {"role": "user", "text": "x"}).status_code
+        == 401
+    )
 
 
 SENT = {

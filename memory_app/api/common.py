@@ -187,8 +187,20 @@ def _route_context_id(request: HttpRequest) -> int | None:
 
 
 api_key_auth = ApiKeyAuth()
-# The appends' (`ApiKeyAuth(id_suffices=True)`).
+# The append routes' authentication: their operation needs only the context's id.
 append_auth = ApiKeyAuth(id_suffices=True)
+
+
+def count_appended(request: HttpRequest, context: Context, created: int) -> None:
+    """An append through a reference (`auth.context_reference`) read no message count: the size
+    last seen through the request's key, if any, grows by the messages it stored, as the next
+    read would show it (a selection sizes its work from it, `known_size`)."""
+    if not context._state.adding or not created:
+        return
+    key = (request.auth.secret_hash, context.pk)
+    size = _sizes.get(key)
+    if size is not None:
+        _sizes.remember(key, size + created)
 
 
 def request_key(request: HttpRequest) -> ApiKey:
@@ -212,7 +224,8 @@ def not_found(what: str, ident: Any) -> HttpError:
 
 def context_for(request: HttpRequest, context_id: int, *, lock: bool = False) -> Context:
     """The context if the request's key may see it, else 404 (unknown and foreign look alike).
-    On a route authenticated with `append_auth` it may be a reference by id, nothing read."""
+    On a route authenticated with `append_auth` it may instead be a reference by id, nothing
+    read: the write that follows answers 404 when the context does not exist."""
     settle_key(request)
     found = getattr(request, "_key_context", None)
     if found is not None and found[0] == context_id and not lock:

@@ -14,6 +14,7 @@ from memory_app.api.common import (
     actor_for,
     append_auth,
     context_for,
+    count_appended,
     json_response,
     message_for,
     require_scope,
@@ -45,9 +46,11 @@ def _append(request, context_id: int, items: list[MessageIn]) -> messages_servic
     require_scope(request, "write")
     context = context_for(request, context_id)
     # Links to runs or steps of another context are a NotFound (404) from the write path.
-    return messages_service.messages_append(
+    result = messages_service.messages_append(
         context=context, items=[m.to_new_message() for m in items]
     )
+    count_appended(request, context, sum(result.created))
+    return result
 
 
 @router.post(

@@ -1,7 +1,8 @@
 """A small append's rows (`services.messages`): built from `NewMessage`s and written by one
 multi-row INSERT, or, outside a caller's transaction, by one INSERT whose rows take their seqs
-from the table's triggers, which update the context's counters and write the full-text rows
-and the embedding queue's rows too (`append_taking_seqs`).
+from the table's trigger, which updates the context's counters and writes the full-text rows
+(the embedding queue's rows come from a CTE after it on one node, from a second trigger on
+Citus: `append_taking_seqs`).
 
 Both statements are written here, not compiled by the ORM (`bulk_create` compiled its INSERT
 on every append, a quarter of a single append's time in Python): the columns the COPY of a
@@ -392,8 +393,9 @@ def append_taking_seqs(
     tokenizer: str,
     queue_model: str | None,
 ) -> tuple[list[Message], bool]:
-    """Append `specs` (their token counts `counts`) to `context` in one statement, one round
-    trip, its own transaction: an INSERT of rows without seqs, whose trigger (migration 0043)
+    """Append `specs` (their token counts `counts`) to `context` in one round trip, its own
+    transaction: an INSERT of rows without seqs (on Citus with a model, between BEGIN, the
+    SET LOCAL naming it and COMMIT, sent together), whose trigger (migration 0043)
     updates the context's counters row by row in the order of `specs` (its row lock keeps seqs
     gap-free under concurrent writers), sets each seq and writes the full-text rows when the
     context's are caught up; with the embedding queue's rows for `queue_model` (on Citus written

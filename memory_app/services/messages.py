@@ -258,8 +258,8 @@ def _allocate_seqs(
     One statement: concurrent appenders queue here, so seqs are gap-free and strictly
     increasing. A small batch to a context whose full-text vectors are caught up writes its own
     (`own_vectors`) and moves search_seq along; a large one leaves them to the indexer
-    (memory_app.search.fulltext). NotFound when the context is gone (or was never read: an
-    append may name its context by id alone)."""
+    (memory_app.search.fulltext). NotFound when the context does not exist (an append may name
+    it by id alone, nothing read)."""
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {Context._meta.db_table} SET last_seq = last_seq + %s, "  # noqa: S608 - constant

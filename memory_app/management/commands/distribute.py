@@ -25,7 +25,9 @@ DATABASE_SETTINGS = {
     # before it keeps any trigger on a distributed table.
     "citus.enable_unsafe_triggers": "on",
     # A search's `SET LOCAL hnsw.*` (memory_app.search.semantic) reaches the worker that runs
-    # the walk; without it the iterative scan and ef_search stay at the workers' defaults.
+    # the walk; without it the iterative scan and ef_search stay at the workers' defaults. An
+    # append's `SET LOCAL agentmemory.queue_model` (services.message_rows) reaches the worker
+    # whose trigger queues the new messages for their vectors; without it none are queued.
     "citus.propagate_set_commands": "local",
     # What joins rows by id alone (a step with its run in the by-id routes, the dashboard's
     # cross-context pages, Django's cascades) runs as a repartition join; the agent paths name
