@@ -169,6 +169,11 @@ def context_reference(context_id: int) -> Context:
     return Context(pk=context_id)
 
 
+def is_context_reference(context: Context) -> bool:
+    """Whether `context` is a `context_reference` (never read) rather than a stored row."""
+    return context._state.adding
+
+
 def key_context_statements(secret: str, context_id: int | None) -> list[tuple[str, list]] | None:
     """The statements `apikey_verify_with_context` reads the key and the context with (None for
     a malformed key string): a caller may send them with other statements in one round trip and

@@ -98,7 +98,7 @@ def _verified(request: HttpRequest, token: str, context_id: int | None, read) ->
     if context_id is not None:
         request._key_context = (context_id, context)  # type: ignore[attr-defined]
         # A reference (`auth.context_reference`) has no count of its own.
-        if context is not None and not context._state.adding:
+        if context is not None and not keys.is_context_reference(context):
             _sizes.remember((key.secret_hash, context_id), context.message_count)
     return key
 
@@ -195,7 +195,7 @@ def count_appended(request: HttpRequest, context: Context, created: int) -> None
     """An append through a reference (`auth.context_reference`) read no message count: the size
     last seen through the request's key, if any, grows by the messages it stored, as the next
     read would show it (a selection sizes its work from it, `known_size`)."""
-    if not context._state.adding or not created:
+    if not keys.is_context_reference(context) or not created:
         return
     key = (request.auth.secret_hash, context.pk)
     size = _sizes.get(key)

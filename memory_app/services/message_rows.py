@@ -420,10 +420,12 @@ def append_taking_seqs(
     sql = f"{_INSERT_SQL} {', '.join([_TAKING_ROW] * len(rows))} RETURNING id, seq"
     # On one node the queue's rows come from a CTE after the INSERT, in the statement itself
     # (a transaction of its own costs more); on Citus the rows queue themselves (below).
-    if queue_model is not None and not scale_out.table_is_distributed(Message._meta.db_table):
+    queued_by_trigger = queue_model is not None and scale_out.table_is_distributed(
+        Message._meta.db_table
+    )
+    if queue_model is not None and not queued_by_trigger:
         sql = _QUEUED.format(insert=sql)
         args += [context.pk, queue_model]
-        queue_model = None
     left: list[bool] = []
 
     def heard(notice) -> None:
@@ -435,7 +437,7 @@ def append_taking_seqs(
             # The notices arrive while the statement's results are read, on this connection.
             cursor.connection.add_notice_handler(heard)
             try:
-                if queue_model is None:
+                if not queued_by_trigger:
                     cursor.execute(sql, args)
                 else:
                     # The rows queue themselves (migration 0045) on the worker, in the
