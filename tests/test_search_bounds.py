@@ -273,6 +273,22 @@ def test_a_context_grown_past_the_size_known_is_ranked_the_bounded_way(kyoto, mo
     assert small == bounded and len(queries.captured_queries) == 1
 
 
+def test_a_phrase_beside_a_word_is_ranked_the_bounded_way_as_exactly(kyoto, monkeypatch):
+    """A query holding a phrase of several words and a single word: its terms' lexemes are
+    lists of different lengths (the parse once failed to gather them into one array). With
+    room for every match, the bounded ranking counts what the exact one counts."""
+    context, ids = kyoto
+    query = '"weather in Kyoto" temples'
+    exact = keyword_ranking(context_id=context.pk, query=query, limit=5)
+    assert [mid for mid, _ in exact] == [ids[1], ids[2]]
+    terms = message_search.parse_query(query).terms
+    assert [t.lexemes for t in terms] == [("templ",), ("weather", "kyoto")]
+    monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", 0)  # ranked as a large one
+    bounded = keyword_ranking(context_id=context.pk, query=query, limit=5)
+    assert [mid for mid, _ in bounded] == [mid for mid, _ in exact]
+    assert [s for _, s in bounded] == pytest.approx([s for _, s in exact])
+
+
 def test_a_query_of_stop_words_only_matches_nothing_without_reading(kyoto):
     context, _ = kyoto
     for query in ("in the of", "- ! ,", '"the of" -in'):

@@ -15,6 +15,7 @@ server scores them in the same statement (`RANK_SQL`).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -107,7 +108,11 @@ def query_parts(query: str) -> dict[str, object] | None:
 _PARSE_SQL = (
     f"WITH {_QUERY_TERMS} SELECT (SELECT exclusion::text FROM parsed),"  # noqa: S608
     " (SELECT strict::text FROM parsed),"
-    " ARRAY(SELECT q::text FROM named ORDER BY o), ARRAY(SELECT lexemes FROM named ORDER BY o)"
+    " ARRAY(SELECT q::text FROM named ORDER BY o),"
+    # Every term's lexemes in one flat array, and how many each term has: a phrase's and a
+    # word's are arrays of different lengths, which one two-dimensional array cannot hold.
+    " ARRAY(SELECT x FROM named n, unnest(n.lexemes) WITH ORDINALITY l (x, i) ORDER BY n.o, l.i),"
+    " ARRAY(SELECT cardinality(lexemes) FROM named ORDER BY o)"
 )
 
 
@@ -117,8 +122,14 @@ def parse_query(query: str) -> KeywordQuery:
     parts = query_parts(query)
     if parts is None:
         return KeywordQuery((), "", "")
-    ((exclusion, strict, queries, lexemes),) = pipelines.read_rows(_PARSE_SQL, parts, prepared=True)
-    terms = tuple(bm25.Term(q, tuple(lx)) for q, lx in zip(queries, lexemes, strict=True))
+    ((exclusion, strict, queries, lexemes, sizes),) = pipelines.read_rows(
+        _PARSE_SQL, parts, prepared=True
+    )
+    ends = list(itertools.accumulate(sizes))
+    terms = tuple(
+        bm25.Term(q, tuple(lexemes[end - size : end]))
+        for q, size, end in zip(queries, sizes, ends, strict=True)
+    )
     return KeywordQuery(terms, exclusion or "", strict or "")
 
 
