@@ -94,11 +94,21 @@ def _take(pending: list | None) -> tuple[list[tuple[str, list]], Any] | None:
     return taken
 
 
-def read_rows(sql: str, params, *, using: str = DEFAULT_DB_ALIAS, prepared: bool = False):
+def read_rows(
+    sql: str,
+    params,
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+    prepared: bool = False,
+    ahead: bool = False,
+):
     """The rows of one read on the connection `using`. A pending `deferred_read` goes first:
     on the default connection in the same round trip (a pipeline; the read bound by the server,
     `binding_cursor`, and `prepared` as there), on another just before; either way the rows
-    are handed back only once its check has passed."""
+    are handed back only once its check has passed. `ahead`: in that round trip the read goes
+    out before the deferred statements, as the first of its transaction (the server runs the
+    statements of a pipeline up to its sync in one implicit transaction block, and Citus keeps
+    a call after the first on the coordinator); its rows still wait for the check."""
     if using != DEFAULT_DB_ALIAS:
         _read_deferred(_DEFERRED.get())
         with connections[using].cursor() as cursor:
@@ -110,8 +120,11 @@ def read_rows(sql: str, params, *, using: str = DEFAULT_DB_ALIAS, prepared: bool
             cursor.execute(sql, params)
             return cursor.fetchall()
         with connection.wrap_database_errors, connection.connection.pipeline():
+            if ahead:
+                cursor.execute(sql, params)
             readers = _send(deferred[0])
-            cursor.execute(sql, params)
+            if not ahead:
+                cursor.execute(sql, params)
         deferred[1](_first_of(readers))
         return cursor.fetchall()
 

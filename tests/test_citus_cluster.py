@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from io import StringIO
 
 import psycopg
 import pytest
@@ -16,8 +17,9 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from django.db.migrations.loader import MigrationLoader
 from django.db.migrations.recorder import MigrationRecorder
+from django.test.utils import CaptureQueriesContext
 
-from memory_app import auth, scale_out
+from memory_app import auth, pipelines, scale_out, shard_reads
 from memory_app.embeddings import client_vectors
 from memory_app.management.commands.distribute import distribute_table
 from memory_app.memories import Scope
@@ -276,6 +278,74 @@ def test_the_agents_hot_paths_run_on_one_shard(settings):
     assert fanned == []
 
 
+@contextmanager
+def citus_debug_messages():
+    """Citus's DEBUG1 messages on the default connection while the block runs (where it says
+    what it pushed down to a worker)."""
+    connection.ensure_connection()
+    seen: list[str] = []
+
+    def on_notice(diagnostic):
+        seen.append(diagnostic.message_primary or "")
+
+    connection.connection.add_notice_handler(on_notice)
+    with connection.cursor() as cursor:
+        cursor.execute("SET client_min_messages = debug1")
+    try:
+        yield seen
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET client_min_messages")
+        connection.connection.remove_notice_handler(on_notice)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_keyword_ranking_runs_on_the_contexts_worker_over_its_shards(settings):
+    """Keyword search's ranking statements go to the context's worker as calls of
+    `memory_app_on_shard` (function call delegation), and there the statement reads the shards
+    themselves; inside a transaction block Citus keeps the call on the coordinator, where it
+    runs the statement over the distributed tables: the same hits either way."""
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    api = make_key(scopes=["read", "write"])
+    cid = new_context(api, {"user": "ada", "chat": "delegated"})
+    first = append(api, cid, text="red apples in the basket")
+    append(api, cid, text="green pears and red apples, apples")
+    body = {"selector": "search", "query": '"red apples" basket', "k": 2, "mode": "keyword"}
+    with citus_debug_messages() as seen, CaptureQueriesContext(connection) as sent:
+        delegated = api.post(f"/api/v1/contexts/{cid}/select", body)
+    assert delegated.status_code == 200, delegated.content
+    assert _selected(delegated)[0] == first["id"]
+    # Every call, the one sharing its round trip with the request's key read too.
+    calls = [q for q in sent.captured_queries if "memory_app_on_shard" in q["sql"]]
+    assert calls and seen.count("pushing down the function call") == len(calls), seen
+    read = "SELECT m.tableoid::regclass::text FROM memory_app_message m WHERE m.context_id = %(c)s"
+    [(relation,)] = shard_reads.read_rows(
+        read + " LIMIT 1", {"c": cid}, context_id=cid, tables=["memory_app_message"], types=["text"]
+    )
+    checked = []
+    key_read = [("SELECT 1", [])]  # as a request's key read waits for the statement it guards
+    with citus_debug_messages() as seen, pipelines.deferred_read(key_read, checked.append):
+        assert (
+            shard_reads.read_rows(
+                read, {"c": cid}, context_id=cid, tables=["memory_app_message"], types=["text"]
+            )
+            == [(relation,)] * 2
+        )
+    assert checked == [[(1,)]]  # read in the same round trip, behind the call
+    assert seen.count("pushing down the function call") == 1, seen
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT shard_name('memory_app_message'::regclass,"
+            " get_shard_id_for_distribution_column('memory_app_message', %s))",
+            [cid],
+        )
+        assert relation == cursor.fetchone()[0]
+    with transaction.atomic(), citus_debug_messages() as seen:
+        kept = api.post(f"/api/v1/contexts/{cid}/select", body)
+    assert kept.json()["items"] == delegated.json()["items"]
+    assert "pushing down the function call" not in seen, seen
+
+
 VECTORS = ([1, 0, 0], [0, 1, 0], [0, 0, 1])
 STEPS = [
     {"client_id": "s1", "kind": "task", "task": "fruit?"},
@@ -379,6 +449,7 @@ def test_a_later_migration_applies_to_the_distributed_store():
         call_command("migrate", "memory_app", verbosity=0)
     assert latest in MigrationRecorder(connection).applied_migrations()
     assert _shards_taking_seqs() == shards
+    call_command("distribute", "--check", stdout=StringIO())  # delegated functions too
     client = make_key()
     context_id = new_context(client, {"user": "ada", "chat": "migrated"})
     first, second = append(client, context_id, text="one"), append(client, context_id, text="two")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection
 
-from memory_app import db, pipelines
+from memory_app import db, pipelines, shard_reads
 from memory_app.models import FTS_CONFIG, Context, Message
 from memory_app.search import bm25, fulltext
 
@@ -197,7 +197,8 @@ def keyword_ranking(
         sql = _ranking_sql(
             params, parsed, match=match, columns=columns, excluding=bool(exclude_ids)
         )
-        found = pipelines.read_rows(sql, params)
+        types = ["bigint", "double precision", *_message_types(columns)]
+        found = _read(sql, params, types)
     if rows is not None:
         rows.update((row[0], row[2:]) for row in found)
     return [(row[0], float(row[1])) for row in found]
@@ -215,8 +216,11 @@ def _exact_found(params: dict, *, match: str, columns: str) -> list[tuple] | Non
     turned out larger than KEYWORD_EXACT_MESSAGES (or its indexer that far behind): nothing
     was read then. A request's deferred key read shares the round trip (`pipelines.read_rows`)."""
     sql = _exact_sql(excluding=bool(params["exclude"]), columns=columns)
-    answer = pipelines.read_rows(
-        sql, params | {"strict": match == "all", "exact": KEYWORD_EXACT_MESSAGES}, prepared=True
+    answer = _read(
+        sql,
+        params | {"strict": match == "all", "exact": KEYWORD_EXACT_MESSAGES},
+        ["boolean", "bigint", "double precision", *_message_types(columns)],
+        prepared=True,
     )
     if answer and not answer[0][0]:
         return None
@@ -264,6 +268,24 @@ def _ranking_sql(
 
 
 _MESSAGE_COLUMNS = ", " + db.select_columns(Message, "m")
+# The tables the ranking statements read, all distributed by context and co-located.
+_TABLES = (Message._meta.db_table, fulltext.TABLE, Context._meta.db_table)
+
+
+def _read(sql: str, params: dict, types: list[str], *, prepared: bool = False) -> list[tuple]:
+    """The rows of one of the context's ranking statements, answering columns of `types`: on
+    a distributed store run on the context's worker, planned there only (`shard_reads`)."""
+    return shard_reads.read_rows(
+        sql, params, context_id=params["context"], tables=_TABLES, types=types, prepared=prepared
+    )
+
+
+def _message_types(columns: str) -> list[str]:
+    """The SQL types of `_MESSAGE_COLUMNS` when `columns` is it, else none."""
+    if not columns:
+        return []
+    fields = [f.column for f in Message._meta.concrete_fields]
+    return shard_reads.column_types(Message._meta.db_table, fields)
 
 
 # A small context ranked in one statement after `_QUERY_TERMS` (the query parsed in the statement
@@ -592,7 +614,7 @@ def _window_counts(params: dict, terms: int) -> list[int]:
             FROM {_TAIL.format(after="%(newest_after)s")}
         ) w
     """  # noqa: S608 - constant SQL
-    return [int(c) for c in pipelines.read_rows(sql, params)[0]]
+    return [int(c) for c in _read(sql, params, ["bigint"] * terms)[0]]
 
 
 def _seq_bounds(last_seq: int, search_seq: int) -> dict[str, int]:

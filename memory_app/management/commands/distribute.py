@@ -43,6 +43,20 @@ _PLACED_SQL = """
 """
 
 
+# Functions that run where a context's shards are (Citus sends a call to the worker holding its
+# distribution argument's shard): their signature, and that argument's name.
+DELEGATED_FUNCTIONS = {
+    # A read of one context's rows planned on its worker only (migration 0046,
+    # memory_app.shard_reads).
+    "memory_app_on_shard(bigint, text, regclass[])": "context_id",
+}
+
+_DELEGATED_SQL = """
+    SELECT o.objid::regprocedure::text, o.distribution_argument_index, o.colocationid
+    FROM pg_catalog.pg_dist_object o
+    WHERE o.classid = 'pg_proc'::regclass AND o.objid = ANY(%s::regprocedure[])
+"""
+
 _HNSW_INDEXES_SQL = """
     SELECT c.relname, pg_get_indexdef(c.oid)
     FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam
@@ -164,6 +178,12 @@ class Command(BaseCommand):
                     else:
                         distribute_table(cursor, table.name, table.column, colocate=CONTEXTS)
 
+            for function, argument in DELEGATED_FUNCTIONS.items():
+                cursor.execute(
+                    "SELECT create_distributed_function(%s, %s, colocate_with => %s)",
+                    [function, argument, CONTEXTS],
+                )
+
             # Rows already there were copied into the shards; the coordinator's own copy is
             # dead weight, and goes once no table still local points at it.
             for table in layout.tables:
@@ -182,12 +202,20 @@ class Command(BaseCommand):
                 " AND s.setrole = 0"
             )
             configured = {row[0] for row in cursor.fetchall()}
+            cursor.execute(_DELEGATED_SQL, [list(DELEGATED_FUNCTIONS)])
+            delegated = {row[0]: row[1:] for row in cursor.fetchall()}
         contexts_group = placed.get(CONTEXTS, (None, None, None))[2]
         wrong = [
             f"the database does not set {name} = {value}"
             for name, value in DATABASE_SETTINGS.items()
             if f"{name}={value}" not in configured
         ]
+        for function in DELEGATED_FUNCTIONS:
+            # regprocedure's own spelling of the signature, as the catalog query answers it.
+            spelled = function.replace(", ", ",")
+            argument, group = delegated.get(spelled, (None, None))
+            if argument is None or group != contexts_group:
+                wrong.append(f"{function}: not distributed with {CONTEXTS}")
         for table in layout.tables:
             method, column, group = placed.get(table.name, (None, None, None))
             if table.kind == REFERENCE and method != "n":
