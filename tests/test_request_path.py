@@ -249,6 +249,12 @@ def test_an_append_to_contexts_on_shards_reads_an_unconfined_key_alone(monkeypat
             f"/api/v1/contexts/999999/{path}", items[0] if n == 1 else {"messages": items}
         )
         assert response.status_code == 404 and "999999" in response.json()["detail"], n
+    # Naming a run: the context is what is not found (no run is in a context that is not).
+    run = api.post(f"/api/v1/contexts/{cid}/runs", {"task": "t"}).json()["id"]
+    response = api.post(
+        "/api/v1/contexts/999999/messages", {"role": "user", "text": "x", "run_id": run}
+    )
+    assert (response.status_code, response.json()["detail"]) == (404, "context 999999 not found")
     assert not Message.objects.filter(context_id=999999).exists()
     # A key confined since is read with the context again: outside its confinement, not found.
     other = new_context(api, {"user": "bob", "chat": "1"})

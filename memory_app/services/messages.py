@@ -358,6 +358,10 @@ def _check_links(*, context: Context, items: list[NewMessage]) -> None:
             qs = model.objects.filter(context=context, pk__in=wanted)
             found = set(qs.values_list("pk", flat=True))
             if missing := wanted - found:
+                # An append may name its context by id alone, unread: a missing context is
+                # what is not found then, not the run it names.
+                if not Context.objects.filter(pk=context.pk).exists():
+                    raise NotFound(f"context {context.pk} not found")
                 raise NotFound(
                     f"{link.removesuffix('_id')} {sorted(missing)[0]} not found in this context"
                 )
