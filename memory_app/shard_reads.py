@@ -18,7 +18,7 @@ at the call (a function returning records needs them), their types read from the
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from django.db import connection
 from psycopg import sql as psql
@@ -31,8 +31,8 @@ _PLACEHOLDERS = re.compile(r"%\((\w+)\)s|%%|%")
 
 _CALL = "memory_app_on_shard(%(context_id)s, %(statement)s, %(tables)s::regclass[])"
 
-# Per process: the SQL type of each column of a table (the schema does not change under a
-# running server).
+# Per process: the SQL type of each column of a table, without its length or precision (a
+# migration may change those under a running server; a declared type without them takes any).
 _column_types: dict[str, dict[str, str]] = {}
 
 
@@ -42,30 +42,35 @@ def read_rows(
     *,
     context_id: int,
     tables: Sequence[str],
-    types: Sequence[str],
+    types: Callable[[], Sequence[str]],
     prepared: bool = False,
 ) -> list[tuple]:
     """The rows of `sql` (named placeholders, `params` their values), a read of the context
-    `context_id`'s rows in `tables` (distributed by context, co-located), answering columns of
-    `types` (SQL type names, in order). On a distributed store it runs on the worker holding
-    the context (`memory_app_on_shard`); elsewhere as it is. `pipelines.read_rows` sends it
-    either way (a pending deferred read shares its round trip, behind the call); `prepared`
-    prepares the statement sent (there, the call's text, which depends only on `types`).
-    Inside a transaction block Citus runs the call on the coordinator, over the distributed
-    tables: right, not faster."""
-    if not scale_out.table_is_distributed(scale_out.CONTEXTS):
+    `context_id`'s rows in `tables` (distributed by context, co-located). On a distributed
+    store, outside a transaction block, it runs on the worker holding the context
+    (`memory_app_on_shard`), answering columns of `types()` (SQL type names, in order; asked
+    only then); elsewhere it is sent as it is: Citus keeps a call inside a transaction block
+    on the coordinator, where the function's detour would only cost more. Either way
+    `pipelines.read_rows` sends it (a pending deferred read shares its round trip: behind the
+    call, ahead of a statement sent as it is); `prepared` prepares what is sent (the call's
+    text depends only on the types)."""
+    if not _on_shards():
         return pipelines.read_rows(sql, params, prepared=prepared)
-    columns = ", ".join(f"c{i} {kind}" for i, kind in enumerate(types))
+    columns = ", ".join(f"c{i} {kind}" for i, kind in enumerate(types()))
     # The columns' types come from the catalog and the code, never from a request.
     call = f"SELECT * FROM {_CALL} AS r ({columns})"  # noqa: S608
-    values = {
-        "context_id": context_id,
-        "statement": format_string(sql, params, tables),
-        "tables": list(tables),
-    }
+    with connection.wrap_database_errors:  # a value psycopg cannot write (a NUL) is a DataError
+        statement = format_string(sql, params, tables)
+    values = {"context_id": context_id, "statement": statement, "tables": list(tables)}
     # Ahead of a deferred read in their round trip: Citus delegates a call only as the first
     # statement of its transaction.
     return pipelines.read_rows(call, values, prepared=prepared, ahead=True)
+
+
+def _on_shards() -> bool:
+    """Whether a read goes as a call of the function: on a distributed store, outside a
+    transaction block."""
+    return not connection.in_atomic_block and scale_out.table_is_distributed(scale_out.CONTEXTS)
 
 
 def format_string(sql: str, params: dict, tables: Sequence[str]) -> str:
@@ -73,10 +78,10 @@ def format_string(sql: str, params: dict, tables: Sequence[str]) -> str:
     `params[name]`, each whole word naming one of `tables` by `%n$s` (its place in `tables`),
     and every other `%` doubled, as `format()` reads them. Only the statement's own text (never
     a value) is searched for table names."""
+    if not tables:
+        raise ValueError("a statement sent to a shard reads at least one table")
+    connection.ensure_connection()
     raw = connection.connection
-    if raw is None:
-        connection.ensure_connection()
-        raw = connection.connection
     names = re.compile(r"\b(" + "|".join(re.escape(t) for t in tables) + r")\b")
     place = {table: i for i, table in enumerate(tables, start=1)}
 
@@ -105,15 +110,21 @@ def _literal(value: object, raw) -> str:
 
 
 def column_types(table: str, columns: Sequence[str]) -> list[str]:
-    """The SQL types of `table`'s `columns`, in their order, as `format_type` writes them (a
-    varchar keeps its length: a function's declared columns must match what it answers)."""
+    """The SQL types of `table`'s `columns`, in their order, as `format_type` writes them
+    without a modifier (`character varying`, not `character varying(200)`): a function's
+    declared columns must match what it answers, and a declared length would have to match
+    the column's exactly."""
     known = _column_types.get(table)
     if known is None:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
+        # On the connection itself, past Django's execute wrappers: a catalog read tells
+        # nothing of any context, and a request's deferred key read (`pipelines.deferred_read`)
+        # still goes in the round trip of the read it guards.
+        connection.ensure_connection()
+        with connection.wrap_database_errors:
+            rows = connection.connection.execute(
+                "SELECT a.attname, format_type(a.atttypid, NULL) FROM pg_attribute a"
                 " WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped",
                 [table],
-            )
-            known = _column_types[table] = dict(cursor.fetchall())
+            ).fetchall()
+        known = _column_types[table] = dict(rows)
     return [known[column] for column in columns]

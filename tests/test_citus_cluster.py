@@ -25,6 +25,7 @@ from memory_app.management.commands.distribute import distribute_table
 from memory_app.memories import Scope
 from memory_app.models import Message
 from memory_app.queries.memories import memories_retrieve
+from memory_app.search import keyword as message_search
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.memories import memories_record
 from tests.api_helpers import append, make_key, new_context
@@ -300,38 +301,51 @@ def citus_debug_messages():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_keyword_ranking_runs_on_the_contexts_worker_over_its_shards(settings):
-    """Keyword search's ranking statements go to the context's worker as calls of
-    `memory_app_on_shard` (function call delegation), and there the statement reads the shards
-    themselves; inside a transaction block Citus keeps the call on the coordinator, where it
-    runs the statement over the distributed tables: the same hits either way."""
+def test_a_keyword_ranking_runs_on_the_contexts_worker_over_its_shards(settings, monkeypatch):
+    """Keyword search's statements go to the context's worker as calls of
+    `memory_app_on_shard` (function call delegation): a small context's one statement, a large
+    one's counts and ranking, each call pushed down, the one sharing its round trip with the
+    request's key read too; there the statement reads the shards themselves. Inside a
+    transaction block (where Citus would keep a call on the coordinator) the statements go as
+    they are: the same hits either way."""
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
     api = make_key(scopes=["read", "write"])
     cid = new_context(api, {"user": "ada", "chat": "delegated"})
     first = append(api, cid, text="red apples in the basket")
     append(api, cid, text="green pears and red apples, apples")
+    append(api, cid, text="a basket of pears")
     body = {"selector": "search", "query": '"red apples" basket', "k": 2, "mode": "keyword"}
-    with citus_debug_messages() as seen, CaptureQueriesContext(connection) as sent:
-        delegated = api.post(f"/api/v1/contexts/{cid}/select", body)
-    assert delegated.status_code == 200, delegated.content
-    assert _selected(delegated)[0] == first["id"]
-    # Every call, the one sharing its round trip with the request's key read too.
-    calls = [q for q in sent.captured_queries if "memory_app_on_shard" in q["sql"]]
-    assert calls and seen.count("pushing down the function call") == len(calls), seen
+    answers = []
+    for large, calls in ((False, 1), (True, 2)):
+        if large:  # ranked the bounded way: the counts of the latest seqs, then the ranking
+            monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", 0)
+            monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 2)
+        with citus_debug_messages() as seen, CaptureQueriesContext(connection) as sent:
+            response = api.post(f"/api/v1/contexts/{cid}/select", body)
+        assert response.status_code == 200, response.content
+        assert _selected(response)[0] == first["id"]
+        sent_calls = [q for q in sent.captured_queries if "memory_app_on_shard" in q["sql"]]
+        assert len(sent_calls) == calls, sent.captured_queries
+        assert seen.count("pushing down the function call") == calls, seen
+        answers.append(response.json()["items"])
+        with transaction.atomic(), CaptureQueriesContext(connection) as sent:
+            kept = api.post(f"/api/v1/contexts/{cid}/select", body)
+        assert kept.json()["items"] == answers[-1]
+        assert not [q for q in sent.captured_queries if "memory_app_on_shard" in q["sql"]]
+    assert answers[0] == answers[1]
+    # What the statement reads on the worker is the context's shard, by its own name.
     read = "SELECT m.tableoid::regclass::text FROM memory_app_message m WHERE m.context_id = %(c)s"
-    [(relation,)] = shard_reads.read_rows(
-        read + " LIMIT 1", {"c": cid}, context_id=cid, tables=["memory_app_message"], types=["text"]
-    )
     checked = []
-    key_read = [("SELECT 1", [])]  # as a request's key read waits for the statement it guards
+    key_read = [("SELECT 1", [])]  # deferred into the call's round trip, as a request's key
     with citus_debug_messages() as seen, pipelines.deferred_read(key_read, checked.append):
-        assert (
-            shard_reads.read_rows(
-                read, {"c": cid}, context_id=cid, tables=["memory_app_message"], types=["text"]
-            )
-            == [(relation,)] * 2
+        relations = shard_reads.read_rows(
+            read,
+            {"c": cid},
+            context_id=cid,
+            tables=["memory_app_message"],
+            types=lambda: ["text"],
         )
-    assert checked == [[(1,)]]  # read in the same round trip, behind the call
+    assert checked == [[(1,)]]
     assert seen.count("pushing down the function call") == 1, seen
     with connection.cursor() as cursor:
         cursor.execute(
@@ -339,11 +353,7 @@ def test_a_keyword_ranking_runs_on_the_contexts_worker_over_its_shards(settings)
             " get_shard_id_for_distribution_column('memory_app_message', %s))",
             [cid],
         )
-        assert relation == cursor.fetchone()[0]
-    with transaction.atomic(), citus_debug_messages() as seen:
-        kept = api.post(f"/api/v1/contexts/{cid}/select", body)
-    assert kept.json()["items"] == delegated.json()["items"]
-    assert "pushing down the function call" not in seen, seen
+        assert relations == [cursor.fetchone()] * 3
 
 
 VECTORS = ([1, 0, 0], [0, 1, 0], [0, 0, 1])

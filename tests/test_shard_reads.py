@@ -11,24 +11,25 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from memory_app import pipelines, scale_out, shard_reads
+from memory_app import pipelines, shard_reads
 from memory_app.search import keyword as message_search
 from memory_app.search.keyword import keyword_ranking
 from memory_app.services.messages import messages_append
+from tests.api_helpers import append, make_key, new_context
 from tests.builders import make_context
 
 pytestmark = pytest.mark.django_db
 
 
+def send_through_the_function(monkeypatch, through: bool = True) -> None:
+    """Reads go as on a distributed store outside a transaction block (`through`: the
+    function), or as they go on one node: each test runs in a transaction of its own."""
+    monkeypatch.setattr(shard_reads, "_on_shards", lambda: through)
+
+
 @pytest.fixture
 def distributed(monkeypatch):
-    """Reads go as they go on a distributed store: through the function."""
-    real = scale_out.table_is_distributed
-    monkeypatch.setattr(
-        scale_out,
-        "table_is_distributed",
-        lambda table: table == scale_out.CONTEXTS or real(table),
-    )
+    send_through_the_function(monkeypatch)
 
 
 # Values a statement's literals must carry unchanged: quotes, backslashes, `%` and what
@@ -63,7 +64,7 @@ def test_a_statement_through_the_function_answers_as_written(distributed):
             params,
             context_id=context.id,
             tables=["memory_app_message"],
-            types=TYPES,
+            types=lambda: TYPES,
         )
     assert "memory_app_on_shard" in sent.captured_queries[-1]["sql"]
     assert rows == pipelines.read_rows(STATEMENT, params)
@@ -85,6 +86,8 @@ def test_only_the_statements_own_text_names_tables():
     )
     with pytest.raises(ValueError, match="names its placeholders"):
         shard_reads.format_string("SELECT %s", {}, ["memory_app_message"])
+    with pytest.raises(ValueError, match="at least one table"):
+        shard_reads.format_string("SELECT 1", {}, [])
 
 
 TEXTS = [
@@ -129,14 +132,10 @@ def test_keyword_ranking_through_the_function_is_the_direct_ranking(settings, mo
         )
         return hits, rows
 
+    send_through_the_function(monkeypatch, False)
     direct = {(q, m, bool(x)): rank(q, m, x) for q, m in QUERIES for x in ([], ids[:2])}
     assert all(hits for hits, _ in direct.values())
-    distributed = scale_out.table_is_distributed
-    monkeypatch.setattr(
-        scale_out,
-        "table_is_distributed",
-        lambda table: table == scale_out.CONTEXTS or distributed(table),
-    )
+    send_through_the_function(monkeypatch)
     with CaptureQueriesContext(connection) as sent:
         through = {(q, m, bool(x)): rank(q, m, x) for q, m in QUERIES for x in ([], ids[:2])}
     assert through == direct
@@ -158,7 +157,7 @@ def test_the_call_goes_ahead_of_a_deferred_read_and_waits_for_its_check(distribu
             {"c": context.id},
             context_id=context.id,
             tables=["memory_app_message"],
-            types=["bigint"],
+            types=lambda: ["bigint"],
         )
 
     checked = []
@@ -176,3 +175,14 @@ def test_the_call_goes_ahead_of_a_deferred_read_and_waits_for_its_check(distribu
 
     with pipelines.deferred_read([("SELECT 'key'", [])], refuse), pytest.raises(PermissionError):
         read()
+
+
+def test_a_query_holding_a_nul_is_refused_as_bad_input(distributed):
+    """A NUL, which no PostgreSQL text holds, cannot be written as a literal: the search is
+    refused as a server-bound parameter holding it is (422), not failed."""
+    api = make_key()
+    cid = new_context(api)
+    append(api, cid, text="apples")
+    body = {"selector": "search", "query": "apples\u0000", "k": 2, "mode": "keyword"}
+    response = api.post(f"/api/v1/contexts/{cid}/select", body)
+    assert response.status_code == 422, response.content

@@ -14,7 +14,8 @@ active placement of each (`pg_dist_placement` of the local group: an orphaned co
 by a shard move is not one), else the tables' own names, so the call is right wherever it runs:
 on one node, or on the coordinator when Citus did not delegate it (inside a transaction block),
 the statement is the one written over the tables. The caller's privileges apply (SECURITY
-INVOKER): it runs nothing the caller could not.
+INVOKER): it runs nothing the caller could not; and it is STABLE, so the statement runs
+read-only (PL/pgSQL refuses a write there).
 """
 
 from django.db import migrations
@@ -22,7 +23,7 @@ from django.db import migrations
 FUNCTION_SQL = r"""
 CREATE OR REPLACE FUNCTION memory_app_on_shard(context_id bigint, statement text,
                                                tables regclass[])
-RETURNS SETOF record LANGUAGE plpgsql AS $$
+RETURNS SETOF record LANGUAGE plpgsql STABLE AS $$
 DECLARE
     names text[] := tables::text[];
     shards text[];
@@ -35,7 +36,7 @@ BEGIN
                      pg_catalog.get_shard_id_for_distribution_column(u.rel, context_id) AS shard
               FROM unnest(tables) WITH ORDINALITY u (rel, o) OFFSET 0) t
         WHERE EXISTS (SELECT FROM pg_catalog.pg_dist_placement p
-                      WHERE p.shardid = t.shard
+                      WHERE p.shardid = t.shard AND p.shardstate = 1
                         AND p.groupid = (SELECT groupid FROM pg_catalog.pg_dist_local_group));
         IF cardinality(shards) = cardinality(tables) THEN
             names := shards;

@@ -16,7 +16,7 @@ server scores them in the same statement (`RANK_SQL`).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -197,8 +197,7 @@ def keyword_ranking(
         sql = _ranking_sql(
             params, parsed, match=match, columns=columns, excluding=bool(exclude_ids)
         )
-        types = ["bigint", "double precision", *_message_types(columns)]
-        found = _read(sql, params, types)
+        found = _read(sql, params, lambda: ["bigint", "double precision", *_message_types(columns)])
     if rows is not None:
         rows.update((row[0], row[2:]) for row in found)
     return [(row[0], float(row[1])) for row in found]
@@ -219,7 +218,7 @@ def _exact_found(params: dict, *, match: str, columns: str) -> list[tuple] | Non
     answer = _read(
         sql,
         params | {"strict": match == "all", "exact": KEYWORD_EXACT_MESSAGES},
-        ["boolean", "bigint", "double precision", *_message_types(columns)],
+        lambda: ["boolean", "bigint", "double precision", *_message_types(columns)],
         prepared=True,
     )
     if answer and not answer[0][0]:
@@ -272,8 +271,10 @@ _MESSAGE_COLUMNS = ", " + db.select_columns(Message, "m")
 _TABLES = (Message._meta.db_table, fulltext.TABLE, Context._meta.db_table)
 
 
-def _read(sql: str, params: dict, types: list[str], *, prepared: bool = False) -> list[tuple]:
-    """The rows of one of the context's ranking statements, answering columns of `types`: on
+def _read(
+    sql: str, params: dict, types: Callable[[], list[str]], *, prepared: bool = False
+) -> list[tuple]:
+    """The rows of one of the context's ranking statements, answering columns of `types()`: on
     a distributed store run on the context's worker, planned there only (`shard_reads`)."""
     return shard_reads.read_rows(
         sql, params, context_id=params["context"], tables=_TABLES, types=types, prepared=prepared
@@ -614,7 +615,7 @@ def _window_counts(params: dict, terms: int) -> list[int]:
             FROM {_TAIL.format(after="%(newest_after)s")}
         ) w
     """  # noqa: S608 - constant SQL
-    return [int(c) for c in _read(sql, params, ["bigint"] * terms)[0]]
+    return [int(c) for c in _read(sql, params, lambda: ["bigint"] * terms)[0]]
 
 
 def _seq_bounds(last_seq: int, search_seq: int) -> dict[str, int]:

@@ -54,7 +54,8 @@ DELEGATED_FUNCTIONS = {
 _DELEGATED_SQL = """
     SELECT o.objid::regprocedure::text, o.distribution_argument_index, o.colocationid
     FROM pg_catalog.pg_dist_object o
-    WHERE o.classid = 'pg_proc'::regclass AND o.objid = ANY(%s::regprocedure[])
+    WHERE o.classid = 'pg_proc'::regclass
+      AND o.objid = ANY(ARRAY(SELECT to_regprocedure(f) FROM unnest(%s::text[]) f))
 """
 
 _HNSW_INDEXES_SQL = """
@@ -178,12 +179,6 @@ class Command(BaseCommand):
                     else:
                         distribute_table(cursor, table.name, table.column, colocate=CONTEXTS)
 
-            for function, argument in DELEGATED_FUNCTIONS.items():
-                cursor.execute(
-                    "SELECT create_distributed_function(%s, %s, colocate_with => %s)",
-                    [function, argument, CONTEXTS],
-                )
-
             # Rows already there were copied into the shards; the coordinator's own copy is
             # dead weight, and goes once no table still local points at it.
             for table in layout.tables:
@@ -191,6 +186,14 @@ class Command(BaseCommand):
                     cursor.execute(
                         "SELECT truncate_local_data_after_distributing_table(%s)", [table.name]
                     )
+
+            # Last: a failure here leaves the tables done, and running the command again
+            # distributes the functions.
+            for function, argument in DELEGATED_FUNCTIONS.items():
+                cursor.execute(
+                    "SELECT create_distributed_function(%s, %s, colocate_with => %s)",
+                    [function, argument, CONTEXTS],
+                )
 
     def _misplaced(self, layout: Layout) -> list[str]:
         with connection.cursor() as cursor:
