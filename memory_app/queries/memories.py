@@ -149,11 +149,11 @@ def _fused(
 
 def _query_hits(qs: QuerySet, query: str, limit: int) -> list[tuple[MemoryRecord, float, str]]:
     """Full-text (any word) fused with cosine similarity when the records have vectors."""
-    from memory_app.search.keyword import _any_terms_tsquery
+    from memory_app.search.keyword_query import any_terms_tsquery
 
     fetch = max(limit * 3, 20)
     text: list[tuple[int, float]] = []
-    tsq_text = _any_terms_tsquery(query)
+    tsq_text = any_terms_tsquery(query)
     if tsq_text:
         tsq = SearchQuery(tsq_text, config="simple", search_type="raw")
         text = [
