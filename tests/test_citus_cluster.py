@@ -179,36 +179,46 @@ def test_a_loaded_table_is_distributed_with_its_hnsw_graphs_built_on_the_shards(
 
 
 @contextmanager
+def server_notices(setting: str, value: str):
+    """The server's messages on the default connection while the block runs, with `setting`
+    set to `value` for the session (reset after)."""
+    connection.ensure_connection()
+    seen: list[str] = []
+
+    def on_notice(diagnostic) -> None:
+        seen.append(diagnostic.message_primary or "")
+
+    connection.connection.add_notice_handler(on_notice)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET {setting} = '{value}'")
+    try:
+        yield seen
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"RESET {setting}")
+        connection.connection.remove_notice_handler(on_notice)
+
+
+@contextmanager
 def multi_shard_statements():
     """The statements run inside that Citus planned as more than one task (a fan-out to every
     shard): `citus.multi_task_query_log_level` warns of each, and the warning arrives while its
     statement runs, so the statement it belongs to is the one executing."""
-    warned: list[str] = []
     fanned: list[str] = []
 
-    def on_notice(diagnostic) -> None:
-        if "multi-task query" in (diagnostic.message_primary or ""):
-            warned.append(diagnostic.message_primary)
-
     def wrapper(execute, sql, params, many, context):
-        before = len(warned)
+        before = len(seen)
         try:
             return execute(sql, params, many, context)
         finally:
-            if len(warned) > before:
+            if any("multi-task query" in message for message in seen[before:]):
                 fanned.append(sql)
 
-    connection.ensure_connection()
-    connection.connection.add_notice_handler(on_notice)
-    with connection.cursor() as cursor:
-        cursor.execute("SET citus.multi_task_query_log_level = 'warning'")
-    try:
-        with connection.execute_wrapper(wrapper):
-            yield fanned
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("RESET citus.multi_task_query_log_level")
-        connection.connection.remove_notice_handler(on_notice)
+    with (
+        server_notices("citus.multi_task_query_log_level", "warning") as seen,
+        connection.execute_wrapper(wrapper),
+    ):
+        yield fanned
 
 
 def test_the_agents_hot_paths_run_on_one_shard(settings):
@@ -279,27 +289,6 @@ def test_the_agents_hot_paths_run_on_one_shard(settings):
     assert fanned == []
 
 
-@contextmanager
-def citus_debug_messages():
-    """Citus's DEBUG1 messages on the default connection while the block runs (where it says
-    what it pushed down to a worker)."""
-    connection.ensure_connection()
-    seen: list[str] = []
-
-    def on_notice(diagnostic):
-        seen.append(diagnostic.message_primary or "")
-
-    connection.connection.add_notice_handler(on_notice)
-    with connection.cursor() as cursor:
-        cursor.execute("SET client_min_messages = debug1")
-    try:
-        yield seen
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("RESET client_min_messages")
-        connection.connection.remove_notice_handler(on_notice)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_keyword_ranking_runs_on_the_contexts_worker_over_its_shards(settings, monkeypatch):
     """Keyword search's statements go to the context's worker as calls of
@@ -320,7 +309,10 @@ def test_a_keyword_ranking_runs_on_the_contexts_worker_over_its_shards(settings,
         if large:  # ranked the bounded way: the counts of the latest seqs, then the ranking
             monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", 0)
             monkeypatch.setattr(message_search, "KEYWORD_RECENT_SEQS", 2)
-        with citus_debug_messages() as seen, CaptureQueriesContext(connection) as sent:
+        with (
+            server_notices("client_min_messages", "debug1") as seen,
+            CaptureQueriesContext(connection) as sent,
+        ):
             response = api.post(f"/api/v1/contexts/{cid}/select", body)
         assert response.status_code == 200, response.content
         assert _selected(response)[0] == first["id"]
@@ -337,7 +329,10 @@ def test_a_keyword_ranking_runs_on_the_contexts_worker_over_its_shards(settings,
     read = "SELECT m.tableoid::regclass::text FROM memory_app_message m WHERE m.context_id = %(c)s"
     checked = []
     key_read = [("SELECT 1", [])]  # deferred into the call's round trip, as a request's key
-    with citus_debug_messages() as seen, pipelines.deferred_read(key_read, checked.append):
+    with (
+        server_notices("client_min_messages", "debug1") as seen,
+        pipelines.deferred_read(key_read, checked.append),
+    ):
         relations = shard_reads.read_rows(
             read,
             {"c": cid},

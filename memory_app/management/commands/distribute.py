@@ -44,11 +44,12 @@ _PLACED_SQL = """
 
 
 # Functions that run where a context's shards are (Citus sends a call to the worker holding its
-# distribution argument's shard): their signature, and that argument's name.
+# distribution argument's shard): their signature as `regprocedure` writes it, and that
+# argument's name.
 DELEGATED_FUNCTIONS = {
     # A read of one context's rows planned on its worker only (migration 0046,
     # memory_app.shard_reads).
-    "memory_app_on_shard(bigint, text, regclass[])": "context_id",
+    "memory_app_on_shard(bigint,text,regclass[])": "context_id",
 }
 
 _DELEGATED_SQL = """
@@ -214,9 +215,7 @@ class Command(BaseCommand):
             if f"{name}={value}" not in configured
         ]
         for function in DELEGATED_FUNCTIONS:
-            # regprocedure's own spelling of the signature, as the catalog query answers it.
-            spelled = function.replace(", ", ",")
-            argument, group = delegated.get(spelled, (None, None))
+            argument, group = delegated.get(function, (None, None))
             if argument is None or group != contexts_group:
                 wrong.append(f"{function}: not distributed with {CONTEXTS}")
         for table in layout.tables:
