@@ -238,3 +238,31 @@ def test_paired_timing_turns_the_order_every_other_pair():
     # Neither side always runs second, on what the first left warm.
     assert calls == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2), ("b", 3), ("a", 3)]
     assert ours.n == theirs.n == paired.n == 4
+
+
+def test_the_request_path_alone_writes_its_section_with_its_rows_and_the_load(tmp_path):
+    """`--only http_path --output FILE` puts its rows and notes in their own section and leaves
+    the rest of the file as it was (the figures a run of the area alone gives are recorded)."""
+    out = tmp_path / "benchmarks.md"
+    before = (
+        "# Benchmarks\n\nEarlier text.\n\n## Request path\n\nOld rows.\n\n## Where the time goes\n"
+    )
+    out.write_text(before + "\nProfiles.\n")
+    proc, _ = run_benchmark(
+        "--quick", "--only", "http_path", db_suffix="http_path", output=out, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    assert text.startswith("# Benchmarks\n\nEarlier text.\n\n## Request path\n\nWritten by ")
+    assert "Old rows." not in text and text.endswith("## Where the time goes\n\nProfiles.\n")
+    assert text.count("## Request path") == 1
+    rows = [line for line in text.splitlines() if line.startswith("| semantic search k=10")]
+    rows += [line for line in text.splitlines() if line.startswith("| single append: HTTP")]
+    assert len(rows) == 2, text
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1].startswith("p50 ") and cells[2].startswith("p50 "), row
+        assert "per-pair ratios" in cells[4] and "load" in cells[4], row
+        assert cells[6] in ("met", "**missed**"), row
+    assert "Load average (1/5/15 min) at the start:" in text
+    assert "| Ours | Without it | Ours ÷ without it (pair median) |" in text

@@ -34,17 +34,21 @@ from django.conf import settings
 
 from memory_app import db
 from memory_app.bench.harness import API, SEARCH_K, Bench, BenchError, context_size
-from memory_app.bench.measure import Row, Target, time_pairs
+from memory_app.bench.measure import Row, Target, loadavg, machine_lines, time_pairs
 from memory_app.search import semantic
 
 AREA = "request path"
+# Its notes' heading in a full run's report, and the section `--only http_path` writes alone
+# (a later full run writes its own in its place).
+SECTION = "## Request path"
 RATIO_TARGET = Target("<=", 2.0, "median per-pair ratio ≤ 2.0", of_ratio=True)
 
 
 def run(b: Bench) -> None:
-    from memory_app.bench.database import conninfo
+    from memory_app.bench.database import conninfo, server_info
 
     info = conninfo()
+    start = loadavg()
     url = f"postgresql://{quote(info.get('user', ''))}:@/{info['dbname']}?host={info['host']}"
     env = {
         **os.environ,
@@ -65,9 +69,16 @@ def run(b: Bench) -> None:
         minimal = _Http(minimal_port, {})
         _semantic_row(b, ours, raw)
         _append_row(b, ours, minimal)
+    server = server_info(info["dbname"])
     b.report.notes += [
         "",
-        "## Request path",
+        SECTION,
+        "",
+        *machine_lines(server["server"], server["pgvector"]),
+        f"- Load average (1/5/15 min) at the start: {start}; at the end: {loadavg()} (each "
+        f"row's 1-minute load as it ended beside it; the {os.cpu_count()} cores are shared).",
+        f"- Held: the benchmark's dataset ({b.data.sizes.messages:,} messages over "
+        f"{b.data.sizes.contexts:,} contexts, vectors for every message).",
         "",
         "Over real HTTP on 127.0.0.1: the product as `manage.py serve` runs it (gunicorn with "
         "uvicorn workers, one worker) against the same SQL without it, pairs of calls interleaved "
@@ -135,7 +146,7 @@ def _semantic_row(b: Bench, ours: _Http, raw: psycopg.Connection) -> None:
 
     a, d, paired = time_pairs([(http(v), direct(v)) for v in queries])
     label = f"semantic search k={SEARCH_K}, largest context ({size:,} msgs)"
-    row = Row(AREA, f"{label}: HTTP ÷ the same SQL raw", a, d, RATIO_TARGET, str(paired), paired)
+    row = Row(AREA, f"{label}: HTTP ÷ the same SQL raw", a, d, RATIO_TARGET, _note(paired), paired)
     b.report.add(row, b.log)
 
 
@@ -174,7 +185,20 @@ def _append_row(b: Bench, ours: _Http, minimal: _Http) -> None:
         ]
     )
     label = "single append: HTTP ÷ a minimal HTTP handler doing the same INSERT"
-    b.report.add(Row(AREA, label, a, m, RATIO_TARGET, str(paired), paired), b.log)
+    b.report.add(Row(AREA, label, a, m, RATIO_TARGET, _note(paired), paired), b.log)
+
+
+def _note(paired) -> str:
+    return f"{paired}; load {os.getloadavg()[0]:.2f}"
+
+
+def section(report, *, command: str, quick: bool) -> list[str]:
+    """This area's section of the report, when it runs alone."""
+    from memory_app.bench import sections
+
+    return sections.paired_section(
+        report, SECTION, command=command, quick=quick, sides=("Ours", "Without it")
+    )
 
 
 @contextmanager

@@ -238,13 +238,13 @@ def machine_lines(server_version: str, pgvector_version: str) -> list[str]:
         f"- Machine: {os.cpu_count()} cores ({_cpu_model()}), Python {platform.python_version()}, "
         f"{platform.system()} {platform.release()}",
         f"- Database: PostgreSQL {server_version}, pgvector {pgvector_version}",
-        f"- Load average (1/5/15 min) when the report was written: {_loadavg()} — the cores "
+        f"- Load average (1/5/15 min) when the report was written: {loadavg()} — the cores "
         "are shared, "
         "so figures taken under load are pessimistic",
     ]
 
 
-def _loadavg() -> str:
+def loadavg() -> str:
     try:
         return " / ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:

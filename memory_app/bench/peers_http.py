@@ -34,7 +34,7 @@ from django.conf import settings
 
 from memory_app.bench.harness import API, MAX_TOKENS, SEARCH_K, WINDOW_K, Bench, BenchError
 from memory_app.bench.http_path import _Http, _served
-from memory_app.bench.measure import Paired, Row, Target, time_pairs
+from memory_app.bench.measure import Paired, Row, Target, loadavg, time_pairs
 
 AREA = "peers (HTTP)"
 # The section `--only peers_http` writes into the report alone (kept by every other run).
@@ -109,7 +109,7 @@ def run(b: Bench) -> None:
         "PEERS_HTTP_DIMS": str(b.data.sizes.dims),
     }
     loads = {small: Load.draw(b, small, 11), large: Load.draw(b, large, 12)}
-    start = _loadavg()
+    start = loadavg()
     apps, pythons = ["agentmemory_site.asgi:application", PEER_APP], [sys.executable, str(python)]
     with _served(apps, env, pythons) as (ours_port, peer_port):
         ours = _Http(ours_port, {"Authorization": f"Bearer {b.api_secret}"})
@@ -132,35 +132,19 @@ def run(b: Bench) -> None:
         "",
         _note(small, large, batch),
         held,
-        f"- Load average (1/5/15 min) at the start: {start}; at the end: {_loadavg()} (each "
+        f"- Load average (1/5/15 min) at the start: {start}; at the end: {loadavg()} (each "
         f"row's 1-minute load as it ended beside it; the {os.cpu_count()} cores are shared).",
         *notes,
     ]
 
 
 def section(report, *, command: str, quick: bool) -> list[str]:
-    """This area's section of the report, when it runs alone: its rows, then its notes (the
-    machine among them; their own heading left out: the section's title is it)."""
+    """This area's section of the report, when it runs alone."""
     from memory_app.bench import sections
 
-    notes = report.notes[report.notes.index(SECTION) + 1 :] if SECTION in report.notes else []
-    skipped = [f"- not measured: {line}" for line in report.not_measured]
-    return [
-        *sections.opening(SECTION, command, quick=quick),
-        "| Measure | Ours | Peer | Ours ÷ peer (pair median) | Spread, load | Target | Result |",
-        "|---|---|---|---|---|---|---|",
-        *(
-            f"| {r.measure} | {r.ours} | {r.baseline} | {r.ratio:.3g}× | {r.note} | "
-            f"{r.target.text} | {r.status} |"
-            for r in report.rows
-        ),
-        *notes,
-        *([""] + skipped if skipped else []),
-    ]
-
-
-def _loadavg() -> str:
-    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    return sections.paired_section(
+        report, SECTION, command=command, quick=quick, sides=("Ours", "Peer")
+    )
 
 
 def _load(b: Bench, peer: _Http, load: Load, batch: int) -> Side:
@@ -382,13 +366,26 @@ def _ef_note(b: Bench, n: int) -> str:
 
 
 def _writes(b: Bench, ours: _Http, peer: _Http, load: Load, batch: int) -> None:
-    """Single appends and batches into fresh contexts, sessions and namespaces."""
+    """Single appends and batches into fresh contexts, sessions and namespaces; ours deleted
+    after the rows, as the peers' schema is made anew on the next run: a reused database keeps
+    both sides' tables and indexes the same size from run to run."""
+    from memory_app.models import Context
+
     stamp = str(time.time_ns())
+    written: list[int] = []
 
     def context(kind: str) -> int:
         keys = {"bench": "peers_http", "write": kind, "at": stamp}
-        return b.post(f"{API}/contexts", {"keys": keys}).json()["id"]
+        written.append(b.post(f"{API}/contexts", {"keys": keys}).json()["id"])
+        return written[-1]
 
+    try:
+        _write_rows(b, ours, peer, load, batch, stamp, context)
+    finally:
+        Context.objects.filter(pk__in=written).delete()
+
+
+def _write_rows(b: Bench, ours: _Http, peer: _Http, load: Load, batch: int, stamp: str, context):
     texts = load.texts
     singles = [orjson.dumps({"role": load.role(i), "text": texts[i]}) for i in range(b.samples + 3)]
     cid, session = context("single"), str(uuid.uuid4())

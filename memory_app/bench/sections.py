@@ -1,6 +1,7 @@
-"""Sections of the Markdown report that an area writes alone (`--only citus`, `--only fleet`):
-put in place of their earlier text, and carried over as they are when a full run writes the
-rest of the file anew."""
+"""Sections of the Markdown report that an area writes alone (`--only citus`, `--only fleet`,
+`--only peers_http`, `--only http_path`): put in place of their earlier text, and carried over
+as they are when a full run writes the rest of the file anew (or, for an area the full run
+measures too, replaced by its own section of the same title)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,30 @@ def opening(title: str, command: str, *, quick: bool) -> list[str]:
         + (" (quick mode: checks the area runs; the figures mean nothing)" if quick else "")
         + "; the rest of this file comes from the full run and is left as it is.",
         "",
+    ]
+
+
+def paired_section(
+    report, title: str, *, command: str, quick: bool, sides: tuple[str, str]
+) -> list[str]:
+    """The section of an area whose rows pair two sides call by call (its rows, then its notes
+    after `title` in the report, the machine among them; their own heading left out: the
+    section's title is it). `sides`: the two columns' names, ours first."""
+    notes = report.notes[report.notes.index(title) + 1 :] if title in report.notes else []
+    skipped = [f"- not measured: {line}" for line in report.not_measured]
+    ours, other = sides
+    return [
+        *opening(title, command, quick=quick),
+        f"| Measure | {ours} | {other} | {ours} ÷ {other.lower()} (pair median) | Spread, load "
+        "| Target | Result |",
+        "|---|---|---|---|---|---|---|",
+        *(
+            f"| {r.measure} | {r.ours} | {r.baseline} | {r.ratio:.3g}× | {r.note} | "
+            f"{r.target.text} | {r.status} |"
+            for r in report.rows
+        ),
+        *notes,
+        *([""] + skipped if skipped else []),
     ]
 
 

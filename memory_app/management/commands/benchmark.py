@@ -70,6 +70,9 @@ AREAS = {
 }
 # Written by areas that run alone (--only citus, --only fleet), kept by every other run.
 KEPT_SECTIONS = [citus_rows.SECTION, fleet.SECTION, peers_http.SECTION]
+# Areas that, run alone with --output, write their own section instead of the whole file. The
+# request path's is also a full run's own (its notes): a full run writes it anew.
+ALONE_SECTIONS = {"peers_http": peers_http, "http_path": http_path}
 
 
 class Command(BaseCommand):
@@ -182,7 +185,8 @@ class Command(BaseCommand):
             "citus alone: the single node against a Citus cluster (writes only its section); or "
             "fleet alone: the runs table and search everything at 100,000 runs, 1,000,000 steps "
             "and 1,000,000 messages (database agentmemory_bench_fleet unless --db-name; built "
-            "once, then reused; writes only its section)",
+            "once, then reused; writes only its section); peers_http or http_path alone write "
+            "only their section too",
         )
         parser.add_argument(
             "--citus-tree",
@@ -271,9 +275,10 @@ class Command(BaseCommand):
         self.log(plain_table(report.rows))
         for line in report.not_measured:
             self.log(line)
-        if output and opts["only"].strip() == "peers_http":  # alone: its section, not the file
-            lines = peers_http.section(report, command=_command_line(), quick=quick)
-            sections.write_section(Path(output), peers_http.SECTION, lines)
+        alone = ALONE_SECTIONS.get(opts["only"].strip())
+        if output and alone:  # alone: its section, not the file
+            lines = alone.section(report, command=_command_line(), quick=quick)
+            sections.write_section(Path(output), alone.SECTION, lines)
         elif output:
             path = Path(output)
             path.parent.mkdir(parents=True, exist_ok=True)
