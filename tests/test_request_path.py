@@ -340,6 +340,38 @@ def test_a_pooled_connection_that_just_served_skips_the_check_unless_the_server_
 
 
 @pytest.mark.django_db
+def test_rows_read_without_the_orm_hold_the_json_the_orm_reads():
+    """`db.from_row` (the window, the hits, the key and its context) decodes JSON columns with
+    orjson, and with the field's own decoder what orjson refuses: the same values either way."""
+    from memory_app import db
+
+    context = make_context()
+    odd = {"huge": 2**70 + 1, "x": [-0.0, 1e-7, "é😀"], "id": "1234567890123456789"}
+    sent = {**SENT, "metadata": odd, "content": {"z": {"b": 2**64, "a": None}, "far": 1.5e300}}
+    [message] = messages_append(context=context, items=[sent]).messages
+    with connection.cursor() as cursor:
+        # A number beyond a double's range, as JSON text of the column can hold it.
+        cursor.execute(
+            "UPDATE memory_app_message SET content = replace(content::text, '1.5e+300', '1e400')"
+            "::json WHERE id = %s",
+            [message.pk],
+        )
+        cursor.execute(
+            f"SELECT {db.select_columns(Message, 'm')} FROM memory_app_message m WHERE m.id = %s",  # noqa: S608
+            [message.pk],
+        )
+        row = cursor.fetchone()
+    read, stored = db.from_row(Message, row), Message.objects.get(pk=message.pk)
+    for field in ("content", "metadata", "key_order", "tags", "created_at"):
+        assert getattr(read, field) == getattr(stored, field), field
+    assert read.metadata["huge"] == 2**70 + 1 and type(read.metadata["huge"]) is int
+    assert read.content["far"] == float("inf")
+    assert list(read.content) == list(stored.content) and repr(read.metadata) == repr(
+        stored.metadata
+    )
+
+
+@pytest.mark.django_db
 def test_a_foreign_or_unknown_context_is_still_not_found():
     owner = make_key(context_keys={"tenant": "a"})
     other = make_key(context_keys={"tenant": "b"})
