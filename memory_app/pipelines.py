@@ -21,9 +21,11 @@ from memory_app.db import binding_cursor
 
 def first_rows(statements: list[tuple[str, list]]) -> list[tuple | None]:
     """The first row (None for none) of each statement, read on the default connection bound by
-    the server (`binding_cursor`); several go in one round trip (a pipeline)."""
+    the server and prepared (`binding_cursor`: each statement's text is parsed and planned once
+    per connection; a request's key read, the same text on every request, costs half as much
+    of the server's time so); several go in one round trip (a pipeline)."""
     if len(statements) == 1:
-        with binding_cursor() as cursor:
+        with binding_cursor(prepared=True) as cursor:
             cursor.execute(*statements[0])
             return [cursor.fetchone()]
     connection.ensure_connection()  # a thread's first statements open its connection
@@ -33,9 +35,10 @@ def first_rows(statements: list[tuple[str, list]]) -> list[tuple | None]:
 
 
 def _send(statements: list[tuple[str, list]]) -> list:
-    """`statements` sent (inside a pipeline, their answers not read yet): their cursors, whose
-    first rows `_first_of` reads once the pipeline has ended."""
-    readers = [binding_cursor() for _ in statements]
+    """`statements` sent (inside a pipeline, their answers not read yet) and prepared, as
+    `first_rows` sends them: their cursors, whose first rows `_first_of` reads once the
+    pipeline has ended."""
+    readers = [binding_cursor(prepared=True) for _ in statements]
     for reader, statement in zip(readers, statements, strict=True):
         reader.execute(*statement)
     return readers
@@ -56,8 +59,9 @@ _DEFERRED: ContextVar[list | None] = ContextVar("deferred_read", default=None)
 
 @contextlib.contextmanager
 def deferred_read(statements: list[tuple[str, list]], accept) -> Iterator[None]:
-    """`statements` (SQL and parameters each) are read before anything the block reads is handed
-    on: in the round trip of the block's first `pipelined_transaction` or `read_rows`, whose
+    """`statements` (SQL and parameters each; their texts the same from call to call: they are
+    prepared, see `first_rows`) are read before anything the block reads is handed on: in the
+    round trip of the block's first `pipelined_transaction` or `read_rows`, whose
     answers come back only once `accept` has seen their rows, or alone just before the block's
     first other statement. `accept(rows)` (each statement's first row, None for none) raises to
     refuse what follows. A request's key and context are read so with the selection they
