@@ -43,7 +43,32 @@ RETRY_AFTER_SECONDS = 2
 
 
 def is_database_fault(exc: BaseException | None) -> bool:
-    return isinstance(exc, DATABASE_FAULTS)
+    return isinstance(exc, DATABASE_FAULTS) or is_stale_plan(exc)
+
+
+# PostgreSQL's refusal of a prepared statement whose tables changed shape under it (a migration
+# applied while the server runs): every later execution on that connection is refused alike.
+STALE_PLAN = "cached plan must not change result type"
+
+
+def is_stale_plan(exc: BaseException | None) -> bool:
+    """Whether `exc` (Django's wrapper or psycopg's own) is a prepared statement refused for a
+    stale plan: the request may succeed on a connection that prepares it anew."""
+    for error in (exc, getattr(exc, "__cause__", None)):
+        if isinstance(error, psycopg.errors.FeatureNotSupported) and STALE_PLAN in str(error):
+            return True
+    return False
+
+
+def forget_prepared_statements() -> None:
+    """Close this thread's default connection, and with it the statements prepared on it (see
+    `is_stale_plan`): the pool drops a closed connection, and the next request connects anew.
+    psycopg keeps a refused prepared statement's name, so the connection would refuse it on
+    every request until it closed."""
+    raw = connection.connection
+    if raw is not None and not raw.closed:
+        raw.close()
+    connection.close()
 
 
 _gc_lock = threading.Lock()

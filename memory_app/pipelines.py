@@ -21,9 +21,9 @@ from memory_app.db import binding_cursor
 
 def first_rows(statements: list[tuple[str, list]]) -> list[tuple | None]:
     """The first row (None for none) of each statement, read on the default connection bound by
-    the server and prepared (`binding_cursor`: each statement's text is parsed and planned once
-    per connection; a request's key read, the same text on every request, costs half as much
-    of the server's time so); several go in one round trip (a pipeline)."""
+    the server and prepared (`binding_cursor`: each statement's text is parsed and analysed once
+    per connection; a request's key read, the same text on every request, costs about half as
+    much of the server's time so); several go in one round trip (a pipeline)."""
     if len(statements) == 1:
         with binding_cursor(prepared=True) as cursor:
             cursor.execute(*statements[0])

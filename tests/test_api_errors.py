@@ -270,7 +270,8 @@ def test_fast_renderer_writes_what_ninjas_encoder_writes():
     b = a.astimezone(timezone(timedelta(hours=2)))  # equal to `a`, written differently
     whole, naive = a.replace(microsecond=0), a.replace(tzinfo=None)
     data = {"x": [a, a, b, a, whole, naive, a.date(), Decimal("1.10")], "t": "é\u2028<", "n": 2**70}
-    for value in (data, {"x": [a, b, a, b]}):
+    # The second has nothing orjson refuses: its datetimes go through the API's own writer.
+    for value in (data, {"x": [a, b, a, b, whole, naive, whole]}):
         assert json.loads(common.json_dumps(value)) == json.loads(
             json.dumps(value, cls=NinjaJSONEncoder)
         )

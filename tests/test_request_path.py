@@ -369,6 +369,19 @@ def test_rows_read_without_the_orm_hold_the_json_the_orm_reads():
     assert list(read.content) == list(stored.content) and repr(read.metadata) == repr(
         stored.metadata
     )
+    # Nothing orjson reads otherwise: decoded by it, the same values in the same key order.
+    plain = {"zeta": [-0.0, 1e-7, 0.1, 5e-324], "alpha": {"é😀": None, "b": True}, "n": -(2**63)}
+    item = {**SENT, "metadata": plain, "client_id": "c-2"}
+    [other] = messages_append(context=context, items=[item]).messages
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {db.select_columns(Message, 'm')} FROM memory_app_message m WHERE m.id = %s",  # noqa: S608
+            [other.pk],
+        )
+        row = cursor.fetchone()
+    read, stored = db.from_row(Message, row), Message.objects.get(pk=other.pk)
+    assert repr(read.metadata) == repr(stored.metadata) == repr(plain)
+    assert repr(read.content) == repr(stored.content)
 
 
 @pytest.mark.django_db
@@ -682,3 +695,35 @@ def test_a_selection_in_one_read_reads_its_key_with_it(body, expected, read):
         response = client.post(path, body)
         assert response.status_code == status, (client.secret, response.content)
         assert "items" not in response.json()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_read_prepared_before_a_migration_answers_503_once_then_reads_again():
+    """The key's statement is prepared on the connection. A migration that changes a column it
+    reads, applied while the server runs, makes PostgreSQL refuse it on that connection for
+    good ("cached plan must not change result type"): the request answers 503 with
+    Retry-After, the connection is dropped, and the next request prepares it anew."""
+    from memory_app import db
+
+    client = make_key()
+    cid = new_context(client)
+    assert client.get(f"/api/v1/contexts/{cid}/messages").status_code == 200
+    settings_dict = connection.settings_dict
+    other = psycopg.connect(
+        dbname=settings_dict["NAME"],
+        user=settings_dict["USER"] or None,
+        password=settings_dict["PASSWORD"] or None,
+        host=settings_dict["HOST"] or None,
+        port=settings_dict["PORT"] or None,
+        autocommit=True,
+    )
+    try:
+        other.execute("ALTER TABLE memory_app_apikey ALTER COLUMN name TYPE varchar(201)")
+        refused = client.get(f"/api/v1/contexts/{cid}/messages")
+        assert refused.status_code == 503 and refused["Retry-After"], refused.content
+        again = client.get(f"/api/v1/contexts/{cid}/messages")
+        assert again.status_code == 200, again.content
+    finally:
+        other.execute("ALTER TABLE memory_app_apikey ALTER COLUMN name TYPE varchar(200)")
+        other.close()
+        db.forget_prepared_statements()  # prepared above against the changed column
