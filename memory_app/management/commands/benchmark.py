@@ -68,10 +68,9 @@ AREAS = {
     # Only with --only peers_http: the peers served in their venv (`make peers-venv`).
     "peers_http": peers_http.run,
 }
-# Written by areas that run alone (--only citus, --only fleet), kept by every other run.
+# Written by areas that run alone (--only citus, fleet, peers_http), kept by every other run; with
+# --output, these alone write only their section (a full run writes the request path's itself).
 KEPT_SECTIONS = [citus_rows.SECTION, fleet.SECTION, peers_http.SECTION]
-# Areas that, run alone with --output, write their own section instead of the whole file. The
-# request path's is also a full run's own (its notes): a full run writes it anew.
 ALONE_SECTIONS = {"peers_http": peers_http, "http_path": http_path}
 
 
@@ -181,12 +180,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--only",
             default="",
-            help="comma-separated areas to measure: " + ", ".join(AREAS) + " (default all); or "
-            "citus alone: the single node against a Citus cluster (writes only its section); or "
-            "fleet alone: the runs table and search everything at 100,000 runs, 1,000,000 steps "
-            "and 1,000,000 messages (database agentmemory_bench_fleet unless --db-name; built "
-            "once, then reused; writes only its section); peers_http or http_path alone write "
-            "only their section too",
+            help="comma-separated areas to measure: " + ", ".join(AREAS) + " (default all); citus, "
+            "fleet, peers_http or http_path alone write only their section: citus the single node "
+            "against a Citus cluster, fleet the runs table and search everything at 100,000 runs, "
+            "1,000,000 steps and 1,000,000 messages (database agentmemory_bench_fleet unless "
+            "--db-name; built once, then reused)",
         )
         parser.add_argument(
             "--citus-tree",
@@ -275,8 +273,7 @@ class Command(BaseCommand):
         self.log(plain_table(report.rows))
         for line in report.not_measured:
             self.log(line)
-        alone = ALONE_SECTIONS.get(opts["only"].strip())
-        if output and alone:  # alone: its section, not the file
+        if output and (alone := ALONE_SECTIONS.get(opts["only"].strip())):  # its section only
             lines = alone.section(report, command=_command_line(), quick=quick)
             sections.write_section(Path(output), alone.SECTION, lines)
         elif output:
@@ -506,9 +503,8 @@ class Command(BaseCommand):
         )
         only = [a.strip() for a in only.split(",") if a.strip()]
         for name, fn in AREAS.items():
-            if (only and name not in only) or (name == "peers" and not with_peers):
-                continue
-            if name == "peers_http" and not only:
+            unasked = (name == "peers" and not with_peers) or (name == "peers_http" and not only)
+            if (only and name not in only) or unasked:
                 continue
             self.log(f"measuring {name}")
             t = time.perf_counter()
