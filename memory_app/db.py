@@ -8,7 +8,6 @@ import contextlib
 import gc
 import json
 import os
-import re
 import struct
 import sys
 import threading
@@ -32,6 +31,7 @@ from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 from psycopg.adapt import Dumper
 
+from memory_app.json_values import may_hold_long_integer
 from memory_app.models import Context
 
 # The database is down, stalled, restarting or out of pooled connections (Django wraps psycopg's
@@ -257,17 +257,14 @@ def _converter(field):
     return convert
 
 
-# 19 digits in a row: an integer orjson might round to a float (it keeps -2**63 to 2**64 - 1).
-_LONG_DIGITS = re.compile(r"[0-9]{19}")
-
-
 def _json_value(value: str, convert, conn) -> Any:
     """A JSON column's text as the field decodes it: by orjson, a fraction of the standard
     library's time for the small documents a message carries (its content, metadata and key
     order), the same values; by the field's own `json.loads` for what orjson reads otherwise
-    or refuses (an integer beyond 64 bits, which it would round to a float; a number beyond a
-    double's range), so nothing reads differently."""
-    if _LONG_DIGITS.search(value) is None:
+    or refuses (an integer beyond 64 bits, which it would round to a float:
+    `json_values.may_hold_long_integer`; a number beyond a double's range), so nothing reads
+    differently."""
+    if not may_hold_long_integer(value.encode()):
         try:
             return orjson.loads(value)
         except orjson.JSONDecodeError:

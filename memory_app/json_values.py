@@ -1,9 +1,39 @@
 """RFC 8259 JSON only: the hooks that make `json.loads` refuse what JSON cannot hold (NaN,
-Infinity, numbers beyond a float), a walk that bounds nesting without recursion, and the check
-that every string and key is one PostgreSQL can store (no NUL, no lone surrogate)."""
+Infinity, numbers beyond a float), a walk that bounds nesting without recursion, the check
+that every string and key is one PostgreSQL can store (no NUL, no lone surrogate), and the test
+for a text orjson would read otherwise than `json.loads` (an integer beyond 64 bits)."""
 
 import math
+import re
 from typing import Any
+
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+# orjson keeps integers from -2**63 to 2**64 - 1: 20 digits are beyond them, and so are 19
+# after a minus sign (-9223372036854775809 would come back as a rounded float).
+_LONG_RUN = b"0" * 19
+_DIGIT_RUN = re.compile(rb"[0-9]*")
+
+
+def may_hold_long_integer(text: bytes) -> bool:
+    """True when `text` holds 20 digits in a row (19 after a minus sign) anywhere but after a
+    decimal point: an integer orjson would round to a float, which only `json.loads` reads
+    exactly.
+
+    Fraction digits are left out: they make a float whichever parser reads them, and a vector
+    written by Python's `json` puts 20 in a row in every value between 1e-4 and 1e-3
+    (`0.00012345678901234567`), which sent ~1,300 of a 1,000 × 384 body's numbers, and so the
+    whole body, to the exact parser (a tenth of orjson's speed). One pass of `bytes.translate`
+    and `find` instead of a regular expression: the check stays small beside the parse.
+    """
+    masked = text.translate(_DIGITS_AS_ZERO)
+    at = masked.find(_LONG_RUN)
+    while at != -1:
+        end = _DIGIT_RUN.match(text, at).end()
+        before = masked[at - 1] if at else None
+        if before != ord(".") and (before == ord("-") or end - at >= 20):
+            return True
+        at = masked.find(_LONG_RUN, end)
+    return False
 
 
 def reject_constant(name: str):

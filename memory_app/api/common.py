@@ -7,7 +7,6 @@ contract for the routers other modules add (see `memory_app/api/__init__.py`).
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from memory_app import auth as keys
 from memory_app import pipelines
 from memory_app.audit import Actor
 from memory_app.errors import NotFound
-from memory_app.json_values import finite_float, reject_constant
+from memory_app.json_values import finite_float, may_hold_long_integer, reject_constant
 from memory_app.models import ApiKey, Context, Message, Run, Step
 from memory_app.schemas.fields import INT64_MAX
 
@@ -261,39 +260,12 @@ def superseded(response: HttpResponse, row, kind: str, action: str = "") -> None
 # orjson refuses what the strict parser refuses (NaN/Infinity literals, numbers that overflow a
 # double, raw control characters), so the fallback only runs on input orjson cannot represent
 # exactly: lone surrogates (kept so the field checks answer 422 as before), a byte-order mark,
-# integers beyond 64 bits (orjson would round them to floats; see `_may_hold_long_integer`) and
+# integers beyond 64 bits (orjson would round them to floats; see
+# `json_values.may_hold_long_integer`) and
 # every malformed body (so the 400's message is unchanged).
-_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
-# orjson keeps integers from -2**63 to 2**64 - 1: 20 digits are beyond them, and so are 19
-# after a minus sign (-9223372036854775809 would come back as a rounded float).
-_LONG_RUN = b"0" * 19
-_DIGIT_RUN = re.compile(rb"[0-9]*")
-
-
-def _may_hold_long_integer(body: bytes) -> bool:
-    """True when `body` holds 20 digits in a row (19 after a minus sign) anywhere but after a
-    decimal point.
-
-    Fraction digits are left out: they make a float whichever parser reads them, and a vector
-    written by Python's `json` puts 20 in a row in every value between 1e-4 and 1e-3
-    (`0.00012345678901234567`), which sent ~1,300 of a 1,000 × 384 body's numbers, and so the
-    whole body, to the exact parser (a tenth of orjson's speed). One pass of `bytes.translate`
-    and `find` instead of a regular expression: the check stays small beside the parse.
-    """
-    masked = body.translate(_DIGITS_AS_ZERO)
-    at = masked.find(_LONG_RUN)
-    while at != -1:
-        end = _DIGIT_RUN.match(body, at).end()
-        before = masked[at - 1] if at else None
-        if before != ord(".") and (before == ord("-") or end - at >= 20):
-            return True
-        at = masked.find(_LONG_RUN, end)
-    return False
-
-
 def json_loads(body: bytes) -> Any:
     """A request body as Python values: RFC 8259 only (NaN, Infinity, 1e400 are refused)."""
-    if not _may_hold_long_integer(body):
+    if not may_hold_long_integer(body):
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
