@@ -43,32 +43,41 @@ RETRY_AFTER_SECONDS = 2
 
 
 def is_database_fault(exc: BaseException | None) -> bool:
-    return isinstance(exc, DATABASE_FAULTS) or is_stale_plan(exc)
+    return isinstance(exc, DATABASE_FAULTS)
 
 
 # PostgreSQL's refusal of a prepared statement whose tables changed shape under it (a migration
-# applied while the server runs): every later execution on that connection is refused alike.
+# applied while the server runs): every later execution on that connection is refused alike,
+# and psycopg keeps the statement's name.
 STALE_PLAN = "cached plan must not change result type"
 
 
 def is_stale_plan(exc: BaseException | None) -> bool:
     """Whether `exc` (Django's wrapper or psycopg's own) is a prepared statement refused for a
-    stale plan: the request may succeed on a connection that prepares it anew."""
+    stale plan."""
     for error in (exc, getattr(exc, "__cause__", None)):
         if isinstance(error, psycopg.errors.FeatureNotSupported) and STALE_PLAN in str(error):
             return True
     return False
 
 
-def forget_prepared_statements() -> None:
-    """Close this thread's default connection, and with it the statements prepared on it (see
-    `is_stale_plan`): the pool drops a closed connection, and the next request connects anew.
-    psycopg keeps a refused prepared statement's name, so the connection would refuse it on
-    every request until it closed."""
-    raw = connection.connection
-    if raw is not None and not raw.closed:
-        raw.close()
-    connection.close()
+@contextlib.contextmanager
+def stale_plans_renewed() -> Iterator[None]:
+    """Statements prepared on this thread's default connection are sent inside the block: one
+    refused for a stale plan (`is_stale_plan`) closes the connection, and the statements
+    prepared on it with it (the pool drops a closed connection), and is raised as a database
+    fault: every surface answers it 503 with Retry-After, and the retry, on another connection,
+    prepares the statement anew."""
+    try:
+        yield
+    except Exception as exc:
+        if not is_stale_plan(exc):
+            raise
+        raw = connection.connection
+        if raw is not None and not raw.closed:
+            raw.close()
+        connection.close()
+        raise OperationalError(f"{STALE_PLAN}: the connection is renewed") from exc
 
 
 _gc_lock = threading.Lock()

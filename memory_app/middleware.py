@@ -35,8 +35,6 @@ class DatabaseUnavailableMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request, exception):
-        if db.is_stale_plan(exception):
-            db.forget_prepared_statements()
         if db.is_database_fault(exception):
             return database_unavailable(request, exception)
         return None

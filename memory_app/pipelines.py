@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
-from memory_app.db import binding_cursor
+from memory_app.db import binding_cursor, stale_plans_renewed
 
 
 def first_rows(statements: list[tuple[str, list]]) -> list[tuple | None]:
@@ -24,14 +24,15 @@ def first_rows(statements: list[tuple[str, list]]) -> list[tuple | None]:
     the server and prepared (`binding_cursor`: each statement's text is parsed and analysed once
     per connection; a request's key read, the same text on every request, costs about half as
     much of the server's time so); several go in one round trip (a pipeline)."""
-    if len(statements) == 1:
-        with binding_cursor(prepared=True) as cursor:
-            cursor.execute(*statements[0])
-            return [cursor.fetchone()]
-    connection.ensure_connection()  # a thread's first statements open its connection
-    with connection.wrap_database_errors, connection.connection.pipeline():
-        readers = _send(statements)
-    return _first_of(readers)
+    with stale_plans_renewed():
+        if len(statements) == 1:
+            with binding_cursor(prepared=True) as cursor:
+                cursor.execute(*statements[0])
+                return [cursor.fetchone()]
+        connection.ensure_connection()  # a thread's first statements open its connection
+        with connection.wrap_database_errors, connection.connection.pipeline():
+            readers = _send(statements)
+        return _first_of(readers)
 
 
 def _send(statements: list[tuple[str, list]]) -> list:
@@ -119,7 +120,7 @@ def read_rows(
             cursor.execute(sql, params)
             return cursor.fetchall()
     deferred = _take(_DEFERRED.get())
-    with binding_cursor(prepared=prepared) as cursor:
+    with stale_plans_renewed(), binding_cursor(prepared=prepared) as cursor:
         if deferred is None:
             cursor.execute(sql, params)
             return cursor.fetchall()
@@ -143,22 +144,23 @@ def pipelined_transaction(cursor) -> Iterator[None]:
     raw = connection.connection
     own = not connection.in_atomic_block
     deferred = _take(_DEFERRED.get())
-    try:
-        with connection.wrap_database_errors, raw.pipeline():
-            if deferred is not None:
-                readers = _send(deferred[0])
-            if own:
-                cursor.execute("BEGIN")
-            yield
-            if own:
-                cursor.execute("COMMIT")
-    except BaseException:
-        if own and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            with connection.wrap_database_errors:
-                raw.rollback()
-        raise
-    if deferred is not None:
-        deferred[1](_first_of(readers))
+    with stale_plans_renewed():  # the deferred statements are prepared
+        try:
+            with connection.wrap_database_errors, raw.pipeline():
+                if deferred is not None:
+                    readers = _send(deferred[0])
+                if own:
+                    cursor.execute("BEGIN")
+                yield
+                if own:
+                    cursor.execute("COMMIT")
+        except BaseException:
+            if own and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                with connection.wrap_database_errors:
+                    raw.rollback()
+            raise
+        if deferred is not None:
+            deferred[1](_first_of(readers))
 
 
 @contextlib.contextmanager

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import logging
 
-import psycopg
 from django.conf import settings
-from django.db import DataError, IntegrityError, InterfaceError, NotSupportedError, OperationalError
+from django.db import DataError, IntegrityError, InterfaceError, OperationalError
 from django.http import HttpRequest
 from ninja import NinjaAPI, Swagger
 from ninja.errors import AuthenticationError
@@ -119,17 +118,6 @@ def _integrity_error(request, exc):
     return api.create_response(
         request, {"detail": "conflicting concurrent write; retry the request"}, status=409
     )
-
-
-@api.exception_handler(NotSupportedError)
-@api.exception_handler(psycopg.NotSupportedError)
-def _not_supported(request, exc):
-    # A statement prepared on this connection before a migration changed its tables: answered
-    # as the database being briefly unavailable, on a connection that forgets it.
-    if not db.is_stale_plan(exc):
-        raise exc
-    db.forget_prepared_statements()
-    return _database_unavailable(request, exc)
 
 
 @api.exception_handler(OperationalError)
