@@ -66,8 +66,9 @@ def stale_plans_renewed() -> Iterator[None]:
     """Statements prepared on this thread's default connection are sent inside the block: one
     refused for a stale plan (`is_stale_plan`) closes the connection, and the statements
     prepared on it with it (the pool drops a closed connection), and is raised as a database
-    fault: every surface answers it 503 with Retry-After, and the retry, on another connection,
-    prepares the statement anew."""
+    fault: every surface answers it 503 with Retry-After, and a retry on a connection that has
+    not prepared it yet prepares it anew (each pooled connection that prepared it before the
+    change answers so once)."""
     try:
         yield
     except Exception as exc:

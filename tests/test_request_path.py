@@ -346,7 +346,7 @@ def test_rows_read_without_the_orm_hold_the_json_the_orm_reads():
     from memory_app import db
 
     context = make_context()
-    odd = {"huge": 2**70 + 1, "x": [-0.0, 1e-7, "é😀"], "id": "1234567890123456789"}
+    odd = {"huge": 2**70 + 1, "low": -(2**63), "x": [-0.0, 1e-7, "é😀"], "id": "1" * 19}
     sent = {**SENT, "metadata": odd, "content": {"z": {"b": 2**64, "a": None}, "far": 1.5e300}}
     [message] = messages_append(context=context, items=[sent]).messages
     with connection.cursor() as cursor:
@@ -365,6 +365,7 @@ def test_rows_read_without_the_orm_hold_the_json_the_orm_reads():
     for field in ("content", "metadata", "key_order", "tags", "created_at"):
         assert getattr(read, field) == getattr(stored, field), field
     assert read.metadata["huge"] == 2**70 + 1 and type(read.metadata["huge"]) is int
+    assert read.metadata["low"] == -(2**63) and type(read.metadata["low"]) is int
     assert read.content["far"] == float("inf")
     assert list(read.content) == list(stored.content) and repr(read.metadata) == repr(
         stored.metadata
@@ -720,6 +721,7 @@ def test_a_key_read_prepared_before_a_migration_answers_503_once_then_reads_agai
         port=settings_dict["PORT"] or None,
         autocommit=True,
     )
+    other.execute("SET lock_timeout = '10s'")  # a stray lock fails the test, never hangs it
     try:
         for length, request in zip((201, 200), requests, strict=True):
             other.execute(f"ALTER TABLE memory_app_apikey ALTER COLUMN name TYPE varchar({length})")
@@ -728,8 +730,8 @@ def test_a_key_read_prepared_before_a_migration_answers_503_once_then_reads_agai
             again = request()
             assert again.status_code == 200, again.content
     finally:
-        other.execute("ALTER TABLE memory_app_apikey ALTER COLUMN name TYPE varchar(200)")
-        other.close()
         if connection.connection is not None:  # its statements were prepared on the change
             connection.connection.close()
         connection.close()
+        other.execute("ALTER TABLE memory_app_apikey ALTER COLUMN name TYPE varchar(200)")
+        other.close()

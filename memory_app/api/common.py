@@ -261,8 +261,8 @@ def superseded(response: HttpResponse, row, kind: str, action: str = "") -> None
 # double, raw control characters), so the fallback only runs on input orjson cannot represent
 # exactly: lone surrogates (kept so the field checks answer 422 as before), a byte-order mark,
 # integers beyond 64 bits (orjson would round them to floats; see
-# `json_values.may_hold_long_integer`) and
-# every malformed body (so the 400's message is unchanged).
+# `json_values.may_hold_long_integer`) and every malformed body (so the 400's message is
+# unchanged).
 def json_loads(body: bytes) -> Any:
     """A request body as Python values: RFC 8259 only (NaN, Infinity, 1e400 are refused)."""
     if not may_hold_long_integer(body):
