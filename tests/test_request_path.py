@@ -310,10 +310,15 @@ def test_a_small_append_stores_what_it_was_sent_through_its_own_insert():
     assert (context.last_seq, context.message_count) == (2, 2)
 
 
+def _raw_params() -> dict:
+    """The test database's connection parameters for a psycopg connection of a test's own."""
+    return {k: v for k, v in connection.get_connection_params().items() if k != "context"}
+
+
 def test_a_pooled_connection_that_just_served_skips_the_check_unless_the_server_closed_it(
     tmp_path,
 ):
-    params = {k: v for k, v in connection.get_connection_params().items() if k != "context"}
+    params = _raw_params()
     with (
         psycopg.connect(**params, autocommit=True) as conn,
         psycopg.connect(**params, autocommit=True) as other,
@@ -343,8 +348,6 @@ def test_a_pooled_connection_that_just_served_skips_the_check_unless_the_server_
 def test_rows_read_without_the_orm_hold_the_json_the_orm_reads():
     """`db.from_row` (the window, the hits, the key and its context) decodes JSON columns with
     orjson, and with the field's own decoder what orjson refuses: the same values either way."""
-    from memory_app import db
-
     context = make_context()
     odd = {"huge": 2**70 + 1, "low": -(2**63), "x": [-0.0, 1e-7, "é😀"], "id": "1" * 19}
     sent = {**SENT, "metadata": odd, "content": {"z": {"b": 2**64, "a": None}, "far": 1.5e300}}
@@ -356,12 +359,7 @@ def test_rows_read_without_the_orm_hold_the_json_the_orm_reads():
             "::json WHERE id = %s",
             [message.pk],
         )
-        cursor.execute(
-            f"SELECT {db.select_columns(Message, 'm')} FROM memory_app_message m WHERE m.id = %s",  # noqa: S608
-            [message.pk],
-        )
-        row = cursor.fetchone()
-    read, stored = db.from_row(Message, row), Message.objects.get(pk=message.pk)
+    read, stored = _read_without_the_orm(message.pk), Message.objects.get(pk=message.pk)
     for field in ("content", "metadata", "key_order", "tags", "created_at"):
         assert getattr(read, field) == getattr(stored, field), field
     assert read.metadata["huge"] == 2**70 + 1 and type(read.metadata["huge"]) is int
@@ -374,15 +372,21 @@ def test_rows_read_without_the_orm_hold_the_json_the_orm_reads():
     plain = {"zeta": [-0.0, 1e-7, 0.1, 5e-324], "alpha": {"é😀": None, "b": True}, "n": 2**63}
     item = {**SENT, "metadata": plain, "client_id": "c-2"}
     [other] = messages_append(context=context, items=[item]).messages
+    read, stored = _read_without_the_orm(other.pk), Message.objects.get(pk=other.pk)
+    assert repr(read.metadata) == repr(stored.metadata) == repr(plain)
+    assert repr(read.content) == repr(stored.content)
+
+
+def _read_without_the_orm(pk: int) -> Message:
+    """A message read as the hot paths read it: its columns, then `db.from_row`."""
+    from memory_app import db
+
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {db.select_columns(Message, 'm')} FROM memory_app_message m WHERE m.id = %s",  # noqa: S608
-            [other.pk],
+            [pk],
         )
-        row = cursor.fetchone()
-    read, stored = db.from_row(Message, row), Message.objects.get(pk=other.pk)
-    assert repr(read.metadata) == repr(stored.metadata) == repr(plain)
-    assert repr(read.content) == repr(stored.content)
+        return db.from_row(Message, cursor.fetchone())
 
 
 @pytest.mark.django_db
@@ -712,15 +716,7 @@ def test_a_key_read_prepared_before_a_migration_answers_503_once_then_reads_agai
         lambda: client.post(f"/api/v1/contexts/{cid}/select", {"selector": "window", "k": 5}),
     ]
     assert [request().status_code for request in requests] == [200, 200]
-    settings_dict = connection.settings_dict
-    other = psycopg.connect(
-        dbname=settings_dict["NAME"],
-        user=settings_dict["USER"] or None,
-        password=settings_dict["PASSWORD"] or None,
-        host=settings_dict["HOST"] or None,
-        port=settings_dict["PORT"] or None,
-        autocommit=True,
-    )
+    other = psycopg.connect(**_raw_params(), autocommit=True)
     other.execute("SET lock_timeout = '10s'")  # a stray lock fails the test, never hangs it
     try:
         for length, request in zip((201, 200), requests, strict=True):

@@ -274,8 +274,8 @@ def json_loads(body: bytes) -> Any:
 
 
 _ENCODER = NinjaJSONEncoder(allow_nan=False)
-# The last value ninja's encoder wrote, by identity: the rows of one batch share one `created_at`
-# object (and `updated_at`), 2,000 calls of the encoder's formatting for one distinct value.
+# The last datetime written, by identity: the rows of one batch share one `created_at` object
+# (and `updated_at`), 2,000 formattings of one distinct value.
 _last_default: tuple[Any, Any] = (object(), None)
 
 

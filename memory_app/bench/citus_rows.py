@@ -24,7 +24,7 @@ from memory_app.bench import sections
 from memory_app.bench.citus import Pair, Side
 from memory_app.bench.dataset import Dataset, Generator
 from memory_app.bench.harness import API, MAX_TOKENS, SEARCH_K, WINDOW_K, BenchError
-from memory_app.bench.measure import Latency
+from memory_app.bench.measure import Latency, loadavg
 
 SECTION = "## Single node vs Citus cluster"
 # The target: a routed operation on the cluster within 1.5× the single node's p50.
@@ -313,7 +313,7 @@ def section(
     quick: bool,
 ) -> list[str]:
     s = data.sizes
-    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    load = loadavg()
     lines = [
         *sections.opening(SECTION, command, quick=quick),
         f"- Servers: single node {store['server']}; coordinator {store['cluster_server']}, "

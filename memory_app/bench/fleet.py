@@ -25,7 +25,7 @@ from django.urls import reverse
 from memory_app.bench import database, sections
 from memory_app.bench.fleet_data import FleetSizes, build, finished
 from memory_app.bench.harness import API
-from memory_app.bench.measure import Latency, Row, Target, time_calls
+from memory_app.bench.measure import Latency, Row, Target, loadavg, time_calls
 
 SECTION = "## Runs table and search everything at fleet size"
 TARGET = Target("<=", 150, "p50 ≤ 150 ms")
@@ -212,10 +212,6 @@ def section(
             f"| {r.row.measure} | {r.row.ours} | {TARGET.text} | {r.row.status} | {r.load:.2f} |"
         )
     return lines
-
-
-def loadavg() -> str:
-    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def run(

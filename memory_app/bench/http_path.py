@@ -34,7 +34,15 @@ from django.conf import settings
 
 from memory_app import db
 from memory_app.bench.harness import API, SEARCH_K, Bench, BenchError, context_size
-from memory_app.bench.measure import Row, Target, loadavg, machine_lines, time_pairs
+from memory_app.bench.measure import (
+    Row,
+    Target,
+    load_span,
+    loadavg,
+    machine_lines,
+    paired_note,
+    time_pairs,
+)
 from memory_app.search import semantic
 
 AREA = "request path"
@@ -75,8 +83,7 @@ def run(b: Bench) -> None:
         SECTION,
         "",
         *machine_lines(server["server"], server["pgvector"]),
-        f"- Load average (1/5/15 min) at the start: {start}; at the end: {loadavg()} (each "
-        f"row's 1-minute load as it ended beside it; the {os.cpu_count()} cores are shared).",
+        load_span(start),
         f"- Held: the benchmark's dataset ({b.data.sizes.messages:,} messages over "
         f"{b.data.sizes.contexts:,} contexts, vectors for every message).",
         "",
@@ -146,7 +153,9 @@ def _semantic_row(b: Bench, ours: _Http, raw: psycopg.Connection) -> None:
 
     a, d, paired = time_pairs([(http(v), direct(v)) for v in queries])
     label = f"semantic search k={SEARCH_K}, largest context ({size:,} msgs)"
-    row = Row(AREA, f"{label}: HTTP ÷ the same SQL raw", a, d, RATIO_TARGET, _note(paired), paired)
+    row = Row(
+        AREA, f"{label}: HTTP ÷ the same SQL raw", a, d, RATIO_TARGET, paired_note(paired), paired
+    )
     b.report.add(row, b.log)
 
 
@@ -185,11 +194,7 @@ def _append_row(b: Bench, ours: _Http, minimal: _Http) -> None:
         ]
     )
     label = "single append: HTTP ÷ a minimal HTTP handler doing the same INSERT"
-    b.report.add(Row(AREA, label, a, m, RATIO_TARGET, _note(paired), paired), b.log)
-
-
-def _note(paired) -> str:
-    return f"{paired}; load {os.getloadavg()[0]:.2f}"
+    b.report.add(Row(AREA, label, a, m, RATIO_TARGET, paired_note(paired), paired), b.log)
 
 
 def section(report, *, command: str, quick: bool) -> list[str]:

@@ -251,6 +251,20 @@ def loadavg() -> str:
         return "unknown"
 
 
+def load_span(start: str) -> str:
+    """The report line of the load averages at an area's start (`start`, `loadavg()` then) and
+    now, beside each row's own."""
+    return (
+        f"- Load average (1/5/15 min) at the start: {start}; at the end: {loadavg()} (each "
+        f"row's 1-minute load as it ended beside it; the {os.cpu_count()} cores are shared)."
+    )
+
+
+def paired_note(paired) -> str:
+    """A paired row's note: its spread, and the 1-minute load as it ended."""
+    return f"{paired}; load {os.getloadavg()[0]:.2f}"
+
+
 def table(rows: list[Row]) -> list[str]:
     out = [
         "| Area | Measure | Ours | Naive baseline | Ours / baseline | Target | Result |",

@@ -34,7 +34,15 @@ from django.conf import settings
 
 from memory_app.bench.harness import API, MAX_TOKENS, SEARCH_K, WINDOW_K, Bench, BenchError
 from memory_app.bench.http_path import _Http, _served
-from memory_app.bench.measure import Paired, Row, Target, loadavg, time_pairs
+from memory_app.bench.measure import (
+    Paired,
+    Row,
+    Target,
+    load_span,
+    loadavg,
+    paired_note,
+    time_pairs,
+)
 
 AREA = "peers (HTTP)"
 # The section `--only peers_http` writes into the report alone (kept by every other run).
@@ -132,8 +140,7 @@ def run(b: Bench) -> None:
         "",
         _note(small, large, batch),
         held,
-        f"- Load average (1/5/15 min) at the start: {start}; at the end: {loadavg()} (each "
-        f"row's 1-minute load as it ended beside it; the {os.cpu_count()} cores are shared).",
+        load_span(start),
         *notes,
     ]
 
@@ -217,7 +224,7 @@ def _analysed(info: dict) -> str:
 
 def _row(b: Bench, measure: str, peer: str, pairs, *, warmup: int = 3) -> Paired:
     a, p, paired = time_pairs(pairs, warmup=warmup)
-    note = f"{paired}; load {os.getloadavg()[0]:.2f}"
+    note = paired_note(paired)
     b.report.add(Row(AREA, f"{measure} — vs {peer}", a, p, TARGET, note, paired), b.log)
     return paired
 
