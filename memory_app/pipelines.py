@@ -99,12 +99,18 @@ def _take(pending: list | None) -> tuple[list[tuple[str, list]], Any] | None:
     return taken
 
 
+# Sent ahead of a prepared statement in its round trip (`read_rows`' `generic`): until the
+# implicit transaction of that round trip ends, prepared statements run on their generic plan.
+_GENERIC_PLANS = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
+
+
 def read_rows(
     sql: str,
     params,
     *,
     using: str = DEFAULT_DB_ALIAS,
     prepared: bool = False,
+    generic: bool = False,
     ahead: bool = False,
 ):
     """The rows of one read on the connection `using`. A pending `deferred_read` goes first:
@@ -113,24 +119,35 @@ def read_rows(
     are handed back only once its check has passed. `ahead`: in that round trip the read goes
     out before the deferred statements, as the first of its transaction (the server runs the
     statements of a pipeline up to its sync in one implicit transaction block, and Citus keeps
-    a call after the first on the coordinator); its rows still wait for the check."""
+    a call after the first on the coordinator); its rows still wait for the check.
+
+    `generic` (with `prepared`, outside a transaction block): the read runs on the plan its
+    statement was given once for any values (PostgreSQL's generic plan), which the server
+    would otherwise choose against planning it for each call's values: for a long statement
+    whose planning costs more than seeing the values could win. The setting goes ahead of the
+    read in its round trip and lasts as long as that round trip's implicit transaction."""
     if using != DEFAULT_DB_ALIAS:
         _read_deferred(_DEFERRED.get())
         with connections[using].cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchall()
     deferred = _take(_DEFERRED.get())
+    generic = generic and prepared and not connection.in_atomic_block
     with stale_plans_renewed(), binding_cursor(prepared=prepared) as cursor:
-        if deferred is None:
+        if deferred is None and not generic:
             cursor.execute(sql, params)
             return cursor.fetchall()
-        with connection.wrap_database_errors, connection.connection.pipeline():
+        raw = connection.connection
+        with connection.wrap_database_errors, raw.pipeline():
+            if generic:
+                raw.execute(_GENERIC_PLANS)
             if ahead:
                 cursor.execute(sql, params)
-            readers = _send(deferred[0])
+            readers = _send(deferred[0]) if deferred is not None else []
             if not ahead:
                 cursor.execute(sql, params)
-        deferred[1](_first_of(readers))
+        if deferred is not None:
+            deferred[1](_first_of(readers))
         return cursor.fetchall()
 
 

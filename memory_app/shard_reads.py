@@ -44,6 +44,7 @@ def read_rows(
     tables: Sequence[str],
     types: Callable[[], Sequence[str]],
     prepared: bool = False,
+    generic: bool = False,
 ) -> list[tuple]:
     """The rows of `sql` (named placeholders, `params` their values), a read of the context
     `context_id`'s rows in `tables` (distributed by context, co-located). On a distributed
@@ -53,9 +54,10 @@ def read_rows(
     on the coordinator, where the function's detour would only cost more. Either way
     `pipelines.read_rows` sends it (a pending deferred read shares its round trip: behind the
     call, ahead of a statement sent as it is); `prepared` prepares what is sent (the call's
-    text depends only on the types)."""
+    text depends only on the types); `generic` runs a prepared statement sent as it is on its
+    generic plan (`pipelines.read_rows`; a call's statement is planned on the worker)."""
     if not _on_shards():
-        return pipelines.read_rows(sql, params, prepared=prepared)
+        return pipelines.read_rows(sql, params, prepared=prepared, generic=generic)
     columns = ", ".join(f"c{i} {kind}" for i, kind in enumerate(types()))
     # The columns' types come from the catalog and the code, never from a request.
     call = f"SELECT * FROM {_CALL} AS r ({columns})"  # noqa: S608

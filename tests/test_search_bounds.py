@@ -490,3 +490,51 @@ def test_a_small_context_is_parsed_and_ranked_exactly_in_one_statement(settings)
         h
         for h, _ in keyword_ranking(context_id=context.pk, query="alpha beta", limit=2, match="all")
     ] == [messages[0].pk, messages[-1].pk]
+
+
+def test_a_word_s_term_frequency_is_counted_exactly_up_to_the_positions_a_vector_keeps(settings):
+    """A word's tf in a small context's exact ranking is read back from ts_rank: each count of
+    1 to 300 occurrences (a vector keeps 256 positions) scores as BM25 over the counted positions
+    does, in stored vectors and in messages the indexer has not reached."""
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    context = make_context()
+    texts = [" ".join(["kappa"] * n + [f"w{n}"]) for n in range(1, 301)]
+    messages = messages_append(
+        context=context, items=[{"role": "user", "text": t} for t in texts[:150]]
+    ).messages
+    fulltext.index_pending()
+    messages += messages_append(
+        context=context, items=[{"role": "user", "text": t} for t in texts[150:]]
+    ).messages
+    context.refresh_from_db()
+    assert 0 < context.search_seq < context.last_seq
+    hits = dict(keyword_ranking(context_id=context.pk, query="kappa", limit=400))
+    truth = dict(bm25_truth(context, words=["kappa"]))
+    assert set(hits) == set(truth) == {m.pk for m in messages}
+    for message in messages:
+        assert hits[message.pk] == pytest.approx(truth[message.pk], rel=1e-12), message.seq
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_small_context_s_statement_runs_on_one_plan_for_every_call(kyoto):
+    """The exact ranking's prepared statement is planned once for any values (its generic
+    plan), not again for each call's; the setting that asks for it ends with its round trip.
+    (Outside a transaction block: inside one it would last to the block's end, so it is not
+    asked for there.)"""
+    context, ids = kyoto
+    for query in ["weather", "kyoto temples", "weather -coast", "dawn", "lunch team"]:
+        keyword_ranking(context_id=context.pk, query=query, limit=5)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE %s",
+            ["%held AS MATERIALIZED%"],
+        )
+        plans = cursor.fetchall()
+        cursor.execute("SELECT current_setting('plan_cache_mode')")
+        assert cursor.fetchone()[0] == "auto"
+    assert plans == [(5, 0)]
+    assert [h for h, _ in keyword_ranking(context_id=context.pk, query="weather", limit=5)] == [
+        ids[2],
+        ids[3],
+    ]

@@ -62,9 +62,10 @@ def keyword_ranking(
     (as last seen will do): its statement reads the counters itself, and a request's deferred
     key read (`pipelines.deferred_read`) goes with it in one round trip (`pipelines.read_rows`).
 
-    In a context of up to KEYWORD_EXACT_MESSAGES messages, one statement parses the query and
-    scores every match. In a larger one, two after the query's parse: the terms' counts in the
-    latest seqs, then one for every term's passes, the document frequencies and the scores.
+    In a context of up to KEYWORD_EXACT_MESSAGES messages, one prepared statement, on one plan
+    for every call, parses the query and scores every match. In a larger one, two after the
+    query's parse: the terms' counts in the latest seqs, then one for every term's passes, the
+    document frequencies and the scores.
     The parse's text never changes: it is prepared on the connection. The other two are
     planned for each call's values (their shapes vary, and a generic plan could not see the
     tsqueries the passes were chosen for); their parameters are bound by the server.
@@ -122,6 +123,7 @@ def _exact_found(params: dict, *, match: str, columns: str) -> list[tuple] | Non
         params | {"strict": match == "all", "exact": KEYWORD_EXACT_MESSAGES},
         lambda: ["boolean", "bigint", "double precision", *_message_types(columns)],
         prepared=True,
+        generic=True,
     )
     if answer and not answer[0][0]:
         return None
@@ -174,12 +176,23 @@ _TABLES = (Message._meta.db_table, fulltext.TABLE, Context._meta.db_table)
 
 
 def _read(
-    sql: str, params: dict, types: Callable[[], list[str]], *, prepared: bool = False
+    sql: str,
+    params: dict,
+    types: Callable[[], list[str]],
+    *,
+    prepared: bool = False,
+    generic: bool = False,
 ) -> list[tuple]:
     """The rows of one of the context's ranking statements, answering columns of `types()`: on
     a distributed store run on the context's worker, planned there only (`shard_reads`)."""
     return shard_reads.read_rows(
-        sql, params, context_id=params["context"], tables=_TABLES, types=types, prepared=prepared
+        sql,
+        params,
+        context_id=params["context"],
+        tables=_TABLES,
+        types=types,
+        prepared=prepared,
+        generic=generic,
     )
 
 
@@ -197,15 +210,17 @@ def _message_types(columns: str) -> list[str]:
 # as of its own snapshot; when they show the context outgrew the exact ranking (the request knew
 # an older size), nothing is read and the one row says so (`fits`). Every message matching any
 # term, and none of the exclusions, is a hit: the stored vectors read through the GIN index, the
-# messages past `search_seq` parsed from their text (`_TAIL`). Each hit is unnested once, kept to
-# the query's lexemes (`ts_filter`), and each term it holds is read from there with its tf (a
-# phrase: all its lexemes, and matching it): a term's df is the number of hits holding it, so no
-# hit is matched against each term again. With `strict` (`match="all"`) only the hits matching the
+# messages past `search_seq` parsed from their text (`_TAIL`). A word's tf in a hit is read by
+# one C call (`_WORD_TF`); a phrase's from the hit unnested, kept to the query's lexemes
+# (`ts_filter`): all its lexemes, the fewest positions, and matching it. A term's df is the number
+# of hits holding it. With `strict` (`match="all"`) only the hits matching the
 # whole query as websearch_to_tsquery reads it are scored, the df still counting every hit. A
 # query of stop words only reads nothing (a test on `matching` alone, checked once). The text
 # depends only on `excluding` and the columns read, so the statement is prepared once per
-# connection: parsed and analysed once (PostgreSQL still plans it for each call's values, its
-# generic plan being estimated dearer).
+# connection: parsed, analysed and planned once. Its one plan serves every call (PostgreSQL's
+# generic plan, asked for: the server would plan it anew for each call's values, which costs
+# more than the statement's own work in most contexts; every read in it goes by the context's
+# indexes whatever its values).
 _EXACT_SQL = r"""
 WITH {query_terms},
 counters AS MATERIALIZED (
@@ -243,14 +258,23 @@ hits AS MATERIALIZED (
     ) a
 ),
 held AS MATERIALIZED (
+    SELECT h.seq, h.length, h.chosen, w.term, w.tf
+    FROM hits h
+    CROSS JOIN LATERAL (
+        SELECT t.term, {word_tf} AS tf FROM terms t WHERE cardinality(t.lexemes) = 1
+    ) w
+    WHERE w.tf > 0
+    UNION ALL
     SELECT h.seq, h.length, h.chosen, l.term, min(coalesce(array_length(u.positions, 1), 1)) AS tf
     FROM hits h
     CROSS JOIN unnest(ts_filter(setweight(h.vector, 'A', (SELECT lexemes FROM matching)),
                                 '{{a}}')) u
     JOIN (SELECT t.term, t.q, x.lexeme, cardinality(t.lexemes) AS parts
-          FROM terms t CROSS JOIN unnest(t.lexemes) x (lexeme)) l ON l.lexeme = u.lexeme
+          FROM terms t CROSS JOIN unnest(t.lexemes) x (lexeme)
+          WHERE cardinality(t.lexemes) > 1) l ON l.lexeme = u.lexeme
+    WHERE EXISTS (SELECT FROM terms t WHERE cardinality(t.lexemes) > 1)
     GROUP BY h.seq, h.length, h.chosen, l.term
-    HAVING count(*) = max(l.parts) AND bool_and(l.parts = 1 OR h.vector @@ l.q)
+    HAVING count(*) = max(l.parts) AND bool_and(h.vector @@ l.q)
 ),
 n AS (
     SELECT greatest((SELECT message_count FROM counters), (SELECT count(*) FROM hits), 1)::float8
@@ -278,6 +302,19 @@ ORDER BY b.score DESC, b.seq DESC
 """
 
 
+# A one-lexeme term's tf in a hit's vector `h.vector` (its query `t.q`): the number of positions
+# the vector holds for the lexeme (at most 256, as a vector keeps them; 1 without positions; 0
+# when it does not hold it), read back from `ts_rank`, one C call, instead of unnesting the
+# vector. With every weight 1 and one lexeme, ts_rank gives (1 + 1/2² + … + 1/n²) / 1.64493406685
+# for n positions; the tail π²/6 − (1 + … + 1/n²) is 1/(n + 1/2) less about 1/(12n³), so n is
+# 1 / tail − 1/2 rounded (within 0.06 of it), for every n a vector holds and through the rank's
+# float4 rounding (tests/test_search_bounds.py checks each n up to 300).
+_WORD_TF = (
+    "round(1 / (pi() ^ 2 / 6 - ts_rank('{1,1,1,1}', h.vector, t.q)::float8 * 1.64493406685)"
+    " - 0.5)::int"
+)
+
+
 def _exact_sql(*, excluding: bool, columns: str) -> str:
     """`_EXACT_SQL`: a small context ranked in one statement."""
     return _EXACT_SQL.format(
@@ -286,6 +323,7 @@ def _exact_sql(*, excluding: bool, columns: str) -> str:
         tail=_TAIL.format(after="(SELECT search_seq FROM counters)"),
         excluded_seqs=_EXCLUDED_SEQS if excluding else "",
         excluded_ids="AND NOT (m.id = ANY(%(exclude)s))" if excluding else "",
+        word_tf=_WORD_TF,
         term_score=_term_score(tf="h.tf", idf="i.idf", length="h.length"),
         columns=columns,
     )
