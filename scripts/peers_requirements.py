@@ -17,6 +17,8 @@ SHARED = (
     "gunicorn",
     "uvicorn",
     "uvicorn-worker",
+    "uvloop",
+    "httptools",
     "orjson",
     "psycopg",
     "tiktoken",
