@@ -538,3 +538,42 @@ def test_a_small_context_s_statement_runs_on_one_plan_for_every_call(kyoto):
         ids[2],
         ids[3],
     ]
+
+
+def _index_pages_read(query: str) -> int:
+    """Pages of the full-text GIN index a search for `query` reads (shared buffers hit or read
+    by its index scan)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT count(*) FROM memory_app_messagesearch"
+            " WHERE search_vector @@ %s::tsquery",
+            [query],
+        )
+        plan = cursor.fetchone()[0]
+    plan = plan[0]["Plan"] if isinstance(plan, list) else json.loads(plan)[0]["Plan"]
+    scans = [n for n in _plan_nodes(plan) if n.get("Index Name") == "message_search_gin"]
+    assert scans, plan
+    return sum(n["Shared Hit Blocks"] + n["Shared Read Blocks"] for n in scans)
+
+
+def test_a_keyword_search_reads_a_few_pages_of_the_index_however_much_was_written(settings):
+    """The entries written since the index last merged its pending list are read by every
+    search: kept to 64 kB, a search for a word no message holds reads a few pages of the index
+    after thousands of messages' vectors were written (at PostgreSQL's 4 MB, a hundred)."""
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    context = make_context()
+    for batch in range(4):
+        items = [
+            {"role": "user", "text": " ".join(f"word{batch}x{i}x{j}" for j in range(40))}
+            for i in range(500)
+        ]
+        messages_append(context=context, items=items)
+        fulltext.index_pending()
+    context.refresh_from_db()
+    assert context.search_seq == context.last_seq == 2000
+    assert _index_pages_read("nosuchword") <= 12
+    assert (
+        keyword_ranking(context_id=context.pk, query="word3x499x39", limit=5)[0][0]
+        == Message.objects.get(context=context, seq=2000).pk
+    )

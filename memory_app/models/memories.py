@@ -15,6 +15,7 @@ from memory_app.models.messages import Message
 from memory_app.models.runs import Run, Step
 from memory_app.models.shared import (
     FTS_CONFIG,
+    PENDING_LIST_KB,
     MemoryKind,
     MemoryOrigin,
     MemoryStatus,
@@ -136,7 +137,11 @@ class MemoryRecord(models.Model):
         # A dashboard permission: no API key scope grants it.
         permissions = [("approve_memoryrecord", "Can approve proposed memories")]
         indexes = [
-            GinIndex(fields=["search_vector"], name="memory_fts_gin"),
+            GinIndex(
+                fields=["search_vector"],
+                name="memory_fts_gin",
+                gin_pending_list_limit=PENDING_LIST_KB,
+            ),
             GinIndex(fields=["scope_keys"], name="memory_scope_gin", opclasses=["jsonb_path_ops"]),
             GinIndex(fields=["keywords"], name="memory_keywords_gin"),
             # The review inbox: the (few) proposals, oldest first.

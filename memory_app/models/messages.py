@@ -10,7 +10,13 @@ from django.db.models import Q
 
 from memory_app.models.contexts import Context
 from memory_app.models.runs import Run, Step
-from memory_app.models.shared import ContextRow, MessageRole, OrderedJSONField, choices_check
+from memory_app.models.shared import (
+    PENDING_LIST_KB,
+    ContextRow,
+    MessageRole,
+    OrderedJSONField,
+    choices_check,
+)
 
 
 class Message(ContextRow):
@@ -150,7 +156,13 @@ class MessageSearch(ContextRow):
     error = models.TextField(null=True)
 
     class Meta:
-        indexes = [GinIndex(fields=["search_vector"], name="message_search_gin")]
+        indexes = [
+            GinIndex(
+                fields=["search_vector"],
+                name="message_search_gin",
+                gin_pending_list_limit=PENDING_LIST_KB,
+            )
+        ]
 
     def __str__(self) -> str:
         return f"context {self.context_id} #{self.seq}"
