@@ -459,3 +459,22 @@ def test_a_later_migration_applies_to_the_distributed_store():
     context_id = new_context(client, {"user": "ada", "chat": "migrated"})
     first, second = append(client, context_id, text="one"), append(client, context_id, text="two")
     assert (first["seq"], second["seq"]) == (1, 2)
+
+
+def test_the_full_text_indexes_keep_a_small_pending_list_on_every_shard():
+    """The messages' full-text index keeps its 64 kB pending list (migration 0047) on every
+    shard, where the searches read it."""
+    command = (
+        "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+        " WHERE i.indrelid = '%s'::regclass AND c.relname LIKE 'message_search_gin%%'"
+        " AND c.reloptions @> ARRAY['gin_pending_list_limit=64']"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*), coalesce(sum(result::int), 0)"
+            " FROM run_command_on_shards('memory_app_messagesearch', %s)",
+            [command],
+        )
+        shards, small = cursor.fetchone()
+    assert shards > 1
+    assert small == shards
