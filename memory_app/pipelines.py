@@ -99,7 +99,7 @@ def _take(pending: list | None) -> tuple[list[tuple[str, list]], Any] | None:
     return taken
 
 
-# Sent ahead of a prepared statement in its round trip (`read_rows`' `generic`): until the
+# Sent just before a prepared read in its round trip (`read_rows`' `generic`): until the
 # implicit transaction of that round trip ends, prepared statements run on their generic plan.
 _GENERIC_PLANS = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
 
@@ -121,34 +121,47 @@ def read_rows(
     statements of a pipeline up to its sync in one implicit transaction block, and Citus keeps
     a call after the first on the coordinator); its rows still wait for the check.
 
-    `generic` (with `prepared`, outside a transaction block): the read runs on the plan its
-    statement was given once for any values (PostgreSQL's generic plan), which the server
-    would otherwise choose against planning it for each call's values: for a long statement
-    whose planning costs more than seeing the values could win. The setting goes ahead of the
-    read in its round trip and lasts as long as that round trip's implicit transaction."""
+    `generic` (with `prepared`, outside any transaction; not with `ahead`): the read runs on
+    the one plan its statement is given for any values (PostgreSQL's generic plan) instead of a
+    plan made for each call's values, which the server would otherwise keep choosing: for a
+    long statement whose planning costs more than seeing the values wins back. The setting is
+    sent just before the read, after any deferred statements, and ends with the round trip's
+    implicit transaction."""
     if using != DEFAULT_DB_ALIAS:
         _read_deferred(_DEFERRED.get())
         with connections[using].cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchall()
+    if generic and ahead:
+        raise ValueError("a read sent ahead of its round trip's other statements is not generic")
     deferred = _take(_DEFERRED.get())
-    generic = generic and prepared and not connection.in_atomic_block
     with stale_plans_renewed(), binding_cursor(prepared=prepared) as cursor:
+        raw = connection.connection
+        generic = generic and prepared and _outside_transactions(raw)
         if deferred is None and not generic:
             cursor.execute(sql, params)
             return cursor.fetchall()
-        raw = connection.connection
         with connection.wrap_database_errors, raw.pipeline():
-            if generic:
-                raw.execute(_GENERIC_PLANS)
             if ahead:
                 cursor.execute(sql, params)
             readers = _send(deferred[0]) if deferred is not None else []
+            if generic:
+                raw.execute(_GENERIC_PLANS)  # after the deferred reads: for this read alone
             if not ahead:
                 cursor.execute(sql, params)
         if deferred is not None:
             deferred[1](_first_of(readers))
         return cursor.fetchall()
+
+
+def _outside_transactions(raw) -> bool:
+    """Whether the connection is in no transaction (no atomic block, no BEGIN sent, no
+    pipeline open around this one), so that a setting made for a round trip ends with it."""
+    return (
+        connection.get_autocommit()
+        and raw.info.pipeline_status == psycopg.pq.PipelineStatus.OFF
+        and raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    )
 
 
 @contextlib.contextmanager

@@ -11,8 +11,8 @@ import re
 import tomllib
 from pathlib import Path
 
-# The product's packages the peers' handlers use: the server and its worker class, the JSON
-# codec, the driver, and the tokenizer our token window counts with.
+# The product's packages the peers' handlers use: the server, its worker class, event loop and
+# HTTP parser, the JSON codec, the driver, and the tokenizer our token window counts with.
 SHARED = (
     "gunicorn",
     "uvicorn",

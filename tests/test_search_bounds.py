@@ -19,7 +19,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from memory_app import selectors
+from memory_app import pipelines, selectors
 from memory_app.models import Message
 from memory_app.search import bm25, fulltext
 from memory_app.search import keyword as message_search
@@ -534,6 +534,26 @@ def test_a_small_context_s_statement_runs_on_one_plan_for_every_call(kyoto):
         cursor.execute("SELECT current_setting('plan_cache_mode')")
         assert cursor.fetchone()[0] == "auto"
     assert plans == [(5, 0)]
+    # A read deferred into the same round trip (a request's key read) keeps the server's own
+    # choice, and a refusal by its check leaves the setting behind no more than an answer does.
+    key_read = ("SELECT id FROM memory_app_context WHERE id = %s", [context.pk])
+    for _ in range(6):
+        with pipelines.deferred_read([key_read], lambda rows: None):
+            keyword_ranking(context_id=context.pk, query="weather", limit=5)
+
+    def refuse(rows):
+        raise PermissionError("refused")
+
+    with pytest.raises(PermissionError), pipelines.deferred_read([key_read], refuse):
+        keyword_ranking(context_id=context.pk, query="weather", limit=5)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["SELECT id FROM memory_app_context WHERE id = $1%"],
+        )
+        assert cursor.fetchone()[0] >= 5
+        cursor.execute("SELECT current_setting('plan_cache_mode')")
+        assert cursor.fetchone()[0] == "auto"
     assert [h for h, _ in keyword_ranking(context_id=context.pk, query="weather", limit=5)] == [
         ids[2],
         ids[3],
@@ -560,7 +580,7 @@ def _index_pages_read(query: str) -> int:
 def test_a_keyword_search_reads_a_few_pages_of_the_index_however_much_was_written(settings):
     """The entries written since the index last merged its pending list are read by every
     search: kept to 64 kB, a search for a word no message holds reads a few pages of the index
-    after thousands of messages' vectors were written (at PostgreSQL's 4 MB, a hundred)."""
+    after thousands of messages' vectors were written (at PostgreSQL's 4 MB, nearly 300)."""
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
     context = make_context()
     for batch in range(4):

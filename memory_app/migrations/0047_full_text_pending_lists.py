@@ -1,9 +1,11 @@
 """The full-text GIN indexes keep a pending list of 64 kB instead of PostgreSQL's 4 MB
 (`memory_app.models.shared.PENDING_LIST_KB`): every search reads the list whole.
 
-The setting is changed in place (`ALTER INDEX ... SET`), which rebuilds nothing; on a
-distributed store Citus passes it on to the shards' indexes. Django would drop and build the
-indexes again for a changed option: only its record of them changes so."""
+The setting is changed in place (`ALTER INDEX ... SET`), which rebuilds nothing: it holds each
+index's ACCESS EXCLUSIVE lock for an instant, so it waits for the searches and writes running
+on its table, and those that come meanwhile wait for it. On a distributed store Citus passes it
+on to the shards' indexes. Django would drop and build the indexes again for a changed option:
+only its record of them changes so."""
 
 import django.contrib.postgres.indexes
 from django.db import migrations

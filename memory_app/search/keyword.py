@@ -62,10 +62,10 @@ def keyword_ranking(
     (as last seen will do): its statement reads the counters itself, and a request's deferred
     key read (`pipelines.deferred_read`) goes with it in one round trip (`pipelines.read_rows`).
 
-    In a context of up to KEYWORD_EXACT_MESSAGES messages, one prepared statement, on one plan
-    for every call, parses the query and scores every match. In a larger one, two after the
-    query's parse: the terms' counts in the latest seqs, then one for every term's passes, the
-    document frequencies and the scores.
+    In a context of up to KEYWORD_EXACT_MESSAGES messages, one prepared statement (on one node,
+    on one plan for every call) parses the query and scores every match. In a larger one, two
+    after the query's parse: the terms' counts in the latest seqs, then one for every term's
+    passes, the document frequencies and the scores.
     The parse's text never changes: it is prepared on the connection. The other two are
     planned for each call's values (their shapes vary, and a generic plan could not see the
     tsqueries the passes were chosen for); their parameters are bound by the server.
@@ -217,10 +217,10 @@ def _message_types(columns: str) -> list[str]:
 # whole query as websearch_to_tsquery reads it are scored, the df still counting every hit. A
 # query of stop words only reads nothing (a test on `matching` alone, checked once). The text
 # depends only on `excluding` and the columns read, so the statement is prepared once per
-# connection: parsed, analysed and planned once. Its one plan serves every call (PostgreSQL's
-# generic plan, asked for: the server would plan it anew for each call's values, which costs
-# more than the statement's own work in most contexts; every read in it goes by the context's
-# indexes whatever its values).
+# connection: parsed, analysed and, outside a transaction on one node, planned once. Its one
+# plan serves every call (PostgreSQL's generic plan, asked for: the server would plan it anew for
+# each call's values, about a fifth of the statement's time, where the plan seeing the values
+# gained nothing measured on stores of 12 and of 1,401 contexts, sizes 8 to 10,000).
 _EXACT_SQL = r"""
 WITH {query_terms},
 counters AS MATERIALIZED (
@@ -262,6 +262,7 @@ held AS MATERIALIZED (
     FROM hits h
     CROSS JOIN LATERAL (
         SELECT t.term, {word_tf} AS tf FROM terms t WHERE cardinality(t.lexemes) = 1
+        OFFSET 0  -- kept a subquery: its tf is computed once, not again for the filter
     ) w
     WHERE w.tf > 0
     UNION ALL
