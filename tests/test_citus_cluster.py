@@ -462,12 +462,12 @@ def test_a_later_migration_applies_to_the_distributed_store():
 
 
 def test_the_full_text_indexes_keep_a_small_pending_list_on_every_shard():
-    """The messages' full-text index keeps its 64 kB pending list (migration 0047) on every
+    """The messages' full-text index keeps its 1 MB pending list (migration 0047) on every
     shard, where the searches read it."""
     command = (
         "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
         " WHERE i.indrelid = '%s'::regclass AND c.relname LIKE 'message_search_gin%%'"
-        " AND c.reloptions @> ARRAY['gin_pending_list_limit=64']"
+        " AND c.reloptions @> ARRAY['gin_pending_list_limit=1024']"
     )
     with connection.cursor() as cursor:
         cursor.execute(

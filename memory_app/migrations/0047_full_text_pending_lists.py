@@ -1,4 +1,4 @@
-"""The full-text GIN indexes keep a pending list of 64 kB instead of PostgreSQL's 4 MB
+"""The full-text GIN indexes keep a pending list of 1 MB instead of PostgreSQL's 4 MB
 (`memory_app.models.shared.PENDING_LIST_KB`): every search reads the list whole.
 
 The setting is changed in place (`ALTER INDEX ... SET`), which rebuilds nothing: it holds each
@@ -11,7 +11,7 @@ import django.contrib.postgres.indexes
 from django.db import migrations
 
 INDEXES = {"memoryrecord": "memory_fts_gin", "messagesearch": "message_search_gin"}
-PENDING_LIST_KB = 64
+PENDING_LIST_KB = 1024
 
 
 def _index(name: str, **options):
