@@ -309,15 +309,22 @@ def _plan_nodes(plan: dict):
         yield from _plan_nodes(child)
 
 
+def _analysed_nodes(sql: str, params=None, *, buffers: bool = False) -> list[dict]:
+    """Every node of EXPLAIN ANALYZE (with BUFFERS: the pages each read) for `sql` and its
+    `params` (a statement as executed)."""
+    options = "ANALYZE, BUFFERS, FORMAT JSON" if buffers else "ANALYZE, FORMAT JSON"
+    with connection.cursor() as cur:
+        cur.execute(f"EXPLAIN ({options}) " + sql, params)
+        plan = cur.fetchone()[0]
+    plan = plan[0]["Plan"] if isinstance(plan, list) else json.loads(plan)[0]["Plan"]
+    return list(_plan_nodes(plan))
+
+
 def _message_scans(sql: str, params=None) -> list[dict]:
     """The nodes of EXPLAIN ANALYZE reading memory_app_message, or the full-text vectors beside
     it (memory_app_messagesearch), for `sql` and its `params` (a statement as executed)."""
-    with connection.cursor() as cur:
-        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
-        plan = cur.fetchone()[0]
-    plan = plan[0]["Plan"] if isinstance(plan, list) else json.loads(plan)[0]["Plan"]
     tables = ("memory_app_message", "memory_app_messagesearch")
-    return [n for n in _plan_nodes(plan) if n.get("Relation Name") in tables]
+    return [n for n in _analysed_nodes(sql, params) if n.get("Relation Name") in tables]
 
 
 def _touched(node: dict) -> int:
@@ -565,15 +572,13 @@ def _index_pages_read(query: str) -> int:
     by its index scan)."""
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT count(*) FROM memory_app_messagesearch"
-            " WHERE search_vector @@ %s::tsquery",
-            [query],
-        )
-        plan = cursor.fetchone()[0]
-    plan = plan[0]["Plan"] if isinstance(plan, list) else json.loads(plan)[0]["Plan"]
-    scans = [n for n in _plan_nodes(plan) if n.get("Index Name") == "message_search_gin"]
-    assert scans, plan
+    nodes = _analysed_nodes(
+        "SELECT count(*) FROM memory_app_messagesearch WHERE search_vector @@ %s::tsquery",
+        [query],
+        buffers=True,
+    )
+    scans = [n for n in nodes if n.get("Index Name") == "message_search_gin"]
+    assert scans, nodes
     return sum(n["Shared Hit Blocks"] + n["Shared Read Blocks"] for n in scans)
 
 

@@ -14,10 +14,6 @@ INDEXES = {"memoryrecord": "memory_fts_gin", "messagesearch": "message_search_gi
 PENDING_LIST_KB = 1024
 
 
-def _index(name: str, **options):
-    return django.contrib.postgres.indexes.GinIndex(fields=["search_vector"], name=name, **options)
-
-
 class Migration(migrations.Migration):
     dependencies = [("memory_app", "0046_statement_on_a_context_shards")]
 
@@ -37,7 +33,11 @@ class Migration(migrations.Migration):
                     migrations.RemoveIndex(model_name=model, name=name),
                     migrations.AddIndex(
                         model_name=model,
-                        index=_index(name, gin_pending_list_limit=PENDING_LIST_KB),
+                        index=django.contrib.postgres.indexes.GinIndex(
+                            fields=["search_vector"],
+                            name=name,
+                            gin_pending_list_limit=PENDING_LIST_KB,
+                        ),
                     ),
                 )
             ],
