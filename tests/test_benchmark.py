@@ -240,6 +240,21 @@ def test_paired_timing_turns_the_order_every_other_pair():
     assert ours.n == theirs.n == paired.n == 4
 
 
+def test_the_request_path_times_enough_pairs_for_its_rows_whatever_the_samples():
+    """A full run's default 50 samples left the rows' median ratios moving by more than their
+    margin to the target; a quick run stays quick."""
+    from types import SimpleNamespace
+
+    from memory_app.bench import http_path
+
+    def pairs(samples, quick):
+        return http_path.pairs_for(SimpleNamespace(samples=samples, quick=quick))
+
+    assert pairs(50, False) == http_path.MIN_PAIRS == 400
+    assert pairs(1000, False) == 1000
+    assert pairs(5, True) == 5
+
+
 def test_the_request_path_alone_writes_its_section_with_its_rows_and_the_load(tmp_path):
     """`--only http_path --output FILE` puts its rows and notes in their own section and leaves
     the rest of the file as it was (the figures a run of the area alone gives are recorded)."""

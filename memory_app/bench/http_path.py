@@ -50,6 +50,16 @@ AREA = "request path"
 # (a later full run writes its own in its place).
 SECTION = "## Request path"
 RATIO_TARGET = Target("<=", 2.0, "median per-pair ratio ≤ 2.0", of_ratio=True)
+# Pairs per row however few samples the run takes (not in a quick run): each row's two sides
+# differ by a few milliseconds, and over 50 pairs their median ratio moved by more than the
+# margin to its target from run to run; over 400 (a few seconds a row) it holds within a few
+# hundredths.
+MIN_PAIRS = 400
+
+
+def pairs_for(b: Bench) -> int:
+    """How many pairs each row times."""
+    return b.samples if b.quick else max(b.samples, MIN_PAIRS)
 
 
 def run(b: Bench) -> None:
@@ -125,7 +135,7 @@ def _semantic_row(b: Bench, ours: _Http, raw: psycopg.Connection) -> None:
     size = context_size(cid)
     gen = b.gen(seed_offset=7)
     topics = b.data.context_topics[cid]
-    queries = [gen.query(topics[i % len(topics)])[1] for i in range(b.samples + 3)]
+    queries = [gen.query(topics[i % len(topics)])[1] for i in range(pairs_for(b) + 3)]
     path = f"{API}/contexts/{cid}/select"
 
     def http(vector) -> None:
@@ -182,7 +192,7 @@ def _append_row(b: Bench, ours: _Http, minimal: _Http) -> None:
         for side in ("ours", "minimal")
     )
     gen = b.gen(seed_offset=8)
-    texts = gen.texts([i % 40 for i in range(b.samples + 3)])
+    texts = gen.texts([i % 40 for i in range(pairs_for(b) + 3)])
     bodies = [orjson.dumps({"role": "user", "text": text}) for text in texts]
     a, m, paired = time_pairs(
         [
