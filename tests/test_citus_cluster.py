@@ -461,20 +461,25 @@ def test_a_later_migration_applies_to_the_distributed_store():
     assert (first["seq"], second["seq"]) == (1, 2)
 
 
-def test_the_full_text_indexes_keep_a_small_pending_list_on_every_shard():
-    """The messages' full-text index keeps its 1 MB pending list (migration 0047) on every
-    shard, where the searches read it."""
-    command = (
-        "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
-        " WHERE i.indrelid = '%s'::regclass AND c.relname LIKE 'message_search_gin%%'"
-        " AND c.reloptions @> ARRAY['gin_pending_list_limit=1024']"
+def test_every_gin_index_keeps_a_small_pending_list_on_every_shard():
+    """Every GIN index keeps its 1 MB pending list (migrations 0047 and 0048) on every shard of
+    every distributed table, where the searches read it."""
+    gin = (
+        "SELECT count(*) FILTER (WHERE coalesce(c.reloptions, '{}')"
+        " @> ARRAY['gin_pending_list_limit=1024']) || '/' || count(*)"
+        " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+        " JOIN pg_am a ON a.oid = c.relam WHERE i.indrelid = '%s'::regclass AND a.amname = 'gin'"
     )
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*), coalesce(sum(result::int), 0)"
-            " FROM run_command_on_shards('memory_app_messagesearch', %s)",
-            [command],
+            "SELECT table_name::text FROM citus_tables WHERE citus_table_type = 'distributed'"
         )
-        shards, small = cursor.fetchone()
-    assert shards > 1
-    assert small == shards
+        tables = [row[0] for row in cursor.fetchall()]
+        counts = {}
+        for table in tables:
+            cursor.execute("SELECT result FROM run_command_on_shards(%s, %s)", [table, gin])
+            counts[table] = [tuple(map(int, row[0].split("/"))) for row in cursor.fetchall()]
+    assert len(counts["memory_app_messagesearch"]) > 1
+    for table in ("memory_app_message", "memory_app_messagesearch", "memory_app_context"):
+        assert all(total > 0 for _, total in counts[table]), counts
+    assert {t: c for t, c in counts.items() if any(small != total for small, total in c)} == {}

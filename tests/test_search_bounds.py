@@ -602,3 +602,45 @@ def test_a_keyword_search_reads_a_bounded_part_of_the_index_however_much_was_wri
         keyword_ranking(context_id=context.pk, query="word3x499x39", limit=5)[0][0]
         == Message.objects.get(context=context, seq=2000).pk
     )
+
+
+def _gin_pages_read(sql: str, params, index: str) -> int:
+    """Pages of the GIN index `index` the statement reads (shared buffers hit or read)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+    nodes = _analysed_nodes(sql, params, buffers=True)
+    scans = [n for n in nodes if n.get("Index Name") == index]
+    assert scans, nodes
+    return sum(n["Shared Hit Blocks"] + n["Shared Read Blocks"] for n in scans)
+
+
+def test_a_tag_filter_reads_a_bounded_part_of_its_index_however_much_was_written():
+    """Every GIN index keeps a pending list of 1 MB (128 pages), which every search reads
+    whole: a filter on a tag no message holds reads no more than that after thousands of tags
+    were written (at PostgreSQL's 4 MB, several hundred pages)."""
+    context = make_context()
+    for batch in range(4):
+        items = [
+            {"role": "user", "text": "x", "tags": [f"t{batch}x{i}x{j}" for j in range(40)]}
+            for i in range(500)
+        ]
+        messages_append(context=context, items=items)
+    sql = "SELECT count(*) FROM memory_app_message WHERE tags @> %s::varchar[]"
+    assert _gin_pages_read(sql, [["nosuchtag"]], "message_tags_gin") <= 140
+    assert Message.objects.filter(context=context, tags__contains=["t3x499x39"]).get().seq == 2000
+
+
+def test_every_gin_index_keeps_a_small_pending_list():
+    """Each GIN index of the schema, those added later included, is made with the 1 MB
+    pending list (`models.shared.PENDING_LIST_KB`), not PostgreSQL's 4 MB."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname, c.reloptions FROM pg_class c JOIN pg_am a ON a.oid = c.relam"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE a.amname = 'gin' AND n.nspname = current_schema() ORDER BY 1"
+        )
+        indexes = cursor.fetchall()
+    assert len(indexes) >= 13, indexes
+    assert [
+        name for name, options in indexes if "gin_pending_list_limit=1024" not in (options or [])
+    ] == []

@@ -9,7 +9,12 @@ from django.db import models
 from django.db.models import Q
 
 from memory_app.models.contexts import Context
-from memory_app.models.shared import MemoryReview, OrderedJSONField, choices_check
+from memory_app.models.shared import (
+    PENDING_LIST_KB,
+    MemoryReview,
+    OrderedJSONField,
+    choices_check,
+)
 
 
 class ApiKey(models.Model):
@@ -89,7 +94,11 @@ class AuditEvent(models.Model):
         ordering = ["-at", "-id"]
         indexes = [
             models.Index(fields=["target_type", "-at"], name="audit_target_idx"),
-            GinIndex(fields=["target_ids"], name="audit_target_ids_gin"),
+            GinIndex(
+                fields=["target_ids"],
+                name="audit_target_ids_gin",
+                gin_pending_list_limit=PENDING_LIST_KB,
+            ),
             models.Index(fields=["actor", "-at"], name="audit_actor_idx"),
         ]
 

@@ -142,8 +142,17 @@ class MemoryRecord(models.Model):
                 name="memory_fts_gin",
                 gin_pending_list_limit=PENDING_LIST_KB,
             ),
-            GinIndex(fields=["scope_keys"], name="memory_scope_gin", opclasses=["jsonb_path_ops"]),
-            GinIndex(fields=["keywords"], name="memory_keywords_gin"),
+            GinIndex(
+                fields=["scope_keys"],
+                name="memory_scope_gin",
+                opclasses=["jsonb_path_ops"],
+                gin_pending_list_limit=PENDING_LIST_KB,
+            ),
+            GinIndex(
+                fields=["keywords"],
+                name="memory_keywords_gin",
+                gin_pending_list_limit=PENDING_LIST_KB,
+            ),
             # The review inbox: the (few) proposals, oldest first.
             models.Index(
                 fields=["created_at", "id"],
@@ -234,7 +243,10 @@ class StoreNamespace(models.Model):
         ]
         indexes = [
             GinIndex(
-                fields=["scope_keys"], name="store_namespace_keys_gin", opclasses=["jsonb_path_ops"]
+                fields=["scope_keys"],
+                name="store_namespace_keys_gin",
+                opclasses=["jsonb_path_ops"],
+                gin_pending_list_limit=PENDING_LIST_KB,
             )
         ]
 

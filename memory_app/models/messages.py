@@ -85,7 +85,9 @@ class Message(ContextRow):
             choices_check("role", MessageRole, "message_role_valid"),
         ]
         indexes = [
-            GinIndex(fields=["tags"], name="message_tags_gin"),
+            GinIndex(
+                fields=["tags"], name="message_tags_gin", gin_pending_list_limit=PENDING_LIST_KB
+            ),
             # The agent's hot read: a context's latest live messages. Not message_context_seq_unique
             # walked backwards: a history pruned as a whole (AgentScope's clear()) would be read
             # row by row to find the live ones.

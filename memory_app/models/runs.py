@@ -12,6 +12,7 @@ from django.db.models.functions import Coalesce
 
 from memory_app.models.contexts import Context
 from memory_app.models.shared import (
+    PENDING_LIST_KB,
     ContextRow,
     OrderedJSONField,
     RunStatus,
@@ -79,7 +80,11 @@ class Run(ContextRow):
             models.Index(F("status"), RUN_STARTED, F("id"), name="run_status_started_idx"),
             models.Index(RUN_DURATION, F("id"), name="run_duration_idx"),
             models.Index(RUN_COST, F("id"), name="run_cost_idx"),
-            GinIndex(fields=["model_names"], name="run_model_names_gin"),
+            GinIndex(
+                fields=["model_names"],
+                name="run_model_names_gin",
+                gin_pending_list_limit=PENDING_LIST_KB,
+            ),
         ]
 
     def __str__(self) -> str:
@@ -224,7 +229,10 @@ class RunSearch(models.Model):
         # index of every kind made each of the three reads build a bitmap of all three's.
         indexes = [
             GinIndex(
-                fields=["search_vector"], name=f"run_search_{kind}_gin", condition=Q(kind=kind)
+                fields=["search_vector"],
+                name=f"run_search_{kind}_gin",
+                condition=Q(kind=kind),
+                gin_pending_list_limit=PENDING_LIST_KB,
             )
             for kind in ("output", "error", "tool")
         ]
@@ -311,7 +319,13 @@ class SpanQueue(ContextRow):
     error = models.TextField(blank=True, default="")
 
     class Meta:
-        indexes = [GinIndex(fields=["trace_ids"], name="spanqueue_trace_ids_gin")]
+        indexes = [
+            GinIndex(
+                fields=["trace_ids"],
+                name="spanqueue_trace_ids_gin",
+                gin_pending_list_limit=PENDING_LIST_KB,
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.span_count} queued spans of context {self.context_id}"

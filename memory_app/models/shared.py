@@ -20,9 +20,10 @@ from psycopg.types.string import TextLoader
 # and re-parses MessageSearch.
 FTS_CONFIG = "english"
 
-# The pending list (kB) of the full-text GIN indexes. A GIN index keeps new entries in a list
-# that every search reads whole until the list is merged into the index: at PostgreSQL's
-# default of 4 MB, up to 3 ms of each keyword search in a store written as agents write. A
+# The pending list (kB) of every GIN index. A GIN index keeps new entries in a list that every
+# search reads whole until the list is merged into the index: at PostgreSQL's default of 4 MB,
+# up to 3 ms of each keyword search, tag filter or scope lookup in a store written as agents
+# write. A
 # smaller list is merged more often, in smaller pieces, at more cost to the writes that fill it:
 # the indexer's pass over 1,000 messages takes 110 ms at 4 MB, 148 ms at 1 MB, 325 ms at 64 kB.
 PENDING_LIST_KB = 1024
