@@ -21,6 +21,7 @@ from django.urls import reverse
 
 from memory_app import pipelines, selectors
 from memory_app.models import Message
+from memory_app.models.shared import PENDING_LIST_KB
 from memory_app.search import bm25, fulltext
 from memory_app.search import keyword as message_search
 from memory_app.search.keyword import keyword_ranking
@@ -641,6 +642,5 @@ def test_every_gin_index_keeps_a_small_pending_list():
         )
         indexes = cursor.fetchall()
     assert len(indexes) >= 13, indexes
-    assert [
-        name for name, options in indexes if "gin_pending_list_limit=1024" not in (options or [])
-    ] == []
+    small = f"gin_pending_list_limit={PENDING_LIST_KB}"
+    assert [name for name, options in indexes if small not in (options or [])] == []

@@ -1,12 +1,15 @@
 """Every other GIN index keeps a pending list of 1 MB too (`memory_app.models.shared.
-PENDING_LIST_KB`), as the full-text ones do since 0047: each search through one of them (a tag
-filter, a context or memory scope looked up by its keys, the store's namespaces, the runs'
-search, a span's trace) reads its list whole, up to 4 MB at PostgreSQL's default.
+PENDING_LIST_KB`), as the full-text ones do since 0047: each search through one of them (tags,
+a context's or a memory's keys, memory keywords, the store's namespaces, the runs' search and
+model names, audit targets, a span's trace) reads its list whole, up to 4 MB at PostgreSQL's
+default.
 
-As in 0047 the setting is changed in place (`ALTER INDEX ... SET`, nothing rebuilt; each
-index's ACCESS EXCLUSIVE lock is held for an instant, so it waits for the statements running on
-its table, and those that come meanwhile wait for it); Citus passes it on to the shards'
-indexes; only Django's record of the indexes is dropped and made again."""
+As in 0047 the setting is changed in place (`ALTER INDEX ... SET`, nothing rebuilt; Citus
+passes it on to the shards' indexes; only Django's record of the indexes is dropped and made
+again). Each index's ACCESS EXCLUSIVE lock waits for the statements running on its table, and
+those that come meanwhile wait for it: the migration is not atomic, so each change commits on
+its own and no lock is held while the next one waits (a failure part way leaves the indexes
+changed so far changed, and running the migration again changes them again)."""
 
 import django.contrib.postgres.indexes
 from django.db import migrations
@@ -39,6 +42,7 @@ INDEXES = [
 
 
 class Migration(migrations.Migration):
+    atomic = False
     dependencies = [("memory_app", "0047_full_text_pending_lists")]
 
     operations = [
