@@ -165,18 +165,14 @@ def _outside_transactions(raw) -> bool:
 
 
 @contextlib.contextmanager
-def pipelined_transaction(cursor, *, implicit: bool = False) -> Iterator[None]:
+def pipelined_transaction(cursor) -> Iterator[None]:
     """Statements sent in one round trip, in one transaction: `BEGIN`, what the block executes
     (results are read once it ends) and `COMMIT`, together. Inside an atomic block the block's
     statements join that transaction (one round trip still). A failure rolls back. A pending
     `deferred_read` goes first in the same round trip, and the block ends only once its
-    check has passed.
-
-    `implicit` (reads only): on a connection in no transaction, no `BEGIN` and `COMMIT`: the
-    server runs a round trip's statements up to its sync in one implicit transaction, which
-    ends with it (settings made with `set_config(..., true)` included)."""
+    check has passed."""
     raw = connection.connection
-    own = not connection.in_atomic_block and not (implicit and _outside_transactions(raw))
+    own = not connection.in_atomic_block
     deferred = _take(_DEFERRED.get())
     with stale_plans_renewed():  # the deferred statements are prepared
         try:

@@ -170,13 +170,15 @@ def _semantic_row(b: Bench, ours: _Http, raw: psycopg.Connection) -> None:
 
 
 def _raw_search(raw: psycopg.Connection, statements) -> None:
-    """The statements as the search sends them: the settings and the walk (which reads the
-    hits' rows too) in one round trip (a pipeline, whose implicit transaction the settings end
-    with); the rows kept as the search keeps them (nearest first, ties by id)."""
+    """The statements as the search sends them: BEGIN, the settings, the walk (which reads the
+    hits' rows too) and COMMIT in one round trip (a pipeline); the rows kept as the search
+    keeps them (nearest first, ties by id)."""
     (settings_sql, settings_args), sql, args = statements
     with raw.pipeline():
+        raw.execute("BEGIN")
         raw.execute(settings_sql, settings_args)
         walk = raw.execute(sql, args)
+        raw.execute("COMMIT")
     found = walk.fetchall()
     sorted(found, key=lambda row: (row[1], row[0]))[:SEARCH_K]
 

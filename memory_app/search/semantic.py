@@ -171,10 +171,8 @@ def nearest_vectors(
                     cursor.execute(sql, args)
                 found = cursor.fetchall()
         else:
-            # The settings end with the round trip's own transaction: no BEGIN and COMMIT to
-            # send around them outside a transaction.
             with db.binding_cursor() as setter, db.binding_cursor() as cursor:
-                with pipelines.pipelined_transaction(setter, implicit=True):
+                with pipelines.pipelined_transaction(setter):
                     setter.execute(*settings_sql)
                     cursor.execute(sql, args)
                 found = cursor.fetchall()
@@ -378,8 +376,7 @@ def hnsw_settings_sql(
 ) -> tuple[str, list[str]]:
     """The settings of one HNSW query as one statement and its parameters: `set_config(...,
     true)` is SET LOCAL, so they end with the transaction (`pipelines.pipelined_transaction`
-    sends them with the walk, in one round trip, whose implicit transaction is theirs outside
-    any other)."""
+    sends them with the walk, in one round trip)."""
     store = store_size(model, dims, table)
     ef = ef_search_for(store, limit, share)
     # To find `limit` rows of a filter keeping `share` of `store` rows, the walk visits about
