@@ -568,19 +568,20 @@ def test_a_small_context_s_statement_runs_on_one_plan_for_every_call(kyoto):
     ]
 
 
-def _index_pages_read(query: str) -> int:
-    """Pages of the full-text GIN index a search for `query` reads (shared buffers hit or read
-    by its index scan)."""
+def _gin_pages_read(sql: str, params, index: str) -> int:
+    """Pages of the GIN index `index` the statement reads (shared buffers hit or read)."""
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
-    nodes = _analysed_nodes(
-        "SELECT count(*) FROM memory_app_messagesearch WHERE search_vector @@ %s::tsquery",
-        [query],
-        buffers=True,
-    )
-    scans = [n for n in nodes if n.get("Index Name") == "message_search_gin"]
+    nodes = _analysed_nodes(sql, params, buffers=True)
+    scans = [n for n in nodes if n.get("Index Name") == index]
     assert scans, nodes
     return sum(n["Shared Hit Blocks"] + n["Shared Read Blocks"] for n in scans)
+
+
+def _index_pages_read(query: str) -> int:
+    """Pages of the full-text GIN index a search for `query` reads (`_gin_pages_read`)."""
+    sql = "SELECT count(*) FROM memory_app_messagesearch WHERE search_vector @@ %s::tsquery"
+    return _gin_pages_read(sql, [query], "message_search_gin")
 
 
 def test_a_keyword_search_reads_a_bounded_part_of_the_index_however_much_was_written(settings):
@@ -603,16 +604,6 @@ def test_a_keyword_search_reads_a_bounded_part_of_the_index_however_much_was_wri
         keyword_ranking(context_id=context.pk, query="word3x499x39", limit=5)[0][0]
         == Message.objects.get(context=context, seq=2000).pk
     )
-
-
-def _gin_pages_read(sql: str, params, index: str) -> int:
-    """Pages of the GIN index `index` the statement reads (shared buffers hit or read)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SET LOCAL enable_seqscan = off")
-    nodes = _analysed_nodes(sql, params, buffers=True)
-    scans = [n for n in nodes if n.get("Index Name") == index]
-    assert scans, nodes
-    return sum(n["Shared Hit Blocks"] + n["Shared Read Blocks"] for n in scans)
 
 
 def test_a_tag_filter_reads_a_bounded_part_of_its_index_however_much_was_written():

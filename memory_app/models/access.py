@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
-from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 
 from memory_app.models.contexts import Context
 from memory_app.models.shared import (
-    PENDING_LIST_KB,
     MemoryReview,
     OrderedJSONField,
     choices_check,
+    gin_index,
 )
 
 
@@ -94,11 +93,7 @@ class AuditEvent(models.Model):
         ordering = ["-at", "-id"]
         indexes = [
             models.Index(fields=["target_type", "-at"], name="audit_target_idx"),
-            GinIndex(
-                fields=["target_ids"],
-                name="audit_target_ids_gin",
-                gin_pending_list_limit=PENDING_LIST_KB,
-            ),
+            gin_index(fields=["target_ids"], name="audit_target_ids_gin"),
             models.Index(fields=["actor", "-at"], name="audit_actor_idx"),
         ]
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 
-from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import F, Q
 
-from memory_app.models.shared import PENDING_LIST_KB, OrderedJSONField
+from memory_app.models.shared import OrderedJSONField, gin_index
 
 
 class Context(models.Model):
@@ -42,12 +41,7 @@ class Context(models.Model):
             models.CheckConstraint(condition=Q(last_seq__gte=0), name="context_last_seq_nonneg"),
         ]
         indexes = [
-            GinIndex(
-                fields=["keys"],
-                name="context_keys_gin",
-                opclasses=["jsonb_path_ops"],
-                gin_pending_list_limit=PENDING_LIST_KB,
-            ),
+            gin_index(fields=["keys"], name="context_keys_gin", opclasses=["jsonb_path_ops"]),
             models.Index(fields=["-last_activity_at", "-id"], name="context_activity_idx"),
             # The full-text indexer's worklist: contexts with messages past their search_seq.
             models.Index(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
-from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.db import models
 from django.db.models import Q
@@ -15,12 +14,12 @@ from memory_app.models.messages import Message
 from memory_app.models.runs import Run, Step
 from memory_app.models.shared import (
     FTS_CONFIG,
-    PENDING_LIST_KB,
     MemoryKind,
     MemoryOrigin,
     MemoryStatus,
     OrderedJSONField,
     choices_check,
+    gin_index,
 )
 
 
@@ -137,22 +136,9 @@ class MemoryRecord(models.Model):
         # A dashboard permission: no API key scope grants it.
         permissions = [("approve_memoryrecord", "Can approve proposed memories")]
         indexes = [
-            GinIndex(
-                fields=["search_vector"],
-                name="memory_fts_gin",
-                gin_pending_list_limit=PENDING_LIST_KB,
-            ),
-            GinIndex(
-                fields=["scope_keys"],
-                name="memory_scope_gin",
-                opclasses=["jsonb_path_ops"],
-                gin_pending_list_limit=PENDING_LIST_KB,
-            ),
-            GinIndex(
-                fields=["keywords"],
-                name="memory_keywords_gin",
-                gin_pending_list_limit=PENDING_LIST_KB,
-            ),
+            gin_index(fields=["search_vector"], name="memory_fts_gin"),
+            gin_index(fields=["scope_keys"], name="memory_scope_gin", opclasses=["jsonb_path_ops"]),
+            gin_index(fields=["keywords"], name="memory_keywords_gin"),
             # The review inbox: the (few) proposals, oldest first.
             models.Index(
                 fields=["created_at", "id"],
@@ -242,11 +228,8 @@ class StoreNamespace(models.Model):
             )
         ]
         indexes = [
-            GinIndex(
-                fields=["scope_keys"],
-                name="store_namespace_keys_gin",
-                opclasses=["jsonb_path_ops"],
-                gin_pending_list_limit=PENDING_LIST_KB,
+            gin_index(
+                fields=["scope_keys"], name="store_namespace_keys_gin", opclasses=["jsonb_path_ops"]
             )
         ]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from django.contrib.postgres.fields import ArrayField
-from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
 from django.db.models import Q
@@ -11,11 +10,11 @@ from django.db.models import Q
 from memory_app.models.contexts import Context
 from memory_app.models.runs import Run, Step
 from memory_app.models.shared import (
-    PENDING_LIST_KB,
     ContextRow,
     MessageRole,
     OrderedJSONField,
     choices_check,
+    gin_index,
 )
 
 
@@ -85,9 +84,7 @@ class Message(ContextRow):
             choices_check("role", MessageRole, "message_role_valid"),
         ]
         indexes = [
-            GinIndex(
-                fields=["tags"], name="message_tags_gin", gin_pending_list_limit=PENDING_LIST_KB
-            ),
+            gin_index(fields=["tags"], name="message_tags_gin"),
             # The agent's hot read: a context's latest live messages. Not message_context_seq_unique
             # walked backwards: a history pruned as a whole (AgentScope's clear()) would be read
             # row by row to find the live ones.
@@ -158,13 +155,7 @@ class MessageSearch(ContextRow):
     error = models.TextField(null=True)
 
     class Meta:
-        indexes = [
-            GinIndex(
-                fields=["search_vector"],
-                name="message_search_gin",
-                gin_pending_list_limit=PENDING_LIST_KB,
-            )
-        ]
+        indexes = [gin_index(fields=["search_vector"], name="message_search_gin")]
 
     def __str__(self) -> str:
         return f"context {self.context_id} #{self.seq}"

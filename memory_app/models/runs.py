@@ -4,7 +4,6 @@ bring."""
 from __future__ import annotations
 
 from django.contrib.postgres.fields import ArrayField
-from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
 from django.db.models import F, Q, Value
@@ -12,13 +11,13 @@ from django.db.models.functions import Coalesce
 
 from memory_app.models.contexts import Context
 from memory_app.models.shared import (
-    PENDING_LIST_KB,
     ContextRow,
     OrderedJSONField,
     RunStatus,
     StepKind,
     choices_check,
     context_of_row,
+    gin_index,
 )
 
 # What the runs table sorts by, as indexed below.
@@ -80,11 +79,7 @@ class Run(ContextRow):
             models.Index(F("status"), RUN_STARTED, F("id"), name="run_status_started_idx"),
             models.Index(RUN_DURATION, F("id"), name="run_duration_idx"),
             models.Index(RUN_COST, F("id"), name="run_cost_idx"),
-            GinIndex(
-                fields=["model_names"],
-                name="run_model_names_gin",
-                gin_pending_list_limit=PENDING_LIST_KB,
-            ),
+            gin_index(fields=["model_names"], name="run_model_names_gin"),
         ]
 
     def __str__(self) -> str:
@@ -228,11 +223,8 @@ class RunSearch(models.Model):
         # One GIN index per kind: a search reads each kind's matches (`search_all`), and one
         # index of every kind made each of the three reads build a bitmap of all three's.
         indexes = [
-            GinIndex(
-                fields=["search_vector"],
-                name=f"run_search_{kind}_gin",
-                condition=Q(kind=kind),
-                gin_pending_list_limit=PENDING_LIST_KB,
+            gin_index(
+                fields=["search_vector"], name=f"run_search_{kind}_gin", condition=Q(kind=kind)
             )
             for kind in ("output", "error", "tool")
         ]
@@ -319,13 +311,7 @@ class SpanQueue(ContextRow):
     error = models.TextField(blank=True, default="")
 
     class Meta:
-        indexes = [
-            GinIndex(
-                fields=["trace_ids"],
-                name="spanqueue_trace_ids_gin",
-                gin_pending_list_limit=PENDING_LIST_KB,
-            )
-        ]
+        indexes = [gin_index(fields=["trace_ids"], name="spanqueue_trace_ids_gin")]
 
     def __str__(self) -> str:
         return f"{self.span_count} queued spans of context {self.context_id}"
