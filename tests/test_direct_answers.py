@@ -1,0 +1,198 @@
+"""The calls answered directly (a selection, a single append: memory_app/api/direct.py, without
+the middleware chain, the URL resolver's dispatch and ninja's operation) answer over HTTP
+exactly as the chain and ninja answer them: status, headers and body, errors included."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from django.conf import settings as django_settings
+
+from agentmemory_site import asgi
+from agentmemory_site.api_handler import DIRECT_CHAIN, ApiHandler, DirectAnswers
+from memory_app import auth
+from tests.builders import make_context
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Headers the server adds whatever answered (uvicorn's date and name).
+SERVER_HEADERS = {"date", "server"}
+
+
+@pytest.fixture
+def both(asgi_live_server, monkeypatch):
+    """`send(method, path, other_path=None, **kw)`: the request sent once as it is answered
+    (directly when it can be) and once through the chain (to `other_path` if given: a write's
+    twin), as (the first answer, the chain's, whether the first was answered directly)."""
+    # Not compressed unless a test asks: an answer near gzip's threshold is compressed or not
+    # by chance (the random padding decides whether it comes out shorter).
+    http = httpx.Client(
+        base_url=asgi_live_server.url, timeout=60, headers={"Accept-Encoding": "identity"}
+    )
+    direct = asgi.api_app.direct
+    assert direct is not None, "the shipped chain is answered directly"
+    answered = []
+    answer = DirectAnswers.answer
+
+    def recorded(self, request):
+        response = answer(self, request)
+        answered.append(response is not None)
+        return response
+
+    monkeypatch.setattr(DirectAnswers, "answer", recorded)
+
+    def send(method: str, path: str, other_path: str | None = None, **kw):
+        answered.clear()
+        first = http.request(method, path, **kw)
+        ran_direct = answered == [True]
+        asgi.api_app.direct = None
+        try:
+            second = http.request(method, other_path or path, **kw)
+        finally:
+            asgi.api_app.direct = direct
+        return first, second, ran_direct
+
+    yield send
+    http.close()
+
+
+def _same(
+    first: httpx.Response, second: httpx.Response, masked: tuple[str, ...] = (), case=None
+) -> None:
+    """The two answers alike: status, headers in order, body (`masked` fields of a JSON object
+    aside). The length aside too when fields are masked, or the body is compressed: each
+    answer gzipped gets random padding (the chain's BREACH mitigation)."""
+    assert first.status_code == second.status_code, (case, first.content, second.content)
+    compressed = first.headers.get("content-encoding") == "gzip"
+    skipped = SERVER_HEADERS | ({"content-length"} if masked or compressed else set())
+    headers = [(k, v) for k, v in first.headers.multi_items() if k not in skipped]
+    assert headers == [(k, v) for k, v in second.headers.multi_items() if k not in skipped], case
+    if not masked:
+        assert first.content == second.content
+        return
+    a, b = first.json(), second.json()
+    for field in masked:
+        a.pop(field, None), b.pop(field, None)
+    assert a == b
+
+
+def _key(**kw) -> dict[str, str]:
+    secret = auth.apikey_create(name="direct", scopes=kw.pop("scopes", ["read", "write"]), **kw)
+    return {"Authorization": f"Bearer {secret.secret}"}
+
+
+def test_the_shipped_chain_is_answered_directly_and_any_other_is_not():
+    assert tuple(django_settings.API_MIDDLEWARE) == DIRECT_CHAIN
+    assert ApiHandler(django_settings.API_MIDDLEWARE, 1).direct is not None
+    assert ApiHandler(django_settings.API_MIDDLEWARE[:-1], 1).direct is None
+
+
+SELECTIONS = [
+    {"selector": "window", "k": 3},
+    {"selector": "token_window", "max_tokens": 20},
+    {"selector": "search", "mode": "keyword", "query": "message", "k": 2},
+    {"selector": "search", "mode": "keyword", "query": "nothing-like-it", "k": 2},
+    {"selector": "search", "mode": "semantic", "query": "message", "k": 2},  # no provider
+]
+
+
+@pytest.mark.parametrize("body", SELECTIONS, ids=lambda b: b["selector"] + b.get("mode", ""))
+def test_a_selection_answers_as_the_operation_does(both, body):
+    context = make_context(messages=6)
+    headers = _key()
+    path = f"/api/v1/contexts/{context.pk}/select"
+    # The second request of a key on a context reads the key with the selection.
+    for _ in range(2):
+        first, second, ran_direct = both("POST", path, json=body, headers=headers)
+        assert ran_direct
+        _same(first, second)
+
+
+def test_a_large_answer_is_compressed_as_the_chain_compresses_it(both):
+    context = make_context(messages=30, text="a longer message {i} " * 8)
+    headers = {**_key(), "Accept-Encoding": "gzip"}
+    body = {"selector": "window", "k": 30}
+    first, second, ran_direct = both(
+        "POST", f"/api/v1/contexts/{context.pk}/select", json=body, headers=headers
+    )
+    assert ran_direct and first.headers["Content-Encoding"] == "gzip"
+    assert "Accept-Encoding" in first.headers["Vary"]
+    assert first.num_bytes_downloaded < len(first.content)
+    _same(first, second)
+
+
+def test_errors_answer_as_the_operation_and_the_chain_answer_them(both, settings):
+    context = make_context(messages=2)
+    mine = _key()
+    foreign = make_context(keys={"tenant": "other"}, messages=1)
+    scoped = _key(context_keys={"tenant": "mine"})
+    write_only = _key(scopes=["write"])
+    path = f"/api/v1/contexts/{context.pk}/select"
+    window = {"selector": "window", "k": 2}
+    cases = [
+        # (path, headers, body or raw bytes, taken directly)
+        (path, {}, window, True),  # no key: 401 with its challenge
+        (path, {"Authorization": "Bearer am_nope_nope"}, window, True),
+        (path, {"Authorization": "Basic abc"}, window, True),
+        (path, write_only, window, True),  # 403
+        (f"/api/v1/contexts/{foreign.pk}/select", scoped, window, True),  # 404, as unknown
+        ("/api/v1/contexts/987654321/select", mine, window, True),
+        (path, mine, {"selector": "window", "k": 0}, False),  # 422: ninja's own
+        (path, mine, {"selector": "nope"}, False),
+        (path, mine, b'{"selector": "window", "k": NaN}', False),  # 400: not RFC 8259 JSON
+        (path, mine, b"{not json", False),
+        (path, mine, b"", False),
+        (path, {}, b"{not json", False),  # the key's 401 before the body's 400
+        ("/api/v1/contexts/99999999999999999999/select", mine, window, False),
+        (path, mine, {"selector": "search", "mode": "semantic", "query_vector": [0.5]}, True),
+    ]
+    for url, headers, body, taken in cases:
+        kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+        kw["headers"] = {"Content-Type": "application/json", **headers}
+        first, second, ran_direct = both("POST", url, **kw)
+        assert ran_direct == taken, (url, body, first.status_code)
+        _same(first, second, case=(url, headers, body))
+    # A refused host and a body over the limit are the chain's, before anything is read.
+    first, second, ran_direct = both("POST", path, json=window, headers={**mine, "Host": "evil"})
+    assert first.status_code == 400 and not ran_direct
+    _same(first, second)
+    settings.MAX_REQUEST_BODY_BYTES = 20
+    first, second, ran_direct = both("POST", path, json=window, headers=mine)
+    assert first.status_code == 413 and not ran_direct
+    _same(first, second)
+
+
+def test_appends_answer_as_the_operation_does(both):
+    # Each side writes to a context of its own, alike before each step: ids, times and the
+    # context differ between the two answers, nothing else.
+    first, second = make_context(messages=1).pk, make_context(messages=1).pk
+    headers, read_only = _key(), _key(scopes=["read"])
+    masked = ("id", "context_id", "created_at", "updated_at")
+    steps = [
+        ({"role": "user", "text": "hello"}, headers, True, 201),
+        (
+            {"role": "user", "text": "once", "client_id": "c-1", "metadata": {"b": 1, "a": 2}},
+            headers,
+            True,
+            201,
+        ),
+        (
+            {"role": "user", "text": "once", "client_id": "c-1", "metadata": {"b": 1, "a": 2}},
+            headers,
+            True,
+            200,
+        ),  # the stored one
+        ({"role": "user", "text": "twice", "client_id": "c-1"}, headers, True, 409),
+        ({"role": "user", "text": "no scope"}, read_only, True, 403),
+        ({"role": "nobody", "text": "x"}, headers, False, 422),  # ninja's own
+    ]
+    for body, key, taken, status in steps:
+        mine, chains, ran_direct = both(
+            "POST",
+            f"/api/v1/contexts/{first}/messages",
+            f"/api/v1/contexts/{second}/messages",
+            json=body,
+            headers=key,
+        )
+        assert (ran_direct, mine.status_code) == (taken, status), mine.content
+        _same(mine, chains, masked=masked)
