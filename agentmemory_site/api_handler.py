@@ -109,7 +109,7 @@ class ApiHandler(ASGIHandler):
         return response
 
 
-def _unused(request):  # a middleware instance needs a next step; these are never called through
+def _never_called(request):  # a middleware instance needs its next step; these call their hooks
     raise AssertionError("a direct answer's middleware is called by its hooks only")
 
 
@@ -123,19 +123,20 @@ class DirectAnswers:
     and Content-Length on the way out."""
 
     def __init__(self):
-        self.security = SecurityMiddleware(_unused)
-        self.gzip = GZipMiddleware(_unused)
-        self.common = CommonMiddleware(_unused)
-        self.xframe = XFrameOptionsMiddleware(_unused)
-        self.csp = ContentSecurityPolicyMiddleware(_unused)
-        self.database_fault = DatabaseUnavailableMiddleware(_unused)
+        self.security = SecurityMiddleware(_never_called)
+        self.gzip = GZipMiddleware(_never_called)
+        self.common = CommonMiddleware(_never_called)
+        self.xframe = XFrameOptionsMiddleware(_never_called)
+        self.csp = ContentSecurityPolicyMiddleware(_never_called)
+        self.database_fault = DatabaseUnavailableMiddleware(_never_called)
+        self.routes = direct.routes()
 
     def answer(self, request):
         """The answer to a request `memory_app.api.direct` answers, as the chain would give it;
         None for any other request (or a body for ninja to refuse): the chain answers it."""
         if request.method != "POST" or request.path != request.path_info:
             return None
-        found = direct.operation_for(request.path_info)
+        found = direct.route_for(request.path_info, self.routes)
         if found is None or not self._passes_through(request):
             return None
         set_urlconf(settings.ROOT_URLCONF)
@@ -149,7 +150,11 @@ class DirectAnswers:
             return None
         response.headers.setdefault("Content-Security-Policy", self.csp.policy)
         for middleware in (self.xframe, self.common, self.gzip, self.security):
-            response = middleware.process_response(request, response)
+            # Each of the chain's layers answers its own middleware's exception.
+            try:
+                response = middleware.process_response(request, response)
+            except Exception as exc:  # noqa: BLE001 - as the chain answers it
+                response = response_for_exception(request, exc)
         response._resource_closers.append(request.close)
         if response.status_code >= 400:
             log_response(

@@ -4,13 +4,18 @@ exactly as the chain and ninja answer them: status, headers and body, errors inc
 
 from __future__ import annotations
 
+import io
+
 import httpx
+import orjson
 import pytest
 from django.conf import settings as django_settings
+from django.db import IntegrityError, OperationalError
 
 from agentmemory_site import asgi
 from agentmemory_site.api_handler import DIRECT_CHAIN, ApiHandler, DirectAnswers
 from memory_app import auth
+from memory_app.api import app, direct, selectors
 from tests.builders import make_context
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -81,10 +86,126 @@ def _key(**kw) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret.secret}"}
 
 
-def test_the_shipped_chain_is_answered_directly_and_any_other_is_not():
+def test_the_shipped_chain_and_routes_are_answered_directly_and_no_others():
     assert tuple(django_settings.API_MIDDLEWARE) == DIRECT_CHAIN
-    assert ApiHandler(django_settings.API_MIDDLEWARE, 1).direct is not None
+    assert set(ApiHandler(django_settings.API_MIDDLEWARE, 1).direct.routes) == {
+        "select",
+        "messages",
+    }
     assert ApiHandler(django_settings.API_MIDDLEWARE[:-1], 1).direct is None
+
+
+def _bound(view):
+    return next(
+        operation
+        for router in app.api._get_bound_routers()
+        for path_view in router.path_operations.values()
+        for operation in path_view.operations
+        if operation.view_func is view
+    )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda op: setattr(op, "throttle_objects", [object()]),
+        lambda op: setattr(op, "auth_callbacks", [*op.auth_callbacks, lambda request: True]),
+        lambda op: setattr(op, "run", lambda request, **kw: None),
+        lambda op: setattr(op, "view_func", lambda request, **kw: None),
+        lambda op: setattr(op, "models", op.models[:1]),
+    ],
+    ids=["throttle", "second key check", "decorated run", "wrapped view", "no body"],
+)
+def test_a_route_whose_operation_runs_more_is_left_to_the_operation(monkeypatch, change):
+    operation = _bound(selectors.select)
+    kept = dict(vars(operation))
+    try:
+        change(operation)
+        assert set(direct.routes()) == {"messages"}
+    finally:
+        vars(operation).clear()
+        vars(operation).update(kept)
+    assert set(direct.routes()) == {"select", "messages"}
+
+
+def _scope(path: str, body: bytes, headers: dict[str, str], scheme: str = "http") -> dict:
+    sent = {"host": "testserver", "content-type": "application/json", **headers}
+    sent["content-length"] = str(len(body))
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [(k.encode(), v.encode()) for k, v in sent.items()],
+        "scheme": scheme,
+        "server": ("testserver", 443 if scheme == "https" else 80),
+        "client": ("127.0.0.1", 5555),
+        "root_path": "",
+        "http_version": "1.1",
+        "asgi": {"version": "3.0"},
+    }
+
+
+def _in_process(handler: ApiHandler, scope: dict, body: bytes):
+    """(the direct answer, or None when declined; the chain's answer) to one request."""
+    answers = []
+    for direct_first in (True, False):
+        request, _ = handler.create_request(scope, io.BytesIO(body))
+        answers.append(
+            handler.direct.answer(request) if direct_first else handler.get_response(request)
+        )
+    return answers
+
+
+def _alike(mine, chains) -> None:
+    assert mine is not None
+    assert (mine.status_code, list(mine.items()), mine.content) == (
+        chains.status_code,
+        list(chains.items()),
+        chains.content,
+    )
+
+
+@pytest.mark.parametrize(
+    ("fault", "status"),
+    [
+        (OperationalError("the server closed the connection"), 503),  # with Retry-After
+        (IntegrityError("duplicate key"), 409),
+        (RuntimeError("a bug"), 500),  # no handler: Django's own answer
+    ],
+    ids=["database fault", "conflict", "bug"],
+)
+def test_an_error_the_view_raises_answers_as_through_the_chain(monkeypatch, fault, status):
+    context = make_context(messages=2)
+    handler = ApiHandler(django_settings.API_MIDDLEWARE, 1)
+
+    def fails(*args, **kwargs):
+        raise fault
+
+    monkeypatch.setattr(selectors, "select_out", fails)
+    body = orjson.dumps({"selector": "window", "k": 2})
+    scope = _scope(f"/api/v1/contexts/{context.pk}/select", body, _key())
+    mine, chains = _in_process(handler, scope, body)
+    _alike(mine, chains)
+    assert mine.status_code == status
+
+
+def test_https_answers_carry_the_chains_transport_headers(settings):
+    settings.SECURE_HSTS_SECONDS = 3600
+    settings.SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    handler = ApiHandler(django_settings.API_MIDDLEWARE, 1)  # middleware reads settings once
+    context = make_context(messages=2)
+    body = orjson.dumps({"selector": "window", "k": 2})
+    path = f"/api/v1/contexts/{context.pk}/select"
+    mine, chains = _in_process(handler, _scope(path, body, _key(), scheme="https"), body)
+    _alike(mine, chains)
+    assert "includeSubDomains" in mine["Strict-Transport-Security"]
+    # Redirected to HTTPS: the chain's answer, declined here.
+    settings.SECURE_SSL_REDIRECT = True
+    handler = ApiHandler(django_settings.API_MIDDLEWARE, 1)
+    mine, chains = _in_process(handler, _scope(path, body, _key()), body)
+    assert mine is None and chains.status_code == 301
 
 
 SELECTIONS = [
@@ -142,7 +263,7 @@ def test_errors_answer_as_the_operation_and_the_chain_answer_them(both, settings
         (path, mine, b'{"selector": "window", "k": NaN}', False),  # 400: not RFC 8259 JSON
         (path, mine, b"{not json", False),
         (path, mine, b"", False),
-        (path, {}, b"{not json", False),  # the key's 401 before the body's 400
+        (path, {}, b"{not json", True),  # the key's 401 before the body's 400
         ("/api/v1/contexts/99999999999999999999/select", mine, window, False),
         (path, mine, {"selector": "search", "mode": "semantic", "query_vector": [0.5]}, True),
     ]
@@ -152,7 +273,7 @@ def test_errors_answer_as_the_operation_and_the_chain_answer_them(both, settings
         first, second, ran_direct = both("POST", url, **kw)
         assert ran_direct == taken, (url, body, first.status_code)
         _same(first, second, case=(url, headers, body))
-    # A refused host and a body over the limit are the chain's, before anything is read.
+    # A refused host and a body over the limit are declined here: the chain answers them.
     first, second, ran_direct = both("POST", path, json=window, headers={**mine, "Host": "evil"})
     assert first.status_code == 400 and not ran_direct
     _same(first, second)
