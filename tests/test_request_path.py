@@ -516,6 +516,23 @@ def test_an_append_outside_a_transaction_is_one_statement_and_stores_what_it_was
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_small_append_is_prepared_once_on_its_connection():
+    context = make_context()
+    for n in (1, 1, 2, 1):
+        items = [{"role": "user", "text": f"m{i}"} for i in range(n)]
+        messages_append(context=context, items=items)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["INSERT INTO memory_app_message (context_id, seq,%"],
+        )
+        prepared = [row[0] for row in cursor.fetchall()]
+    # One statement a number of rows, each parsed once, then executed by name.
+    assert len(prepared) == 2, prepared
+    assert Message.objects.filter(context=context).count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
 def test_an_append_of_more_messages_counts_them_once_and_one_behind_on_full_text_waits(
     monkeypatch,
 ):
