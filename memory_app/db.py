@@ -81,6 +81,23 @@ def stale_plans_renewed() -> Iterator[None]:
         raise OperationalError(f"{STALE_PLAN}: the connection is renewed") from exc
 
 
+def prepared_statements_dropped() -> None:
+    """Drop the statements prepared on this thread's default connection, on the server and in
+    psycopg's cache (psycopg reads DEALLOCATE ALL and clears its own), when the connection is
+    idle. After a prepared statement's first execution fails, psycopg forgets it but the server
+    keeps it: a write failing again and again on one connection would leave one more behind each
+    time. Nothing is done on a connection in a transaction or broken (the pool drops that)."""
+    raw = connection.connection
+    if raw is None or raw.closed:
+        return
+    if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        return
+    try:
+        raw.execute("DEALLOCATE ALL")
+    except psycopg.Error:
+        pass  # broken: the pool's check drops it, and the write's own error is what answers
+
+
 _gc_lock = threading.Lock()
 _gc_pauses = 0
 _gc_was_enabled = False
