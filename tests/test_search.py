@@ -325,6 +325,57 @@ def test_hnsw_path_on_a_large_context_returns_k_results_of_that_context(store, s
         assert cur.fetchone()[0].endswith("AND indexed)")
 
 
+def test_the_messages_walk_keeps_one_generic_plan_that_walks_the_model_index(store, settings):
+    """On one node the walk is prepared and planned once without its values (its settings say
+    so): that plan must still be the model's HNSW index walked in its order, not a sort of the
+    context's rows, and answer as the exact ranking does, for each query and context."""
+    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 1000
+    rng = np.random.default_rng(21)
+    for ctx in store["big"][:2]:
+        for _ in range(3):
+            query = rng.normal(size=DIMS).tolist()
+            ids, path = semantic_ranking(
+                context_id=ctx.pk, model=MODEL, vector=query, limit=10, context_size=5090
+            )
+            assert path == "hnsw" and len(ids) == 10
+            exact = dict(_exact(ctx.pk, query, 6000))
+            assert [d for _, d in ids] == pytest.approx([exact[i] for i, _ in ids], abs=1e-5)
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%nearest AS MATERIALIZED%%'"
+        )
+        prepared = cur.fetchall()
+    if _sharded():
+        assert prepared == []  # on Citus the walk is planned as before, for each call
+        return
+    assert prepared and all(custom == 0 for _, _, custom in prepared), prepared
+    assert sum(generic for _, generic, _ in prepared) >= 6
+    # The plan those runs kept: the statement planned without values, under its settings.
+    settings_sql = hnsw_settings_sql(model=MODEL, dims=DIMS, limit=10, share=5090, generic=True)
+    assert "force_generic_plan" in settings_sql[1]
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(*settings_sql)
+        cur.execute("EXPLAIN (GENERIC_PLAN, COSTS OFF) " + prepared[0][0].replace("%", "%%"))
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    walk = plan.split("CTE Scan on nearest")[0].split("CTE nearest")[1].split("CTE waiting")[0]
+    assert f"Index Scan using {indexer.index_name(MODEL, DIMS)}" in walk, plan
+    assert "Sort" not in walk, plan
+
+
+def test_a_model_name_with_quotes_and_percent_signs_is_searched_as_written(store, settings):
+    """The model is in the walk's text (as in its index's predicate), quoted: any name a client
+    sends is a value, never SQL; a model without vectors finds nothing, by either path."""
+    ctx = store["big"][0]
+    query = np.random.default_rng(5).normal(size=DIMS).tolist()
+    for threshold in (1000, 20000):  # the walk, then the exact scan
+        settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = threshold
+        for model in ("o'brien %s %b", "x') OR (true", MODEL + "\\"):
+            assert semantic_ranking(
+                context_id=ctx.pk, model=model, vector=query, limit=5, context_size=5090
+            )[0] == []
+
+
 def test_small_context_exact_scan_keeps_only_k_rows_in_memory(store, settings):
     """The exact scan ranks with a top-N heap sort (k rows held), not a sort of every vector
     spilled to a temporary file."""

@@ -77,9 +77,10 @@ def run(b: Bench) -> None:
         _served(
             ["agentmemory_site.asgi:application", "memory_app.bench.minimal_http:app"], env
         ) as (ours_port, minimal_port),
-        # Statements unprepared, as Django's connections send them: a prepared walk turns to
-        # its generic plan after a few runs, which sorts the whole context (≈ 190 ms at 50,000).
-        psycopg.connect(**info, autocommit=True, prepare_threshold=None) as raw,
+        # Statements prepared only where the search prepares them (`Walk.prepared`), as the
+        # site's connections do (db.binding_cursor): psycopg's own preparing after five runs
+        # would prepare the statements the search leaves unprepared.
+        psycopg.connect(**info, autocommit=True, prepare_threshold=2**31 - 1) as raw,
     ):
         # The query vector's parameter, packed as the search packs it (memory_app.db).
         raw.adapters.register_dumper(db.Float8Array, db.Float8ArrayDumper)
@@ -151,15 +152,16 @@ def _semantic_row(b: Bench, ours: _Http, raw: psycopg.Connection) -> None:
         return lambda: ours.post(path, encoded)
 
     def direct(vector) -> None:
-        statements = semantic.walk_statements(
+        walk = semantic.walk_statements(
             model=b.data.model,
             vector=vector,
             limit=SEARCH_K,
             share=size,
             **semantic.message_filter(cid),
             rows_sql=semantic.MESSAGE_ROWS,
+            one_plan=True,
         )
-        return lambda: _raw_search(raw, statements)
+        return lambda: _raw_search(raw, walk)
 
     a, d, paired = time_pairs([(http(v), direct(v)) for v in queries])
     label = f"semantic search k={SEARCH_K}, largest context ({size:,} msgs)"
@@ -169,17 +171,16 @@ def _semantic_row(b: Bench, ours: _Http, raw: psycopg.Connection) -> None:
     b.report.add(row, b.log)
 
 
-def _raw_search(raw: psycopg.Connection, statements) -> None:
+def _raw_search(raw: psycopg.Connection, walk: semantic.Walk) -> None:
     """The statements as the search sends them: BEGIN, the settings, the walk (which reads the
-    hits' rows too) and COMMIT in one round trip (a pipeline); the rows kept as the search
-    keeps them (nearest first, ties by id)."""
-    (settings_sql, settings_args), sql, args = statements
+    hits' rows too) and COMMIT in one round trip (a pipeline), prepared as the search prepares
+    them; the rows kept as the search keeps them (nearest first, ties by id)."""
     with raw.pipeline():
         raw.execute("BEGIN")
-        raw.execute(settings_sql, settings_args)
-        walk = raw.execute(sql, args)
+        raw.execute(*walk.settings, prepare=walk.prepared)
+        walked = raw.execute(walk.sql, walk.args, prepare=walk.prepared)
         raw.execute("COMMIT")
-    found = walk.fetchall()
+    found = walked.fetchall()
     sorted(found, key=lambda row: (row[1], row[0]))[:SEARCH_K]
 
 

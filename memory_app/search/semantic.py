@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
+from psycopg import sql as psql
 
 from memory_app import db, errors, pipelines, scale_out
 from memory_app.embeddings import client_vectors, indexer, providers
@@ -81,6 +82,7 @@ def semantic_ranking(
         share=context_size,
         rows=rows,
         rows_sql=MESSAGE_ROWS if rows is not None else None,
+        one_plan=True,
     )
 
 
@@ -124,6 +126,7 @@ def nearest_vectors(
     table: str = indexer.MESSAGE_VECTORS,
     rows: dict[int, tuple] | None = None,
     rows_sql: tuple[str, str] | None = None,
+    one_plan: bool = False,
 ) -> tuple[list[tuple[int, float]], str]:
     """(item id, cosine distance) of the `model` vectors (alias `e`) nearest to `vector` among
     those `where_sql` keeps, nearest first, ties by id; and the path that answered. `table`:
@@ -142,11 +145,14 @@ def nearest_vectors(
 
     `rows` and `rows_sql`: the walk also reads each item it found (`walk_statements`) into
     `rows` by id, in the walk's statement (on Citus too: the rows are joined on the context and
-    id, so the statement stays on the context's shard)."""
+    id, so the statement stays on the context's shard).
+
+    `one_plan`: the walk's text fixes its plan (`walk_statements`); a filter built from a
+    caller's own query (the memory records') is planned for each call's values instead."""
     if approximate:
         sharded = scale_out.table_is_distributed(table)
         read = rows is not None and rows_sql is not None
-        settings_sql, sql, args = walk_statements(
+        walk = walk_statements(
             model=model,
             vector=vector,
             limit=limit,
@@ -157,25 +163,22 @@ def nearest_vectors(
             share=share,
             table=table,
             rows_sql=rows_sql if read else None,
+            one_plan=one_plan,
         )
         if sharded:
             # Citus passes SET LOCAL on to the workers that walk the shards' graphs, not
             # set_config(): one SET LOCAL a setting (names and values are this module's own),
             # sent with the walk (and a request's deferred key read) in one round trip, as the
             # one statement of set_config() calls is on one node.
-            _, pairs = settings_sql
+            _, pairs = walk.settings
             with db.binding_cursor() as setter, db.binding_cursor() as cursor:
                 with pipelines.pipelined_transaction(setter):
                     for name, value in zip(pairs[::2], pairs[1::2], strict=True):
                         setter.execute(f"SET LOCAL {name} = '{value}'")
-                    cursor.execute(sql, args)
+                    cursor.execute(walk.sql, walk.args)
                 found = cursor.fetchall()
         else:
-            with db.binding_cursor() as setter, db.binding_cursor() as cursor:
-                with pipelines.pipelined_transaction(setter):
-                    setter.execute(*settings_sql)
-                    cursor.execute(sql, args)
-                found = cursor.fetchall()
+            found = _walked(walk)
         if read:
             rows.update((row[3], row[3:]) for row in found if row[3] is not None)
         hits = sorted(((row[0], float(row[1])) for row in found), key=lambda hit: (hit[1], hit[0]))
@@ -196,6 +199,25 @@ def nearest_vectors(
     return hits, "hnsw+exact" if approximate else "exact"
 
 
+def _walked(walk: Walk) -> list[tuple]:
+    """The rows of a walk on one node: its settings and the walk in one transaction, one round
+    trip."""
+    prepared = walk.prepared
+    try:
+        with (
+            db.binding_cursor(prepared=prepared) as setter,
+            db.binding_cursor(prepared=prepared) as cursor,
+        ):
+            with pipelines.pipelined_transaction(setter):
+                setter.execute(*walk.settings)
+                cursor.execute(walk.sql, walk.args)
+            return cursor.fetchall()
+    except DatabaseError:
+        if prepared:
+            db.prepared_statements_dropped()  # one prepared for this failure, if it was
+        raise
+
+
 def _exact_nearest(
     *,
     model: str,
@@ -212,8 +234,9 @@ def _exact_nearest(
     walk's: on Citus each names its context's shard)."""
     # OFFSET 0 keeps each subquery apart, so no ORDER BY is answered by the HNSW index.
     dims = int(len(vector))
-    query_cte, distance, rows = _query_parts(dims, table, join_sql, where_sql)
-    _, _, waiting_rows = _query_parts(dims, indexer.WAITING_TABLES[table], join_sql, where_sql)
+    query_cte, distance, rows = _query_parts(model, dims, table, join_sql, where_sql)
+    waiting_table = indexer.WAITING_TABLES[table]
+    _, _, waiting_rows = _query_parts(model, dims, waiting_table, join_sql, where_sql)
 
     def nearest(of: str) -> str:
         return f"""
@@ -229,25 +252,47 @@ def _exact_nearest(
             SELECT * FROM stored UNION ALL SELECT * FROM waiting
         ) s ORDER BY distance, item_id LIMIT %s
     """  # noqa: S608
-    args = [query_vector_param(vector), model, *params, limit, model, *params, limit, limit]
+    args = [query_vector_param(vector), *params, limit, *params, limit, limit]
     with db.binding_cursor() as cursor:
         cursor.execute(sql, args)
         hits = [(row[0], float(row[1])) for row in cursor.fetchall()]
     return hits
 
 
-def _query_parts(dims: int, table: str, join_sql: str, where_sql: str) -> tuple[str, str, str]:
+def _query_parts(
+    model: str, dims: int, table: str, join_sql: str, where_sql: str
+) -> tuple[str, str, str]:
     """The query vector's CTE, the full-precision distance and the rows' FROM/WHERE (`table`:
-    a table of vectors, or its side table of those waiting for the graph)."""
+    a table of vectors, or its side table of those waiting for the graph). The model is in the
+    text, as in the HNSW index's predicate: a plan made without the call's values
+    (`walk_statements`' `one_plan`) can still prove the index holds the rows it asks for."""
     # The query vector is sent once (binary doubles) and referenced from each part; an
     # uncorrelated subquery is a parameter the index scan takes.
     query_cte = f"q AS MATERIALIZED (SELECT %b::float8[]::vector({dims}) AS v)"
     distance = f"e.vector::vector({dims}) <=> (SELECT v FROM q)"  # noqa: S608 - dims is an int
     rows = f"""
         FROM {table} e {join_sql}
-        WHERE e.model = %s AND e.dimensions = {dims} AND e.vector IS NOT NULL AND {where_sql}
-    """  # noqa: S608 - dims is an int; the fragments are the callers' constants
+        WHERE e.model = {_literal(model)} AND e.dimensions = {dims} AND e.vector IS NOT NULL
+        AND {where_sql}
+    """  # noqa: S608 - dims is an int, the model quoted; the fragments are the callers' constants
     return query_cte, distance, rows
+
+
+def _literal(text: str) -> str:
+    """`text` quoted as an SQL string, in a statement whose parameters are placeholders (its `%`
+    doubled)."""
+    connection.ensure_connection()
+    return psql.Literal(text).as_string(connection.connection).replace("%", "%%")
+
+
+class Walk(NamedTuple):
+    """The HNSW walk as sent (`walk_statements`): its settings' statement and parameters, the
+    walk's SQL and arguments, and whether both are prepared on the connection."""
+
+    settings: tuple[str, list[str]]
+    sql: str
+    args: list[Any]
+    prepared: bool
 
 
 def walk_statements(
@@ -262,16 +307,25 @@ def walk_statements(
     share: int | None,
     table: str = indexer.MESSAGE_VECTORS,
     rows_sql: tuple[str, str] | None = None,
-) -> tuple[str, str, list[Any]]:
+    one_plan: bool = False,
+) -> Walk:
     """The HNSW walk as sent: its settings (one statement), the walk's SQL and arguments (rows:
     item id, distance, whether it waited for the indexer). The benchmark runs the same.
+
+    `one_plan` (the messages' walk, whose text depends only on the model, the columns read and
+    the filter's shape): on one node both statements are prepared on the connection and the walk
+    keeps one generic plan (`plan_cache_mode` in its settings). Planning it for each call's
+    values took longer than its parse, and the plan is the same every time: the model's index,
+    walked in its order (sorting is off), the context's rows kept. On Citus the walk stays
+    unprepared, planned as before.
 
     `rows_sql` (columns of alias `h`, a join of `h` on the found item `f.item_id` whose one
     parameter is the walk's first, the context): each found item's row after those three, read
     by the same statement, so the hits need no round trip of their own."""
     dims = int(len(vector))
-    query_cte, distance, rows = _query_parts(dims, table, join_sql, where_sql)
-    _, _, waiting_rows = _query_parts(dims, indexer.WAITING_TABLES[table], join_sql, where_sql)
+    query_cte, distance, rows = _query_parts(model, dims, table, join_sql, where_sql)
+    waiting_table = indexer.WAITING_TABLES[table]
+    _, _, waiting_rows = _query_parts(model, dims, waiting_table, join_sql, where_sql)
     # The walk orders by the index's expression (half precision); the rows it keeps are then
     # ranked by their full-precision distance.
     walk_distance = f"e.vector::halfvec({dims}) <=> (SELECT v::halfvec({dims}) FROM q)"  # noqa: S608
@@ -291,13 +345,16 @@ def walk_statements(
         SELECT item_id, distance, false AS waited FROM nearest
         UNION ALL SELECT item_id, distance, true FROM waiting
     """  # noqa: S608
-    args = [query_vector_param(vector), model, *params, limit, model, *params, limit]
+    args = [query_vector_param(vector), *params, limit, *params, limit]
     if rows_sql is not None:
         columns, join = rows_sql
         sql = f"SELECT f.item_id, f.distance, f.waited, {columns} FROM ({sql}) f {join}"  # noqa: S608
         args.append(params[0])
-    settings_sql = hnsw_settings_sql(model=model, dims=dims, limit=limit, share=share, table=table)
-    return settings_sql, sql, args
+    prepared = one_plan and not scale_out.table_is_distributed(table)
+    settings_sql = hnsw_settings_sql(
+        model=model, dims=dims, limit=limit, share=share, table=table, generic=prepared
+    )
+    return Walk(settings_sql, sql, args, prepared)
 
 
 # pgvector's defaults: hnsw.ef_search 40, hnsw.max_scan_tuples 20,000.
@@ -372,11 +429,18 @@ def ef_search_for(store: int, limit: int, share: int | None = None) -> int:
 
 
 def hnsw_settings_sql(
-    *, model: str, dims: int, limit: int, share: int | None, table: str = indexer.MESSAGE_VECTORS
+    *,
+    model: str,
+    dims: int,
+    limit: int,
+    share: int | None,
+    table: str = indexer.MESSAGE_VECTORS,
+    generic: bool = False,
 ) -> tuple[str, list[str]]:
     """The settings of one HNSW query as one statement and its parameters: `set_config(...,
     true)` is SET LOCAL, so they end with the transaction (`pipelines.pipelined_transaction`
-    sends them with the walk, in one round trip)."""
+    sends them with the walk, in one round trip). `generic`: the prepared walk after them keeps
+    one plan made without its values (`walk_statements`' `one_plan`)."""
     store = store_size(model, dims, table)
     ef = ef_search_for(store, limit, share)
     # To find `limit` rows of a filter keeping `share` of `store` rows, the walk visits about
@@ -396,6 +460,9 @@ def hnsw_settings_sql(
         # (A planner setting: it holds for the walk, the statement after this one.)
         "enable_sort": "off",
     }
+    if generic:
+        # Read when the walk is bound, as enable_sort is when it is planned.
+        values["plan_cache_mode"] = "force_generic_plan"
     calls = ", ".join("set_config(%s, %s, true)" for _ in values)
     return f"SELECT {calls}", [str(x) for pair in values.items() for x in pair]
 
