@@ -146,7 +146,8 @@ def read_rows(
                 cursor.execute(sql, params)
             readers = _send(deferred[0]) if deferred is not None else []
             if generic:
-                raw.execute(_GENERIC_PLANS)  # after the deferred reads: for this read alone
+                # After the deferred reads: for this read alone. Prepared: its text never changes.
+                raw.execute(_GENERIC_PLANS, prepare=True)
             if not ahead:
                 cursor.execute(sql, params)
         if deferred is not None:

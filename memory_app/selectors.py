@@ -25,7 +25,7 @@ from typing import Literal
 from django.db import router
 from django.db.models import Q
 
-from memory_app import db, pipelines, tokens
+from memory_app import db, pipelines, scale_out, tokens
 from memory_app.errors import Invalid
 from memory_app.models import Context, Message
 from memory_app.search.messages import search_messages
@@ -191,9 +191,17 @@ _NEWEST_SQL = (
 def _newest(context_id: int, k: int) -> list[Message]:
     """The last `k` live messages, oldest first: one read, no query compiled (the window is an
     agent's most frequent read), on the database the router names for reads; a request's
-    deferred key read goes with it (`pipelines.read_rows`)."""
+    deferred key read goes with it (`pipelines.read_rows`).
+
+    On one node the read is prepared and runs on its generic plan, one for any context and k:
+    an index of the context's messages walked newest first (on a large store the live
+    messages' index, which holds no pruned row). Planning it for each call's values cost the
+    server more than running it."""
     using = router.db_for_read(Message)
-    rows = pipelines.read_rows(_NEWEST_SQL, [context_id, k], using=using)
+    one_plan = not scale_out.table_is_distributed(Message._meta.db_table)
+    rows = pipelines.read_rows(
+        _NEWEST_SQL, [context_id, k], using=using, prepared=one_plan, generic=one_plan
+    )
     return [db.from_row(Message, row, using) for row in reversed(rows)]
 
 

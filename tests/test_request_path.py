@@ -689,6 +689,10 @@ def test_a_selection_in_one_read_reads_its_key_with_it(body, expected, read):
     for text in texts:
         response = api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": text})
         assert response.status_code == 201
+    # The scale-out probe, once per process and table, is not the request's (the window asks
+    # it of the messages).
+    sharded = scale_out.table_is_distributed("memory_app_context")
+    scale_out.table_is_distributed("memory_app_message")
     pipelined = []
 
     def record(execute, sql, params, many, context):
@@ -710,7 +714,6 @@ def test_a_selection_in_one_read_reads_its_key_with_it(body, expected, read):
     # The key and its context, then the selection's one read: all in one round trip. On Citus
     # the key and the context are two statements (the context's filtered by the key's
     # confinement, verified by the appends above).
-    sharded = scale_out.table_is_distributed("memory_app_context")
     reads = 2 if sharded else 1
     assert len(statements) == reads + 1, statements
     assert "memory_app_apikey" in statements[0] and "memory_app_context" in statements[reads - 1]
@@ -771,3 +774,50 @@ def test_a_key_read_prepared_before_a_migration_answers_503_once_then_reads_agai
         connection.close()
         other.execute("ALTER TABLE memory_app_apikey ALTER COLUMN name TYPE varchar(200)")
         other.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_window_read_runs_on_one_plan_that_walks_the_live_messages_index(system_actor):
+    """On one node the window's read is prepared and planned once for any context and k (its
+    generic plan): an index of the context's messages walked newest first under the limit, no
+    sort (on a large store the live messages' index, which holds no pruned row; on this small
+    one the planner may walk the (context, seq) index instead); the answers are the last k live
+    messages whatever k. On Citus it is sent as before."""
+    from memory_app.selectors import WindowSpec, select
+    from memory_app.services.curation import messages_set_pruned
+
+    contexts = []
+    for n in (30, 7):
+        context = make_context()
+        stored = messages_append(
+            context=context, items=[{"role": "user", "text": f"m{i}"} for i in range(n)]
+        ).messages
+        messages_set_pruned(context=context, ids=[stored[-2].pk], pruned=True, actor=system_actor)
+        contexts.append((context, [m.pk for m in stored if m.pk != stored[-2].pk]))
+    for k in (1, 5, 20, 40):
+        for context, live in contexts:
+            got = [item.message.pk for item in select(context=context, spec=WindowSpec(k=k)).items]
+            assert got == live[-k:]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE %s",
+            ["%FROM memory_app_message m WHERE m.context_id = $1 AND m.pruned_at IS NULL%"],
+        )
+        prepared = cursor.fetchall()
+        cursor.execute("SELECT current_setting('plan_cache_mode')")
+        assert cursor.fetchone()[0] == "auto"  # the setting ended with the read's round trip
+    if scale_out.table_is_distributed("memory_app_message"):
+        assert prepared == []
+        return
+    [(statement, generic, custom)] = prepared
+    assert (generic, custom) == (8, 0)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute("EXPLAIN (GENERIC_PLAN, COSTS OFF) " + statement)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert plan.startswith("Limit") and "Sort" not in plan, plan
+    assert (
+        "Index Scan using message_live_recent_idx" in plan
+        or "Index Scan Backward using message_context_seq_unique" in plan
+    ), plan

@@ -371,9 +371,12 @@ def test_a_model_name_with_quotes_and_percent_signs_is_searched_as_written(store
     for threshold in (1000, 20000):  # the walk, then the exact scan
         settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = threshold
         for model in ("o'brien %s %b", "x') OR (true", MODEL + "\\"):
-            assert semantic_ranking(
-                context_id=ctx.pk, model=model, vector=query, limit=5, context_size=5090
-            )[0] == []
+            assert (
+                semantic_ranking(
+                    context_id=ctx.pk, model=model, vector=query, limit=5, context_size=5090
+                )[0]
+                == []
+            )
 
 
 def test_small_context_exact_scan_keeps_only_k_rows_in_memory(store, settings):
