@@ -40,8 +40,7 @@ from django.urls import set_script_prefix, set_urlconf
 from django.utils.log import log_response
 
 from memory_app import replica
-from memory_app.api import direct
-from memory_app.api.limits import GC_PAUSE_MIN_BODY
+from memory_app.api import direct, limits
 from memory_app.middleware import ContentSecurityPolicyMiddleware, DatabaseUnavailableMiddleware
 
 # The chain a direct answer stands for (settings.API_MIDDLEWARE as shipped): with any other,
@@ -166,11 +165,7 @@ class DirectAnswers:
         """Whether the chain's middleware would let `request` through to its view unchanged: a
         declared body under the size limit and the GC pause's threshold, no read replica, and
         no redirect or refusal (host, user agent) on the way in."""
-        try:
-            length = int(request.META.get("CONTENT_LENGTH") or "")
-        except ValueError:
-            return False
-        if not 0 <= length <= settings.MAX_REQUEST_BODY_BYTES or length >= GC_PAUSE_MIN_BODY:
+        if not limits.passed_on_untouched(request):
             return False
         if replica.configured():
             return False

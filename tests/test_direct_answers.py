@@ -317,3 +317,53 @@ def test_appends_answer_as_the_operation_does(both):
         )
         assert (ran_direct, mine.status_code) == (taken, status), mine.content
         _same(mine, chains, masked=masked)
+
+
+@pytest.mark.parametrize("path", ["/api/v1/contexts/1/select", "/api/v1/import"])
+def test_a_body_is_answered_directly_only_where_the_limits_middleware_passes_it_on(settings, path):
+    """`limits.passed_on_untouched`, which the direct answers ask, agrees with the two body
+    middlewares it stands for: a declared length it accepts is passed on by the body limit
+    without a read and runs with the GC on; every other declared length is answered or paused
+    by one of them."""
+    import gc
+
+    from django.test import RequestFactory
+
+    from memory_app.api import limits
+    from memory_app.url_prefixes import IMPORT_PATH
+
+    assert (path == IMPORT_PATH) == path.endswith("import")  # both limits are tried
+    settings.MAX_REQUEST_BODY_BYTES = 100
+    settings.MAX_IMPORT_BYTES = limits.GC_PAUSE_MIN_BODY * 4
+    passed = object()
+
+    def view(request):
+        return passed if gc.isenabled() else "paused"
+
+    gc_was = gc.isenabled()
+    gc.enable()
+    try:
+        for length in [
+            "0",
+            "99",
+            "100",
+            "101",
+            str(limits.GC_PAUSE_MIN_BODY - 1),
+            str(limits.GC_PAUSE_MIN_BODY),
+            "-1",
+            "x1",
+            "",
+        ]:
+            request = RequestFactory().post(path, data=b"", content_type="application/json")
+            request.META["CONTENT_LENGTH"] = length
+            through_limit = limits.RequestBodyLimitMiddleware(limits.BulkBodyGcMiddleware(view))(
+                request
+            )
+            untouched = through_limit is passed and not hasattr(request, "_body")
+            if limits.passed_on_untouched(request):
+                assert untouched, length
+            elif length.lstrip("-").isdigit() and int(length) >= 0:
+                assert not untouched, length  # a 413, or the GC paused
+    finally:
+        if not gc_was:
+            gc.disable()

@@ -28,6 +28,31 @@ def _too_large(limit: int, setting: str) -> JsonResponse:
     return JsonResponse({"detail": str(BodyTooLarge(limit, setting))}, status=413)
 
 
+def _limit(request) -> tuple[int, str]:
+    """The body limit of `request`'s path, and the setting that sets it."""
+    if request.path == IMPORT_PATH:
+        return settings.MAX_IMPORT_BYTES, "AGENTMEMORY_MAX_IMPORT_BYTES"
+    return settings.MAX_REQUEST_BODY_BYTES, "AGENTMEMORY_MAX_BODY_BYTES"
+
+
+def _declared_length(request) -> int | None:
+    """The body length the request declares (Content-Length); None without one or for one that
+    is not a number."""
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or "")
+    except ValueError:
+        return None
+
+
+def passed_on_untouched(request) -> bool:
+    """Whether this module's middleware would pass the API request `request` on as it is: a
+    body of a declared length within its limit (no 400 or 413, nothing read) and below the GC
+    pause's size (`BulkBodyGcMiddleware`). A request answered without that middleware
+    (agentmemory_site.api_handler.DirectAnswers) asks this first."""
+    length = _declared_length(request)
+    return length is not None and 0 <= length <= _limit(request)[0] and length < GC_PAUSE_MIN_BODY
+
+
 class CappedStream:
     """A body stream that raises `BodyTooLarge` once more than `limit` bytes are read from it."""
 
@@ -63,15 +88,10 @@ class RequestBodyLimitMiddleware:
 
     def _check(self, request) -> JsonResponse | None:
         importing = request.path == IMPORT_PATH
-        if importing:
-            limit, setting = settings.MAX_IMPORT_BYTES, "AGENTMEMORY_MAX_IMPORT_BYTES"
-        else:
-            limit, setting = settings.MAX_REQUEST_BODY_BYTES, "AGENTMEMORY_MAX_BODY_BYTES"
-        declared = request.META.get("CONTENT_LENGTH")
-        if declared:
-            try:
-                length = int(declared)
-            except ValueError:
+        limit, setting = _limit(request)
+        if request.META.get("CONTENT_LENGTH"):
+            length = _declared_length(request)
+            if length is None:
                 return JsonResponse({"detail": "Content-Length is not a number"}, status=400)
             return _too_large(limit, setting) if length > limit else None
         stream = self._lengthless_stream(request)
@@ -116,11 +136,7 @@ class BulkBodyGcMiddleware:
 
     def __call__(self, request):
         if request.path.startswith(API_PREFIXES) and request.method not in BODYLESS:
-            try:
-                length = int(request.META.get("CONTENT_LENGTH") or 0)
-            except ValueError:
-                length = 0
-            if length >= GC_PAUSE_MIN_BODY:
+            if (_declared_length(request) or 0) >= GC_PAUSE_MIN_BODY:
                 from memory_app.db import gc_paused
 
                 with gc_paused():
