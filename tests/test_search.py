@@ -9,7 +9,7 @@ import random
 
 import numpy as np
 import pytest
-from django.db import connection, transaction
+from django.db import DataError, connection, transaction
 from django.test import override_settings
 
 from memory_app import db, errors, scale_out
@@ -376,6 +376,10 @@ def test_a_model_name_with_quotes_and_percent_signs_is_searched_as_written(store
                     context_id=ctx.pk, model=model, vector=query, limit=5, context_size=5090
                 )[0]
                 == []
+            )
+        with pytest.raises(DataError):  # as when it was a parameter
+            semantic_ranking(
+                context_id=ctx.pk, model="a\x00b", vector=query, limit=5, context_size=5090
             )
 
 

@@ -16,6 +16,7 @@ Within one context it returns min(k, n) results, whatever share of the table tha
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -278,11 +279,13 @@ def _query_parts(
     return query_cte, distance, rows
 
 
+@functools.lru_cache(maxsize=256)
 def _literal(text: str) -> str:
     """`text` quoted as an SQL string, in a statement whose parameters are placeholders (its `%`
-    doubled)."""
+    doubled); kept per text, as the server quotes it the same on every connection."""
     connection.ensure_connection()
-    return psql.Literal(text).as_string(connection.connection).replace("%", "%%")
+    with connection.wrap_database_errors:  # a NUL is a DataError, as in a parameter
+        return psql.Literal(text).as_string(connection.connection).replace("%", "%%")
 
 
 class Walk(NamedTuple):
