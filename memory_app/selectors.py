@@ -197,12 +197,17 @@ def _newest(context_id: int, k: int) -> list[Message]:
     an index of the context's messages walked newest first (on a large store the live
     messages' index, which holds no pruned row). Planning it for each call's values cost the
     server more than running it."""
+    return _newest_first(context_id, k)[::-1]
+
+
+def _newest_first(context_id: int, k: int) -> list[Message]:
+    """`_newest`'s read, newest first."""
     using = router.db_for_read(Message)
     one_plan = not scale_out.table_is_distributed(Message._meta.db_table)
     rows = pipelines.read_rows(
         _NEWEST_SQL, [context_id, k], using=using, prepared=one_plan, generic=one_plan
     )
-    return [db.from_row(Message, row, using) for row in reversed(rows)]
+    return [db.from_row(Message, row, using) for row in rows]
 
 
 def _not_status() -> Q:
@@ -220,12 +225,15 @@ def _scan_backwards(
     cursor = before_seq
     size = FIRST_SCAN_CHUNK
     while True:
-        qs = _live(context)
-        if cursor is not None:
-            qs = qs.filter(seq__lt=cursor)
+        if cursor is None:
+            # The newest chunk is the window's own read (one prepared statement, a request's
+            # deferred key read in its round trip): a token window is mostly answered by it.
+            chunk = _newest_first(context.pk, size)
+        else:
+            qs = _live(context).filter(seq__lt=cursor)
             if narrow is not None:
                 qs = qs.filter(narrow())
-        chunk = list(qs.order_by("-seq")[:size])
+            chunk = list(qs.order_by("-seq")[:size])
         yield from chunk
         if len(chunk) < size:
             return

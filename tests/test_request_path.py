@@ -676,13 +676,19 @@ def test_an_append_queues_its_messages_for_the_configured_model(
             ("websearch_to_tsquery", "FROM memory_app_message x"),
         ),
         ({"selector": "window", "k": 2}, [2, 3], ("ORDER BY m.seq DESC LIMIT",)),
+        (
+            {"selector": "token_window", "max_tokens": 9, "semantics": "plain"},
+            [2, 3],
+            ("ORDER BY m.seq DESC LIMIT",),
+        ),
     ],
-    ids=["keyword", "window"],
+    ids=["keyword", "window", "token_window"],
 )
 def test_a_selection_in_one_read_reads_its_key_with_it(body, expected, read):
-    """A keyword search on a small context (ranked, its hits read, in one statement) and the
-    window (one statement) take a key verified before, and its context, in the same round
-    trip; nothing goes out before the key has passed, and errors answer as before."""
+    """A keyword search on a small context (ranked, its hits read, in one statement), the
+    window (one statement) and a token window answered by its first read take a key verified
+    before, and its context, in the same round trip; nothing goes out before the key has
+    passed, and errors answer as before."""
     api = make_key(context_keys={"user": "ada"})
     cid = new_context(api, keys={"user": "ada", "thread": "t"})
     texts = ["otters hold hands", "the river otter", "a quiet river", "nothing here"]

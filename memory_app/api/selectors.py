@@ -64,16 +64,20 @@ def select(request, context_id: ContextId, body: SelectIn):
 def _key_read_with_the_selection(request, body: SelectIn) -> bool:
     """A selection that is one read, by a key this process has verified on this context before
     (`known_size`): the key and the context are read in that read's round trip. The window's
-    last k is one statement; a semantic search with the client's query vector is sized from the
-    size last seen (its walk's settings, and whether the context is large enough for the index:
-    the one before or after a few appends answers the same); a keyword search ranks a small
-    context in one statement that reads the counters itself (and sends none back when the
-    context has outgrown it). The answer is used only once the key has passed."""
+    last k is one statement, and a contiguous token window's first; a semantic search with the
+    client's query vector is sized from the size last seen (its walk's settings, and whether
+    the context is large enough for the index: the one before or after a few appends answers
+    the same); a keyword search ranks a small context in one statement that reads the
+    counters itself (and sends none back when the context has outgrown it). The answer is used
+    only once the key has passed."""
     size = known_size(request)
     if size is None:
         return False
     if body.selector == "window":
         return body.semantics == "plain"
+    if body.selector == "token_window":
+        # Its first read is the window's (the newest messages), which most budgets end in.
+        return body.policy == "contiguous"
     if body.selector != "search":
         return False
     if body.mode == "semantic":
