@@ -195,7 +195,7 @@ def _newest(context_id: int, k: int) -> list[Message]:
 
     On one node the read is prepared and runs on its generic plan, one for any context and k:
     an index of the context's messages walked newest first (on a large store the live
-    messages' index, which holds no pruned row). Planning it for each call's values cost the
+    messages' index, which holds no pruned row). Planning it for each call's values costs the
     server more than running it."""
     return _newest_first(context_id, k)[::-1]
 

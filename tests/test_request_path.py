@@ -788,7 +788,7 @@ def test_the_window_read_runs_on_one_plan_that_walks_the_live_messages_index(sys
     generic plan): an index of the context's messages walked newest first under the limit, no
     sort (on a large store the live messages' index, which holds no pruned row; on this small
     one the planner may walk the (context, seq) index instead); the answers are the last k live
-    messages whatever k. On Citus it is sent as before."""
+    messages whatever k. On Citus it is sent unprepared."""
     from memory_app.selectors import WindowSpec, select
     from memory_app.services.curation import messages_set_pruned
 
@@ -804,6 +804,19 @@ def test_the_window_read_runs_on_one_plan_that_walks_the_live_messages_index(sys
         for context, live in contexts:
             got = [item.message.pk for item in select(context=context, spec=WindowSpec(k=k)).items]
             assert got == live[-k:]
+    # Over the API, as a request runs (outside a transaction): the window and a token window,
+    # the second of each with the key read in the same round trip (verified by the first).
+    api = make_key()
+    cid = new_context(api)
+    for text in ("one", "two", "three"):
+        assert api.post(f"/api/v1/contexts/{cid}/messages", {"role": "user", "text": text})
+    window = {"selector": "window", "k": 2}
+    tokens = {"selector": "token_window", "max_tokens": 50, "semantics": "plain"}
+    for body in (window, tokens, window, tokens):
+        response = api.post(f"/api/v1/contexts/{cid}/select", body)
+        assert response.status_code == 200
+        texts = [item["message"]["text"] for item in response.json()["items"]]
+        assert texts == (["two", "three"] if body is window else ["one", "two", "three"])
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
@@ -817,7 +830,7 @@ def test_the_window_read_runs_on_one_plan_that_walks_the_live_messages_index(sys
         assert prepared == []
         return
     [(statement, generic, custom)] = prepared
-    assert (generic, custom) == (8, 0)
+    assert (generic, custom) == (12, 0)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         cursor.execute("EXPLAIN (GENERIC_PLAN, COSTS OFF) " + statement)
@@ -827,3 +840,25 @@ def test_the_window_read_runs_on_one_plan_that_walks_the_live_messages_index(sys
         "Index Scan using message_live_recent_idx" in plan
         or "Index Scan Backward using message_context_seq_unique" in plan
     ), plan
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_prepared_read_that_fails_leaves_no_statement_behind():
+    """psycopg forgets a prepared statement whose first run failed, the server keeps it: a
+    read failing again and again on one connection would leave one more each time. A failed
+    prepared read drops the connection's prepared statements (the next reads prepare theirs
+    anew), and answers its error as before."""
+    from memory_app import pipelines
+    from memory_app.selectors import _NEWEST_SQL
+
+    context = make_context()
+    for _ in range(3):
+        with pytest.raises(DataError):  # LIMIT must not be negative
+            pipelines.read_rows(_NEWEST_SQL, [context.pk, -1], prepared=True, generic=True)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%ORDER BY m.seq DESC LIMIT $2%"],
+        )
+        assert cursor.fetchone()[0] == 0
+    assert pipelines.read_rows(_NEWEST_SQL, [context.pk, 5], prepared=True, generic=True) == []

@@ -356,30 +356,45 @@ def test_the_messages_walk_keeps_one_generic_plan_that_walks_the_model_index(sto
     assert "force_generic_plan" in settings_sql[1]
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(*settings_sql)
-        cur.execute("EXPLAIN (GENERIC_PLAN, COSTS OFF) " + prepared[0][0].replace("%", "%%"))
+        cur.execute("EXPLAIN (GENERIC_PLAN, COSTS OFF) " + prepared[0][0])
         plan = "\n".join(row[0] for row in cur.fetchall())
     walk = plan.split("CTE Scan on nearest")[0].split("CTE nearest")[1].split("CTE waiting")[0]
     assert f"Index Scan using {indexer.index_name(MODEL, DIMS)}" in walk, plan
     assert "Sort" not in walk, plan
+    # Its joins are key lookups, sized for no particular context: no hash of a context's rows.
+    assert "Hash" not in plan and "Merge" not in plan, plan
 
 
 def test_a_model_name_with_quotes_and_percent_signs_is_searched_as_written(store, settings):
-    """The model is in the walk's text (as in its index's predicate), quoted: any name a client
-    sends is a value, never SQL; a model without vectors finds nothing, by either path."""
-    ctx = store["big"][0]
+    """The model is in the walk's text (as in its index's predicate), quoted: a name with
+    quotes, a backslash and placeholders finds its own vectors through its own index and the
+    exact scan alike, and a name that reads as SQL is a value that finds nothing."""
+    small = store["small"]
+    odd = "o'brien %s \\ %b"
+    columns = [f.column for f in Embedding._meta.concrete_fields if f.column not in ("id", "model")]
+    listed = ", ".join(columns)
+    with connection.cursor() as cur:
+        # The index first: a table with checks pending in the transaction cannot be indexed.
+        cur.execute(indexer.index_sql(model=odd, dimensions=DIMS, concurrently=False))
+        cur.execute(
+            f"INSERT INTO memory_app_embedding (model, {listed}) SELECT %s, {listed}"  # noqa: S608
+            " FROM memory_app_embedding WHERE context_id = %s AND model = %s",
+            [odd, small.pk, MODEL],
+        )
     query = np.random.default_rng(5).normal(size=DIMS).tolist()
-    for threshold in (1000, 20000):  # the walk, then the exact scan
+    truth = [i for i, _ in _exact(small.pk, query, 20)]
+    for threshold, path in ((5, "hnsw"), (20000, "exact")):
         settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = threshold
-        for model in ("o'brien %s %b", "x') OR (true", MODEL + "\\"):
-            assert (
-                semantic_ranking(
-                    context_id=ctx.pk, model=model, vector=query, limit=5, context_size=5090
-                )[0]
-                == []
-            )
+        ids, took = semantic_ranking(
+            context_id=small.pk, model=odd, vector=query, limit=20, context_size=20
+        )
+        assert took == path and [i for i, _ in ids] == truth
+        assert semantic_ranking(
+            context_id=small.pk, model="x') OR (true", vector=query, limit=5, context_size=20
+        ) == ([], "hnsw+exact" if path == "hnsw" else "exact")
         with pytest.raises(DataError):  # as when it was a parameter
             semantic_ranking(
-                context_id=ctx.pk, model="a\x00b", vector=query, limit=5, context_size=5090
+                context_id=small.pk, model="a\x00b", vector=query, limit=5, context_size=20
             )
 
 

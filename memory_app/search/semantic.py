@@ -281,8 +281,8 @@ def _query_parts(
 
 @functools.lru_cache(maxsize=256)
 def _literal(text: str) -> str:
-    """`text` quoted as an SQL string, in a statement whose parameters are placeholders (its `%`
-    doubled); kept per text, as the server quotes it the same on every connection."""
+    """`text` quoted as an SQL string (by libpq, for a UTF-8 connection: the same on each), in a
+    statement whose parameters are placeholders (its `%` doubled); kept per text."""
     connection.ensure_connection()
     with connection.wrap_database_errors:  # a NUL is a DataError, as in a parameter
         return psql.Literal(text).as_string(connection.connection).replace("%", "%%")
@@ -316,11 +316,11 @@ def walk_statements(
     item id, distance, whether it waited for the indexer). The benchmark runs the same.
 
     `one_plan` (the messages' walk, whose text depends only on the model, the columns read and
-    the filter's shape): on one node both statements are prepared on the connection and the walk
+    the filter's shape): on one node its statements are prepared on the connection and the walk
     keeps one generic plan (`plan_cache_mode` in its settings). Planning it for each call's
-    values took longer than its parse, and the plan is the same every time: the model's index,
-    walked in its order (sorting is off), the context's rows kept. On Citus the walk stays
-    unprepared, planned as before.
+    values costs the server more than its parse, for the same plan every time: the model's
+    index walked in its order (sorting is off), the context's rows kept by key lookups. On
+    Citus the walk is unprepared and planned for each call.
 
     `rows_sql` (columns of alias `h`, a join of `h` on the found item `f.item_id` whose one
     parameter is the walk's first, the context): each found item's row after those three, read
@@ -464,8 +464,13 @@ def hnsw_settings_sql(
         "enable_sort": "off",
     }
     if generic:
-        # Read when the walk is bound, as enable_sort is when it is planned.
+        # Read when the walk is bound, as enable_sort is when it is planned. A plan made
+        # without the context sizes its joins for an average context, where a hash of the
+        # context's messages may look cheap; the walk's few rows are joined by key lookups in
+        # any context, so the one plan joins by nested loops.
         values["plan_cache_mode"] = "force_generic_plan"
+        values["enable_hashjoin"] = "off"
+        values["enable_mergejoin"] = "off"
     calls = ", ".join("set_config(%s, %s, true)" for _ in values)
     return f"SELECT {calls}", [str(x) for pair in values.items() for x in pair]
 
