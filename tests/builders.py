@@ -253,3 +253,15 @@ def run_benchmark(
         timeout=timeout,
     )
     return proc, db_name
+
+
+def prepared_plans(like: str) -> list[tuple[str, int, int]]:
+    """(text, generic plans, custom plans) of each statement prepared on the test's connection
+    whose text (its placeholders numbered, `$1`...) is LIKE `like`."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE %s",
+            [like],
+        )
+        return cursor.fetchall()

@@ -22,7 +22,7 @@ from memory_app.search.semantic import semantic_ranking
 from memory_app.services import messages
 from memory_app.services.messages import messages_append
 from tests.api_helpers import make_key, new_context
-from tests.builders import make_context, register_models
+from tests.builders import make_context, prepared_plans, register_models
 
 MODEL = "path-model"
 
@@ -140,12 +140,7 @@ def test_a_semantic_search_reads_key_and_context_once_and_the_walk_in_one_go(set
         assert "$1::float8[]::vector(384)" in walk
     else:
         assert "%b::float8[]::vector(384)" in walk
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-                " WHERE statement LIKE '%%nearest AS MATERIALIZED%%'"
-            )
-            [(generic, custom)] = cursor.fetchall()
+        [(_, generic, custom)] = prepared_plans("%nearest AS MATERIALIZED%")
         assert generic >= 1 and custom == 0
     # The hits answer as a read of them by id would (every field, the text as stored).
     [hit] = [i for i in response.json()["items"] if i["message"]["text"] == "m7"]
@@ -817,13 +812,10 @@ def test_the_window_read_runs_on_one_plan_that_walks_the_live_messages_index(sys
         assert response.status_code == 200
         texts = [item["message"]["text"] for item in response.json()["items"]]
         assert texts == (["two", "three"] if body is window else ["one", "two", "three"])
+    prepared = prepared_plans(
+        "%FROM memory_app_message m WHERE m.context_id = $1 AND m.pruned_at IS NULL%"
+    )
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
-            " WHERE statement LIKE %s",
-            ["%FROM memory_app_message m WHERE m.context_id = $1 AND m.pruned_at IS NULL%"],
-        )
-        prepared = cursor.fetchall()
         cursor.execute("SELECT current_setting('plan_cache_mode')")
         assert cursor.fetchone()[0] == "auto"  # the setting ended with the read's round trip
     if scale_out.table_is_distributed("memory_app_message"):
@@ -855,10 +847,5 @@ def test_a_prepared_read_that_fails_leaves_no_statement_behind():
     for _ in range(3):
         with pytest.raises(DataError):  # LIMIT must not be negative
             pipelines.read_rows(_NEWEST_SQL, [context.pk, -1], prepared=True, generic=True)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
-            ["%ORDER BY m.seq DESC LIMIT $2%"],
-        )
-        assert cursor.fetchone()[0] == 0
+    assert prepared_plans("%ORDER BY m.seq DESC LIMIT $2%") == []
     assert pipelines.read_rows(_NEWEST_SQL, [context.pk, 5], prepared=True, generic=True) == []

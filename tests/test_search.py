@@ -28,6 +28,7 @@ from memory_app.search.semantic import (
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.curation import messages_set_pruned
 from tests.bm25_truth import bm25_truth
+from tests.builders import prepared_plans
 
 # Every test here, and so the module fixture, runs on the test database (pytest-django sets it
 # up only for sessions holding a django_db test).
@@ -340,14 +341,9 @@ def test_the_messages_walk_keeps_one_generic_plan_that_walks_the_model_index(sto
             assert path == "hnsw" and len(ids) == 10
             exact = dict(_exact(ctx.pk, query, 6000))
             assert [d for _, d in ids] == pytest.approx([exact[i] for i, _ in ids], abs=1e-5)
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
-            " WHERE statement LIKE '%%nearest AS MATERIALIZED%%'"
-        )
-        prepared = cur.fetchall()
+    prepared = prepared_plans("%nearest AS MATERIALIZED%")
     if _sharded():
-        assert prepared == []  # on Citus the walk is planned as before, for each call
+        assert prepared == []  # on Citus the walk is planned for each call
         return
     assert prepared and all(custom == 0 for _, _, custom in prepared), prepared
     assert sum(generic for _, generic, _ in prepared) >= 6

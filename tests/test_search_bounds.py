@@ -28,7 +28,7 @@ from memory_app.search.keyword import keyword_ranking
 from memory_app.search.messages import search_messages
 from memory_app.services.messages import messages_append
 from tests.bm25_truth import bm25_truth, split
-from tests.builders import analyse, make_context, make_user
+from tests.builders import analyse, make_context, make_user, prepared_plans
 
 pytestmark = pytest.mark.django_db
 
@@ -532,13 +532,8 @@ def test_a_small_context_s_statement_runs_on_one_plan_for_every_call(kyoto):
     context, ids = kyoto
     for query in ["weather", "kyoto temples", "weather -coast", "dawn", "lunch team"]:
         keyword_ranking(context_id=context.pk, query=query, limit=5)
+    plans = [(generic, custom) for _, generic, custom in prepared_plans("%held AS MATERIALIZED%")]
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-            " WHERE statement LIKE %s",
-            ["%held AS MATERIALIZED%"],
-        )
-        plans = cursor.fetchall()
         cursor.execute("SELECT current_setting('plan_cache_mode')")
         assert cursor.fetchone()[0] == "auto"
     assert plans == [(5, 0)]
