@@ -19,6 +19,7 @@ import numpy as np
 import orjson
 import psycopg
 from django.db import (
+    DatabaseError,
     IntegrityError,
     InterfaceError,
     OperationalError,
@@ -68,11 +69,15 @@ def stale_plans_renewed() -> Iterator[None]:
     prepared on it with it (the pool drops a closed connection), and is raised as a database
     fault: every surface answers it 503 with Retry-After, and a retry on a connection that has
     not prepared it yet prepares it anew (each pooled connection that prepared it before the
-    change answers so once)."""
+    change answers so once). Any other database error drops the connection's prepared
+    statements (`prepared_statements_dropped`): one whose first run failed is left on the
+    server otherwise."""
     try:
         yield
     except Exception as exc:
         if not is_stale_plan(exc):
+            if isinstance(exc, DatabaseError | psycopg.Error):
+                prepared_statements_dropped()
             raise
         raw = connection.connection
         if raw is not None and not raw.closed:
@@ -85,8 +90,9 @@ def prepared_statements_dropped() -> None:
     """Drop the statements prepared on this thread's default connection, on the server and in
     psycopg's cache (psycopg reads DEALLOCATE ALL and clears its own), when the connection is
     idle. After a prepared statement's first execution fails, psycopg forgets it but the server
-    keeps it: a write failing again and again on one connection would leave one more behind each
-    time. Nothing is done on a connection in a transaction or broken (the pool drops that)."""
+    keeps it: a statement failing again and again on one connection would leave one more behind
+    each time. Nothing is done on a connection in a transaction or broken (the pool drops
+    that)."""
     raw = connection.connection
     if raw is None or raw.closed:
         return
@@ -95,7 +101,7 @@ def prepared_statements_dropped() -> None:
     try:
         raw.execute("DEALLOCATE ALL")
     except psycopg.Error:
-        pass  # broken: the pool's check drops it, and the write's own error is what answers
+        pass  # broken: the pool's check drops it, and the statement's own error is what answers
 
 
 _gc_lock = threading.Lock()
@@ -338,6 +344,12 @@ class Float8ArrayTextDumper(Dumper):
         return ("{" + ",".join(repr(float(x)) for x in obj.values) + "}").encode()
 
 
+# psycopg's prepare_threshold for a connection that prepares a statement only when asked:
+# Django turns psycopg's preparing off (None), which refuses even an explicit request; a
+# threshold never reached keeps it off for every other statement.
+PREPARE_WHEN_ASKED = 2**31 - 1
+
+
 def binding_cursor(*, prepared: bool = False):
     """A cursor of the default connection that sends its parameters apart from the statement
     (psycopg's server-side binding, `%b` for binary), where Django's own cursor merges them into
@@ -357,9 +369,7 @@ def binding_cursor(*, prepared: bool = False):
         raw.adapters.register_dumper(Float8Array, Float8ArrayDumper)
         raw._agentmemory_float8_arrays = True
     if prepared and raw.prepare_threshold is None:
-        # Django turns psycopg's preparing off (None), which refuses even an explicit request;
-        # a threshold never reached keeps it off for every other statement.
-        raw.prepare_threshold = 2**31 - 1
+        raw.prepare_threshold = PREPARE_WHEN_ASKED
     cursor = _PreparingCursor(raw) if prepared else psycopg.Cursor(raw)
     if connection.queries_logged:
         if prepared:

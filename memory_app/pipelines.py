@@ -14,9 +14,9 @@ from contextvars import ContextVar
 from typing import Any
 
 import psycopg
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
-from memory_app.db import binding_cursor, prepared_statements_dropped, stale_plans_renewed
+from memory_app.db import binding_cursor, stale_plans_renewed
 
 
 def first_rows(statements: list[tuple[str, list]]) -> list[tuple | None]:
@@ -135,30 +135,25 @@ def read_rows(
     if generic and ahead:
         raise ValueError("a read sent ahead of its round trip's other statements is not generic")
     deferred = _take(_DEFERRED.get())
-    try:
-        with stale_plans_renewed(), binding_cursor(prepared=prepared) as cursor:
-            raw = connection.connection
-            generic = generic and prepared and _outside_transactions(raw)
-            if deferred is None and not generic:
-                cursor.execute(sql, params)
-                return cursor.fetchall()
-            with connection.wrap_database_errors, raw.pipeline():
-                if ahead:
-                    cursor.execute(sql, params)
-                readers = _send(deferred[0]) if deferred is not None else []
-                if generic:
-                    # After the deferred reads: for this read alone. Prepared: its text never
-                    # changes.
-                    raw.execute(_GENERIC_PLANS, prepare=True)
-                if not ahead:
-                    cursor.execute(sql, params)
-            if deferred is not None:
-                deferred[1](_first_of(readers))
+    with stale_plans_renewed(), binding_cursor(prepared=prepared) as cursor:
+        raw = connection.connection
+        generic = generic and prepared and _outside_transactions(raw)
+        if deferred is None and not generic:
+            cursor.execute(sql, params)
             return cursor.fetchall()
-    except DatabaseError:
-        if prepared:
-            prepared_statements_dropped()  # one prepared for this failure, if it was
-        raise
+        with connection.wrap_database_errors, raw.pipeline():
+            if ahead:
+                cursor.execute(sql, params)
+            readers = _send(deferred[0]) if deferred is not None else []
+            if generic:
+                # After the deferred reads: for this read alone. Prepared: its text never
+                # changes.
+                raw.execute(_GENERIC_PLANS, prepare=True)
+            if not ahead:
+                cursor.execute(sql, params)
+        if deferred is not None:
+            deferred[1](_first_of(readers))
+        return cursor.fetchall()
 
 
 def _outside_transactions(raw) -> bool:

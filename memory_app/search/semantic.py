@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import connection
 from psycopg import sql as psql
 
 from memory_app import db, errors, pipelines, scale_out
@@ -203,20 +203,14 @@ def nearest_vectors(
 def _walked(walk: Walk) -> list[tuple]:
     """The rows of a walk on one node: its settings and the walk in one transaction, one round
     trip."""
-    prepared = walk.prepared
-    try:
-        with (
-            db.binding_cursor(prepared=prepared) as setter,
-            db.binding_cursor(prepared=prepared) as cursor,
-        ):
-            with pipelines.pipelined_transaction(setter):
-                setter.execute(*walk.settings)
-                cursor.execute(walk.sql, walk.args)
-            return cursor.fetchall()
-    except DatabaseError:
-        if prepared:
-            db.prepared_statements_dropped()  # one prepared for this failure, if it was
-        raise
+    with (
+        db.binding_cursor(prepared=walk.prepared) as setter,
+        db.binding_cursor(prepared=walk.prepared) as cursor,
+    ):
+        with pipelines.pipelined_transaction(setter):
+            setter.execute(*walk.settings)
+            cursor.execute(walk.sql, walk.args)
+        return cursor.fetchall()
 
 
 def _exact_nearest(

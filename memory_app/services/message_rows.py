@@ -450,8 +450,6 @@ def append_taking_seqs(
             finally:
                 cursor.connection.remove_notice_handler(heard)
     except DatabaseError as exc:
-        if not distributed:
-            db.prepared_statements_dropped()  # the one prepared for this failure, if it was
         if getattr(exc.__cause__, "sqlstate", None) == "P0002":
             raise NotFound(f"context {context.pk} not found") from exc
         raise
