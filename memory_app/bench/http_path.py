@@ -80,7 +80,7 @@ def run(b: Bench) -> None:
         # Statements prepared only where the search prepares them (`Walk.prepared`), as the
         # site's connections do (db.binding_cursor): psycopg's own preparing after five runs
         # would prepare the statements the search leaves unprepared.
-        psycopg.connect(**info, autocommit=True, prepare_threshold=2**31 - 1) as raw,
+        psycopg.connect(**info, autocommit=True, prepare_threshold=db.PREPARE_WHEN_ASKED) as raw,
     ):
         # The query vector's parameter, packed as the search packs it (memory_app.db).
         raw.adapters.register_dumper(db.Float8Array, db.Float8ArrayDumper)
