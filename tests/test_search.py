@@ -312,9 +312,10 @@ def test_hnsw_path_on_a_large_context_returns_k_results_of_that_context(store, s
     # The walk is the index of the vector table (its predicate ends with `AND indexed`, true for
     # every row) and sorts nothing; the rows still waiting for the indexer come from their side
     # table's index.
-    walk, waiting = (
+    walk, *waiting_parts = (
         plan.split("CTE Scan on nearest")[0].split("CTE nearest")[1].split("CTE waiting")
     )
+    waiting = "".join(waiting_parts)
     assert "Sort" not in walk, plan
     assert "memory_app_embeddingwaiting" in waiting, plan
     assert "on memory_app_embedding " not in waiting, plan
@@ -359,6 +360,71 @@ def test_the_messages_walk_keeps_one_generic_plan_that_walks_the_model_index(sto
     assert "Sort" not in walk, plan
     # Its joins are key lookups, sized for no particular context: no hash of a context's rows.
     assert "Hash" not in plan and "Merge" not in plan, plan
+
+
+def test_the_waiting_vectors_are_read_by_their_context_whatever_the_side_table_statistics(
+    store, settings
+):
+    """The side table of vectors waiting for the indexer is analysed in whatever state it is in
+    (by autovacuum; empty after a drain's vacuum). Analysed while it held one other context's
+    batch, a walk planned with the join read the searched context's every message to look each
+    up there; analysed empty, it scanned the table whole for each batch landing after. The
+    walk reads a context's waiting vectors through the (context, model) index, then joins
+    them, and finds them beside the walk."""
+    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 1000
+    ctx, other = store["big"][:2]
+    columns = ["context_id", "message_id", "model", "dimensions", "vector"]
+    listed = ", ".join(columns)
+    with connection.cursor() as cur:
+        # Another context's batch waiting, and three of this context's own messages (their
+        # vectors moved out of the graph's table, as a deferred batch's are until indexed).
+        cur.execute(
+            f"INSERT INTO memory_app_embeddingwaiting ({listed}) SELECT {listed}"  # noqa: S608
+            " FROM memory_app_embedding WHERE context_id = %s AND model = %s",
+            [other.pk, MODEL],
+        )
+        cur.execute(
+            "SELECT id, message_id, vector::text FROM memory_app_embedding"
+            " WHERE context_id = %s AND model = %s ORDER BY id LIMIT 3",
+            [ctx.pk, MODEL],
+        )
+        moved = cur.fetchall()
+        cur.execute(
+            f"INSERT INTO memory_app_embeddingwaiting ({listed}) SELECT {listed}"  # noqa: S608
+            " FROM memory_app_embedding WHERE context_id = %s AND id = ANY(%s)",
+            [ctx.pk, [pk for pk, _, _ in moved]],
+        )
+        cur.execute(
+            "DELETE FROM memory_app_embedding WHERE context_id = %s AND id = ANY(%s)",
+            [ctx.pk, [pk for pk, _, _ in moved]],
+        )
+        if not _sharded():
+            cur.execute("ANALYZE memory_app_embeddingwaiting")
+    rng = np.random.default_rng(33)
+    # Three queries, then one of the waiting vectors' own: its message comes first.
+    its_own = [float(x) for x in moved[0][2].strip("[]").split(",")]
+    for query in [*(rng.normal(size=DIMS).tolist() for _ in range(3)), its_own]:
+        ids, path = semantic_ranking(
+            context_id=ctx.pk, model=MODEL, vector=query, limit=10, context_size=5090
+        )
+        exact = dict(_exact(ctx.pk, query, 6000))
+        assert len(ids) == 10
+        assert [d for _, d in ids] == pytest.approx([exact[i] for i, _ in ids], abs=1e-5)
+    assert ids[0] == (moved[0][1], pytest.approx(0, abs=1e-6)) and path == "hnsw+pending"
+    if _sharded():
+        return  # planned on the workers for each call
+    [(statement, _, _)] = prepared_plans("%nearest AS MATERIALIZED%")
+    settings_sql = hnsw_settings_sql(model=MODEL, dims=DIMS, limit=10, share=5090, generic=True)
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(*settings_sql)
+        cur.execute("EXPLAIN (GENERIC_PLAN, COSTS OFF) " + statement)
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    waiting = "".join(plan.split("CTE Scan on nearest")[0].split("CTE waiting")[1:])
+    assert "Seq Scan" not in plan, plan
+    # The context's waiting vectors by the side table's index (context and model), each one's
+    # message then looked up by its key: never the context's messages read first.
+    assert "embeddingwaiting_context_model" in waiting, plan
+    assert "Index Cond: (context_id = " not in waiting, plan
 
 
 def test_a_model_name_with_quotes_and_percent_signs_is_searched_as_written(store, settings):

@@ -108,6 +108,7 @@ def message_filter(context_id: int, exclude_ids: Sequence[int] = ()) -> dict[str
         "where_sql": "e.context_id = %s AND m.context_id = %s AND m.pruned_at IS NULL"
         " AND NOT (m.id = ANY(%s))",
         "params": [context_id, context_id, list(exclude_ids)],
+        "vectors_filter": ("e.context_id = %s", [context_id]),
     }
 
 
@@ -128,6 +129,7 @@ def nearest_vectors(
     rows: dict[int, tuple] | None = None,
     rows_sql: tuple[str, str] | None = None,
     one_plan: bool = False,
+    vectors_filter: tuple[str, Sequence[Any]] | None = None,
 ) -> tuple[list[tuple[int, float]], str]:
     """(item id, cosine distance) of the `model` vectors (alias `e`) nearest to `vector` among
     those `where_sql` keeps, nearest first, ties by id; and the path that answered. `table`:
@@ -149,7 +151,9 @@ def nearest_vectors(
     id, so the statement stays on the context's shard).
 
     `one_plan`: the walk's text fixes its plan (`walk_statements`); a filter built from a
-    caller's own query (the memory records') is planned for each call's values instead."""
+    caller's own query (the memory records') is planned for each call's values instead.
+    `vectors_filter`: the part of `where_sql` on the vectors alone, with its parameters
+    (`walk_statements`)."""
     if approximate:
         sharded = scale_out.table_is_distributed(table)
         read = rows is not None and rows_sql is not None
@@ -165,6 +169,7 @@ def nearest_vectors(
             table=table,
             rows_sql=rows_sql if read else None,
             one_plan=one_plan,
+            vectors_filter=vectors_filter,
         )
         if sharded:
             # Citus passes SET LOCAL on to the workers that walk the shards' graphs, not
@@ -305,6 +310,7 @@ def walk_statements(
     table: str = indexer.MESSAGE_VECTORS,
     rows_sql: tuple[str, str] | None = None,
     one_plan: bool = False,
+    vectors_filter: tuple[str, Sequence[Any]] | None = None,
 ) -> Walk:
     """The HNSW walk as sent: its settings (one statement), the walk's SQL and arguments (rows:
     item id, distance, whether it waited for the indexer). The benchmark runs the same.
@@ -318,10 +324,24 @@ def walk_statements(
 
     `rows_sql` (columns of alias `h`, a join of `h` on the found item `f.item_id` whose one
     parameter is the walk's first, the context): each found item's row after those three, read
-    by the same statement, so the hits need no round trip of their own."""
+    by the same statement, so the hits need no round trip of their own.
+
+    `vectors_filter` (the part of `where_sql` on the vectors alone, alias `e`, and its
+    parameters: the messages' context): the vectors waiting for the indexer are read by it on
+    their own, through their side table's (context, model) index, before any join. Planned
+    with the join, the side table's statistics chose the order: taken while it held a few
+    other contexts' batches, they made a context's waiting rows look many, and the plan read
+    the context's every message to look each up there (113 ms at 50,000 messages, against
+    1.3); taken while it was empty, a sequential scan of every batch that lands after."""
     dims = int(len(vector))
     query_cte, distance, rows = _query_parts(model, dims, table, join_sql, where_sql)
     waiting_table = indexer.WAITING_TABLES[table]
+    waiting_cte = ""
+    if vectors_filter is not None:
+        # Materialized: read alone, then joined (the join cannot be planned into it).
+        _, _, own = _query_parts(model, dims, waiting_table, "", vectors_filter[0])
+        waiting_cte = f", waiting_vectors AS MATERIALIZED (SELECT e.* {own})"
+        waiting_table = "waiting_vectors"
     _, _, waiting_rows = _query_parts(model, dims, waiting_table, join_sql, where_sql)
     # The walk orders by the index's expression (half precision); the rows it keeps are then
     # ranked by their full-precision distance.
@@ -335,14 +355,15 @@ def walk_statements(
         WITH {query_cte}, nearest AS MATERIALIZED (
             SELECT e.{item_column} AS item_id, {distance} AS distance {rows} AND e.indexed
             ORDER BY {walk_distance} LIMIT %s
-        ), waiting AS MATERIALIZED (
+        ){waiting_cte}, waiting AS MATERIALIZED (
             SELECT e.{item_column} AS item_id, {distance} AS distance {waiting_rows}
             ORDER BY distance, item_id LIMIT %s
         )
         SELECT item_id, distance, false AS waited FROM nearest
         UNION ALL SELECT item_id, distance, true FROM waiting
     """  # noqa: S608
-    args = [query_vector_param(vector), *params, limit, *params, limit]
+    own_params = list(vectors_filter[1]) if vectors_filter is not None else []
+    args = [query_vector_param(vector), *params, limit, *own_params, *params, limit]
     if rows_sql is not None:
         columns, join = rows_sql
         sql = f"SELECT f.item_id, f.distance, f.waited, {columns} FROM ({sql}) f {join}"  # noqa: S608
@@ -465,6 +486,9 @@ def hnsw_settings_sql(
         values["plan_cache_mode"] = "force_generic_plan"
         values["enable_hashjoin"] = "off"
         values["enable_mergejoin"] = "off"
+        # Every table the walk reads has the index it needs; a plan made while the side table
+        # of waiting vectors was empty would scan it whole for each batch that lands after.
+        values["enable_seqscan"] = "off"
     calls = ", ".join("set_config(%s, %s, true)" for _ in values)
     return f"SELECT {calls}", [str(x) for pair in values.items() for x in pair]
 
