@@ -20,7 +20,6 @@ import orjson
 import psycopg
 from django.db import (
     DatabaseError,
-    IntegrityError,
     InterfaceError,
     OperationalError,
     connection,
@@ -229,13 +228,13 @@ def copy_line(values: tuple) -> str:
 
 @contextlib.contextmanager
 def copy_errors_as_django() -> Iterator[None]:
-    """A COPY runs on psycopg's own cursor, whose errors Django does not translate: a client id
-    stored by a concurrent writer between our check and our COPY must still be Django's
-    IntegrityError (messages_append retries on it; elsewhere the API's 409)."""
-    try:
+    """A COPY runs on psycopg's own cursor, whose errors Django does not translate: they are
+    translated here as Django's cursor would. A client id stored by a concurrent writer between
+    our check and our COPY is Django's IntegrityError (messages_append retries on it; elsewhere
+    the API's 409); a connection the database cuts off mid-COPY is its OperationalError, a
+    database fault (503 with Retry-After), not a 500."""
+    with connection.wrap_database_errors:
         yield
-    except psycopg.errors.IntegrityError as exc:
-        raise IntegrityError(str(exc)) from exc
 
 
 def select_columns(model, alias: str) -> str:

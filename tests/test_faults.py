@@ -19,7 +19,10 @@ import httpx
 import psutil
 import psycopg
 import pytest
+from django.db import connection
 
+from tests.api_helpers import make_key, new_context
+from tests.builders import register_models
 from tests.test_serve import _free_port, _postgres_running
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -454,3 +457,59 @@ def test_the_embed_worker_rides_out_a_database_outage(serve):
     # Whichever process started PostgreSQL again, serve (the last to hold it) stops it.
     serve.stop()
     assert not _postgres_running(serve.data_dir)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("table", "vectors"),
+    [("memory_app_message", False), ("memory_app_embeddingwaiting", True)],
+    ids=["messages", "waiting vectors"],
+)
+def test_a_copy_the_database_cuts_off_answers_503_and_stores_nothing(table, vectors):
+    """A batch's rows go in by COPY on psycopg's own cursor, past Django's error wrapping: a
+    connection the database cuts off mid-COPY is a database fault like any other (503 with
+    Retry-After), not a 500, and the batch is stored whole or not at all."""
+    register_models(**{"cut-off-3": 3})
+    client = make_key()
+    client.client.raise_request_exception = False  # a 500 is answered, as a server would
+    ctx = new_context(client)
+    batch = [
+        {"role": "user", "text": f"message {i}"}
+        | ({"vector": [1.0, float(i), 0.5], "vector_model": "cut-off-3"} if vectors else {})
+        for i in range(80)
+    ]
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params) as holder:
+        # SHARE: reads go on, the COPY's insert waits for the lock until its backend is ended.
+        holder.execute(f"LOCK TABLE {table} IN SHARE MODE")  # noqa: S608 - the test's constant
+        answers = []
+        post = threading.Thread(
+            target=lambda: answers.append(
+                client.post(f"/api/v1/contexts/{ctx}/messages/batch", {"messages": batch})
+            )
+        )
+        post.start()
+        with psycopg.connect(**params, autocommit=True) as watcher:
+            deadline = time.monotonic() + 10
+            while True:
+                waiting = watcher.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE %s",
+                    [f"COPY {table} %"],
+                ).fetchall()
+                if waiting or time.monotonic() > deadline:
+                    break
+            assert waiting, watcher.execute(
+                "SELECT pid, wait_event_type, wait_event, state, left(query, 120) FROM"
+                " pg_stat_activity WHERE datname = current_database()"
+            ).fetchall()
+            watcher.execute("SELECT pg_terminate_backend(%s)", [waiting[0][0]])
+        holder.rollback()
+    post.join(60)
+    [answer] = answers
+    assert answer.status_code == 503, answer.content
+    assert answer["Retry-After"]
+    listed = client.get(f"/api/v1/contexts/{ctx}/messages")
+    assert listed.status_code == 200 and listed.json()["items"] == []

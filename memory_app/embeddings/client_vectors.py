@@ -11,6 +11,7 @@ import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
 
+from memory_app import db
 from memory_app.embeddings import indexer
 from memory_app.embeddings.indexer import ensure_model_index
 from memory_app.embeddings.providers import active_model_name
@@ -167,7 +168,9 @@ def vectors_copy(
     from psycopg.types import TypeInfo
 
     connection.ensure_connection()
-    with connection.cursor() as wrapper:
+    # On psycopg's own cursor (the type's lookup and the COPY), whose errors Django does not
+    # translate: a database fault there is still a 503.
+    with connection.cursor() as wrapper, db.copy_errors_as_django():
         cursor = wrapper.cursor
         # pgvector's binary dumper on this cursor only: the ORM keeps its own conversions.
         register_vector_info(cursor, TypeInfo.fetch(cursor.connection, "vector"))
