@@ -37,4 +37,4 @@ AGENTMEMORY_TEST_DB_NAME=$database AGENTMEMORY_CITUS_TREE="$tree" "$python" -m p
     tests/test_langgraph_checkpoint.py tests/test_citus_cluster.py tests/test_global_search.py \
     tests/test_request_path.py tests/test_otlp_queue.py tests/test_purge_total.py \
     tests/test_fulltext.py tests/test_batch_vectors.py tests/test_context_history.py \
-    tests/test_shard_reads.py "$@"
+    tests/test_shard_reads.py tests/test_direct_answers.py "$@"
