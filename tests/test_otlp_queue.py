@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import threading
+import time
 import zlib
 
 import pytest
@@ -565,3 +566,32 @@ def test_serve_maps_the_exports_in_its_own_process_and_not_in_the_web_workers(tm
     finally:
         server.stop()
     assert "OTLP mapping failed" not in server.output
+
+
+@pytest.mark.django_db(transaction=True)
+def test_serve_s_idle_mapper_starts_when_an_export_commits(settings, monkeypatch, tool_run):
+    """serve's mapper waits on a listening connection of its own: an export a web worker
+    queues is mapped once it commits, not when the mapper next looks at the queue (an hour on
+    here), and the mapper stops promptly while it waits."""
+    from memory_app.management.commands.serve import SpanMapper
+    from tests.test_faults import _wait
+
+    settings.AGENTMEMORY_OTLP_MAP_THREAD = False  # as serve's web workers run
+    monkeypatch.setattr(SpanMapper, "RESCAN_SECONDS", 3600.0)
+    writer = make_key(scopes=("read", "write"))
+    mapper = SpanMapper()
+    try:
+        for expected in (1, 2):
+            spans = (tool_run if expected == 1 else traced_run("code", resource=KEYS))[1]
+            export(writer, spans)
+            _wait(
+                lambda n=expected: Run.objects.count() == n and not SpanQueue.objects.exists(),
+                30,
+                f"export {expected} mapped by the idle mapper",
+            )
+    finally:
+        started = time.monotonic()
+        mapper.stop()
+        stopped_in = time.monotonic() - started
+    assert not mapper._thread.is_alive()
+    assert stopped_in < 5, stopped_in

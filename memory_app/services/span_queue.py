@@ -9,8 +9,9 @@ content are answered as rejected there and then; spans already kept as sent are 
 again.
 
 The mapping is a backlog drained by the per-process indexer thread (woken when an export
-commits; not with AGENTMEMORY_OTLP_MAP_THREAD off) and by every turn of `manage.py embed_worker`,
-provider or not: `spans_map_batch` locks
+commits; not with AGENTMEMORY_OTLP_MAP_THREAD off), by `manage.py serve`'s mapper (told of each
+export as it commits: QUEUED_CHANNEL) and by every turn of `manage.py embed_worker`, provider or
+not: `spans_map_batch` locks
 one context (SKIP LOCKED: another mapper or writer holding it is passed over), claims up to
 MAP_SPANS of its queued spans in arrival order, decodes them, maps them with
 `trace_bulk.traces_map_bulk` (new traces written together, each trace brought up to date once for
@@ -29,8 +30,10 @@ import time
 import zlib
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
+from psycopg import sql as psql
 
 from memory_app import backlog, db, pipelines, pricing
 from memory_app.db import json_text
@@ -146,6 +149,8 @@ def _insert(queued: list[tuple[int, list[str], int, str, bytes | None]]) -> None
             " VALUES (%s, %b, %s, %s, %b, now(), '')",
             queued,
         )
+        # Delivered when the rows commit, to a mapper in another process (`exports_listener`).
+        cursor.execute("SELECT pg_notify(%s, '')", [QUEUED_CHANNEL])
     if settings.AGENTMEMORY_OTLP_MAP_THREAD:
         transaction.on_commit(backlog.wake_indexer)
 
@@ -303,6 +308,33 @@ def spans_map_chore(*, background: bool = False) -> int:
         if time.monotonic() - started >= CHORE_SECONDS:
             break
     return total
+
+
+# Told of every export queued, once it commits: a mapper waiting on it starts at once.
+QUEUED_CHANNEL = "agentmemory_spans_queued"
+
+
+def exports_listener() -> psycopg.Connection:
+    """A connection of its own (the default database's), listening for exports queued
+    (QUEUED_CHANNEL). Listening starts before the caller looks at the queue, so an export
+    queued after that look is told of; `export_queued` waits for one."""
+    params = connection.get_connection_params()
+    # Django's cursor class and adapters are its own connection's, not a listener's.
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    listener = psycopg.connect(**params, autocommit=True)
+    listener.execute(psql.SQL("LISTEN {}").format(psql.Identifier(QUEUED_CHANNEL)))
+    return listener
+
+
+def export_queued(listener: psycopg.Connection, timeout: float) -> bool:
+    """Whether an export was queued (told to `listener`) within `timeout` seconds; those told
+    of meanwhile are taken with it (one look at the queue maps them all)."""
+    waiting = listener.notifies(timeout=timeout, stop_after=1)
+    try:
+        return next(waiting, None) is not None
+    finally:
+        waiting.close()
 
 
 def spans_map_pending() -> int:
