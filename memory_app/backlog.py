@@ -245,12 +245,14 @@ def run_worker(
     backoff_base: float = BACKOFF_BASE_SECONDS,
     stop: threading.Event | None = None,
     chores: Sequence[Callable[[], int]] = (),
+    idle: Callable[[float], None] = time.sleep,
 ) -> BatchResult:
     """Loop over `embed_batch`; `once` stops when nothing is due (tests, cron), otherwise it
-    sleeps when idle and after failures. `chores` run once a turn too (the retention's batches,
-    the mapping of queued OTLP exports, which live above this module), each answering the rows
-    it changed. With no provider (none configured) only the chores and indexers run. Returns
-    the totals."""
+    waits `idle_sleep` when idle and after failures (by `idle`, which may end the wait sooner:
+    the span mapping's `ExportWait` ends it when an export is queued). `chores` run once a turn
+    too (the retention's batches, the mapping of queued OTLP exports, which live above this
+    module), each answering the rows it changed. With no provider (none configured) only the
+    chores and indexers run. Returns the totals."""
     totals = BatchResult()
     batches = moved = 0  # moved: deferred vectors moved since the side tables' last vacuum
     outage = Outage("embed worker")
@@ -312,5 +314,5 @@ def run_worker(
         ) or res.failed:
             if once:
                 break
-            time.sleep(idle_sleep)
+            idle(idle_sleep)
     return totals

@@ -595,3 +595,45 @@ def test_serve_s_idle_mapper_starts_when_an_export_commits(settings, monkeypatch
         stopped_in = time.monotonic() - started
     assert not mapper._thread.is_alive()
     assert stopped_in < 5, stopped_in
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_idle_embed_worker_maps_an_export_as_it_commits(settings, tool_run):
+    """A mapper process (`embed_worker`) idle for its whole sleep (an hour here) starts when
+    an export is queued, and stops promptly while it waits."""
+    from django.db import connection
+
+    from tests.test_faults import _wait
+
+    settings.AGENTMEMORY_OTLP_MAP_THREAD = False
+    writer = make_key(scopes=("read", "write"))
+    stop = threading.Event()
+    idle = span_queue.ExportWait(stop)
+    idle.listen()  # as embed_worker does, before its first look at the queue
+
+    def work():
+        try:
+            backlog.run_worker(
+                provider=None,
+                idle_sleep=3600,
+                stop=stop,
+                chores=[span_queue.spans_map_chore],
+                idle=idle,
+            )
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=work, daemon=True)  # a failure here must not hang the run
+    worker.start()
+    try:
+        export(writer, tool_run[1])
+        _wait(
+            lambda: Run.objects.count() == 1 and not SpanQueue.objects.exists(),
+            30,
+            "the export mapped by the idle worker",
+        )
+    finally:
+        stop.set()
+        worker.join(10)
+        idle.close()
+    assert not worker.is_alive()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import zlib
 from typing import Any
@@ -335,6 +336,45 @@ def export_queued(listener: psycopg.Connection, timeout: float) -> bool:
         return next(waiting, None) is not None
     finally:
         waiting.close()
+
+
+class ExportWait:
+    """An idle mapper's wait: until an export is queued, `stop` is set, or the time given is up.
+    `listen` before looking at the queue (an export queued after the look is then told of).
+    While the database cannot be reached the time is waited out, and the next wait listens
+    anew."""
+
+    # How long a stop waits for an idle mapper at most (it checks between waits).
+    STOP_SECONDS = 0.2
+
+    def __init__(self, stop: threading.Event):
+        self.stop = stop
+        self.listener: psycopg.Connection | None = None
+
+    def listen(self) -> None:
+        if self.listener is None:
+            try:
+                self.listener = exports_listener()
+            except psycopg.Error as exc:
+                log.warning("not listening for exports (%s)", str(exc).strip()[:200])
+
+    def __call__(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            self.listen()
+            if self.listener is None:
+                self.stop.wait(left)
+                return
+            try:
+                if export_queued(self.listener, min(left, self.STOP_SECONDS)):
+                    return
+            except psycopg.Error:
+                self.close()
+
+    def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
 
 
 def spans_map_pending() -> int:

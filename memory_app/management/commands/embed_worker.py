@@ -21,7 +21,7 @@ from memory_app import errors
 from memory_app.backlog import run_worker
 from memory_app.embeddings import providers, queue
 from memory_app.services.retention import retention_batch
-from memory_app.services.span_queue import spans_map_chore
+from memory_app.services.span_queue import ExportWait, spans_map_chore
 
 log = logging.getLogger("memory_app.embeddings")
 
@@ -67,17 +67,29 @@ class Command(BaseCommand):
                 f"embedding with {provider.describe()}: "
                 f"{queue.pending_count(model=provider.model)} pending"
             )
-        totals = run_worker(
-            provider=provider,
-            batch_size=opts["batch_size"],
-            once=opts["once"],
-            max_batches=opts["max_batches"],
-            idle_sleep=opts["idle_sleep"],
-            stop=stop,
-            # A worker that keeps running maps at the background priority; `--once` (a test, a
-            # cron job run by hand) leaves the calling process as it is.
-            chores=[retention_batch, spans_map_chore if opts["once"] else _spans_map_background],
-        )
+        # An idle worker starts mapping when an export is queued, not at the end of its sleep:
+        # it listens before its first look at the queue.
+        idle = ExportWait(stop)
+        try:
+            if not opts["once"]:
+                idle.listen()
+            totals = run_worker(
+                provider=provider,
+                batch_size=opts["batch_size"],
+                once=opts["once"],
+                max_batches=opts["max_batches"],
+                idle_sleep=opts["idle_sleep"],
+                stop=stop,
+                # A worker that keeps running maps at the background priority; `--once` (a
+                # test, a cron job run by hand) leaves the calling process as it is.
+                chores=[
+                    retention_batch,
+                    spans_map_chore if opts["once"] else _spans_map_background,
+                ],
+                idle=idle,
+            )
+        finally:
+            idle.close()
         self.stdout.write(
             f"done: {totals.embedded} embedded, {totals.failed} postponed,"
             f" {totals.indexed} indexed, {totals.parsed} full-text written"

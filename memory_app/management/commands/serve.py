@@ -118,13 +118,11 @@ class SpanMapper:
     worker's interpreter lock with the acknowledgements nor, at its lower OS priority
     (`span_queue.spans_map_chore(background=True)`), their CPU. Batches are mapped one after
     another while spans are queued; an idle mapper starts when an export commits (told on a
-    listening connection of its own, `span_queue.exports_listener`), and looks at the queue
+    listening connection of its own, `span_queue.ExportWait`), and looks at the queue
     every RESCAN_SECONDS anyway (an export told of while the listener was down). A database
     fault is waited out."""
 
     RESCAN_SECONDS = 10.0
-    # How long a stop waits for an idle mapper at most (it checks between waits).
-    STOP_SECONDS = 0.2
     FAULT_SECONDS = 2.0
 
     def __init__(self):
@@ -133,32 +131,21 @@ class SpanMapper:
         self._thread.start()
 
     def _run(self) -> None:
-        listener = None
+        idle = span_queue.ExportWait(self._stopping)
         try:
             while not self._stopping.is_set():
                 try:
-                    if listener is None:
-                        listener = span_queue.exports_listener()
+                    idle.listen()
                     if not span_queue.spans_map_chore(background=True):
-                        self._idle(listener)
+                        idle(self.RESCAN_SECONDS)
                 except Exception:  # a fault must not end the mapping for the server's life
                     log.exception("OTLP mapping failed; retrying")
                     connection.close()
-                    if listener is not None:
-                        listener.close()
-                        listener = None
+                    idle.close()
                     self._stopping.wait(self.FAULT_SECONDS)
         finally:
             connection.close()
-            if listener is not None:
-                listener.close()
-
-    def _idle(self, listener) -> None:
-        """Until an export is queued, a stop, or RESCAN_SECONDS."""
-        deadline = time.monotonic() + self.RESCAN_SECONDS
-        while not self._stopping.is_set() and time.monotonic() < deadline:
-            if span_queue.export_queued(listener, self.STOP_SECONDS):
-                return
+            idle.close()
 
     def stop(self) -> None:
         """After gunicorn has stopped: the batch being mapped commits (or rolls back) first."""
