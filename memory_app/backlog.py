@@ -314,5 +314,6 @@ def run_worker(
         ) or res.failed:
             if once:
                 break
-            idle(idle_sleep)
+            # After a provider's failure the whole sleep: an export must not hurry its retry.
+            (time.sleep if res.failed else idle)(idle_sleep)
     return totals

@@ -496,11 +496,12 @@ def test_a_copy_the_database_cuts_off_answers_503_and_stores_nothing(table, vect
             while True:
                 waiting = watcher.execute(
                     "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND query LIKE %s",
+                    " AND datname = current_database() AND query LIKE %s",
                     [f"COPY {table} %"],
                 ).fetchall()
                 if waiting or time.monotonic() > deadline:
                     break
+                time.sleep(0.05)
             assert waiting, watcher.execute(
                 "SELECT pid, wait_event_type, wait_event, state, left(query, 120) FROM"
                 " pg_stat_activity WHERE datname = current_database()"

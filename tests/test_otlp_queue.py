@@ -568,27 +568,68 @@ def test_serve_maps_the_exports_in_its_own_process_and_not_in_the_web_workers(tm
     assert "OTLP mapping failed" not in server.output
 
 
+def _waits_told(monkeypatch) -> threading.Event:
+    """Set each time an idle mapper starts waiting (after its look at the queue)."""
+    waiting = threading.Event()
+    wait = span_queue.ExportWait.__call__
+
+    def told(self, seconds):
+        waiting.set()
+        return wait(self, seconds)
+
+    monkeypatch.setattr(span_queue.ExportWait, "__call__", told)
+    return waiting
+
+
 @pytest.mark.django_db(transaction=True)
 def test_serve_s_idle_mapper_starts_when_an_export_commits(settings, monkeypatch, tool_run):
     """serve's mapper waits on a listening connection of its own: an export a web worker
     queues is mapped once it commits, not when the mapper next looks at the queue (an hour on
     here), and the mapper stops promptly while it waits."""
+    import psycopg
+    from django.db import connection
+
     from memory_app.management.commands.serve import SpanMapper
     from tests.test_faults import _wait
 
     settings.AGENTMEMORY_OTLP_MAP_THREAD = False  # as serve's web workers run
     monkeypatch.setattr(SpanMapper, "RESCAN_SECONDS", 3600.0)
+    waiting = _waits_told(monkeypatch)
     writer = make_key(scopes=("read", "write"))
     mapper = SpanMapper()
     try:
         for expected in (1, 2):
             spans = (tool_run if expected == 1 else traced_run("code", resource=KEYS))[1]
+            # Sent once the mapper waits (its look done), so only being told maps it.
+            assert waiting.wait(30), "the mapper never waited"
+            waiting.clear()
             export(writer, spans)
             _wait(
                 lambda n=expected: Run.objects.count() == n and not SpanQueue.objects.exists(),
                 30,
                 f"export {expected} mapped by the idle mapper",
             )
+        # An export of a context a writer holds: told, the mapper finds it held and looks again
+        # soon (no export tells of the writer's end), not an hour on.
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        with psycopg.connect(**params) as holder:
+            holder.execute(
+                "SELECT 1 FROM memory_app_context WHERE id = %s FOR NO KEY UPDATE",
+                [Context.objects.get().pk],
+            )
+            assert waiting.wait(30), "the mapper never waited"
+            waiting.clear()
+            export(writer, traced_run("tool_calling", resource=KEYS)[1])
+            assert waiting.wait(30), "the mapper never looked at the held context's export"
+            assert SpanQueue.objects.exists()
+            holder.rollback()
+        _wait(
+            lambda: Run.objects.count() == 3 and not SpanQueue.objects.exists(),
+            30,
+            "the held context's export mapped once its writer was done",
+        )
     finally:
         started = time.monotonic()
         mapper.stop()
@@ -598,7 +639,7 @@ def test_serve_s_idle_mapper_starts_when_an_export_commits(settings, monkeypatch
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_idle_embed_worker_maps_an_export_as_it_commits(settings, tool_run):
+def test_an_idle_embed_worker_maps_an_export_as_it_commits(settings, monkeypatch, tool_run):
     """A mapper process (`embed_worker`) idle for its whole sleep (an hour here) starts when
     an export is queued, and stops promptly while it waits."""
     from django.db import connection
@@ -607,6 +648,7 @@ def test_an_idle_embed_worker_maps_an_export_as_it_commits(settings, tool_run):
 
     settings.AGENTMEMORY_OTLP_MAP_THREAD = False
     writer = make_key(scopes=("read", "write"))
+    waiting = _waits_told(monkeypatch)
     stop = threading.Event()
     idle = span_queue.ExportWait(stop)
     idle.listen()  # as embed_worker does, before its first look at the queue
@@ -626,6 +668,7 @@ def test_an_idle_embed_worker_maps_an_export_as_it_commits(settings, tool_run):
     worker = threading.Thread(target=work, daemon=True)  # a failure here must not hang the run
     worker.start()
     try:
+        assert waiting.wait(30), "the worker never waited"
         export(writer, tool_run[1])
         _wait(
             lambda: Run.objects.count() == 1 and not SpanQueue.objects.exists(),

@@ -340,7 +340,8 @@ def walk_statements(
     if vectors_filter is not None:
         # Materialized: read alone, then joined (the join cannot be planned into it).
         _, _, own = _query_parts(model, dims, waiting_table, "", vectors_filter[0])
-        waiting_cte = f", waiting_vectors AS MATERIALIZED (SELECT e.* {own})"
+        read = f"e.{item_column}, e.context_id, e.model, e.dimensions, e.vector"
+        waiting_cte = f", waiting_vectors AS MATERIALIZED (SELECT {read} {own})"
         waiting_table = "waiting_vectors"
     _, _, waiting_rows = _query_parts(model, dims, waiting_table, join_sql, where_sql)
     # The walk orders by the index's expression (half precision); the rows it keeps are then

@@ -324,7 +324,11 @@ def exports_listener() -> psycopg.Connection:
     params.pop("cursor_factory", None)
     params.pop("context", None)
     listener = psycopg.connect(**params, autocommit=True)
-    listener.execute(psql.SQL("LISTEN {}").format(psql.Identifier(QUEUED_CHANNEL)))
+    try:
+        listener.execute(psql.SQL("LISTEN {}").format(psql.Identifier(QUEUED_CHANNEL)))
+    except BaseException:
+        listener.close()
+        raise
     return listener
 
 
@@ -340,9 +344,9 @@ def export_queued(listener: psycopg.Connection, timeout: float) -> bool:
 
 class ExportWait:
     """An idle mapper's wait: until an export is queued, `stop` is set, or the time given is up.
-    `listen` before looking at the queue (an export queued after the look is then told of).
-    While the database cannot be reached the time is waited out, and the next wait listens
-    anew."""
+    `listen` before each look at the queue (an export queued after the look is then told of).
+    A wait that had to listen anew (its connection lost) ends at once, for a look at what was
+    queued meanwhile; while the database cannot be reached the time is waited out."""
 
     # How long a stop waits for an idle mapper at most (it checks between waits).
     STOP_SECONDS = 0.2
@@ -352,29 +356,49 @@ class ExportWait:
         self.listener: psycopg.Connection | None = None
 
     def listen(self) -> None:
-        if self.listener is None:
+        """Listening (connected anew if need be), with what it was told taken: the look that
+        follows covers it, and told exports do not pile up unread while the mapper is busy.
+        Best effort: a failure is logged, and the next wait waits its time out."""
+        if self.listener is not None:
             try:
-                self.listener = exports_listener()
-            except psycopg.Error as exc:
-                log.warning("not listening for exports (%s)", str(exc).strip()[:200])
+                self._drained()
+                return
+            except psycopg.Error:
+                self.close()
+        try:
+            self.listener = exports_listener()
+        except Exception as exc:  # listening only saves time: the rescans still map
+            log.warning("not listening for exports (%s)", str(exc).strip()[:200])
 
     def __call__(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while not self.stop.is_set() and (left := deadline - time.monotonic()) > 0:
-            self.listen()
             if self.listener is None:
-                self.stop.wait(left)
+                self.listen()
+                if self.listener is None:
+                    self.stop.wait(left)
                 return
             try:
                 if export_queued(self.listener, min(left, self.STOP_SECONDS)):
+                    self._drained()  # told before the look that follows, which covers them
                     return
             except psycopg.Error:
                 self.close()
+
+    def _drained(self) -> None:
+        while export_queued(self.listener, 0):
+            pass
 
     def close(self) -> None:
         if self.listener is not None:
             self.listener.close()
             self.listener = None
+
+
+def spans_busy() -> bool:
+    """Whether spans wait in the queue (not set aside): after a look mapped none, their
+    contexts were held by writers, and the mapper looks again soon rather than when told."""
+    return SpanQueue.objects.filter(error="").exists()
 
 
 def spans_map_pending() -> int:

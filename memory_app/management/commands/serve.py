@@ -119,10 +119,12 @@ class SpanMapper:
     (`span_queue.spans_map_chore(background=True)`), their CPU. Batches are mapped one after
     another while spans are queued; an idle mapper starts when an export commits (told on a
     listening connection of its own, `span_queue.ExportWait`), and looks at the queue
-    every RESCAN_SECONDS anyway (an export told of while the listener was down). A database
-    fault is waited out."""
+    every RESCAN_SECONDS anyway, or BUSY_SECONDS while spans wait for contexts a writer holds. A
+    database fault is waited out."""
 
     RESCAN_SECONDS = 10.0
+    # Spans queued in contexts a writer holds: no export will tell of their release.
+    BUSY_SECONDS = 0.2
     FAULT_SECONDS = 2.0
 
     def __init__(self):
@@ -137,7 +139,8 @@ class SpanMapper:
                 try:
                     idle.listen()
                     if not span_queue.spans_map_chore(background=True):
-                        idle(self.RESCAN_SECONDS)
+                        busy = span_queue.spans_busy()
+                        idle(self.BUSY_SECONDS if busy else self.RESCAN_SECONDS)
                 except Exception:  # a fault must not end the mapping for the server's life
                     log.exception("OTLP mapping failed; retrying")
                     connection.close()
