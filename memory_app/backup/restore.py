@@ -17,7 +17,6 @@ from memory_app.audit import Actor, audit_record
 from memory_app.backup.format import (
     CHUNK,
     CONTEXT_FIELDS,
-    EMBEDDING_FIELDS,
     FORMAT,
     MEMORY_FIELDS,
     MESSAGE_FIELDS,
@@ -29,17 +28,12 @@ from memory_app.backup.format import (
     load_fields,
 )
 from memory_app.backup.lines import read_backup
+from memory_app.backup.vectors import import_embeddings
 from memory_app.db import lock_contexts
-from memory_app.embeddings.providers import active_model_name
-from memory_app.embeddings.registry import registered_dimensions, unregistered
 from memory_app.errors import BackupFormatError, Forbidden
 from memory_app.models import (
     Context,
     ContextKey,
-    Embedding,
-    EmbeddingWaiting,
-    MemoryEmbedding,
-    MemoryEmbeddingWaiting,
     MemoryOrigin,
     MemoryRecord,
     MemoryStatus,
@@ -156,9 +150,12 @@ class _Importer:
         records, kind = self.pending, self.pending_type
         self.pending = []
         with transaction.atomic():
-            getattr(self, f"_import_{kind}")(records)
+            if kind == "embedding":
+                import_embeddings(self, records)
+            else:
+                getattr(self, f"_import_{kind}")(records)
 
-    def _insert(self, model, rows: list[models.Model], stamp_fields: list[str]) -> None:
+    def insert(self, model, rows: list[models.Model], stamp_fields: list[str]) -> None:
         """Bulk insert, then put back the source's timestamps (auto_now* overwrite them on
         insert)."""
         if not rows:
@@ -195,7 +192,7 @@ class _Importer:
             ctx = Context(**load_fields(rec, CONTEXT_FIELDS))
             ctx.keys_digest = keys_digest(keys)
             ctx.last_seq = ctx.message_count = ctx.token_count = ctx.run_count = 0
-            self._insert(Context, [ctx], ["created_at", "updated_at", "last_activity_at"])
+            self.insert(Context, [ctx], ["created_at", "updated_at", "last_activity_at"])
             ContextKey.objects.create(digest=ctx.keys_digest, target_id=ctx.pk)
             self.contexts[rec["digest"]] = ctx.pk
             self.grown.add(ctx.pk)
@@ -211,7 +208,7 @@ class _Importer:
             run = Run(context_id=ctx_pk, **load_fields(rec, RUN_FIELDS))
             run.step_count = run.error_count = run.last_position = 0  # counted from its steps
             new.append(run)
-        self._insert(Run, new, ["created_at", "updated_at"])
+        self.insert(Run, new, ["created_at", "updated_at"])
         self.grown |= {r.context_id for r in new}
         self.grown_runs |= {r.pk for r in new}
         self.result.count("runs", len(new), 0)
@@ -241,8 +238,8 @@ class _Importer:
             step = Step(run_id=run_pk, context_id=ctx_pk, **load_fields(rec, STEP_FIELDS))
             rows.append(step)
             calls.append(rec.get("tool_calls") or [])
-        self._insert(Step, rows, ["created_at"])
-        self._insert(
+        self.insert(Step, rows, ["created_at"])
+        self.insert(
             ToolCall,
             [
                 ToolCall(step_id=s.pk, context_id=ctx_pk, **load_fields(c, TOOL_CALL_FIELDS))
@@ -296,7 +293,7 @@ class _Importer:
                     msg.step_id = step_ids[key]
                 rows.append(msg)
             _count_tokens(rows)
-            self._insert(Message, rows, ["created_at", "updated_at"])
+            self.insert(Message, rows, ["created_at", "updated_at"])
             self.result.count("messages", len(rows), 0)
             if rows:
                 # The next append follows the highest seq stored, never one imported here.
@@ -411,7 +408,7 @@ class _Importer:
             rows.append((file_ref, mem))
         # Two lines of one file with the same content in the same scope are one record.
         unique = {(m.scope_digest, m.content_hash): m for _, m in rows}
-        self._insert(MemoryRecord, list(unique.values()), ["created_at", "updated_at"])
+        self.insert(MemoryRecord, list(unique.values()), ["created_at", "updated_at"])
         versions_record(unique.values(), actor=self.actor, action="import")
         # A restored store item's namespace is in use, as a put makes it (list_namespaces).
         StoreNamespace.objects.bulk_create(
@@ -431,46 +428,6 @@ class _Importer:
             )
         self.result.count("memories", len(unique), len(rows) - len(unique))
 
-    def _import_embedding(self, records):
-        rows: dict[type, list] = {Embedding: [], MemoryEmbedding: []}
-        for rec in records:
-            table = Embedding if rec["item"] == "message" else MemoryEmbedding
-            emb = table(**load_fields(rec, EMBEDDING_FIELDS), vector=rec.get("vector"))
-            emb.dimensions = len(rec["vector"]) if rec.get("vector") is not None else None
-            _check_model(emb.model, emb.dimensions)
-            if table is Embedding:
-                ctx_pk = self.context_id(rec["context"])
-                emb.message_id = (
-                    Message.objects.filter(context_id=ctx_pk, seq=rec["seq"])
-                    .values_list("pk", flat=True)
-                    .first()
-                )
-                emb.context_id = ctx_pk
-                item = emb.message_id
-                exists = any(
-                    kind.objects.filter(
-                        context_id=ctx_pk, message_id=item, model=emb.model
-                    ).exists()
-                    for kind in (Embedding, EmbeddingWaiting)
-                )
-            else:
-                # Only a memory a line of this file resolved to (inside the importer's
-                # confinement): a digest and hash of any other record attach nothing.
-                item = emb.memory_record_id = self.memories.get(
-                    (rec["scope_digest"], rec["content_hash"]), (None, None)
-                )[0]
-                exists = any(
-                    kind.objects.filter(memory_record_id=item, model=emb.model).exists()
-                    for kind in (MemoryEmbedding, MemoryEmbeddingWaiting)
-                )
-            if exists or item is None:
-                self.result.count("embeddings", 0, 1)
-                continue
-            rows[table].append(emb)
-        for table, new in rows.items():
-            self._insert(table, new, [])
-            self.result.count("embeddings", len(new), 0)
-
     def audit(self) -> None:
         touched = sorted(set(self.contexts.values()))
         audit_record(
@@ -480,23 +437,6 @@ class _Importer:
             target_ids=touched,
             context_id=touched[0] if len(touched) == 1 else None,
             after={"created": self.result.created, "skipped": self.result.skipped},
-        )
-
-
-def _check_model(model: str, dimensions: int | None) -> None:
-    """An embedding line's model must be registered here, its vector of the registered length,
-    like any vector a client sends: a backup is no way around the registry. A pending line (no
-    vector yet) may also name the configured provider's model, which registers itself when the
-    worker first embeds with it."""
-    if dimensions is None and model == active_model_name():
-        return
-    expected = registered_dimensions(model)
-    if expected is None:
-        raise BackupFormatError(f"an embedding line: {unregistered(model)}")
-    if dimensions is not None and dimensions != expected:
-        raise BackupFormatError(
-            f"an embedding line: model {model!r} has {expected} dimensions, "
-            f"this vector has {dimensions}"
         )
 
 
