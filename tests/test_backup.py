@@ -523,3 +523,264 @@ def test_a_whole_backup_holds_key_subset_memories_under_no_context_and_their_sto
     assert theme.content == '{"b": 1, "a": 2}'
     assert item_get(scope=bob, namespace=["cache"], key="k").item_ttl == 30
     assert namespaces_list(scope=bob) == [["cache"], ["prefs", "ui"]]
+
+
+# --- scores, labels, comments, checkpoints and memory versions -----------------------------------
+
+
+def _reviewed(ctx):
+    """A context with what reviewers, evaluators, a LangGraph saver and memory edits write: a
+    score, label and comment on a run, a step and a message each (one score twice, as an
+    evaluator run twice gives it), a checkpoint with its channel value and pending writes (bytes
+    that are no UTF-8, a write summary whose keys are not in sorted order), and a memory edited
+    and archived (three versions, metadata in written order)."""
+    from memory_app.audit import Actor
+    from memory_app.services.checkpoints import checkpoint_put, writes_put
+    from memory_app.services.memories import memories_record, memory_edit, memory_set_archived
+    from memory_app.services.scores import Target, comment_add, label_add, score_add
+
+    runs = _fill(ctx, messages=12, runs=2)
+    ada, bot = Actor.system("user:ada"), Actor.system("key:evalbot")
+    targets = [
+        Target.of(runs[0]),  # a run without a client id: named by its creation instant
+        Target.of(Step.objects.get(run=runs[1], position=2)),
+        Target.of(Message.objects.get(context=ctx, seq=8)),  # has a run and a step
+    ]
+    for n, target in enumerate(targets):
+        score_add(actor=bot, target=target, name="accuracy", kind="numeric", value=0.5 + n)
+        label_add(actor=ada, target=target, name=f"needs-work-{n}")
+        comment_add(actor=ada, target=target, text=f"Zürich ☕ {n}")
+    score_add(actor=bot, target=targets[0], name="accuracy", kind="numeric", value=0.75)
+    score_add(actor=ada, target=targets[1], name="ok", kind="boolean", value=True, client_id="s1")
+    score_add(actor=ada, target=targets[2], name="tone", kind="categorical", value="warm")
+    checkpoint_put(
+        context=ctx,
+        checkpoint_ns="",
+        checkpoint_id="cp-1",
+        parent_checkpoint_id=None,
+        checkpoint=("msgpack", b"\x00\xffcheckpoint"),
+        channel_versions={"messages": "v1", "agent": "v2"},
+        metadata={"source": "input", "step": -1},
+        metadata_typed=("json", b'{"source":"input","step":-1}'),
+        blobs=[("messages", "v1", "msgpack", b"\x93\x00\xc0"), ("agent", "v2", "empty", b"")],
+        ts=1767261600.25,
+        task="summarise the harbour report",
+    )
+    checkpoint_put(
+        context=ctx,
+        checkpoint_ns="tools:1",
+        checkpoint_id="cp-sub",
+        parent_checkpoint_id=None,
+        checkpoint=("msgpack", b"\x01"),
+        channel_versions={},
+        metadata={"source": "loop"},
+        metadata_typed=("json", b'{"source":"loop"}'),
+        blobs=[],
+    )
+    writes_put(
+        context=ctx,
+        checkpoint_ns="",
+        checkpoint_id="cp-1",
+        task_id="task-a",
+        task_path="~__pregel_pull, agent",
+        writes=[
+            (0, "messages", "msgpack", b"\xde\xad", {"zeta": 1, "alpha": [2, {"y": 1, "b": 0}]})
+        ],
+    )
+    [recorded] = memories_record(
+        scope=memories.Scope(context=ctx),
+        items=[{"content": "Ada likes tea", "metadata": {"zeta": 1, "alpha": 2}}],
+        actor=ada,
+    )
+    mem = memory_edit(
+        record=recorded.record, actor=ada, content="Ada likes green tea", metadata={"y": 1, "b": 2}
+    )
+    memory_set_archived(record=mem, archived=True, actor=bot)
+
+
+def _reviewed_snapshot():
+    """Scores, labels, comments, checkpoints and memory versions by natural key (author and
+    actor aside: an import's are the importer), JSON as text so key order counts."""
+    from memory_app.models import (
+        Checkpoint,
+        CheckpointBlob,
+        CheckpointWrite,
+        Comment,
+        Label,
+        MemoryVersion,
+        Score,
+    )
+
+    run_key = {r.pk: (r.client_id, r.created_at) for r in Run.objects.all()}
+    step_key = {s.pk: (run_key[s.run_id], s.position) for s in Step.objects.all()}
+    msg_key = dict(Message.objects.values_list("pk", "seq"))
+    ctx_key = dict(Context.objects.values_list("pk", "keys_digest"))
+    mem_key = {m.pk: (m.scope_digest, m.content_hash) for m in MemoryRecord.objects.all()}
+
+    def rows(model, skip=()):
+        out = []
+        for row in model.objects.all():
+            data = _fields(row, ("context", "run", "step", "message", "memory", *skip))
+            data["context"] = ctx_key.get(getattr(row, "context_id", None))
+            data["run"] = run_key.get(getattr(row, "run_id", None))
+            data["step"] = step_key.get(getattr(row, "step_id", None))
+            data["message"] = msg_key.get(getattr(row, "message_id", None))
+            data["memory"] = mem_key.get(getattr(row, "memory_id", None))
+            for name, value in data.items():
+                if isinstance(value, memoryview | bytes):
+                    data[name] = bytes(value)
+                elif isinstance(value, dict | list):
+                    data[name] = json.dumps(value)
+            out.append(data)
+        return sorted(out, key=repr)
+
+    return {
+        "scores": rows(Score, ("author",)),
+        "labels": rows(Label, ("author",)),
+        "comments": rows(Comment, ("author",)),
+        "checkpoints": rows(Checkpoint, ("run_id",)),
+        "blobs": rows(CheckpointBlob),
+        "writes": rows(CheckpointWrite),
+        "versions": rows(MemoryVersion, ("actor", "user", "api_key", "audit_event")),
+    }
+
+
+def test_scores_labels_comments_checkpoints_and_memory_versions_round_trip_and_again():
+    from memory_app.models import CheckpointWrite, Label, MemoryVersion, Score
+
+    ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "reviewed"})
+    _reviewed(ctx)
+    lines = list(export_lines(contexts=contexts_matching(context_ids=[ctx.pk])))
+    kinds = [json.loads(line)["type"] for line in lines]
+    assert json.loads(lines[-1])["counts"] == {
+        "context": 1,
+        "run": 3,  # two of _fill, one the input checkpoint opened
+        "step": 4,
+        "message": 12,
+        "score": 6,
+        "label": 3,
+        "comment": 3,
+        "checkpoint": 2,
+        "checkpoint_blob": 2,
+        "checkpoint_write": 1,
+        "memory": 1,
+        "memory_version": 3,
+        "embedding": 0,
+    }
+    # Referents first: the memory's versions follow it, annotations follow the messages.
+    assert kinds.index("score") > max(i for i, k in enumerate(kinds) if k == "message")
+    assert kinds.index("memory_version") > kinds.index("memory")
+    before = _reviewed_snapshot()
+    _wipe()
+    assert not Score.objects.exists() and not MemoryVersion.objects.exists()
+
+    result = import_lines(lines)
+    after = _reviewed_snapshot()
+    # The memory's three versions come back, then the import's own: version 4, "import".
+    imported = after["versions"].pop()
+    assert (imported["version"], imported["action"]) == (4, "import")
+    assert imported["content"] == "Ada likes green tea"
+    for kind in before:
+        assert after[kind] == before[kind], kind
+    write = CheckpointWrite.objects.get()
+    assert list(write.summary) == ["zeta", "alpha"] and bytes(write.value_data) == b"\xde\xad"
+    assert list(MemoryVersion.objects.get(version=1).metadata) == ["zeta", "alpha"]
+    # Who wrote them is the importer, never the file's word.
+    assert {s.author for s in Score.objects.all()} | {
+        label.author for label in Label.objects.all()
+    } == {"import"}
+    assert set(MemoryVersion.objects.values_list("actor", flat=True)) == {"import"}
+    assert (result.created["scores"], result.created["memory_versions"]) == (6, 3)
+
+    # Importing the same file again changes nothing.
+    again = import_lines(lines)
+    assert _reviewed_snapshot() == {**after, "versions": [*after["versions"], imported]}
+    assert again.created["scores"] == again.created["checkpoints"] == 0
+    assert again.skipped["scores"] == 6 and again.skipped["memory_versions"] == 3
+
+
+def _lines_without_trailer():
+    """An export of a reviewed context (see `_reviewed`), without its trailer; the store is then
+    wiped."""
+    ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "reviewed"})
+    _reviewed(ctx)
+    *lines, _trailer = export_lines(contexts=contexts_matching(context_ids=[ctx.pk]))
+    _wipe()
+    return lines
+
+
+def _nothing_of_it_stored():
+    from memory_app.models import Checkpoint, CheckpointWrite, MemoryVersion, Score
+
+    return (
+        not any(
+            model.objects.exists()
+            for model in (Context, Run, Message, MemoryRecord, Score, Checkpoint, CheckpointWrite)
+        )
+        and not MemoryVersion.objects.exists()
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "change", "complaint"),
+    [
+        ("score", {"kind": "numeric", "number": None, "category": "warm"}, "not of its kind"),
+        ("score", {"run": {"client_id": "r9", "created_at": "2026-01-01T00:00:00"}}, "one target"),
+        ("label", {"message": 999}, "refers to a message that is not in the backup"),
+        ("comment", {"text": 7}, "comment text must be a string"),
+        ("checkpoint", {"checkpoint_data": "not base64!"}, "base64"),
+        (
+            "checkpoint",
+            {"run": {"client_id": "nobody", "created_at": "2026-01-01T00:00:00+00:00"}},
+            "refers to a run that is not in the backup",
+        ),
+        ("checkpoint_write", {"idx": "0"}, "idx must be an integer"),
+        ("memory_version", {"content_hash": "0" * 64}, "memory that is not in the backup"),
+        ("memory_version", {"version": 0}, "starts at 1"),
+    ],
+    ids=[
+        "score-value-not-of-its-kind",
+        "score-with-two-targets",
+        "label-on-an-unknown-message",
+        "comment-not-text",
+        "checkpoint-bytes-not-base64",
+        "checkpoint-of-an-unknown-run",
+        "write-index-not-a-number",
+        "version-of-an-unknown-memory",
+        "version-0",
+    ],
+)
+def test_a_bad_line_of_a_new_kind_writes_nothing(kind, change, complaint):
+    """The last line of each kind spoilt: the lines before it (the context, its runs, messages
+    and the rows of the new kinds already read) are not left behind."""
+    lines = _lines_without_trailer()
+    at = max(i for i, line in enumerate(lines) if json.loads(line)["type"] == kind)
+    bad = {**json.loads(lines[at]), **change}
+    spoilt = signed_backup([*lines[:at], json.dumps(bad) + "\n", *lines[at + 1 :]])
+    with pytest.raises(errors.BackupFormatError, match=complaint):
+        import_lines(spoilt.splitlines(keepends=True))
+    assert _nothing_of_it_stored()
+    import_lines(signed_backup(lines).splitlines(keepends=True))  # the good file goes in whole
+    assert Context.objects.count() == 1
+
+
+def test_a_version_2_file_still_goes_in_and_holds_only_its_six_kinds():
+    """Files exported before scores, checkpoints and versions were carried: their trailer counts
+    the six kinds of version 2, and a line of a later kind is unknown to that version."""
+    from tests.builders import BACKUP_KINDS_V2
+
+    lines = _lines_without_trailer()
+    header = json.dumps({**json.loads(lines[0]), "version": 2}) + "\n"
+    old = [header, *(line for line in lines[1:] if json.loads(line)["type"] in BACKUP_KINDS_V2)]
+    result = import_lines(signed_backup(old).splitlines(keepends=True))
+    assert result.created["messages"] == 12 and result.created["memories"] == 1
+    # With no versions in the file, the import's own is the memory's first, as before.
+    from memory_app.models import MemoryVersion
+
+    assert list(MemoryVersion.objects.values_list("version", "action")) == [(1, "import")]
+
+    _wipe()
+    score = next(line for line in lines if json.loads(line)["type"] == "score")
+    with pytest.raises(errors.BackupFormatError, match="unknown record type 'score'"):
+        import_lines(signed_backup([*old, score]).splitlines(keepends=True))
+    assert _nothing_of_it_stored()

@@ -152,8 +152,12 @@ def test_the_dashboard_and_an_import_record_their_own_provenance(agent, tmp_path
     imported = MemoryRecord.objects.get()
     assert imported.origin == "import" and imported.source_user_id == curator.pk
     assert imported.source_step_id == step.pk and imported.source_run_id == run.pk
-    assert list(MemoryVersion.objects.filter(memory=imported).values_list("action", flat=True)) == [
-        "import"
+    # Its history comes along (the promotion), then the import's own version; both say the
+    # importer made them, as the file's word for who did is not taken.
+    versions = MemoryVersion.objects.filter(memory=imported).order_by("version")
+    assert list(versions.values_list("version", "action", "actor", "user")) == [
+        (1, "promote", f"user:{curator.get_username()}", curator.pk),
+        (2, "import", f"user:{curator.get_username()}", curator.pk),
     ]
 
 

@@ -405,3 +405,147 @@ def test_one_setting_turns_on_https_behind_a_proxy(https, tmp_path):
     else:
         assert seen["cookies"] == [False, False]
         assert seen["plain"][0] == 200 and seen["proxied"][1] is None
+
+
+# --- scores, labels, comments, checkpoints and memory versions in a tenant's import ------------
+
+
+def _a_run_and_memory(a, a_ctx):
+    """A's run (client id "a-run") with a score on it, and A's fact: the rows B's lines aim at."""
+    from memory_app.audit import Actor
+    from memory_app.services.runs import run_create
+    from memory_app.services.scores import Target, score_add
+
+    run, _ = run_create(context=Context.objects.get(pk=a_ctx), client_id="a-run", task="t")
+    score_add(
+        actor=Actor.for_key(a.key), target=Target.of(run), name="ok", kind="boolean", value=True
+    )
+    a.post("/api/v1/memories", {"context_id": a_ctx, "content": A_FACT})
+    return {"client_id": "a-run", "created_at": run.created_at.isoformat()}
+
+
+def _refusals_alike(b, foreign_lines, unknown_lines, hide=()):
+    foreign, unknown = _import(b, foreign_lines), _import(b, unknown_lines)
+    assert foreign.status_code == unknown.status_code == 422, (foreign.content, unknown.content)
+    said = [r.json()["detail"] for r in (foreign, unknown)]
+    for text in hide:
+        said = [s.replace(text, "…") for s in said]
+    assert said[0] == said[1], said
+
+
+def test_new_kinds_reach_no_other_tenants_context_run_or_memory(tenants):
+    """Scores, labels, comments, checkpoints and memory versions of B's file reach only the
+    contexts, runs and memories the file defines: A's context, A's run (named in B's own context)
+    and A's memory fail exactly as ones that exist nowhere, and nothing of A's changes."""
+    from memory_app.models import Checkpoint, MemoryVersion, Score
+
+    a, b, a_ctx, _ = tenants
+    a_run = _a_run_and_memory(a, a_ctx)
+    nobody_run = {"client_id": "no-run", "created_at": a_run["created_at"]}
+    a_digest, nobody = keys_digest(A_KEYS), keys_digest({"tenant": "nobody"})
+    b_context = _context_line(B_KEYS)
+    score = {"type": "score", "name": "ok", "kind": "boolean", "number": 1.0}
+    checkpoint = {
+        "type": "checkpoint",
+        "checkpoint_ns": "",
+        "checkpoint_id": "cp",
+        "checkpoint_type": "msgpack",
+        "checkpoint_data": "AA==",
+        "metadata_type": "json",
+        "metadata_data": "e30=",
+    }
+    target = MemoryRecord.objects.get(content=A_FACT)
+    version = {
+        "type": "memory_version",
+        "version": 1,
+        "content": A_FACT,
+        "kind": "fact",
+        "status": "live",
+        "action": "record",
+        "actor": "key:a",
+        "at": "2026-01-01T00:00:00+00:00",
+    }
+    # A's context named by its digest, against a digest of no context.
+    for line in (
+        {**score, "run": a_run},
+        {"type": "label", "name": "x", "run": a_run},
+        {"type": "comment", "text": "x", "run": a_run},
+        checkpoint,
+        {**checkpoint, "type": "checkpoint_blob", "channel": "c", "version": "1", "blob_type": "t"}
+        | {"blob_data": "AA=="},
+    ):
+        _refusals_alike(
+            b,
+            [HEADER, {**line, "context": a_digest}],
+            [HEADER, {**line, "context": nobody}],
+            hide=(a_digest[:12], nobody[:12]),
+        )
+    # A's run named in B's own context, against a run that exists nowhere.
+    in_b = {"context": keys_digest(B_KEYS)}
+    _refusals_alike(
+        b,
+        [HEADER, b_context, {**score, **in_b, "run": a_run}],
+        [HEADER, b_context, {**score, **in_b, "run": nobody_run}],
+    )
+    _refusals_alike(
+        b,
+        [HEADER, b_context, {**checkpoint, **in_b, "run": a_run}],
+        [HEADER, b_context, {**checkpoint, **in_b, "run": nobody_run}],
+    )
+    # A's memory by its scope digest and content hash, against a memory of no scope.
+    _refusals_alike(
+        b,
+        [
+            HEADER,
+            b_context,
+            {**version, "scope_digest": target.scope_digest, "content_hash": target.content_hash},
+        ],
+        [HEADER, b_context, {**version, "scope_digest": "0" * 64, "content_hash": "0" * 64}],
+    )
+    assert Score.objects.count() == 1 and not Checkpoint.objects.exists()
+    assert list(MemoryVersion.objects.filter(memory=target).values_list("version", flat=True)) == [
+        1
+    ]
+    # B's export holds none of A's rows.
+    body = b"".join(b.get("/api/v1/export").streaming_content).decode()
+    assert '"type":"score"' not in body and A_FACT not in body
+
+
+def test_who_wrote_an_imported_score_or_version_is_the_importer(tenants):
+    """A file may claim an operator wrote its scores and memory versions: the rows say the
+    importing key, as its memories' `recorded_by` does."""
+    from memory_app.models import Label, MemoryVersion, Score
+
+    _, b, _, _ = tenants
+    keys = {"tenant": "b", "chat": "claims"}
+    digest = keys_digest(keys)
+    stamp = "2026-01-01T00:00:00+00:00"
+    run_ref = {"client_id": "r1", "created_at": stamp}
+    memory = _memory_line(content="B's own fact", scope_digest="0" * 64, context=digest)
+    lines = [
+        HEADER,
+        _context_line(keys),
+        {"type": "run", "context": digest, "ref": run_ref, "client_id": "r1", "task": "t"},
+        {"type": "score", "context": digest, "run": run_ref, "name": "ok", "kind": "numeric"}
+        | {"number": 0.5, "author": "user:admin", "created_at": stamp},
+        {"type": "label", "context": digest, "run": run_ref, "name": "x", "author": "user:admin"},
+        memory,
+        {
+            "type": "memory_version",
+            "scope_digest": memory["scope_digest"],
+            "content_hash": memory["content_hash"],
+            "version": 1,
+            "content": "B's own fact",
+            "kind": "fact",
+            "status": "live",
+            "action": "approve",
+            "actor": "user:admin",
+            "at": stamp,
+        },
+    ]
+    response = _import(b, lines)
+    assert response.status_code == 200, response.content
+    assert {Score.objects.get().author, Label.objects.get().author} == {b.key.actor}
+    first, imported = MemoryVersion.objects.order_by("version")
+    assert (first.actor, first.api_key_id, first.action) == (b.key.actor, b.key.pk, "approve")
+    assert (imported.version, imported.action, imported.actor) == (2, "import", b.key.actor)

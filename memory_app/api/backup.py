@@ -26,7 +26,7 @@ router = Router(tags=["backup"])
 # the context's runs, steps, messages and memories before the trailer. Documented as JSON Lines,
 # not as a JSON schema: the body is not one value.
 _EXAMPLE_LINES = [
-    b'{"type":"header","format":"agentmemory-backup","version":2,"embeddings":false}\n',
+    b'{"type":"header","format":"agentmemory-backup","version":3,"embeddings":false}\n',
     b'{"type":"context","digest":"b074f81dcd237c9c0e0da95dd6588a94fb4b16f89de21146dd19ede8500f1348",'
     b'"keys":{"chat":"42","user":"ada"},"title":"Ada\'s chat","metadata":{}}\n',
 ]
@@ -54,7 +54,8 @@ def export(
     embeddings: bool = False,
 ):
     """Every visible context (or the given ids, or those whose keys contain `match_keys`, a
-    JSON object), with runs, steps, tool calls, messages and memory records; vectors on request."""
+    JSON object), with runs, steps, tool calls, messages, scores, labels, comments, LangGraph
+    checkpoints, and memory records with their versions; vectors on request."""
     key = require_scope(request, "read")
     subset = None
     # Not called `keys`: ninja merges parameters through a mapping's .keys() method.

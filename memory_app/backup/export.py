@@ -9,6 +9,8 @@ from typing import Any
 from django.db import models
 from django.db.models import Q
 
+from memory_app.backup.annotations import annotation_records
+from memory_app.backup.checkpoints import checkpoint_records
 from memory_app.backup.format import (
     CHUNK,
     CONTEXT_FIELDS,
@@ -23,6 +25,7 @@ from memory_app.backup.format import (
     dump_fields,
 )
 from memory_app.backup.lines import Summary
+from memory_app.backup.versions import memory_version_records
 from memory_app.models import (
     Context,
     Embedding,
@@ -80,13 +83,18 @@ def export_records(
         yield from _run_records(ctx, run_refs, chunk_size)
         yield from _step_records(ctx, run_refs, chunk_size)
         yield from _message_records(ctx, run_refs, chunk_size)
+        yield from annotation_records(ctx, run_refs, chunk_size)
+        yield from checkpoint_records(ctx, run_refs, chunk_size)
         scoped = _memories_of(ctx, confined_to)
+        written: set[int] = set()
         for mem in scoped.order_by("pk").iterator(chunk_size=chunk_size):
             # A key-subset memory falls under several contexts; the file holds it once.
             if mem.pk in exported_memories:
                 continue
             exported_memories.add(mem.pk)
+            written.add(mem.pk)
             yield _memory_record(mem)
+        yield from memory_version_records(scoped, written, chunk_size)
         if embeddings:
             yield from _embedding_records(ctx, scoped, chunk_size)
     if subsets is not None:
@@ -97,11 +105,14 @@ def _subset_records(
     subsets: dict[str, Any], exported: set[int], embeddings: bool, chunk_size: int
 ) -> Iterator[dict[str, Any]]:
     """The key-subset memories under `subsets` that no context's records held, then their
-    vectors."""
+    versions and vectors."""
     rest = MemoryRecord.objects.filter(context__isnull=True, scope_keys__contains=subsets)
+    written: set[int] = set()
     for mem in rest.order_by("pk").iterator(chunk_size=chunk_size):
         if mem.pk not in exported:
+            written.add(mem.pk)
             yield _memory_record(mem)
+    yield from memory_version_records(rest, written, chunk_size)
     if embeddings:
         for record in _memory_embedding_records(rest, chunk_size):
             if record.pop("memory_id") not in exported:

@@ -3,6 +3,8 @@ line passes before anything of it is stored (see the package docstring for the r
 
 from __future__ import annotations
 
+import base64
+import binascii
 from datetime import datetime
 from typing import Any
 
@@ -10,14 +12,52 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
 from memory_app.errors import BackupFormatError
-from memory_app.models import Context, Embedding, MemoryRecord, Message, Run, Step, ToolCall
+from memory_app.models import (
+    Checkpoint,
+    CheckpointBlob,
+    CheckpointWrite,
+    Comment,
+    Context,
+    Embedding,
+    Label,
+    MemoryRecord,
+    MemoryVersion,
+    Message,
+    Run,
+    Score,
+    ScoreKind,
+    Step,
+    ToolCall,
+)
 
 FORMAT = "agentmemory-backup"
-# Version 2 ends with a trailer (memory_app.backup.lines); version 1 files had none.
-VERSION = 2
+# Version 3 adds scores, labels, comments, checkpoints and memory versions; version 2 ends with
+# a trailer (memory_app.backup.lines) and holds only the first six kinds; version 1 files had
+# no trailer. Import reads all three.
+VERSION = 3
 # The record kinds after the header, in the order export writes a context's records.
-KINDS = ("context", "run", "step", "message", "memory", "embedding")
+KINDS_V2 = ("context", "run", "step", "message", "memory", "embedding")
+KINDS = (
+    "context",
+    "run",
+    "step",
+    "message",
+    "score",
+    "label",
+    "comment",
+    "checkpoint",
+    "checkpoint_blob",
+    "checkpoint_write",
+    "memory",
+    "memory_version",
+    "embedding",
+)
 CHUNK = 1000
+
+
+def kinds_of(version: Any) -> tuple[str, ...]:
+    """The record kinds a file of this header version may hold (a trailer counts these)."""
+    return KINDS if version == VERSION else KINDS_V2
 
 
 # --- field handling -----------------------------------------------------------------------------
@@ -47,6 +87,16 @@ MEMORY_FIELDS = _plain_fields(MemoryRecord)
 # A memory vector (`MemoryEmbedding`) and a vector waiting for its graph have the same plain
 # columns: one line format for all.
 EMBEDDING_FIELDS = _plain_fields(Embedding, skip=("vector", "indexed"))
+# A score's, label's or comment's target is a reference beside these (see check_record).
+SCORE_FIELDS = _plain_fields(Score)
+LABEL_FIELDS = _plain_fields(Label)
+COMMENT_FIELDS = _plain_fields(Comment)
+# `run_id` is a run's primary key (no foreign key): the line names the run by its ref instead.
+CHECKPOINT_FIELDS = _plain_fields(Checkpoint, skip=("run_id",))
+CHECKPOINT_BLOB_FIELDS = _plain_fields(CheckpointBlob)
+CHECKPOINT_WRITE_FIELDS = _plain_fields(CheckpointWrite)
+# The user, API key and audit event of a version are rows a backup does not carry.
+MEMORY_VERSION_FIELDS = _plain_fields(MemoryVersion)
 
 
 def dump_fields(obj: models.Model, fields: list[models.Field]) -> dict[str, Any]:
@@ -56,6 +106,9 @@ def dump_fields(obj: models.Model, fields: list[models.Field]) -> dict[str, Any]
         value = getattr(obj, f.attname)
         if isinstance(value, datetime):
             value = value.isoformat()
+        elif isinstance(f, models.BinaryField) and value is not None:
+            # A saver's serialized bytes: JSON has no bytes, so they travel as base64 text.
+            value = base64.b64encode(bytes(value)).decode("ascii")
         out[f.name] = value
     return out
 
@@ -69,6 +122,8 @@ def load_fields(data: dict[str, Any], fields: list[models.Field]) -> dict[str, A
         value = data[f.name]
         if isinstance(f, models.DateTimeField) and isinstance(value, str):
             value = datetime.fromisoformat(value)
+        elif isinstance(f, models.BinaryField) and isinstance(value, str):
+            value = base64.b64decode(value, validate=True)
         out[f.attname] = value
     return out
 
@@ -94,6 +149,8 @@ def _field_error(f: models.Field, value: Any) -> str | None:
         return None if ok else "must be a number"
     if isinstance(f, models.DateTimeField):
         return None if _is_datetime(value) else "must be an ISO 8601 date and time"
+    if isinstance(f, models.BinaryField):
+        return None if _is_base64(value) else "must be base64 text"
     if isinstance(f, models.CharField | models.TextField):
         if not isinstance(value, str) or "\x00" in value:
             return "must be a string without NUL characters"
@@ -110,6 +167,14 @@ def _is_datetime(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def _is_base64(value: Any) -> bool:
+    try:
+        base64.b64decode(value, validate=True)
+    except (TypeError, ValueError, binascii.Error):
+        return False
+    return isinstance(value, str)
 
 
 def _check_fields(rec: dict[str, Any], fields: list[models.Field], what: str) -> None:
@@ -145,10 +210,65 @@ def _check_run_ref(value: Any, what: str, *, optional: bool = False) -> None:
         raise BackupFormatError(f"{what}.created_at must be an ISO 8601 date and time")
 
 
+ANNOTATION_FIELDS = {"score": SCORE_FIELDS, "label": LABEL_FIELDS, "comment": COMMENT_FIELDS}
+CHECKPOINT_KIND_FIELDS = {
+    "checkpoint": CHECKPOINT_FIELDS,
+    "checkpoint_blob": CHECKPOINT_BLOB_FIELDS,
+    "checkpoint_write": CHECKPOINT_WRITE_FIELDS,
+}
+
+
+def _check_annotation(kind: str, rec: dict[str, Any]) -> None:
+    """A score, label or comment: its context and exactly one target, a run (its ref), a step
+    ((run ref, position)) or a message (its seq in the line's context)."""
+    _check_ref(rec, f"a {kind} record", {"context": str})
+    targets = [t for t in ("run", "step", "message") if rec.get(t) is not None]
+    if len(targets) != 1:
+        raise BackupFormatError(f"a {kind} names one target: a run, a step or a message")
+    if targets == ["run"]:
+        _check_run_ref(rec["run"], f"a {kind}'s run")
+    elif targets == ["step"]:
+        _check_ref(rec["step"], f"a {kind}'s step", {"run": dict, "position": int})
+        _check_run_ref(rec["step"]["run"], f"a {kind}'s step run")
+    else:
+        _check_ref(rec, f"a {kind} record", {"message": int})
+    _check_fields(rec, ANNOTATION_FIELDS[kind], kind)
+    if kind == "score":
+        # The value's column is the kind's (the table's check constraint says the same).
+        number, category = rec.get("number"), rec.get("category")
+        fits = {
+            ScoreKind.NUMERIC: number is not None and category is None,
+            ScoreKind.BOOLEAN: number in (0, 1) and category is None,
+            ScoreKind.CATEGORICAL: number is None and category is not None,
+        }
+        if not fits.get(rec.get("kind")):
+            raise BackupFormatError(f"a {rec.get('kind')} score's value is not of its kind")
+
+
+def _check_checkpoint(kind: str, rec: dict[str, Any]) -> None:
+    _check_ref(rec, f"a {kind} record", {"context": str})
+    if kind == "checkpoint":
+        _check_run_ref(rec.get("run"), "a checkpoint's run", optional=True)
+    _check_fields(rec, CHECKPOINT_KIND_FIELDS[kind], kind.replace("_", " "))
+
+
+def _check_memory_version(rec: dict[str, Any]) -> None:
+    _check_ref(rec, "a memory version", {"scope_digest": str, "content_hash": str})
+    _check_fields(rec, MEMORY_VERSION_FIELDS, "memory version")
+    if rec["version"] < 1:
+        raise BackupFormatError("a memory version's number starts at 1")
+
+
 def check_record(kind: str, rec: dict[str, Any]) -> None:
     """Refuse a record whose fields or references do not have the types export writes, before
     anything is stored (a string for a number used to reach the database as a server error)."""
-    if kind == "context":
+    if kind in ANNOTATION_FIELDS:
+        _check_annotation(kind, rec)
+    elif kind in CHECKPOINT_KIND_FIELDS:
+        _check_checkpoint(kind, rec)
+    elif kind == "memory_version":
+        _check_memory_version(rec)
+    elif kind == "context":
         _check_fields(rec, CONTEXT_FIELDS, "context")
     elif kind == "run":
         _check_ref(rec, "a run record", {"context": str})

@@ -5,7 +5,8 @@ The trailer is the file's last line:
 
     {"type": "trailer", "counts": {"context": n, "run": n, ..., "embedding": n}, "sha256": hex}
 
-`counts` has the number of lines of each record kind; `sha256` is the digest of every byte
+`counts` has the number of lines of each record kind the file's version holds (a version 2
+file's trailer counts the six kinds it had); `sha256` is the digest of every byte
 before the trailer line (the header line included). Import counts and hashes the lines as it
 reads them and compares at the end, inside the import's transaction: a mismatch, a trailer
 missing (a file cut at a line boundary reads as well-formed lines) or a line after the trailer
@@ -20,7 +21,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from memory_app.backup.format import FORMAT, KINDS, VERSION
+from memory_app.backup.format import FORMAT, KINDS, VERSION, kinds_of
 from memory_app.errors import BackupFormatError
 from memory_app.json_values import check_json, depth_over, finite_float, reject_constant
 
@@ -39,9 +40,9 @@ _ESCAPE_TO_CHECK = re.compile(rb"\\u(?:[dD][89a-fA-F]|0000)")
 class Summary:
     """What a trailer says about the lines before it: their digest and how many of each kind."""
 
-    def __init__(self) -> None:
+    def __init__(self, kinds: tuple[str, ...] = KINDS) -> None:
         self.sha256 = hashlib.sha256()
-        self.counts = dict.fromkeys(KINDS, 0)
+        self.counts = dict.fromkeys(kinds, 0)
 
     def add(self, line: bytes, kind: Any = None) -> None:
         self.sha256.update(line)
@@ -104,6 +105,9 @@ def read_backup(lines: Iterable[bytes], *, unchecked_version_1: bool = False) ->
         if checked and kind == TRAILER:
             trailer = (number, record)
             continue
+        if number == 1 and kind == "header" and record.get("version") != VERSION:
+            # An older file's trailer counts the kinds of its version (nothing is added yet).
+            summary = Summary(kinds_of(record.get("version")))
         if number == 1 and kind == "header" and _is_version_1(record):
             if not unchecked_version_1:
                 raise BackupFormatError(

@@ -14,6 +14,8 @@ from django.db.models.functions import Coalesce, Greatest
 
 from memory_app import backlog, errors, memories, tokens
 from memory_app.audit import Actor, audit_record
+from memory_app.backup.annotations import import_annotations
+from memory_app.backup.checkpoints import import_checkpoints
 from memory_app.backup.format import (
     CHUNK,
     CONTEXT_FIELDS,
@@ -25,10 +27,12 @@ from memory_app.backup.format import (
     TOOL_CALL_FIELDS,
     VERSION,
     check_record,
+    kinds_of,
     load_fields,
 )
 from memory_app.backup.lines import read_backup
 from memory_app.backup.vectors import import_embeddings
+from memory_app.backup.versions import import_memory_versions
 from memory_app.db import lock_contexts
 from memory_app.errors import BackupFormatError, Forbidden
 from memory_app.models import (
@@ -79,6 +83,10 @@ class _Importer:
         # to here (inside the importer's confinement) and its context (the one its recomputed
         # scope names), for the embedding lines that follow.
         self.memories: dict[tuple[str, str], tuple[int, int | None]] = {}
+        # The memories this import created: only these take the file's versions, and each
+        # gets its `import` version once all lines are read (`versions_record_imported`).
+        self.created_memories: set[int] = set()
+        self.kinds: tuple[str, ...] = ()  # the record kinds the header's version holds
         self.pending: list[dict] = []
         self.pending_type: str | None = None
 
@@ -126,10 +134,11 @@ class _Importer:
         if kind == "header":
             # Version 1 differs only in having no trailer; `read_backup` lets one through only
             # when the operator asked for it.
-            if record.get("format") != FORMAT or record.get("version") not in (1, VERSION):
+            if record.get("format") != FORMAT or record.get("version") not in (1, 2, VERSION):
                 raise BackupFormatError(f"not an {FORMAT} v{VERSION} file")
+            self.kinds = kinds_of(record["version"])
             return
-        if kind not in ("context", "run", "step", "message", "memory", "embedding"):
+        if kind not in self.kinds:
             raise BackupFormatError(f"unknown record type {kind!r}")
         check_record(kind, record)
         # Confinement, before the line joins a chunk: a context's keys, and the subset a
@@ -150,7 +159,13 @@ class _Importer:
         records, kind = self.pending, self.pending_type
         self.pending = []
         with transaction.atomic():
-            if kind == "embedding":
+            if kind in ("score", "label", "comment"):
+                import_annotations(self, kind, records)
+            elif kind in ("checkpoint", "checkpoint_blob", "checkpoint_write"):
+                import_checkpoints(self, kind, records)
+            elif kind == "memory_version":
+                import_memory_versions(self, records)
+            elif kind == "embedding":
                 import_embeddings(self, records)
             else:
                 getattr(self, f"_import_{kind}")(records)
@@ -409,7 +424,7 @@ class _Importer:
         # Two lines of one file with the same content in the same scope are one record.
         unique = {(m.scope_digest, m.content_hash): m for _, m in rows}
         self.insert(MemoryRecord, list(unique.values()), ["created_at", "updated_at"])
-        versions_record(unique.values(), actor=self.actor, action="import")
+        self.created_memories |= {m.pk for m in unique.values()}
         # A restored store item's namespace is in use, as a put makes it (list_namespaces).
         StoreNamespace.objects.bulk_create(
             [
@@ -427,6 +442,14 @@ class _Importer:
                 mem.context_id,
             )
         self.result.count("memories", len(unique), len(rows) - len(unique))
+
+    def versions_record_imported(self) -> None:
+        """Each memory this import created gets its `import` version, after the versions the
+        file gave it (version 1 when it gave none)."""
+        created = sorted(self.created_memories)
+        for at in range(0, len(created), CHUNK):
+            chunk = MemoryRecord.objects.filter(pk__in=created[at : at + CHUNK]).order_by("pk")
+            versions_record(chunk, actor=self.actor, action="import")
 
     def audit(self) -> None:
         touched = sorted(set(self.contexts.values()))
@@ -489,6 +512,7 @@ def import_records(
         importer.flush()
         if not saw_header:
             raise BackupFormatError("empty backup")
+        importer.versions_record_imported()
         importer.recount()
         importer.audit()
     return importer.result

@@ -13,7 +13,8 @@ from memory_app.replica import replica_stream
 
 class Command(BaseCommand):
     help = (
-        "Export memory (contexts, messages, runs, steps, tool calls, memory records) as JSON Lines."
+        "Export memory (contexts, messages, runs, steps, tool calls, scores, labels, comments, "
+        "LangGraph checkpoints, memory records and their versions) as JSON Lines."
     )
 
     def add_arguments(self, parser):

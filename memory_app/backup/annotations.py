@@ -1,0 +1,178 @@
+"""Scores, labels and comments in a backup: rows of their target's context, exported with it
+after its messages, each naming its one target by natural key: a run by its ref, a step by
+(run ref, position), a message by its seq in the line's context.
+
+Their natural keys (a line whose key is stored already is left as it is): a score's is (context,
+target, name, created_at), a label's (context, target, name), the table's own unique key, and a
+comment's (context, target, created_at). The author is the importer, as a memory's
+`recorded_by` is: it is who asks, never the file's word. A score keeps its client id unless the
+importer already has a score with that id in the context (the id is its author's retry key):
+then it is stored without one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from django.db import models
+from django.db.models import F
+
+from memory_app.backup.format import (
+    COMMENT_FIELDS,
+    LABEL_FIELDS,
+    SCORE_FIELDS,
+    dump_fields,
+    load_fields,
+)
+from memory_app.errors import BackupFormatError
+from memory_app.models import Comment, Context, Label, Message, Score, Step
+
+KINDS: dict[str, tuple[type[models.Model], list[models.Field]]] = {
+    "score": (Score, SCORE_FIELDS),
+    "label": (Label, LABEL_FIELDS),
+    "comment": (Comment, COMMENT_FIELDS),
+}
+_TARGET = ("context_id", "run_id", "step_id", "message_id")
+NATURAL_KEYS = {
+    "score": (*_TARGET, "name", "created_at"),
+    "label": (*_TARGET, "name"),
+    "comment": (*_TARGET, "created_at"),
+}
+_STAMPS = {
+    "score": ["created_at", "updated_at"],
+    "label": ["created_at"],
+    "comment": ["created_at"],
+}
+
+
+def annotation_records(
+    ctx: Context, run_refs: dict[int, dict], chunk_size: int
+) -> Iterator[dict[str, Any]]:
+    """A context's scores, then its labels, then its comments (after its runs and messages)."""
+    for kind, (model, fields) in KINDS.items():
+        rows = (
+            model.objects.filter(context=ctx)
+            .annotate(step_position=F("step__position"), message_seq=F("message__seq"))
+            .order_by("pk")
+        )
+        for row in rows.iterator(chunk_size=chunk_size):
+            record = {"type": kind, "context": ctx.keys_digest, **dump_fields(row, fields)}
+            # The target alone: a step's or message's run is derived from it on import.
+            record["run"] = run_refs[row.run_id] if row.target_type == "run" else None
+            record["step"] = (
+                {"run": run_refs[row.run_id], "position": row.step_position}
+                if row.step_id
+                else None
+            )
+            record["message"] = row.message_seq if row.message_id else None
+            yield record
+
+
+class _Targets:
+    """A chunk's targets, each looked up once, only in the line's context (one the file
+    defines): another tenant's run, step or message fails like an unknown one."""
+
+    def __init__(self, importer: Any, kind: str) -> None:
+        self.importer, self.kind = importer, kind
+        self.runs: dict[tuple[int, str], int | None] = {}
+        self.steps: dict[tuple[int, int], int | None] = {}
+        self.messages: dict[tuple[int, int], tuple[int, int | None]] = {}
+
+    def missing(self, what: str) -> BackupFormatError:
+        return BackupFormatError(f"a {self.kind} refers to a {what} that is not in the backup")
+
+    def run(self, ctx_pk: int, ref: dict) -> int:
+        key = (ctx_pk, json.dumps(ref, sort_keys=True))
+        if key not in self.runs:
+            self.runs[key] = self.importer.run_id(ctx_pk, ref)
+        if self.runs[key] is None:
+            raise self.missing("run")
+        return self.runs[key]
+
+    def load_messages(self, records: list[dict[str, Any]]) -> None:
+        seqs: dict[int, set[int]] = {}
+        for rec in records:
+            if rec.get("message") is not None:
+                ctx_pk = self.importer.context_id(rec["context"])
+                seqs.setdefault(ctx_pk, set()).add(rec["message"])
+        for ctx_pk, wanted in seqs.items():
+            found = Message.objects.filter(context_id=ctx_pk, seq__in=wanted)
+            for seq, pk, run_pk in found.values_list("seq", "pk", "run_id"):
+                self.messages[(ctx_pk, seq)] = (pk, run_pk)
+
+    def of(self, ctx_pk: int, rec: dict[str, Any]) -> dict[str, int | None]:
+        if rec.get("run") is not None:
+            return {"run_id": self.run(ctx_pk, rec["run"]), "step_id": None, "message_id": None}
+        if rec.get("step") is not None:
+            run_pk = self.run(ctx_pk, rec["step"]["run"])
+            key = (run_pk, rec["step"]["position"])
+            if key not in self.steps:
+                self.steps[key] = (
+                    Step.objects.filter(context_id=ctx_pk, run_id=run_pk, position=key[1])
+                    .values_list("pk", flat=True)
+                    .first()
+                )
+            if self.steps[key] is None:
+                raise self.missing("step")
+            return {"run_id": run_pk, "step_id": self.steps[key], "message_id": None}
+        if (ctx_pk, rec["message"]) not in self.messages:
+            raise self.missing("message")
+        message_pk, run_pk = self.messages[(ctx_pk, rec["message"])]
+        return {"run_id": run_pk, "step_id": None, "message_id": message_pk}
+
+
+def import_annotations(importer: Any, kind: str, records: list[dict[str, Any]]) -> None:
+    """One chunk of score, label or comment lines (`importer`: restore's `_Importer`)."""
+    model, fields = KINDS[kind]
+    targets = _Targets(importer, kind)
+    targets.load_messages(records)
+    rows = []
+    for rec in records:
+        ctx_pk = importer.context_id(rec["context"])
+        row = model(context_id=ctx_pk, **load_fields(rec, fields), **targets.of(ctx_pk, rec))
+        row.author = importer.actor.label
+        rows.append(row)
+    names = NATURAL_KEYS[kind]
+    # Narrowed by the key's last column (the instant or the name), then compared whole.
+    last = names[-1]
+    stored = set(
+        model.objects.filter(
+            context_id__in={r.context_id for r in rows},
+            **{f"{last}__in": {getattr(r, last) for r in rows if getattr(r, last) is not None}},
+        ).values_list(*names)
+    )
+    new = []
+    for row in rows:
+        key = tuple(getattr(row, n) for n in names)
+        if key in stored:
+            continue
+        stored.add(key)
+        new.append(row)
+    if kind == "score":
+        _free_client_ids(importer, new)
+    importer.insert(model, new, _STAMPS[kind])
+    importer.result.count(f"{kind}s", len(new), len(rows) - len(new))
+
+
+def _free_client_ids(importer: Any, scores: list[Score]) -> None:
+    """A client id the importer holds already in a context (its own score's, or one an earlier
+    line of the file gave) is dropped: the table keeps one per (context, author, client id)."""
+    wanted = {s.client_id for s in scores if s.client_id is not None}
+    if not wanted:
+        return
+    taken = set(
+        Score.objects.filter(
+            context_id__in={s.context_id for s in scores},
+            author=importer.actor.label,
+            client_id__in=wanted,
+        ).values_list("context_id", "client_id")
+    )
+    for score in scores:
+        if score.client_id is None:
+            continue
+        if (score.context_id, score.client_id) in taken:
+            score.client_id = None
+        else:
+            taken.add((score.context_id, score.client_id))
