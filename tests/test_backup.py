@@ -784,3 +784,49 @@ def test_a_version_2_file_still_goes_in_and_holds_only_its_six_kinds():
     with pytest.raises(errors.BackupFormatError, match="unknown record type 'score'"):
         import_lines(signed_backup([*old, score]).splitlines(keepends=True))
     assert _nothing_of_it_stored()
+
+
+def test_a_score_keeps_its_client_id_unless_the_importer_holds_it_and_a_stored_memory_its_history():
+    """Two evaluators used the same client id in one context: imported, both scores are the
+    importer's, and the table keeps one client id per author and context, so the second is
+    stored without it. A memory already stored here keeps its own versions: the file's are not
+    grafted onto it."""
+    from memory_app.audit import Actor
+    from memory_app.models import MemoryVersion, Score
+    from memory_app.services.memories import memories_record, memory_edit
+    from memory_app.services.scores import Target, score_add
+
+    ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "twice"})
+    run, _ = run_create(context=ctx, client_id="run-a", task="t")
+    for name in ("eval-a", "eval-b"):
+        score_add(
+            actor=Actor.system(name),
+            target=Target.of(run),
+            name=name,
+            kind="numeric",
+            value=1,
+            client_id="run-a:accuracy",
+        )
+    scope = memories.Scope(context=ctx)
+    [kept] = memories_record(
+        scope=scope, items=[{"content": "Ada likes tea"}], actor=Actor.system()
+    )
+    memory_edit(record=kept.record, actor=Actor.system(), note="reworded", keywords=["tea"])
+    lines = list(export_lines(contexts=contexts_matching(context_ids=[ctx.pk])))
+    _wipe()
+    ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "twice"})
+    [here] = memories_record(
+        scope=memories.Scope(context=ctx),
+        items=[{"content": "Ada likes tea"}],
+        actor=Actor.system(),
+    )
+
+    result = import_lines(lines)
+    assert dict(Score.objects.values_list("name", "client_id")) == {
+        "eval-a": "run-a:accuracy",
+        "eval-b": None,
+    }
+    assert (result.created["memory_versions"], result.skipped["memory_versions"]) == (0, 2)
+    assert list(
+        MemoryVersion.objects.filter(memory=here.record).values_list("version", "action")
+    ) == [(1, "record")]
