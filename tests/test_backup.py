@@ -265,9 +265,34 @@ def test_context_with_10000_messages_and_100_runs_restores_field_by_field(tmp_pa
     assert snapshot() == before
 
 
+def _comment_and_checkpoint_each_message(ctx, start: int):
+    """A comment on each message from seq `start + 1`, and a pending write for each."""
+    from memory_app.models import CheckpointWrite, Comment
+
+    messages = Message.objects.filter(context=ctx, seq__gt=start).values_list("pk", "run_id", "seq")
+    Comment.objects.bulk_create(
+        Comment(context=ctx, message_id=pk, run_id=run_pk, author="key:x", text=f"on {seq}")
+        for pk, run_pk, seq in messages
+    )
+    CheckpointWrite.objects.bulk_create(
+        CheckpointWrite(
+            context=ctx,
+            checkpoint_id="cp",
+            task_id=f"t{seq}",
+            idx=0,
+            channel="messages",
+            value_type="msgpack",
+            value_data=b"\x00" * 64,
+            summary={"seq": seq},
+        )
+        for _, _, seq in messages
+    )
+
+
 def test_export_memory_stays_flat_as_the_context_doubles():
     ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "grow"})
     _fill(ctx, messages=3000, runs=5)
+    _comment_and_checkpoint_each_message(ctx, 0)
 
     def peak():
         tracemalloc.start()
@@ -280,8 +305,11 @@ def test_export_memory_stays_flat_as_the_context_doubles():
 
     small = peak()
     _fill(ctx, messages=3000, runs=0, start=3000)
+    _comment_and_checkpoint_each_message(ctx, 3000)
     large = peak()
     assert Message.objects.filter(context=ctx).count() == 6000
+    trailer = json.loads(list(export_lines(contexts=contexts_matching(context_ids=[ctx.pk])))[-1])
+    assert trailer["counts"]["comment"] == trailer["counts"]["checkpoint_write"] == 6000
     # A buffered export would roughly double; a streamed one reads the same chunk size either way.
     assert large < small * 1.25, (small, large)
 
