@@ -678,7 +678,9 @@ def test_scores_labels_comments_checkpoints_and_memory_versions_round_trip_and_a
 
     ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "reviewed"})
     _reviewed(ctx)
-    lines = list(export_lines(contexts=contexts_matching(context_ids=[ctx.pk])))
+    lines = list(
+        export_lines(contexts=contexts_matching(context_ids=[ctx.pk]), memory_versions=True)
+    )
     kinds = [json.loads(line)["type"] for line in lines]
     assert json.loads(lines[-1])["counts"] == {
         "context": 1,
@@ -732,7 +734,9 @@ def _lines_without_trailer():
     wiped."""
     ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "reviewed"})
     _reviewed(ctx)
-    *lines, _trailer = export_lines(contexts=contexts_matching(context_ids=[ctx.pk]))
+    *lines, _trailer = export_lines(
+        contexts=contexts_matching(context_ids=[ctx.pk]), memory_versions=True
+    )
     _wipe()
     return lines
 
@@ -840,7 +844,9 @@ def test_a_score_keeps_its_client_id_unless_the_importer_holds_it_and_a_stored_m
         scope=scope, items=[{"content": "Ada likes tea"}], actor=Actor.system()
     )
     memory_edit(record=kept.record, actor=Actor.system(), note="reworded", keywords=["tea"])
-    lines = list(export_lines(contexts=contexts_matching(context_ids=[ctx.pk])))
+    lines = list(
+        export_lines(contexts=contexts_matching(context_ids=[ctx.pk]), memory_versions=True)
+    )
     _wipe()
     ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "twice"})
     [here] = memories_record(
@@ -858,3 +864,34 @@ def test_a_score_keeps_its_client_id_unless_the_importer_holds_it_and_a_stored_m
     assert list(
         MemoryVersion.objects.filter(memory=here.record).values_list("version", "action")
     ) == [(1, "record")]
+
+
+def test_a_read_keys_export_holds_no_memory_history_and_no_export_names_who_changed_it(tmp_path):
+    """A memory's versions hold what an operator edited out of it: a read key's export has no
+    version line, an admin key's and the operator's have them, and none says who made a
+    change (an import replaces it with the importer anyway)."""
+    from tests.api_helpers import make_key
+
+    ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "reviewed"})
+    _reviewed(ctx)  # its memory's first content, "Ada likes tea", lives on in version 1 only
+    reader, admin = make_key(scopes=["read"]), make_key(scopes=["read", "write", "admin"])
+
+    def kinds_and_text(body: str):
+        return [json.loads(line)["type"] for line in body.splitlines()], body
+
+    read_kinds, read_body = kinds_and_text(
+        b"".join(reader.get("/api/v1/export").streaming_content).decode()
+    )
+    assert "memory" in read_kinds and "memory_version" not in read_kinds
+    assert '"Ada likes tea"' not in read_body and '"actor"' not in read_body
+    assert json.loads(read_body.splitlines()[-1])["counts"]["memory_version"] == 0
+
+    admin_kinds, admin_body = kinds_and_text(
+        b"".join(admin.get("/api/v1/export").streaming_content).decode()
+    )
+    out = tmp_path / "backup.jsonl"
+    call_command("export_memory", "-o", str(out))
+    operator_kinds, operator_body = kinds_and_text(out.read_text(encoding="utf-8"))
+    for kinds, body in ((admin_kinds, admin_body), (operator_kinds, operator_body)):
+        assert kinds.count("memory_version") == 3
+        assert '"Ada likes tea"' in body and '"actor"' not in body

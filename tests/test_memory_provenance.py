@@ -145,7 +145,7 @@ def test_the_dashboard_and_an_import_record_their_own_provenance(agent, tmp_path
     assert promoted.source_api_key_id is None
 
     # An import's memories are the import's, whatever the file says of them.
-    lines = list(export_lines(contexts=Context.objects.filter(pk=context.pk)))
+    lines = list(export_lines(contexts=Context.objects.filter(pk=context.pk), memory_versions=True))
     MemoryRecord.objects.all().delete()
     result = import_lines(iter(lines), actor=Actor.for_user(curator))
     assert result.created["memories"] == 1

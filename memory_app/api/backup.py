@@ -55,7 +55,8 @@ def export(
 ):
     """Every visible context (or the given ids, or those whose keys contain `match_keys`, a
     JSON object), with runs, steps, tool calls, messages, scores, labels, comments, LangGraph
-    checkpoints, and memory records with their versions; vectors on request."""
+    checkpoints and memory records; vectors on request. A memory's versions (its past content
+    and notes) only for a key with the admin scope."""
     key = require_scope(request, "read")
     subset = None
     # Not called `keys`: ninja merges parameters through a mapping's .keys() method.
@@ -86,6 +87,9 @@ def export(
                 embeddings=embeddings,
                 confined_to=key.context_keys or None,
                 subsets=subsets,
+                # A memory's history may hold what an operator edited out of it: an admin
+                # key's matter, as it is the dashboard's, never a read key's.
+                memory_versions=auth.has_scope(key, "admin"),
             )
         ),
         content_type="application/x-ndjson",

@@ -13,7 +13,9 @@ Export (`export_lines`) yields one JSON object per line, referents before what r
     {"type": "checkpoint_blob"|"checkpoint_write", "context", ...}  channel values and writes,
     {"type": "memory", "ref", ...}                          memory records (context-scoped ones and
                                                             key-scoped ones the contexts fall under)
-    {"type": "memory_version", "scope_digest", "content_hash", "version", ...}  their versions,
+    {"type": "memory_version", "scope_digest", "content_hash", "version", ...}  their versions
+                                                            (the operator's and an admin key's
+                                                            export only),
     {"type": "embedding", "item": "message"|"memory", ...}  vectors, when asked for
     {"type": "trailer", "counts": {kind: n}, "sha256": hex} last: the lines of each kind and the
                                                             digest of every byte before it
@@ -23,8 +25,13 @@ the size of a context. References use natural keys, never the source's primary k
 by its keys digest, a run by its client id (or its creation instant when it has none), a step by
 (run, position), a message by (context, seq), a memory record by (scope digest, content hash).
 Scores, labels, comments and checkpoints belong to a context and are exported with it; memory
-versions go with their memory. A score, label or comment names exactly one target (a run, a
-step, or a message by its seq in the line's context). The natural keys of those rows:
+versions go with their memory. A memory's versions hold its past content and notes, which an
+operator may have edited out of it (personal data, say): `manage.py export_memory` and an API
+key with the admin scope export them, a read key's export holds no version line (it sees each
+memory as it stands, as the API shows it). No export writes a version's `actor`. A score,
+label or comment names exactly one target (a run, a step, or a message by its seq in the
+line's context). The natural keys of those rows (a score or comment line needs its
+`created_at`):
 
     score                (context, target, name, created_at)
     label                (context, target, name)            the table's unique key

@@ -63,6 +63,7 @@ def export_records(
     chunk_size: int = CHUNK,
     confined_to: dict[str, Any] | None = None,
     subsets: dict[str, Any] | None = None,
+    memory_versions: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """Yield the backup's records, one at a time, reading the database in chunks.
 
@@ -72,7 +73,9 @@ def export_records(
     holds no record its key may not read. `subsets` (a whole export: `{}`; one by keys: those
     keys) adds, after the contexts, the key-subset memories whose keys contain it that no
     exported context's keys contain (a LangGraph store's items under `{"user": "ada"}` when no
-    context has ada's keys): a whole backup loses nothing."""
+    context has ada's keys): a whole backup loses nothing. `memory_versions` adds each memory's
+    history, past content and notes included: only the operator's and an admin key's export
+    asks for it (a read key sees a memory as it stands, as the API shows it)."""
     contexts = contexts if contexts is not None else Context.objects.order_by("pk")
     yield {"type": "header", "format": FORMAT, "version": VERSION, "embeddings": embeddings}
     exported_memories: set[int] = set()
@@ -94,15 +97,22 @@ def export_records(
             exported_memories.add(mem.pk)
             written.add(mem.pk)
             yield _memory_record(mem)
-        yield from memory_version_records(scoped, written, chunk_size)
+        if memory_versions:
+            yield from memory_version_records(scoped, written, chunk_size)
         if embeddings:
             yield from _embedding_records(ctx, scoped, chunk_size)
     if subsets is not None:
-        yield from _subset_records(subsets, exported_memories, embeddings, chunk_size)
+        yield from _subset_records(
+            subsets, exported_memories, embeddings, memory_versions, chunk_size
+        )
 
 
 def _subset_records(
-    subsets: dict[str, Any], exported: set[int], embeddings: bool, chunk_size: int
+    subsets: dict[str, Any],
+    exported: set[int],
+    embeddings: bool,
+    memory_versions: bool,
+    chunk_size: int,
 ) -> Iterator[dict[str, Any]]:
     """The key-subset memories under `subsets` that no context's records held, then their
     versions and vectors."""
@@ -112,7 +122,8 @@ def _subset_records(
         if mem.pk not in exported:
             written.add(mem.pk)
             yield _memory_record(mem)
-    yield from memory_version_records(rest, written, chunk_size)
+    if memory_versions:
+        yield from memory_version_records(rest, written, chunk_size)
     if embeddings:
         for record in _memory_embedding_records(rest, chunk_size):
             if record.pop("memory_id") not in exported:

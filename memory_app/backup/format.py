@@ -95,8 +95,10 @@ COMMENT_FIELDS = _plain_fields(Comment)
 CHECKPOINT_FIELDS = _plain_fields(Checkpoint, skip=("run_id",))
 CHECKPOINT_BLOB_FIELDS = _plain_fields(CheckpointBlob)
 CHECKPOINT_WRITE_FIELDS = _plain_fields(CheckpointWrite)
-# The user, API key and audit event of a version are rows a backup does not carry.
-MEMORY_VERSION_FIELDS = _plain_fields(MemoryVersion)
+# The user, API key and audit event of a version are rows a backup does not carry, and its
+# `actor` (the dashboard user or key that made the change) is not written either: the importer
+# replaces it, and a file's reader has no need of who edited what.
+MEMORY_VERSION_FIELDS = _plain_fields(MemoryVersion, skip=("actor",))
 
 
 def dump_fields(obj: models.Model, fields: list[models.Field]) -> dict[str, Any]:

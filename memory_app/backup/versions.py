@@ -5,8 +5,9 @@ context (or key subset) that holds them, each version naming its memory as embed
 A version's natural key is (memory, version number). Versions attach only to a memory this
 import creates: a memory stored here already keeps its own history, never another server's
 grafted onto it. Who made each change (`actor`, its user and API key) is the importer, as a
-memory's `recorded_by` is: the file's word for it is not taken, and the users, keys and audit
-events it named are not in a backup. After its versions, a memory the import created gets one
+memory's `recorded_by` is: export does not write it, and the users, keys and audit events it
+named are not in a backup. Only the operator's and an admin key's export holds versions (see
+the package docstring). After its versions, a memory the import created gets one
 more, `import`, as every change path records its own.
 """
 

@@ -45,8 +45,12 @@ class Command(BaseCommand):
         # From the read replica when there is one, as the API's export reads.
         # Without context ids, key-subset memories under no exported context come along too.
         subsets = None if context_ids else (subset or {})
+        # The operator's backup is whole: memory versions too (an API key's holds them only
+        # with the admin scope, see memory_app.api.backup).
         lines = replica_stream(
-            export_lines(contexts=contexts, embeddings=embeddings, subsets=subsets)
+            export_lines(
+                contexts=contexts, embeddings=embeddings, subsets=subsets, memory_versions=True
+            )
         )
         # Bytes, not text: a text stream would translate newlines on some platforms, and the
         # trailer's digest is over the bytes as written.
