@@ -753,6 +753,9 @@ def _nothing_of_it_stored():
     )
 
 
+DROP = object()  # a change that takes the field out of the line
+
+
 @pytest.mark.parametrize(
     ("kind", "change", "complaint"),
     [
@@ -769,6 +772,19 @@ def _nothing_of_it_stored():
         ("checkpoint_write", {"idx": "0"}, "idx must be an integer"),
         ("memory_version", {"content_hash": "0" * 64}, "memory that is not in the backup"),
         ("memory_version", {"version": 0}, "starts at 1"),
+        # The write path's rules for names, comments and categories.
+        ("score", {"name": "  "}, "a score line: a name is a non-empty text"),
+        ("score", {"comment": "x" * 10_001}, "a comment is at most 10000 characters"),
+        ("score", {"category": " "}, "a categorical score's value is a non-empty text"),
+        ("label", {"name": ""}, "a label line: a label is a non-empty text"),
+        ("comment", {"text": " \n "}, "a comment line: a comment is a non-empty text"),
+        ("comment", {"text": "x" * 10_001}, "a comment line: a comment is at most 10000"),
+        # Without its instant, a score's or comment's natural key would match nothing stored.
+        ("score", {"created_at": DROP}, "a score record needs created_at"),
+        ("comment", {"created_at": DROP}, "a comment record needs created_at"),
+        # Integers past their column's range.
+        ("memory_version", {"version": 2**31}, "version must be between 0 and 2147483647"),
+        ("checkpoint_write", {"idx": -(2**31) - 1}, "idx must be between -2147483648 and"),
     ],
     ids=[
         "score-value-not-of-its-kind",
@@ -780,6 +796,16 @@ def _nothing_of_it_stored():
         "write-index-not-a-number",
         "version-of-an-unknown-memory",
         "version-0",
+        "score-name-blank",
+        "score-comment-too-long",
+        "category-blank",
+        "label-name-empty",
+        "comment-blank",
+        "comment-too-long",
+        "score-without-created-at",
+        "comment-without-created-at",
+        "version-past-its-column",
+        "write-index-past-its-column",
     ],
 )
 def test_a_bad_line_of_a_new_kind_writes_nothing(kind, change, complaint):
@@ -787,7 +813,7 @@ def test_a_bad_line_of_a_new_kind_writes_nothing(kind, change, complaint):
     and the rows of the new kinds already read) are not left behind."""
     lines = _lines_without_trailer()
     at = max(i for i, line in enumerate(lines) if json.loads(line)["type"] == kind)
-    bad = {**json.loads(lines[at]), **change}
+    bad = {k: v for k, v in {**json.loads(lines[at]), **change}.items() if v is not DROP}
     spoilt = signed_backup([*lines[:at], json.dumps(bad) + "\n", *lines[at + 1 :]])
     with pytest.raises(errors.BackupFormatError, match=complaint):
         import_lines(spoilt.splitlines(keepends=True))

@@ -411,15 +411,18 @@ def test_one_setting_turns_on_https_behind_a_proxy(https, tmp_path):
 
 
 def _a_run_and_memory(a, a_ctx):
-    """A's run (client id "a-run") with a score on it, and A's fact: the rows B's lines aim at."""
+    """A's run (client id "a-run") with a step at position 1 and a score on it, a message (seq 1)
+    in A's context, and A's fact: the rows B's lines aim at."""
     from memory_app.audit import Actor
-    from memory_app.services.runs import run_create
+    from memory_app.services.runs import run_create, steps_append
     from memory_app.services.scores import Target, score_add
 
     run, _ = run_create(context=Context.objects.get(pk=a_ctx), client_id="a-run", task="t")
+    steps_append(run=run, items=[{"kind": "action"}])
     score_add(
         actor=Actor.for_key(a.key), target=Target.of(run), name="ok", kind="boolean", value=True
     )
+    a.post(f"/api/v1/contexts/{a_ctx}/messages", {"role": "user", "text": "hi"})
     a.post("/api/v1/memories", {"context_id": a_ctx, "content": A_FACT})
     return {"client_id": "a-run", "created_at": run.created_at.isoformat()}
 
@@ -431,20 +434,30 @@ def _refusals_alike(b, foreign_lines, unknown_lines, hide=()):
     for text in hide:
         said = [s.replace(text, "…") for s in said]
     assert said[0] == said[1], said
+    return said[0]
 
 
-def test_new_kinds_reach_no_other_tenants_context_run_or_memory(tenants):
+def test_new_kinds_reach_no_other_tenants_context_run_step_message_or_memory(tenants):
     """Scores, labels, comments, checkpoints and memory versions of B's file reach only the
-    contexts, runs and memories the file defines: A's context, A's run (named in B's own context)
-    and A's memory fail exactly as ones that exist nowhere, and nothing of A's changes."""
-    from memory_app.models import Checkpoint, MemoryVersion, Score
+    contexts, runs, steps, messages and memories the file defines: A's context, A's run, step and
+    message (named in a context of B's own) and A's memory fail exactly as ones that exist
+    nowhere, and nothing of A's changes. Each line is valid but for what it refers to (no
+    author or actor: the importer is both), so the refusal is the lookup's."""
+    from memory_app.models import Checkpoint, Comment, Label, MemoryVersion, Message, Score, Step
 
     a, b, a_ctx, _ = tenants
     a_run = _a_run_and_memory(a, a_ctx)
+    assert Step.objects.filter(context_id=a_ctx, position=1).exists()
+    assert Message.objects.filter(context_id=a_ctx, seq=1).exists()
     nobody_run = {"client_id": "no-run", "created_at": a_run["created_at"]}
     a_digest, nobody = keys_digest(A_KEYS), keys_digest({"tenant": "nobody"})
-    b_context = _context_line(B_KEYS)
-    score = {"type": "score", "name": "ok", "kind": "boolean", "number": 1.0}
+    # A context of B's that holds no run, step or message yet.
+    b_keys = {"tenant": "b", "chat": "fresh"}
+    b_context = _context_line(b_keys)
+    stamp = {"created_at": "2026-01-01T00:00:00+00:00"}
+    score = {"type": "score", "name": "ok", "kind": "boolean", "number": 1.0, **stamp}
+    label = {"type": "label", "name": "x"}
+    comment = {"type": "comment", "text": "x", **stamp}
     checkpoint = {
         "type": "checkpoint",
         "checkpoint_ns": "",
@@ -462,38 +475,54 @@ def test_new_kinds_reach_no_other_tenants_context_run_or_memory(tenants):
         "kind": "fact",
         "status": "live",
         "action": "record",
-        "actor": "key:a",
         "at": "2026-01-01T00:00:00+00:00",
     }
     # A's context named by its digest, against a digest of no context.
     for line in (
         {**score, "run": a_run},
-        {"type": "label", "name": "x", "run": a_run},
-        {"type": "comment", "text": "x", "run": a_run},
+        {**label, "run": a_run},
+        {**comment, "run": a_run},
         checkpoint,
         {**checkpoint, "type": "checkpoint_blob", "channel": "c", "version": "1", "blob_type": "t"}
         | {"blob_data": "AA=="},
     ):
-        _refusals_alike(
+        said = _refusals_alike(
             b,
             [HEADER, {**line, "context": a_digest}],
             [HEADER, {**line, "context": nobody}],
             hide=(a_digest[:12], nobody[:12]),
         )
-    # A's run named in B's own context, against a run that exists nowhere.
-    in_b = {"context": keys_digest(B_KEYS)}
-    _refusals_alike(
-        b,
-        [HEADER, b_context, {**score, **in_b, "run": a_run}],
-        [HEADER, b_context, {**score, **in_b, "run": nobody_run}],
-    )
-    _refusals_alike(
+        assert "is referenced before it is defined" in said
+    # A's run, step and message named in B's own context, against ones that exist nowhere.
+    in_b = {"context": keys_digest(b_keys)}
+    # B's own run under the ref of A's (the same client id and instant), without steps: A's step
+    # at its position is as absent from it as a position no step has.
+    b_run = {"type": "run", **in_b, "ref": a_run, "client_id": "a-run", "task": "t"}
+    b_run |= {"created_at": a_run["created_at"]}
+    cases = [
+        ([], {"run": a_run}, {"run": nobody_run}, "run"),
+        ([], {"step": {"run": a_run, "position": 1}}, {"step": {"run": nobody_run, "position": 1}})
+        + ("run",),
+        ([b_run], {"step": {"run": a_run, "position": 1}}, {"step": {"run": a_run, "position": 9}})
+        + ("step",),
+        ([], {"message": 1}, {"message": 999}, "message"),
+    ]
+    for line in (score, label, comment):
+        for before, foreign, unknown, what in cases:
+            said = _refusals_alike(
+                b,
+                [HEADER, b_context, *before, {**line, **in_b, **foreign}],
+                [HEADER, b_context, *before, {**line, **in_b, **unknown}],
+            )
+            assert said == f"a {line['type']} refers to a {what} that is not in the backup"
+    said = _refusals_alike(
         b,
         [HEADER, b_context, {**checkpoint, **in_b, "run": a_run}],
         [HEADER, b_context, {**checkpoint, **in_b, "run": nobody_run}],
     )
+    assert said == "a checkpoint refers to a run that is not in the backup"
     # A's memory by its scope digest and content hash, against a memory of no scope.
-    _refusals_alike(
+    said = _refusals_alike(
         b,
         [
             HEADER,
@@ -502,7 +531,9 @@ def test_new_kinds_reach_no_other_tenants_context_run_or_memory(tenants):
         ],
         [HEADER, b_context, {**version, "scope_digest": "0" * 64, "content_hash": "0" * 64}],
     )
+    assert said == "a memory version refers to a memory that is not in the backup"
     assert Score.objects.count() == 1 and not Checkpoint.objects.exists()
+    assert not Label.objects.exists() and not Comment.objects.exists()
     assert list(MemoryVersion.objects.filter(memory=target).values_list("version", flat=True)) == [
         1
     ]

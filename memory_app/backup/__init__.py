@@ -52,8 +52,8 @@ Timestamps and agent-written values are restored verbatim; every value the serve
 derived again, never taken from the file: keys and scope digests, content hashes, token counts,
 vector dimensions, `recorded_by`, a score's, label's or comment's `author` and a memory
 version's `actor` (each the importer: who wrote them on the source server is the file's word,
-and its users and keys are not in a backup), the run of an annotation on a step or message
-(its target's run), and the counters of every context and run the
+and its users and keys are not in a backup; a line may omit them), the run of an annotation
+on a step or message (its target's run), and the counters of every context and run the
 import writes into (counted from their rows once the import is done; a merged context's
 `last_seq` rises to the highest seq imported, so the agent's next append follows them).
 

@@ -4,8 +4,10 @@ after its messages, each naming its one target by natural key: a run by its ref,
 
 Their natural keys (a line whose key is stored already is left as it is): a score's is (context,
 target, name, created_at), a label's (context, target, name), the table's own unique key, and a
-comment's (context, target, created_at). The author is the importer, as a memory's
-`recorded_by` is: it is who asks, never the file's word. A score keeps its client id unless the
+comment's (context, target, created_at), so a score or comment line needs its `created_at`.
+The author is the importer, as a memory's `recorded_by` is: it is who asks, never the file's
+word (a line may omit it). The rules the write path holds names, comments and categories to
+hold on import too. A score keeps its client id unless the
 importer already has a score with that id in the context (the id is its author's retry key):
 then it is stored without one.
 """
@@ -26,8 +28,9 @@ from memory_app.backup.format import (
     dump_fields,
     load_fields,
 )
-from memory_app.errors import BackupFormatError
-from memory_app.models import Comment, Context, Label, Message, Score, Step
+from memory_app.errors import BackupFormatError, Invalid
+from memory_app.models import Comment, Context, Label, Message, Score, ScoreKind, Step
+from memory_app.services.scores import clean_comment, clean_name, comment_text, score_value
 
 KINDS: dict[str, tuple[type[models.Model], list[models.Field]]] = {
     "score": (Score, SCORE_FIELDS),
@@ -133,6 +136,7 @@ def import_annotations(importer: Any, kind: str, records: list[dict[str, Any]]) 
         ctx_pk = importer.context_id(rec["context"])
         row = model(context_id=ctx_pk, **load_fields(rec, fields), **targets.of(ctx_pk, rec))
         row.author = importer.actor.label
+        _write_path_rules(kind, row)
         rows.append(row)
     names = NATURAL_KEYS[kind]
     # Narrowed by the key's last column (the instant or the name), then compared whole.
@@ -154,6 +158,23 @@ def import_annotations(importer: Any, kind: str, records: list[dict[str, Any]]) 
         _free_client_ids(importer, new)
     importer.insert(model, new, _STAMPS[kind])
     importer.result.count(f"{kind}s", len(new), len(rows) - len(new))
+
+
+def _write_path_rules(kind: str, row: Score | Label | Comment) -> None:
+    """What the API and dashboard refuse, an import refuses too (the same functions say so): a
+    blank or overlong name, a comment over its length, a blank comment, an empty category. A
+    name is stored as those paths store it, without surrounding blanks."""
+    try:
+        if kind == "comment":
+            row.text = comment_text(row.text)
+            return
+        row.name = clean_name(row.name, "label" if kind == "label" else "name")
+        if kind == "score":
+            row.comment = clean_comment(row.comment)
+            if row.kind == ScoreKind.CATEGORICAL:
+                score_value(row.kind, row.category)
+    except Invalid as exc:
+        raise BackupFormatError(f"a {kind} line: {exc}") from None
 
 
 def _free_client_ids(importer: Any, scores: list[Score]) -> None:

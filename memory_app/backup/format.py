@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.postgres.fields import ArrayField
-from django.db import models
+from django.db import connection, models
 
 from memory_app.errors import BackupFormatError
 from memory_app.models import (
@@ -143,9 +143,13 @@ def _field_error(f: models.Field, value: Any) -> str | None:
     if isinstance(f, models.BooleanField):
         return None if isinstance(value, bool) else "must be true or false"
     if isinstance(f, models.IntegerField):
-        return (
-            None if isinstance(value, int) and not isinstance(value, bool) else "must be an integer"
-        )
+        if not isinstance(value, int) or isinstance(value, bool):
+            return "must be an integer"
+        # The column's range, so a value past it is the file's error, not the database's.
+        low, high = connection.ops.integer_field_range(f.get_internal_type())
+        if (low is not None and value < low) or (high is not None and value > high):
+            return f"must be between {low} and {high}"
+        return None
     if isinstance(f, models.FloatField):
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         return None if ok else "must be a number"
@@ -179,12 +183,22 @@ def _is_base64(value: Any) -> bool:
     return isinstance(value, str)
 
 
-def _check_fields(rec: dict[str, Any], fields: list[models.Field], what: str) -> None:
+def _check_fields(
+    rec: dict[str, Any],
+    fields: list[models.Field],
+    what: str,
+    *,
+    derived: tuple[str, ...] = (),
+    required: tuple[str, ...] = (),
+) -> None:
+    """`derived`: fields the importer sets whatever the line says, so a line may omit them;
+    `required`: fields a line needs though the column has a default (a natural key's part)."""
     for f in fields:
         if f.name not in rec:
             automatic = getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)
             # Digests and hashes (not editable) are derived on import, so a line may omit them.
-            if not (f.null or f.has_default() or automatic or not f.editable):
+            optional = f.null or f.has_default() or automatic or not f.editable
+            if f.name in required or not (optional or f.name in derived):
                 raise BackupFormatError(f"a {what} record needs {f.name}")
             continue
         why = _field_error(f, rec[f.name])
@@ -213,6 +227,9 @@ def _check_run_ref(value: Any, what: str, *, optional: bool = False) -> None:
 
 
 ANNOTATION_FIELDS = {"score": SCORE_FIELDS, "label": LABEL_FIELDS, "comment": COMMENT_FIELDS}
+# A score's and a comment's natural key ends with the instant it was written: a line without one
+# would match nothing stored and go in again on every import.
+ANNOTATION_REQUIRED = {"score": ("created_at",), "label": (), "comment": ("created_at",)}
 CHECKPOINT_KIND_FIELDS = {
     "checkpoint": CHECKPOINT_FIELDS,
     "checkpoint_blob": CHECKPOINT_BLOB_FIELDS,
@@ -234,7 +251,10 @@ def _check_annotation(kind: str, rec: dict[str, Any]) -> None:
         _check_run_ref(rec["step"]["run"], f"a {kind}'s step run")
     else:
         _check_ref(rec, f"a {kind} record", {"message": int})
-    _check_fields(rec, ANNOTATION_FIELDS[kind], kind)
+    # The author is the importer's (see memory_app.backup.annotations).
+    _check_fields(
+        rec, ANNOTATION_FIELDS[kind], kind, derived=("author",), required=ANNOTATION_REQUIRED[kind]
+    )
     if kind == "score":
         # The value's column is the kind's (the table's check constraint says the same).
         number, category = rec.get("number"), rec.get("category")

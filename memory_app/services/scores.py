@@ -80,11 +80,20 @@ def score_value(kind: str, value: Any) -> tuple[float | None, str | None]:
     raise Invalid(f"a score's kind is one of {ScoreKind.values}, got {kind!r}")
 
 
-def _comment(text: Any) -> str:
+def clean_comment(text: Any) -> str:
+    """A score's comment (it may be empty)."""
     if not isinstance(text, str):
         raise Invalid("a comment is a text")
     if len(text) > COMMENT_CHARS:
         raise Invalid(f"a comment is at most {COMMENT_CHARS} characters")
+    return text
+
+
+def comment_text(text: Any) -> str:
+    """A comment's text: a comment says something, so it is never blank."""
+    text = clean_comment(text)
+    if not text.strip():
+        raise Invalid("a comment is a non-empty text")
     return text
 
 
@@ -122,7 +131,7 @@ def score_add(
     """A new score, or the stored one for a repeated client id with the same content (False)."""
     name = clean_name(name)
     number, category = score_value(kind, value)
-    comment = _comment(comment)
+    comment = clean_comment(comment)
     row = Score(
         **target.fields(),
         author=actor.label,
@@ -183,7 +192,7 @@ def score_set(
     mind): the audit event keeps what it was."""
     name = clean_name(name)
     number, category = score_value(kind, value)
-    comment = _comment(comment)
+    comment = clean_comment(comment)
     with transaction.atomic():
         mine = list(
             Score.objects.select_for_update()
@@ -255,9 +264,7 @@ def label_remove(*, actor: Actor, target: Target, name: Any) -> None:
 
 
 def comment_add(*, actor: Actor, target: Target, text: Any) -> Comment:
-    text = _comment(text)
-    if not text.strip():
-        raise Invalid("a comment is a non-empty text")
+    text = comment_text(text)
     with transaction.atomic():
         comment = Comment.objects.create(**target.fields(), author=actor.label, text=text)
         audit_record(
