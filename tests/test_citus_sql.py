@@ -464,3 +464,58 @@ def test_the_claims_first_steps_read_an_index():
         cursor.execute("EXPLAIN " + fulltext.BEHIND_SQL, [0, fulltext.CANDIDATES])
         plan = "\n".join(line for (line,) in cursor.fetchall())
         assert "context_search_behind_idx" in plan
+
+
+ANNOTATIONS = {"memory_app_score", "memory_app_label", "memory_app_comment"}
+STEP_OR_MESSAGE = re.compile(
+    r'\(SELECT [^()]*? FROM "memory_app_(?:step|message)" (?:U\d+ )?WHERE (.*?) LIMIT 1\)'
+)
+
+
+@pytest.mark.django_db
+def test_a_backup_of_scores_labels_and_comments_reads_and_writes_one_context_per_statement(
+    statements, monkeypatch, settings
+):
+    """Export reads each annotation table by the context alone, its targets' natural keys in
+    subqueries on the row's context as well as the target's id (no join on the id alone, a
+    cross-shard outer join on Citus); import puts each chunk's timestamps back with updates
+    that name the context."""
+    import sys
+
+    from memory_app.backup.export import contexts_matching
+    from tests.test_backup import _reviewed, _wipe
+
+    settings.AGENTMEMORY_INDEXER_THREAD = False
+    monkeypatch.setattr(sys.modules[__name__], "DISTRIBUTED", DISTRIBUTED | ANNOTATIONS)
+    # Export reads with server-side cursors, which the fixture does not see.
+    declare = psycopg.ServerCursor.execute
+
+    def capture(self, query, params=None, **kwargs):
+        statements.append(query if isinstance(query, str) else query.as_string(self))
+        return declare(self, query, params, **kwargs)
+
+    monkeypatch.setattr(psycopg.ServerCursor, "execute", capture)
+    ctx = make_context()
+    _reviewed(ctx)
+    statements.clear()
+    lines = list(export_lines(contexts=contexts_matching(context_ids=[ctx.pk])))
+    reads = [s for s in statements if re.search(r'FROM "memory_app_(?:score|label|comment)"', s)]
+    assert len(reads) == 3, reads
+    subqueries = [m.group(1) for s in reads for m in STEP_OR_MESSAGE.finditer(s)]
+    assert len(subqueries) == 9, reads  # step position, step run and message seq, per table
+    for sql in reads:
+        assert unroutable(sql) is None, sql
+    for where in subqueries:
+        assert '"context_id" = ("memory_app_' in where and '"id" = ("memory_app_' in where, where
+
+    _wipe()
+    statements.clear()
+    import_lines(lines)
+    updates = [
+        s
+        for s in statements
+        if re.match(r'\s*UPDATE "memory_app_(?:score|label|comment|step|message|toolcall)"', s)
+    ]
+    assert {re.match(r'\s*UPDATE "(\w+)"', s).group(1) for s in updates} >= ANNOTATIONS
+    for sql in updates:
+        assert unroutable(sql) is None, sql

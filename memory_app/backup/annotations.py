@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.db import models
-from django.db.models import F
+from django.db.models import OuterRef, Subquery
 
 from memory_app.backup.format import (
     COMMENT_FIELDS,
@@ -54,10 +54,23 @@ def annotation_records(
     ctx: Context, run_refs: dict[int, dict], chunk_size: int
 ) -> Iterator[dict[str, Any]]:
     """A context's scores, then its labels, then its comments (after its runs and messages)."""
+    # A step's or message's natural key is read in a subquery on the row's own context as well
+    # as its id, so on Citus each stays on the context's shard (a join on the id alone would be
+    # a cross-shard outer join).
+    steps = Step.objects.filter(
+        context_id=OuterRef("context_id"), pk=OuterRef("step_id")
+    ).order_by()
+    messages = Message.objects.filter(
+        context_id=OuterRef("context_id"), pk=OuterRef("message_id")
+    ).order_by()
     for kind, (model, fields) in KINDS.items():
         rows = (
             model.objects.filter(context=ctx)
-            .annotate(step_position=F("step__position"), message_seq=F("message__seq"))
+            .annotate(
+                step_position=Subquery(steps.values("position")[:1]),
+                step_run_id=Subquery(steps.values("run_id")[:1]),
+                message_seq=Subquery(messages.values("seq")[:1]),
+            )
             .order_by("pk")
         )
         for row in rows.iterator(chunk_size=chunk_size):
@@ -65,7 +78,7 @@ def annotation_records(
             # The target alone: a step's or message's run is derived from it on import.
             record["run"] = run_refs[row.run_id] if row.target_type == "run" else None
             record["step"] = (
-                {"run": run_refs[row.run_id], "position": row.step_position}
+                {"run": run_refs[row.step_run_id], "position": row.step_position}
                 if row.step_id
                 else None
             )
@@ -80,7 +93,8 @@ class _Targets:
     def __init__(self, importer: Any, kind: str) -> None:
         self.importer, self.kind = importer, kind
         self.runs: dict[tuple[int, str], int | None] = {}
-        self.steps: dict[tuple[int, int], int | None] = {}
+        # (context, run, position) -> (step, its run), for the steps the chunk names.
+        self.steps: dict[tuple[int, int, int], tuple[int, int]] = {}
         self.messages: dict[tuple[int, int], tuple[int, int | None]] = {}
 
     def missing(self, what: str) -> BackupFormatError:
@@ -105,21 +119,33 @@ class _Targets:
             for seq, pk, run_pk in found.values_list("seq", "pk", "run_id"):
                 self.messages[(ctx_pk, seq)] = (pk, run_pk)
 
+    def load_steps(self, records: list[dict[str, Any]]) -> None:
+        """The chunk's steps, one query per context (their runs found first, in that context)."""
+        wanted: dict[int, set[tuple[int, int]]] = {}
+        for rec in records:
+            if rec.get("step") is not None:
+                ctx_pk = self.importer.context_id(rec["context"])
+                run_pk = self.run(ctx_pk, rec["step"]["run"])
+                wanted.setdefault(ctx_pk, set()).add((run_pk, rec["step"]["position"]))
+        for ctx_pk, keys in wanted.items():
+            found = Step.objects.filter(
+                context_id=ctx_pk,
+                run_id__in={run for run, _ in keys},
+                position__in={position for _, position in keys},
+            )
+            for run_pk, position, pk in found.values_list("run_id", "position", "pk"):
+                if (run_pk, position) in keys:
+                    self.steps[(ctx_pk, run_pk, position)] = (pk, run_pk)
+
     def of(self, ctx_pk: int, rec: dict[str, Any]) -> dict[str, int | None]:
         if rec.get("run") is not None:
             return {"run_id": self.run(ctx_pk, rec["run"]), "step_id": None, "message_id": None}
         if rec.get("step") is not None:
-            run_pk = self.run(ctx_pk, rec["step"]["run"])
-            key = (run_pk, rec["step"]["position"])
+            key = (ctx_pk, self.run(ctx_pk, rec["step"]["run"]), rec["step"]["position"])
             if key not in self.steps:
-                self.steps[key] = (
-                    Step.objects.filter(context_id=ctx_pk, run_id=run_pk, position=key[1])
-                    .values_list("pk", flat=True)
-                    .first()
-                )
-            if self.steps[key] is None:
                 raise self.missing("step")
-            return {"run_id": run_pk, "step_id": self.steps[key], "message_id": None}
+            step_pk, run_pk = self.steps[key]
+            return {"run_id": run_pk, "step_id": step_pk, "message_id": None}
         if (ctx_pk, rec["message"]) not in self.messages:
             raise self.missing("message")
         message_pk, run_pk = self.messages[(ctx_pk, rec["message"])]
@@ -131,6 +157,7 @@ def import_annotations(importer: Any, kind: str, records: list[dict[str, Any]]) 
     model, fields = KINDS[kind]
     targets = _Targets(importer, kind)
     targets.load_messages(records)
+    targets.load_steps(records)
     rows = []
     for rec in records:
         ctx_pk = importer.context_id(rec["context"])

@@ -183,8 +183,16 @@ class _Importer:
         for row, values in zip(rows, stamps, strict=True):
             for f, v in values.items():
                 setattr(row, f, v)
-        if stamp_fields:
-            model.objects.bulk_update(rows, stamp_fields)
+        if not stamp_fields:
+            return
+        # Each update names its rows' context as well as their ids, so on Citus it goes to that
+        # context's shard alone (a row without a context column, or of no context, by id).
+        by_context: dict[int | None, list[models.Model]] = {}
+        for row in rows:
+            by_context.setdefault(getattr(row, "context_id", None), []).append(row)
+        for ctx_pk, group in by_context.items():
+            qs = model.objects.all() if ctx_pk is None else model.objects.filter(context_id=ctx_pk)
+            qs.bulk_update(group, stamp_fields)
 
     def _import_context(self, records):
         for rec in records:
