@@ -101,8 +101,35 @@ def export(
 class BackupImportOut(Schema):
     model_config = _examples(
         {
-            "created": {"context": 1, "run": 1, "step": 4, "message": 12, "memory": 2},
-            "skipped": {"context": 0, "run": 0, "step": 0, "message": 0, "memory": 0},
+            "created": {
+                "contexts": 1,
+                "runs": 1,
+                "steps": 4,
+                "messages": 12,
+                "scores": 2,
+                "labels": 1,
+                "comments": 1,
+                "checkpoints": 3,
+                "checkpoint_blobs": 2,
+                "checkpoint_writes": 1,
+                "memories": 2,
+                "memory_versions": 3,
+            },
+            # Each kind the file held, in both: what went in and what was stored already.
+            "skipped": {
+                "contexts": 0,
+                "runs": 0,
+                "steps": 0,
+                "messages": 0,
+                "scores": 0,
+                "labels": 0,
+                "comments": 0,
+                "checkpoints": 0,
+                "checkpoint_blobs": 0,
+                "checkpoint_writes": 0,
+                "memories": 0,
+                "memory_versions": 0,
+            },
         }
     )
     created: dict[str, int]

@@ -81,7 +81,7 @@ class _Importer:
         self.grown_runs: set[int] = set()
         # The file's (scope_digest, content_hash) of each memory line -> the record it resolved
         # to here (inside the importer's confinement) and its context (the one its recomputed
-        # scope names), for the embedding lines that follow.
+        # scope names), for the memory version and embedding lines that follow.
         self.memories: dict[tuple[str, str], tuple[int, int | None]] = {}
         # The memories this import created: only these take the file's versions, and each
         # gets its `import` version once all lines are read (`versions_record_imported`).
