@@ -921,3 +921,38 @@ def test_a_read_keys_export_holds_no_memory_history_and_no_export_names_who_chan
     for kinds, body in ((admin_kinds, admin_body), (operator_kinds, operator_body)):
         assert kinds.count("memory_version") == 3
         assert '"Ada likes tea"' in body and '"actor"' not in body
+
+
+def test_an_import_finds_a_chunks_step_targets_in_one_query():
+    """Scores on five steps of a run: the import reads their steps together, not one by one."""
+    import re
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from memory_app.audit import Actor
+    from memory_app.models import Score
+    from memory_app.services.scores import Target, score_add
+
+    ctx, _ = context_get_or_create(keys={"user": "ada", "chat": "steps"})
+    run, _ = run_create(context=ctx, client_id="r", task="t")
+    steps = steps_append(run=run, items=[{"kind": "action"} for _ in range(5)]).steps
+    for step in steps:
+        score_add(
+            actor=Actor.system("eval"),
+            target=Target.of(step),
+            name="ok",
+            kind="boolean",
+            value=True,
+        )
+    lines = list(export_lines(contexts=contexts_matching(context_ids=[ctx.pk])))
+    _wipe()
+    with CaptureQueriesContext(connection) as queries:
+        import_lines(lines)
+    by_position = [
+        q["sql"]
+        for q in queries.captured_queries
+        if re.search(r'FROM "memory_app_step" WHERE .*"memory_app_step"\."position"', q["sql"])
+    ]
+    assert len(by_position) == 1, by_position
+    assert sorted(Score.objects.values_list("step__position", flat=True)) == [1, 2, 3, 4, 5]
