@@ -167,20 +167,7 @@ def import_annotations(importer: Any, kind: str, records: list[dict[str, Any]]) 
         rows.append(row)
     names = NATURAL_KEYS[kind]
     # Narrowed by the key's last column (the instant or the name), then compared whole.
-    last = names[-1]
-    stored = set(
-        model.objects.filter(
-            context_id__in={r.context_id for r in rows},
-            **{f"{last}__in": {getattr(r, last) for r in rows if getattr(r, last) is not None}},
-        ).values_list(*names)
-    )
-    new = []
-    for row in rows:
-        key = tuple(getattr(row, n) for n in names)
-        if key in stored:
-            continue
-        stored.add(key)
-        new.append(row)
+    new = importer.not_stored(model, rows, names, narrow=names[-1])
     if kind == "score":
         _free_client_ids(importer, new)
     importer.insert(model, new, _STAMPS[kind])

@@ -72,18 +72,6 @@ def import_checkpoints(importer: Any, kind: str, records: list[dict[str, Any]]) 
             row.run_id = runs[key]
         rows.append(row)
     names = ("context_id", *NATURAL_KEYS[kind])
-    stored = set(
-        model.objects.filter(
-            context_id__in={r.context_id for r in rows},
-            **{f"{names[2]}__in": {getattr(r, names[2]) for r in rows}},
-        ).values_list(*names)
-    )
-    new = []
-    for row in rows:
-        key = tuple(getattr(row, n) for n in names)
-        if key in stored:
-            continue
-        stored.add(key)
-        new.append(row)
+    new = importer.not_stored(model, rows, names, narrow=names[2])
     importer.insert(model, new, _STAMPS[kind])
     importer.result.count(f"{kind}s", len(new), len(rows) - len(new))

@@ -170,6 +170,26 @@ class _Importer:
             else:
                 getattr(self, f"_import_{kind}")(records)
 
+    def not_stored(
+        self, model, rows: list[models.Model], names: tuple[str, ...], narrow: str
+    ) -> list[models.Model]:
+        """The rows whose natural key (`names`, the context first) is neither stored nor held by
+        an earlier row, in order; the stored keys read by the rows' contexts and their values of
+        `narrow`, one of `names`."""
+        stored = set(
+            model.objects.filter(
+                context_id__in={r.context_id for r in rows},
+                **{f"{narrow}__in": {getattr(r, narrow) for r in rows} - {None}},
+            ).values_list(*names)
+        )
+        new = []
+        for row in rows:
+            key = tuple(getattr(row, n) for n in names)
+            if key not in stored:
+                stored.add(key)
+                new.append(row)
+        return new
+
     def insert(self, model, rows: list[models.Model], stamp_fields: list[str]) -> None:
         """Bulk insert, then put back the source's timestamps (auto_now* overwrite them on
         insert)."""
