@@ -248,11 +248,10 @@ def run_worker(
     idle: Callable[[float], None] = time.sleep,
 ) -> BatchResult:
     """Loop over `embed_batch`; `once` stops when nothing is due (tests, cron), otherwise it
-    waits `idle_sleep` when idle and after failures (by `idle`, which may end the wait sooner:
-    the span mapping's `ExportWait` ends it when an export is queued). `chores` run once a turn
-    too (the retention's batches, the mapping of queued OTLP exports, which live above this
-    module), each answering the rows it changed. With no provider (none configured) only the
-    chores and indexers run. Returns the totals."""
+    waits `idle_sleep` when idle (by `idle`: an `ExportWait` ends it when an export is queued)
+    and after failures. `chores` (retention, the mapping of queued OTLP exports: above this
+    module) run once a turn too, each answering the rows it changed; without a provider only
+    they and the indexers run. Returns the totals."""
     totals = BatchResult()
     batches = moved = 0  # moved: deferred vectors moved since the side tables' last vacuum
     outage = Outage("embed worker")
@@ -314,6 +313,5 @@ def run_worker(
         ) or res.failed:
             if once:
                 break
-            # After a provider's failure the whole sleep: an export must not hurry its retry.
-            (time.sleep if res.failed else idle)(idle_sleep)
+            (time.sleep if res.failed else idle)(idle_sleep)  # a failure's retry is not hurried
     return totals
