@@ -331,8 +331,9 @@ def walk_statements(
     their own, through their side table's (context, model) index, before any join. Planned
     with the join, the side table's statistics chose the order: taken while it held a few
     other contexts' batches, they made a context's waiting rows look many, and the plan read
-    the context's every message to look each up there (113 ms at 50,000 messages, against
-    1.3); taken while it was empty, a sequential scan of every batch that lands after."""
+    the context's every message to look each up there (a hundred times the walk's own cost in
+    a large context); taken while it was empty, a sequential scan of every batch that lands
+    after (measured in memory_app/bench/notes.md)."""
     dims = int(len(vector))
     query_cte, distance, rows = _query_parts(model, dims, table, join_sql, where_sql)
     waiting_table = indexer.WAITING_TABLES[table]
