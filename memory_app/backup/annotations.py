@@ -14,7 +14,6 @@ then it is stored without one.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -92,7 +91,6 @@ class _Targets:
 
     def __init__(self, importer: Any, kind: str) -> None:
         self.importer, self.kind = importer, kind
-        self.runs: dict[tuple[int, str], int | None] = {}
         # (context, run, position) -> (step, its run), for the steps the chunk names.
         self.steps: dict[tuple[int, int, int], tuple[int, int]] = {}
         self.messages: dict[tuple[int, int], tuple[int, int | None]] = {}
@@ -101,12 +99,10 @@ class _Targets:
         return BackupFormatError(f"a {self.kind} refers to a {what} that is not in the backup")
 
     def run(self, ctx_pk: int, ref: dict) -> int:
-        key = (ctx_pk, json.dumps(ref, sort_keys=True))
-        if key not in self.runs:
-            self.runs[key] = self.importer.run_id(ctx_pk, ref)
-        if self.runs[key] is None:
+        run_pk = self.importer.run_id(ctx_pk, ref)
+        if run_pk is None:
             raise self.missing("run")
-        return self.runs[key]
+        return run_pk
 
     def load_messages(self, records: list[dict[str, Any]]) -> None:
         seqs: dict[int, set[int]] = {}

@@ -13,7 +13,6 @@ their own, so a restore makes no second run or step.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,18 +57,14 @@ def import_checkpoints(importer: Any, kind: str, records: list[dict[str, Any]]) 
     """One chunk of lines of one checkpoint kind (`importer`: restore's `_Importer`), only into
     contexts the file defines; a checkpoint's run only one of its context."""
     model = MODELS[kind]
-    runs: dict[tuple[int, str], int | None] = {}
     rows = []
     for rec in records:
         ctx_pk = importer.context_id(rec["context"])
         row = model(context_id=ctx_pk, **load_fields(rec, CHECKPOINT_KIND_FIELDS[kind]))
         if kind == "checkpoint" and rec.get("run") is not None:
-            key = (ctx_pk, json.dumps(rec["run"], sort_keys=True))
-            if key not in runs:
-                runs[key] = importer.run_id(ctx_pk, rec["run"])
-            if runs[key] is None:
+            row.run_id = importer.run_id(ctx_pk, rec["run"])
+            if row.run_id is None:
                 raise BackupFormatError("a checkpoint refers to a run that is not in the backup")
-            row.run_id = runs[key]
         rows.append(row)
     names = ("context_id", *NATURAL_KEYS[kind])
     new = importer.not_stored(model, rows, names, narrow=names[2])

@@ -86,6 +86,8 @@ class _Importer:
         # The memories this import created: only these take the file's versions, and each
         # gets its `import` version once all lines are read (`versions_record_imported`).
         self.created_memories: set[int] = set()
+        # (context, run reference) -> run, for each run a line of this file found.
+        self._runs_found: dict[tuple[int, str], int] = {}
         self.kinds: tuple[str, ...] = ()  # the record kinds the header's version holds
         self.pending: list[dict] = []
         self.pending_type: str | None = None
@@ -113,8 +115,19 @@ class _Importer:
         return found[0]
 
     def run_id(self, context_pk: int, ref: dict | None) -> int | None:
+        """The run `ref` names in the context, each found one read once per import (one not
+        found is asked again: the file's own run line may create it)."""
         if not ref:
             return None
+        key = (context_pk, json.dumps(ref, sort_keys=True))
+        if key not in self._runs_found:
+            found = self._stored_run_id(context_pk, ref)
+            if found is None:
+                return None
+            self._runs_found[key] = found
+        return self._runs_found[key]
+
+    def _stored_run_id(self, context_pk: int, ref: dict) -> int | None:
         qs = Run.objects.filter(context_id=context_pk)
         if ref.get("client_id"):
             qs = qs.filter(client_id=ref["client_id"])
@@ -258,13 +271,9 @@ class _Importer:
 
     def _import_step(self, records):
         new, calls = [], []
-        run_cache: dict[str, int | None] = {}
         ctx_pk = self._current_context
         for rec in records:
-            key = json.dumps(rec["run"], sort_keys=True)
-            if key not in run_cache:
-                run_cache[key] = self.run_id(ctx_pk, rec["run"]) if ctx_pk else None
-            run_pk = run_cache[key]
+            run_pk = self.run_id(ctx_pk, rec["run"]) if ctx_pk else None
             if run_pk is None:
                 raise BackupFormatError("a step refers to a run that is not in the backup")
             new.append((run_pk, rec))
