@@ -3,9 +3,13 @@
 import io
 import json
 import re
+from datetime import UTC, timedelta, timezone
 
+import hypothesis
 import pytest
 from django.test import Client, override_settings
+from hypothesis import strategies
+from ninja.responses import NinjaJSONEncoder
 
 from memory_app import auth
 from memory_app.api import common
@@ -261,10 +265,8 @@ def test_fast_parser_refuses_what_the_strict_parser_refuses(doc):
 
 
 def test_fast_renderer_writes_what_ninjas_encoder_writes():
-    from datetime import UTC, datetime, timedelta, timezone
+    from datetime import datetime
     from decimal import Decimal
-
-    from ninja.responses import NinjaJSONEncoder
 
     a = datetime(2026, 11, 23, 7, 0, 0, 123456, tzinfo=UTC)
     b = a.astimezone(timezone(timedelta(hours=2)))  # equal to `a`, written differently
@@ -275,6 +277,19 @@ def test_fast_renderer_writes_what_ninjas_encoder_writes():
         assert json.loads(common.json_dumps(value)) == json.loads(
             json.dumps(value, cls=NinjaJSONEncoder)
         )
+
+
+@hypothesis.settings(max_examples=500, deadline=None)
+@hypothesis.given(
+    moment=strategies.datetimes(
+        timezones=strategies.sampled_from(
+            [None, UTC, timezone(timedelta(hours=5, minutes=30)), timezone(-timedelta(hours=8))]
+        )
+    )
+)
+def test_the_api_writes_any_time_as_ninjas_encoder_does(moment):
+    """Every year, every microsecond, UTC (written by orjson) or not."""
+    assert common.json_dumps([moment]) == json.dumps([moment], cls=NinjaJSONEncoder).encode()
 
 
 @pytest.mark.parametrize("match_keys", ['{"user": "a\\u0000"}', '{"us\\u0000er": "a"}'])

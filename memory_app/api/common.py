@@ -11,7 +11,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import orjson
@@ -293,7 +293,13 @@ def _default(value: Any) -> Any:
 
 def datetime_text(value: datetime) -> str:
     """A datetime as ninja's encoder writes it (Django's: milliseconds, UTC as "Z"), without the
-    encoder's chain of type checks: every message in an answer carries two or three."""
+    encoder's chain of type checks: every message in an answer carries two or three. A UTC
+    time (what the database's times read as) is written by orjson, in its ISO 8601 form with
+    "Z" and six digits of microseconds when there are any, cut to milliseconds: the same text
+    in a third of `isoformat`'s time."""
+    if value.tzinfo is UTC:
+        text = orjson.dumps(value, option=orjson.OPT_UTC_Z)
+        return (text[1:24] + b"Z" if value.microsecond else text[1:-1]).decode()
     text = value.isoformat()
     if value.microsecond:
         text = text[:23] + text[26:]
