@@ -86,7 +86,9 @@ def _store(api, n: int = 20) -> int:
     return cid
 
 
-@pytest.mark.django_db
+# Committed as served: no test transaction around the request, whose walk then runs in a
+# transaction of its own, as the API's requests do.
+@pytest.mark.django_db(transaction=True)
 def test_a_semantic_search_reads_key_and_context_once_and_the_walk_in_one_go(settings):
     settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 5  # the HNSW walk
     api = make_key()
@@ -106,7 +108,7 @@ def test_a_semantic_search_reads_key_and_context_once_and_the_walk_in_one_go(set
     pipelined = []
 
     def record(execute, sql, params, many, context):
-        if "SAVEPOINT" not in sql:
+        if sql not in ("BEGIN", "COMMIT"):
             pipelined.append(connection.connection.info.pipeline_status)
         return execute(sql, params, many, context)
 
@@ -114,7 +116,10 @@ def test_a_semantic_search_reads_key_and_context_once_and_the_walk_in_one_go(set
         response = api.post(f"/api/v1/contexts/{cid}/select", body)
     assert response.status_code == 200
     assert "m7" in [item["message"]["text"] for item in response.json()["items"]]
-    statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
+    sent = [q["sql"] for q in queries.captured_queries]
+    # The walk's own transaction around its settings and itself.
+    assert sent[-1] == "COMMIT" and sent.count("BEGIN") == sent.count("COMMIT") == 1, sent
+    statements = [sql for sql in sent if sql not in ("BEGIN", "COMMIT")]
     # The key and its context in one statement; the walk's settings; the walk, which reads the
     # hits' rows too: all in one round trip (the key's statement goes first in the walk's
     # pipeline). On Citus the key and the context are two statements (a join of the two is

@@ -635,3 +635,32 @@ def test_ef_search_grows_for_a_context_that_is_a_small_share_of_the_store(settin
     assert ef_search_for(store, 10, 300) == MAX_EF_SEARCH
     settings.AGENTMEMORY_HNSW_EF_SEARCH = 64
     assert ef_search_for(store, 10, 30_000) == 64
+
+
+WALK_SETTINGS = ("enable_sort", "enable_seqscan", "plan_cache_mode", "work_mem")
+
+
+def _current(names) -> dict[str, str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join("current_setting(%s)" for _ in names), list(names))
+        return dict(zip(names, cursor.fetchone(), strict=True))
+
+
+def test_a_walk_inside_a_callers_transaction_leaves_the_callers_settings_alone(store, settings):
+    """The walk's settings (no sort, no sequential scan, a generic plan, its own work_mem) are
+    its own: in a caller's transaction they end with the walk, not with that transaction, and
+    the caller's next statement is planned as before."""
+    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 1000  # the 5,090-message context takes HNSW
+    ctx = store["big"][0]
+    ctx.message_count = 5090  # (the fixture's COPY left the counter alone)
+    query = np.random.default_rng(31).normal(size=DIMS).tolist()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL work_mem = '7MB'")  # the caller's own, kept as it is
+        before = _current(WALK_SETTINGS)
+        result = search_messages(
+            context=ctx, query="", k=10, mode="semantic", model=MODEL, query_vector=query
+        )
+        assert "vector scan: hnsw" in result.notes and len(result.hits) == 10
+        assert _current(WALK_SETTINGS) == before
+        assert before["enable_sort"] == "on" and before["work_mem"] == "7MB"

@@ -177,11 +177,21 @@ def nearest_vectors(
             # sent with the walk (and a request's deferred key read) in one round trip, as the
             # one statement of set_config() calls is on one node.
             _, pairs = walk.settings
+            kept = _callers_settings(pairs[::2])
             with db.binding_cursor() as setter, db.binding_cursor() as cursor:
                 with pipelines.pipelined_transaction(setter):
                     for name, value in zip(pairs[::2], pairs[1::2], strict=True):
                         setter.execute(f"SET LOCAL {name} = '{value}'")
                     cursor.execute(walk.sql, walk.args)
+                    for name, value in kept.items():
+                        # (The names are this module's own; the values the server's.)
+                        setter.execute(
+                            psql.SQL("SET LOCAL {} TO DEFAULT").format(psql.SQL(name))
+                            if value is None
+                            else psql.SQL("SET LOCAL {} = {}").format(
+                                psql.SQL(name), psql.Literal(value)
+                            )
+                        )
                 found = cursor.fetchall()
         else:
             found = _walked(walk)
@@ -207,7 +217,9 @@ def nearest_vectors(
 
 def _walked(walk: Walk) -> list[tuple]:
     """The rows of a walk on one node: its settings and the walk in one transaction, one round
-    trip."""
+    trip (in a caller's transaction, the caller's settings put back in it too)."""
+    names = walk.settings[1][::2]
+    kept = _callers_settings(names)
     with (
         db.binding_cursor(prepared=walk.prepared) as setter,
         db.binding_cursor(prepared=walk.prepared) as cursor,
@@ -215,7 +227,28 @@ def _walked(walk: Walk) -> list[tuple]:
         with pipelines.pipelined_transaction(setter):
             setter.execute(*walk.settings)
             cursor.execute(walk.sql, walk.args)
+            if kept:
+                # NULL (a setting not defined before the walk's) resets it.
+                setter.execute(
+                    "SELECT " + ", ".join("set_config(%s, %s, true)" for _ in kept),
+                    [x for pair in kept.items() for x in pair],
+                )
         return cursor.fetchall()
+
+
+def _callers_settings(names: Sequence[str]) -> dict[str, str | None]:
+    """Inside a caller's transaction, the values of the walk's settings before the walk (None
+    for one not defined yet), which the walk puts back after itself: its settings are made for
+    the transaction (SET LOCAL), and the caller's statements after the walk (a memory batch's
+    next records, say) are to be planned with the caller's own. Outside, nothing: the walk's
+    transaction is its own and ends with it."""
+    if not connection.in_atomic_block:
+        return {}
+    with db.binding_cursor() as cursor:
+        cursor.execute(
+            "SELECT " + ", ".join("current_setting(%s, true)" for _ in names), list(names)
+        )
+        return dict(zip(names, cursor.fetchone(), strict=True))
 
 
 def _exact_nearest(
