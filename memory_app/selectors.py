@@ -293,16 +293,16 @@ def select_window(*, context: Context, spec: WindowSpec) -> Selection:
 
 
 def _steamship_window(*, context: Context, k: int, counter: _TokenCounter) -> Selection:
-    first = _live(context).order_by("seq").values_list("seq", flat=True).first()
-    scan = _scan_backwards(context)
-    newest = next(scan, None)
+    # The oldest live message is the last the backward scan reads: no read of its own.
+    scan = _marking_the_last(_scan_backwards(context))
+    newest, newest_is_oldest = next(scan, (None, False))
     if newest is None:
         return Selection(
             selector="window", items=[], tokenizer=counter.name, notes=["empty history"]
         )
     notes: list[str] = []
     seen_user = False
-    pending: list[Message] = [newest]
+    pending: list[tuple[Message, bool]] = [(newest, newest_is_oldest)]
     if is_user(newest):
         seen_user = True
         pending = []
@@ -314,15 +314,15 @@ def _steamship_window(*, context: Context, k: int, counter: _TokenCounter) -> Se
     picked: list[tuple[Message, str]] = []
     scanned = 0
 
-    def candidates() -> Iterator[Message]:
+    def candidates() -> Iterator[tuple[Message, bool]]:
         yield from pending
         yield from scan
 
-    for m in candidates():
+    for m, oldest in candidates():
         if counted >= limit:
             break
         # Steamship walks `while index > 0`: the oldest message is never examined.
-        if m.seq == first:
+        if oldest:
             notes.append(f"message #{m.seq} is the oldest message, never examined (Steamship)")
             break
         scanned += 1
@@ -338,6 +338,15 @@ def _steamship_window(*, context: Context, k: int, counter: _TokenCounter) -> Se
     return Selection(
         selector="window", items=items, tokenizer=counter.name, scanned=scanned, notes=notes
     )
+
+
+def _marking_the_last(messages: Iterator[Message]) -> Iterator[tuple[Message, bool]]:
+    """Each message, and whether it is the last (read one ahead)."""
+    current = next(messages, None)
+    while current is not None:
+        following = next(messages, None)
+        yield current, following is None
+        current = following
 
 
 def select_token_window(*, context: Context, spec: TokenWindowSpec) -> Selection:

@@ -90,6 +90,38 @@ def test_steamship_window_never_examines_the_oldest_message(db):
     ) == ["b1"]
 
 
+@pytest.mark.parametrize("pruned_oldest", [False, True])
+def test_steamship_window_finds_the_oldest_live_message_past_the_first_chunk(
+    db, pruned_oldest, system_actor
+):
+    """A window reaching back over more than the first chunk read stops at the oldest live
+    message, which it leaves out, as Steamship does."""
+    n = selectors.FIRST_SCAN_CHUNK + 7
+    items = [
+        (f"m{i}", {"role": "user" if i % 2 == 0 else "assistant", "text": f"message {i}"})
+        for i in range(n)
+    ]
+    context, id_to_name = build({"test": f"long-{pruned_oldest}"}, items)
+    if pruned_oldest:
+        oldest = Message.objects.get(context=context, seq=1)
+        messages_set_pruned(context=context, ids=[oldest.pk], pruned=True, actor=system_actor)
+    first_live = 1 if pruned_oldest else 0
+    # The last message is a user prompt (left out), the oldest live one is never examined.
+    expected = [f"m{i}" for i in range(first_live + 1, n - 1)]
+    selection = select(context=context, spec=WindowSpec(k=selectors.MAX_K, semantics="steamship"))
+    assert names(selection, id_to_name) == expected
+    assert any("oldest message, never examined" in note for note in selection.notes)
+
+
+def test_steamship_window_is_one_read(db, django_assert_num_queries):
+    """The newest messages, read as the plain window reads them; nothing else."""
+    context, _ = build(
+        {"test": "one-read"}, [(f"r{i}", {"role": "user", "text": "q"}) for i in range(3)]
+    )
+    with django_assert_num_queries(1):
+        select(context=context, spec=WindowSpec(k=2, semantics="steamship"))
+
+
 def test_empty_history_selects_nothing(db):
     context, _ = context_get_or_create(keys={"test": "empty"})
     for spec in (
