@@ -680,3 +680,58 @@ def test_an_idle_embed_worker_maps_an_export_as_it_commits(settings, monkeypatch
         worker.join(10)
         idle.close()
     assert not worker.is_alive()
+
+
+@pytest.mark.django_db
+def test_the_exports_listener_notices_a_dead_peer_by_keepalives():
+    """An idle listener sends nothing: TCP keepalives are what notice a server gone without a
+    word. Asked for on its connection (a Unix socket ignores them)."""
+    listener = span_queue.exports_listener()
+    try:
+        asked = listener.info.get_parameters()
+    finally:
+        listener.close()
+    assert asked["keepalives"] == "1"
+    # A dead peer noticed within two minutes.
+    idle, every, count = (int(asked[f"keepalives_{n}"]) for n in ("idle", "interval", "count"))
+    assert idle + count * every <= 120
+
+
+def test_a_listener_that_cannot_connect_warns_once_an_outage(monkeypatch, caplog):
+    """While the database cannot be reached, every idle wait tries to listen again; the first
+    failure is logged, the others are not, until listening works again."""
+    import psycopg
+
+    failing = [True]
+    opened = []
+
+    class Listening:
+        def notifies(self, timeout, stop_after):
+            return iter(())
+
+        def close(self):
+            pass
+
+    def connect():
+        if failing[0]:
+            raise psycopg.OperationalError("connection refused")
+        opened.append(Listening())
+        return opened[-1]
+
+    monkeypatch.setattr(span_queue, "exports_listener", connect)
+    wait = span_queue.ExportWait(threading.Event())
+    with caplog.at_level("INFO", logger=span_queue.log.name):
+        for _ in range(3):
+            wait.listen()
+        failing[0] = False
+        wait.listen()
+        wait.close()
+        failing[0] = True
+        wait.listen()
+    said = [r.getMessage() for r in caplog.records if r.name == span_queue.log.name]
+    assert said == [
+        "not listening for exports (connection refused)",
+        "listening for exports again",
+        "not listening for exports (connection refused)",
+    ]
+    assert len(opened) == 1

@@ -315,6 +315,16 @@ def spans_map_chore(*, background: bool = False) -> int:
 QUEUED_CHANNEL = "agentmemory_spans_queued"
 
 
+# A dead peer noticed within about a minute (30 s idle, then three probes 10 s apart); ignored
+# on a Unix socket.
+LISTENER_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
+
+
 def exports_listener() -> psycopg.Connection:
     """A connection of its own (the default database's), listening for exports queued
     (QUEUED_CHANNEL). Listening starts before the caller looks at the queue, so an export
@@ -323,6 +333,11 @@ def exports_listener() -> psycopg.Connection:
     # Django's cursor class and adapters are its own connection's, not a listener's.
     params.pop("cursor_factory", None)
     params.pop("context", None)
+    # An idle listener sends nothing: without TCP keepalives a peer gone without a word (a
+    # half-open connection) is never noticed, and the mapper waits on it for the rescans alone.
+    # The operator's own settings (DATABASE_URL) win.
+    for name, value in LISTENER_KEEPALIVES.items():
+        params.setdefault(name, value)
     listener = psycopg.connect(**params, autocommit=True)
     try:
         listener.execute(psql.SQL("LISTEN {}").format(psql.Identifier(QUEUED_CHANNEL)))
@@ -354,6 +369,7 @@ class ExportWait:
     def __init__(self, stop: threading.Event):
         self.stop = stop
         self.listener: psycopg.Connection | None = None
+        self.failing = False  # warned that listening failed, not listening since
 
     def listen(self) -> None:
         """Listening (connected anew if need be), with what it was told taken: the look that
@@ -368,7 +384,14 @@ class ExportWait:
         try:
             self.listener = exports_listener()
         except Exception as exc:  # listening only saves time: the rescans still map
-            log.warning("not listening for exports (%s)", str(exc).strip()[:200])
+            # Once an outage: the waits go on trying, as often as the mapper idles.
+            if not self.failing:
+                log.warning("not listening for exports (%s)", str(exc).strip()[:200])
+            self.failing = True
+            return
+        if self.failing:
+            log.info("listening for exports again")
+        self.failing = False
 
     def __call__(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
