@@ -78,7 +78,8 @@ class _Importer:
         # into has its counters counted again from its rows at the end (`recount`).
         self.merged: set[int] = set()
         self.grown: set[int] = set()
-        self.grown_runs: set[int] = set()
+        # (context, run): each run is recounted in its context, on that context's shard.
+        self.grown_runs: set[tuple[int, int]] = set()
         # The file's (scope_digest, content_hash) of each memory line -> the record it resolved
         # to here (inside the importer's confinement) and its context (the one its recomputed
         # scope names), for the memory version and embedding lines that follow.
@@ -266,7 +267,7 @@ class _Importer:
             new.append(run)
         self.insert(Run, new, ["created_at", "updated_at"])
         self.grown |= {r.context_id for r in new}
-        self.grown_runs |= {r.pk for r in new}
+        self.grown_runs |= {(r.context_id, r.pk) for r in new}
         self.result.count("runs", len(new), 0)
 
     def _import_step(self, records):
@@ -300,7 +301,7 @@ class _Importer:
             ],
             ["created_at"],
         )
-        self.grown_runs |= {s.run_id for s in rows}
+        self.grown_runs |= {(s.context_id, s.run_id) for s in rows}
         self.result.count("steps", len(rows), 0)
 
     # Steps follow their context's runs in the file, so the last context seen is theirs.
@@ -362,11 +363,24 @@ class _Importer:
         """The counters of the contexts and runs this import wrote into, counted from their
         rows, never taken from the file: a merge adds to what a stored context already holds,
         and a file's counters may say anything."""
-        for run_pk in sorted(self.grown_runs):
-            steps = Step.objects.filter(run_id=run_pk).aggregate(last=Coalesce(Max("position"), 0))
-            Run.objects.filter(pk=run_pk).update(last_position=steps["last"])
+        by_context: dict[int, set[int]] = {}
+        for ctx_pk, run_pk in self.grown_runs:
+            by_context.setdefault(ctx_pk, set()).add(run_pk)
+        for ctx_pk, run_pks in sorted(by_context.items()):
+            # Each run's last position, read for all of the context's runs at once.
+            last = dict(
+                Step.objects.filter(context_id=ctx_pk, run_id__in=run_pks)
+                .order_by()
+                .values("run_id")
+                .annotate(last=Max("position"))
+                .values_list("run_id", "last")
+            )
+            for run_pk in sorted(run_pks):
+                Run.objects.filter(context_id=ctx_pk, pk=run_pk).update(
+                    last_position=last.get(run_pk, 0)
+                )
         # Steps, errors, tool calls, models and cost, as the write path keeps them.
-        runs_recount(run_ids=sorted(self.grown_runs))
+        runs_recount(runs=sorted(self.grown_runs))
         for ctx_pk in sorted(self.grown):
             with transaction.atomic():
                 lock_contexts([ctx_pk])

@@ -479,7 +479,7 @@ def _purge(
         Step.objects.filter(pk__in=step_ids).delete()
         admin_log_forget(Step, step_ids)
         # The run's counters, models and cost lose what the purged steps brought.
-        runs_recount(run_ids=sorted({run_id for run_id, _ in per_run}))
+        runs_recount(runs=[(context_id, run_id) for run_id, context_id in per_run])
         for (run_id, context_id), ids in per_run.items():
             events.append(
                 audit_record(

@@ -6,6 +6,7 @@ same and raises `Conflict` naming the fields that differ when it is not."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -313,7 +314,7 @@ def step_replace(*, run: Run, client_id: str, item: dict[str, Any]) -> Step | No
                 for i, c in enumerate(item.get("tool_calls") or [], start=1)
             ]
         )
-        runs_recount(run_ids=[run.pk])
+        runs_recount(runs=[(run.context_id, run.pk)])
     return step
 
 
@@ -342,26 +343,41 @@ def _steps_cost(run: Run, steps: list[Step]) -> float | None:
     return sum(known) if known else None
 
 
-def runs_recount(*, run_ids: list[int]) -> None:
+def runs_recount(*, runs: Iterable[tuple[int, int]]) -> None:
     """Count again, from their steps, what the runs table reads on each run (steps, errors, tool
-    calls, models, cost): after steps were purged or restored from a backup. Positions stay as
-    they are (a purged step leaves its number unused)."""
-    for run in Run.objects.filter(pk__in=run_ids).only("id", "context_id", "metadata"):
-        steps = Step.objects.filter(context_id=run.context_id, run=run)
-        counts = steps.aggregate(
-            n=Count("pk"),
-            errors=Count("pk", filter=Q(error_type__isnull=False) & ~Q(error_type="")),
-        )
-        models = steps.exclude(model="").order_by().values_list("model", flat=True)
-        Run.objects.filter(pk=run.pk, context_id=run.context_id).update(
-            step_count=counts["n"],
-            error_count=counts["errors"],
-            tool_call_count=ToolCall.objects.filter(
-                context_id=run.context_id, step__run=run
-            ).count(),
-            model_names=_with_models([metadata_model(run.metadata)], list(models.distinct())),
-            cost=run_cost(run=run).total,
-        )
+    calls, models, cost): after steps were purged or restored from a backup. `runs`: (context,
+    run) pairs; each run is read in its context, so every statement goes to that context's shard
+    on Citus. Positions stay as they are (a purged step leaves its number unused)."""
+    by_context: dict[int, set[int]] = {}
+    for context_id, run_id in runs:
+        by_context.setdefault(context_id, set()).add(run_id)
+    for context_id, run_ids in sorted(by_context.items()):
+        for run in Run.objects.filter(context_id=context_id, pk__in=run_ids).only(
+            "id", "context_id", "metadata"
+        ):
+            _run_recount(run)
+
+
+def _run_recount(run: Run) -> None:
+    """One run of `runs_recount`, every statement in the run's context."""
+    steps = Step.objects.filter(context_id=run.context_id, run=run)
+    counts = steps.aggregate(
+        n=Count("pk"),
+        errors=Count("pk", filter=Q(error_type__isnull=False) & ~Q(error_type="")),
+    )
+    models = steps.exclude(model="").order_by().values_list("model", flat=True)
+    # The tool calls' join names the steps' context too: on Citus both tables then go to one
+    # shard (a join on the step's id alone is a cross-shard one).
+    calls = ToolCall.objects.filter(
+        context_id=run.context_id, step__context_id=run.context_id, step__run=run
+    )
+    Run.objects.filter(pk=run.pk, context_id=run.context_id).update(
+        step_count=counts["n"],
+        error_count=counts["errors"],
+        tool_call_count=calls.count(),
+        model_names=_with_models([metadata_model(run.metadata)], list(models.distinct())),
+        cost=run_cost(run=run).total,
+    )
 
 
 def run_finish(
