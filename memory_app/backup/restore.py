@@ -321,29 +321,17 @@ class _Importer:
                     "seq", flat=True
                 )
             )
-            run_refs = {json.dumps(r["run"], sort_keys=True) for r in recs if r.get("run")}
-            run_ids = {k: self.run_id(ctx_pk, json.loads(k)) for k in run_refs}
-            step_ids: dict[tuple[int | None, int], int | None] = {}
+            recs = [r for r in recs if r["seq"] not in existing]
+            self.result.count("messages", 0, len(by_ctx[ctx_pk]) - len(recs))
+            step_ids = self._message_steps(ctx_pk, recs)
             rows = []
             for rec in recs:
-                if rec["seq"] in existing:
-                    self.result.count("messages", 0, 1)
-                    continue
                 msg = Message(context_id=ctx_pk, **load_fields(rec, MESSAGE_FIELDS))
                 if rec.get("run"):
-                    msg.run_id = run_ids[json.dumps(rec["run"], sort_keys=True)]
+                    msg.run_id = self.run_id(ctx_pk, rec["run"])
                 if rec.get("step"):
-                    run_pk = run_ids.get(
-                        json.dumps(rec["step"]["run"], sort_keys=True)
-                    ) or self.run_id(ctx_pk, rec["step"]["run"])
-                    key = (run_pk, rec["step"]["position"])
-                    if key not in step_ids:
-                        step_ids[key] = (
-                            Step.objects.filter(run_id=run_pk, position=key[1])
-                            .values_list("pk", flat=True)
-                            .first()
-                        )
-                    msg.step_id = step_ids[key]
+                    run_pk = self.run_id(ctx_pk, rec["step"]["run"])
+                    msg.step_id = step_ids.get((run_pk, rec["step"]["position"]))
                 rows.append(msg)
             _count_tokens(rows)
             self.insert(Message, rows, ["created_at", "updated_at"])
@@ -358,6 +346,24 @@ class _Importer:
                 # matched from their text until the indexer has parsed them.
                 fulltext.reindex_from(ctx_pk, min(r.seq for r in rows))
                 transaction.on_commit(backlog.wake_indexer)
+
+    def _message_steps(self, ctx_pk: int, recs: list[dict]) -> dict[tuple[int, int], int]:
+        """(run, position) -> step of the steps these message lines of the context name, read in
+        one query on the context (a line naming a step not stored finds none)."""
+        wanted = set()
+        for rec in recs:
+            if rec.get("step"):
+                run_pk = self.run_id(ctx_pk, rec["step"]["run"])
+                if run_pk is not None:
+                    wanted.add((run_pk, rec["step"]["position"]))
+        if not wanted:
+            return {}
+        found = Step.objects.filter(
+            context_id=ctx_pk,
+            run_id__in={run for run, _ in wanted},
+            position__in={position for _, position in wanted},
+        ).values_list("run_id", "position", "pk")
+        return {(run, position): pk for run, position, pk in found if (run, position) in wanted}
 
     def recount(self) -> None:
         """The counters of the contexts and runs this import wrote into, counted from their
