@@ -422,6 +422,31 @@ class _Importer:
             mem.status = status_for(scope, self.actor)
         mem.legal_hold = ""
 
+    def _memory_sources(self, mem: MemoryRecord, rec: dict[str, Any]) -> None:
+        """The message and step a memory line names as its sources, each read in its context:
+        the message in the one its line names, the step in the memory's own."""
+        if rec.get("source_message"):
+            src = rec["source_message"]
+            src_ctx = self.source_context_id(src["context"])
+            mem.source_message_id, mem.source_run_id = (
+                Message.objects.filter(context_id=src_ctx, seq=src["seq"])
+                .values_list("pk", "run_id")
+                .first()
+                if src_ctx
+                else None
+            ) or (None, None)
+        if rec.get("source_step") and mem.context_id:
+            run_pk = self.run_id(mem.context_id, rec["source_step"]["run"])
+            mem.source_step_id, mem.source_run_id = (
+                Step.objects.filter(
+                    context_id=mem.context_id,
+                    run_id=run_pk,
+                    position=rec["source_step"]["position"],
+                )
+                .values_list("pk", "run_id")
+                .first()
+            ) or (None, None)
+
     def _import_memory(self, records):
         rows = []
         for rec in records:
@@ -460,23 +485,7 @@ class _Importer:
                 self.memories[file_ref] = (found, mem.context_id)
                 self.result.count("memories", 0, 1)
                 continue
-            if rec.get("source_message"):
-                src = rec["source_message"]
-                src_ctx = self.source_context_id(src["context"])
-                mem.source_message_id, mem.source_run_id = (
-                    Message.objects.filter(context_id=src_ctx, seq=src["seq"])
-                    .values_list("pk", "run_id")
-                    .first()
-                    if src_ctx
-                    else None
-                ) or (None, None)
-            if rec.get("source_step") and mem.context_id:
-                run_pk = self.run_id(mem.context_id, rec["source_step"]["run"])
-                mem.source_step_id, mem.source_run_id = (
-                    Step.objects.filter(run_id=run_pk, position=rec["source_step"]["position"])
-                    .values_list("pk", "run_id")
-                    .first()
-                ) or (None, None)
+            self._memory_sources(mem, rec)
             rows.append((file_ref, mem))
         # Two lines of one file with the same content in the same scope are one record.
         unique = {(m.scope_digest, m.content_hash): m for _, m in rows}
