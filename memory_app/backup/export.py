@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
 from django.db import models
@@ -89,14 +90,9 @@ def export_records(
         yield from annotation_records(ctx, run_refs, chunk_size)
         yield from checkpoint_records(ctx, run_refs, chunk_size)
         scoped = _memories_of(ctx, confined_to)
-        written: set[int] = set()
-        for mem in scoped.order_by("pk").iterator(chunk_size=chunk_size):
-            # A key-subset memory falls under several contexts; the file holds it once.
-            if mem.pk in exported_memories:
-                continue
-            exported_memories.add(mem.pk)
-            written.add(mem.pk)
-            yield _memory_record(mem)
+        # A key-subset memory falls under several contexts; the file holds it once.
+        fresh = _not_in(scoped.order_by("pk").iterator(chunk_size=chunk_size), exported_memories)
+        written = yield from _memory_records(fresh, ctx, run_refs, chunk_size)
         if memory_versions:
             yield from memory_version_records(scoped, written, chunk_size)
         if embeddings:
@@ -117,11 +113,8 @@ def _subset_records(
     """The key-subset memories under `subsets` that no context's records held, then their
     versions and vectors."""
     rest = MemoryRecord.objects.filter(context__isnull=True, scope_keys__contains=subsets)
-    written: set[int] = set()
-    for mem in rest.order_by("pk").iterator(chunk_size=chunk_size):
-        if mem.pk not in exported:
-            written.add(mem.pk)
-            yield _memory_record(mem)
+    fresh = (m for m in rest.order_by("pk").iterator(chunk_size=chunk_size) if m.pk not in exported)
+    written = yield from _memory_records(fresh, None, {}, chunk_size)
     if memory_versions:
         yield from memory_version_records(rest, written, chunk_size)
     if embeddings:
@@ -146,12 +139,12 @@ def _run_records(
 def _step_records(
     ctx: Context, run_refs: dict[int, dict], chunk_size: int
 ) -> Iterator[dict[str, Any]]:
+    # The tool calls are read in the steps' context too (on Citus, its shard alone).
+    tool_calls = ToolCall.objects.filter(context=ctx).order_by("position")
     steps = (
         Step.objects.filter(context=ctx)
         .order_by("run_id", "position")
-        .prefetch_related(
-            models.Prefetch("tool_calls", queryset=ToolCall.objects.order_by("position"))
-        )
+        .prefetch_related(models.Prefetch("tool_calls", queryset=tool_calls))
     )
     for step in steps.iterator(chunk_size=chunk_size):
         calls = [dump_fields(tc, TOOL_CALL_FIELDS) for tc in step.tool_calls.all()]
@@ -166,8 +159,7 @@ def _step_records(
 def _message_records(
     ctx: Context, run_refs: dict[int, dict], chunk_size: int
 ) -> Iterator[dict[str, Any]]:
-    step_positions = dict(Step.objects.filter(context=ctx).values_list("pk", "position"))
-    step_runs = dict(Step.objects.filter(context=ctx).values_list("pk", "run_id"))
+    steps = {pk: (run, position) for pk, run, position in _steps_of(ctx.pk)}
     for msg in Message.objects.filter(context=ctx).order_by("seq").iterator(chunk_size=chunk_size):
         record = {
             "type": "message",
@@ -176,7 +168,7 @@ def _message_records(
         }
         record["run"] = run_refs.get(msg.run_id) if msg.run_id else None
         record["step"] = (
-            {"run": run_refs[step_runs[msg.step_id]], "position": step_positions[msg.step_id]}
+            {"run": run_refs[steps[msg.step_id][0]], "position": steps[msg.step_id][1]}
             if msg.step_id
             else None
         )
@@ -242,22 +234,92 @@ def _vector(value) -> list[float] | None:
     return None if value is None else [float(x) for x in value]
 
 
-def _memory_record(mem: MemoryRecord) -> dict[str, Any]:
-    record = {
-        "type": "memory",
-        "context": mem.context.keys_digest if mem.context_id else None,
-        **dump_fields(mem, MEMORY_FIELDS),
-    }
-    record["source_message"] = (
-        {"context": mem.source_message.context.keys_digest, "seq": mem.source_message.seq}
-        if mem.source_message_id
-        else None
-    )
-    record["source_step"] = (
-        {"run": _run_ref(mem.source_step.run), "position": mem.source_step.position}
-        if mem.source_step_id
-        else None
-    )
+def _steps_of(context_id: int, pks: Iterable[int] | None = None) -> list[tuple[int, int, int]]:
+    """(step, its run, its position) of the context's steps (those of `pks` only, when given)."""
+    steps = Step.objects.filter(context_id=context_id)
+    if pks is not None:
+        steps = steps.filter(pk__in=pks)
+    return list(steps.values_list("pk", "run_id", "position"))
+
+
+def _not_in(memories: Iterator[MemoryRecord], exported: set[int]) -> Iterator[MemoryRecord]:
+    """The memories not in `exported`, each added to it as it passes."""
+    for mem in memories:
+        if mem.pk not in exported:
+            exported.add(mem.pk)
+            yield mem
+
+
+def _memory_records(
+    memories: Iterator[MemoryRecord],
+    ctx: Context | None,
+    run_refs: dict[int, dict],
+    chunk_size: int,
+) -> Generator[dict[str, Any], None, set[int]]:
+    """The memory lines of `memories` (those of `ctx`'s export, whose runs `run_refs` holds, or
+    of no context), their sources read a chunk at a time; answers the memories written."""
+    written: set[int] = set()
+    while chunk := list(itertools.islice(memories, chunk_size)):
+        sources = _Sources(ctx, run_refs, chunk)
+        for mem in chunk:
+            written.add(mem.pk)
+            yield _memory_record(mem, ctx, sources)
+    return written
+
+
+class _Sources:
+    """The messages and steps a chunk of memories names as sources, by natural key. Each is
+    read in the exported context first (on Citus, its shard alone), where the write path puts
+    the sources of its memories; a source it does not hold (a key-subset memory's in another
+    context, one an import or an admin linked) is read by its id, its context unknown."""
+
+    def __init__(self, ctx: Context | None, run_refs: dict[int, dict], chunk: list) -> None:
+        self.messages: dict[int, dict[str, Any]] = {}  # message -> {"context", "seq"}
+        self.steps: dict[int, dict[str, Any]] = {}  # step -> {"run", "position"}
+        message_ids = {m.source_message_id for m in chunk} - {None}
+        step_ids = {m.source_step_id for m in chunk} - {None}
+        if ctx is not None and message_ids:
+            found = Message.objects.filter(context_id=ctx.pk, pk__in=message_ids)
+            for pk, seq in found.values_list("pk", "seq"):
+                self.messages[pk] = {"context": ctx.keys_digest, "seq": seq}
+        if ctx is not None and step_ids:
+            for pk, run_pk, position in _steps_of(ctx.pk, step_ids):
+                self.steps[pk] = {"run": run_refs[run_pk], "position": position}
+        self._elsewhere(message_ids - set(self.messages), step_ids - set(self.steps))
+
+    def _elsewhere(self, message_ids: set[int], step_ids: set[int]) -> None:
+        """Sources outside the exported context, by id (a memory keeps no context of its
+        sources): a message with its context's digest (joined on the context, which Citus
+        keeps on the message's shard), a step with its run read in the step's context."""
+        if message_ids:
+            found = Message.objects.filter(pk__in=message_ids)
+            for pk, digest, seq in found.values_list("pk", "context__keys_digest", "seq"):
+                self.messages[pk] = {"context": digest, "seq": seq}
+        if not step_ids:
+            return
+        by_context: dict[int, list[tuple[int, int, int]]] = {}
+        found = Step.objects.filter(pk__in=step_ids)
+        for pk, context_id, run_pk, position in found.values_list(
+            "pk", "context_id", "run_id", "position"
+        ):
+            by_context.setdefault(context_id, []).append((pk, run_pk, position))
+        for context_id, steps in by_context.items():
+            runs = Run.objects.filter(context_id=context_id, pk__in={r for _, r, _ in steps})
+            refs = {run.pk: _run_ref(run) for run in runs.only("pk", "client_id", "created_at")}
+            for pk, run_pk, position in steps:
+                self.steps[pk] = {"run": refs[run_pk], "position": position}
+
+
+def _memory_record(mem: MemoryRecord, ctx: Context | None, sources: _Sources) -> dict[str, Any]:
+    if mem.context_id is None:
+        digest = None
+    elif ctx is not None and mem.context_id == ctx.pk:
+        digest = ctx.keys_digest  # a context's own memory, exported with it
+    else:
+        digest = mem.context.keys_digest
+    record = {"type": "memory", "context": digest, **dump_fields(mem, MEMORY_FIELDS)}
+    record["source_message"] = sources.messages.get(mem.source_message_id)
+    record["source_step"] = sources.steps.get(mem.source_step_id)
     return record
 
 
