@@ -956,3 +956,165 @@ def test_an_import_finds_a_chunks_step_targets_in_one_query():
     ]
     assert len(by_position) == 1, by_position
     assert sorted(Score.objects.values_list("step__position", flat=True)) == [1, 2, 3, 4, 5]
+
+
+# --- every statement on a context's rows names its context ----------------------------------
+
+
+def _context_tables() -> set[str]:
+    """The tables of a context's rows: those whose rows always carry a context (distributed by
+    it on Citus, docs/scale-out.md), the contexts themselves aside."""
+    from django.apps import apps
+
+    return {
+        model._meta.db_table
+        for model in apps.get_app_config("memory_app").get_models()
+        for f in model._meta.concrete_fields
+        if f.attname == "context_id" and not f.null
+    }
+
+
+def _without_their_context(statements: list[str]) -> list[str]:
+    """Each of Django's statements (its quoted table names, its `U0` aliases) that reads,
+    updates or deletes a context's rows without naming their context: each table of context
+    rows it names (or that table's alias) needs a `context_id` condition."""
+    import re
+
+    tables = "|".join(sorted(_context_tables()))
+    named = re.compile(rf'\b(?:FROM|JOIN|UPDATE)\s+"({tables})"(?:\s+(?:AS\s+)?([A-Z]\d+)\b)?')
+    missing = []
+    for sql in statements:
+        for m in named.finditer(sql):
+            table = m.group(2) or f'"{m.group(1)}"'
+            if not re.search(rf'{re.escape(table)}\."context_id"\s*(?:=|IN\b)', sql):
+                missing.append(f"{m.group(1)}: {sql}")
+    return missing
+
+
+def _merge_scenario():
+    """A reviewed context (see `_reviewed`) with a vector and a memory whose sources are a step
+    and a message, its export; then the store wiped and the context begun again here: its run
+    `run-1` with that run's first step, and its first two messages. Answers the file's lines
+    and each run's counters, by client id (or creation instant), before the export."""
+    from memory_app.audit import Actor
+    from memory_app.services.memories import memories_record
+
+    keys = {"user": "ada", "chat": "reviewed"}
+    ctx, _ = context_get_or_create(keys=keys)
+    _reviewed(ctx)
+    message = Message.objects.get(context=ctx, step__isnull=False)  # seq 9, of run 0's step 2
+    assert (message.seq, message.run_id) == (9, message.step.run_id)
+    memories_record(
+        scope=memories.Scope(context=ctx),
+        items=[
+            {
+                "content": "Ada reads the harbour report",
+                "source_message_id": message.pk,
+                "source_step_id": message.step_id,
+            }
+        ],
+        actor=Actor.system("user:ada"),
+    )
+    register_models(m3=3)
+    Embedding.objects.create(
+        message=message, context=ctx, model="m3", dimensions=3, vector=[0.1, 0.2, 0.3]
+    )
+    counters = {
+        r.client_id or r.created_at: (r.step_count, r.error_count, r.last_position)
+        for r in Run.objects.filter(context=ctx)
+    }
+    lines = list(
+        export_lines(
+            contexts=contexts_matching(context_ids=[ctx.pk]), embeddings=True, memory_versions=True
+        )
+    )
+    first_step = Step.objects.get(context=ctx, run__client_id="run-1", position=1)
+    texts = list(Message.objects.filter(context=ctx, seq__lte=2).values_list("text", flat=True))
+    _wipe()
+    ctx, _ = context_get_or_create(keys=keys)
+    run, _ = run_create(context=ctx, client_id="run-1", task="task 1")
+    steps_append(run=run, items=[{"kind": first_step.kind, "task": first_step.task}])
+    messages_append(context=ctx, items=[{"role": "user", "text": t} for t in texts])
+    return ctx, lines, counters
+
+
+def test_an_import_reads_and_writes_a_contexts_rows_only_in_that_context():
+    """Every statement of a merge import on runs, steps, tool calls, messages, annotations,
+    checkpoints and vectors names their context (on Citus each goes to its shard alone): the
+    lookups of the steps that messages and memories name, and the recount of the runs it
+    grew."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    _ctx, lines, _counters = _merge_scenario()
+    with CaptureQueriesContext(connection) as queries:
+        result = import_lines(lines)
+    assert result.created["steps"] == 3 and result.skipped["steps"] == 1
+    statements = [q["sql"] for q in queries.captured_queries]
+    touched = " ".join(statements)
+    assert all(f'"{t}"' in touched for t in ("memory_app_run", "memory_app_step"))
+    assert _without_their_context(statements) == []
+
+
+def test_an_export_reads_a_contexts_rows_only_in_that_context():
+    """The steps' tool calls, and the message and step a memory names as its sources, are read
+    in the exported context, as everything else of it is."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    ctx, lines, _counters = _merge_scenario()
+    import_lines(lines)
+    with CaptureQueriesContext(connection) as queries:
+        again = list(
+            export_lines(
+                contexts=contexts_matching(context_ids=[ctx.pk]),
+                embeddings=True,
+                memory_versions=True,
+            )
+        )
+    assert _without_their_context([q["sql"] for q in queries.captured_queries]) == []
+    [memory] = [
+        json.loads(line) for line in again if '"type":"memory"' in line and "harbour report" in line
+    ]
+    assert memory["source_message"] == {"context": ctx.keys_digest, "seq": 9}
+    run = Message.objects.get(context=ctx, seq=9).step.run
+    ref = {"client_id": run.client_id, "created_at": run.created_at.isoformat()}
+    assert memory["source_step"] == {"run": ref, "position": 2}
+
+
+def test_a_merge_import_counts_each_runs_steps_errors_and_last_position_from_its_rows():
+    """A run stored here with its first step takes the file's later steps: its counters are
+    counted from the steps it holds then, as are those of the runs the import created."""
+    ctx, lines, counters = _merge_scenario()
+    import_lines(lines)
+    runs = {
+        r.client_id or r.created_at: (r.step_count, r.error_count, r.last_position)
+        for r in Run.objects.filter(context=ctx)
+        if r.client_id != "run-1"
+    }
+    merged = Run.objects.get(context=ctx, client_id="run-1")
+    assert (merged.step_count, merged.error_count, merged.last_position) == counters["run-1"]
+    assert counters["run-1"] == (2, 1, 2)
+    assert merged.tool_call_count == ToolCall.objects.filter(step__run=merged).count() == 1
+    assert runs == {k: v for k, v in counters.items() if k != "run-1"}
+
+
+def test_an_export_names_a_key_subset_memorys_source_in_another_context():
+    """A key-subset memory exported with one context may name a message of another: it is read
+    by its id and named by that context's digest and its seq."""
+    from memory_app.audit import Actor
+    from memory_app.services.memories import memories_record
+
+    there, _ = context_get_or_create(keys={"user": "ada", "chat": "there"})
+    here, _ = context_get_or_create(keys={"user": "ada", "chat": "here"})
+    [message] = messages_append(context=there, items=[{"role": "user", "text": "tea"}]).messages
+    memories_record(
+        scope=memories.Scope(keys={"user": "ada"}),
+        items=[{"content": "Ada likes tea", "source_message_id": message.pk}],
+        actor=Actor.system("user:ada"),
+    )
+    lines = [
+        json.loads(line) for line in export_lines(contexts=contexts_matching(context_ids=[here.pk]))
+    ]
+    [memory] = [r for r in lines if r["type"] == "memory"]
+    assert memory["source_message"] == {"context": there.keys_digest, "seq": 1}
