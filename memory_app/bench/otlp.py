@@ -218,9 +218,10 @@ def _served_env() -> dict[str, str]:
 
 @contextmanager
 def _mappers(env: dict[str, str], count: int):
-    """`count` processes of `manage.py embed_worker` running beside the served site, each
-    looking for work every 50 ms when idle; stopped by their own process ids on the way out."""
-    command = [sys.executable, "manage.py", "embed_worker", "--idle-sleep", "0.05"]
+    """`count` processes of `manage.py embed_worker` running beside the served site, idle as
+    deployed (their default sleep, an export's commit telling them to start); stopped by their
+    own process ids on the way out."""
+    command = [sys.executable, "manage.py", "embed_worker"]
     procs = []
     try:
         for _ in range(count):
