@@ -283,8 +283,8 @@ def select_window(*, context: Context, spec: WindowSpec) -> Selection:
         newest = _newest(context.pk, spec.k)
         n = len(newest)
         items = [
-            Selected(m, f"window: {n - i} of the last {spec.k} messages", counter(m))
-            for i, m in enumerate(newest)
+            Selected(m, f"window: {n - i} of the last {spec.k} messages", count)
+            for i, (m, count) in enumerate(zip(newest, counter.many(newest), strict=True))
         ]
         return Selection(selector="window", items=items, tokenizer=counter.name, scanned=n)
     if spec.semantics != "steamship":
@@ -334,7 +334,8 @@ def _steamship_window(*, context: Context, k: int, counter: _TokenCounter) -> Se
         elif seen_user and (is_function_selection(m) or is_function_result(m)):
             picked.append((m, "window: function call of an earlier turn (not counted)"))
     picked.reverse()
-    items = [Selected(m, reason, counter(m)) for m, reason in picked]
+    counts = counter.many([m for m, _ in picked])
+    items = [Selected(m, reason, n) for (m, reason), n in zip(picked, counts, strict=True)]
     return Selection(
         selector="window", items=items, tokenizer=counter.name, scanned=scanned, notes=notes
     )
@@ -434,9 +435,10 @@ def select_search(*, context: Context, spec: SearchSpec) -> Selection:
     if spec.order not in ("prompt", "rank"):
         raise Invalid("order must be 'prompt' or 'rank'")
     hits = result.hits if spec.order == "rank" else sorted(result.hits, key=lambda h: h.message.seq)
+    counts = counter.many([h.message for h in hits])
     items = [
-        Selected(h.message, f"search: rank {h.rank} ({h.explain})", counter(h.message), h.score)
-        for h in hits
+        Selected(h.message, f"search: rank {h.rank} ({h.explain})", n, h.score)
+        for h, n in zip(hits, counts, strict=True)
     ]
     return Selection(
         selector="search",
