@@ -11,11 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field, WrapValidator, model_validato
 from memory_app.new_message import NewMessage
 from memory_app.schemas.fields import (
     VECTOR_MODEL_DESCRIPTION,
-    BulkIn,
     ClientId,
     Id,
     JsonObject,
     JsonValue,
+    PlainIn,
     Role,
     Short,
     Tag,
@@ -105,7 +105,7 @@ MESSAGE_WITH_VECTOR_EXAMPLE = {
 }
 
 
-class MessageIn(BulkIn):
+class MessageIn(PlainIn):
     model_config = _examples(
         MESSAGE_IN_EXAMPLE,
         {
@@ -153,7 +153,7 @@ class MessageIn(BulkIn):
         )
 
 
-class MessageBatchIn(BulkIn):
+class MessageBatchIn(PlainIn):
     model_config = _examples(
         {"messages": [MESSAGE_IN_EXAMPLE]}, {"messages": [MESSAGE_WITH_VECTOR_EXAMPLE]}
     )

@@ -13,13 +13,13 @@ from memory_app.queries.dashboard import MAX_QUERY_CHARS
 from memory_app.queries.lists import MAX_LIMIT
 from memory_app.queries.runs_table import ORDERS as RUN_ORDERS
 from memory_app.schemas.fields import (
-    BulkIn,
     ClientId,
     FinishStatus,
     Int32,
     Int64,
     JsonObject,
     JsonValue,
+    PlainIn,
     Seconds,
     Short,
     Text,
@@ -247,7 +247,7 @@ class RunTableQuery(Schema):
     limit: int = Field(50, ge=1, le=MAX_LIMIT)
 
 
-class ToolCallIn(BulkIn):
+class ToolCallIn(PlainIn):
     call_id: Short(200) = ""
     name: Annotated[Short(200), Field(min_length=1)]
     arguments: JsonValue = None
@@ -256,7 +256,7 @@ class ToolCallIn(BulkIn):
     duration: Seconds | None = None
 
 
-class StepIn(BulkIn):
+class StepIn(PlainIn):
     client_id: ClientId | None = None
     kind: Kind
     step_number: Int32 | None = None
@@ -303,7 +303,7 @@ STEP_IN_EXAMPLE = {
 }
 
 
-class StepsIn(BulkIn):
+class StepsIn(PlainIn):
     model_config = _examples({"steps": [STEP_IN_EXAMPLE]})
     steps: list[StepIn] = Field(min_length=1, max_length=MAX_BATCH)
 

@@ -10,12 +10,12 @@ from pydantic import ConfigDict, Field
 
 from memory_app import errors, selectors
 from memory_app.errors import Invalid
-from memory_app.schemas.fields import FiniteFloat, Short, Text, Vector, _examples
+from memory_app.schemas.fields import FiniteFloat, PlainIn, Short, Text, Vector, _examples
 from memory_app.schemas.messages import MESSAGE_EXAMPLE, MessageOut, message_out
 from memory_app.search.messages import MAX_QUERY_CHARS
 
 
-class WindowOptionsIn(Schema):
+class WindowOptionsIn(PlainIn):
     """The composite selector's recent window: a `window` or a `token_window`."""
 
     kind: Literal["window", "token_window"] = "window"
@@ -38,7 +38,7 @@ class WindowOptionsIn(Schema):
         )
 
 
-class SelectIn(Schema):
+class SelectIn(PlainIn):
     model_config = ConfigDict(
         json_schema_extra={
             "examples": [
