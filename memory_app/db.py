@@ -251,11 +251,17 @@ def from_row(model, values, using: str = "default"):
     cached yet) instead of a descriptor call per field, unless something listens to the
     model's pre_init or post_init signals."""
     attnames, converters = _row_shape(model)
-    converted = [
-        v if convert is None or v is None else convert(v, None, connection)
-        for convert, v in zip(converters, values, strict=True)
-    ]
-    if pre_init.has_listeners(model) or post_init.has_listeners(model):
+    if len(values) != len(attnames):
+        raise ValueError(f"{len(values)} values for the {len(attnames)} fields of {model}")
+    converted = list(values)
+    for i, convert in converters:
+        if converted[i] is not None:
+            converted[i] = convert(converted[i], None, connection)
+    # When nothing listens to either signal (as here), their empty lists spare a lookup by
+    # sender for every row.
+    if (pre_init.receivers or post_init.receivers) and (
+        pre_init.has_listeners(model) or post_init.has_listeners(model)
+    ):
         return model.from_db(using, attnames, converted)
     obj = model.__new__(model)
     state = obj._state = ModelState()
@@ -265,19 +271,20 @@ def from_row(model, values, using: str = "default"):
     return obj
 
 
-_row_shapes: dict[type, tuple[list[str], list]] = {}
+_row_shapes: dict[type, tuple[list[str], list[tuple[int, Any]]]] = {}
 
 
-def _row_shape(model) -> tuple[list[str], list]:
-    """The model's concrete fields' attribute names and `from_db_value` converters (None where
-    a field has none), in `select_columns`' order. A JSON field without a decoder of its own is
-    read by orjson (`_json_value`)."""
+def _row_shape(model) -> tuple[list[str], list[tuple[int, Any]]]:
+    """The model's concrete fields' attribute names, in `select_columns`' order, and the
+    `from_db_value` converters of those that have one, with their place. A JSON field without a
+    decoder of its own is read by orjson (`_json_value`)."""
     shape = _row_shapes.get(model)
     if shape is None:
         fields = model._meta.concrete_fields
+        converters = [(i, _converter(f)) for i, f in enumerate(fields)]
         shape = _row_shapes[model] = (
             [f.attname for f in fields],
-            [_converter(f) for f in fields],
+            [(i, convert) for i, convert in converters if convert is not None],
         )
     return shape
 

@@ -389,6 +389,30 @@ def test_rows_read_without_the_orm_hold_the_json_the_orm_reads():
     assert repr(read.content) == repr(stored.content)
 
 
+@pytest.mark.django_db
+def test_a_row_read_without_the_orm_is_built_by_the_model_when_something_listens():
+    """With a post_init listener on the model, `db.from_row` builds the instance as the ORM
+    does (the listener sees it); without one, straight into its fields: the same values."""
+    from django.db.models.signals import post_init
+
+    [message] = messages_append(context=make_context(), items=[SENT]).messages
+    quick = _read_without_the_orm(message.pk)
+    seen = []
+
+    def listener(instance, **kwargs):
+        seen.append(instance)
+
+    post_init.connect(listener, sender=Message)
+    try:
+        built = _read_without_the_orm(message.pk)
+    finally:
+        post_init.disconnect(listener, sender=Message)
+    assert seen == [built]
+    assert {f.attname: getattr(built, f.attname) for f in Message._meta.concrete_fields} == {
+        f.attname: getattr(quick, f.attname) for f in Message._meta.concrete_fields
+    }
+
+
 def _read_without_the_orm(pk: int) -> Message:
     """A message read as the hot paths read it: its columns, then `db.from_row`."""
     from memory_app import db
