@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from django.apps import apps
 from django.contrib.auth.models import Group, User
 from django.db import connection
 
@@ -279,3 +280,37 @@ def prepared_plans(like: str) -> list[tuple[str, int, int]]:
             [like],
         )
         return cursor.fetchall()
+
+
+def context_tables() -> set[str]:
+    """The tables of a context's rows: those whose rows always carry a context (distributed by
+    it on Citus, docs/scale-out.md), the contexts themselves aside."""
+    return {
+        model._meta.db_table
+        for model in apps.get_app_config("memory_app").get_models()
+        for f in model._meta.concrete_fields
+        if f.attname == "context_id" and not f.null
+    }
+
+
+# A `context_id` condition naming a context: `= 7`, `IN (7, 8)`, or a correlated subquery's
+# `= ("memory_app_score"."context_id")`.
+NAMES_CONTEXT = r'\."context_id"\s*(?:IN\s*\(\d|=\s*(?:\d|\(?(?:"\w+"|[A-Z]\d+)\."context_id"))'
+
+
+def without_their_context(statements: list[str]) -> list[str]:
+    """Each of Django's statements (its quoted table names, its `U0` aliases) that reads,
+    updates or deletes a context's rows without naming their context: each table of context
+    rows it names (or that table's alias) needs a `context_id` condition: equal to a value or
+    to another row's `context_id` (a correlated subquery's), not to a context's id (a join of
+    `memory_app_context` names no context). The statements are the `sql` of what
+    `CaptureQueriesContext` captured (its parameters in place)."""
+    tables = "|".join(sorted(context_tables()))
+    named = re.compile(rf'\b(?:FROM|JOIN|UPDATE)\s+"({tables})"(?:\s+(?:AS\s+)?([A-Z]\d+)\b)?')
+    missing = []
+    for sql in statements:
+        for m in named.finditer(sql):
+            table = m.group(2) or f'"{m.group(1)}"'
+            if not re.search(rf"{re.escape(table)}{NAMES_CONTEXT}", sql):
+                missing.append(f"{m.group(1)}: {sql}")
+    return missing

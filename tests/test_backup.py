@@ -28,7 +28,7 @@ from memory_app.search.messages import search_messages
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.messages import messages_append
 from memory_app.services.runs import run_create, run_finish, steps_append
-from tests.builders import register_models, signed_backup
+from tests.builders import register_models, signed_backup, without_their_context
 
 pytestmark = pytest.mark.django_db
 
@@ -961,36 +961,6 @@ def test_an_import_finds_a_chunks_step_targets_in_one_query():
 # --- every statement on a context's rows names its context ----------------------------------
 
 
-def _context_tables() -> set[str]:
-    """The tables of a context's rows: those whose rows always carry a context (distributed by
-    it on Citus, docs/scale-out.md), the contexts themselves aside."""
-    from django.apps import apps
-
-    return {
-        model._meta.db_table
-        for model in apps.get_app_config("memory_app").get_models()
-        for f in model._meta.concrete_fields
-        if f.attname == "context_id" and not f.null
-    }
-
-
-def _without_their_context(statements: list[str]) -> list[str]:
-    """Each of Django's statements (its quoted table names, its `U0` aliases) that reads,
-    updates or deletes a context's rows without naming their context: each table of context
-    rows it names (or that table's alias) needs a `context_id` condition."""
-    import re
-
-    tables = "|".join(sorted(_context_tables()))
-    named = re.compile(rf'\b(?:FROM|JOIN|UPDATE)\s+"({tables})"(?:\s+(?:AS\s+)?([A-Z]\d+)\b)?')
-    missing = []
-    for sql in statements:
-        for m in named.finditer(sql):
-            table = m.group(2) or f'"{m.group(1)}"'
-            if not re.search(rf'{re.escape(table)}\."context_id"\s*(?:=|IN\b)', sql):
-                missing.append(f"{m.group(1)}: {sql}")
-    return missing
-
-
 def _merge_scenario():
     """A reviewed context (see `_reviewed`) with a vector and a memory whose sources are a step
     and a message, its export; then the store wiped and the context begun again here: its run
@@ -1053,7 +1023,7 @@ def test_an_import_reads_and_writes_a_contexts_rows_only_in_that_context():
     statements = [q["sql"] for q in queries.captured_queries]
     touched = " ".join(statements)
     assert all(f'"{t}"' in touched for t in ("memory_app_run", "memory_app_step"))
-    assert _without_their_context(statements) == []
+    assert without_their_context(statements) == []
 
 
 def test_an_export_reads_a_contexts_rows_only_in_that_context():
@@ -1072,7 +1042,7 @@ def test_an_export_reads_a_contexts_rows_only_in_that_context():
                 memory_versions=True,
             )
         )
-    assert _without_their_context([q["sql"] for q in queries.captured_queries]) == []
+    assert without_their_context([q["sql"] for q in queries.captured_queries]) == []
     [memory] = [
         json.loads(line) for line in again if '"type":"memory"' in line and "harbour report" in line
     ]
