@@ -17,7 +17,7 @@ from memory_app.models import AuditEvent, Context, Message, Step
 from memory_app.services import curation
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.curation import PruneFilter, messages_set_pruned, steps_set_pruned
-from memory_app.services.messages import message_edit, messages_append
+from memory_app.services.messages import message_edit, message_versions, messages_append
 from memory_app.services.runs import run_create, steps_append
 
 pytestmark = pytest.mark.django_db
@@ -230,7 +230,7 @@ def test_purge_removes_only_old_pruned_items_fixes_counters_and_scrubs_edit_text
         .filter(target_ids=[m1.pk])
         .exists()
     )
-    assert curation.message_versions(message_id=m1.pk) == []
+    assert message_versions(context_id=ctx.pk, message_id=m1.pk) == []
 
 
 # --- nothing is lost: random sequences of curation actions ------------------------------------
@@ -299,7 +299,7 @@ def test_no_sequence_of_curation_actions_loses_an_original_text(actions, roles):
     # text is either the current one or a "before" in the audit.
     for pk, text in originals.items():
         assert Message.objects.filter(pk=pk).exists()
-        assert text in [v.get("text") for v in curation.message_versions(message_id=pk)]
+        assert text in [v.get("text") for v in message_versions(context_id=ctx.pk, message_id=pk)]
     # ...and restoring everything brings every message back to the agent's view.
     pruned = list(
         Message.objects.filter(context=ctx, pruned_at__isnull=False).values_list("pk", flat=True)

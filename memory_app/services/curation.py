@@ -519,28 +519,6 @@ def _scrub_edits(*, target_type: str, ids: list[int]) -> None:
     ).update(before={"purged": True}, after={"purged": True})
 
 
-# --- recovering an original text --------------------------------------------------------------
-
-
-def message_versions(*, message_id: int) -> list[dict[str, Any]]:
-    """Every version of a message's text/tags the audit remembers, oldest first, then the current.
-
-    Used by the audit view ("before/after") and to prove nothing is lost.
-    """
-    events = (
-        AuditEvent.objects.filter(
-            action="edit", target_type="message", target_ids__contains=[message_id]
-        )
-        .filter(~Q(before__has_key="purged"))
-        .order_by("id")
-    )
-    versions = [e.before for e in events if e.before]
-    current = Message.objects.filter(pk=message_id).values("text", "tags", "metadata").first()
-    if current is not None:
-        versions.append(current)
-    return versions
-
-
 # Long-term memory curation (promote, edit, archive, merge, list) lives in memory_app.memories,
 # the one implementation the API uses too.
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connection, router, transaction
-from django.db.models import BooleanField, F
+from django.db.models import BooleanField, F, Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -23,6 +23,7 @@ from memory_app.db import copy_errors_as_django, gc_paused, lock_contexts
 from memory_app.embeddings import client_vectors, providers, queue
 from memory_app.errors import Conflict, Invalid, NotFound, differences
 from memory_app.models import (
+    AuditEvent,
     Context,
     Message,
     Run,
@@ -473,6 +474,27 @@ def messages_retag(
             note=note,
         )
     return [r.pk for r in changed]
+
+
+def message_versions(*, context_id: int, message_id: int) -> list[dict[str, Any]]:
+    """Every version of a message's text/tags the audit remembers, oldest first, then the current
+    (read in its context). What an edit kept, found again: nothing is lost until a purge."""
+    events = (
+        AuditEvent.objects.filter(
+            action="edit", target_type="message", target_ids__contains=[message_id]
+        )
+        .filter(~Q(before__has_key="purged"))
+        .order_by("id")
+    )
+    versions = [e.before for e in events if e.before]
+    current = (
+        Message.objects.filter(context_id=context_id, pk=message_id)
+        .values("text", "tags", "metadata")
+        .first()
+    )
+    if current is not None:
+        versions.append(current)
+    return versions
 
 
 def _unstorable(value: Any) -> bool:
