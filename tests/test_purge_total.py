@@ -6,11 +6,13 @@ retention."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -23,8 +25,10 @@ from memory_app.models import (
     Embedding,
     MemoryEmbedding,
     MemoryRecord,
+    Message,
     MessageSearch,
     Run,
+    Score,
     Step,
     TraceSpan,
 )
@@ -37,8 +41,15 @@ from memory_app.services.memories import (
     memory_purge,
 )
 from memory_app.services.messages import message_edit, messages_append
+from memory_app.services.scores import Target, comment_add, label_add, score_set
 from tests.api_helpers import make_key
-from tests.builders import make_context, make_user, register_models
+from tests.builders import (
+    make_context,
+    make_run,
+    make_user,
+    register_models,
+    without_their_context,
+)
 from tests.otlp_queue import map_queued
 
 pytestmark = pytest.mark.django_db
@@ -447,3 +458,136 @@ def test_a_span_of_a_purged_step_arriving_late_is_erased_on_arrival(writer):
     assert TraceSpan.objects.get(run=run, span_id=TOOL1).data == {"purged": True}
     assert not Step.objects.filter(run=run, client_id=STEP1).exists()
     assert tables_holding(SECRET) == []
+
+
+# --- every statement on a context's rows names its context ------------------------------------
+
+# The plain read by which a purge finds the contexts of the rows it was given (by their ids or
+# by when they were pruned): the one statement on their rows that cannot name a context.
+WHICH_CONTEXTS = re.compile(
+    r'^SELECT (?:DISTINCT )?"(memory_app_\w+)"\."context_id" AS "context_id" FROM "\1" WHERE'
+)
+
+
+def _annotated_contexts(writer) -> list[tuple[Context, Run]]:
+    """Two contexts, each with a run whose second step has a tool call, a message of that step
+    with a vector, a score, a label and a comment on that message, step and run, and a memory
+    made from them: the traced run's context (its steps made from spans) and a plain one."""
+    register_models(**{"inline-3": 3})
+    traced = traced_run(writer)
+    send(writer, SECOND)
+    plain = make_run(context=make_context(), steps=3)
+    out = []
+    for run in (traced, plain):
+        step = Step.objects.get(context_id=run.context_id, run=run, position=2)
+        assert step.tool_calls.exists()
+        [message] = messages_append(
+            context=run.context,
+            items=[
+                {
+                    "role": "assistant",
+                    "text": f"the word is {SECRET}",
+                    "run_id": run.pk,
+                    "step_id": step.pk,
+                    "vector": [1, 0, 0],
+                    "vector_model": "inline-3",
+                }
+            ],
+        ).messages
+        for row in (message, step, run):
+            target = Target.of(row)
+            score_set(actor=ACTOR, target=target, name="good", kind="numeric", value=1)
+            label_add(actor=ACTOR, target=target, name="seen")
+            comment_add(actor=ACTOR, target=target, text="noted")
+        _memory(run.context, f"made from {run.pk}", source_message_id=message.pk)
+        _memory(run.context, f"made from step {run.pk}", source_step_id=step.pk)
+        out.append((run.context, run))
+    return out
+
+
+def _statements(queries) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries]
+
+
+def _deleted_from(statements: list[str]) -> set[str]:
+    """The tables (`memory_app_` left off) these statements delete from."""
+    return {t for s in statements for t in re.findall(r'DELETE FROM "memory_app_(\w+)"', s)}
+
+
+def _without_context(statements: list[str]) -> list[str]:
+    """What `without_their_context` finds, the reads of which contexts aside."""
+    return without_their_context([s for s in statements if not WHICH_CONTEXTS.match(s)])
+
+
+def _prune_second_steps_and_messages(contexts) -> None:
+    for context, run in contexts:
+        step = Step.objects.get(context_id=context.pk, run=run, position=2)
+        curation.steps_set_pruned(run=run, ids=[step.pk], pruned=True, actor=ACTOR)
+        ids = list(Message.objects.filter(context=context).values_list("pk", flat=True))
+        curation.messages_set_pruned(context=context, ids=ids, pruned=True, actor=ACTOR)
+
+
+def test_a_purge_deletes_each_contexts_rows_and_what_they_take_along_in_that_context(writer):
+    """Every statement a purge sends on messages, runs, steps, tool calls, vectors, scores,
+    labels and comments names their context: the deletes and what they take along (Django's
+    cascade went by the parents' ids alone), the trace spans the steps came from, the tool
+    calls' edits. A store-wide purge finds its contexts first; a purge of one context names it
+    in every statement."""
+    contexts = _annotated_contexts(writer)
+    _prune_second_steps_and_messages(contexts)
+    (first, _), (second, _) = contexts
+    later = timezone.now() + timedelta(seconds=1)
+    with CaptureQueriesContext(connection) as one:
+        curation.pruned_purge(
+            older_than=later, confirmation=PURGE_CONFIRMATION, actor=ACTOR, context=first
+        )
+    assert without_their_context(_statements(one)) == []
+    assert not Message.objects.filter(context=first).exists()
+    assert Message.objects.filter(context=second).exists()
+    with CaptureQueriesContext(connection) as every:
+        events = curation.pruned_purge(
+            older_than=later, confirmation=PURGE_CONFIRMATION, actor=ACTOR
+        )
+    assert {(e.context_id, e.target_type) for e in events} == {
+        (second.pk, "message"),
+        (second.pk, "step"),
+    }
+    deleted = _deleted_from(_statements(one) + _statements(every))
+    assert deleted >= {"message", "step", "toolcall", "embedding", "score", "label", "comment"}
+    assert _without_context(_statements(every)) == []
+    assert tables_holding(SECRET) == []
+    assert not Score.objects.filter(step__isnull=False).exists()
+    assert Score.objects.filter(run__isnull=False, message=None, step=None).count() == 2
+    assert not MemoryRecord.objects.exclude(source_message=None, source_step=None).exists()
+
+
+def test_a_selected_purge_reads_and_deletes_each_contexts_rows_in_that_context(writer):
+    """The Django admin's purge names messages, steps and runs by their ids alone: their
+    contexts are read first, then every statement names one; retention's names the context of
+    what it purges, which every statement then names."""
+    contexts = _annotated_contexts(writer)
+    (first, first_run), (second, second_run) = contexts
+    in_first = {
+        "message_ids": list(Message.objects.filter(context=first).values_list("pk", flat=True)),
+        "run_ids": [first_run.pk],
+    }
+    with CaptureQueriesContext(connection) as retention:
+        curation.selected_purge(
+            **in_first, confirmation=PURGE_CONFIRMATION, actor=ACTOR, context_id=first.pk
+        )
+    assert without_their_context(_statements(retention)) == []
+    assert not Run.objects.filter(context=first).exists()
+    step = Step.objects.get(context_id=second.pk, run=second_run, position=2)
+    with CaptureQueriesContext(connection) as admin:
+        curation.selected_purge(
+            message_ids=list(Message.objects.filter(context=second).values_list("pk", flat=True)),
+            step_ids=[step.pk],
+            run_ids=[second_run.pk],
+            confirmation=PURGE_CONFIRMATION,
+            actor=ACTOR,
+        )
+    assert _without_context(_statements(admin)) == []
+    deleted = _deleted_from(_statements(retention) + _statements(admin))
+    assert deleted >= {"message", "run", "step", "toolcall", "tracespan", "embedding", "score"}
+    assert not Run.objects.filter(context__in=[first, second]).exists()
+    assert not Score.objects.exists() and tables_holding(SECRET) == []

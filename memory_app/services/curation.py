@@ -27,8 +27,8 @@ from memory_app.models import (
     Run,
     Step,
     ToolCall,
-    TraceSpan,
 )
+from memory_app.services.context_delete import delete_in_context
 from memory_app.services.messages import message_edit
 from memory_app.services.runs import runs_recount
 from memory_app.services.traces import trace_steps_purge
@@ -332,33 +332,42 @@ def pruned_purge(
 
 
 def selected_purge(
-    *, message_ids=(), step_ids=(), run_ids=(), confirmation: str, actor: Actor, note: str = ""
+    *,
+    message_ids=(),
+    step_ids=(),
+    run_ids=(),
+    confirmation: str,
+    actor: Actor,
+    note: str = "",
+    context_id: int | None = None,
 ) -> list[AuditEvent]:
     """Delete for good these messages, steps and runs, pruned or not (Django admin's delete).
 
     The same typed confirmation as `pruned_purge`, the same counters kept and edits scrubbed.
-    A run goes with its steps and the trace spans it was made from.
+    A run goes with its steps and the trace spans it was made from. With `context_id`, all of
+    them are that context's (their reads name it); without, their contexts are read first.
     """
     if (confirmation or "").strip() != PURGE_CONFIRMATION:
         raise Invalid(f"type {PURGE_CONFIRMATION!r} to confirm the purge")
     run_ids = list(run_ids)
+    of = {} if context_id is None else {"context_id": context_id}
     with transaction.atomic():
         events = _purge(
-            Message.objects.filter(pk__in=list(message_ids)),
-            Step.objects.filter(Q(pk__in=list(step_ids)) | Q(run_id__in=run_ids)),
+            Message.objects.filter(pk__in=list(message_ids), **of),
+            Step.objects.filter(Q(pk__in=list(step_ids)) | Q(run_id__in=run_ids), **of),
             actor=actor,
             after={"selected": True},
             what="",
             note=note,
         )
-        return events + _purge_runs(run_ids, actor=actor, note=note)
+        runs = Run.objects.filter(pk__in=run_ids, **of)
+        return events + _purge_runs(runs, actor=actor, note=note)
 
 
-def _purge_runs(run_ids: list[int], *, actor: Actor, note: str) -> list[AuditEvent]:
+def _purge_runs(found: QuerySet[Run], *, actor: Actor, note: str) -> list[AuditEvent]:
     """Delete these runs (their steps already purged) with their trace spans and tool calls,
     keep their contexts' run counts, scrub their edit events; one purge event per context."""
     # Found by a plain read, then locked one context's runs per statement (as `_purge` does).
-    found = Run.objects.filter(pk__in=run_ids)
     per_context: dict[int, list[int]] = {}
     for context_id in sorted(set(found.order_by().values_list("context_id", flat=True))):
         per_context[context_id] = list(
@@ -372,8 +381,9 @@ def _purge_runs(run_ids: list[int], *, actor: Actor, note: str) -> list[AuditEve
     for context_id, ids in sorted(per_context.items()):
         if not ids:
             continue
-        TraceSpan.objects.filter(context_id=context_id, run_id__in=ids).delete()
-        Run.objects.filter(context_id=context_id, pk__in=ids).delete()
+        # Their trace spans, scores, labels and comments go along; their messages and the
+        # memories made from them lose them.
+        delete_in_context(Run, context_id=context_id, ids=ids)
         admin_log_forget(Run, ids)
         Context.objects.filter(pk=context_id).update(run_count=F("run_count") - len(ids))
         _scrub_edits(target_type="run", ids=ids)
@@ -426,84 +436,95 @@ def _purge(
     messages: QuerySet, steps: QuerySet, *, actor: Actor, after: dict, what: str, note: str = ""
 ) -> list[AuditEvent]:
     """Delete these messages and steps (in the caller's transaction), keep the counters of their
-    contexts and runs, scrub the text from their edit events, audit one purge per context/run."""
-    events: list[AuditEvent] = []
+    contexts and runs, scrub the text from their edit events, audit one purge per context/run.
+    Every statement on their rows names their context."""
     rows, step_rows = _lock_purged(messages, steps)
     why = f" ({note})" if note else ""
-    if rows:
-        ids = [pk for pk, _, _ in rows]
-        per_context: dict[int, list[int]] = {}
-        for _pk, context_id, count in rows:
-            agg = per_context.setdefault(context_id, [0, 0])
-            agg[0] += 1
-            agg[1] += count
-        Message.objects.filter(pk__in=ids).delete()
-        admin_log_forget(Message, ids)
-        for context_id, (n, tokens) in per_context.items():
-            Context.objects.filter(pk=context_id).update(
-                message_count=F("message_count") - n, token_count=F("token_count") - tokens
-            )
-        _scrub_edits(target_type="message", ids=ids)
-        for context_id in per_context:
-            ctx_ids = [pk for pk, c, _ in rows if c == context_id]
-            events.append(
-                audit_record(
-                    actor=actor,
-                    action="purge",
-                    target_type="message",
-                    target_ids=ctx_ids,
-                    context_id=context_id,
-                    after={**after, "count": len(ctx_ids)},
-                    note=f"purged {len(ctx_ids)} {what}messages{why}",
-                )
-            )
-    if step_rows:
-        per_run: dict[tuple[int, int], list[int]] = {}
-        for pk, run_id, context_id, _ in step_rows:
-            per_run.setdefault((run_id, context_id), []).append(pk)
-        step_ids = [r[0] for r in step_rows]
-        # Every copy of the steps' text: the trace spans they were made from (else the trace's
-        # next span makes them again), their own and their tool calls' edit events.
-        client_ids: dict[int, list[str]] = {}
-        for _pk, run_id, _, client_id in step_rows:
-            if client_id:
-                client_ids.setdefault(run_id, []).append(client_id)
-        for run in Run.objects.filter(pk__in=list(client_ids)):
-            trace_steps_purge(run=run, client_ids=client_ids[run.pk])
-        _scrub_edits(
-            target_type="toolcall",
-            ids=list(ToolCall.objects.filter(step_id__in=step_ids).values_list("pk", flat=True)),
+    events = _purge_messages(rows, actor=actor, after=after, what=f"{what}messages{why}")
+    return events + _purge_steps(step_rows, actor=actor, after=after, what=what, why=why)
+
+
+def _purge_messages(rows: list, *, actor: Actor, after: dict, what: str) -> list[AuditEvent]:
+    """Delete these (pk, context, tokens) messages, one context at a time."""
+    per_context: dict[int, list[tuple[int, int]]] = {}
+    for pk, context_id, tokens in rows:
+        per_context.setdefault(context_id, []).append((pk, tokens))
+    events = []
+    for context_id, found in per_context.items():
+        ids = [pk for pk, _ in found]
+        # Their vectors, scores, labels and comments go along; memories made from them lose them.
+        delete_in_context(Message, context_id=context_id, ids=ids)
+        Context.objects.filter(pk=context_id).update(
+            message_count=F("message_count") - len(ids),
+            token_count=F("token_count") - sum(tokens for _, tokens in found),
         )
-        _scrub_edits(target_type="step", ids=step_ids)
-        _clear_run_copies(step_ids)
-        Step.objects.filter(pk__in=step_ids).delete()
-        admin_log_forget(Step, step_ids)
-        # The run's counters, models and cost lose what the purged steps brought.
-        runs_recount(runs=[(context_id, run_id) for run_id, context_id in per_run])
-        for (run_id, context_id), ids in per_run.items():
-            events.append(
-                audit_record(
-                    actor=actor,
-                    action="purge",
-                    target_type="step",
-                    target_ids=ids,
-                    context_id=context_id,
-                    after={**after, "count": len(ids), "run": run_id},
-                    note=f"purged {len(ids)} {what}steps of run {run_id}{why}",
-                )
+        events.append(
+            audit_record(
+                actor=actor,
+                action="purge",
+                target_type="message",
+                target_ids=ids,
+                context_id=context_id,
+                after={**after, "count": len(ids)},
+                note=f"purged {len(ids)} {what}",
             )
+        )
+    ids = [pk for pk, _, _ in rows]
+    admin_log_forget(Message, ids)
+    _scrub_edits(target_type="message", ids=ids)
     return events
 
 
-def _clear_run_copies(step_ids: list[int]) -> None:
+def _purge_steps(
+    step_rows: list, *, actor: Actor, after: dict, what: str, why: str
+) -> list[AuditEvent]:
+    """Delete these (pk, run, context, client id) steps, one context at a time."""
+    per_context: dict[int, list[int]] = {}
+    per_run: dict[tuple[int, int], list[int]] = {}
+    client_ids: dict[tuple[int, int], list[str]] = {}
+    for pk, run_id, context_id, client_id in step_rows:
+        per_context.setdefault(context_id, []).append(pk)
+        per_run.setdefault((run_id, context_id), []).append(pk)
+        if client_id:
+            client_ids.setdefault((run_id, context_id), []).append(client_id)
+    for context_id, ids in per_context.items():
+        # Every copy of the steps' text: the trace spans they were made from (else the trace's
+        # next span makes them again), their own and their tool calls' edit events.
+        traced = [run_id for run_id, c in client_ids if c == context_id]
+        for run in Run.objects.filter(context_id=context_id, pk__in=traced):
+            trace_steps_purge(run=run, client_ids=client_ids[run.pk, context_id])
+        calls = ToolCall.objects.filter(context_id=context_id, step_id__in=ids).order_by()
+        _scrub_edits(target_type="toolcall", ids=list(calls.values_list("pk", flat=True)))
+        _clear_run_copies(context_id, ids)
+        # Their tool calls, scores, labels and comments go along; messages and memories made
+        # from them lose them.
+        delete_in_context(Step, context_id=context_id, ids=ids)
+    step_ids = [r[0] for r in step_rows]
+    _scrub_edits(target_type="step", ids=step_ids)
+    admin_log_forget(Step, step_ids)
+    # The run's counters, models and cost lose what the purged steps brought.
+    runs_recount(runs=[(context_id, run_id) for run_id, context_id in per_run])
+    return [
+        audit_record(
+            actor=actor,
+            action="purge",
+            target_type="step",
+            target_ids=ids,
+            context_id=context_id,
+            after={**after, "count": len(ids), "run": run_id},
+            note=f"purged {len(ids)} {what}steps of run {run_id}{why}",
+        )
+        for (run_id, context_id), ids in per_run.items()
+    ]
+
+
+def _clear_run_copies(context_id: int, step_ids: list[int]) -> None:
     """A run's `task` and `final_answer` are copies of its task and final-answer steps' text:
     they go with the step when they are still the same text."""
-    copies = Step.objects.filter(pk__in=step_ids).filter(
+    copies = Step.objects.filter(context_id=context_id, pk__in=step_ids).filter(
         Q(kind="task", task__gt="") | Q(is_final_answer=True, action_output__isnull=False)
     )
-    for run_id, context_id, kind, task, output in copies.values_list(
-        "run_id", "context_id", "kind", "task", "action_output"
-    ):
+    for run_id, kind, task, output in copies.values_list("run_id", "kind", "task", "action_output"):
         run = Run.objects.filter(pk=run_id, context_id=context_id)
         if kind == "task":
             run.filter(task=task).update(task="")

@@ -211,7 +211,11 @@ def _messages_of(policy: RetentionPolicy, context_id: int, batch_size: int) -> i
     )
     if ids:
         selected_purge(
-            message_ids=ids, confirmation=PURGE_CONFIRMATION, actor=RETENTION, note=_why(policy)
+            message_ids=ids,
+            confirmation=PURGE_CONFIRMATION,
+            actor=RETENTION,
+            note=_why(policy),
+            context_id=context_id,
         )
     return len(ids)
 
@@ -224,7 +228,11 @@ def _runs_of(policy: RetentionPolicy, context_id: int, batch_size: int) -> int:
     )
     if ids:
         selected_purge(
-            run_ids=ids, confirmation=PURGE_CONFIRMATION, actor=RETENTION, note=_why(policy)
+            run_ids=ids,
+            confirmation=PURGE_CONFIRMATION,
+            actor=RETENTION,
+            note=_why(policy),
+            context_id=context_id,
         )
     return len(ids)
 
