@@ -7,6 +7,8 @@ import itertools
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,8 +19,14 @@ from memory_app.models import AuditEvent, Context, Message, Step
 from memory_app.services import curation
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.curation import PruneFilter, messages_set_pruned, steps_set_pruned
-from memory_app.services.messages import message_edit, message_versions, messages_append
+from memory_app.services.messages import (
+    message_edit,
+    message_versions,
+    messages_append,
+    messages_retag,
+)
 from memory_app.services.runs import run_create, steps_append
+from tests.builders import without_their_context
 
 pytestmark = pytest.mark.django_db
 
@@ -163,6 +171,36 @@ def test_undo_of_a_restore_prunes_again_and_step_prunes_undo_too():
     curation.audit_undo(event=prune, actor=ACTOR)
     step.refresh_from_db()
     assert step.pruned_at is None
+
+
+def test_prunes_restores_undos_and_retags_name_the_context_of_the_rows_they_touch():
+    """A message's and a step's prune and restore, a bulk prune, their undos, an edit's undo,
+    the versions of a message and a retag of messages: every statement on their rows names
+    their context (on Citus, their shard alone); they went by id alone."""
+    ctx = make_context(SAMPLE)
+    first = Message.objects.get(context=ctx, seq=1)
+    run, _ = run_create(context=ctx, task="t")
+    step = steps_append(run=run, items=[{"kind": "action", "observations": "obs"}]).steps[0]
+    flt = PruneFilter(text="weather")
+    with CaptureQueriesContext(connection) as queries:
+        preview = curation.bulk_prune_preview(context=ctx, flt=flt)
+        bulk = curation.bulk_prune_apply(
+            context=ctx, flt=flt, upto_seq=preview.upto_seq, expected_count=2, actor=ACTOR
+        )
+        curation.audit_undo(event=bulk, actor=ACTOR)
+        message_edit(message=first, actor=ACTOR, text="changed")
+        edit = AuditEvent.objects.filter(action="edit", target_ids=[first.pk]).latest("id")
+        curation.audit_undo(event=edit, actor=ACTOR)
+        _, prune = steps_set_pruned(run=run, ids=[step.pk], pruned=True, actor=ACTOR)
+        curation.audit_undo(event=prune, actor=ACTOR)
+        versions = message_versions(context_id=ctx.pk, message_id=first.pk)
+        messages_retag(context=ctx, tags_by_id={first.pk: ["marked"]}, actor=ACTOR)
+    assert [v["text"] for v in versions] == ["hello weather", "changed", "hello weather"]
+    assert live_ids(ctx) == set(Message.objects.filter(context=ctx).values_list("pk", flat=True))
+    assert Message.objects.get(pk=first.pk).tags == ["marked"]
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert sum('UPDATE "memory_app_message"' in s for s in statements) >= 3
+    assert without_their_context(statements) == []
 
 
 def test_events_that_cannot_be_undone_say_so():

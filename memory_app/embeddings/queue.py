@@ -39,10 +39,11 @@ def enqueue_memory_records(records: list[MemoryRecord], *, model: str | None = N
     )
 
 
-def _stale(qs, retries) -> None:
+def _stale(qs, retries, **of) -> None:
     # The embedding rows first, then their retries: the worker's order (no deadlock with it).
+    # A message's retries are read in its context (`of`), as its vectors are.
     qs.update(vector=None)
-    retries.objects.filter(embedding__in=qs).delete()
+    retries.objects.filter(embedding__in=qs, **of).delete()
 
 
 def requeue_message(message: Message) -> None:
@@ -55,7 +56,7 @@ def requeue_message(message: Message) -> None:
         ignore_conflicts=True,
     )
     waiting.delete()
-    _stale(Embedding.objects.filter(**of), EmbeddingRetry)
+    _stale(Embedding.objects.filter(**of), EmbeddingRetry, context_id=message.context_id)
     enqueue_messages([message])
 
 

@@ -162,7 +162,9 @@ def bulk_prune_apply(
             )
         if not ids:
             raise Invalid("the filter matches no live message")
-        Message.objects.filter(pk__in=ids).update(pruned_at=timezone.now(), pruned_by=actor.label)
+        Message.objects.filter(context=context, pk__in=ids).update(
+            pruned_at=timezone.now(), pruned_by=actor.label
+        )
         return audit_record(
             actor=actor,
             action="bulk_prune",
@@ -229,7 +231,7 @@ def audit_undo(*, event: AuditEvent, actor: Actor) -> AuditEvent | None:
 
 
 def _undo_messages(*, event: AuditEvent, actor: Actor, note: str) -> AuditEvent | None:
-    existing = Message.objects.filter(pk__in=event.target_ids)
+    existing = Message.objects.filter(context_id=event.context_id, pk__in=event.target_ids)
     if event.action == "edit":
         message = existing.first()
         if message is None:
@@ -272,14 +274,15 @@ def _undo_messages(*, event: AuditEvent, actor: Actor, note: str) -> AuditEvent 
 
 def _undo_steps(*, event: AuditEvent, actor: Actor, note: str) -> AuditEvent | None:
     by_run: dict[int, list[int]] = {}
-    for pk, run_id in Step.objects.filter(pk__in=event.target_ids).values_list("pk", "run_id"):
+    steps = Step.objects.filter(context_id=event.context_id, pk__in=event.target_ids)
+    for pk, run_id in steps.values_list("pk", "run_id"):
         by_run.setdefault(run_id, []).append(pk)
     if not by_run:
         raise NotFound("every step of this event was purged")
     last = None
     for run_id, ids in by_run.items():
         _, ev = steps_set_pruned(
-            run=Run.objects.get(pk=run_id),
+            run=Run.objects.get(context_id=event.context_id, pk=run_id),
             ids=ids,
             pruned=event.action == "restore",
             actor=actor,
@@ -594,11 +597,13 @@ def _set_pruned(*, model, scope, ids, pruned, actor, context_id, note):
         if not changing:
             return [], None
         if pruned:
-            model.objects.filter(pk__in=changing).update(
+            model.objects.filter(context_id=context_id, pk__in=changing).update(
                 pruned_at=timezone.now(), pruned_by=actor.label
             )
         else:
-            model.objects.filter(pk__in=changing).update(pruned_at=None, pruned_by="")
+            model.objects.filter(context_id=context_id, pk__in=changing).update(
+                pruned_at=None, pruned_by=""
+            )
         event = audit_record(
             actor=actor,
             action="prune" if pruned else "restore",

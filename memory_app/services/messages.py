@@ -462,7 +462,7 @@ def messages_retag(
         before = {str(r.pk): list(r.tags) for r in changed}
         for r in changed:
             r.tags = list(tags_by_id[r.pk])
-        Message.objects.bulk_update(changed, ["tags"])
+        Message.objects.filter(context=context).bulk_update(changed, ["tags"])
         audit_record(
             actor=actor,
             action="edit",
