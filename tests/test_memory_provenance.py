@@ -10,16 +10,19 @@ import importlib
 import pytest
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from memory_app.audit import Actor
 from memory_app.backup.export import export_lines
 from memory_app.backup.restore import import_lines
+from memory_app.errors import NotFound
 from memory_app.memories import Scope
 from memory_app.models import Context, MemoryRecord, MemoryVersion, Message, Step
 from memory_app.services.memories import memories_record
+from memory_app.services.messages import messages_append
 from tests.api_helpers import append, make_key, new_context
-from tests.builders import make_context, make_run, make_user
+from tests.builders import make_context, make_run, make_user, without_their_context
 from tests.test_mcp import Session, _secret
 
 pytestmark = pytest.mark.django_db
@@ -99,6 +102,34 @@ def test_sources_must_exist_be_visible_and_be_of_one_context(agent, source, stat
     assert response.status_code == status, response.content
     assert words in response.json()["detail"]
     assert MemoryRecord.objects.count() == before
+
+
+def test_a_context_scopes_sources_are_read_in_that_context(agent):
+    """A memory of one context names its message, step and run: each is read in that context
+    (on Citus, its shard alone), where they went by id alone; one of another context is not
+    found there."""
+    _api, context, run, other = agent
+    step = _step(run, 2)
+    [message] = messages_append(
+        context=context, items=[{"role": "user", "text": "tea", "run_id": run.pk}]
+    ).messages
+    sources = {"source_message_id": message.pk, "source_step_id": step.pk, "source_run_id": run.pk}
+    with CaptureQueriesContext(connection) as queries:
+        [recorded] = memories_record(
+            scope=Scope(context=context),
+            items=[{"content": "Ada drinks tea", **sources}],
+            actor=Actor.system("test"),
+        )
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert all(any(f'"memory_app_{t}"' in s for s in statements) for t in ("message", "step"))
+    assert without_their_context(statements) == []
+    assert (recorded.record.source_step_id, recorded.record.source_run_id) == (step.pk, run.pk)
+    with pytest.raises(NotFound, match=f"step {_step(other, 2).pk} not found"):
+        memories_record(
+            scope=Scope(context=context),
+            items=[{"content": "Ada naps", "source_step_id": _step(other, 2).pk}],
+            actor=Actor.system("test"),
+        )
 
 
 @pytest.mark.django_db(transaction=True)

@@ -58,19 +58,9 @@ def _source_run(
     a context the scope covers (no pointing into other tenants: 404 as if absent), and together
     they name one context, the step one of the run's. Without a run, the step's run, else the
     message's, is the source run."""
-    message = step = run = None
-    if message_id is not None:
-        message = Message.objects.select_related("context").filter(pk=message_id).first()
-        if message is None or not scope.covers(message.context):
-            raise NotFound(f"message {message_id} not found in this scope")
-    if step_id is not None:
-        step = Step.objects.select_related("run__context").filter(pk=step_id).first()
-        if step is None or not scope.covers(step.run.context):
-            raise NotFound(f"step {step_id} not found in this scope")
-    if run_id is not None:
-        run = Run.objects.select_related("context").filter(pk=run_id).first()
-        if run is None or not scope.covers(run.context):
-            raise NotFound(f"run {run_id} not found in this scope")
+    message = _source(Message, message_id, scope)
+    step = _source(Step, step_id, scope)
+    run = _source(Run, run_id, scope)
     if step is not None and run is not None and step.run_id != run.pk:
         raise Invalid(f"step {step.pk} is not a step of run {run.pk}")
     if len({s.context_id for s in (message, step, run) if s is not None}) > 1:
@@ -80,6 +70,23 @@ def _source_run(
     if step is not None:
         return step.run_id
     return message.run_id if message is not None else None
+
+
+def _source(model, pk: int | None, scope: Scope):
+    """The row `pk` of `model` (a message, step or run) in a context the scope covers, else
+    NotFound. A context's scope reads it in that context (on Citus, on its shard alone); a key
+    subset's covers contexts that only the row's own context tells, so it is read by its id."""
+    if pk is None:
+        return None
+    rows = model.objects.filter(pk=pk)
+    if scope.context is not None:
+        row = rows.filter(context_id=scope.context.pk).first()
+    else:
+        row = rows.select_related("context").first()
+        row = row if row is not None and scope.covers(row.context) else None
+    if row is None:
+        raise NotFound(f"{model._meta.model_name} {pk} not found in this scope")
+    return row
 
 
 def _origin(actor: Actor) -> dict[str, Any]:
