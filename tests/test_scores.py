@@ -9,13 +9,21 @@ import io
 import json
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from memory_app.audit import Actor
-from memory_app.models import AuditEvent, Message, Score, Step
+from memory_app.models import AuditEvent, Label, Message, Score, Step
 from memory_app.queries.runs_table import BadQuery, RunFilters, runs_table
-from memory_app.services.scores import Target, label_add, score_set
+from memory_app.services.scores import (
+    Target,
+    label_add,
+    label_remove,
+    score_delete,
+    score_set,
+)
 from tests.api_helpers import make_key
-from tests.builders import make_context, make_run, make_user
+from tests.builders import make_context, make_run, make_user, without_their_context
 
 pytestmark = pytest.mark.django_db
 
@@ -193,3 +201,22 @@ def test_a_reviewer_keeps_one_score_per_name_and_its_change_is_audited(runs):
     change = AuditEvent.objects.get(action="score_set")
     assert (change.before["value"], change.after["value"]) == (True, False)
     assert change.context_id == run.context_id
+
+
+def test_a_score_and_a_label_are_removed_in_their_context(runs):
+    """A score's deletion and a label's removal name their context (on Citus, its shard
+    alone): they went by the row's id alone."""
+    run, other = runs
+    reviewer = Actor.for_user(make_user(role="curator"))
+    kept = score_set(actor=reviewer, target=Target.of(other), name="ok", kind="boolean", value=True)
+    score = score_set(actor=reviewer, target=Target.of(run), name="ok", kind="boolean", value=True)
+    label_add(actor=reviewer, target=Target.of(run), name="seen")
+    label_add(actor=reviewer, target=Target.of(other), name="seen")
+    with CaptureQueriesContext(connection) as queries:
+        score_delete(actor=reviewer, context_id=run.context_id, score_id=score.pk)
+        label_remove(actor=reviewer, target=Target.of(run), name="seen")
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert sum(s.startswith("DELETE") for s in statements) == 2
+    assert without_their_context(statements) == []
+    assert list(Score.objects.values_list("pk", flat=True)) == [kept.pk]
+    assert list(Label.objects.values_list("run_id", flat=True)) == [other.pk]

@@ -224,7 +224,7 @@ def score_delete(*, actor: Actor, context_id: int, score_id: int) -> None:
             context_id=context_id,
             before=score_snapshot(row),
         )
-        row.delete()
+        Score.objects.filter(context_id=context_id, pk=row.pk).delete()
 
 
 def label_add(*, actor: Actor, target: Target, name: Any) -> Label:
@@ -260,7 +260,7 @@ def label_remove(*, actor: Actor, target: Target, name: Any) -> None:
             context_id=target.context_id,
             before={"target": target.kind, "target_id": label.target_id, "name": name},
         )
-        label.delete()
+        Label.objects.filter(context_id=target.context_id, pk=label.pk).delete()
 
 
 def comment_add(*, actor: Actor, target: Target, text: Any) -> Comment:
