@@ -1088,3 +1088,31 @@ def test_an_export_names_a_key_subset_memorys_source_in_another_context():
     ]
     [memory] = [r for r in lines if r["type"] == "memory"]
     assert memory["source_message"] == {"context": there.keys_digest, "seq": 1}
+
+
+@pytest.mark.django_db
+def test_a_memory_made_from_a_run_begun_during_the_export_is_still_exported():
+    """The export reads as it goes (no snapshot): a run, its step and a memory made from the
+    step while it streams the messages reach the memories with the run not written. The memory
+    is exported with its source read as one outside the context; the stream runs to its end."""
+    from memory_app.audit import Actor
+    from memory_app.backup.export import export_records
+    from memory_app.services.memories import memories_record
+
+    ctx, _ = context_get_or_create(keys={"user": "race"})
+    messages_append(context=ctx, items=[{"role": "user", "text": "hi"}])
+    records = []
+    for record in export_records(contexts=contexts_matching(context_ids=[ctx.pk])):
+        records.append(record)
+        if record["type"] == "message":  # an agent writes meanwhile
+            run, _ = run_create(context=ctx, client_id="late", task="t")
+            [step] = steps_append(run=run, items=[{"kind": "action", "observations": "o"}]).steps
+            memories_record(
+                scope=memories.Scope(context=ctx),
+                items=[{"content": "late memory", "source_step_id": step.pk}],
+                actor=Actor.system("test"),
+            )
+    assert [r["type"] for r in records] == ["header", "context", "message", "memory"]
+    assert records[-1]["content"] == "late memory"
+    assert records[-1]["source_step"]["run"]["client_id"] == "late"
+    assert records[-1]["source_step"]["position"] == 1
