@@ -591,3 +591,29 @@ def test_a_selected_purge_reads_and_deletes_each_contexts_rows_in_that_context(w
     assert deleted >= {"message", "run", "step", "toolcall", "tracespan", "embedding", "score"}
     assert not Run.objects.filter(context__in=[first, second]).exists()
     assert not Score.objects.exists() and tables_holding(SECRET) == []
+
+
+@pytest.mark.parametrize(
+    ("on_delete", "own_table"),
+    [("PROTECT", False), ("RESTRICT", False), ("SET_DEFAULT", False), ("CASCADE", True)],
+)
+def test_a_context_delete_refuses_what_only_djangos_collector_follows(on_delete, own_table):
+    """A relation the context's delete does not follow as Django would (a protection, a
+    default, a cascade within one table, which may cycle) is refused before any statement."""
+    from types import SimpleNamespace
+
+    from django.db import models
+
+    from memory_app.services import context_delete
+
+    related = Message if own_table else MemoryRecord
+    field = SimpleNamespace(
+        name="x",
+        attname="x_id",
+        model=related,
+        remote_field=SimpleNamespace(on_delete=getattr(models, on_delete)),
+    )
+    relation = SimpleNamespace(field=field, related_model=related, model=Message)
+    with CaptureQueriesContext(connection) as sent, pytest.raises(TypeError):
+        context_delete._take_along(relation, context_id=1, ids=[1])
+    assert not sent.captured_queries

@@ -40,6 +40,13 @@ def _take_along(relation, *, context_id: int, ids: list[int]) -> None:
     on_delete = field.remote_field.on_delete
     if on_delete is models.DO_NOTHING:
         return
+    if on_delete not in (models.CASCADE, models.SET_NULL):
+        # PROTECT, RESTRICT, SET_DEFAULT, SET(...): Django's collector is the one to follow.
+        raise TypeError(f"{related.__name__}.{field.name}: on_delete {on_delete.__name__}")
+    if related is relation.model and on_delete is models.CASCADE:
+        # Rows that cascade to rows of their own table may form a cycle, which only the
+        # collector's memory of what it took stops.
+        raise TypeError(f"{related.__name__}.{field.name}: a cascade within its own table")
     rows = related._base_manager.filter(**{f"{field.attname}__in": ids})
     if not _of_contexts(related):
         # A table kept off the shards: its rows are found by the ids wherever they are.
@@ -51,8 +58,6 @@ def _take_along(relation, *, context_id: int, ids: list[int]) -> None:
     rows = rows.filter(context_id=context_id)
     if on_delete is models.SET_NULL:
         rows.update(**{field.attname: None})
-    elif on_delete is not models.CASCADE:
-        raise TypeError(f"{related.__name__}.{field.name}: on_delete {on_delete.__name__}")
     elif _leaf(related):
         _without_receivers(related)
         rows._raw_delete(rows.db)
