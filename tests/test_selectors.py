@@ -469,6 +469,10 @@ def test_search_answers_in_rank_order_with_scores_when_asked(db, settings):
         ({"selector": "search", "query": "x", "mode": "semantic"}, 422),
         ({"selector": "search", "query": "", "mode": "keyword"}, 422),
         ({"selector": "teleport", "k": 1}, 422),
+        # Not an object where one is asked for (a window that is not one was a default window).
+        ({"selector": "composite", "window": "abc"}, 422),
+        ({"selector": "composite", "window": [2]}, 422),
+        (["window", 2], 422),
     ],
 )
 def test_select_endpoint_refuses_bad_options_with_422(db, settings, body, status):
