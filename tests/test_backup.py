@@ -1116,3 +1116,37 @@ def test_a_memory_made_from_a_run_begun_during_the_export_is_still_exported():
     assert records[-1]["content"] == "late memory"
     assert records[-1]["source_step"]["run"]["client_id"] == "late"
     assert records[-1]["source_step"]["position"] == 1
+
+
+@pytest.mark.django_db
+def test_a_message_written_with_its_run_and_step_during_the_export_keeps_them(monkeypatch):
+    """A message appended with a new run and step after the export wrote the context's runs and
+    read its steps (the export reads as it goes) is exported naming both."""
+    from memory_app.backup import export
+
+    ctx, _ = context_get_or_create(keys={"user": "late-step"})
+    messages_append(context=ctx, items=[{"role": "user", "text": "first"}])
+    read_steps = export._steps_of
+    late = []
+
+    def steps_then_an_agent_writes(context_id, pks=None):
+        found = read_steps(context_id, pks)
+        if pks is None and not late:
+            run, _ = run_create(context=ctx, client_id="late-run", task="t")
+            [step] = steps_append(run=run, items=[{"kind": "action"}]).steps
+            late.append(
+                messages_append(
+                    context=ctx,
+                    items=[
+                        {"role": "assistant", "text": "late", "run_id": run.pk, "step_id": step.pk}
+                    ],
+                ).messages[0]
+            )
+        return found
+
+    monkeypatch.setattr(export, "_steps_of", steps_then_an_agent_writes)
+    records = list(export.export_records(contexts=contexts_matching(context_ids=[ctx.pk])))
+    [message] = [r for r in records if r["type"] == "message" and r["text"] == "late"]
+    assert message["run"]["client_id"] == "late-run"
+    assert message["step"]["run"]["client_id"] == "late-run"
+    assert message["step"]["position"] == 1

@@ -166,13 +166,26 @@ def _message_records(
             "context": ctx.keys_digest,
             **dump_fields(msg, MESSAGE_FIELDS),
         }
-        record["run"] = run_refs.get(msg.run_id) if msg.run_id else None
-        record["step"] = (
-            {"run": run_refs[steps[msg.step_id][0]], "position": steps[msg.step_id][1]}
-            if msg.step_id
-            else None
-        )
+        record["run"] = _late_run_ref(ctx, run_refs, msg.run_id) if msg.run_id else None
+        record["step"] = None
+        if msg.step_id:
+            if msg.step_id not in steps:
+                # Written after the export read the context's steps (no snapshot holds them).
+                for pk, run, position in _steps_of(ctx.pk, [msg.step_id]):
+                    steps[pk] = (run, position)
+            run_pk, position = steps[msg.step_id]
+            record["step"] = {"run": _late_run_ref(ctx, run_refs, run_pk), "position": position}
         yield record
+
+
+def _late_run_ref(ctx: Context, run_refs: dict[int, dict], run_pk: int) -> dict[str, Any]:
+    """The reference of a run of the context: written already, or made since the export wrote
+    the context's runs (read now, and kept)."""
+    if run_pk not in run_refs:
+        run_refs[run_pk] = _run_ref(
+            Run.objects.only("client_id", "created_at").get(context_id=ctx.pk, pk=run_pk)
+        )
+    return run_refs[run_pk]
 
 
 def _memories_of(ctx: Context, confined_to: dict[str, Any] | None) -> models.QuerySet:
