@@ -189,7 +189,7 @@ def expire_spans_batch(*, batch_size: int = SPAN_EXPIRE_BATCH) -> int | None:
         # Two steps, as the other claims: a plain read finds the oldest, then each context's
         # share is locked by a statement naming it (SKIP LOCKED; the lock re-reads each row).
         # When every span read was taken, the next older ones are read.
-        rows: list[tuple[int, bool | None]] = []
+        rows: list[tuple[int, int, bool | None]] = []
         after = Q()
         while len(rows) < batch_size:
             found = list(
@@ -207,13 +207,20 @@ def expire_spans_batch(*, batch_size: int = SPAN_EXPIRE_BATCH) -> int | None:
                     expired.filter(context_id=context_id, pk__in=ids)
                     .order_by("pk")
                     .select_for_update(skip_locked=True)
-                    .values_list("pk", "data__purged_task")
+                    .values_list("pk", "context_id", "data__purged_task")
                 )
             last_pk, _, last_at = found[-1]
             after = Q(received_at__gt=last_at) | Q(received_at=last_at, pk__gt=last_pk)
-        marked = [pk for pk, task in rows if task]
-        TraceSpan.objects.filter(pk__in=[pk for pk, task in rows if not task]).delete()
-        TraceSpan.objects.filter(pk__in=marked).update(data={"purged": True, "purged_task": True})
+        # Each context's spans by a statement naming it (on Citus, its shard alone).
+        by_context: dict[int, tuple[list[int], list[int]]] = {}
+        for pk, context_id, task in rows:
+            by_context.setdefault(context_id, ([], []))[bool(task)].append(pk)
+        for context_id, (gone, marked) in by_context.items():
+            spans = TraceSpan.objects.filter(context_id=context_id)
+            if gone:
+                spans.filter(pk__in=gone).delete()
+            if marked:
+                spans.filter(pk__in=marked).update(data={"purged": True, "purged_task": True})
     return len(rows)
 
 

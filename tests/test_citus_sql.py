@@ -17,6 +17,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from memory_app import backlog, memories
@@ -38,7 +39,7 @@ from memory_app.services import curation
 from memory_app.services.memories import memories_record
 from memory_app.services.messages import COPY_THRESHOLD, message_edit, messages_append
 from memory_app.services.runs import run_create, run_finish, steps_append
-from tests.builders import make_context
+from tests.builders import make_context, without_their_context
 from tests.test_embeddings import stand_in  # noqa: F401 - the provider the worker calls
 
 # The tables docs/scale-out.md distributes by context (the contexts themselves by `id`).
@@ -364,9 +365,19 @@ def test_span_expiry_claims_one_context_per_lock(statements, settings):
             TraceSpan.objects.filter(pk=span.pk).update(received_at=old)
     settings.AGENTMEMORY_SPAN_RETENTION_DAYS = 7
     statements.clear()
-    assert backlog.expire_spans_batch(batch_size=10) == 6
+    with CaptureQueriesContext(connection) as sent:
+        assert backlog.expire_spans_batch(batch_size=10) == 6
     assert_routable(statements, at_least=2)
     assert not TraceSpan.objects.exists()
+    # The oldest spans are found by plain reads of every context's; the claims, deletes and
+    # updates name one.
+    claims = [
+        q["sql"]
+        for q in sent.captured_queries
+        if "memory_app_tracespan" in q["sql"]
+        and (not q["sql"].startswith("SELECT") or "FOR UPDATE" in q["sql"])
+    ]
+    assert len(claims) >= 4 and without_their_context(claims) == []
 
 
 @pytest.mark.django_db
