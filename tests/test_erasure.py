@@ -17,6 +17,7 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
@@ -49,7 +50,13 @@ from memory_app.services.messages import message_edit, messages_append
 from memory_app.services.scores import Target, comment_add, label_add, score_add
 from memory_app.services.store import item_put
 from tests.api_helpers import make_key
-from tests.builders import make_context, make_run, make_user, register_models
+from tests.builders import (
+    make_context,
+    make_run,
+    make_user,
+    register_models,
+    without_their_context,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -285,7 +292,10 @@ def test_erasing_a_user_leaves_nothing_of_them_in_any_table_and_others_whole():
         for model in (Message, Run, Step, ToolCall, TraceSpan, SpanQueue, MemoryRecord, Embedding)
     }
 
-    done = erase(keys={"user": ADA}, confirmation=ERASE_CONFIRMATION, actor=ACTOR)
+    with CaptureQueriesContext(connection) as sent:
+        done = erase(keys={"user": ADA}, confirmation=ERASE_CONFIRMATION, actor=ACTOR)
+    # On Citus every statement on a context's rows goes to that context's shard alone.
+    assert without_their_context([q["sql"] for q in sent.captured_queries]) == []
 
     assert columns_holding(ADA) == []
     receipt = done["receipt"]

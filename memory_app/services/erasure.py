@@ -55,6 +55,7 @@ from memory_app.models import (
     TraceSpan,
     keys_digest,
 )
+from memory_app.services.context_delete import delete_in_context
 from memory_app.services.memory_expiry import held_refusal
 
 # What an admin types to confirm: hard to type by accident, easy to read.
@@ -179,6 +180,14 @@ def _deleted(qs) -> int:
     return qs.delete()[1].get(qs.model._meta.label, 0)
 
 
+def _erased(model, context_id: int) -> int:
+    """The context's rows of `model` deleted, with what they take along, by statements that
+    all name the context (`delete_in_context`; Django's delete collects and deletes by ids
+    alone, on Citus on every shard)."""
+    rows = model.objects.filter(context_id=context_id).order_by().values_list("pk", flat=True)
+    return delete_in_context(model, context_id=context_id, ids=list(rows))
+
+
 def _redact(targets: Q) -> int:
     return AuditEvent.objects.filter(targets).update(before=ERASED, after=ERASED, note="erased")
 
@@ -207,7 +216,7 @@ def _erase_context(context_id: int, keys: dict[str, Any]) -> Counter:
         # Rows the Django admin may have logged (a log line's text is the row's __str__: a
         # score's value, a label's name, a message's text).
         ids = {
-            model: list(model.objects.filter(**of).values_list("pk", flat=True))
+            model: list(model.objects.filter(**of).order_by().values_list("pk", flat=True))
             for model in (
                 Message,
                 Run,
@@ -248,15 +257,15 @@ def _erase_context(context_id: int, keys: dict[str, Any]) -> Counter:
             memory_id__in=ids[MemoryRecord]
         ).count()
         got["memories"] += _deleted(MemoryRecord.objects.filter(**of))
-        got["messages"] += _deleted(Message.objects.filter(**of))
-        got["tool_calls"] += _deleted(ToolCall.objects.filter(**of))
-        got["steps"] += _deleted(Step.objects.filter(**of))
-        got["trace_spans"] += _deleted(TraceSpan.objects.filter(**of))
+        got["messages"] += _erased(Message, context_id)
+        got["tool_calls"] += _erased(ToolCall, context_id)
+        got["steps"] += _erased(Step, context_id)
+        got["trace_spans"] += _erased(TraceSpan, context_id)
         # OTLP exports not mapped yet (or set aside): the raw protobuf of the context's spans.
         queued = SpanQueue.objects.filter(**of)
         got["queued_spans"] += _queued_spans(queued)
         queued.delete()
-        got["runs"] += _deleted(Run.objects.filter(**of))
+        got["runs"] += _erased(Run, context_id)
         for model, pks in ids.items():
             got["admin_log_entries"] += admin_log_forget(model, pks)
         got["admin_log_entries"] += admin_log_forget(Context, [context_id])
