@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import sys
 import threading
@@ -697,7 +698,7 @@ def test_the_exports_listener_notices_a_dead_peer_by_keepalives():
     assert idle + count * every <= 120
 
 
-def test_a_listener_that_cannot_connect_warns_once_an_outage(monkeypatch, caplog):
+def test_a_listener_that_cannot_connect_warns_once_an_outage(monkeypatch):
     """While the database cannot be reached, every idle wait tries to listen again; the first
     failure is logged, the others are not, until listening works again."""
     import psycopg
@@ -720,7 +721,14 @@ def test_a_listener_that_cannot_connect_warns_once_an_outage(monkeypatch, caplog
 
     monkeypatch.setattr(span_queue, "exports_listener", connect)
     wait = span_queue.ExportWait(threading.Event())
-    with caplog.at_level("INFO", logger=span_queue.log.name):
+    # A handler on the logger itself: the site's logging may keep its records from the root.
+    said = []
+    heard = logging.Handler(logging.INFO)
+    heard.emit = lambda record: said.append(record.getMessage())
+    level = span_queue.log.level
+    span_queue.log.addHandler(heard)
+    span_queue.log.setLevel(logging.INFO)
+    try:
         for _ in range(3):
             wait.listen()
         failing[0] = False
@@ -728,7 +736,9 @@ def test_a_listener_that_cannot_connect_warns_once_an_outage(monkeypatch, caplog
         wait.close()
         failing[0] = True
         wait.listen()
-    said = [r.getMessage() for r in caplog.records if r.name == span_queue.log.name]
+    finally:
+        span_queue.log.removeHandler(heard)
+        span_queue.log.setLevel(level)
     assert said == [
         "not listening for exports (connection refused)",
         "listening for exports again",
