@@ -721,11 +721,14 @@ def test_a_listener_that_cannot_connect_warns_once_an_outage(monkeypatch):
 
     monkeypatch.setattr(span_queue, "exports_listener", connect)
     wait = span_queue.ExportWait(threading.Event())
-    # A handler on the logger itself: the site's logging may keep its records from the root.
+    # A handler on the logger itself, the logger enabled: a logging configuration applied
+    # after the module was imported (as some tests of the suite apply one) disables it, and may
+    # keep its records from the root.
     said = []
     heard = logging.Handler(logging.INFO)
     heard.emit = lambda record: said.append(record.getMessage())
     level = span_queue.log.level
+    monkeypatch.setattr(span_queue.log, "disabled", False)
     span_queue.log.addHandler(heard)
     span_queue.log.setLevel(logging.INFO)
     try:
