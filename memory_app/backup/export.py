@@ -297,10 +297,8 @@ class _Sources:
                 self.messages[pk] = {"context": ctx.keys_digest, "seq": seq}
         if ctx is not None and step_ids:
             for pk, run_pk, position in _steps_of(ctx.pk, step_ids):
-                # A run made while the export ran (no snapshot holds it still) was not written
-                # before the memories: its step is read as one outside the context is.
-                if (ref := run_refs.get(run_pk)) is not None:
-                    self.steps[pk] = {"run": ref, "position": position}
+                run = _late_run_ref(ctx, run_refs, run_pk)
+                self.steps[pk] = {"run": run, "position": position}
         self._elsewhere(message_ids - set(self.messages), step_ids - set(self.steps))
 
     def _elsewhere(self, message_ids: set[int], step_ids: set[int]) -> None:
