@@ -33,6 +33,7 @@ from psycopg.adapt import Dumper
 
 from memory_app.json_values import may_hold_long_integer
 from memory_app.models import Context
+from memory_app.numbered_placeholders import BindingCursor
 
 # The database is down, stalled, restarting or out of pooled connections (Django wraps psycopg's
 # errors and the pool's timeout in these): the request was not served, and the same request
@@ -376,7 +377,7 @@ def binding_cursor(*, prepared: bool = False):
         raw._agentmemory_float8_arrays = True
     if prepared and raw.prepare_threshold is None:
         raw.prepare_threshold = PREPARE_WHEN_ASKED
-    cursor = _PreparingCursor(raw) if prepared else psycopg.Cursor(raw)
+    cursor = _PreparingCursor(raw) if prepared else BindingCursor(raw)
     if connection.queries_logged:
         if prepared:
             return _PreparedDebugCursor(cursor, connection)
@@ -393,7 +394,7 @@ class _PreparedDebugCursor(CursorDebugWrapper):
             return CursorWrapper.execute(self, sql, params)
 
 
-class _PreparingCursor(psycopg.Cursor):
+class _PreparingCursor(BindingCursor):
     """Prepares every statement it executes (`binding_cursor(prepared=True)`)."""
 
     def execute(self, query, params=None, *, prepare=None, binary=None):
