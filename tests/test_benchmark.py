@@ -281,3 +281,29 @@ def test_the_request_path_alone_writes_its_section_with_its_rows_and_the_load(tm
         assert cells[6] in ("met", "**missed**"), row
     assert "Load average (1/5/15 min) at the start:" in text
     assert "| Ours | Without it | Ours ÷ without it (pair median) |" in text
+
+
+def test_a_run_of_some_areas_writes_a_section_of_theirs_and_keeps_the_report(tmp_path):
+    """`--only selectors --output FILE` on a full run's report: the report stays as it was, the
+    selectors' rows go into a section of their own, which replaces the one an earlier such run
+    wrote (a run of some areas used to write its few rows over the whole report). Into a file
+    without a full run's report it writes a whole report, as before (tests above)."""
+    out = tmp_path / "benchmarks.md"
+    report = (
+        "# Benchmarks\n\n- Command: `python manage.py benchmark --peers`\n\n## Results\n\n"
+        "| startup | old row |\n"
+    )
+    stale = "## Measured alone: selectors\n\nStale rows.\n"
+    profiles = "## Where the time goes (profiles)\n\nProfiles.\n"
+    out.write_text(f"{report}\n{stale}\n{profiles}")
+    proc, _ = run_benchmark(
+        "--quick", "--only", "selectors", db_suffix="alone", output=out, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    assert text.startswith(report) and text.endswith(profiles)
+    assert "Stale rows." not in text and text.count("## Measured alone: selectors") == 1
+    section = text[text.index("## Measured alone: selectors") : text.index(profiles)]
+    rows = [line for line in section.splitlines() if line.startswith("| selectors (API) |")]
+    assert rows and all(line.count("|") == 8 for line in rows), section
+    assert "Written by `python manage.py benchmark --quick --only selectors" in section

@@ -26,7 +26,7 @@ from memory_app.bench.dataset import Dataset, Generator
 from memory_app.bench.harness import API, MAX_TOKENS, SEARCH_K, WINDOW_K, BenchError
 from memory_app.bench.measure import Latency, loadavg
 
-SECTION = "## Single node vs Citus cluster"
+SECTION = sections.CITUS
 # The target: a routed operation on the cluster within 1.5× the single node's p50.
 TARGET_RATIO = 1.5
 WARMUP = 3

@@ -27,7 +27,7 @@ from memory_app.bench.fleet_data import FleetSizes, build, finished
 from memory_app.bench.harness import API
 from memory_app.bench.measure import Latency, Row, Target, loadavg, time_calls
 
-SECTION = "## Runs table and search everything at fleet size"
+SECTION = sections.FLEET
 TARGET = Target("<=", 150, "p50 ≤ 150 ms")
 WARMUP = 3
 # The contexts of one tenant: a key confined to them, a runs table filtered to them.

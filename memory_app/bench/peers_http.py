@@ -32,6 +32,7 @@ import orjson
 import psycopg
 from django.conf import settings
 
+from memory_app.bench import sections
 from memory_app.bench.harness import API, MAX_TOKENS, SEARCH_K, WINDOW_K, Bench, BenchError
 from memory_app.bench.http_path import _Http, _served
 from memory_app.bench.measure import (
@@ -46,7 +47,7 @@ from memory_app.bench.measure import (
 
 AREA = "peers (HTTP)"
 # The section `--only peers_http` writes into the report alone (kept by every other run).
-SECTION = "## Peers over HTTP"
+SECTION = sections.PEERS_HTTP
 TARGET = Target("<=", 1.0, "median per-pair ratio ≤ 1.0", of_ratio=True)
 LANGCHAIN = "langchain-postgres chat history"
 LANGGRAPH = "LangGraph AsyncPostgresStore"
@@ -147,8 +148,6 @@ def run(b: Bench) -> None:
 
 def section(report, *, command: str, quick: bool) -> list[str]:
     """This area's section of the report, when it runs alone."""
-    from memory_app.bench import sections
-
     return sections.paired_section(
         report, SECTION, command=command, quick=quick, sides=("Ours", "Peer")
     )

@@ -1,13 +1,24 @@
 """Sections of the Markdown report that an area writes alone (`--only citus`, `--only fleet`,
 `--only peers_http`, `--only http_path`): put in place of their earlier text, and carried over
 as they are when a full run writes the rest of the file anew (or, for an area the full run
-measures too, replaced by its own section of the same title)."""
+measures too, replaced by its own section of the same title). A run of some other areas puts
+its rows into a full run's report as a section of theirs, which the next full run drops."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
 
+from memory_app.bench.measure import Report, table
+
+# The sections of the areas that run alone only (`--only citus`, `fleet`, `peers_http`): kept by
+# every other run.
+CITUS = "## Single node vs Citus cluster"
+FLEET = "## Runs table and search everything at fleet size"
+PEERS_HTTP = "## Peers over HTTP"
+KEPT = [CITUS, FLEET, PEERS_HTTP]
+# How a report names the command that wrote it.
+COMMAND = "- Command: `python manage.py benchmark"
 # Before this heading when the file has no such section yet.
 ANCHOR = "\n## Where the time goes"
 
@@ -46,6 +57,48 @@ def paired_section(
         *notes,
         *([""] + skipped if skipped else []),
     ]
+
+
+def measured_alone(
+    report: Report, areas: str, *, command: str, quick: bool
+) -> tuple[str, list[str]]:
+    """The title and section of a run of some of the full run's areas (`--only otlp`): their
+    rows and notes beside the full run's report, which they leave as it is (a full run drops
+    the section: it measures them again). The notes' own headings sit one level down, inside
+    it."""
+    title = f"## Measured alone: {areas}"
+    notes = [f"#{line}" if line.startswith("## ") else line for line in report.notes]
+    skipped = [f"- not measured: {line}" for line in report.not_measured]
+    lines = [*opening(title, command, quick=quick), *table(report.rows), "", *notes]
+    return title, [*lines, *([""] + skipped if skipped else [])]
+
+
+def write_report(
+    path: Path, text: str, report: Report, only: str, alone, command: str, quick: bool
+) -> str:
+    """Write a run's report into `path`; what to say after "written to": an area with a
+    section of its own (`alone`, its module) writes that section only; a run of some other
+    areas (`only`) a section of theirs (`measured_alone`) into a full run's report, never over
+    it; otherwise the whole file (`text`), the sections of the areas that only run alone
+    (`KEPT`) carried over as they are."""
+    if alone is not None:
+        write_section(path, alone.SECTION, alone.section(report, command=command, quick=quick))
+        return f" (its section {alone.SECTION!r})"
+    if only and _holds_a_full_run(path):
+        title, lines = measured_alone(report, only, command=command, quick=quick)
+        write_section(path, title, lines)
+        return f" (its section {title!r})"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(keep_sections(path, text, KEPT))
+    return ""
+
+
+def _holds_a_full_run(path: Path) -> bool:
+    """Whether `path` holds the report of a run of every area (its command has no `--only`)."""
+    if not path.exists():
+        return False
+    commands = [line for line in path.read_text().splitlines() if line.startswith(COMMAND)]
+    return bool(commands) and "--only" not in commands[0]
 
 
 def write_section(path: Path, title: str, lines: list[str]) -> None:

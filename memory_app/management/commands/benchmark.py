@@ -68,9 +68,8 @@ AREAS = {
     # Only with --only peers_http: the peers served in their venv (`make peers-venv`).
     "peers_http": peers_http.run,
 }
-# Written by areas that run alone (--only citus, fleet, peers_http), kept by every other run; with
-# --output, these alone write only their section (a full run writes the request path's itself).
-KEPT_SECTIONS = [citus_rows.SECTION, fleet.SECTION, peers_http.SECTION]
+# With --output, these alone write only their section (a full run writes the request path's
+# itself; bench/sections.py keeps the sections of the areas that only run alone).
 ALONE_SECTIONS = {"peers_http": peers_http, "http_path": http_path}
 
 
@@ -273,15 +272,11 @@ class Command(BaseCommand):
         self.log(plain_table(report.rows))
         for line in report.not_measured:
             self.log(line)
-        if output and (alone := ALONE_SECTIONS.get(opts["only"].strip())):  # its section only
-            lines = alone.section(report, command=_command_line(), quick=quick)
-            sections.write_section(Path(output), alone.SECTION, lines)
-        elif output:
-            path = Path(output)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # The citus and fleet areas' sections come from their own runs: kept as they are.
-            path.write_text(sections.keep_sections(path, text, KEPT_SECTIONS))
-            self.log(f"\nwritten to {path}")
+        if output:
+            only = opts["only"].strip()
+            alone, command = ALONE_SECTIONS.get(only), _command_line()
+            written = sections.write_report(Path(output), text, report, only, alone, command, quick)
+            self.log(f"\nwritten to {output}{written}")
 
     def _citus(self, opts) -> None:
         """The single node against a Citus cluster (memory_app/bench/citus.py)."""
