@@ -359,9 +359,10 @@ PREPARE_WHEN_ASKED = 2**31 - 1
 
 def binding_cursor(*, prepared: bool = False):
     """A cursor of the default connection that sends its parameters apart from the statement
-    (psycopg's server-side binding, `%b` for binary), where Django's own cursor merges them into
-    the text: a 384-number query vector goes as 3 KB of doubles instead of a literal written
-    with a `repr` per number and parsed back by the server. Wrapped as Django wraps its cursors
+    (psycopg's server-side binding, each in the format psycopg picks for its type: binary for a
+    `Float8Array`), where Django's own cursor merges them into the text: a 384-number query
+    vector goes as 3 KB of doubles instead of a literal written with a `repr` per number and
+    parsed back by the server. Wrapped as Django wraps its cursors
     (database errors as Django's, statements logged under DEBUG and in tests).
 
     `prepared`: its statements are prepared on the connection the first time it sends them

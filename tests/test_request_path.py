@@ -144,7 +144,7 @@ def test_a_semantic_search_reads_key_and_context_once_and_the_walk_in_one_go(set
     if sharded:
         assert "$1::float8[]::vector(384)" in walk
     else:
-        assert "%b::float8[]::vector(384)" in walk
+        assert "%s::float8[]::vector(384)" in walk
         [(_, generic, custom)] = prepared_plans("%nearest AS MATERIALIZED%")
         assert generic >= 1 and custom == 0
     # The hits answer as a read of them by id would (every field, the text as stored).

@@ -301,7 +301,7 @@ def _query_parts(
     (`walk_statements`' `one_plan`) can still prove the index holds the rows it asks for."""
     # The query vector is sent once (binary doubles) and referenced from each part; an
     # uncorrelated subquery is a parameter the index scan takes.
-    query_cte = f"q AS MATERIALIZED (SELECT %b::float8[]::vector({dims}) AS v)"
+    query_cte = f"q AS MATERIALIZED (SELECT %s::float8[]::vector({dims}) AS v)"
     distance = f"e.vector::vector({dims}) <=> (SELECT v FROM q)"  # noqa: S608 - dims is an int
     rows = f"""
         FROM {table} e {join_sql}

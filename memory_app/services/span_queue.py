@@ -147,7 +147,7 @@ def _insert(queued: list[tuple[int, list[str], int, str, bytes | None]]) -> None
         cursor.executemany(
             f"INSERT INTO {SpanQueue._meta.db_table}"  # noqa: S608 - the model's table
             " (context_id, trace_ids, span_count, payload, body, received_at, error)"
-            " VALUES (%s, %b, %s, %s, %b, now(), '')",
+            " VALUES (%s, %s, %s, %s, %s, now(), '')",
             queued,
         )
         # Delivered when the rows commit, to a mapper in another process (`exports_listener`).
