@@ -307,3 +307,19 @@ def test_a_run_of_some_areas_writes_a_section_of_theirs_and_keeps_the_report(tmp
     rows = [line for line in section.splitlines() if line.startswith("| selectors (API) |")]
     assert rows and all(line.count("|") == 8 for line in rows), section
     assert "Written by `python manage.py benchmark --quick --only selectors" in section
+
+
+def test_a_section_title_is_found_as_a_whole_line_only():
+    """A "measured alone" section holds its notes' headings one level down: the area's own
+    section, written later, goes in place of its own title, not inside that heading."""
+    from memory_app.bench import sections
+
+    text = (
+        "# Benchmarks\n\n## Measured alone: selectors,peers_http\n\n### Peers over HTTP\n\nA.\n"
+        "\n## Where the time goes (profiles)\n\nProfiles.\n"
+    )
+    block = f"{sections.PEERS_HTTP}\n\nRows.\n"
+    written = sections.with_section(text, sections.PEERS_HTTP, block)
+    assert "### Peers over HTTP\n\nA.\n" in written
+    assert written.index(block) < written.index("## Where the time goes")
+    assert sections.with_section(written, sections.PEERS_HTTP, block) == written

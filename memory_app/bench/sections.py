@@ -108,8 +108,17 @@ def write_section(path: Path, title: str, lines: list[str]) -> None:
     path.write_text(with_section(old, title, "\n".join(lines).rstrip() + "\n"))
 
 
+def _title_at(text: str, title: str) -> int:
+    """Where the line `title` starts in `text` (-1 for none): a whole line, so a heading one
+    level down that ends with the same words is not it."""
+    if text.startswith(title + "\n"):
+        return 0
+    found = text.find("\n" + title + "\n")
+    return found + 1 if found >= 0 else -1
+
+
 def with_section(text: str, title: str, block: str) -> str:
-    start = text.find(title + "\n")
+    start = _title_at(text, title)
     if start >= 0:
         end = text.find("\n## ", start + len(title))
         return text[:start] + block + ("\n" + text[end + 1 :] if end >= 0 else "")
@@ -124,7 +133,7 @@ def kept_section(old_path: Path, title: str) -> str | None:
     if not old_path.exists():
         return None
     text = old_path.read_text()
-    start = text.find(title + "\n")
+    start = _title_at(text, title)
     if start < 0:
         return None
     end = text.find("\n## ", start + len(title))
