@@ -87,8 +87,11 @@ class _Importer:
         # The memories this import created: only these take the file's versions, and each
         # gets its `import` version once all lines are read (`versions_record_imported`).
         self.created_memories: set[int] = set()
-        # (context, run reference) -> run, for each run a line of this file found.
+        # (context, run reference) -> run, for each run a line of this file found; and by
+        # context, the references found to name no stored run, until a run line of that context
+        # creates one (`runs_created`).
         self._runs_found: dict[tuple[int, str], int] = {}
+        self._runs_missing: dict[int, set[str]] = {}
         self.kinds: tuple[str, ...] = ()  # the record kinds the header's version holds
         self.pending: list[dict] = []
         self.pending_type: str | None = None
@@ -116,17 +119,29 @@ class _Importer:
         return found[0]
 
     def run_id(self, context_pk: int, ref: dict | None) -> int | None:
-        """The run `ref` names in the context, each found one read once per import (one not
-        found is asked again: the file's own run line may create it)."""
+        """The run `ref` names in the context, each reference read once per import, found or
+        not: one not found stays not found until the file's own run line creates a run in the
+        context (`runs_created`), the only way this import adds one."""
         if not ref:
             return None
-        key = (context_pk, json.dumps(ref, sort_keys=True))
+        ref_text = json.dumps(ref, sort_keys=True)
+        key = (context_pk, ref_text)
         if key not in self._runs_found:
+            if ref_text in self._runs_missing.get(context_pk, ()):
+                return None
             found = self._stored_run_id(context_pk, ref)
             if found is None:
+                self._runs_missing.setdefault(context_pk, set()).add(ref_text)
                 return None
             self._runs_found[key] = found
         return self._runs_found[key]
+
+    def runs_created(self, runs: list[Run]) -> None:
+        """Runs this import created: the references of their contexts not found before are
+        asked again, from the store (a run is found by its stored fields, which its line's
+        reference need not spell as the other lines do)."""
+        for run in runs:
+            self._runs_missing.pop(run.context_id, None)
 
     def _stored_run_id(self, context_pk: int, ref: dict) -> int | None:
         qs = Run.objects.filter(context_id=context_pk)
@@ -266,6 +281,7 @@ class _Importer:
             run.step_count = run.error_count = run.last_position = 0  # counted from its steps
             new.append(run)
         self.insert(Run, new, ["created_at", "updated_at"])
+        self.runs_created(new)
         self.grown |= {r.context_id for r in new}
         self.grown_runs |= {(r.context_id, r.pk) for r in new}
         self.result.count("runs", len(new), 0)
