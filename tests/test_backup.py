@@ -1011,8 +1011,8 @@ def _merge_scenario():
 def test_an_import_reads_and_writes_a_contexts_rows_only_in_that_context():
     """Every statement of a merge import on runs, steps, tool calls, messages, annotations,
     checkpoints and vectors names their context (on Citus each goes to its shard alone): the
-    lookups of the steps that messages and memories name, and the recount of the runs it
-    grew."""
+    lookups of the steps that messages and memories name, of the messages that vectors and
+    memories name, and the recount of the runs it grew."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -1022,7 +1022,14 @@ def test_an_import_reads_and_writes_a_contexts_rows_only_in_that_context():
     assert result.created["steps"] == 3 and result.skipped["steps"] == 1
     statements = [q["sql"] for q in queries.captured_queries]
     touched = " ".join(statements)
-    assert all(f'"{t}"' in touched for t in ("memory_app_run", "memory_app_step"))
+    # The vectors' reads of their messages and of the vectors stored are among them too.
+    tables = (
+        "memory_app_run",
+        "memory_app_step",
+        "memory_app_embedding",
+        "memory_app_embeddingwaiting",
+    )
+    assert all(f'"{t}"' in touched for t in tables)
     assert without_their_context(statements) == []
 
 

@@ -1,5 +1,5 @@
-"""Restore reads what a chunk of lines names together: a run a file names but does not hold is
-asked for once."""
+"""Restore reads what a chunk of lines names together: a chunk's messages and vectors in a few
+statements, each naming its context; a run a file names but does not hold is asked for once."""
 
 import json
 import re
@@ -8,18 +8,24 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from memory_app import memories
+from memory_app.audit import Actor
 from memory_app.backup.export import contexts_matching, export_lines
+from memory_app.backup.format import CHUNK
 from memory_app.backup.restore import import_lines
 from memory_app.models import (
     Context,
+    Embedding,
+    MemoryEmbedding,
     MemoryRecord,
     Message,
     Run,
 )
 from memory_app.services.contexts import context_get_or_create
+from memory_app.services.memories import memories_record
 from memory_app.services.messages import messages_append
 from memory_app.services.runs import run_create, steps_append
-from tests.builders import signed_backup
+from tests.builders import register_models, signed_backup, without_their_context
 
 pytestmark = pytest.mark.django_db
 
@@ -37,6 +43,77 @@ def _reads_of(queries, table: str) -> list[str]:
         for q in queries.captured_queries
         if q["sql"].startswith("SELECT") and re.search(rf'\bFROM "{table}"', q["sql"])
     ]
+
+
+def _context_with_sources(n: int):
+    """A context of one run with `n` steps and `n` messages (message i of step i), a vector on
+    each message, and `n` memories of the context, memory i sourced from message i and step i,
+    each with a vector."""
+    ctx, _ = context_get_or_create(keys=KEYS)
+    run, _ = run_create(context=ctx, client_id="run-1", task="t")
+    steps = steps_append(run=run, items=[{"kind": "action"} for _ in range(n)]).steps
+    messages_append(
+        context=ctx,
+        items=[
+            {"role": "assistant", "text": f"said {i}", "run_id": run.pk, "step_id": s.pk}
+            for i, s in enumerate(steps)
+        ],
+    )
+    register_models(m3=3)
+    msgs = list(Message.objects.filter(context=ctx).order_by("seq"))
+    Embedding.objects.bulk_create(
+        Embedding(message=m, context=ctx, model="m3", dimensions=3, vector=[0.1, 0.2, i / n])
+        for i, m in enumerate(msgs)
+    )
+    memories_record(
+        scope=memories.Scope(context=ctx),
+        items=[
+            {"content": f"fact {i}", "source_message_id": m.pk, "source_step_id": m.step_id}
+            for i, m in enumerate(msgs)
+        ],
+        actor=Actor.system("user:ada"),
+    )
+    MemoryEmbedding.objects.bulk_create(
+        MemoryEmbedding(memory_record=r, model="m3", dimensions=3, vector=[0.3, 0.2, 0.1])
+        for r in MemoryRecord.objects.filter(context=ctx)
+    )
+    return ctx
+
+
+def _imported_with_sources(n: int):
+    """`_context_with_sources` exported with its vectors and imported into an empty store:
+    the import's statements, and the context imported."""
+    ctx = _context_with_sources(n)
+    lines = list(export_lines(contexts=contexts_matching(context_ids=[ctx.pk]), embeddings=True))
+    _wipe()
+    # Each kind of read below is once per chunk of each line kind: all of them in one chunk.
+    assert n < CHUNK
+    with CaptureQueriesContext(connection) as queries:
+        result = import_lines(lines)
+    assert result.created["embeddings"] == 2 * n and result.created["memories"] == n
+    assert without_their_context([q["sql"] for q in queries.captured_queries]) == []
+    return queries, Context.objects.get(keys_digest=ctx.keys_digest)
+
+
+def test_a_chunk_of_embedding_lines_is_resolved_in_a_few_reads():
+    """Forty messages and forty memories with a vector each: the import reads the messages the
+    vectors name and the vectors stored once per chunk (not once per line), in the context,
+    and restores every vector."""
+    n = 40
+    queries, ctx = _imported_with_sources(n)
+    for table in (
+        "memory_app_embedding",
+        "memory_app_embeddingwaiting",
+        "memory_app_memoryembedding",
+        "memory_app_memoryembeddingwaiting",
+    ):
+        assert len(_reads_of(queries, table)) == 1, table
+    vectors = {
+        e.message.seq: [round(float(x), 6) for x in e.vector]
+        for e in Embedding.objects.filter(context=ctx).select_related("message")
+    }
+    assert vectors == {i + 1: [0.1, 0.2, round(i / n, 6)] for i in range(n)}
+    assert MemoryEmbedding.objects.filter(memory_record__context=ctx).count() == n
 
 
 def _without_runs(lines: list[str]) -> list[str]:
