@@ -1,5 +1,6 @@
-"""Restore reads what a chunk of lines names together: a chunk's messages and vectors in a few
-statements, each naming its context; a run a file names but does not hold is asked for once."""
+"""Restore reads what a chunk of lines names together: a chunk's messages, vectors, memories and
+sources in a few statements, each naming its context; a run a file names but does not hold is
+asked for once."""
 
 import json
 import re
@@ -20,6 +21,7 @@ from memory_app.models import (
     MemoryRecord,
     Message,
     Run,
+    Step,
 )
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.memories import memories_record
@@ -114,6 +116,31 @@ def test_a_chunk_of_embedding_lines_is_resolved_in_a_few_reads():
     }
     assert vectors == {i + 1: [0.1, 0.2, round(i / n, 6)] for i in range(n)}
     assert MemoryEmbedding.objects.filter(memory_record__context=ctx).count() == n
+
+
+def test_a_chunk_of_memory_lines_reads_its_records_and_sources_together():
+    """Forty memories, each naming a message and a step as its sources: the import reads the
+    stored records of their keys and their sources once per chunk (not once per line), each
+    source in its context, and each memory keeps its sources."""
+    n = 40
+    queries, ctx = _imported_with_sources(n)
+    by_key = [
+        s
+        for s in _reads_of(queries, "memory_app_memoryrecord")
+        if re.search(r'WHERE .*"memory_app_memoryrecord"\."content_hash"', s)
+    ]
+    assert len(by_key) == 1, by_key
+    # Messages by seq: the message lines' check of those stored, the vectors' messages and the
+    # memories' sources; steps by position: the messages' steps and the memories' sources.
+    by_seq = [s for s in _reads_of(queries, "memory_app_message") if '"seq" IN' in s]
+    assert len(by_seq) == 3, by_seq
+    by_position = [s for s in _reads_of(queries, "memory_app_step") if '"position" IN' in s]
+    assert len(by_position) == 2, by_position
+    for record in MemoryRecord.objects.filter(context=ctx):
+        i = int(record.content.split()[1])
+        message = Message.objects.get(context=ctx, pk=record.source_message_id)
+        step = Step.objects.get(context=ctx, pk=record.source_step_id)
+        assert (message.seq, step.position, record.source_run_id) == (i + 1, i + 1, step.run_id)
 
 
 def _without_runs(lines: list[str]) -> list[str]:

@@ -31,6 +31,7 @@ from memory_app.backup.format import (
     load_fields,
 )
 from memory_app.backup.lines import read_backup
+from memory_app.backup.provenance import memory_sources, stored_memories
 from memory_app.backup.vectors import import_embeddings
 from memory_app.backup.versions import import_memory_versions
 from memory_app.db import lock_contexts
@@ -92,6 +93,8 @@ class _Importer:
         # creates one (`runs_created`).
         self._runs_found: dict[tuple[int, str], int] = {}
         self._runs_missing: dict[int, set[str]] = {}
+        # digest -> the stored context of a memory's provenance outside this file, read once.
+        self._source_contexts: dict[str, int | None] = {}
         self.kinds: tuple[str, ...] = ()  # the record kinds the header's version holds
         self.pending: list[dict] = []
         self.pending_type: str | None = None
@@ -109,14 +112,15 @@ class _Importer:
         importer may write into; None otherwise (the provenance is dropped, never an error)."""
         if digest in self.contexts:
             return self.contexts[digest]
-        found = (
-            Context.objects.filter(pk=context_id_of_digest(digest))
-            .values_list("pk", "keys")
-            .first()
-        )
-        if found is None or (self.allowed is not None and not self.allowed(found[1])):
-            return None
-        return found[0]
+        if digest not in self._source_contexts:
+            found = (
+                Context.objects.filter(pk=context_id_of_digest(digest))
+                .values_list("pk", "keys")
+                .first()
+            )
+            allowed = found is not None and (self.allowed is None or self.allowed(found[1]))
+            self._source_contexts[digest] = found[0] if allowed else None
+        return self._source_contexts[digest]
 
     def run_id(self, context_pk: int, ref: dict | None) -> int | None:
         """The run `ref` names in the context, each reference read once per import, found or
@@ -438,33 +442,8 @@ class _Importer:
             mem.status = status_for(scope, self.actor)
         mem.legal_hold = ""
 
-    def _memory_sources(self, mem: MemoryRecord, rec: dict[str, Any]) -> None:
-        """The message and step a memory line names as its sources, each read in its context:
-        the message in the one its line names, the step in the memory's own."""
-        if rec.get("source_message"):
-            src = rec["source_message"]
-            src_ctx = self.source_context_id(src["context"])
-            mem.source_message_id, mem.source_run_id = (
-                Message.objects.filter(context_id=src_ctx, seq=src["seq"])
-                .values_list("pk", "run_id")
-                .first()
-                if src_ctx
-                else None
-            ) or (None, None)
-        if rec.get("source_step") and mem.context_id:
-            run_pk = self.run_id(mem.context_id, rec["source_step"]["run"])
-            mem.source_step_id, mem.source_run_id = (
-                Step.objects.filter(
-                    context_id=mem.context_id,
-                    run_id=run_pk,
-                    position=rec["source_step"]["position"],
-                )
-                .values_list("pk", "run_id")
-                .first()
-            ) or (None, None)
-
     def _import_memory(self, records):
-        rows = []
+        lines = []
         for rec in records:
             scope = self._memory_scope(rec)
             mem = MemoryRecord(**load_fields(rec, MEMORY_FIELDS))
@@ -490,19 +469,18 @@ class _Importer:
                 rec.get("scope_digest", mem.scope_digest),
                 rec.get("content_hash", mem.content_hash),
             )
-            found = (
-                MemoryRecord.objects.filter(
-                    scope_digest=mem.scope_digest, content_hash=mem.content_hash
-                )
-                .values_list("pk", flat=True)
-                .first()
-            )
+            lines.append((file_ref, mem, rec))
+        stored = stored_memories([mem for _, mem, _ in lines])
+        rows = []
+        for file_ref, mem, rec in lines:
+            found = stored.get((mem.scope_digest, mem.content_hash))
             if found is not None:
                 self.memories[file_ref] = (found, mem.context_id)
                 self.result.count("memories", 0, 1)
                 continue
-            self._memory_sources(mem, rec)
-            rows.append((file_ref, mem))
+            rows.append((file_ref, mem, rec))
+        memory_sources(self, [(mem, rec) for _, mem, rec in rows])
+        rows = [(file_ref, mem) for file_ref, mem, _ in rows]
         # Two lines of one file with the same content in the same scope are one record.
         unique = {(m.scope_digest, m.content_hash): m for _, m in rows}
         self.insert(MemoryRecord, list(unique.values()), ["created_at", "updated_at"])
