@@ -1,6 +1,6 @@
 """Restore reads what a chunk of lines names together: a chunk's messages, vectors, memories and
 sources in a few statements, each naming its context; a run a file names but does not hold is
-asked for once."""
+asked for once; a run's counters are written in one update per context."""
 
 import json
 import re
@@ -26,7 +26,7 @@ from memory_app.models import (
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.memories import memories_record
 from memory_app.services.messages import messages_append
-from memory_app.services.runs import run_create, steps_append
+from memory_app.services.runs import run_create, runs_recount, steps_append
 from tests.builders import register_models, signed_backup, without_their_context
 
 pytestmark = pytest.mark.django_db
@@ -194,3 +194,67 @@ def test_a_run_a_later_line_of_the_file_creates_is_found_by_the_lines_after_it()
     runs = dict(Message.objects.filter(context=ctx).values_list("seq", "run_id"))
     assert runs == {first["seq"]: None, **{m["seq"]: created.pk for m in later}}
     assert (created.step_count, created.last_position) == (1, 1)
+
+
+def test_a_contexts_runs_are_recounted_in_one_update():
+    """Recounting six runs of a context writes their counters in one update naming the
+    context, each run's counters those of its own steps."""
+    ctx, _ = context_get_or_create(keys=KEYS)
+    runs = []
+    for r in range(6):
+        run, _ = run_create(context=ctx, client_id=f"r{r}", task="t", metadata={"model": "m-x"})
+        steps_append(
+            run=run,
+            items=[
+                {
+                    "kind": "action",
+                    "model": f"m-{i % 2}",
+                    "error_type": "E" if i < r else None,
+                    "cost": 0.5,
+                    "tool_calls": [{"call_id": f"c{i}", "name": "t"}],
+                }
+                for i in range(r + 1)
+            ],
+        )
+        runs.append(run)
+    Run.objects.filter(context=ctx).update(
+        step_count=0, error_count=0, tool_call_count=0, model_names=[], cost=None
+    )
+    with CaptureQueriesContext(connection) as queries:
+        runs_recount(runs=[(ctx.pk, r.pk) for r in runs])
+    updates = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+    assert len(updates) == 1, updates
+    assert without_their_context([q["sql"] for q in queries.captured_queries]) == []
+    counted = {
+        r.client_id: (r.step_count, r.error_count, r.tool_call_count, r.model_names, r.cost)
+        for r in Run.objects.filter(context=ctx)
+    }
+    assert counted == {
+        f"r{r}": (
+            r + 1,
+            r,
+            r + 1,
+            sorted({"m-x", "m-0", *(["m-1"] if r else [])}),
+            0.5 * (r + 1),
+        )
+        for r in range(6)
+    }
+
+
+def test_an_import_writes_a_contexts_runs_counters_in_one_update_each():
+    """Six runs imported into an empty store: their stamps put back, their last positions and
+    their counters are three updates of the context's runs, not three for each run."""
+    ctx, _ = context_get_or_create(keys=KEYS)
+    for r in range(6):
+        run, _ = run_create(context=ctx, client_id=f"r{r}", task="t")
+        steps_append(run=run, items=[{"kind": "action"} for _ in range(r + 1)])
+    lines = list(export_lines(contexts=contexts_matching(context_ids=[ctx.pk])))
+    _wipe()
+    with CaptureQueriesContext(connection) as queries:
+        import_lines(lines)
+    updates = [
+        q["sql"] for q in queries.captured_queries if q["sql"].startswith('UPDATE "memory_app_run"')
+    ]
+    assert len(updates) == 3, updates
+    counted = Run.objects.values_list("client_id", "step_count", "last_position")
+    assert sorted(counted) == [(f"r{r}", r + 1, r + 1) for r in range(6)]

@@ -401,10 +401,14 @@ class _Importer:
                 .annotate(last=Max("position"))
                 .values_list("run_id", "last")
             )
-            for run_pk in sorted(run_pks):
-                Run.objects.filter(context_id=ctx_pk, pk=run_pk).update(
-                    last_position=last.get(run_pk, 0)
-                )
+            # And written for all of them in one update on the context.
+            Run.objects.filter(context_id=ctx_pk).bulk_update(
+                [
+                    Run(pk=run_pk, context_id=ctx_pk, last_position=last.get(run_pk, 0))
+                    for run_pk in sorted(run_pks)
+                ],
+                ["last_position"],
+            )
         # Steps, errors, tool calls, models and cost, as the write path keeps them.
         runs_recount(runs=sorted(self.grown_runs))
         for ctx_pk in sorted(self.grown):

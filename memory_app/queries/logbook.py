@@ -186,27 +186,49 @@ class RunCost:
     partial: bool
 
 
+def _cost_rows(steps):
+    """`steps` grouped by model (and by whatever they were grouped by before): the sums the
+    cost of a run is counted from."""
+    unreported = Q(cost__isnull=True)
+    return steps.annotate(
+        steps=Count("id"),
+        reported=Sum("cost"),
+        i=Sum("input_tokens"),
+        o=Sum("output_tokens"),
+        ui=Sum("input_tokens", filter=unreported),
+        uo=Sum("output_tokens", filter=unreported),
+        unpriceable=Count(
+            "id",
+            filter=unreported
+            & Q(input_tokens__isnull=True, output_tokens__isnull=True, total_tokens__gt=0),
+        ),
+    )
+
+
 def run_cost(*, run: Run) -> RunCost:
     """One GROUP BY over the run's steps (by model): reported costs summed, the rest priced."""
-    unreported = Q(cost__isnull=True)
-    rows = (
-        Step.objects.filter(context_id=run.context_id, run=run)
-        .values("model")
-        .annotate(
-            steps=Count("id"),
-            reported=Sum("cost"),
-            i=Sum("input_tokens"),
-            o=Sum("output_tokens"),
-            ui=Sum("input_tokens", filter=unreported),
-            uo=Sum("output_tokens", filter=unreported),
-            unpriceable=Count(
-                "id",
-                filter=unreported
-                & Q(input_tokens__isnull=True, output_tokens__isnull=True, total_tokens__gt=0),
-            ),
+    rows = _cost_rows(
+        Step.objects.filter(context_id=run.context_id, run=run).values("model")
+    ).order_by("model")
+    return _cost_of(run, rows)
+
+
+def runs_costs(*, context_id: int, runs: list[Run]) -> dict[int, RunCost]:
+    """`run_cost` of each of the context's `runs`, in one GROUP BY over their steps (by run and
+    model), each run's models summed in the order `run_cost` sums them."""
+    rows = _cost_rows(
+        Step.objects.filter(context_id=context_id, run_id__in=[r.pk for r in runs]).values(
+            "run_id", "model"
         )
-        .order_by("model")
-    )
+    ).order_by("run_id", "model")
+    by_run: dict[int, list[dict]] = {}
+    for row in rows:
+        by_run.setdefault(row["run_id"], []).append(row)
+    return {run.pk: _cost_of(run, by_run.get(run.pk, [])) for run in runs}
+
+
+def _cost_of(run: Run, rows) -> RunCost:
+    """A run's cost from its steps' sums by model (`_cost_rows`, in model order)."""
     fallback = run_model(run)
     models: dict[str, ModelUse] = {}
     total: float | None = None

@@ -26,7 +26,7 @@ from memory_app.models import (
     ToolCall,
 )
 from memory_app.queries.lists import STEP_SPAN, run_span
-from memory_app.queries.logbook import metadata_model, run_cost, run_model
+from memory_app.queries.logbook import metadata_model, run_model, runs_costs
 from memory_app.services.messages import MAX_BATCH
 
 RUN_FIELDS = ("task", "system_prompt", "agent_name", "framework", "metadata")
@@ -346,37 +346,57 @@ def _steps_cost(run: Run, steps: list[Step]) -> float | None:
 def runs_recount(*, runs: Iterable[tuple[int, int]]) -> None:
     """Count again, from their steps, what the runs table reads on each run (steps, errors, tool
     calls, models, cost): after steps were purged or restored from a backup. `runs`: (context,
-    run) pairs; each run is read in its context, so every statement goes to that context's shard
-    on Citus. Positions stay as they are (a purged step leaves its number unused)."""
+    run) pairs; each context's runs are read and written together in that context, so every
+    statement goes to its shard on Citus. Positions stay as they are (a purged step leaves its
+    number unused)."""
     by_context: dict[int, set[int]] = {}
     for context_id, run_id in runs:
         by_context.setdefault(context_id, set()).add(run_id)
     for context_id, run_ids in sorted(by_context.items()):
-        for run in Run.objects.filter(context_id=context_id, pk__in=run_ids).only(
-            "id", "context_id", "metadata"
-        ):
-            _run_recount(run)
+        _context_runs_recount(context_id, run_ids)
 
 
-def _run_recount(run: Run) -> None:
-    """One run of `runs_recount`, every statement in the run's context."""
-    steps = Step.objects.filter(context_id=run.context_id, run=run)
-    counts = steps.aggregate(
-        n=Count("pk"),
-        errors=Count("pk", filter=Q(error_type__isnull=False) & ~Q(error_type="")),
+def _context_runs_recount(context_id: int, run_ids: set[int]) -> None:
+    """The runs of one context of `runs_recount`: each count one read grouped by run, and one
+    update of them all."""
+    runs = list(
+        Run.objects.filter(context_id=context_id, pk__in=run_ids)
+        .only("id", "context_id", "metadata")
+        .order_by("pk")
     )
-    models = steps.exclude(model="").order_by().values_list("model", flat=True)
+    if not runs:
+        return
+    steps = Step.objects.filter(context_id=context_id, run_id__in=[r.pk for r in runs]).order_by()
+    counts = {
+        row["run_id"]: row
+        for row in steps.values("run_id").annotate(
+            n=Count("pk"),
+            errors=Count("pk", filter=Q(error_type__isnull=False) & ~Q(error_type="")),
+        )
+    }
+    models: dict[int, list[str]] = {}
+    for run_id, model in steps.exclude(model="").values_list("run_id", "model").distinct():
+        models.setdefault(run_id, []).append(model)
     # The tool calls' join names the steps' context too: on Citus both tables then go to one
     # shard (a join on the step's id alone is a cross-shard one).
-    calls = ToolCall.objects.filter(
-        context_id=run.context_id, step__context_id=run.context_id, step__run=run
+    calls = dict(
+        ToolCall.objects.filter(
+            context_id=context_id, step__context_id=context_id, step__run_id__in=run_ids
+        )
+        .order_by()
+        .values("step__run_id")
+        .annotate(n=Count("pk"))
+        .values_list("step__run_id", "n")
     )
-    Run.objects.filter(pk=run.pk, context_id=run.context_id).update(
-        step_count=counts["n"],
-        error_count=counts["errors"],
-        tool_call_count=calls.count(),
-        model_names=_with_models([metadata_model(run.metadata)], list(models.distinct())),
-        cost=run_cost(run=run).total,
+    costs = runs_costs(context_id=context_id, runs=runs)
+    for run in runs:
+        run.step_count = counts.get(run.pk, {}).get("n", 0)
+        run.error_count = counts.get(run.pk, {}).get("errors", 0)
+        run.tool_call_count = calls.get(run.pk, 0)
+        run.model_names = _with_models([metadata_model(run.metadata)], models.get(run.pk, []))
+        run.cost = costs[run.pk].total
+    Run.objects.filter(context_id=context_id).bulk_update(
+        runs, ["step_count", "error_count", "tool_call_count", "model_names", "cost"]
     )
 
 
