@@ -3,6 +3,7 @@ sources in a few statements, each naming its context; a run a file names but doe
 asked for once; a run's counters are written in one update per context."""
 
 import json
+import random
 import re
 
 import pytest
@@ -23,6 +24,8 @@ from memory_app.models import (
     Run,
     Step,
 )
+from memory_app.queries.logbook import run_cost, runs_costs
+from memory_app.services import runs as runs_service
 from memory_app.services.contexts import context_get_or_create
 from memory_app.services.memories import memories_record
 from memory_app.services.messages import messages_append
@@ -258,3 +261,40 @@ def test_an_import_writes_a_contexts_runs_counters_in_one_update_each():
     assert len(updates) == 3, updates
     counted = Run.objects.values_list("client_id", "step_count", "last_position")
     assert sorted(counted) == [(f"r{r}", r + 1, r + 1) for r in range(6)]
+
+
+def test_a_runs_cost_counted_among_others_is_its_cost_counted_alone():
+    """Floats added in another order differ in their last digits: each run's cost summed in
+    one GROUP BY over many runs is, to the last digit, the run's own `run_cost` (the run page's
+    figure), and the runs table keeps it."""
+    ctx, _ = context_get_or_create(keys=KEYS)
+    rnd = random.Random(24)
+    runs = []
+    for r in range(20):
+        run, _ = run_create(context=ctx, client_id=f"c{r}", task="t")
+        items = [
+            {"kind": "action", "model": f"m-{i % 3}", "cost": rnd.uniform(0, 3)} for i in range(30)
+        ]
+        steps_append(run=run, items=items)
+        runs.append(run)
+    runs_recount(runs=[(ctx.pk, r.pk) for r in runs])
+    together = runs_costs(context_id=ctx.pk, runs=runs)
+    for run in Run.objects.filter(context=ctx):
+        alone = run_cost(run=run)
+        assert together[run.pk].total == alone.total == run.cost
+        assert together[run.pk].models == alone.models
+
+
+def test_a_recount_of_many_runs_writes_them_a_batch_per_update(monkeypatch):
+    """One UPDATE's CASE has a branch per run, tried for each row: more runs than a batch go in
+    several updates, each naming the context."""
+    monkeypatch.setattr(runs_service, "RECOUNT_BATCH", 2)
+    ctx, _ = context_get_or_create(keys=KEYS)
+    runs = [run_create(context=ctx, client_id=f"b{r}", task="t")[0] for r in range(5)]
+    for run in runs:
+        steps_append(run=run, items=[{"kind": "action", "cost": 0.25}])
+    with CaptureQueriesContext(connection) as queries:
+        runs_recount(runs=[(ctx.pk, r.pk) for r in runs])
+    updates = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+    assert len(updates) == 3 and without_their_context(updates) == []
+    assert [r.cost for r in Run.objects.filter(context=ctx)] == [0.25] * 5

@@ -53,7 +53,7 @@ from memory_app.queries.lists import context_id_of_digest
 from memory_app.search import fulltext
 from memory_app.services.memories import status_for
 from memory_app.services.memory_history import versions_record
-from memory_app.services.runs import runs_recount
+from memory_app.services.runs import RECOUNT_BATCH, runs_recount
 
 
 @dataclass
@@ -408,6 +408,7 @@ class _Importer:
                     for run_pk in sorted(run_pks)
                 ],
                 ["last_position"],
+                batch_size=RECOUNT_BATCH,
             )
         # Steps, errors, tool calls, models and cost, as the write path keeps them.
         runs_recount(runs=sorted(self.grown_runs))

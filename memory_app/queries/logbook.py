@@ -186,13 +186,21 @@ class RunCost:
     partial: bool
 
 
+class _SumInStepOrder(Sum):
+    """`sum(... ORDER BY position)`: a group's floats added in its steps' order, whatever order
+    the plan reads them in, so one run summed alone (`run_cost`) and among others
+    (`runs_costs`) comes to the same last digit."""
+
+    template = '%(function)s(%(distinct)s%(expressions)s ORDER BY "memory_app_step"."position")'
+
+
 def _cost_rows(steps):
     """`steps` grouped by model (and by whatever they were grouped by before): the sums the
     cost of a run is counted from."""
     unreported = Q(cost__isnull=True)
     return steps.annotate(
         steps=Count("id"),
-        reported=Sum("cost"),
+        reported=_SumInStepOrder("cost"),
         i=Sum("input_tokens"),
         o=Sum("output_tokens"),
         ui=Sum("input_tokens", filter=unreported),

@@ -319,6 +319,8 @@ def step_replace(*, run: Run, client_id: str, item: dict[str, Any]) -> Step | No
 
 
 MODEL_NAME_CHARS = 200
+# Runs per UPDATE of a recount: its CASE has a branch per run, tried for each of its rows.
+RECOUNT_BATCH = 500
 
 
 def _with_models(known: list[str], more: list[str]) -> list[str]:
@@ -396,7 +398,9 @@ def _context_runs_recount(context_id: int, run_ids: set[int]) -> None:
         run.model_names = _with_models([metadata_model(run.metadata)], models.get(run.pk, []))
         run.cost = costs[run.pk].total
     Run.objects.filter(context_id=context_id).bulk_update(
-        runs, ["step_count", "error_count", "tool_call_count", "model_names", "cost"]
+        runs,
+        ["step_count", "error_count", "tool_call_count", "model_names", "cost"],
+        batch_size=RECOUNT_BATCH,
     )
 
 
