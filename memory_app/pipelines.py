@@ -202,8 +202,28 @@ def pipelined() -> Iterator[None]:
     savepoint, an INSERT without RETURNING) shares the next one's round trip. Errors surface
     where the answers are read (`synced` marks a place that must see its own). No COPY inside."""
     connection.ensure_connection()
-    with connection.wrap_database_errors, connection.connection.pipeline():
-        yield
+    raw = connection.connection
+    with connection.wrap_database_errors:
+        try:
+            with raw.pipeline():
+                yield
+        finally:
+            _forgotten_statements_deallocated(raw)
+
+
+def _forgotten_statements_deallocated(raw) -> None:
+    """psycopg forgets the connection's prepared statements when it reads a ROLLBACK's answer
+    (a savepoint's, an atomic block inside the pipeline refused) and deallocates them on the
+    server after the connection's next statement: one that the next statement prepared would go
+    with them and fail the next time it ran ("prepared statement does not exist"). The
+    deallocation pending (psycopg's own state: it has no public call for it) runs now, after a
+    statement that prepares nothing; in a failed transaction it waits for its rollback, which
+    deallocates at once. A connection that fails here says so at its next statement: the
+    block's own error, if any, is the one raised."""
+    pending = getattr(getattr(raw, "_prepared", None), "_to_flush", None)
+    if pending and raw.info.transaction_status != psycopg.pq.TransactionStatus.INERROR:
+        with contextlib.suppress(psycopg.Error):
+            raw.execute("SELECT 1")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,29 @@
+"""A savepoint rolled back inside a pipeline (an append's repeat refused in a caller's
+transaction) leaves the statements prepared after it working."""
+
+import pytest
+
+from memory_app import auth, pipelines
+from memory_app.errors import Conflict
+from memory_app.services.contexts import context_get_or_create
+from memory_app.services.messages import messages_append
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_statement_prepared_after_a_refused_repeat_runs_again():
+    """psycopg forgets its prepared statements when it sees the savepoint's ROLLBACK and
+    deallocates them on the server only after the connection's next statement: a statement
+    that next one prepared was deallocated with them, and failed the next time ("prepared
+    statement does not exist"), a 500 for the next request on the connection."""
+    context, _ = context_get_or_create(keys={"pipelined": "rollback"})
+    issued = auth.apikey_create(name="pipelined", scopes=["read"])
+    item = {"role": "user", "text": "first", "client_id": "c1"}
+    messages_append(context=context, items=[item])
+    assert auth.apikey_verify(issued.secret).pk == issued.key.pk  # a statement prepared before
+    with pytest.raises(Conflict):
+        messages_append(context=context, items=[{**item, "text": "other"}])
+    for _ in range(3):  # prepared on the first, executed by name after
+        assert auth.apikey_verify(issued.secret).pk == issued.key.pk
+    (row,) = pipelines.first_rows([("SELECT %s::int + 1", [1])])
+    assert row == (2,)
