@@ -12,19 +12,23 @@ def memory_sources(importer: Any, lines: list[tuple[MemoryRecord, dict[str, Any]
     """The message and step each memory line names as its sources, each read in its
     context: the message in the one its line names, the step in the memory's own; the
     chunk's messages of a context in one read, its steps likewise."""
-    messages: dict[int, set[int]] = {}
-    steps: dict[int, set[tuple[int | None, int]]] = {}
+    # Each line's (message key, step key), resolved once: (context, seq), (context, run, position).
+    keys = []
     for mem, rec in lines:
-        if rec.get("source_message"):
-            src_ctx = importer.source_context_id(rec["source_message"]["context"])
-            if src_ctx:
-                messages.setdefault(src_ctx, set()).add(rec["source_message"]["seq"])
-        if rec.get("source_step") and mem.context_id:
-            run_pk = importer.run_id(mem.context_id, rec["source_step"]["run"])
-            if run_pk is not None:
-                steps.setdefault(mem.context_id, set()).add(
-                    (run_pk, rec["source_step"]["position"])
-                )
+        message_key = step_key = None
+        if src := rec.get("source_message"):
+            message_key = (importer.source_context_id(src["context"]), src["seq"])
+        if (src := rec.get("source_step")) and mem.context_id:
+            run_pk = importer.run_id(mem.context_id, src["run"])
+            step_key = (mem.context_id, run_pk, src["position"])
+        keys.append((message_key, step_key))
+    messages: dict[int, set[int]] = {}
+    steps: dict[int, set[tuple[int, int]]] = {}
+    for message_key, step_key in keys:
+        if message_key is not None and message_key[0]:
+            messages.setdefault(message_key[0], set()).add(message_key[1])
+        if step_key is not None and step_key[1] is not None:
+            steps.setdefault(step_key[0], set()).add(step_key[1:])
     found_messages = {
         (ctx_pk, seq): (pk, run_pk)
         for ctx_pk, seqs in messages.items()
@@ -41,15 +45,11 @@ def memory_sources(importer: Any, lines: list[tuple[MemoryRecord, dict[str, Any]
             position__in={position for _, position in wanted},
         ).values_list("run_id", "position", "pk")
     }
-    for mem, rec in lines:
-        if rec.get("source_message"):
-            src = rec["source_message"]
-            key = (importer.source_context_id(src["context"]), src["seq"])
-            mem.source_message_id, mem.source_run_id = found_messages.get(key, (None, None))
-        if rec.get("source_step") and mem.context_id:
-            src = rec["source_step"]
-            key = (mem.context_id, importer.run_id(mem.context_id, src["run"]), src["position"])
-            mem.source_step_id, mem.source_run_id = found_steps.get(key, (None, None))
+    for (mem, _), (message_key, step_key) in zip(lines, keys, strict=True):
+        if message_key is not None:
+            mem.source_message_id, mem.source_run_id = found_messages.get(message_key, (None, None))
+        if step_key is not None:
+            mem.source_step_id, mem.source_run_id = found_steps.get(step_key, (None, None))
 
 
 def stored_memories(mems: list[MemoryRecord]) -> dict[tuple[str, str], int]:
