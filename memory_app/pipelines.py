@@ -172,7 +172,8 @@ def pipelined_transaction(cursor) -> Iterator[None]:
     (results are read once it ends) and `COMMIT`, together. Inside an atomic block the block's
     statements join that transaction (one round trip still). A failure rolls back. A pending
     `deferred_read` goes first in the same round trip, and the block ends only once its
-    check has passed."""
+    check has passed. A savepoint rolled back among the block's statements leaves the
+    connection's prepared statements working (`_forgotten_statements_deallocated`)."""
     raw = connection.connection
     own = not connection.in_atomic_block
     deferred = _take(_DEFERRED.get())
@@ -191,6 +192,8 @@ def pipelined_transaction(cursor) -> Iterator[None]:
                 with connection.wrap_database_errors:
                     raw.rollback()
             raise
+        finally:
+            _forgotten_statements_deallocated(raw)
         if deferred is not None:
             deferred[1](_first_of(readers))
 

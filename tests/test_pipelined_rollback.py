@@ -2,6 +2,7 @@
 transaction) leaves the statements prepared after it working."""
 
 import pytest
+from django.db import connection
 
 from memory_app import auth, pipelines
 from memory_app.errors import Conflict
@@ -27,3 +28,17 @@ def test_a_statement_prepared_after_a_refused_repeat_runs_again():
         assert auth.apikey_verify(issued.secret).pk == issued.key.pk
     (row,) = pipelines.first_rows([("SELECT %s::int + 1", [1])])
     assert row == (2,)
+
+
+def test_a_statement_prepared_after_a_savepoint_rolled_back_in_a_pipelined_transaction_runs():
+    """The same psycopg behaviour in `pipelined_transaction`: a savepoint rolled back among its
+    statements makes psycopg forget the prepared statements, and the next one prepared after
+    the block is deallocated with them unless the deallocation runs when the block ends."""
+    issued = auth.apikey_create(name="pipelined-transaction", scopes=["read"])
+    assert auth.apikey_verify(issued.secret).pk == issued.key.pk  # a statement prepared before
+    with connection.cursor() as cursor, pipelines.pipelined_transaction(cursor):
+        cursor.execute("SAVEPOINT tried")
+        cursor.execute("SELECT 1")
+        cursor.execute("ROLLBACK TO SAVEPOINT tried")
+    for _ in range(3):  # prepared on the first, executed by name after
+        assert auth.apikey_verify(issued.secret).pk == issued.key.pk
