@@ -307,6 +307,14 @@ def test_a_run_of_some_areas_writes_a_section_of_theirs_and_keeps_the_report(tmp
     rows = [line for line in section.splitlines() if line.startswith("| selectors (API) |")]
     assert rows and all(line.count("|") == 8 for line in rows), section
     assert "Written by `python manage.py benchmark --quick --only selectors" in section
+    # Its figures go with the machine, its load and the dataset they were taken on, in the
+    # lines a full run's report opens with.
+    head = section[: section.index("| Area |")].splitlines()
+    for start in ("- Date: ", "- Machine: ", "- Database: PostgreSQL ", "- Load average "):
+        assert any(line.startswith(start) for line in head), section
+    dataset = [line for line in head if line.startswith("- Dataset (own database `")]
+    assert len(dataset) == 1 and f"psycopg {psycopg.__version__}" in dataset[0], section
+    assert "3,000 messages over 12 contexts" in dataset[0], section
 
 
 def test_a_section_title_is_found_as_a_whole_line_only():

@@ -2,14 +2,19 @@
 `--only peers_http`, `--only http_path`): put in place of their earlier text, and carried over
 as they are when a full run writes the rest of the file anew (or, for an area the full run
 measures too, replaced by its own section of the same title). A run of some other areas puts
-its rows into a full run's report as a section of theirs, which the next full run drops."""
+its rows into a full run's report as a section of theirs, which the next full run drops. Both
+open with the same lines on the machine and the dataset (`run_head`)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
 
-from memory_app.bench.measure import Report, table
+import psycopg
+
+from memory_app.bench import database
+from memory_app.bench.dataset import Dataset
+from memory_app.bench.measure import Report, machine_lines, table
 
 # The sections of the areas that run alone only (`--only citus`, `fleet`, `peers_http`): kept by
 # every other run.
@@ -21,6 +26,42 @@ KEPT = [CITUS, FLEET, PEERS_HTTP]
 COMMAND = "- Command: `python manage.py benchmark"
 # Before this heading when the file has no such section yet.
 ANCHOR = "\n## Where the time goes"
+
+
+def run_head(data: Dataset, db_name: str) -> tuple[list[str], str]:
+    """The machine's lines (date, machine, database, load average now) and the dataset's line,
+    which open a full run's report and a section measured alone alike: their figures are read
+    with them. Read while the benchmark's database is still there."""
+    info = database.server_info(db_name)
+    return machine_lines(info["server"], info["pgvector"]), dataset_line(data, db_name)
+
+
+def dataset_line(data: Dataset, db_name: str) -> str:
+    """What the figures were taken on: the database, its sizes, the vectors' model, psycopg."""
+    s = data.sizes
+    return (
+        f"- Dataset (own database `{db_name}`): {s.messages:,} messages over "
+        f"{s.contexts:,} contexts "
+        f"(largest {data.largest_context_id and _largest(data)}), {s.runs:,} runs (longest "
+        f"{s.max_steps:,} steps), "
+        f"{s.dims}-dimension vectors for every message (model `{data.model}`; "
+        + (
+            f"spread along {s.local_dims} directions per subtopic, local intrinsic dimension "
+            "near real sentence embeddings'"
+            if s.local_dims
+            else "isotropic noise in every dimension: the stress case"
+        )
+        + f"), psycopg {psycopg.__version__}"
+    )
+
+
+def _largest(data: Dataset) -> str:
+    from memory_app.models import Context
+
+    try:
+        return f"{Context.objects.get(pk=data.largest_context_id).message_count:,} messages"
+    except Context.DoesNotExist:
+        return "?"
 
 
 def opening(title: str, command: str, *, quick: bool) -> list[str]:
@@ -60,32 +101,39 @@ def paired_section(
 
 
 def measured_alone(
-    report: Report, areas: str, *, command: str, quick: bool
+    report: Report, areas: str, *, command: str, quick: bool, head: list[str]
 ) -> tuple[str, list[str]]:
     """The title and section of a run of some of the full run's areas (`--only otlp`): their
     rows and notes beside the full run's report, which they leave as it is (a full run drops
-    the section: it measures them again). The notes' own headings sit one level down, inside
-    it."""
+    the section: it measures them again), after the run's own machine and dataset lines
+    (`head`, `run_head`'s). The notes' own headings sit one level down, inside it."""
     title = f"## Measured alone: {areas}"
     notes = [f"#{line}" if line.startswith("## ") else line for line in report.notes]
     skipped = [f"- not measured: {line}" for line in report.not_measured]
-    lines = [*opening(title, command, quick=quick), *table(report.rows), "", *notes]
+    lines = [*opening(title, command, quick=quick), *head, "", *table(report.rows), "", *notes]
     return title, [*lines, *([""] + skipped if skipped else [])]
 
 
 def write_report(
-    path: Path, text: str, report: Report, only: str, alone, command: str, quick: bool
+    path: Path,
+    text: str,
+    report: Report,
+    only: str,
+    alone,
+    command: str,
+    quick: bool,
+    head: list[str],
 ) -> str:
     """Write a run's report into `path`; what to say after "written to": an area with a
     section of its own (`alone`, its module) writes that section only; a run of some other
-    areas (`only`) a section of theirs (`measured_alone`) into a full run's report, never over
-    it; otherwise the whole file (`text`), the sections of the areas that only run alone
-    (`KEPT`) carried over as they are."""
+    areas (`only`) a section of theirs (`measured_alone`, opening with `head`) into a full
+    run's report, never over it; otherwise the whole file (`text`), the sections of the areas
+    that only run alone (`KEPT`) carried over as they are."""
     if alone is not None:
         write_section(path, alone.SECTION, alone.section(report, command=command, quick=quick))
         return f" (its section {alone.SECTION!r})"
     if only and _holds_a_full_run(path):
-        title, lines = measured_alone(report, only, command=command, quick=quick)
+        title, lines = measured_alone(report, only, command=command, quick=quick, head=head)
         write_section(path, title, lines)
         return f" (its section {title!r})"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ from memory_app.bench import (
 from memory_app.bench.dataset import Dataset, Sizes
 from memory_app.bench.harness import Bench, BenchError
 from memory_app.bench.load import build
-from memory_app.bench.measure import Report, machine_lines, plain_table, table
+from memory_app.bench.measure import Report, plain_table, table
 
 META_TABLE = "bench_meta"
 # Hand-written profiles of the misses, appended to the report (re-check them after changes).
@@ -263,7 +263,8 @@ class Command(BaseCommand):
             report = self._measure(
                 data, samples=samples, quick=quick, only=opts["only"], with_peers=with_peers
             )
-            text = self._markdown(report, data, samples=samples, db_name=db_name, quick=quick)
+            machine, dataset = sections.run_head(data, db_name)
+            text = self._markdown(report, data, machine, dataset, samples=samples, quick=quick)
         finally:
             connection.close()
             if opts["drop"] or (quick and not opts["keep"]):
@@ -275,7 +276,10 @@ class Command(BaseCommand):
         if output:
             only = opts["only"].strip()
             alone, command = ALONE_SECTIONS.get(only), _command_line()
-            written = sections.write_report(Path(output), text, report, only, alone, command, quick)
+            head = [*machine, dataset]
+            written = sections.write_report(
+                Path(output), text, report, only, alone, command, quick, head
+            )
             self.log(f"\nwritten to {output}{written}")
 
     def _citus(self, opts) -> None:
@@ -515,31 +519,24 @@ class Command(BaseCommand):
     # --- report -------------------------------------------------------------------------------
 
     def _markdown(
-        self, report: Report, data: Dataset, *, samples: int, db_name: str, quick: bool
+        self,
+        report: Report,
+        data: Dataset,
+        machine: list[str],
+        dataset: str,
+        *,
+        samples: int,
+        quick: bool,
     ) -> str:
-
-        info = database.server_info(db_name)
-        s = data.sizes
         lines = [
             "# Benchmarks",
             "",
             "Written by `python manage.py benchmark` (`make bench`); do not edit by hand.",
             "",
-            *machine_lines(info["server"], info["pgvector"]),
+            *machine,
             f"- Command: `{_command_line()}`"
             + (" (quick mode: CI smoke check, figures mean nothing)" if quick else ""),
-            f"- Dataset (own database `{db_name}`): {s.messages:,} messages over "
-            f"{s.contexts:,} contexts "
-            f"(largest {data.largest_context_id and _count(data)}), {s.runs:,} runs (longest "
-            f"{s.max_steps:,} steps), "
-            f"{s.dims}-dimension vectors for every message (model `{data.model}`; "
-            + (
-                f"spread along {s.local_dims} directions per subtopic, local intrinsic dimension "
-                "near real sentence embeddings'"
-                if s.local_dims
-                else "isotropic noise in every dimension: the stress case"
-            )
-            + f"), psycopg {psycopg.__version__}",
+            dataset,
             f"- Latencies: p50 / p95 over {samples} timed calls after a warm-up (baseline: "
             "fewer calls); "
             "server time is the time until the response is complete, through Django's full "
@@ -586,15 +583,6 @@ class Command(BaseCommand):
         if NOTES.exists() and not quick:
             lines += ["", NOTES.read_text().strip(), ""]
         return "\n".join(lines).rstrip() + "\n"
-
-
-def _count(data: Dataset) -> str:
-    from memory_app.models import Context
-
-    try:
-        return f"{Context.objects.get(pk=data.largest_context_id).message_count:,} messages"
-    except Context.DoesNotExist:
-        return "?"
 
 
 def _command_line() -> str:
