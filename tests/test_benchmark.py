@@ -3,6 +3,9 @@
 No speed target is asserted here (CI machines differ); the default-size run is `make bench`.
 """
 
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -315,6 +318,50 @@ def test_a_run_of_some_areas_writes_a_section_of_theirs_and_keeps_the_report(tmp
     dataset = [line for line in head if line.startswith("- Dataset (own database `")]
     assert len(dataset) == 1 and f"psycopg {psycopg.__version__}" in dataset[0], section
     assert "3,000 messages over 12 contexts" in dataset[0], section
+
+
+def _call_benchmark(**options) -> subprocess.CompletedProcess:
+    """`call_command("benchmark", **options)` in a process of its own that is not `manage.py
+    benchmark` (a script's or a test's call): its report's command line comes from the
+    options, not from the process's arguments."""
+    script = (
+        "import json, sys, django; django.setup(); "
+        "from django.core.management import call_command; "
+        "call_command('benchmark', **json.loads(sys.argv[1]))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script, json.dumps(options)],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "agentmemory_site.settings"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_report_written_through_call_command_names_the_areas_it_measured(tmp_path):
+    """A report that `call_command("benchmark", only=...)` wrote names its `--only` (it named a
+    bare `python manage.py benchmark`, a full run's command, so that a second run of some areas
+    into the file took it for a full run's report and wrote a "measured alone" section into
+    it)."""
+    out = tmp_path / "benchmarks.md"
+    db_name = f"{os.environ.get('AGENTMEMORY_TEST_DB_NAME', 'test_agentmemory')}_called"
+    common = {"quick": True, "db_name": db_name, "output": str(out)}
+    try:
+        first = _call_benchmark(**common, only="selectors", keep=True)
+        assert first.returncode == 0, first.stderr[-3000:]
+        commands = [line for line in out.read_text().splitlines() if line.startswith("- Command:")]
+        assert len(commands) == 1, out.read_text()
+        assert commands[0].startswith("- Command: `python manage.py benchmark --quick ")
+        assert f"--db-name {db_name}" in commands[0] and "--keep" in commands[0]
+        assert "--only selectors" in commands[0] and "--reuse" not in commands[0]
+        second = _call_benchmark(**common, only="recall", reuse=True)
+        assert second.returncode == 0, second.stderr[-3000:]
+    finally:
+        database.drop_database(db_name)
+    text = out.read_text()
+    assert "## Measured alone" not in text and text.count("- Command:") == 1, text
+    assert "--only recall" in text and "| selectors (API) |" not in text, text
 
 
 def test_a_section_title_is_found_as_a_whole_line_only():

@@ -7,6 +7,10 @@ open with the same lines on the machine and the dataset (`run_head`)."""
 
 from __future__ import annotations
 
+import shlex
+import sys
+from argparse import ArgumentParser
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -26,6 +30,27 @@ KEPT = [CITUS, FLEET, PEERS_HTTP]
 COMMAND = "- Command: `python manage.py benchmark"
 # Before this heading when the file has no such section yet.
 ANCHOR = "\n## Where the time goes"
+
+
+def command_line(opts: dict, add_arguments: Callable[[ArgumentParser], None]) -> str:
+    """The command a report names as its writer: the process's own arguments when it is
+    `manage.py benchmark`; else (a `call_command`, a test's or a script's) the options it was
+    given that differ from their defaults, as the command's parser (`add_arguments`) spells
+    them, so that a run of some areas names its `--only` and is not taken for a full run."""
+    argv = sys.argv
+    if len(argv) > 1 and argv[0].endswith("manage.py") and argv[1] == "benchmark":
+        return " ".join(["python manage.py", *argv[1:]])
+    parser = ArgumentParser(add_help=False)
+    add_arguments(parser)
+    words = ["python manage.py benchmark"]
+    for action in parser._actions:
+        value = opts.get(action.dest, action.default)
+        if not action.option_strings or value == action.default:
+            continue
+        words.append(max(action.option_strings, key=len))
+        if action.nargs != 0:  # a flag (`--quick`) says it all by being there
+            words.append(shlex.quote(str(value)))
+    return " ".join(words)
 
 
 def run_head(data: Dataset, db_name: str) -> tuple[list[str], str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -208,6 +207,7 @@ class Command(BaseCommand):
         self.stdout.flush()
 
     def handle(self, *args, **opts):
+        self.command_line = sections.command_line(opts, self.add_arguments)
         if opts["quality"]:
             return self._quality(opts)
         if "citus" in {a.strip() for a in opts["only"].split(",")}:
@@ -275,7 +275,7 @@ class Command(BaseCommand):
             self.log(line)
         if output:
             only = opts["only"].strip()
-            alone, command = ALONE_SECTIONS.get(only), _command_line()
+            alone, command = ALONE_SECTIONS.get(only), self.command_line
             head = [*machine, dataset]
             written = sections.write_report(
                 Path(output), text, report, only, alone, command, quick, head
@@ -323,7 +323,7 @@ class Command(BaseCommand):
                 fanned,
                 store,
                 data,
-                command=_command_line(),
+                command=self.command_line,
                 cluster=cluster.description,
                 samples=samples,
                 quick=quick,
@@ -359,7 +359,7 @@ class Command(BaseCommand):
                 rebuild=opts["rebuild"] or quick,
                 samples=samples,
                 quick=quick,
-                command=_command_line(),
+                command=self.command_line,
                 log=self.log,
             )
         except fleet.FleetError as exc:
@@ -534,7 +534,7 @@ class Command(BaseCommand):
             "Written by `python manage.py benchmark` (`make bench`); do not edit by hand.",
             "",
             *machine,
-            f"- Command: `{_command_line()}`"
+            f"- Command: `{self.command_line}`"
             + (" (quick mode: CI smoke check, figures mean nothing)" if quick else ""),
             dataset,
             f"- Latencies: p50 / p95 over {samples} timed calls after a warm-up (baseline: "
@@ -583,12 +583,6 @@ class Command(BaseCommand):
         if NOTES.exists() and not quick:
             lines += ["", NOTES.read_text().strip(), ""]
         return "\n".join(lines).rstrip() + "\n"
-
-
-def _command_line() -> str:
-    if len(sys.argv) > 1 and sys.argv[0].endswith("manage.py") and sys.argv[1] == "benchmark":
-        return " ".join(["python manage.py", *sys.argv[1:]])
-    return "python manage.py benchmark"
 
 
 def _gap(row) -> str:
