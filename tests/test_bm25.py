@@ -154,3 +154,53 @@ def test_the_quality_report_gives_the_semantic_row_with_its_embedding_and_the_lo
         "- the question's embedding alone: p50 55.0 ms, p95 100.0 ms;"
         " load average 1.5–3.0 while timed" in lines
     )
+
+
+def test_the_quality_and_keyword_scale_sections_sit_in_the_report_and_outlive_a_full_run(tmp_path):
+    """`--quality` and `--keyword-messages` write their figures into docs/benchmarks.md as
+    sections of their own, with the machine's lines and what they ran on; a full run, which
+    does not measure them, carries them over."""
+    from memory_app.bench import keyword_scale, sections
+
+    report = tmp_path / "benchmarks.md"
+    full = "# Benchmarks\n\n- Command: `{}`\n\n## Results\n\n{}\n\n## Where the time goes\n\nP.\n"
+    report.write_text(full.format("python manage.py benchmark --peers", "old rows"))
+    conversation = quality.Conversation(
+        "c1", [("D1:1", "Ann", "hello"), ("D1:2", "Bob", "hi")], [("who?", frozenset({"D1:1"}))]
+    )
+    result = {
+        "scores": {
+            name: (0.5, 0.6, 0.4)
+            for name in ("keyword", "semantic", "hybrid", "bm25 baseline", "dense baseline")
+        },
+        "latencies": [],
+    }
+    machine = ["- Date: 2026-11-29 01:00 UTC", "- Load average (1/5/15 min) …: 1.00 / 1.00 / 1.00"]
+    lines = quality.section(
+        result, [conversation], command="python manage.py benchmark --quality", machine=machine
+    )
+    sections.write_section(report, sections.QUALITY, lines)
+    scale = {
+        "questions": 200,
+        **{key: 20.0 for key in ("p50", "p95", "server_p50", "server_p95")},
+        **{key: 3000 for key in ("buffers_p50", "buffers_p95", "statements")},
+    }
+    lines = keyword_scale.section(scale, 1_000_000, load="1.00", command="c", machine=machine)
+    sections.write_section(report, sections.KEYWORD_SCALE, lines)
+
+    text = report.read_text()
+    assert "## Results\n\nold rows\n" in text
+    quality_at = text.index(sections.QUALITY + "\n")
+    assert quality_at < text.index(sections.KEYWORD_SCALE + "\n") < text.index("## Where the")
+    assert machine[1] in text[quality_at:]
+    assert "LoCoMo (1 conversations, 2 turns, 1 questions" in text
+    assert "| keyword | 0.500 | 0.600 | 0.400 |" in text
+    assert "one context of 1,000,000 messages" in text
+    assert "p50 20.0 ms, p95 20.0 ms (target p50 ≤ 30 ms: met)" in text
+
+    rewritten = full.format("python manage.py benchmark", "new rows")
+    sections.write_report(report, rewritten, None, "", None, "c", False, [])
+    kept = report.read_text()
+    assert "new rows" in kept and "old rows" not in kept
+    assert kept.count(sections.QUALITY + "\n") == 1 and "| keyword | 0.500 |" in kept
+    assert kept.count(sections.KEYWORD_SCALE + "\n") == 1

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from django.db import connection
 
 from memory_app import db
-from memory_app.bench import database
+from memory_app.bench import database, sections
 from memory_app.models import FTS_CONFIG
 
 KEYS = {"benchmark": "locomo-keyword-scale"}
@@ -175,4 +175,20 @@ def report(result: dict, messages: int, load: str) -> list[str]:
         f" {result['server_p50']:.1f} ms, p95 {result['server_p95']:.1f} ms;"
         f" shared buffers p50 {result['buffers_p50']:,.0f}, p95 {result['buffers_p95']:,.0f};"
         f" {result['statements']:.0f} statements a query",
+    ]
+
+
+def section(
+    result: dict, messages: int, *, load: str, command: str, machine: list[str]
+) -> list[str]:
+    """The report's section of a `--quality --keyword-messages` run: what it ran on, then
+    `report`'s figures."""
+    return [
+        *sections.opening(sections.KEYWORD_SCALE, command, quick=False),
+        *machine,
+        f"- Dataset: one context of {messages:,} messages, LoCoMo's turns repeated with a unique"
+        " number appended to each (every full-text vector written, the index's pending list"
+        " merged, analysed); LoCoMo's questions, fetched as `--quality` fetches them.",
+        "",
+        *report(result, messages, load),
     ]

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from memory_app.bench import sections
+
 LOCOMO_URL = "https://raw.githubusercontent.com/snap-research/locomo/main/data/locomo10.json"
 K = 10
 MODES = ("keyword", "semantic", "hybrid")
@@ -285,6 +287,27 @@ def run(conversations: Iterable[Conversation], log: Callable[[str], None]) -> di
 def _p50_p95_ms(values: Sequence[float]) -> tuple[float, float]:
     ordered = sorted(values)
     return tuple(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 for q in (0.5, 0.95))
+
+
+def section(
+    result: dict, conversations: Sequence[Conversation], *, command: str, machine: list[str]
+) -> list[str]:
+    """The report's section of a `--quality` run: what it ran on, then `report`'s figures."""
+    turns = sum(len(c.turns) for c in conversations)
+    questions = sum(len(c.questions) for c in conversations)
+    return [
+        *sections.opening(sections.QUALITY, command, quick=False),
+        *machine,
+        f"- Dataset: LoCoMo ({len(conversations)} conversations, {turns:,} turns, {questions:,}"
+        " questions with their evidence turns, category 5 left out), each conversation one"
+        f" context; fetched at run time ({LOCOMO_URL}, or `--dataset`), never committed: its"
+        " authors released it for non-commercial use (CC BY-NC 4.0).",
+        f"- Rankings: top {K} per question; keyword is BM25 in PostgreSQL, semantic the local"
+        " model (all-MiniLM-L6-v2), hybrid their fusion; beside them BM25 in process (rank-bm25"
+        " BM25Okapi, lower-cased word tokens) and exact dense cosine with the same model (numpy).",
+        "",
+        *report(result),
+    ]
 
 
 def report(result: dict) -> list[str]:

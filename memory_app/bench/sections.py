@@ -20,12 +20,14 @@ from memory_app.bench import database
 from memory_app.bench.dataset import Dataset
 from memory_app.bench.measure import Report, machine_lines, table
 
-# The sections of the areas that run alone only (`--only citus`, `fleet`, `peers_http`): kept by
-# every other run.
+# The sections of the areas that run alone only (`--only citus`, `fleet`, `peers_http`,
+# `--quality` and `--quality --keyword-messages`): kept by every other run.
 CITUS = "## Single node vs Citus cluster"
 FLEET = "## Runs table and search everything at fleet size"
 PEERS_HTTP = "## Peers over HTTP"
-KEPT = [CITUS, FLEET, PEERS_HTTP]
+QUALITY = "## Retrieval quality"
+KEYWORD_SCALE = "## Keyword search in one large context"
+KEPT = [CITUS, FLEET, PEERS_HTTP, QUALITY, KEYWORD_SCALE]
 # How a report names the command that wrote it.
 COMMAND = "- Command: `python manage.py benchmark"
 # Before this heading when the file has no such section yet.
@@ -51,6 +53,13 @@ def command_line(opts: dict, add_arguments: Callable[[ArgumentParser], None]) ->
         if action.nargs != 0:  # a flag (`--quick`) says it all by being there
             words.append(shlex.quote(str(value)))
     return " ".join(words)
+
+
+def server_lines(db_name: str) -> Callable[[], list[str]]:
+    """The machine's lines of a report written after the database `db_name` is dropped: its
+    server's versions read now, while it is there; the date and load when called."""
+    info = database.server_info(db_name)
+    return lambda: machine_lines(info["server"], info["pgvector"])
 
 
 def run_head(data: Dataset, db_name: str) -> tuple[list[str], str]:

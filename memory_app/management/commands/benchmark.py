@@ -105,7 +105,7 @@ class Command(BaseCommand):
             help="retrieval quality instead of speed: recall@5/10 and MRR of each search mode on "
             "LoCoMo (fetched from its public URL into var/bench/ on first use), beside "
             "in-process BM25 and exact dense baselines (needs agentmemory[bench,embeddings]; "
-            "database agentmemory_bench_quality unless --db-name)",
+            "database agentmemory_bench_quality unless --db-name; its section of --output)",
         )
         parser.add_argument(
             "--dataset",
@@ -119,7 +119,8 @@ class Command(BaseCommand):
             default=None,
             help="with --quality: instead of the quality figures, time LoCoMo's questions in "
             "keyword mode on one context of this many messages (target at 1,000,000: p50 ≤ 30 "
-            "ms; database agentmemory_bench_keyword unless --db-name, built once, then reused)",
+            "ms; database agentmemory_bench_keyword unless --db-name, built once, then reused; "
+            "its section of --output)",
         )
         parser.add_argument(
             "--messages",
@@ -383,7 +384,7 @@ class Command(BaseCommand):
         except quality.DatasetError as exc:
             raise CommandError(str(exc)) from exc
         if opts["keyword_messages"]:
-            return self._keyword_scale(conversations, opts["keyword_messages"], opts["db_name"])
+            return self._keyword_scale(conversations, opts["keyword_messages"], opts)
         settings.AGENTMEMORY_EMBEDDING_PROVIDER = "local"
         db_name = opts["db_name"] or "agentmemory_bench_quality"
         try:
@@ -392,6 +393,7 @@ class Command(BaseCommand):
         except (database.BenchDatabaseError, psycopg.Error) as exc:
             raise CommandError(f"cannot prepare the benchmark database {db_name!r}: {exc}") from exc
         database.migrate()
+        machine = sections.server_lines(db_name)
         self.log(
             f"{len(conversations)} conversations, "
             f"{sum(len(c.questions) for c in conversations)} questions"
@@ -404,9 +406,11 @@ class Command(BaseCommand):
                 database.drop_database(db_name)
         self.log("")
         self.log("\n".join(quality.report(result)))
+        lines = quality.section(result, conversations, command=self.command_line, machine=machine())
+        self._write_section(opts, sections.QUALITY, lines)
 
-    def _keyword_scale(self, conversations, messages: int, db_name: str | None) -> None:
-        db_name = db_name or "agentmemory_bench_keyword"
+    def _keyword_scale(self, conversations, messages: int, opts) -> None:
+        db_name = opts["db_name"] or "agentmemory_bench_keyword"
         settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
         try:
             context = keyword_scale.prepare(db_name, conversations, messages, self.log)
@@ -417,6 +421,17 @@ class Command(BaseCommand):
         result = keyword_scale.run(context, questions[::step][: keyword_scale.QUESTIONS], self.log)
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         self.log("\n".join(keyword_scale.report(result, messages, load)))
+        machine = sections.server_lines(db_name)()
+        lines = keyword_scale.section(
+            result, messages, load=load, command=self.command_line, machine=machine
+        )
+        self._write_section(opts, sections.KEYWORD_SCALE, lines)
+
+    def _write_section(self, opts, title: str, lines: list[str]) -> None:
+        """A run's own section (`title`) into `--output`, docs/benchmarks.md unless given."""
+        output = Path(opts["output"] or Path(settings.BASE_DIR) / "docs" / "benchmarks.md")
+        sections.write_section(output, title, lines)
+        self.log(f"\nwritten to {output} (its section {title!r})")
 
     # --- database and dataset -----------------------------------------------------------------
 
