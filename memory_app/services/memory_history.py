@@ -58,14 +58,21 @@ def versions_record(
     if not records:
         return []
     at = timezone.now()
+    # Every record's last version in one read (a merge or an import gives many records). The
+    # versions table stays on the coordinator with the memories, so no shard column is named.
+    last = dict(
+        MemoryVersion.objects.filter(memory_id__in=sorted({r.pk for r in records}))
+        .order_by()
+        .values_list("memory_id")
+        .annotate(n=Max("version"))
+    )
     rows = []
     for record in records:
-        last = MemoryVersion.objects.filter(memory_id=record.pk).aggregate(n=Max("version"))["n"]
         state = snapshot(record)
         rows.append(
             MemoryVersion(
                 memory_id=record.pk,
-                version=(last or 0) + 1,
+                version=last.get(record.pk, 0) + 1,
                 content=state["content"],
                 kind=state["kind"],
                 thinking=state["thinking"],
