@@ -204,3 +204,12 @@ def test_the_quality_and_keyword_scale_sections_sit_in_the_report_and_outlive_a_
     assert "new rows" in kept and "old rows" not in kept
     assert kept.count(sections.QUALITY + "\n") == 1 and "| keyword | 0.500 |" in kept
     assert kept.count(sections.KEYWORD_SCALE + "\n") == 1
+
+
+def test_the_quality_targets_say_met_or_missed_with_the_figures_they_compare():
+    scores = {"bm25 baseline": (0, 0.483, 0), "dense baseline": (0, 0.302, 0)}
+    scores |= {"keyword": (0, 0.584, 0), "semantic": (0, 0.315, 0), "hybrid": (0, 0.532, 0)}
+    lines = quality.report({"scores": scores, "latencies": []})
+    assert "- keyword ≥ the BM25 baseline: 0.584 against 0.483: met" in lines
+    assert "- semantic = exact dense ± 0.01: 0.315 against 0.302: **missed**" in lines
+    assert "- hybrid ≥ the better baseline + 0.05: 0.532 against 0.533: **missed**" in lines
