@@ -340,10 +340,9 @@ def _call_benchmark(**options) -> subprocess.CompletedProcess:
 
 
 def test_a_report_written_through_call_command_names_the_areas_it_measured(tmp_path):
-    """A report that `call_command("benchmark", only=...)` wrote names its `--only` (it named a
-    bare `python manage.py benchmark`, a full run's command, so that a second run of some areas
-    into the file took it for a full run's report and wrote a "measured alone" section into
-    it)."""
+    """A report that `call_command("benchmark", only=...)` writes names its `--only`: a bare
+    `python manage.py benchmark` is a full run's command, and a second run of some areas into
+    the file would take it for a full run's report and write a "measured alone" section."""
     out = tmp_path / "benchmarks.md"
     db_name = f"{os.environ.get('AGENTMEMORY_TEST_DB_NAME', 'test_agentmemory')}_called"
     common = {"quick": True, "db_name": db_name, "output": str(out)}

@@ -42,3 +42,17 @@ def test_a_statement_prepared_after_a_savepoint_rolled_back_in_a_pipelined_trans
         cursor.execute("ROLLBACK TO SAVEPOINT tried")
     for _ in range(3):  # prepared on the first, executed by name after
         assert auth.apikey_verify(issued.secret).pk == issued.key.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_same_in_a_pipelined_transaction_of_its_own():
+    """Outside any atomic block the pipelined transaction sends its own BEGIN and COMMIT, and a
+    savepoint rolled back among its statements leaves the prepared statements working too."""
+    issued = auth.apikey_create(name="pipelined-own", scopes=["read"])
+    assert auth.apikey_verify(issued.secret).pk == issued.key.pk
+    assert not connection.in_atomic_block
+    with connection.cursor() as cursor, pipelines.pipelined_transaction(cursor):
+        cursor.execute("SAVEPOINT tried")
+        cursor.execute("ROLLBACK TO SAVEPOINT tried")
+    for _ in range(3):
+        assert auth.apikey_verify(issued.secret).pk == issued.key.pk

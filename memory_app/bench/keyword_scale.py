@@ -170,7 +170,7 @@ def report(result: dict, messages: int, load: str) -> list[str]:
         f"Keyword search, one context of {messages:,} messages, {result['questions']} LoCoMo"
         f" questions, k 10 (load average {load}):",
         f"- wall clock: p50 {result['p50']:.1f} ms, p95 {result['p95']:.1f} ms"
-        f" (target p50 ≤ 30 ms: {'met' if ok else 'missed'})",
+        f" (target p50 ≤ 30 ms: {'met' if ok else '**missed**'})",
         f"- the server's execution time of its statements (EXPLAIN ANALYZE): p50"
         f" {result['server_p50']:.1f} ms, p95 {result['server_p95']:.1f} ms;"
         f" shared buffers p50 {result['buffers_p50']:,.0f}, p95 {result['buffers_p95']:,.0f};"
@@ -188,7 +188,8 @@ def section(
         *machine,
         f"- Dataset: one context of {messages:,} messages, LoCoMo's turns repeated with a unique"
         " number appended to each (every full-text vector written, the index's pending list"
-        " merged, analysed); LoCoMo's questions, fetched as `--quality` fetches them.",
+        " merged, analysed); the questions of the LoCoMo files `--quality` reads (fetched, or"
+        " `--dataset`).",
         "",
         *report(result, messages, load),
     ]

@@ -56,13 +56,13 @@ SHAPES = (
 
 
 def otlp(b: Bench) -> None:
-    # 48,000 spans, 94 exports: an export's p95 is then its 5th slowest (over 1,000 traces' 32
-    # exports it was the 2nd, and moved by tens of milliseconds from run to run).
+    # 48,000 spans in 94 exports: a row's p95 is its 6th slowest export (of 32 exports, the 3rd,
+    # which moves by tens of milliseconds from run to run).
     traces = 40 if b.quick else 3000
     stamp = str(int(time.time()))
     threaded, settings.AGENTMEMORY_INDEXER_THREAD = settings.AGENTMEMORY_INDEXER_THREAD, False
     try:
-        # The baseline maps in the request at ~130 spans/s: a hundred traces tell its rate.
+        # The baseline maps each export in its request, slowly: a hundred traces tell its rate.
         inline = _inline(b, _exports(f"{stamp}-inline", max(traces // 30, 8)))
         queued, map_rate = _queued_then_mapped(b, _exports(f"{stamp}-queued", traces))
     finally:

@@ -300,8 +300,9 @@ def section(
         *machine,
         f"- Dataset: LoCoMo ({len(conversations)} conversations, {turns:,} turns, {questions:,}"
         " questions with their evidence turns, category 5 left out), each conversation one"
-        f" context; fetched at run time ({LOCOMO_URL}, or `--dataset`), never committed: its"
-        " authors released it for non-commercial use (CC BY-NC 4.0).",
+        f" context; fetched at run time ({LOCOMO_URL}) or read from `--dataset`, never"
+        " committed: its authors released it for non-commercial use (CC BY-NC 4.0 as we read"
+        " it; the repository's snapshot has no licence file: check it before any other use).",
         f"- Rankings: top {K} per question; keyword is BM25 in PostgreSQL, semantic the local"
         " model (all-MiniLM-L6-v2), hybrid their fusion; beside them BM25 in process (rank-bm25"
         " BM25Okapi, lower-cased word tokens) and exact dense cosine with the same model (numpy).",
@@ -322,7 +323,7 @@ def report(result: dict) -> list[str]:
             "",
             f"Semantic query, its embedding included ({len(result['latencies'])} questions):"
             f" p50 {p50:.1f} ms, p95 {p95:.1f} ms (target p95 ≤ 50 ms:"
-            f" {'met' if p95 <= 50 else 'missed'})",
+            f" {'met' if p95 <= 50 else '**missed**'})",
         ]
         if result.get("embeddings"):
             e50, e95 = _p50_p95_ms(result["embeddings"])
@@ -337,7 +338,7 @@ def report(result: dict) -> list[str]:
         (f"keyword ≥ the BM25 baseline: {keyword:.3f} against {bm25:.3f}", keyword >= bm25),
         (
             f"semantic = exact dense ± 0.01: {semantic:.3f} against {dense:.3f}",
-            abs(semantic - dense) <= 0.01,
+            round(abs(semantic - dense), 9) <= 0.01,  # as printed: 0.312 against 0.302 meets
         ),
         (
             f"hybrid ≥ the better baseline + 0.05: {hybrid:.3f} against"
