@@ -630,3 +630,30 @@ def test_every_gin_index_keeps_a_small_pending_list():
     assert len(indexes) >= 13, indexes
     small = f"gin_pending_list_limit={PENDING_LIST_KB}"
     assert [name for name, options in indexes if small not in (options or [])] == []
+
+
+def test_a_large_context_parses_its_unindexed_messages_once_for_every_term(settings, monkeypatch):
+    """Messages past the indexer's mark are parsed in one read that every term's passes share
+    (`_NEWEST`), not once per term: each term still finds them, an excluded id is left out,
+    and with room for every match the ranking is BM25's."""
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 1000
+    monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", 0)  # ranked as a large one
+    context = make_context()
+    items = [
+        {"role": "user", "text": f"alpha note {i}" if i % 2 else f"beta gamma beta {i}"}
+        for i in range(60)
+    ]
+    messages = messages_append(context=context, items=items).messages
+    context.refresh_from_db()
+    assert context.search_seq == 0 < context.last_seq  # a large batch: its vectors wait
+    with CaptureQueriesContext(connection) as queries:
+        hits = keyword_ranking(context_id=context.pk, query="alpha beta", limit=50)
+    ranking = queries.captured_queries[-1]["sql"]
+    assert ranking.count("memory_app_search_vector(") == 1, ranking
+    truth = bm25_truth(context, words=["alpha", "beta"])[:50]
+    assert [h for h, _ in hits] == [mid for mid, _ in truth]
+    assert [s for _, s in hits] == pytest.approx([s for _, s in truth])
+    excluded = messages[4].pk
+    left = keyword_ranking(context_id=context.pk, query="beta", limit=60, exclude_ids=[excluded])
+    assert {h for h, _ in left} == {m.pk for m in messages if "beta" in m.text} - {excluded}

@@ -156,12 +156,16 @@ def _ranking_sql(
         params["q0"], params["need0"] = parsed.strict, cap
         sql = _term_candidates("q0", need="need0", gin=None, bounds=bounds, excluding=excluding)
         found.append(f"SELECT 0 AS term, f.* FROM ({sql}) f")  # noqa: S608
+    newest = _NEWEST.format(
+        tail=_TAIL.format(after="%(newest_after)s"),
+        excluded_ids="WHERE NOT (m.id = ANY(%(exclude)s))" if excluding else "",
+    )
     terms = ", ".join(
         f"({i}, %(q{i})s::tsquery, %(l{i})s::text[], %(need{i})s::int)"
         for i in range(1, len(parsed.terms) + 1)
     )
     return RANK_SQL.format(
-        inputs=f"found AS MATERIALIZED ({' UNION ALL '.join(found)}),"
+        inputs=f"{newest}, found AS MATERIALIZED ({' UNION ALL '.join(found)}),"
         f" terms (term, q, lexemes, need) AS (VALUES {terms})",
         lexemes="%(lexemes)s::text[]",
         candidates="term = 0" if match == "all" else "term > 0",
@@ -416,15 +420,12 @@ ORDER BY b.score DESC, b.seq DESC
 
 # The keyword passes of `_term_candidates` as SQL text: `after` and `upto` are the SQL of their
 # seq bounds (parameters, or 0), `q` and `need` name the term's parameters.
-def _parsed_pass(after: str, upto: str | None, q: str, need: str, excluding: bool) -> str:
-    """A keyword pass over messages the indexer has not reached: their text is parsed (its first
-    part, as the indexer parses it). `upto` None: every message past `after` (`_TAIL`)."""
-    rows = (
-        _TAIL.format(after=after)
-        if upto is None
-        else f"""memory_app_message m WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
+def _parsed_pass(after: str, upto: str, q: str, need: str, excluding: bool) -> str:
+    """A keyword pass over messages the indexer has not reached, behind the latest seqs: their
+    text is parsed (its first part, as the indexer parses it). Those in the latest seqs are
+    parsed once for every term (`_NEWEST`)."""
+    rows = f"""memory_app_message m WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
               AND m.seq > {after} AND m.seq <= {upto}"""
-    )
     return f"""
         SELECT m.seq, length(v.vector) AS length, v.vector
         FROM (SELECT m.id, m.seq, m.text FROM {rows}) m,
@@ -433,6 +434,17 @@ def _parsed_pass(after: str, upto: str | None, q: str, need: str, excluding: boo
           {"AND NOT (m.id = ANY(%(exclude)s))" if excluding else ""}
         ORDER BY m.seq DESC LIMIT %({need})s
     """  # noqa: S608 - constant SQL
+
+
+# The messages past the indexer's mark in the latest seqs (`_TAIL` past `newest_after`: none,
+# usually), parsed once for every term's first pass (`_term_candidates`), so that the statement
+# holds one such read, not one per term for the server to plan and run.
+_NEWEST = """newest AS MATERIALIZED (
+    SELECT m.seq, length(v.vector) AS length, v.vector
+    FROM (SELECT m.id, m.seq, m.text FROM {tail}) m,
+         LATERAL (SELECT memory_app_search_vector(%(config)s::regconfig, m.text) AS vector) v
+    {excluded_ids}
+)"""
 
 
 # The live messages past seq `after`, up to the context's newest seq as the statement finds it
@@ -505,7 +517,7 @@ def _term_candidates(
     as deferred vectors are scanned). In seq order, newest first:
 
     1. Messages past `search_seq` in the latest KEYWORD_RECENT_SEQS seqs (none, usually: small
-       appends write their vectors at once).
+       appends write their vectors at once), parsed once for every term (`_NEWEST`).
     2. The vectors of the latest KEYWORD_RECENT_SEQS seqs, walked back on the primary key until
        enough match: frequent words (the usual case for natural-language prompts) stop early.
        The match is written as a call of `ts_match_vq` (the function behind `@@`) so the
@@ -523,8 +535,10 @@ def _term_candidates(
     """
     walk = f"ts_match_vq(s.search_vector, %({q})s::tsquery)"
     passes = [
-        # No upper bound on the newest pass: messages appended since `last_seq` was read.
-        _parsed_pass("%(newest_after)s", None, q, need, excluding),
+        # The messages parsed past `newest_after` (`_NEWEST`), with no upper bound: those
+        # appended since `last_seq` was read too.
+        f"""SELECT n.seq, n.length, n.vector FROM newest n WHERE n.vector @@ %({q})s::tsquery
+            ORDER BY n.seq DESC LIMIT %({need})s""",  # noqa: S608 - constant SQL
         _stored_pass("%(older)s", "%(search_seq)s", walk, need, excluding),
     ]
     if bounds["search_seq"] < bounds["older"]:
