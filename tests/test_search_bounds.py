@@ -639,6 +639,7 @@ def test_a_large_context_parses_its_unindexed_messages_once_for_every_term(setti
     settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
     settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 1000
     monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", 0)  # ranked as a large one
+    assert message_search.KEYWORD_RECENT_SEQS >= 60  # every message in the latest seqs
     context = make_context()
     items = [
         {"role": "user", "text": f"alpha note {i}" if i % 2 else f"beta gamma beta {i}"}
@@ -657,3 +658,11 @@ def test_a_large_context_parses_its_unindexed_messages_once_for_every_term(setti
     excluded = messages[4].pk
     left = keyword_ranking(context_id=context.pk, query="beta", limit=60, exclude_ids=[excluded])
     assert {h for h, _ in left} == {m.pk for m in messages if "beta" in m.text} - {excluded}
+    # Exclusions ride in each term's query; `match="all"` reads the strict query's candidates.
+    betas = {m.pk for m in messages if "beta" in m.text}
+    assert {
+        h for h, _ in keyword_ranking(context_id=context.pk, query="beta -note", limit=60)
+    } == betas
+    assert not keyword_ranking(context_id=context.pk, query="alpha -note", limit=60)
+    strict = keyword_ranking(context_id=context.pk, query="gamma beta", limit=60, match="all")
+    assert {h for h, _ in strict} == betas

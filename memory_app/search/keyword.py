@@ -423,7 +423,7 @@ ORDER BY b.score DESC, b.seq DESC
 def _parsed_pass(after: str, upto: str, q: str, need: str, excluding: bool) -> str:
     """A keyword pass over messages the indexer has not reached, behind the latest seqs: their
     text is parsed (its first part, as the indexer parses it). Those in the latest seqs are
-    parsed once for every term (`_NEWEST`)."""
+    parsed once, for all the terms (`_NEWEST`)."""
     rows = f"""memory_app_message m WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
               AND m.seq > {after} AND m.seq <= {upto}"""
     return f"""
@@ -437,7 +437,7 @@ def _parsed_pass(after: str, upto: str, q: str, need: str, excluding: bool) -> s
 
 
 # The messages past the indexer's mark in the latest seqs (`_TAIL` past `newest_after`: none,
-# usually), parsed once for every term's first pass (`_term_candidates`), so that the statement
+# usually), parsed once, for all the terms' first passes (`_term_candidates`): the statement
 # holds one such read, not one per term for the server to plan and run.
 _NEWEST = """newest AS MATERIALIZED (
     SELECT m.seq, length(v.vector) AS length, v.vector
@@ -489,18 +489,18 @@ def _indexed_pass(after: str, upto: str, q: str, need: str, excluding: bool) -> 
     `need` of them fetched again with their vectors (a sort carrying every match's vector cost
     more than the index read)."""
     return f"""
-        SELECT newest.seq, length(v.search_vector) AS length, v.search_vector AS vector
+        SELECT hit.seq, length(v.search_vector) AS length, v.search_vector AS vector
         FROM (
             SELECT s.seq FROM {fulltext.TABLE} s
             WHERE s.context_id = %(context)s AND s.seq > {after} AND s.seq <= {upto}
               AND s.search_vector @@ %({q})s::tsquery {_EXCLUDED_SEQS if excluding else ""}
             ORDER BY s.seq + 0 DESC LIMIT %({need})s
-        ) newest
+        ) hit
         CROSS JOIN LATERAL (
             SELECT x.search_vector FROM {fulltext.TABLE} x
-            WHERE x.context_id = %(context)s AND x.seq = newest.seq LIMIT 1
+            WHERE x.context_id = %(context)s AND x.seq = hit.seq LIMIT 1
         ) v
-        ORDER BY newest.seq DESC
+        ORDER BY hit.seq DESC
     """  # noqa: S608 - constant SQL
 
 
@@ -517,7 +517,7 @@ def _term_candidates(
     as deferred vectors are scanned). In seq order, newest first:
 
     1. Messages past `search_seq` in the latest KEYWORD_RECENT_SEQS seqs (none, usually: small
-       appends write their vectors at once), parsed once for every term (`_NEWEST`).
+       appends write their vectors at once), parsed once, for all the terms (`_NEWEST`).
     2. The vectors of the latest KEYWORD_RECENT_SEQS seqs, walked back on the primary key until
        enough match: frequent words (the usual case for natural-language prompts) stop early.
        The match is written as a call of `ts_match_vq` (the function behind `@@`) so the
