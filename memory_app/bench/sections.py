@@ -66,8 +66,7 @@ def run_head(data: Dataset, db_name: str) -> tuple[list[str], str]:
     """The machine's lines (date, machine, database, load average now) and the dataset's line,
     which open a full run's report and a section measured alone alike: their figures are read
     with them. Read while the benchmark's database is still there."""
-    info = database.server_info(db_name)
-    return machine_lines(info["server"], info["pgvector"]), dataset_line(data, db_name)
+    return server_lines(db_name)(), dataset_line(data, db_name)
 
 
 def dataset_line(data: Dataset, db_name: str) -> str:

@@ -157,7 +157,7 @@ def _ranking_sql(
         sql = _term_candidates("q0", need="need0", gin=None, bounds=bounds, excluding=excluding)
         found.append(f"SELECT 0 AS term, f.* FROM ({sql}) f")  # noqa: S608
     newest = _NEWEST.format(
-        tail=_TAIL.format(after="%(newest_after)s"),
+        parsed=_PARSED.format(rows=_TAIL.format(after="%(newest_after)s")),
         excluded_ids="WHERE NOT (m.id = ANY(%(exclude)s))" if excluding else "",
     )
     terms = ", ".join(
@@ -427,22 +427,24 @@ def _parsed_pass(after: str, upto: str, q: str, need: str, excluding: bool) -> s
     rows = f"""memory_app_message m WHERE m.context_id = %(context)s AND m.pruned_at IS NULL
               AND m.seq > {after} AND m.seq <= {upto}"""
     return f"""
-        SELECT m.seq, length(v.vector) AS length, v.vector
-        FROM (SELECT m.id, m.seq, m.text FROM {rows}) m,
-             LATERAL (SELECT memory_app_search_vector(%(config)s::regconfig, m.text) AS vector) v
+        {_PARSED.format(rows=rows)}
         WHERE v.vector @@ %({q})s::tsquery
           {"AND NOT (m.id = ANY(%(exclude)s))" if excluding else ""}
         ORDER BY m.seq DESC LIMIT %({need})s
     """  # noqa: S608 - constant SQL
 
 
+# (seq, vector length, vector) of the messages `rows` names (aliased m), their text parsed as
+# the indexer parses it.
+_PARSED = """SELECT m.seq, length(v.vector) AS length, v.vector
+    FROM (SELECT m.id, m.seq, m.text FROM {rows}) m,
+         LATERAL (SELECT memory_app_search_vector(%(config)s::regconfig, m.text) AS vector) v"""
+
 # The messages past the indexer's mark in the latest seqs (`_TAIL` past `newest_after`: none,
 # usually), parsed once, for all the terms' first passes (`_term_candidates`): the statement
 # holds one such read, not one per term for the server to plan and run.
 _NEWEST = """newest AS MATERIALIZED (
-    SELECT m.seq, length(v.vector) AS length, v.vector
-    FROM (SELECT m.id, m.seq, m.text FROM {tail}) m,
-         LATERAL (SELECT memory_app_search_vector(%(config)s::regconfig, m.text) AS vector) v
+    {parsed}
     {excluded_ids}
 )"""
 

@@ -248,9 +248,7 @@ class Command(BaseCommand):
             else "agentmemory_bench"
         )
         samples = opts["samples"] or (5 if quick else 50)
-        output = opts["output"] or (
-            None if quick else str(Path(settings.BASE_DIR) / "docs" / "benchmarks.md")
-        )
+        output = _output(opts, quick=quick)
         if quick:
             # Exercise the HNSW path on the tiny dataset too (the default threshold is 3,000).
             settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 500
@@ -294,9 +292,7 @@ class Command(BaseCommand):
         data_sizes = citus.sizes(quick=quick, **overrides)
         db_name = opts["db_name"] or ("agentmemory_bench_citus" + ("_quick" if quick else ""))
         samples = opts["samples"] or (5 if quick else 50)
-        output = opts["output"] or (
-            None if quick else str(Path(settings.BASE_DIR) / "docs" / "benchmarks.md")
-        )
+        output = _output(opts, quick=quick)
         tree = Path(
             opts["citus_tree"] or os.environ.get("AGENTMEMORY_CITUS_TREE") or citus.DEFAULT_TREE
         ).resolve()
@@ -340,9 +336,7 @@ class Command(BaseCommand):
                 if data_dir is not None:
                     shutil.rmtree(data_dir, ignore_errors=True)
         self.log("\n" + "\n".join(lines))
-        if output:
-            sections.write_section(Path(output), citus_rows.SECTION, lines)
-            self.log(f"\nwritten to {output} (its section {citus_rows.SECTION!r})")
+        self._write_section(output, citus_rows.SECTION, lines)
 
     def _fleet(self, opts) -> None:
         """The runs table and search everything at their targets' size (bench/fleet.py)."""
@@ -350,9 +344,7 @@ class Command(BaseCommand):
         sizes = fleet.FleetSizes.quick() if quick else fleet.FleetSizes()
         db_name = opts["db_name"] or ("agentmemory_bench_fleet" + ("_quick" if quick else ""))
         samples = opts["samples"] or (5 if quick else 20)
-        output = opts["output"] or (
-            None if quick else str(Path(settings.BASE_DIR) / "docs" / "benchmarks.md")
-        )
+        output = _output(opts, quick=quick)
         try:
             rows, lines = fleet.run(
                 db_name=db_name,
@@ -370,9 +362,7 @@ class Command(BaseCommand):
             if opts["drop"] or (quick and not opts["keep"]):
                 database.drop_database(db_name)
         self.log("\n" + plain_table([r.row for r in rows]))
-        if output:
-            sections.write_section(Path(output), fleet.SECTION, lines)
-            self.log(f"\nwritten to {output} (its section {fleet.SECTION!r})")
+        self._write_section(output, fleet.SECTION, lines)
 
     def _quality(self, opts) -> None:
         path = Path(opts["dataset"] or Path(settings.BASE_DIR) / "var" / "bench" / "locomo10.json")
@@ -407,7 +397,7 @@ class Command(BaseCommand):
         self.log("")
         self.log("\n".join(quality.report(result)))
         lines = quality.section(result, conversations, command=self.command_line, machine=machine())
-        self._write_section(opts, sections.QUALITY, lines)
+        self._write_section(_output(opts, quick=False), sections.QUALITY, lines)
 
     def _keyword_scale(self, conversations, messages: int, opts) -> None:
         db_name = opts["db_name"] or "agentmemory_bench_keyword"
@@ -425,13 +415,13 @@ class Command(BaseCommand):
         lines = keyword_scale.section(
             result, messages, load=load, command=self.command_line, machine=machine
         )
-        self._write_section(opts, sections.KEYWORD_SCALE, lines)
+        self._write_section(_output(opts, quick=False), sections.KEYWORD_SCALE, lines)
 
-    def _write_section(self, opts, title: str, lines: list[str]) -> None:
-        """A run's own section (`title`) into `--output`, docs/benchmarks.md unless given."""
-        output = Path(opts["output"] or Path(settings.BASE_DIR) / "docs" / "benchmarks.md")
-        sections.write_section(output, title, lines)
-        self.log(f"\nwritten to {output} (its section {title!r})")
+    def _write_section(self, output: str | None, title: str, lines: list[str]) -> None:
+        """A run's own section (`title`) into the report `output`, if any."""
+        if output:
+            sections.write_section(Path(output), title, lines)
+            self.log(f"\nwritten to {output} (its section {title!r})")
 
     # --- database and dataset -----------------------------------------------------------------
 
@@ -610,3 +600,10 @@ def _gap(row) -> str:
     if row.target.op == "<=":
         return f"{value / limit:.2f}× the limit"
     return f"{value / limit:.0%} of the target"
+
+
+def _output(opts, *, quick: bool) -> str | None:
+    """The report a run writes: `--output`, else docs/benchmarks.md (a quick run: none)."""
+    return opts["output"] or (
+        None if quick else str(Path(settings.BASE_DIR) / "docs" / "benchmarks.md")
+    )
