@@ -362,6 +362,59 @@ def test_the_messages_walk_keeps_one_generic_plan_that_walks_the_model_index(sto
     assert "Hash" not in plan and "Merge" not in plan, plan
 
 
+def test_the_walks_one_plan_looks_its_rows_up_by_key_among_many_small_contexts(store, settings):
+    """The walk's one plan is made without the context, for the average context of the store's
+    statistics; the walk itself runs only in large contexts. Among thousands of one-message
+    contexts the average is a row or two, and a plan that read the context's messages once,
+    kept them in memory and matched each walked vector against all of them, looked cheaper than
+    a key lookup per vector: in a context of 100,000 messages that read them all for each
+    search (8 → 170 ms). The walk's rows are looked up by key whatever the statistics."""
+    if _sharded():
+        return  # on Citus the walk is planned for each call, with its values
+    settings.AGENTMEMORY_SEARCH_EXACT_THRESHOLD = 1000
+    ctx = store["big"][0]
+    tiny = Context.objects.bulk_create(
+        Context(keys={"tiny": str(i)}, keys_digest=keys_digest({"tiny": str(i)}))
+        for i in range(3000)
+    )
+    try:
+        with connection.cursor() as cur:
+            _copy_rows(
+                cur.cursor,
+                "memory_app_message",
+                ["context_id", "seq", "role", "name", "text", "tags", "metadata"]
+                + ["token_count", "tokenizer", "source_timestamp", "created_at", "updated_at"]
+                + ["pruned_by"],
+                (
+                    (c.pk, 1, "user", "", "w1", "{}", "{}", 0, "", "", "now", "now", "")
+                    for c in tiny
+                ),
+            )
+            cur.execute("ANALYZE memory_app_message")
+        query = np.random.default_rng(41).normal(size=DIMS).tolist()
+        ids, path = semantic_ranking(
+            context_id=ctx.pk, model=MODEL, vector=query, limit=10, context_size=5090
+        )
+        assert path == "hnsw" and len(ids) == 10
+        exact = dict(_exact(ctx.pk, query, 6000))
+        assert [d for _, d in ids] == pytest.approx([exact[i] for i, _ in ids], abs=1e-5)
+        [(statement, generic, _)] = prepared_plans("%nearest AS MATERIALIZED%")
+        assert generic >= 1
+        settings_sql = hnsw_settings_sql(model=MODEL, dims=DIMS, limit=10, share=5090, generic=True)
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(*settings_sql)
+            cur.execute("EXPLAIN (GENERIC_PLAN, COSTS OFF) " + statement)
+            plan = "\n".join(row[0] for row in cur.fetchall())
+        walk = plan.split("CTE Scan on nearest")[0].split("CTE nearest")[1].split("CTE waiting")[0]
+        assert "Materialize" not in walk, plan
+        assert "Index Scan using memory_app_message_pkey on memory_app_message m" in walk, plan
+    finally:
+        # ANALYZE writes the table's size in place, outside the rolled-back transaction.
+        Context.objects.filter(pk__in=[c.pk for c in tiny]).delete()
+        with connection.cursor() as cur:
+            cur.execute("ANALYZE memory_app_message")
+
+
 def test_the_waiting_vectors_are_read_by_their_context_whatever_the_side_table_statistics(
     store, settings
 ):

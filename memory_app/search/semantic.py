@@ -516,11 +516,14 @@ def hnsw_settings_sql(
     if generic:
         # Read when the walk is bound, as enable_sort is when it is planned. A plan made
         # without the context sizes its joins for an average context, where a hash of the
-        # context's messages may look cheap; the walk's few rows are joined by key lookups in
-        # any context, so the one plan joins by nested loops.
+        # context's messages, or the context's messages read once and kept in memory for each
+        # walked vector to be matched against, may look cheap (among many one-message
+        # contexts); the walk runs in large contexts only, and its few rows are joined by key
+        # lookups in any context, so the one plan joins by nested loops over the keys.
         values["plan_cache_mode"] = "force_generic_plan"
         values["enable_hashjoin"] = "off"
         values["enable_mergejoin"] = "off"
+        values["enable_material"] = "off"
         # Every table the walk reads has the index it needs; a plan made while the side table
         # of waiting vectors was empty would scan it whole for each batch that lands after.
         values["enable_seqscan"] = "off"
