@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -284,6 +285,48 @@ def test_the_request_path_alone_writes_its_section_with_its_rows_and_the_load(tm
         assert cells[6] in ("met", "**missed**"), row
     assert "Load average (1/5/15 min) at the start:" in text
     assert "| Ours | Without it | Ours ÷ without it (pair median) |" in text
+    # The work above the database, ours alone: each request's CPU in the serving worker.
+    work = [line for line in text.splitlines() if line.startswith("| work above the database")]
+    assert [line.split(",")[1].split(":")[0].strip() for line in work] == [
+        "window k=20",
+        "semantic search k=10",
+        "single append",
+    ], text
+    for row in work:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1].startswith("p50 ") and cells[2:4] == ["—", "—"], row
+        assert "the serving worker's CPU over" in cells[4] and "load" in cells[4], row
+        assert cells[5] == "p50 ≤ 1 ms" and cells[6] in ("met", "**missed**"), row
+        p50 = float(cells[1].split()[1])
+        assert 0 < p50 < 200, row  # milliseconds of CPU, not seconds or nanoseconds
+
+
+def test_a_processes_cpu_per_call_counts_every_thread_and_only_the_call():
+    """The request path's work above the database is the serving worker's CPU per request: the
+    time each call keeps any of the process's threads on a core, a thread started during the
+    call included, and not the time it waits."""
+    import threading
+
+    from memory_app.bench.http_path import worker_cpu
+
+    def spin_in_a_thread_of_its_own():
+        def spin():
+            end = time.thread_time() + 0.03
+            while time.thread_time() < end:
+                pass
+
+        thread = threading.Thread(target=spin)
+        thread.start()
+        thread.join()
+
+    def wait_for_another_process():
+        subprocess.run(["sleep", "0.03"], check=True)
+
+    busy = worker_cpu(os.getpid(), [spin_in_a_thread_of_its_own] * 5, warmup=0)
+    waiting = worker_cpu(os.getpid(), [wait_for_another_process] * 5, warmup=0)
+    assert busy.n == waiting.n == 5
+    assert busy.p50 >= 25, busy
+    assert waiting.p50 < 15, waiting
 
 
 def test_a_run_of_some_areas_writes_a_section_of_theirs_and_keeps_the_report(tmp_path):

@@ -24,7 +24,7 @@ from memory_app.bench import sections
 from memory_app.bench.citus import Pair, Side
 from memory_app.bench.dataset import Dataset, Generator
 from memory_app.bench.harness import API, MAX_TOKENS, SEARCH_K, WINDOW_K, BenchError
-from memory_app.bench.measure import Latency, loadavg
+from memory_app.bench.measure import Latency, latency_of, loadavg
 
 SECTION = sections.CITUS
 # The target: a routed operation on the cluster within 1.5× the single node's p50.
@@ -167,8 +167,8 @@ def measure(pair: Pair, data: Dataset, *, samples: int, log: Callable[[str], Non
         fanned += [f"{op.name}: {sql}" for sql in fans]
         row = CitusRow(
             op.name,
-            _latency(times["single node"]),
-            _latency(times["cluster"]),
+            latency_of(times["single node"]),
+            latency_of(times["cluster"]),
             statements,
             os.getloadavg()[0],
         )
@@ -178,11 +178,6 @@ def measure(pair: Pair, data: Dataset, *, samples: int, log: Callable[[str], Non
         )
         rows.append(row)
     return rows, fanned
-
-
-def _latency(samples: list[float]) -> Latency:
-    arr = np.array(samples)
-    return Latency(float(np.percentile(arr, 50)), float(np.percentile(arr, 95)), len(samples))
 
 
 def _statements(pair: Pair, op: Op, i: int) -> tuple[str, list[str]]:

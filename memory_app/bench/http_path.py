@@ -12,9 +12,11 @@ the same database work done without it, interleaved A B, B A, A B ... (A = ours 
   served by the same server with the same worker class, over the same keep-alive connection
   kind from the same client.
 
-Each row's ratio is the median of the per-pair ratios, its spread beside it (issue target: both
-≤ 2.0). The HTTP client is `http.client` on one keep-alive connection per side; request bodies
-are encoded before the clock starts.
+Each row's ratio is the median of the per-pair ratios, its spread beside it (target: both
+≤ 2.0). Then the work above the database itself: the CPU time the serving worker spends on each
+of a window, a semantic search and a single append (target: p50 ≤ 1 ms). The HTTP client is
+`http.client` on one keep-alive connection per side; request bodies are encoded before the
+clock starts.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import quote
 
 import orjson
@@ -35,8 +39,10 @@ from django.conf import settings
 from memory_app import db
 from memory_app.bench.harness import API, SEARCH_K, Bench, BenchError, context_size
 from memory_app.bench.measure import (
+    Latency,
     Row,
     Target,
+    latency_of,
     load_span,
     loadavg,
     machine_lines,
@@ -50,6 +56,7 @@ AREA = "request path"
 # (a later full run writes its own in its place).
 SECTION = "## Request path"
 RATIO_TARGET = Target("<=", 2.0, "median per-pair ratio ≤ 2.0", of_ratio=True)
+WORK_TARGET = Target("<=", 1.0, "p50 ≤ 1 ms")
 # Pairs per row however few samples the run takes (not in a quick run): each row's two sides
 # differ by a few milliseconds, and over 50 pairs their median ratio moved by more than the
 # margin to its target from run to run; over 400 (a few seconds a row) it holds within a few
@@ -76,7 +83,7 @@ def run(b: Bench) -> None:
     with (
         _served(
             ["agentmemory_site.asgi:application", "memory_app.bench.minimal_http:app"], env
-        ) as (ours_port, minimal_port),
+        ) as (ours_served, minimal_served),
         # Statements prepared only where the search prepares them (`Walk.prepared`), as the
         # site's connections do (db.binding_cursor): psycopg's own preparing after five runs
         # would prepare the statements the search leaves unprepared.
@@ -84,10 +91,11 @@ def run(b: Bench) -> None:
     ):
         # The query vector's parameter, packed as the search packs it (memory_app.db).
         raw.adapters.register_dumper(db.Float8Array, db.Float8ArrayDumper)
-        ours = _Http(ours_port, {"Authorization": f"Bearer {b.api_secret}"})
-        minimal = _Http(minimal_port, {})
+        ours = _Http(ours_served.port, {"Authorization": f"Bearer {b.api_secret}"})
+        minimal = _Http(minimal_served.port, {})
         _semantic_row(b, ours, raw)
         _append_row(b, ours, minimal)
+        _work_rows(b, ours, worker_pid(ours_served.master))
     server = server_info(info["dbname"])
     b.report.notes += [
         "",
@@ -105,7 +113,11 @@ def run(b: Bench) -> None:
         "psycopg in the benchmark's process (the walk's settings, the walk with the hits' rows). "
         "Single append: a minimal ASGI handler on the same server doing the append's statements in"
         " one transaction (counters and seq, the message row, its full-text row), nothing else "
-        "(memory_app/bench/minimal_http.py).",
+        "(memory_app/bench/minimal_http.py). Work above the database: for each request, the time "
+        "the serving worker's threads spent on a core (`/proc/<pid>/task/*/schedstat`, read "
+        "before and after it; the event loop's HTTP and the API thread's request with its key "
+        "check, body, statements, rows and answer, while PostgreSQL's own work runs in its "
+        "processes), requests one after another.",
     ]
 
 
@@ -208,6 +220,80 @@ def _append_row(b: Bench, ours: _Http, minimal: _Http) -> None:
     b.report.add(Row(AREA, label, a, m, RATIO_TARGET, paired_note(paired), paired), b.log)
 
 
+def _work_rows(b: Bench, ours: _Http, pid: int) -> None:
+    """Work above the database: for each request, the CPU time the serving worker spent on it,
+    over all its threads (the event loop's HTTP, the API thread's request: key check, body,
+    statements sent and rows read, the answer). PostgreSQL's own work is in its processes, not
+    the worker's. A window of 20 and a semantic search on the largest context, and a single
+    append to a context of its own."""
+    cid = b.data.largest_context_id
+    gen = b.gen(seed_offset=9)
+    topics = b.data.context_topics[cid]
+    n = pairs_for(b) + 3
+    select = f"{API}/contexts/{cid}/select"
+    window = orjson.dumps({"selector": "window", "k": 20})
+    searches = [
+        orjson.dumps(
+            {
+                "selector": "search",
+                "k": SEARCH_K,
+                "mode": "semantic",
+                "model": b.data.model,
+                "query_vector": gen.query(topics[i % len(topics)])[1],
+            },
+            option=orjson.OPT_SERIALIZE_NUMPY,
+        )
+        for i in range(n)
+    ]
+    stamp = str(time.time_ns())
+    target = b.post(f"{API}/contexts", {"keys": {"bench": "work-above-db", "at": stamp}}).json()
+    texts = gen.texts([i % 40 for i in range(n)])
+    appends = [orjson.dumps({"role": "user", "text": text}) for text in texts]
+    for label, path, bodies in (
+        ("window k=20, largest context", select, [window] * n),
+        (f"semantic search k={SEARCH_K}, largest context", select, searches),
+        ("single append", f"{API}/contexts/{target['id']}/messages", appends),
+    ):
+        cpu = worker_cpu(pid, [lambda p=path, body=body: ours.post(p, body) for body in bodies])
+        note = f"the serving worker's CPU over {cpu.n} requests; load {os.getloadavg()[0]:.2f}"
+        measure = f"work above the database, {label}: the worker's CPU per request"
+        b.report.add(Row(AREA, measure, cpu, None, WORK_TARGET, note), b.log)
+
+
+def worker_pid(master: int) -> int:
+    """The process id of a gunicorn master's one worker."""
+    children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    if len(children) != 1:
+        raise BenchError(f"gunicorn {master} runs {len(children)} workers, not one")
+    return int(children[0])
+
+
+def worker_cpu(pid: int, calls: list, *, warmup: int = 3) -> Latency:
+    """The CPU time process `pid` spends during each of `calls` (made one after another, after
+    `warmup` of them), in milliseconds: every thread's time on a core (schedstat, in
+    nanoseconds), a thread started meanwhile counted from zero."""
+    for call in calls[:warmup]:
+        call()
+    samples = []
+    for call in calls:
+        before = _threads_cpu(pid)
+        call()
+        after = _threads_cpu(pid)
+        samples.append(sum(ns - before.get(tid, 0) for tid, ns in after.items()) / 1e6)
+    return latency_of(samples)
+
+
+def _threads_cpu(pid: int) -> dict[int, int]:
+    """Each thread of `pid`: nanoseconds it has run on a core."""
+    spent = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            spent[int(tid)] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        except FileNotFoundError:
+            continue  # the thread ended between the listing and the read
+    return spent
+
+
 def section(report, *, command: str, quick: bool) -> list[str]:
     """This area's section of the report, when it runs alone."""
     from memory_app.bench import sections
@@ -215,6 +301,13 @@ def section(report, *, command: str, quick: bool) -> list[str]:
     return sections.paired_section(
         report, SECTION, command=command, quick=quick, sides=("Ours", "Without it")
     )
+
+
+class Served(NamedTuple):
+    """An app served by `_served`: its port and its gunicorn master's process id."""
+
+    port: int
+    master: int
 
 
 @contextmanager
@@ -229,7 +322,7 @@ def _served(
     """Each app under gunicorn with `workers` uvicorn workers on a free port of 127.0.0.1, as
     `manage.py serve` runs the site (`preload`: imported once before the workers fork, as serve
     does), started side by side (each by its python of `pythons`, default this one); their
-    ports. Stopped (by their own process ids) on the way out."""
+    ports and gunicorn masters. Stopped (by their own process ids) on the way out."""
     procs, ports = [], []
     try:
         for app, python in zip(apps, pythons or [sys.executable] * len(apps), strict=True):
@@ -246,7 +339,7 @@ def _served(
             ports.append(port)
         for app, proc, port in zip(apps, procs, ports, strict=True):
             _wait_serving(app, proc, port)
-        yield ports
+        yield [Served(port, proc.pid) for port, proc in zip(ports, procs, strict=True)]
     finally:
         stop_processes(procs)
 

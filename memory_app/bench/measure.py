@@ -181,10 +181,10 @@ def time_pairs(
     ratios = np.array(ours) / np.array(theirs)
     p25, median, p75 = (float(x) for x in np.percentile(ratios, [25, 50, 75]))
     paired = Paired(median, p25, p75, float(ratios.min()), float(ratios.max()), len(ratios))
-    return _latency(ours), _latency(theirs), paired
+    return latency_of(ours), latency_of(theirs), paired
 
 
-def _latency(samples: list[float]) -> Latency:
+def latency_of(samples: list[float]) -> Latency:
     arr = np.array(samples)
     return Latency(
         p50=float(np.percentile(arr, 50)), p95=float(np.percentile(arr, 95)), n=len(samples)
@@ -215,7 +215,7 @@ def time_each(
         samples.append((time.perf_counter() - t) * 1000)
         if len(samples) >= MIN_SAMPLES and time.perf_counter() - start > budget:
             break
-    return _latency(samples)
+    return latency_of(samples)
 
 
 # --- the report -------------------------------------------------------------------------------

@@ -161,7 +161,7 @@ def _served_sustained(
     site = ["agentmemory_site.asgi:application"]
     headers = {"Authorization": f"Bearer {b.api_secret}", "Content-Type": PROTOBUF}
     with (
-        _served(site, {**env, **web_env}, workers=workers, preload=True) as (port,),
+        _served(site, {**env, **web_env}, workers=workers, preload=True) as ((port, _),),
         _mappers(env, mappers),
     ):
         _warm_up(port, headers, warm)

@@ -120,9 +120,9 @@ def run(b: Bench) -> None:
     loads = {small: Load.draw(b, small, 11), large: Load.draw(b, large, 12)}
     start = loadavg()
     apps, pythons = ["agentmemory_site.asgi:application", PEER_APP], [sys.executable, str(python)]
-    with _served(apps, env, pythons) as (ours_port, peer_port):
-        ours = _Http(ours_port, {"Authorization": f"Bearer {b.api_secret}"})
-        peer = _Http(peer_port, {})
+    with _served(apps, env, pythons) as (ours_served, peer_served):
+        ours = _Http(ours_served.port, {"Authorization": f"Bearer {b.api_secret}"})
+        peer = _Http(peer_served.port, {})
         peer.post("/setup", b"{}")
         b.log(f"  loading {small:,} and {large:,} messages with vectors into each side")
         sides = {n: _load(b, peer, load, batch) for n, load in loads.items()}

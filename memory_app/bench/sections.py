@@ -114,7 +114,8 @@ def paired_section(
 ) -> list[str]:
     """The section of an area whose rows pair two sides call by call (its rows, then its notes
     after `title` in the report, the machine among them; their own heading left out: the
-    section's title is it). `sides`: the two columns' names, ours first."""
+    section's title is it). `sides`: the two columns' names, ours first; a row measured on our
+    side alone has a dash in the other's columns."""
     notes = report.notes[report.notes.index(title) + 1 :] if title in report.notes else []
     skipped = [f"- not measured: {line}" for line in report.not_measured]
     ours, other = sides
@@ -124,8 +125,9 @@ def paired_section(
         "| Target | Result |",
         "|---|---|---|---|---|---|---|",
         *(
-            f"| {r.measure} | {r.ours} | {r.baseline} | {r.ratio:.3g}× | {r.note} | "
-            f"{r.target.text} | {r.status} |"
+            f"| {r.measure} | {r.ours} | {r.baseline or '—'} | "
+            f"{'—' if r.ratio is None else f'{r.ratio:.3g}×'} | {r.note} | {r.target.text} | "
+            f"{r.status} |"
             for r in report.rows
         ),
         *notes,

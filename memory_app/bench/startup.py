@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from memory_app.bench.measure import Row, Target, _latency
+from memory_app.bench.measure import Row, Target, latency_of
 
 ROOT = Path(__file__).resolve().parents[2]
 SETUP = (
@@ -38,6 +38,6 @@ def run(b) -> None:
         "a data folder was initialised: the settings started PostgreSQL" if started_server else ""
     )
     b.report.add(
-        Row("startup", "django.setup(), fresh process", _latency(samples), None, TARGET, note),
+        Row("startup", "django.setup(), fresh process", latency_of(samples), None, TARGET, note),
         b.log,
     )
