@@ -330,6 +330,11 @@ AGENTMEMORY_SEARCH_EXACT_THRESHOLD = int(
 AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = int(
     os.environ.get("AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES", "100")
 )
+# A longer query (a whole message) is ranked on this many of its terms in a large context: its
+# phrases and its rarest words there (memory_app/search/keyword.py, `_rarest_terms`).
+AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS = int(
+    os.environ.get("AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS", "12")
+)
 AGENTMEMORY_HNSW_EF_SEARCH = int(os.environ.get("AGENTMEMORY_HNSW_EF_SEARCH", "0") or 0)
 AGENTMEMORY_HNSW_EF_SEARCH_STEPS = sorted(
     (int(size), int(ef))

@@ -666,3 +666,47 @@ def test_a_large_context_parses_its_unindexed_messages_once_for_every_term(setti
     assert not keyword_ranking(context_id=context.pk, query="alpha -note", limit=60)
     strict = keyword_ranking(context_id=context.pk, query="gamma beta", limit=60, match="all")
     assert {h for h, _ in strict} == betas
+
+
+def test_a_long_query_in_a_large_context_is_ranked_on_its_rarest_terms(settings, monkeypatch):
+    """A whole message as the query (the composite selector's last user message) held a
+    hundred words, and each term's passes cost the large context's ranking a millisecond or
+    more: 13 → 200 ms on 100,000 messages. Past AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS terms it
+    is ranked on its phrases and its rarest words among the latest seqs, as BM25 ranks on
+    those, the most frequent words (the lowest weighed) left out."""
+    settings.AGENTMEMORY_EMBEDDING_PROVIDER = "none"
+    settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = 1000
+    settings.AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS = 3
+    monkeypatch.setattr(message_search, "KEYWORD_EXACT_MESSAGES", 0)  # ranked as a large one
+    context = make_context()
+    items = []
+    for i in range(1, 81):
+        words = ["common"] + (["often"] if i % 2 else []) + (["seldom"] if i % 10 == 0 else [])
+        words += ["rare"] if i in (7, 33, 64) else []
+        words += ["unique thing"] if i == 50 else []
+        items.append({"role": "user", "text": " ".join(words + [f"filler{i}"])})
+    messages_append(context=context, items=items)
+    context.refresh_from_db()
+
+    def ranked(query):
+        with CaptureQueriesContext(connection) as queries:
+            hits = keyword_ranking(context_id=context.pk, query=query, limit=80)
+        ranking = queries.captured_queries[-1]["sql"]
+        return hits, ranking.count(" AS term, f.* FROM")
+
+    # Four words: the three rarest ranked ("common", in every message, left out).
+    hits, terms = ranked("common often seldom rare")
+    truth = bm25_truth(context, words=["often", "seldom", "rare"])
+    assert terms == 3
+    assert [h for h, _ in hits] == [mid for mid, _ in truth]
+    assert [s for _, s in hits] == pytest.approx([s for _, s in truth])
+    # A phrase is kept, and the words share what room is left: the rarest one.
+    hits, terms = ranked('often common "unique thing" rare seldom')
+    truth = bm25_truth(context, words=["rare", "seldom"], phrases=["unique thing"])
+    assert terms == 3
+    assert [h for h, _ in hits] == [mid for mid, _ in truth]
+    assert [s for _, s in hits] == pytest.approx([s for _, s in truth])
+    # No more terms than that: every one ranked, as before.
+    hits, terms = ranked("common often rare")
+    truth = bm25_truth(context, words=["common", "often", "rare"])
+    assert terms == 3 and [h for h, _ in hits] == [mid for mid, _ in truth]

@@ -138,11 +138,12 @@ def _ranking_sql(
     cap = max(settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES, params["limit"])
     last_seq = params["last_seq"]
     bounds = _seq_bounds(last_seq, params["search_seq"])
+    params.update(bounds)
+    parsed = _rarest_terms(params, parsed, settings.AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS)
     params["lexemes"] = sorted({lexeme for term in parsed.terms for lexeme in term.lexemes})
     for i, term in enumerate(parsed.terms, start=1):
         params[f"q{i}"] = parsed.term_tsquery(term)
         params[f"l{i}"] = list(term.lexemes)
-    params.update(bounds)
     counts = _window_counts(params, len(parsed.terms))
     found = []
     plans = _plans(counts, n=params["n"], last_seq=last_seq, cap=cap, limit=params["limit"])
@@ -554,25 +555,60 @@ def _term_candidates(
     return " UNION ALL ".join(f"({p})" for p in passes) + f" LIMIT %({need})s"
 
 
-# Each term's matches among the latest KEYWORD_RECENT_SEQS seqs, in one read of their vectors
-# (parsed from the text past `search_seq`), for `bm25.plan_term`. The stored vectors are read
-# newest first under a limit, so that the planner walks the primary key, as a pass does.
+def _window(seqs: int) -> str:
+    """The vectors (`v`) of the latest `seqs` seqs (as far as the indexer went; `older`
+    bounds them at the latest KEYWORD_RECENT_SEQS) and of the messages past the indexer's mark
+    there, parsed from their text. The stored vectors are read newest first under a limit, so
+    that the planner walks the primary key, as a pass does."""
+    return f"""(
+        (SELECT s.search_vector AS v FROM {fulltext.TABLE} s
+         WHERE s.context_id = %(context)s AND s.seq > %(older)s AND s.seq <= %(search_seq)s
+         ORDER BY s.seq DESC LIMIT {int(seqs)})
+        UNION ALL
+        SELECT memory_app_search_vector(%(config)s::regconfig, m.text)
+        FROM {_TAIL.format(after="%(newest_after)s")}
+    ) w"""  # noqa: S608 - constant SQL
+
+
 def _window_counts(params: dict, terms: int) -> list[int]:
+    """Each term's matches among the latest KEYWORD_RECENT_SEQS seqs, in one read of their
+    vectors, for `bm25.plan_term`."""
     counts = ", ".join(
         f"count(*) FILTER (WHERE ts_match_vq(w.v, %(q{i})s::tsquery))" for i in range(1, terms + 1)
     )
-    sql = f"""
-        SELECT {counts} FROM (
-            (SELECT s.search_vector AS v FROM {fulltext.TABLE} s
-             WHERE s.context_id = %(context)s AND s.seq > %(older)s
-               AND s.seq <= %(search_seq)s
-             ORDER BY s.seq DESC LIMIT {KEYWORD_RECENT_SEQS})
-            UNION ALL
-            SELECT memory_app_search_vector(%(config)s::regconfig, m.text)
-            FROM {_TAIL.format(after="%(newest_after)s")}
-        ) w
-    """  # noqa: S608 - constant SQL
+    sql = f"SELECT {counts} FROM {_window(KEYWORD_RECENT_SEQS)}"  # noqa: S608 - constant SQL
     return [int(c) for c in _read(sql, params, lambda: ["bigint"] * terms)[0]]
+
+
+# The latest seqs a long query's words are counted in, to keep its rarest (`_rarest_terms`): a
+# sample of the window `_window_counts` reads, whose every vector read costs (a message's vector
+# is stored compressed), for every word of the query.
+RAREST_SAMPLE_SEQS = 500
+
+
+def _rarest_terms(params: dict, parsed: KeywordQuery, most: int) -> KeywordQuery:
+    """A query of more than `most` terms (a whole message as the query: the composite
+    selector's last user message, say) ranked on `most` of them in a large context: its
+    phrases, and the words held by the fewest of the latest RAREST_SAMPLE_SEQS seqs' messages,
+    ties in the query's order. Each term costs ranking passes of its own, and the words left out
+    are the ones BM25 weighs least in the context (its most frequent). The words are counted in
+    one read of those messages' vectors."""
+    if len(parsed.terms) <= most:
+        return parsed
+    words = [term for term in parsed.terms if len(term.lexemes) == 1]
+    room = max(most - (len(parsed.terms) - len(words)), 0)
+    sql = f"""
+        SELECT x.lexeme, count(*) FROM {_window(RAREST_SAMPLE_SEQS)}
+        CROSS JOIN unnest(tsvector_to_array(w.v)) x (lexeme)
+        JOIN unnest(%(words)s::text[]) q (lexeme) ON q.lexeme = x.lexeme
+        GROUP BY x.lexeme
+    """  # noqa: S608 - constant SQL
+    lexemes = [term.lexemes[0] for term in words]
+    held = dict(_read(sql, params | {"words": lexemes}, lambda: ["text", "bigint"]))
+    order = sorted(range(len(words)), key=lambda i: (held.get(lexemes[i], 0), i))
+    kept = {words[i] for i in order[:room]}
+    terms = tuple(term for term in parsed.terms if len(term.lexemes) > 1 or term in kept)
+    return KeywordQuery(terms, parsed.exclusion, parsed.strict)
 
 
 def _seq_bounds(last_seq: int, search_seq: int) -> dict[str, int]:
