@@ -214,14 +214,31 @@ def _not_status() -> Q:
     return ~Q(role__in=STATUS_ROLES) & ~Q(tags__contains=["status-message"])
 
 
+# The live messages before a seq, newest first (`_scan_backwards`' chunks after the first); with
+# `_FITTING`, only those a token window may still take. Plain reads, planned for their values:
+# a chunk's rows are read through the context's index either way.
+_OLDER_SQL = (
+    f"SELECT {db.select_columns(Message, 'm')} FROM memory_app_message m"  # noqa: S608 - constant
+    " WHERE m.context_id = %s AND m.pruned_at IS NULL AND m.seq < %s{narrow}"
+    " ORDER BY m.seq DESC LIMIT %s"
+)
+_FITTING = " AND m.token_count < %s"
+_FITTING_OR_RECOUNTED = " AND (m.token_count < %s OR m.tokenizer = ANY(%s))"
+
+
 def _scan_backwards(
-    context: Context, *, before_seq: int | None = None, narrow: Callable[[], Q] | None = None
+    context: Context,
+    *,
+    before_seq: int | None = None,
+    narrow: Callable[[], tuple[int, list[str]]] | None = None,
 ) -> Iterator[Message]:
     """Live messages newest first, read in chunks so long histories are never loaded at once.
 
-    `narrow`, when given, is asked before each chunk after the first for a filter on the rows
-    still worth reading (it may tighten as the caller consumes rows).
+    `narrow`, when given, is asked before each chunk after the first for the rows still worth
+    reading (it may tighten as the caller consumes rows): those under a token count, and those
+    whose count was made under one of the tokenizers it names.
     """
+    using = router.db_for_read(Message)
     cursor = before_seq
     size = FIRST_SCAN_CHUNK
     while True:
@@ -230,10 +247,15 @@ def _scan_backwards(
             # deferred key read in its round trip): a token window is mostly answered by it.
             chunk = _newest_first(context.pk, size)
         else:
-            qs = _live(context).filter(seq__lt=cursor)
+            fitting: list = []
             if narrow is not None:
-                qs = qs.filter(narrow())
-            chunk = list(qs.order_by("-seq")[:size])
+                under, recounted = narrow()
+                fitting = [under, recounted] if recounted else [under]
+            shape = {0: "", 1: _FITTING, 2: _FITTING_OR_RECOUNTED}[len(fitting)]
+            sql = _OLDER_SQL.format(narrow=shape)
+            params = [context.pk, cursor, *fitting, size]
+            rows = pipelines.read_rows(sql, params, using=using)
+            chunk = [db.from_row(Message, row, using) for row in rows]
         yield from chunk
         if len(chunk) < size:
             return
@@ -241,17 +263,27 @@ def _scan_backwards(
         size = min(size * 4, SCAN_CHUNK)
 
 
+_RECOUNTED_SQL = (
+    "SELECT DISTINCT m.tokenizer FROM memory_app_message m"
+    " WHERE m.context_id = %s AND m.pruned_at IS NULL"
+    " AND (m.tokenizer < %s OR m.tokenizer > %s OR (m.tokenizer > %s AND m.tokenizer < %s))"
+    " ORDER BY m.tokenizer"
+)
+
+
 def _tokenizers_needing_recount(context: Context, name: str) -> list[str]:
     """Tokenizer names stored on the context's live messages whose counts are not `name`'s.
 
-    Written as ranges around the trusted names so the (context, tokenizer) index answers it
-    without reading the context's rows: normally every row is trusted and this is empty.
+    Written as ranges around the trusted names (one or two) so the (context, tokenizer) index
+    answers it without reading the context's rows: normally every row is trusted and this is
+    empty. A plain read: no query compiled.
     """
     trusted = sorted({name, ""} if name == tokens.default_tokenizer_name() else {name})
-    outside = Q(tokenizer__lt=trusted[0]) | Q(tokenizer__gt=trusted[-1])
-    for low, high in zip(trusted, trusted[1:], strict=False):
-        outside |= Q(tokenizer__gt=low, tokenizer__lt=high)
-    return sorted(set(_live(context).filter(outside).values_list("tokenizer", flat=True)))
+    low, high = trusted[0], trusted[-1]
+    rows = pipelines.read_rows(
+        _RECOUNTED_SQL, [context.pk, low, high, low, high], using=router.db_for_read(Message)
+    )
+    return [tokenizer for (tokenizer,) in rows]
 
 
 class _TokenCounter:
@@ -373,9 +405,8 @@ def select_token_window(*, context: Context, spec: TokenWindowSpec) -> Selection
         # another tokenizer, which are recounted). The same messages are selected.
         recount = _tokenizers_needing_recount(context, counter.name)
 
-        def narrow() -> Q:
-            fits = Q(token_count__lt=budget - used)
-            return fits | Q(tokenizer__in=recount) if recount else fits
+        def narrow() -> tuple[int, list[str]]:
+            return budget - used, recount
 
     skipped = 0
     for m in _scan_backwards(context, narrow=narrow):
