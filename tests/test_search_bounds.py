@@ -692,21 +692,23 @@ def test_a_long_query_in_a_large_context_is_ranked_on_its_rarest_terms(settings,
         with CaptureQueriesContext(connection) as queries:
             hits = keyword_ranking(context_id=context.pk, query=query, limit=80)
         ranking = queries.captured_queries[-1]["sql"]
-        return hits, ranking.count(" AS term, f.* FROM")
+        counted = sum("FILTER (WHERE ts_match_vq" in q["sql"] for q in queries.captured_queries)
+        return hits, ranking.count(" AS term, f.* FROM"), counted
 
-    # Four words: the three rarest ranked ("common", in every message, left out).
-    hits, terms = ranked("common often seldom rare")
+    # Four words: the three rarest ranked ("common", in every message, left out), planned on
+    # the counts that chose them (no second count of the latest seqs).
+    hits, terms, counted = ranked("common often seldom rare")
     truth = bm25_truth(context, words=["often", "seldom", "rare"])
-    assert terms == 3
+    assert terms == 3 and counted == 0
     assert [h for h, _ in hits] == [mid for mid, _ in truth]
     assert [s for _, s in hits] == pytest.approx([s for _, s in truth])
     # A phrase is kept, and the words share what room is left: the rarest one.
-    hits, terms = ranked('often common "unique thing" rare seldom')
+    hits, terms, counted = ranked('often common "unique thing" rare seldom')
     truth = bm25_truth(context, words=["rare", "seldom"], phrases=["unique thing"])
-    assert terms == 3
+    assert terms == 3 and counted == 1  # a phrase's matches are counted apart
     assert [h for h, _ in hits] == [mid for mid, _ in truth]
     assert [s for _, s in hits] == pytest.approx([s for _, s in truth])
     # No more terms than that: every one ranked, as before.
-    hits, terms = ranked("common often rare")
+    hits, terms, counted = ranked("common often rare")
     truth = bm25_truth(context, words=["common", "often", "rare"])
-    assert terms == 3 and [h for h, _ in hits] == [mid for mid, _ in truth]
+    assert terms == 3 and counted == 1 and [h for h, _ in hits] == [mid for mid, _ in truth]

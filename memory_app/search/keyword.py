@@ -139,14 +139,18 @@ def _ranking_sql(
     last_seq = params["last_seq"]
     bounds = _seq_bounds(last_seq, params["search_seq"])
     params.update(bounds)
-    parsed = _rarest_terms(params, parsed, settings.AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS)
+    parsed, counts = _rarest_terms(params, parsed, settings.AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS)
     params["lexemes"] = sorted({lexeme for term in parsed.terms for lexeme in term.lexemes})
     for i, term in enumerate(parsed.terms, start=1):
         params[f"q{i}"] = parsed.term_tsquery(term)
         params[f"l{i}"] = list(term.lexemes)
-    counts = _window_counts(params, len(parsed.terms))
+    window = RAREST_SAMPLE_SEQS
+    if counts is None:
+        counts, window = _window_counts(params, len(parsed.terms)), KEYWORD_RECENT_SEQS
     found = []
-    plans = _plans(counts, n=params["n"], last_seq=last_seq, cap=cap, limit=params["limit"])
+    plans = _plans(
+        counts, n=params["n"], last_seq=last_seq, cap=cap, limit=params["limit"], window=window
+    )
     for i, plan in enumerate(plans, start=1):
         params[f"need{i}"] = plan.need
         sql = _term_candidates(
@@ -343,9 +347,9 @@ def _term_score(*, tf: str, idf: str, length: str) -> str:
     return f"{idf} * {tf} * ({k1} + 1) / ({tf} + {k1} * {norm})"
 
 
-def _plans(counts: list[int], *, n: int, last_seq: int, cap: int, limit: int):
-    """Each term's plan (`bm25.plan_term`) from its matches among the latest seqs."""
-    window = min(KEYWORD_RECENT_SEQS, max(last_seq, 1))
+def _plans(counts: list[int], *, n: int, last_seq: int, cap: int, limit: int, window: int):
+    """Each term's plan (`bm25.plan_term`) from its matches among the latest `window` seqs."""
+    window = min(window, max(last_seq, 1))
     return [
         bm25.plan_term(
             window_matches=matches,
@@ -586,15 +590,21 @@ def _window_counts(params: dict, terms: int) -> list[int]:
 RAREST_SAMPLE_SEQS = 500
 
 
-def _rarest_terms(params: dict, parsed: KeywordQuery, most: int) -> KeywordQuery:
+def _rarest_terms(
+    params: dict, parsed: KeywordQuery, most: int
+) -> tuple[KeywordQuery, list[int] | None]:
     """A query of more than `most` terms (a whole message as the query: the composite
     selector's last user message, say) ranked on `most` of them in a large context: its
     phrases, and the words held by the fewest of the latest RAREST_SAMPLE_SEQS seqs' messages,
     ties in the query's order. Each term costs ranking passes of its own, and the words left out
     are the ones BM25 weighs least in the context (its most frequent). The words are counted in
-    one read of those messages' vectors."""
+    one read of those messages' vectors.
+
+    With the terms kept, their matches among those seqs when the counts are theirs (words only,
+    no exclusions), for planning their passes (`bm25.plan_term`) without a second read of the
+    latest seqs; else None (`_window_counts` counts them)."""
     if len(parsed.terms) <= most:
-        return parsed
+        return parsed, None
     words = [term for term in parsed.terms if len(term.lexemes) == 1]
     room = max(most - (len(parsed.terms) - len(words)), 0)
     sql = f"""
@@ -608,7 +618,9 @@ def _rarest_terms(params: dict, parsed: KeywordQuery, most: int) -> KeywordQuery
     order = sorted(range(len(words)), key=lambda i: (held.get(lexemes[i], 0), i))
     kept = {words[i] for i in order[:room]}
     terms = tuple(term for term in parsed.terms if len(term.lexemes) > 1 or term in kept)
-    return KeywordQuery(terms, parsed.exclusion, parsed.strict)
+    counted = not parsed.exclusion and all(len(term.lexemes) == 1 for term in terms)
+    counts = [held.get(term.lexemes[0], 0) for term in terms] if counted else None
+    return KeywordQuery(terms, parsed.exclusion, parsed.strict), counts
 
 
 def _seq_bounds(last_seq: int, search_seq: int) -> dict[str, int]:
