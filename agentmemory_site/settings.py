@@ -330,8 +330,8 @@ AGENTMEMORY_SEARCH_EXACT_THRESHOLD = int(
 AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES = int(
     os.environ.get("AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES", "100")
 )
-# A longer query (a whole message) is ranked on this many of its terms in a large context: its
-# phrases and its rarest words there (memory_app/search/keyword.py, `_rarest_terms`).
+# A longer query (a whole message) is ranked on this many of its terms in a context of more
+# than 2,000 messages: its phrases and its rarest words there (memory_app/search/keyword_terms.py).
 AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS = int(
     os.environ.get("AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS", "12")
 )

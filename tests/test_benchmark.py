@@ -301,10 +301,10 @@ def test_the_request_path_alone_writes_its_section_with_its_rows_and_the_load(tm
         assert 0 < p50 < 200, row  # milliseconds of CPU, not seconds or nanoseconds
 
 
-def test_a_processes_cpu_per_call_counts_every_thread_and_only_the_call():
+def test_a_process_s_cpu_per_call_counts_every_thread_and_only_the_call():
     """The request path's work above the database is the serving worker's CPU per request: the
     time each call keeps any of the process's threads on a core (as a server's pool thread
-    answers it: the thread lives on, and the first call starts it), not the time it waits."""
+    answers it: the first call starts it), not the time it waits."""
     from concurrent.futures import ThreadPoolExecutor
 
     from memory_app.bench.http_path import worker_cpu
@@ -318,10 +318,12 @@ def test_a_processes_cpu_per_call_counts_every_thread_and_only_the_call():
         subprocess.run(["sleep", "0.03"], check=True)
 
     with ThreadPoolExecutor(max_workers=1) as pool:
-        busy = worker_cpu(os.getpid(), [lambda: pool.submit(spin).result()] * 5, warmup=0)
-    waiting = worker_cpu(os.getpid(), [wait_for_another_process] * 5, warmup=0)
+        busy, busy_mean = worker_cpu(
+            os.getpid(), [lambda: pool.submit(spin).result()] * 5, warmup=0
+        )
+    waiting, _ = worker_cpu(os.getpid(), [wait_for_another_process] * 5, warmup=0)
     assert busy.n == waiting.n == 5
-    assert busy.p50 >= 25, busy
+    assert busy.p50 >= 25 and busy_mean >= 25, busy
     assert waiting.p50 < 15, waiting
 
 

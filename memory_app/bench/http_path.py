@@ -42,6 +42,7 @@ from memory_app.bench.measure import (
     Latency,
     Row,
     Target,
+    fmt_ms,
     latency_of,
     load_span,
     loadavg,
@@ -113,11 +114,11 @@ def run(b: Bench) -> None:
         "psycopg in the benchmark's process (the walk's settings, the walk with the hits' rows). "
         "Single append: a minimal ASGI handler on the same server doing the append's statements in"
         " one transaction (counters and seq, the message row, its full-text row), nothing else "
-        "(memory_app/bench/minimal_http.py). Work above the database: for each request, the time "
-        "the serving worker's threads spent on a core (`/proc/<pid>/task/*/schedstat`, read "
-        "before and after it; the event loop's HTTP and the API thread's request with its key "
-        "check, body, statements, rows and answer, while PostgreSQL's own work runs in its "
-        "processes), requests one after another.",
+        "(memory_app/bench/minimal_http.py). Work above the database: for each request, the "
+        "serving worker's CPU time (the process's CPU clock, every thread's: the event loop's "
+        "HTTP and the API thread's request with its key check, body, statements, rows and "
+        "answer; PostgreSQL's own work runs in its processes), read before it and after it once "
+        "the clock stops moving, requests one after another; the mean beside the row.",
     ]
 
 
@@ -254,8 +255,13 @@ def _work_rows(b: Bench, ours: _Http, pid: int) -> None:
         (f"semantic search k={SEARCH_K}, largest context", select, searches),
         ("single append", f"{API}/contexts/{target['id']}/messages", appends),
     ):
-        cpu = worker_cpu(pid, [lambda p=path, body=body: ours.post(p, body) for body in bodies])
-        note = f"the serving worker's CPU over {cpu.n} requests; load {os.getloadavg()[0]:.2f}"
+        cpu, mean = worker_cpu(
+            pid, [lambda p=path, body=body: ours.post(p, body) for body in bodies]
+        )
+        note = (
+            f"the serving worker's CPU over {cpu.n} requests, mean {fmt_ms(mean)}; "
+            f"load {os.getloadavg()[0]:.2f}"
+        )
         measure = f"work above the database, {label}: the worker's CPU per request"
         b.report.add(Row(AREA, measure, cpu, None, WORK_TARGET, note), b.log)
 
@@ -268,30 +274,39 @@ def worker_pid(master: int) -> int:
     return int(children[0])
 
 
-def worker_cpu(pid: int, calls: list, *, warmup: int = 3) -> Latency:
-    """The CPU time process `pid` spends during each of `calls` (made one after another, after
-    `warmup` of them), in milliseconds: every thread's time on a core (schedstat, in
-    nanoseconds), a thread started meanwhile counted from zero."""
+def worker_cpu(pid: int, calls: list, *, warmup: int = 3) -> tuple[Latency, float]:
+    """The CPU time process `pid` spends during each of `calls` after the first `warmup` (made
+    one after another), in milliseconds: the process's CPU clock, which sums every thread's,
+    ended ones too, and is brought up to date when read. The clock is read again until it stops
+    moving (the process's work after it sent the answer is its request's too), a millisecond
+    apart at most a few times. With the mean of the samples."""
+    clock = _process_cpu_clock(pid)
     for call in calls[:warmup]:
         call()
     samples = []
-    for call in calls:
-        before = _threads_cpu(pid)
+    for call in calls[warmup:]:
+        before = _settled(clock)
         call()
-        after = _threads_cpu(pid)
-        samples.append(sum(ns - before.get(tid, 0) for tid, ns in after.items()) / 1e6)
-    return latency_of(samples)
+        samples.append((_settled(clock) - before) / 1e6)
+    return latency_of(samples), sum(samples) / len(samples)
 
 
-def _threads_cpu(pid: int) -> dict[int, int]:
-    """Each thread of `pid`: nanoseconds it has run on a core."""
-    spent = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            spent[int(tid)] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-        except FileNotFoundError:
-            continue  # the thread ended between the listing and the read
-    return spent
+def _process_cpu_clock(pid: int) -> int:
+    """The clock id of process `pid`'s CPU time (Linux's CPUCLOCK_SCHED of the whole process,
+    `clock_getcpuclockid(3)`'s)."""
+    return ((~pid) << 3) | 2
+
+
+def _settled(clock: int, *, reads: int = 5) -> int:
+    """The clock's value once it no longer moves between two reads a millisecond apart."""
+    value = time.clock_gettime_ns(clock)
+    for _ in range(reads):
+        time.sleep(0.001)
+        again = time.clock_gettime_ns(clock)
+        if again == value:
+            break
+        value = again
+    return value
 
 
 def section(report, *, command: str, quick: bool) -> list[str]:

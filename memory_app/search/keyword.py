@@ -6,42 +6,47 @@ of its -exclusions (websearch syntax); `match="all"` asks for every word instead
 from the stored tsvectors and document frequencies counted per term with a cap (the formula and
 its approximations: `memory_app.search.bm25`). The work is bounded whatever the context's size:
 a context of up to KEYWORD_EXACT_MESSAGES messages has every match scored with exact counts, in
-one prepared statement that also parses the query (`_EXACT_SQL`); in a larger one each term
-reads at most `AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` of its newest matches, as many as its
-weight asks for (`bm25.plan_term`, from its matches among the latest seqs), through the GIN
-index or a walk back on the primary key bounded in rows (see `_term_candidates`), and the
-server scores them in the same statement (`RANK_SQL`).
+one prepared statement that also parses the query (`_EXACT_SQL`; up to KEYWORD_SCAN_MESSAGES
+messages its own rows are matched, past that its matches read through the GIN index, for a
+query of up to `AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS` terms). In a larger context, or for a
+longer query past KEYWORD_SCAN_MESSAGES, a long query keeps its phrases and rarest words
+(`keyword_terms.rarest_terms`) and each term reads at most
+`AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES` of its newest matches, as many as its weight asks for
+(`bm25.plan_term`, from its matches among the latest seqs), through the GIN index or a walk back
+on the primary key bounded in rows (see `_term_candidates`), and the server scores them in the
+same statement (`RANK_SQL`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from django.conf import settings
 
 from memory_app import db, shard_reads
 from memory_app.models import FTS_CONFIG, Context, Message
-from memory_app.search import bm25, fulltext
+from memory_app.search import bm25, fulltext, keyword_terms
 from memory_app.search.keyword_query import QUERY_TERMS, KeywordQuery, parse_query, query_parts
+from memory_app.search.keyword_terms import TAIL, read
 
 # Keyword candidates are looked for in the latest KEYWORD_RECENT_SEQS seqs first, then in the
-# older ones through the GIN index (see _keyword_candidates).
+# older ones through the GIN index (see `_term_candidates`).
 KEYWORD_RECENT_SEQS = 2_000
 # The rows one term's older pass may cost (`bm25.plan_term`): a few milliseconds of the server's.
 KEYWORD_TERM_ROWS = 10_000
 # A context no larger than this is ranked exactly, in one statement: every match of every term
-# read through the GIN index and scored, no more rows than one term's pass may cost in a larger
-# context (see `_exact_found`).
+# read and scored, no more rows than one term's pass may cost in a larger context (see
+# `_exact_found`).
 KEYWORD_EXACT_MESSAGES = KEYWORD_TERM_ROWS
-# A context of up to this many messages, ranked exactly, has its stored vectors read through its
-# own index and matched one by one (`_exact_sql`'s `scan`): the GIN index's posting lists span
-# every context, and the one plan of the exact statement, made without the query, may read a
-# query's through it and keep the context's: for a query of many or frequent words far more
-# rows than the context holds (a 53-message context, a 50-word query: 124,050 entries, 115 ms).
-# A larger context ranked exactly reads through the GIN index, for a query of no more than
-# AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS words; a longer one takes the bounded way, which ranks
-# its rarest words.
-KEYWORD_SCAN_MESSAGES = KEYWORD_RECENT_SEQS
+# A context of up to this many messages, ranked exactly, has its own stored vectors read and
+# matched one by one (`_exact_sql`'s `scan`), never through the GIN index: its posting lists span
+# every context, and the statement's one plan, made without the query, may read a query's lists
+# there and keep the context's rows from them, far more rows than the context holds for a query
+# of many or frequent words (the benchmark's composite selector on a small context). Past it the
+# matches are read through the index, for a query of up to AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS
+# terms (a longer one is ranked the bounded way, on its rarest words): a context's every vector
+# read costs about as much as the latest seqs' in a larger one.
+KEYWORD_SCAN_MESSAGES = 2_000
 
 
 def keyword_ranking(
@@ -72,9 +77,10 @@ def keyword_ranking(
     key read (`pipelines.deferred_read`) goes with it in one round trip (`pipelines.read_rows`).
 
     In a context of up to KEYWORD_EXACT_MESSAGES messages, one prepared statement (on one node,
-    on one plan for every call) parses the query and scores every match. In a larger one, two
-    after the query's parse: the terms' counts in the latest seqs, then one for every term's
-    passes, the document frequencies and the scores.
+    on one plan for every call) parses the query and scores every match (past
+    KEYWORD_SCAN_MESSAGES, a query of more terms than the cap is found too long there and ranked
+    the bounded way). In a larger one, two after the query's parse: the terms' counts in the
+    latest seqs, then one for every term's passes, the document frequencies and the scores.
     The parse's text never changes: it is prepared on the connection. The other two are
     planned for each call's values (their shapes vary, and a generic plan could not see the
     tsqueries the passes were chosen for); their parameters are bound by the server.
@@ -98,10 +104,8 @@ def keyword_ranking(
         if parts is None:
             return []
         scan = message_count <= KEYWORD_SCAN_MESSAGES
-        words = len(parts["words"].split()) + len(parts["phrases"])
-        if scan or words <= settings.AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS:
-            found = _exact_found(params | parts, match=match, columns=columns, scan=scan)
-            known = known and found is not None
+        found = _exact_found(params | parts, match=match, columns=columns, scan=scan)
+        known = known and found is not None
     if found is None:
         if not known:
             last_seq, search_seq, message_count = _counters(context_id)
@@ -112,7 +116,7 @@ def keyword_ranking(
         sql = _ranking_sql(
             params, parsed, match=match, columns=columns, excluding=bool(exclude_ids)
         )
-        found = _read(sql, params, lambda: ["bigint", "double precision", *_message_types(columns)])
+        found = read(sql, params, lambda: ["bigint", "double precision", *_message_types(columns)])
     if rows is not None:
         rows.update((row[0], row[2:]) for row in found)
     return [(row[0], float(row[1])) for row in found]
@@ -127,12 +131,20 @@ def _counters(context_id: int) -> tuple[int, int, int]:
 
 def _exact_found(params: dict, *, match: str, columns: str, scan: bool) -> list[tuple] | None:
     """The rows of `_EXACT_SQL` (id, score, `columns`), best first; None when the context
-    turned out larger than KEYWORD_EXACT_MESSAGES (or its indexer that far behind): nothing
-    was read then. A request's deferred key read shares the round trip (`pipelines.read_rows`)."""
+    turned out larger than KEYWORD_EXACT_MESSAGES (or its indexer that far behind), or the
+    query longer than `AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS` terms for a context read through the
+    GIN index (not `scan`): nothing was read then. A request's deferred key read shares the
+    round trip (`pipelines.read_rows`)."""
     sql = _exact_sql(excluding=bool(params["exclude"]), columns=columns, scan=scan)
-    answer = _read(
+    answer = read(
         sql,
-        params | {"strict": match == "all", "exact": KEYWORD_EXACT_MESSAGES},
+        params
+        | {
+            "strict": match == "all",
+            "exact": KEYWORD_EXACT_MESSAGES,
+            "scan": scan,
+            "max_terms": settings.AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS,
+        },
         lambda: ["boolean", "bigint", "double precision", *_message_types(columns)],
         prepared=True,
         generic=True,
@@ -146,23 +158,32 @@ def _ranking_sql(
     params: dict, parsed: KeywordQuery, *, match: str, columns: str, excluding: bool
 ) -> str:
     """RANK_SQL over each term's candidates in a large context (`_term_candidates`), planned
-    from the terms' matches among the latest seqs (one statement first: `_window_counts`)."""
+    from the terms' matches among the latest seqs: counted by the read that kept a long query's
+    rarest words (`keyword_terms.rarest_terms`) when it counted every term kept, else by one
+    read of their own (`keyword_terms.window_counts`)."""
     cap = max(settings.AGENTMEMORY_SEARCH_KEYWORD_CANDIDATES, params["limit"])
     last_seq = params["last_seq"]
     bounds = _seq_bounds(last_seq, params["search_seq"])
     params.update(bounds)
-    parsed, counts = _rarest_terms(params, parsed, settings.AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS)
+    most = settings.AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS
+    parsed, counts, window = keyword_terms.rarest_terms(params, parsed, most)
     params["lexemes"] = sorted({lexeme for term in parsed.terms for lexeme in term.lexemes})
     for i, term in enumerate(parsed.terms, start=1):
         params[f"q{i}"] = parsed.term_tsquery(term)
         params[f"l{i}"] = list(term.lexemes)
-    window = RAREST_SAMPLE_SEQS
     if counts is None:
-        counts, window = _window_counts(params, len(parsed.terms)), KEYWORD_RECENT_SEQS
-    found = []
-    plans = _plans(
-        counts, n=params["n"], last_seq=last_seq, cap=cap, limit=params["limit"], window=window
+        window = KEYWORD_RECENT_SEQS
+        counts = keyword_terms.window_counts(params, len(parsed.terms), window)
+    plans = keyword_terms.term_plans(
+        counts,
+        n=params["n"],
+        last_seq=last_seq,
+        cap=cap,
+        limit=params["limit"],
+        window=window,
+        budget=KEYWORD_TERM_ROWS,
     )
+    found = []
     for i, plan in enumerate(plans, start=1):
         params[f"need{i}"] = plan.need
         sql = _term_candidates(
@@ -174,7 +195,7 @@ def _ranking_sql(
         sql = _term_candidates("q0", need="need0", gin=None, bounds=bounds, excluding=excluding)
         found.append(f"SELECT 0 AS term, f.* FROM ({sql}) f")  # noqa: S608
     newest = _NEWEST.format(
-        parsed=_PARSED.format(rows=_TAIL.format(after="%(newest_after)s")),
+        parsed=_PARSED.format(rows=TAIL.format(after="%(newest_after)s")),
         excluded_ids="WHERE NOT (m.id = ANY(%(exclude)s))" if excluding else "",
     )
     terms = ", ".join(
@@ -192,29 +213,6 @@ def _ranking_sql(
 
 
 _MESSAGE_COLUMNS = ", " + db.select_columns(Message, "m")
-# The tables the ranking statements read, all distributed by context and co-located.
-_TABLES = (Message._meta.db_table, fulltext.TABLE, Context._meta.db_table)
-
-
-def _read(
-    sql: str,
-    params: dict,
-    types: Callable[[], list[str]],
-    *,
-    prepared: bool = False,
-    generic: bool = False,
-) -> list[tuple]:
-    """The rows of one of the context's ranking statements, answering columns of `types()`: on
-    a distributed store run on the context's worker, planned there only (`shard_reads`)."""
-    return shard_reads.read_rows(
-        sql,
-        params,
-        context_id=params["context"],
-        tables=_TABLES,
-        types=types,
-        prepared=prepared,
-        generic=generic,
-    )
 
 
 def _message_types(columns: str) -> list[str]:
@@ -229,10 +227,12 @@ def _message_types(columns: str) -> list[str]:
 # itself), every count exact: BM25 as its formula reads. The context's counters (its size, the
 # indexer's mark) are read by the statement too, so it needs none from the request and sees them
 # as of its own snapshot; when they show the context outgrew the exact ranking (the request knew
-# an older size), nothing is read and the one row says so (`fits`). Every message matching any
-# term, and none of the exclusions, is a hit: the stored vectors read through the GIN index, the
-# messages past `search_seq` parsed from their text (`_TAIL`). A word's tf in a hit is read by
-# one C call (`_WORD_TF`); a phrase's from the hit unnested, kept to the query's lexemes
+# an older size), nothing is read and the one row says so (`fits`), as it does for a query of
+# more than `max_terms` terms where the matches are read through the GIN index (not `scan`).
+# Every message matching any term, and none of the exclusions, is a hit: the stored vectors
+# (`stored_match`: each matched, or read through the GIN index), the messages past `search_seq`
+# parsed from their text (`keyword_terms.TAIL`). A word's tf in a hit is read by one C call
+# (`_WORD_TF`); a phrase's from the hit unnested, kept to the query's lexemes
 # (`ts_filter`): all its lexemes, the fewest positions, and matching it. A term's df is the number
 # of hits holding it. With `strict` (`match="all"`) only the hits matching the
 # whole query as websearch_to_tsquery reads it are scored, the df still counting every hit. A
@@ -246,7 +246,8 @@ _EXACT_SQL = r"""
 WITH {query_terms},
 counters AS MATERIALIZED (
     SELECT c.message_count, c.search_seq,
-           c.message_count <= %(exact)s AND c.last_seq - c.search_seq <= %(exact)s AS fits
+           c.message_count <= %(exact)s AND c.last_seq - c.search_seq <= %(exact)s
+           AND (%(scan)s OR (SELECT count(*) FROM named) <= %(max_terms)s) AS fits
     FROM memory_app_context c WHERE c.id = %(context)s
 ),
 terms (term, q, lexemes) AS MATERIALIZED (
@@ -346,7 +347,7 @@ def _exact_sql(*, excluding: bool, columns: str, scan: bool) -> str:
         query_terms=QUERY_TERMS,
         table=fulltext.TABLE,
         stored_match=match if scan else "s.search_vector @@ (SELECT q FROM matching)",
-        tail=_TAIL.format(after="(SELECT search_seq FROM counters)"),
+        tail=TAIL.format(after="(SELECT search_seq FROM counters)"),
         excluded_seqs=_EXCLUDED_SEQS if excluding else "",
         excluded_ids="AND NOT (m.id = ANY(%(exclude)s))" if excluding else "",
         word_tf=_WORD_TF,
@@ -361,23 +362,6 @@ def _term_score(*, tf: str, idf: str, length: str) -> str:
     k1, b = bm25.K1, bm25.B
     norm = f"(1 - {b} + {b} * CASE WHEN a.avgdl > 0 THEN {length} / a.avgdl ELSE 1 END)"
     return f"{idf} * {tf} * ({k1} + 1) / ({tf} + {k1} * {norm})"
-
-
-def _plans(counts: list[int], *, n: int, last_seq: int, cap: int, limit: int, window: int):
-    """Each term's plan (`bm25.plan_term`) from its matches among the latest `window` seqs."""
-    window = min(window, max(last_seq, 1))
-    return [
-        bm25.plan_term(
-            window_matches=matches,
-            window=window,
-            n=n,
-            last_seq=last_seq,
-            cap=cap,
-            limit=limit,
-            budget=KEYWORD_TERM_ROWS,
-        )
-        for matches in counts
-    ]
 
 
 # BM25 (memory_app.search.bm25) over the candidates `found` (term, seq, length, vector): the
@@ -461,31 +445,14 @@ _PARSED = """SELECT m.seq, length(v.vector) AS length, v.vector
     FROM (SELECT m.id, m.seq, m.text FROM {rows}) m,
          LATERAL (SELECT memory_app_search_vector(%(config)s::regconfig, m.text) AS vector) v"""
 
-# The messages past the indexer's mark in the latest seqs (`_TAIL` past `newest_after`: none,
-# usually), parsed once, for all the terms' first passes (`_term_candidates`): the statement
-# holds one such read, not one per term for the server to plan and run.
+# The messages past the indexer's mark in the latest seqs (`keyword_terms.TAIL` past
+# `newest_after`: none, usually), parsed once, for all the terms' first passes
+# (`_term_candidates`): the statement holds one such read, not one per term for the server to
+# plan and run.
 _NEWEST = """newest AS MATERIALIZED (
     {parsed}
     {excluded_ids}
 )"""
-
-
-# The live messages past seq `after`, up to the context's newest seq as the statement finds it
-# (so messages appended since the request read its counters are found too), each read by its
-# key. The planner cannot know where one context's seqs end (its statistics span every
-# context), so a bare `seq > after` past the end is estimated at thousands of rows and read
-# through a scan of the whole context; the series walks only the seqs up to the newest (none,
-# usually: small appends write their vectors at once). `LIMIT 1` keeps each probe a lookup on
-# (context, seq).
-_TAIL = """
-    generate_series({after} + 1,
-                    (SELECT max(n.seq) FROM memory_app_message n
-                     WHERE n.context_id = %(context)s)) g (seq)
-    CROSS JOIN LATERAL (
-        SELECT x.id, x.seq, x.text FROM memory_app_message x
-        WHERE x.context_id = %(context)s AND x.seq = g.seq AND x.pruned_at IS NULL LIMIT 1
-    ) m
-"""
 
 
 _EXCLUDED_SEQS = """
@@ -575,72 +542,8 @@ def _term_candidates(
     return " UNION ALL ".join(f"({p})" for p in passes) + f" LIMIT %({need})s"
 
 
-def _window(seqs: int) -> str:
-    """The vectors (`v`) of the latest `seqs` seqs (as far as the indexer went; `older`
-    bounds them at the latest KEYWORD_RECENT_SEQS) and of the messages past the indexer's mark
-    there, parsed from their text. The stored vectors are read newest first under a limit, so
-    that the planner walks the primary key, as a pass does."""
-    return f"""(
-        (SELECT s.search_vector AS v FROM {fulltext.TABLE} s
-         WHERE s.context_id = %(context)s AND s.seq > %(older)s AND s.seq <= %(search_seq)s
-         ORDER BY s.seq DESC LIMIT {int(seqs)})
-        UNION ALL
-        SELECT memory_app_search_vector(%(config)s::regconfig, m.text)
-        FROM {_TAIL.format(after="%(newest_after)s")}
-    ) w"""  # noqa: S608 - constant SQL
-
-
-def _window_counts(params: dict, terms: int) -> list[int]:
-    """Each term's matches among the latest KEYWORD_RECENT_SEQS seqs, in one read of their
-    vectors, for `bm25.plan_term`."""
-    counts = ", ".join(
-        f"count(*) FILTER (WHERE ts_match_vq(w.v, %(q{i})s::tsquery))" for i in range(1, terms + 1)
-    )
-    sql = f"SELECT {counts} FROM {_window(KEYWORD_RECENT_SEQS)}"  # noqa: S608 - constant SQL
-    return [int(c) for c in _read(sql, params, lambda: ["bigint"] * terms)[0]]
-
-
-# The latest seqs a long query's words are counted in, to keep its rarest (`_rarest_terms`): a
-# sample of the window `_window_counts` reads, whose every vector read costs (a message's vector
-# is stored compressed), for every word of the query.
-RAREST_SAMPLE_SEQS = 500
-
-
-def _rarest_terms(
-    params: dict, parsed: KeywordQuery, most: int
-) -> tuple[KeywordQuery, list[int] | None]:
-    """A query of more than `most` terms (a whole message as the query: the composite
-    selector's last user message, say) ranked on `most` of them in a large context: its
-    phrases, and the words held by the fewest of the latest RAREST_SAMPLE_SEQS seqs' messages,
-    ties in the query's order. Each term costs ranking passes of its own, and the words left out
-    are the ones BM25 weighs least in the context (its most frequent). The words are counted in
-    one read of those messages' vectors.
-
-    With the terms kept, their matches among those seqs when the counts are theirs (words only,
-    no exclusions), for planning their passes (`bm25.plan_term`) without a second read of the
-    latest seqs; else None (`_window_counts` counts them)."""
-    if len(parsed.terms) <= most:
-        return parsed, None
-    words = [term for term in parsed.terms if len(term.lexemes) == 1]
-    room = max(most - (len(parsed.terms) - len(words)), 0)
-    sql = f"""
-        SELECT x.lexeme, count(*) FROM {_window(RAREST_SAMPLE_SEQS)}
-        CROSS JOIN unnest(tsvector_to_array(w.v)) x (lexeme)
-        JOIN unnest(%(words)s::text[]) q (lexeme) ON q.lexeme = x.lexeme
-        GROUP BY x.lexeme
-    """  # noqa: S608 - constant SQL
-    lexemes = [term.lexemes[0] for term in words]
-    held = dict(_read(sql, params | {"words": lexemes}, lambda: ["text", "bigint"]))
-    order = sorted(range(len(words)), key=lambda i: (held.get(lexemes[i], 0), i))
-    kept = {words[i] for i in order[:room]}
-    terms = tuple(term for term in parsed.terms if len(term.lexemes) > 1 or term in kept)
-    counted = not parsed.exclusion and all(len(term.lexemes) == 1 for term in terms)
-    counts = [held.get(term.lexemes[0], 0) for term in terms] if counted else None
-    return KeywordQuery(terms, parsed.exclusion, parsed.strict), counts
-
-
 def _seq_bounds(last_seq: int, search_seq: int) -> dict[str, int]:
-    """The seqs where the passes of `_term_candidates` (and `_window_counts`) meet: the latest
+    """The seqs where the passes of `_term_candidates` (and the terms' counts) meet: the latest
     KEYWORD_RECENT_SEQS seqs begin past `older`; the indexer's vectors stop at `search_seq`,
     so the older ones stop at `searched_older`; the text is parsed past `newest_after`. They
     shape the passes and are the statements' parameters, bound by the server like the tsqueries
