@@ -202,11 +202,15 @@ def _newest(context_id: int, k: int) -> list[Message]:
 
 def _newest_first(context_id: int, k: int) -> list[Message]:
     """`_newest`'s read, newest first."""
-    using = router.db_for_read(Message)
     one_plan = not scale_out.table_is_distributed(Message._meta.db_table)
-    rows = pipelines.read_rows(
-        _NEWEST_SQL, [context_id, k], using=using, prepared=one_plan, generic=one_plan
-    )
+    return _read_messages(_NEWEST_SQL, [context_id, k], prepared=one_plan, generic=one_plan)
+
+
+def _read_messages(sql: str, params: list, **options) -> list[Message]:
+    """The messages one plain statement reads (`pipelines.read_rows`, `options` as there), on
+    the database the router names for reads, built as the ORM builds them."""
+    using = router.db_for_read(Message)
+    rows = pipelines.read_rows(sql, params, using=using, **options)
     return [db.from_row(Message, row, using) for row in rows]
 
 
@@ -238,7 +242,6 @@ def _scan_backwards(
     reading (it may tighten as the caller consumes rows): those under a token count, and those
     whose count was made under one of the tokenizers it names.
     """
-    using = router.db_for_read(Message)
     cursor = before_seq
     size = FIRST_SCAN_CHUNK
     while True:
@@ -247,15 +250,14 @@ def _scan_backwards(
             # deferred key read in its round trip): a token window is mostly answered by it.
             chunk = _newest_first(context.pk, size)
         else:
-            fitting: list = []
+            shape, fitting = "", []
             if narrow is not None:
                 under, recounted = narrow()
-                fitting = [under, recounted] if recounted else [under]
-            shape = {0: "", 1: _FITTING, 2: _FITTING_OR_RECOUNTED}[len(fitting)]
-            sql = _OLDER_SQL.format(narrow=shape)
+                shape, fitting = _FITTING, [under]
+                if recounted:
+                    shape, fitting = _FITTING_OR_RECOUNTED, [under, recounted]
             params = [context.pk, cursor, *fitting, size]
-            rows = pipelines.read_rows(sql, params, using=using)
-            chunk = [db.from_row(Message, row, using) for row in rows]
+            chunk = _read_messages(_OLDER_SQL.format(narrow=shape), params)
         yield from chunk
         if len(chunk) < size:
             return

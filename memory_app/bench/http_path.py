@@ -153,15 +153,7 @@ def _semantic_row(b: Bench, ours: _Http, raw: psycopg.Connection) -> None:
     path = f"{API}/contexts/{cid}/select"
 
     def http(vector) -> None:
-        body = {
-            "selector": "search",
-            "query": "",
-            "k": SEARCH_K,
-            "mode": "semantic",
-            "model": b.data.model,
-            "query_vector": vector,
-        }
-        encoded = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+        encoded = _semantic_body(b, vector)
         return lambda: ours.post(path, encoded)
 
     def direct(vector) -> None:
@@ -182,6 +174,19 @@ def _semantic_row(b: Bench, ours: _Http, raw: psycopg.Connection) -> None:
         AREA, f"{label}: HTTP ÷ the same SQL raw", a, d, RATIO_TARGET, paired_note(paired), paired
     )
     b.report.add(row, b.log)
+
+
+def _semantic_body(b: Bench, vector) -> bytes:
+    """A semantic search's request body with the client's vector (a numpy array), encoded."""
+    body = {
+        "selector": "search",
+        "query": "",
+        "k": SEARCH_K,
+        "mode": "semantic",
+        "model": b.data.model,
+        "query_vector": vector,
+    }
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def _raw_search(raw: psycopg.Connection, walk: semantic.Walk) -> None:
@@ -233,19 +238,7 @@ def _work_rows(b: Bench, ours: _Http, pid: int) -> None:
     n = pairs_for(b) + 3
     select = f"{API}/contexts/{cid}/select"
     window = orjson.dumps({"selector": "window", "k": 20})
-    searches = [
-        orjson.dumps(
-            {
-                "selector": "search",
-                "k": SEARCH_K,
-                "mode": "semantic",
-                "model": b.data.model,
-                "query_vector": gen.query(topics[i % len(topics)])[1],
-            },
-            option=orjson.OPT_SERIALIZE_NUMPY,
-        )
-        for i in range(n)
-    ]
+    searches = [_semantic_body(b, gen.query(topics[i % len(topics)])[1]) for i in range(n)]
     stamp = str(time.time_ns())
     target = b.post(f"{API}/contexts", {"keys": {"bench": "work-above-db", "at": stamp}}).json()
     texts = gen.texts([i % 40 for i in range(n)])

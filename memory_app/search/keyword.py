@@ -142,7 +142,6 @@ def _exact_found(params: dict, *, match: str, columns: str, scan: bool) -> list[
         | {
             "strict": match == "all",
             "exact": KEYWORD_EXACT_MESSAGES,
-            "scan": scan,
             "max_terms": settings.AGENTMEMORY_SEARCH_KEYWORD_MAX_TERMS,
         },
         lambda: ["boolean", "bigint", "double precision", *_message_types(columns)],
@@ -228,7 +227,8 @@ def _message_types(columns: str) -> list[str]:
 # indexer's mark) are read by the statement too, so it needs none from the request and sees them
 # as of its own snapshot; when they show the context outgrew the exact ranking (the request knew
 # an older size), nothing is read and the one row says so (`fits`), as it does for a query of
-# more than `max_terms` terms where the matches are read through the GIN index (not `scan`).
+# more than `max_terms` terms where the matches are read through the GIN index
+# (`short_enough`; with `scan`, any query is).
 # Every message matching any term, and none of the exclusions, is a hit: the stored vectors
 # (`stored_match`: each matched, or read through the GIN index), the messages past `search_seq`
 # parsed from their text (`keyword_terms.TAIL`). A word's tf in a hit is read by one C call
@@ -247,7 +247,7 @@ WITH {query_terms},
 counters AS MATERIALIZED (
     SELECT c.message_count, c.search_seq,
            c.message_count <= %(exact)s AND c.last_seq - c.search_seq <= %(exact)s
-           AND (%(scan)s OR (SELECT count(*) FROM named) <= %(max_terms)s) AS fits
+           AND {short_enough} AS fits
     FROM memory_app_context c WHERE c.id = %(context)s
 ),
 terms (term, q, lexemes) AS MATERIALIZED (
@@ -342,11 +342,17 @@ def _exact_sql(*, excluding: bool, columns: str, scan: bool) -> str:
     """`_EXACT_SQL`: a small context ranked in one statement. `scan`: its stored vectors are
     read through the context's own index and matched one by one (`ts_match_vq`, the function
     behind `@@`, which keeps the planner off the GIN index), else through the GIN index."""
-    match = "ts_match_vq(s.search_vector, (SELECT q FROM matching))"
+    if scan:
+        stored_match = "ts_match_vq(s.search_vector, (SELECT q FROM matching))"
+        short_enough = "true"
+    else:
+        stored_match = "s.search_vector @@ (SELECT q FROM matching)"
+        short_enough = "(SELECT count(*) FROM named) <= %(max_terms)s"
     return _EXACT_SQL.format(
         query_terms=QUERY_TERMS,
         table=fulltext.TABLE,
-        stored_match=match if scan else "s.search_vector @@ (SELECT q FROM matching)",
+        stored_match=stored_match,
+        short_enough=short_enough,
         tail=TAIL.format(after="(SELECT search_seq FROM counters)"),
         excluded_seqs=_EXCLUDED_SEQS if excluding else "",
         excluded_ids="AND NOT (m.id = ANY(%(exclude)s))" if excluding else "",
